@@ -1,0 +1,87 @@
+"""One exception family for the whole library.
+
+Every error names the culprit (file, line, key, member or id) and, where there is one, the fix.
+``str(err)`` is the one line a user sees; ``err.fix`` is the command or action that fixes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+
+class Stage2Error(Exception):
+    """Base of every error raised by stage2-data."""
+
+    def __init__(self, message: str, *, fix: str | None = None) -> None:
+        self.message = message
+        self.fix = fix
+        super().__init__(self.__str__())
+
+    def __str__(self) -> str:
+        if self.fix:
+            return f"{self.message} Fix: {self.fix}"
+        return self.message
+
+
+class ProfileError(Stage2Error, ValueError):
+    """A profile file is malformed: unknown/missing key, wrong form, unsafe path."""
+
+
+class HubError(Stage2Error):
+    """The hub (or the loopback hub) refused or failed a request."""
+
+
+class ChecksumMismatchError(Stage2Error):
+    """A file's sha256 differs from its pin."""
+
+    def __init__(self, path: str, expected: str, actual: str, *, fix: str | None = None) -> None:
+        self.path = path
+        self.expected = expected
+        self.actual = actual
+        super().__init__(f"sha256 mismatch for {path}: expected {expected}, got {actual}.", fix=fix)
+
+
+class UnsafeArchiveError(Stage2Error):
+    """A tar member would escape its folder, is a link/device, or is otherwise refused."""
+
+
+class ArchiveError(Stage2Error):
+    """An archive is corrupt, truncated, incomplete or has an unexpected layout."""
+
+
+class DiskSpaceError(Stage2Error, OSError):
+    """Not enough free disk for what is about to be written."""
+
+
+class ProblemsError(Stage2Error):
+    """Several problems gathered and reported at once."""
+
+    def __init__(self, title: str, problems: Sequence[str], *, fix: str | None = None) -> None:
+        self.problems = list(problems)
+        shown = "\n".join(f"  - {p}" for p in self.problems[:50])
+        more = f"\n  ... and {len(self.problems) - 50} more" if len(self.problems) > 50 else ""
+        super().__init__(f"{title}: {len(self.problems)} problem(s):\n{shown}{more}", fix=fix)
+
+
+class KitError(ProblemsError):
+    """The kit (pair manifest, checksums, action manifests, sidecars) has problems."""
+
+
+class StoreError(Stage2Error):
+    """A VIN offline store is invalid or cannot be written."""
+
+
+class StoreNotFoundError(StoreError, FileNotFoundError):
+    """No complete store at that path (no manifest.json)."""
+
+
+class StoreVersionError(StoreError):
+    """The store was written by another OFFLINE_DATASET_VERSION."""
+
+
+class StoreValidationError(ProblemsError, StoreError):
+    """Validation of a store found problems."""
+
+
+def join_problems(problems: Iterable[str]) -> str:
+    return "; ".join(problems)

@@ -1,0 +1,157 @@
+"""The one module that owns hashing: file digests, a hashing writer, SHA256SUMS parsing."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from .errors import ProblemsError
+
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+BUF_SIZE = 8 * 1024 * 1024
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: str | os.PathLike[str], *, progress: Callable[[int], None] | None = None) -> str:
+    """sha256 of a file, read in 8 MiB blocks (hashlib releases the GIL, so threads scale)."""
+    h = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(BUF_SIZE)
+        view = memoryview(buf)
+        while True:
+            n = f.readinto(buf)
+            if not n:
+                break
+            h.update(view[:n])
+            if progress is not None:
+                progress(n)
+    return h.hexdigest()
+
+
+def sha256_files_parallel(
+    paths: Iterable[str | os.PathLike[str]], *, workers: int | None = None
+) -> dict[str, str]:
+    """Hash many files across threads; returns {str(path): digest}. Missing files raise."""
+    plist = [str(p) for p in paths]
+    workers = workers or max(2, (os.cpu_count() or 2))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return dict(zip(plist, pool.map(sha256_file, plist), strict=True))
+
+
+class HashingWriter:
+    """A writable binary file that hashes every byte written, so a download is hashed in one pass.
+
+    It supports what a resumable downloader needs: ``tell``, ``seek`` back to the start of the
+    download (which resets the digest) and ``truncate``.
+    """
+
+    def __init__(self, f: BinaryIO, *, prefix_hasher: hashlib._Hash | None = None) -> None:
+        self._f = f
+        self._start = f.tell() - 0
+        self._h = prefix_hasher if prefix_hasher is not None else hashlib.sha256()
+        self._base = f.tell()
+        self.bytes_written = 0
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        n = self._f.write(data)
+        self._h.update(data)
+        self.bytes_written += len(data)
+        return n if n is not None else len(data)
+
+    def tell(self) -> int:
+        return self._f.tell()
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        pos = self._f.seek(offset, whence)
+        if pos == 0:
+            self._h = hashlib.sha256()
+            self.bytes_written = 0
+        elif pos != self._base + self.bytes_written:
+            raise OSError(f"HashingWriter cannot seek to {pos}: the digest covers bytes up to the end only")
+        return pos
+
+    def truncate(self, size: int | None = None) -> int:
+        return self._f.truncate(size)
+
+    def flush(self) -> None:
+        self._f.flush()
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+    # Attributes some HTTP code probes for.
+    @property
+    def name(self) -> str:
+        return getattr(self._f, "name", "<hashing-writer>")
+
+
+def hasher_of_prefix(path: str | os.PathLike[str]) -> tuple[hashlib._Hash, int]:
+    """A sha256 object fed with an existing partial file's bytes (used when resuming)."""
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            chunk = f.read(BUF_SIZE)
+            if not chunk:
+                break
+            h.update(chunk)
+            size += len(chunk)
+    return h, size
+
+
+@dataclass(frozen=True)
+class ChecksumEntry:
+    digest: str
+    path: str
+    line: int
+
+
+def parse_sha256sums(path: str | os.PathLike[str]) -> list[ChecksumEntry]:
+    """Parse a ``sha256sum`` file (``<64 hex>  <path>``; ``*`` binary marker allowed).
+
+    Every malformed line is gathered and reported at once, with its line number.
+    """
+    entries: list[ChecksumEntry] = []
+    problems: list[str] = []
+    seen: dict[str, int] = {}
+    p = Path(path)
+    with open(p, encoding="utf-8") as f:
+        for lineno, raw in enumerate(f, start=1):
+            line = raw.rstrip("\n").rstrip("\r")
+            if not line.strip():
+                continue
+            m = re.match(r"^([0-9a-fA-F]{64}) [ *](.+)$", line)
+            if not m:
+                problems.append(f"{p}:{lineno}: not '<64 hex>  <path>': {line[:80]!r}")
+                continue
+            digest, rel = m.group(1).lower(), m.group(2)
+            if rel in seen:
+                problems.append(f"{p}:{lineno}: duplicate path {rel} (first on line {seen[rel]})")
+                continue
+            seen[rel] = lineno
+            entries.append(ChecksumEntry(digest, rel, lineno))
+    if problems:
+        raise ProblemsError(
+            f"malformed checksum file {p}", problems, fix=f"regenerate {p.name} with `sha256sum`"
+        )
+    return entries
+
+
+def read_single_sha256_file(path: str | os.PathLike[str]) -> tuple[str, str]:
+    """Read a one-line ``.sha256`` file; returns (digest, named file)."""
+    entries = parse_sha256sums(path)
+    if len(entries) != 1:
+        raise ProblemsError(
+            f"checksum file {path}", [f"expected exactly one line, found {len(entries)}"],
+            fix=f"write it with `sha256sum FILE > {Path(path).name}`",
+        )
+    return entries[0].digest, entries[0].path

@@ -1,0 +1,107 @@
+"""Version constants and every on-disk path pattern, in one place.
+
+<DATA_ROOT>/
+  archives/<archive path>                        verified archives (+ .verified.json records)
+  archives/.partial/<archive path>.part          downloads in progress (resumable)
+  processed_datasets/<cache_key>/...             extracted cache directories
+  derived/action_sidecars/<source>/trajectory_<ID>.npz
+  reports/extraction/<cache_key>.json            per cache key extraction record
+  extraction_report.json                         all cache keys
+  tables/trajectory_join.parquet                 the trajectory/sidecar join
+  reports/*.json                                 verification reports
+  stores/<profile>/<fingerprint16>/              immutable VIN stores
+  stores/<profile>/current -> <fingerprint16>    the published store
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ARCHIVES_DIR = "archives"
+PARTIAL_DIR = ".partial"
+PROCESSED_DIR = "processed_datasets"
+DERIVED_DIR = "derived"
+SIDECARS_DIR = "action_sidecars"
+REPORTS_DIR = "reports"
+TABLES_DIR = "tables"
+STORES_DIR = "stores"
+CURRENT_LINK = "current"
+VERIFIED_SUFFIX = ".verified.json"
+EXTRACTION_REPORT = "extraction_report.json"
+JOIN_TABLE = "trajectory_join.parquet"
+LOCK_FILE = ".stage2.lock"
+
+FRAMES_SUBDIR = "frames"
+FRAME_FILE_RE = re.compile(r"^trajectory_(?P<id>[^/]+)\.npz$")
+SIDECAR_PATH_RE = re.compile(r"^action_sidecars/(?P<source>[^/]+)/trajectory_(?P<id>[^/]+)\.npz$")
+FRAMES_PATH_RE = re.compile(r"^processed_datasets/(?P<cache_key>[^/]+)/frames/trajectory_(?P<id>[^/]+)\.npz$")
+SPLIT_PART_RE = re.compile(r"^(?P<base>.+\.tar)\.part-(?P<suffix>[a-z]+)$")
+HEX40_RE = re.compile(r"^[0-9a-f]{40}$")
+SPLITS = ("train", "val", "test")
+
+
+def archives_dir(data_root: Path) -> Path:
+    return data_root / ARCHIVES_DIR
+
+
+def archive_path(data_root: Path, path: str) -> Path:
+    return data_root / ARCHIVES_DIR / path
+
+
+def partial_path(data_root: Path, path: str) -> Path:
+    return data_root / ARCHIVES_DIR / PARTIAL_DIR / (path + ".part")
+
+
+def verified_record_path(data_root: Path, path: str) -> Path:
+    return data_root / ARCHIVES_DIR / (path + VERIFIED_SUFFIX)
+
+
+def processed_root(data_root: Path) -> Path:
+    return data_root / PROCESSED_DIR
+
+
+def cache_dir(data_root: Path, cache_key: str) -> Path:
+    return data_root / PROCESSED_DIR / cache_key
+
+
+def frames_relpath(cache_key: str, trajectory_id: str) -> str:
+    return f"{PROCESSED_DIR}/{cache_key}/{FRAMES_SUBDIR}/trajectory_{trajectory_id}.npz"
+
+
+def derived_root(data_root: Path) -> Path:
+    return data_root / DERIVED_DIR
+
+
+def sidecar_relpath(source: str, trajectory_id: str) -> str:
+    return f"{SIDECARS_DIR}/{source}/trajectory_{trajectory_id}.npz"
+
+
+def reports_dir(data_root: Path) -> Path:
+    return data_root / REPORTS_DIR
+
+
+def extraction_record_path(data_root: Path, cache_key: str) -> Path:
+    return data_root / REPORTS_DIR / "extraction" / f"{cache_key}.json"
+
+
+def extraction_report_path(data_root: Path) -> Path:
+    return data_root / EXTRACTION_REPORT
+
+
+def join_table_path(data_root: Path) -> Path:
+    return data_root / TABLES_DIR / JOIN_TABLE
+
+
+def stores_root(data_root: Path, profile_name: str) -> Path:
+    return data_root / STORES_DIR / profile_name
+
+
+def current_store_path(data_root: Path, profile_name: str) -> Path:
+    return stores_root(data_root, profile_name) / CURRENT_LINK
+
+
+def split_base(path: str) -> str:
+    """``x.tar.part-ab`` -> ``x.tar``; a whole tar is its own base."""
+    m = SPLIT_PART_RE.match(path)
+    return m.group("base") if m else path

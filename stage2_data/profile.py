@@ -1,0 +1,288 @@
+"""The profile file: a pydantic model of ``profile.toml`` (see shared/spec/profile.md).
+
+Every problem (unknown key, missing key, wrong form, unsafe path, quarantined-and-active)
+is reported at once, naming the key and the file, before anything is downloaded.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections import defaultdict
+from pathlib import Path, PurePosixPath
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import ProfileError
+from .layout import HEX40_RE, split_base
+from .hashing import SHA256_RE
+
+KIT_KEYS = ("pair_manifest", "subset_checksums", "action_manifest_dir", "sidecar_archive", "sidecar_archive_sha256")
+
+
+def check_relpath(value: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError("must be a non-empty relative path")
+    p = PurePosixPath(value)
+    if value.startswith("/") or p.is_absolute() or "\\" in value:
+        raise ValueError(f"{value!r} is absolute; use a plain relative path")
+    if any(part == ".." for part in p.parts):
+        raise ValueError(f"{value!r} contains '..'; use a plain relative path")
+    if any(part in ("", ".") for part in value.split("/")):
+        raise ValueError(f"{value!r} is not a plain relative path")
+    return value
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=False)
+
+
+class SourceSpec(_Strict):
+    repo_id: Annotated[str, Field(min_length=3, pattern=r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")]
+    repo_type: Annotated[str, Field(pattern=r"^(dataset|model|space)$")] = "dataset"
+    revision: str
+
+    @field_validator("revision")
+    @classmethod
+    def _full_commit(cls, v: str) -> str:
+        if not HEX40_RE.match(v):
+            raise ValueError(
+                f"{v!r} is not a full 40-hex commit; a branch name, tag or short hash is never a pin "
+                "(run `stage2 pin` against the commit you want)"
+            )
+        return v
+
+
+class KitSpec(_Strict):
+    pair_manifest: str
+    subset_checksums: str
+    action_manifest_dir: str
+    sidecar_archive: str
+    sidecar_archive_sha256: str
+
+    _paths = field_validator(*KIT_KEYS)(lambda cls, v: check_relpath(v))
+
+
+class ArchiveSpec(_Strict):
+    path: str
+    cache_key: Annotated[str, Field(pattern=r"^[A-Za-z0-9][\w.\-]*$")]
+    size: Annotated[int, Field(gt=0)] | None = None
+    sha256: str | None = None
+
+    _p = field_validator("path")(lambda cls, v: check_relpath(v))
+
+    @field_validator("sha256")
+    @classmethod
+    def _hex(cls, v: str | None) -> str | None:
+        if v is not None and not SHA256_RE.match(v):
+            raise ValueError(f"{v!r} is not a 64-hex lowercase sha256")
+        return v
+
+    @property
+    def pinned(self) -> bool:
+        return self.size is not None and self.sha256 is not None
+
+
+class QuarantinedSpec(_Strict):
+    path: str
+    reason: str = ""
+
+    _p = field_validator("path")(lambda cls, v: check_relpath(v))
+
+
+class ExpectedTotals(_Strict):
+    cache_dirs: Annotated[int, Field(ge=0)]
+    archives: Annotated[int, Field(ge=0)]
+    trajectories: Annotated[int, Field(ge=0)]
+    pair_rows: Annotated[int, Field(ge=0)]
+    unique_frame_files: Annotated[int, Field(ge=0)]
+    action_manifest_rows: Annotated[int, Field(ge=0)]
+    resolved_sidecars: Annotated[int, Field(ge=0)]
+    sidecars_by_source: dict[str, Annotated[int, Field(ge=0)]] = Field(default_factory=dict)
+    # Optional extension (not in the spec's example): the raw action width each source must have.
+    action_width_by_source: dict[str, Annotated[int, Field(gt=0)]] = Field(default_factory=dict)
+
+
+class Profile(_Strict):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][\w.\-]*$")]
+    description: str = ""
+    source: SourceSpec
+    kit: KitSpec
+    archives: Annotated[list[ArchiveSpec], Field(min_length=1)]
+    quarantined: list[QuarantinedSpec] = Field(default_factory=list)
+    expected: ExpectedTotals
+
+    # Where the file came from (not part of the TOML).
+    profile_path: Path | None = Field(default=None, exclude=True)
+    kit_root_dir: Path | None = Field(default=None, exclude=True)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Profile:
+        problems: list[str] = []
+        seen: set[str] = set()
+        for i, a in enumerate(self.archives):
+            if a.path in seen:
+                problems.append(f"archives[{i}].path: {a.path!r} is listed twice")
+            seen.add(a.path)
+        for i, q in enumerate(self.quarantined):
+            if q.path in seen:
+                problems.append(
+                    f"quarantined[{i}].path: {q.path!r} is also listed under [[archives]]; "
+                    "a quarantined file is never downloaded: remove one of the two entries"
+                )
+        keys_by_base: dict[str, set[str]] = defaultdict(set)
+        for a in self.archives:
+            keys_by_base[split_base(a.path)].add(a.cache_key)
+        for base, keys in keys_by_base.items():
+            if len(keys) > 1:
+                problems.append(f"archives: parts of {base!r} name different cache_keys {sorted(keys)}")
+        bases_by_key: dict[str, set[str]] = defaultdict(set)
+        for a in self.archives:
+            bases_by_key[a.cache_key].add(split_base(a.path))
+        for key, bases in bases_by_key.items():
+            if len(bases) > 1:
+                problems.append(f"archives: cache_key {key!r} is fed by several tars {sorted(bases)}")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    # ----- derived views -------------------------------------------------------------------
+    @property
+    def kit_root(self) -> Path:
+        if self.kit_root_dir is not None:
+            return self.kit_root_dir
+        if self.profile_path is not None:
+            return self.profile_path.parent
+        return Path.cwd()
+
+    def kit_file(self, key: str) -> Path:
+        return self.kit_root / getattr(self.kit, key)
+
+    def archive(self, path: str) -> ArchiveSpec:
+        for a in self.archives:
+            if a.path == path:
+                return a
+        raise KeyError(path)
+
+    def archive_paths(self) -> list[str]:
+        return sorted(a.path for a in self.archives)
+
+    def cache_keys(self) -> list[str]:
+        return sorted({a.cache_key for a in self.archives})
+
+    def archives_by_cache_key(self) -> dict[str, list[ArchiveSpec]]:
+        out: dict[str, list[ArchiveSpec]] = defaultdict(list)
+        for a in self.archives:
+            out[a.cache_key].append(a)
+        return {k: sorted(v, key=lambda a: a.path) for k, v in sorted(out.items())}
+
+    def quarantined_paths(self) -> set[str]:
+        return {q.path for q in self.quarantined}
+
+    def total_archive_bytes(self) -> int:
+        return sum(a.size or 0 for a in self.archives)
+
+    def unpinned(self) -> list[str]:
+        return [a.path for a in self.archives if not a.pinned]
+
+    def with_kit_root(self, kit_root: Path | None) -> Profile:
+        if kit_root is None:
+            return self
+        return self.model_copy(update={"kit_root_dir": Path(kit_root)})
+
+    def identity(self) -> dict[str, Any]:
+        return {"name": self.name, "repo_id": self.source.repo_id, "revision": self.source.revision}
+
+    def to_toml(self) -> str:
+        return dump_profile_toml(self)
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(top level)"
+
+
+def format_validation_error(err: ValidationError, source: str) -> list[str]:
+    problems = []
+    for e in err.errors():
+        loc = _loc(tuple(e.get("loc", ())))
+        kind = e.get("type", "")
+        if kind == "extra_forbidden":
+            problems.append(f"{source}: unknown key {loc!r}; remove it or check its spelling")
+        elif kind == "missing":
+            problems.append(f"{source}: missing key {loc!r}")
+        else:
+            msg = e.get("msg", "").removeprefix("Value error, ")
+            problems.append(f"{source}: key {loc!r}: {msg}")
+    return problems
+
+
+def parse_profile(data: dict[str, Any], *, source: str = "<profile>", path: Path | None = None) -> Profile:
+    try:
+        prof = Profile.model_validate(data)
+    except ValidationError as e:
+        problems = format_validation_error(e, source)
+        raise ProfileError(
+            "invalid profile " + source + ": " + "; ".join(problems),
+            fix="correct the named key(s) in the profile (see shared/spec/profile.md)",
+        ) from None
+    if path is not None:
+        prof = prof.model_copy(update={"profile_path": path})
+    return prof
+
+
+def load_profile(path: str | Path, *, kit_root: str | Path | None = None) -> Profile:
+    p = Path(path).resolve()
+    if not p.is_file():
+        raise ProfileError(f"profile file {p} does not exist.", fix="pass the path of a profile .toml")
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as e:
+        raise ProfileError(f"profile {p} is not valid TOML: {e}.", fix="correct the TOML syntax") from None
+    prof = parse_profile(data, source=str(p), path=p)
+    return prof.with_kit_root(Path(kit_root).resolve() if kit_root else None)
+
+
+# ----- a small TOML writer (no extra dependency) ----------------------------------------------
+def _tv(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    raise TypeError(type(v))
+
+
+def dump_profile_toml(prof: Profile) -> str:
+    lines = [f"name = {_tv(prof.name)}", f"description = {_tv(prof.description)}", "", "[source]"]
+    for k in ("repo_id", "repo_type", "revision"):
+        lines.append(f"{k} = {_tv(getattr(prof.source, k))}")
+    lines += ["", "[kit]"]
+    for k in KIT_KEYS:
+        lines.append(f"{k} = {_tv(getattr(prof.kit, k))}")
+    for a in prof.archives:
+        lines += ["", "[[archives]]", f"path = {_tv(a.path)}", f"cache_key = {_tv(a.cache_key)}"]
+        if a.size is not None:
+            lines.append(f"size = {a.size}")
+        if a.sha256 is not None:
+            lines.append(f"sha256 = {_tv(a.sha256)}")
+    for q in prof.quarantined:
+        lines += ["", "[[quarantined]]", f"path = {_tv(q.path)}", f"reason = {_tv(q.reason)}"]
+    e = prof.expected
+    lines += ["", "[expected]"]
+    for k in ("cache_dirs", "archives", "trajectories", "pair_rows", "unique_frame_files",
+              "action_manifest_rows", "resolved_sidecars"):
+        lines.append(f"{k} = {getattr(e, k)}")
+    if e.sidecars_by_source:
+        lines += ["", "[expected.sidecars_by_source]"]
+        lines += [f"{k} = {v}" for k, v in sorted(e.sidecars_by_source.items())]
+    if e.action_width_by_source:
+        lines += ["", "[expected.action_width_by_source]"]
+        lines += [f"{k} = {v}" for k, v in sorted(e.action_width_by_source.items())]
+    return "\n".join(lines) + "\n"
