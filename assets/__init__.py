@@ -1,0 +1,28 @@
+"""Software-defined assets: thin wrappers over stage2_data.build, one module per domain."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stage2_data.profile import Profile
+
+from .acquisition import build_acquisition_assets
+from .kit import build_kit_assets
+from .store import build_store_assets
+
+
+def build_assets(profile: Profile) -> list[Any]:
+    """The whole graph for one profile (partitions come from the profile's archives and cache keys)."""
+    pinned_profile, archive_file, cache_dir, extraction_report = build_acquisition_assets(profile)
+    action_sidecars, trajectory_join, subset_checksums = build_kit_assets(extraction_report, pinned_profile)
+    (vin_store,) = build_store_assets(trajectory_join, subset_checksums)
+    return [
+        pinned_profile,
+        archive_file,
+        cache_dir,
+        extraction_report,
+        action_sidecars,
+        trajectory_join,
+        subset_checksums,
+        vin_store,
+    ]

@@ -1,0 +1,58 @@
+"""Shared glue: StepResult -> Dagster events. Nothing domain-specific lives here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import dagster as dg
+
+from stage2_data.build import StepResult
+from stage2_data.checks import CHECK_DESCRIPTIONS, CHECKS_BY_ASSET
+from stage2_data.errors import Stage2Error
+
+
+def check_specs(asset: str, *, blocking: bool = True, partitions_def: Any = None) -> list[dg.AssetCheckSpec]:
+    return [
+        dg.AssetCheckSpec(name, asset=asset, blocking=blocking, description=CHECK_DESCRIPTIONS.get(name))
+        for name in CHECKS_BY_ASSET[asset]
+    ]
+
+
+def to_metadata(md: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in md.items():
+        if v is None:
+            continue
+        if isinstance(v, dict) and "__markdown__" in v:
+            out[k] = dg.MetadataValue.md(v["__markdown__"])
+        elif isinstance(v, list | dict):
+            out[k] = dg.MetadataValue.json(v)
+        elif isinstance(v, str) and (k.endswith("path") or k in ("store", "table", "report", "tar")):
+            out[k] = dg.MetadataValue.path(v)
+        else:
+            out[k] = v
+    return out
+
+
+def run_step(asset: str, step: Callable[[], StepResult]) -> Iterator[Any]:
+    """Run a library step; on an expected failure, fail the asset's first check with the message
+    (so the UI and alerts show which check and why) and fail the step with the fix."""
+    try:
+        res = step()
+    except Stage2Error as err:
+        first = CHECKS_BY_ASSET[asset][0]
+        yield dg.AssetCheckResult(check_name=first, passed=False, description=str(err)[:4000])
+        raise dg.Failure(description=str(err), metadata={"error": type(err).__name__}) from None
+    yield dg.MaterializeResult(
+        metadata=to_metadata(res.metadata),
+        check_results=[
+            dg.AssetCheckResult(
+                check_name=c.name,
+                passed=c.passed,
+                description=c.description[:4000],
+                metadata=to_metadata(c.metadata),
+            )
+            for c in res.checks
+        ],
+    )

@@ -1,0 +1,1 @@
+"""Definitions, jobs, schedules and sensors."""

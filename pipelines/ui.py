@@ -1,0 +1,72 @@
+"""`make ui`: the Dagster web UI on 127.0.0.1 over the same instance as `make demo`, with the demo's hub.
+
+Starts (1) the loopback hub serving the demo's upstream folder and (2) `dagster dev`, both as child
+processes of this one (so SIGTERM reaches them), and stops both by PID on exit.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .config import DEMO_ROOT, REPO_ROOT
+
+
+def main() -> int:
+    from stage2_data.demo import generate_demo
+
+    demo = generate_demo(DEMO_ROOT / "demo")
+    env = dict(os.environ)
+    env.setdefault("DAGSTER_HOME", str(REPO_ROOT / ".dagster_home"))
+    Path(env["DAGSTER_HOME"]).mkdir(parents=True, exist_ok=True)
+    cfg = Path(env["DAGSTER_HOME"]) / "dagster.yaml"
+    if not cfg.exists():
+        cfg.write_text("telemetry:\n  enabled: false\n")
+    port = env.get("STAGE2_UI_PORT", "3000")
+    hub = subprocess.Popen(
+        [sys.executable, "-m", "stage2_data.cli", "serve-hub", str(demo.upstream),
+         "--repo-id", demo.repo_id, "--revision", demo.revision],
+        stdout=subprocess.PIPE, text=True, env=env,
+    )
+    assert hub.stdout is not None
+    url = hub.stdout.readline().strip()
+    env.update(
+        STAGE2_PROFILE=str(demo.profile),
+        STAGE2_DATA_ROOT=env.get("STAGE2_DATA_ROOT", str(DEMO_ROOT / "data")),
+        STAGE2_HUB_ENDPOINT=url,
+    )
+    print(f"loopback hub: {url}\nDagster UI:   http://127.0.0.1:{port}  (instance {env['DAGSTER_HOME']})", flush=True)
+    ui = subprocess.Popen(
+        [sys.executable, "-m", "dagster", "dev", "-w", str(REPO_ROOT / "workspace.yaml"),
+         "-h", "127.0.0.1", "-p", port],
+        env=env, cwd=REPO_ROOT,
+    )
+    stopping = False
+
+    def stop(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        while not stopping and ui.poll() is None:
+            time.sleep(0.5)
+    finally:
+        for p in (ui, hub):
+            if p.poll() is None:
+                p.send_signal(signal.SIGINT if p is ui else signal.SIGTERM)
+        for p in (ui, hub):
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    return ui.returncode or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,7 @@
+"""Typed Dagster resources: where the data comes from (hub), where it goes (data root), what (profile)."""
+
+from .hub import HubSourceResource, LoopbackHubResource
+from .profile import ProfileResource
+from .storage import DataRootResource
+
+__all__ = ["DataRootResource", "HubSourceResource", "LoopbackHubResource", "ProfileResource"]

@@ -1,0 +1,98 @@
+"""Check names (constants) and the check outcomes every stage reports.
+
+The Dagster layer turns each :class:`CheckOutcome` into an ``AssetCheckResult``; the CLI prints them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# pinned_profile
+PROFILE_IS_PINNED = "profile_is_pinned"
+PROFILE_COUNTS_MATCH_EXPECTED = "profile_counts_match_expected"
+# archive_file (per archive partition)
+ARCHIVE_SHA256_MATCHES_PIN = "archive_sha256_matches_pin"
+# cache_dir (per cache-key partition)
+CACHE_DIR_COUNTS_CONSISTENT = "cache_dir_counts_consistent"
+# extraction_report
+TRAJECTORIES_MATCH_EXPECTED = "trajectories_match_expected"
+CACHE_DIRS_MATCH_EXPECTED = "cache_dirs_match_expected"
+NO_STRAY_ENTRIES = "no_stray_entries"
+# action_sidecars
+SIDECAR_TAR_SHA256_MATCHES = "sidecar_tar_sha256_matches"
+SIDECARS_BY_SOURCE_MATCH_EXPECTED = "sidecars_by_source_match_expected"
+# trajectory_join
+JOIN_HAS_NO_PROBLEMS = "join_has_no_problems"
+LINK_TOTALS_MATCH_EXPECTED = "link_totals_match_expected"
+# subset_checksums
+SUBSET_BYTES_MATCH_SHA256SUMS = "subset_bytes_match_sha256sums"
+# vin_store
+STORE_OPENS_STRICT = "store_opens_with_strict_reader"
+STORE_VALIDATES = "store_validates"
+STORE_COUNTS_MATCH_EXPECTED = "store_counts_match_expected"
+
+CHECKS_BY_ASSET: dict[str, tuple[str, ...]] = {
+    "pinned_profile": (PROFILE_IS_PINNED, PROFILE_COUNTS_MATCH_EXPECTED),
+    "archive_file": (ARCHIVE_SHA256_MATCHES_PIN,),
+    "cache_dir": (CACHE_DIR_COUNTS_CONSISTENT,),
+    "extraction_report": (TRAJECTORIES_MATCH_EXPECTED, CACHE_DIRS_MATCH_EXPECTED, NO_STRAY_ENTRIES),
+    "action_sidecars": (SIDECAR_TAR_SHA256_MATCHES, SIDECARS_BY_SOURCE_MATCH_EXPECTED),
+    "trajectory_join": (JOIN_HAS_NO_PROBLEMS, LINK_TOTALS_MATCH_EXPECTED),
+    "subset_checksums": (SUBSET_BYTES_MATCH_SHA256SUMS,),
+    "vin_store": (STORE_OPENS_STRICT, STORE_VALIDATES, STORE_COUNTS_MATCH_EXPECTED),
+}
+
+CHECK_DESCRIPTIONS: dict[str, str] = {
+    PROFILE_IS_PINNED: "every archive has a size and sha256; the revision is a full commit",
+    PROFILE_COUNTS_MATCH_EXPECTED: "archives and cache directories listed == expected.archives / expected.cache_dirs",
+    ARCHIVE_SHA256_MATCHES_PIN: "the downloaded archive's sha256 and size equal the profile's pin",
+    CACHE_DIR_COUNTS_CONSISTENT: "frame files == processed_dataset rows == dataset_info.total_trajectories",
+    TRAJECTORIES_MATCH_EXPECTED: "sum of trajectories over cache dirs == expected.trajectories",
+    CACHE_DIRS_MATCH_EXPECTED: "extracted cache directories == expected.cache_dirs, one per cache key",
+    NO_STRAY_ENTRIES: "nothing in processed_datasets/ outside the expected cache directories",
+    SIDECAR_TAR_SHA256_MATCHES: "the sidecar tar's sha256 equals its .sha256 file",
+    SIDECARS_BY_SOURCE_MATCH_EXPECTED: "unpacked sidecars per source == expected.sidecars_by_source",
+    JOIN_HAS_NO_PROBLEMS: "join by trajectory id: no duplicate, missing, unknown, leaking or mis-shaped row",
+    LINK_TOTALS_MATCH_EXPECTED: "pair rows, unique frame files, action rows, resolved sidecars == expected",
+    SUBSET_BYTES_MATCH_SHA256SUMS: "every subset frame file's bytes match SHA256SUMS",
+    STORE_OPENS_STRICT: "the store re-opens with the strict reader (format, version, manifest)",
+    STORE_VALIDATES: "manifest, shapes, dtypes, shards, splits and pairs validate",
+    STORE_COUNTS_MATCH_EXPECTED: "samples == expected.unique_frame_files and pairs == expected.pair_rows",
+}
+
+
+@dataclass
+class CheckOutcome:
+    name: str
+    passed: bool
+    description: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self, asset: str, partition: str | None = None) -> dict[str, Any]:
+        return {
+            "asset": asset,
+            "partition": partition,
+            "check": self.name,
+            "passed": self.passed,
+            "description": self.description,
+        }
+
+
+def outcome(name: str, problems: list[str], ok_text: str | None = None, **metadata: Any) -> CheckOutcome:
+    """Passed when ``problems`` is empty; the description lists every problem (at most 20 shown)."""
+    if not problems:
+        return CheckOutcome(name, True, ok_text or CHECK_DESCRIPTIONS.get(name, "ok"), dict(metadata))
+    shown = "; ".join(problems[:20]) + (f"; ... and {len(problems) - 20} more" if len(problems) > 20 else "")
+    return CheckOutcome(name, False, shown, {"problems": len(problems), **metadata})
+
+
+def compare_totals(found: dict[str, int], expected: dict[str, int], where: str) -> list[str]:
+    out = []
+    for k in sorted(set(found) | set(expected)):
+        f, e = found.get(k), expected.get(k)
+        if f != e:
+            out.append(
+                f"{where}: {k} is {f}, expected {e} (fix the data, or the profile's [expected] table if the profile is wrong)"
+            )
+    return out

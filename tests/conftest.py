@@ -1,0 +1,50 @@
+"""Shared fixtures: the demo (generated once per session), a loopback hub over it, a Dagster home."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from stage2_data.demo import DemoPaths, generate_demo
+
+
+@pytest.fixture(scope="session")
+def demo_cache(tmp_path_factory: pytest.TempPathFactory) -> DemoPaths:
+    """The small demo, generated once; tests that mutate it must use ``demo`` (a private copy)."""
+    return generate_demo(tmp_path_factory.mktemp("demo-cache") / "demo")
+
+
+@pytest.fixture
+def demo(demo_cache: DemoPaths, tmp_path: Path) -> DemoPaths:
+    """A private, mutable copy of the demo."""
+    root = tmp_path / "demo"
+    shutil.copytree(demo_cache.root, root, symlinks=True)
+    return DemoPaths(
+        root=root,
+        upstream=root / demo_cache.upstream.relative_to(demo_cache.root),
+        kit_root=root / demo_cache.kit_root.relative_to(demo_cache.root),
+        profile=root / demo_cache.profile.relative_to(demo_cache.root),
+        repo_id=demo_cache.repo_id,
+        revision=demo_cache.revision,
+    )
+
+
+@pytest.fixture
+def dagster_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    yield home
+
+
+@pytest.fixture(autouse=True)
+def _no_real_hub(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Nothing here may reach the real hub; every test passes an explicit loopback endpoint.
+    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.pop("HF_TOKEN", None)

@@ -1,0 +1,213 @@
+"""End to end through Dagster: the real client over a loopback hub, real tars, real Zarr, a real instance."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from pipelines.config import BuildConfig
+from pipelines.definitions import build_definitions
+from pipelines.runner import build_all, run_selection
+from stage2_data import checks as C
+from stage2_data import layout
+from stage2_data.demo import DemoPaths, repin_profile, write_sidecar_sha256
+from stage2_data.hubserver import HubServer
+from stage2_data.profile import load_profile
+from stage2_data.store import VinOfflineDataset, VinOfflineStoreReader, validate_vin_offline_store
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _config(demo: DemoPaths, data_root: Path, url: str) -> BuildConfig:
+    return BuildConfig(profile_path=str(demo.profile), data_root=str(data_root), endpoint=url)
+
+
+def _failed(summary: dict) -> list[dict]:
+    return [c for c in summary["checks"] if not c["passed"]]
+
+
+def test_definitions_load_with_partitions_and_checks(demo_cache: DemoPaths) -> None:
+    defs = build_definitions(BuildConfig(profile_path=str(demo_cache.profile), data_root="/nonexistent"))
+    graph = defs.resolve_asset_graph()
+    keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
+    assert keys == set(C.CHECKS_BY_ASSET)
+    prof = load_profile(demo_cache.profile)
+    archive = defs.resolve_assets_def("archive_file")
+    assert set(archive.partitions_def.get_partition_keys()) == set(prof.archive_paths())
+    assert len(prof.archive_paths()) == 14
+    assert not prof.quarantined_paths() & set(archive.partitions_def.get_partition_keys())
+    cache = defs.resolve_assets_def("cache_dir")
+    assert set(cache.partitions_def.get_partition_keys()) == set(prof.cache_keys())
+    check_names = {ck.name for ck in graph.asset_check_keys}
+    assert check_names == {n for names in C.CHECKS_BY_ASSET.values() for n in names}
+    for job in ("acquire_archives", "extract_cache_dirs", "verify_kit_and_build_store"):
+        assert defs.resolve_job_def(job) is not None
+
+
+def test_workspace_module_loads_the_real_profile(monkeypatch: pytest.MonkeyPatch) -> None:
+    # What `dagster dev -w workspace.yaml` loads when no demo is configured: the real profile.
+    out = subprocess.run(
+        [sys.executable, "-c", "from pipelines.definitions import defs; "
+         "print(len(defs.resolve_assets_def('archive_file').partitions_def.get_partition_keys()))"],
+        cwd=REPO, capture_output=True, text=True,
+        env={"PATH": "/usr/bin:/bin", "STAGE2_PROFILE": str(REPO / "manifests/stage2_core_v1.toml")},
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "14"
+
+
+def test_build_end_to_end_twice_same_fingerprint(demo_cache: DemoPaths, tmp_path: Path, dagster_home: Path) -> None:
+    with HubServer(demo_cache.upstream, repo_id=demo_cache.repo_id, revision=demo_cache.revision) as hub:
+        s1 = build_all(_config(demo_cache, tmp_path / "root1", hub.url), concurrency=1)
+        assert s1["ok"], (_failed(s1), s1["errors"])
+        requested = {p for (_, p, _) in hub.request_log}
+        s2 = build_all(_config(demo_cache, tmp_path / "root2", hub.url), concurrency=2)
+        assert s2["ok"], (_failed(s2), s2["errors"])
+    # only the profile's archives were ever requested: never the quarantined or unrelated files
+    prof = load_profile(demo_cache.profile)
+    for path in requested:
+        if "/resolve/" in path:
+            assert path.rsplit("/", 1)[-1] in prof.archive_paths(), path
+    assert s1["fingerprint"] and s1["fingerprint"] == s2["fingerprint"]
+    store = Path(s1["store"])
+    assert store.parent == layout.stores_root(tmp_path / "root1", prof.name)
+    assert validate_vin_offline_store(store, deep=True) == []
+    reader = VinOfflineStoreReader(store)
+    assert reader.num_samples == prof.expected.unique_frame_files
+    assert len(reader.pairs()) == prof.expected.pair_rows
+    ds = VinOfflineDataset(store, split="train")
+    item = ds[0]
+    assert item["frames"].dtype.name == "uint8" and item["frames"].shape[-1] == 3
+    # every check of every asset ran and passed, and the runs are in the instance
+    ran = {(c["asset"], c["check"]) for c in s1["checks"]}
+    assert ran == {(a, n) for a, names in C.CHECKS_BY_ASSET.items() for n in names}
+    instance = dg.DagsterInstance.get()
+    assert len(instance.get_runs()) == len(s1["runs"]) + len(s2["runs"])
+    # a third build over the same root: nothing is downloaded again, the store is not rebuilt
+    with HubServer(demo_cache.upstream, repo_id=demo_cache.repo_id, revision=demo_cache.revision) as hub:
+        s3 = build_all(_config(demo_cache, tmp_path / "root1", hub.url), concurrency=1)
+        assert s3["ok"]
+        assert not [p for (m, p, _) in hub.request_log if m == "GET" and "/resolve/" in p]
+    assert s3["fingerprint"] == s1["fingerprint"]
+
+
+def test_wrong_archive_sha256_fails_its_check(demo: DemoPaths, tmp_path: Path, dagster_home: Path) -> None:
+    text = demo.profile.read_text()
+    prof = load_profile(demo.profile)
+    victim = prof.archive_paths()[0]
+    bad = "0" * 64
+    text = text.replace(prof.archive(victim).sha256, bad)
+    demo.profile.write_text(text)
+    with HubServer(demo.upstream, repo_id=demo.repo_id, revision=demo.revision) as hub:
+        s = build_all(_config(demo, tmp_path / "root", hub.url), concurrency=1)
+    assert not s["ok"] and s["store"] is None
+    failed = [c for c in _failed(s) if c["check"] == C.ARCHIVE_SHA256_MATCHES_PIN]
+    assert failed and victim in failed[0]["description"] and bad in failed[0]["description"]
+    assert not layout.archive_path(tmp_path / "root", victim).exists()
+    assert not layout.stores_root(tmp_path / "root", prof.name).exists()
+
+
+def _rewrite_sidecar_tar_without(demo: DemoPaths, source: str) -> str:
+    """Drop one recovered sidecar of ``source`` from the sidecar tar; returns its trajectory id."""
+    import tarfile
+
+    prof = load_profile(demo.profile)
+    tar_path = prof.kit_file("sidecar_archive")
+    with tarfile.open(tar_path) as tf:
+        members = [(m, tf.extractfile(m).read() if m.isfile() else None) for m in tf.getmembers()]
+    victim = next(m for m, _ in members if m.isfile() and f"/{source}/" in m.name)
+    with tarfile.open(tar_path, "w", format=tarfile.PAX_FORMAT) as tf:
+        for m, data in members:
+            if m.name == victim.name:
+                continue
+            import io
+
+            tf.addfile(m, io.BytesIO(data) if data is not None else None)
+    write_sidecar_sha256(demo.kit_root, prof.kit.sidecar_archive)
+    return victim.name.rsplit("trajectory_", 1)[1].removesuffix(".npz")
+
+
+def test_missing_sidecar_fails_the_join_check(demo: DemoPaths, tmp_path: Path, dagster_home: Path) -> None:
+    traj = _rewrite_sidecar_tar_without(demo, "racer")
+    with HubServer(demo.upstream, repo_id=demo.repo_id, revision=demo.revision) as hub:
+        s = build_all(_config(demo, tmp_path / "root", hub.url), concurrency=1)
+    assert not s["ok"] and s["store"] is None
+    join = [c for c in _failed(s) if c["check"] == C.JOIN_HAS_NO_PROBLEMS]
+    assert join and traj in join[0]["description"]
+
+
+def test_wrong_expected_total_fails_the_link_check(demo: DemoPaths, tmp_path: Path, dagster_home: Path) -> None:
+    prof = load_profile(demo.profile)
+    text = demo.profile.read_text().replace(
+        f"pair_rows = {prof.expected.pair_rows}", f"pair_rows = {prof.expected.pair_rows + 1}"
+    )
+    demo.profile.write_text(text)
+    with HubServer(demo.upstream, repo_id=demo.repo_id, revision=demo.revision) as hub:
+        s = build_all(_config(demo, tmp_path / "root", hub.url), concurrency=1)
+    assert not s["ok"] and s["store"] is None
+    link = [c for c in _failed(s) if c["check"] == C.LINK_TOTALS_MATCH_EXPECTED]
+    assert link and "pair_rows" in link[0]["description"]
+    assert str(prof.expected.pair_rows + 1) in link[0]["description"]
+
+
+def test_materialize_single_assets_directly(demo_cache: DemoPaths, tmp_path: Path, dagster_home: Path) -> None:
+    """The Dagster way: dg.materialize real assets on tmp_path, partition by partition."""
+    with HubServer(demo_cache.upstream, repo_id=demo_cache.repo_id, revision=demo_cache.revision) as hub:
+        cfg = _config(demo_cache, tmp_path / "root", hub.url)
+        prof = load_profile(demo_cache.profile)
+        key = "jesbu1_roboarena_0825_rfm_roboarena"
+        parts = [a.path for a in prof.archives_by_cache_key()[key]]
+        assert len(parts) == 2
+        for part in parts:
+            r = run_selection(cfg.to_dict(), ["archive_file"], part)
+            assert r["success"], r
+        r = run_selection(cfg.to_dict(), ["cache_dir"], key)
+        assert r["success"], r
+        assert [c["check"] for c in r["checks"]] == [C.CACHE_DIR_COUNTS_CONSISTENT]
+    assert (layout.cache_dir(tmp_path / "root", key) / "dataset_info.json").is_file()
+
+
+def test_cli_build_json(demo_cache: DemoPaths, tmp_path: Path, dagster_home: Path) -> None:
+    with HubServer(demo_cache.upstream, repo_id=demo_cache.repo_id, revision=demo_cache.revision) as hub:
+        out = subprocess.run(
+            [sys.executable, "-m", "stage2_data.cli", "build", "--profile", str(demo_cache.profile),
+             "--data-root", str(tmp_path / "root"), "--endpoint", hub.url, "--json", "--concurrency", "2"],
+            capture_output=True, text=True, cwd=REPO, timeout=600,
+        )
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads(out.stdout)
+    assert summary["ok"] is True
+    assert Path(summary["store"]).is_dir()
+    assert len(summary["fingerprint"]) == 64
+    assert all({"asset", "check", "passed", "description"} <= set(c) for c in summary["checks"])
+    # validate through the CLI too
+    v = subprocess.run([sys.executable, "-m", "stage2_data.cli", "validate", summary["store"], "--deep"],
+                       capture_output=True, text=True, cwd=REPO)
+    assert v.returncode == 0, v.stdout + v.stderr
+
+
+def test_cli_bad_profile_is_one_line_error(tmp_path: Path) -> None:
+    bad = tmp_path / "p.toml"
+    bad.write_text('name = "x"\nbogus = 1\n')
+    out = subprocess.run([sys.executable, "-m", "stage2_data.cli", "build", "--profile", str(bad),
+                          "--data-root", str(tmp_path / "r")], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    assert "bogus" in out.stderr and str(bad) in out.stderr
+
+
+def test_repin_after_upstream_change_is_detected(demo: DemoPaths) -> None:
+    # Guard for the fixtures above: repin_profile really changes the pin of a mutated archive.
+    prof = load_profile(demo.profile)
+    victim = prof.archive_paths()[-1]
+    f = demo.upstream / victim
+    data = bytearray(f.read_bytes())
+    data[-1] ^= 0xFF
+    f.write_bytes(bytes(data))
+    repin_profile(demo)
+    assert load_profile(demo.profile).archive(victim).sha256 != prof.archive(victim).sha256
