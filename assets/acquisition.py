@@ -1,6 +1,5 @@
 """Pin and acquire: the profile, one archive per partition, one extracted cache dir per cache key."""
 
-from __future__ import annotations
 
 from typing import Any
 

@@ -1,6 +1,5 @@
 """The kit: action sidecars, the join by trajectory id, byte-level subset verification."""
 
-from __future__ import annotations
 
 from typing import Any
 

@@ -1,6 +1,5 @@
 """The immutable VIN offline store."""
 
-from __future__ import annotations
 
 from typing import Any
 

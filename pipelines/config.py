@@ -20,6 +20,7 @@ class BuildConfig:
     hub_folder: str | None = None  # serve this folder on loopback for each run instead of `endpoint`
     token_env_var: str = "HF_TOKEN"
     reverify: bool = False
+    webhook_url: str | None = None  # alerts are POSTed here when set
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -35,4 +36,5 @@ class BuildConfig:
             kit_root=os.environ.get("STAGE2_KIT_ROOT") or None,
             hub_folder=os.environ.get("STAGE2_HUB_FOLDER") or None,
             token_env_var=os.environ.get("STAGE2_TOKEN_ENV", "HF_TOKEN"),
+            webhook_url=os.environ.get("STAGE2_ALERT_WEBHOOK") or None,
         )

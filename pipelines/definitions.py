@@ -8,14 +8,17 @@ from typing import Any
 import dagster as dg
 
 from assets import build_assets
-from resources import DataRootResource, HubSourceResource, LoopbackHubResource, ProfileResource
+from resources import AlertsResource, DataRootResource, HubSourceResource, LoopbackHubResource, ProfileResource
 from stage2_data.profile import Profile, load_profile
 
 from .config import BuildConfig
+from .schedules import build_schedules
+from .sensors import build_sensors
 
 ACQUIRE_JOB = "acquire_archives"
 EXTRACT_JOB = "extract_cache_dirs"
 KIT_AND_STORE_JOB = "verify_kit_and_build_store"
+VERIFY_JOB = "verify_existing_data"
 
 
 def build_resources(config: BuildConfig, profile: Profile) -> dict[str, Any]:
@@ -41,6 +44,7 @@ def build_resources(config: BuildConfig, profile: Profile) -> dict[str, Any]:
         "profile": ProfileResource(profile_path=str(config.profile_path), kit_root=config.kit_root),
         "hub": hub,
         "data_root": DataRootResource(path=str(Path(config.data_root).resolve()), reverify=config.reverify),
+        "alerts": AlertsResource(webhook_url=config.webhook_url),
     }
 
 
@@ -48,21 +52,33 @@ def build_definitions(config: BuildConfig | None = None) -> dg.Definitions:
     config = config or BuildConfig.from_env()
     profile = load_profile(config.profile_path, kit_root=config.kit_root)
     assets = build_assets(profile)
-    jobs = [
-        dg.define_asset_job(ACQUIRE_JOB, selection=dg.AssetSelection.assets("archive_file"),
-                            description="Download and verify archive partitions."),
-        dg.define_asset_job(EXTRACT_JOB, selection=dg.AssetSelection.assets("cache_dir"),
-                            description="Extract cache-key partitions."),
-        dg.define_asset_job(
-            KIT_AND_STORE_JOB,
-            selection=dg.AssetSelection.assets(
-                "pinned_profile", "extraction_report", "action_sidecars", "trajectory_join", "subset_checksums",
-                "vin_store",
-            ),
-            description="Check extraction, unpack sidecars, join, verify bytes, build the store.",
+    acquire = dg.define_asset_job(
+        ACQUIRE_JOB, selection=dg.AssetSelection.assets("archive_file"),
+        description="Download and verify archive partitions.",
+    )
+    extract = dg.define_asset_job(
+        EXTRACT_JOB, selection=dg.AssetSelection.assets("cache_dir"), description="Extract cache-key partitions."
+    )
+    kit_and_store = dg.define_asset_job(
+        KIT_AND_STORE_JOB,
+        selection=dg.AssetSelection.assets(
+            "pinned_profile", "extraction_report", "action_sidecars", "trajectory_join", "subset_checksums", "vin_store"
         ),
-    ]
-    return dg.Definitions(assets=assets, resources=build_resources(config, profile), jobs=jobs)
+        description="Check extraction, unpack sidecars, join, verify bytes, build the store.",
+    )
+    verify = dg.define_asset_job(
+        VERIFY_JOB,
+        selection=dg.AssetSelection.assets("extraction_report", "trajectory_join", "subset_checksums"),
+        description="Re-check existing data on disk without downloading: counts, join, link totals, subset bytes.",
+    )
+    jobs = {"acquire": acquire, "extract": extract, "kit_and_store": kit_and_store, "verify": verify}
+    return dg.Definitions(
+        assets=assets,
+        resources=build_resources(config, profile),
+        jobs=list(jobs.values()),
+        schedules=build_schedules(profile, jobs),
+        sensors=build_sensors(profile, jobs),
+    )
 
 
 defs = build_definitions()

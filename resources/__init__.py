@@ -1,7 +1,8 @@
 """Typed Dagster resources: where the data comes from (hub), where it goes (data root), what (profile)."""
 
+from .alerts import AlertsResource
 from .hub import HubSourceResource, LoopbackHubResource
 from .profile import ProfileResource
 from .storage import DataRootResource
 
-__all__ = ["DataRootResource", "HubSourceResource", "LoopbackHubResource", "ProfileResource"]
+__all__ = ["AlertsResource", "DataRootResource", "HubSourceResource", "LoopbackHubResource", "ProfileResource"]

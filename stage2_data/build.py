@@ -359,6 +359,8 @@ def step_store(profile: Profile, data_root: Path, *, rows_per_shard: int = 64, p
             inputs=inputs,
             rows_per_shard=rows_per_shard,
             progress=progress,
+            profile_path=profile.profile_path,
+            data_root=data_root,
         ).write(samples, pairs)
     atomic_symlink(out.name, layout.current_store_path(data_root, profile.name))
     seconds = time.perf_counter() - t0
