@@ -1,0 +1,382 @@
+"""The loopback hub, exercised through the real huggingface_hub client over real HTTP on 127.0.0.1."""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_url
+from huggingface_hub.errors import (
+    HfHubHTTPError,
+    RemoteEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+from huggingface_hub.hf_api import RepoFile, RepoFolder
+from huggingface_hub.utils import get_session
+
+from stage2_data.hubserver import HubFaults, HubServer
+
+REPO = "org/robot-data"
+REV = "1a8eb2d279c70964fadeaf8019a77c490c3abe02"
+OTHER_REV = "0" * 40
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Upstream(NamedTuple):
+    folder: Path
+    files: dict[str, bytes]
+
+    def __getitem__(self, key: str) -> bytes:  # type: ignore[override]
+        return self.files[key]
+
+
+@pytest.fixture(scope="module")
+def upstream(tmp_path_factory: pytest.TempPathFactory) -> Upstream:
+    folder = tmp_path_factory.mktemp("upstream")
+    rnd = random.Random(7)
+    files = {
+        "a.tar": rnd.randbytes(3 * 1024 * 1024 + 17),
+        "b.tar.part-aa": rnd.randbytes(1024 * 1024),
+        "sub/dir/c.bin": rnd.randbytes(1000),
+        "README.md": b"# demo\n",
+    }
+    for rel, data in files.items():
+        p = folder / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+    return Upstream(folder, files)
+
+
+@pytest.fixture
+def hub(upstream: Upstream):
+    with HubServer(upstream.folder, repo_id=REPO, revision=REV) as server:
+        yield server
+
+
+def _api(server: HubServer, token: str | bool | None = False) -> HfApi:
+    return HfApi(endpoint=server.url, token=token)  # type: ignore[arg-type]
+
+
+def _url(server: HubServer, path: str, revision: str = REV, repo_id: str = REPO) -> str:
+    return hf_hub_url(repo_id, path, repo_type="dataset", revision=revision, endpoint=server.url)
+
+
+# ----- listings ----------------------------------------------------------------------------------
+def test_tree_listing_gives_size_and_lfs_sha256(hub: HubServer, upstream: Upstream) -> None:
+    entries = list(_api(hub).list_repo_tree(REPO, repo_type="dataset", revision=REV, recursive=True))
+    files = {e.path: e for e in entries if isinstance(e, RepoFile)}
+    folders = {e.path for e in entries if isinstance(e, RepoFolder)}
+    assert set(files) == set(upstream.files)
+    assert folders == {"sub", "sub/dir"}
+    for rel, data in upstream.files.items():
+        f = files[rel]
+        assert f.size == len(data)
+        assert f.lfs is not None
+        assert f.lfs.size == len(data)
+        assert f.lfs.sha256 == hashlib.sha256(data).hexdigest()
+        assert len(f.blob_id) == 40
+
+    top = list(_api(hub).list_repo_tree(REPO, repo_type="dataset", revision=REV))
+    assert {e.path for e in top} == {"a.tar", "b.tar.part-aa", "README.md", "sub"}
+    sub = list(_api(hub).list_repo_tree(REPO, "sub", repo_type="dataset", revision="main", recursive=True))
+    assert {e.path for e in sub} == {"sub/dir", "sub/dir/c.bin"}
+
+
+def test_tree_pagination_follows_link_header(hub: HubServer) -> None:
+    full = [e.path for e in _api(hub).list_repo_tree(REPO, repo_type="dataset", revision=REV, recursive=True)]
+    hub.tree_page_size = 2
+    paged = [
+        e.path for e in _api(hub).list_repo_tree(REPO, repo_type="dataset", revision=REV, recursive=True)
+    ]
+    assert paged == full
+    tree_calls = [p for m, p, _ in hub.log_snapshot() if "/tree/" in p]
+    assert len(tree_calls) == 1 + 3  # one unpaged call, then ceil(6 / 2) pages
+
+
+def test_repo_info_and_main_alias(hub: HubServer, upstream: Upstream) -> None:
+    api = _api(hub)
+    assert api.dataset_info(REPO, revision=REV).sha == REV
+    assert api.dataset_info(REPO, revision="main").sha == REV  # the branch resolves to the commit
+    info = api.repo_info(REPO, repo_type="dataset", files_metadata=True)
+    assert info.sha == REV
+    assert info.private is False
+    sib = {s.rfilename: s for s in info.siblings or []}
+    assert set(sib) == set(upstream.files)
+    assert sib["a.tar"].lfs is not None
+    assert sib["a.tar"].lfs.sha256 == hashlib.sha256(upstream["a.tar"]).hexdigest()
+    assert sib["a.tar"].size == len(upstream["a.tar"])
+
+
+def test_paths_info(hub: HubServer, upstream: Upstream) -> None:
+    got = _api(hub).get_paths_info(REPO, ["a.tar", "sub", "nope.tar"], repo_type="dataset", revision=REV)
+    by_path = {e.path: e for e in got}
+    assert set(by_path) == {"a.tar", "sub"}
+    a = by_path["a.tar"]
+    assert isinstance(a, RepoFile) and a.lfs is not None
+    assert a.lfs.sha256 == hashlib.sha256(upstream["a.tar"]).hexdigest()
+    assert isinstance(by_path["sub"], RepoFolder)
+
+
+# ----- resolve: HEAD and GET ---------------------------------------------------------------------
+def test_head_metadata_through_client(hub: HubServer, upstream: Upstream) -> None:
+    meta = get_hf_file_metadata(_url(hub, "a.tar"), token=False)
+    assert meta.commit_hash == REV
+    assert meta.etag == hashlib.sha256(upstream["a.tar"]).hexdigest()
+    assert meta.size == len(upstream["a.tar"])
+    meta_main = get_hf_file_metadata(_url(hub, "sub/dir/c.bin", revision="main"), token=False)
+    assert meta_main.commit_hash == REV
+
+
+def test_head_has_headers_and_no_body_keepalive(hub: HubServer, upstream: Upstream) -> None:
+    data = upstream["a.tar"]
+    conn = http.client.HTTPConnection("127.0.0.1", hub.port, timeout=10)
+    path = f"/datasets/{REPO}/resolve/{REV}/a.tar"
+    conn.request("HEAD", path)
+    r = conn.getresponse()
+    assert r.status == 200
+    assert r.read() == b""
+    assert r.getheader("X-Repo-Commit") == REV
+    assert r.getheader("ETag") == f'"{hashlib.sha256(data).hexdigest()}"'
+    assert r.getheader("X-Linked-Etag") == f'"{hashlib.sha256(data).hexdigest()}"'
+    assert r.getheader("X-Linked-Size") == str(len(data))
+    assert r.getheader("Content-Length") == str(len(data))
+    assert r.getheader("Accept-Ranges") == "bytes"
+    # Same connection: if the HEAD had carried a body, this response would not parse.
+    conn.request("GET", path, headers={"Range": "bytes=10-19"})
+    r2 = conn.getresponse()
+    assert r2.status == 206
+    assert r2.read() == data[10:20]
+    # And a 404 on HEAD has no body either.
+    conn.request("HEAD", f"/datasets/{REPO}/resolve/{REV}/nope")
+    r3 = conn.getresponse()
+    assert r3.status == 404 and r3.read() == b""
+    conn.request("GET", path, headers={"Range": "bytes=0-3"})
+    assert conn.getresponse().read() == data[:4]
+    conn.close()
+
+
+def test_range_requests(hub: HubServer, upstream: Upstream) -> None:
+    data = upstream["a.tar"]
+    size = len(data)
+    s = get_session()
+    url = _url(hub, "a.tar")
+    r = s.get(url, headers={"Range": "bytes=100-"})
+    assert r.status_code == 206
+    assert r.headers["Content-Range"] == f"bytes 100-{size - 1}/{size}"
+    assert r.content == data[100:]
+    r = s.get(url, headers={"Range": "bytes=5-9"})
+    assert r.status_code == 206 and r.content == data[5:10]
+    r = s.get(url, headers={"Range": "bytes=-7"})
+    assert r.status_code == 206 and r.content == data[-7:]
+    r = s.get(url, headers={"Range": f"bytes={size}-"})
+    assert r.status_code == 416
+    assert r.headers["Content-Range"] == f"bytes */{size}"
+    r = s.get(url)
+    assert r.status_code == 200 and r.content == data
+    assert hub.log_snapshot()[0] == ("GET", f"/datasets/{REPO}/resolve/{REV}/a.tar", "bytes=100-")
+
+
+# ----- errors ------------------------------------------------------------------------------------
+def test_404_kinds_map_to_client_errors(hub: HubServer) -> None:
+    api = _api(hub)
+    with pytest.raises(RepositoryNotFoundError):
+        get_hf_file_metadata(_url(hub, "a.tar", repo_id="org/other"), token=False)
+    with pytest.raises(RepositoryNotFoundError):
+        api.dataset_info("org/other")
+    with pytest.raises(RepositoryNotFoundError):
+        list(api.list_repo_tree("org/other", repo_type="dataset", revision=REV))
+    with pytest.raises(RevisionNotFoundError):
+        get_hf_file_metadata(_url(hub, "a.tar", revision=OTHER_REV), token=False)
+    with pytest.raises(RevisionNotFoundError):
+        api.dataset_info(REPO, revision=OTHER_REV)
+    with pytest.raises(RevisionNotFoundError):
+        list(api.list_repo_tree(REPO, repo_type="dataset", revision="v1.0"))
+    with pytest.raises(RemoteEntryNotFoundError):
+        get_hf_file_metadata(_url(hub, "nope.tar"), token=False)
+    conn = http.client.HTTPConnection("127.0.0.1", hub.port, timeout=5)
+    for escape in ("..%2Fa.tar", "sub/..%2F..%2Fa.tar", "%2Fetc%2Fpasswd"):  # never outside the folder
+        conn.request("HEAD", f"/datasets/{REPO}/resolve/{REV}/{escape}")
+        r = conn.getresponse()
+        r.read()
+        assert (r.status, r.getheader("X-Error-Code")) == (404, "EntryNotFound"), escape
+    conn.close()
+    with pytest.raises(RemoteEntryNotFoundError):
+        list(api.list_repo_tree(REPO, "nope", repo_type="dataset", revision=REV))
+    r = get_session().get(_url(hub, "nope.tar"))
+    assert r.status_code == 404
+    assert r.headers["X-Error-Code"] == "EntryNotFound"
+    assert "error" in r.json()
+
+
+def test_token_enforced(upstream: Upstream) -> None:
+    secret = "hf_loopbackSECRET123"
+    with HubServer(upstream.folder, repo_id=REPO, revision=REV, token=secret) as server:
+        assert secret not in repr(server)
+        with pytest.raises(RepositoryNotFoundError):  # anonymous: the private repo "does not exist"
+            _api(server, token=False).dataset_info(REPO)
+        with pytest.raises(HfHubHTTPError) as ei:
+            _api(server, token="hf_wrong").dataset_info(REPO)
+        assert ei.value.response.status_code == 401
+        with pytest.raises(RepositoryNotFoundError):
+            get_hf_file_metadata(_url(server, "a.tar"), token=False)
+        assert _api(server, token=secret).dataset_info(REPO).sha == REV
+        meta = get_hf_file_metadata(_url(server, "a.tar"), token=secret)
+        assert meta.size == len(upstream["a.tar"])
+        files = list(_api(server, token=secret).list_repo_tree(REPO, repo_type="dataset", revision=REV))
+        assert files
+
+
+# ----- faults ------------------------------------------------------------------------------------
+def test_faults(hub: HubServer, upstream: Upstream) -> None:
+    data = upstream["a.tar"]
+    s = get_session()
+    url = _url(hub, "a.tar")
+
+    hub.faults.fail_first["a.tar"] = 2
+    assert s.get(url).status_code == 503
+    assert hub.faults.fail_first == {"a.tar": 1}
+    assert s.get(url).status_code == 503
+    assert hub.faults.fail_first == {}
+    assert s.get(url).content == data
+
+    hub.faults.drop_after["a.tar"] = 1000
+    with pytest.raises(Exception) as ei:
+        s.get(url)
+    assert "RemoteProtocolError" in type(ei.value).__name__ or "peer closed" in str(ei.value)
+    assert hub.faults.drop_after == {}  # consumed: the next GET is served normally
+    assert s.get(url).content == data
+
+    hub.faults.corrupt.add("a.tar")
+    bad = s.get(url).content
+    assert len(bad) == len(data) and bad != data
+    part = s.get(url, headers={"Range": "bytes=0-99"}).content
+    assert part == data[:100]  # the flipped byte is in the middle
+    meta = get_hf_file_metadata(url, token=False)
+    assert meta.etag == hashlib.sha256(data).hexdigest()  # HEAD keeps the true sha256
+    hub.faults.corrupt.clear()
+
+    hub.faults.ignore_range = True
+    r = s.get(url, headers={"Range": "bytes=100-"})
+    assert r.status_code == 200 and r.content == data
+    hub.faults.ignore_range = False
+
+    hub.faults.missing.add("a.tar")
+    with pytest.raises(RemoteEntryNotFoundError):
+        get_hf_file_metadata(url, token=False)
+    assert s.get(url).status_code == 404
+    listed = [e.path for e in _api(hub).list_repo_tree(REPO, repo_type="dataset", revision=REV)]
+    assert "a.tar" in listed  # the listing still lists it
+    hub.faults.missing.clear()
+
+
+def test_faults_at_construction_and_file_requests(upstream: Upstream) -> None:
+    faults = HubFaults(fail_first={"b.tar.part-aa": 1})
+    with HubServer(upstream.folder, repo_id=REPO, revision=REV, faults=faults) as server:
+        s = get_session()
+        assert s.get(_url(server, "b.tar.part-aa")).status_code == 503
+        assert s.get(_url(server, "b.tar.part-aa"), headers={"Range": "bytes=5-"}).status_code == 206
+        assert server.file_requests("b.tar.part-aa") == [("GET", None), ("GET", "bytes=5-")]
+        assert server.file_requests("a.tar") == []
+        server.clear_log()
+        assert server.log_snapshot() == []
+
+
+def test_changed_file_is_rehashed(tmp_path: Path) -> None:
+    (tmp_path / "x.bin").write_bytes(b"one")
+    with HubServer(tmp_path, repo_id=REPO, revision=REV, repo_type="model") as server:
+        api = _api(server)
+
+        def sha() -> str:
+            (f,) = [e for e in api.list_repo_tree(REPO, revision=REV) if isinstance(e, RepoFile)]
+            assert f.lfs is not None
+            return f.lfs.sha256
+
+        assert sha() == hashlib.sha256(b"one").hexdigest()
+        (tmp_path / "x.bin").write_bytes(b"two!")
+        assert sha() == hashlib.sha256(b"two!").hexdigest()
+        # A model repo has no URL prefix.
+        url = hf_hub_url(REPO, "x.bin", revision=REV, endpoint=server.url)
+        assert f"{server.url}/{REPO}/resolve/" in url
+        assert get_session().get(url).content == b"two!"
+
+
+def test_bad_construction(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="40-hex"):
+        HubServer(tmp_path, repo_id=REPO, revision="main")
+    with pytest.raises(ValueError):
+        HubServer(tmp_path / "nope", repo_id=REPO, revision=REV)
+
+
+def test_stop_closes_connections(upstream: Upstream) -> None:
+    server = HubServer(upstream.folder, repo_id=REPO, revision=REV).start()
+    url = server.url
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+    conn.request("GET", f"/api/datasets/{REPO}")
+    assert conn.getresponse().read()
+    server.stop()
+    with pytest.raises((OSError, http.client.HTTPException)):
+        conn.request("GET", f"/api/datasets/{REPO}")
+        conn.getresponse().read()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=2).close()
+
+
+def test_main_serves_until_sigterm(upstream: Upstream) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "stage2_data.hubserver",
+            str(upstream.folder),
+            "--repo-id",
+            REPO,
+            "--revision",
+            REV,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().strip()
+        assert line.startswith("http://127.0.0.1:")
+        info = json.loads(get_session().get(f"{line}/api/datasets/{REPO}/revision/main").content)
+        assert info["sha"] == REV
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_serves_large_body_fast(tmp_path: Path) -> None:
+    data = os.urandom(64 * 1024 * 1024)
+    (tmp_path / "big.bin").write_bytes(data)
+    with HubServer(tmp_path, repo_id=REPO, revision=REV) as server:
+        t0 = time.monotonic()
+        with get_session().stream("GET", _url(server, "big.bin")) as r:
+            h = hashlib.sha256()
+            n = 0
+            for chunk in r.iter_bytes(8 * 1024 * 1024):
+                h.update(chunk)
+                n += len(chunk)
+        dt = time.monotonic() - t0
+    assert n == len(data) and h.hexdigest() == hashlib.sha256(data).hexdigest()
+    assert dt < 5, f"64 MiB took {dt:.1f}s"
