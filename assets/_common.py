@@ -8,13 +8,16 @@ from typing import Any
 import dagster as dg
 
 from stage2_data.build import StepResult
-from stage2_data.checks import CHECK_DESCRIPTIONS, CHECKS_BY_ASSET
+from stage2_data.checks import CHECK_DESCRIPTIONS, CHECKS_BY_ASSET, NON_BLOCKING
 from stage2_data.errors import Stage2Error
 
 
-def check_specs(asset: str, *, blocking: bool = True, partitions_def: Any = None) -> list[dg.AssetCheckSpec]:
+def check_specs(asset: str) -> list[dg.AssetCheckSpec]:
+    """Every check is blocking (a failure stops downstream assets) unless listed in NON_BLOCKING."""
     return [
-        dg.AssetCheckSpec(name, asset=asset, blocking=blocking, description=CHECK_DESCRIPTIONS.get(name))
+        dg.AssetCheckSpec(
+            name, asset=asset, blocking=name not in NON_BLOCKING, description=CHECK_DESCRIPTIONS.get(name)
+        )
         for name in CHECKS_BY_ASSET[asset]
     ]
 

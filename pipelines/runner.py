@@ -22,13 +22,32 @@ from .config import BuildConfig
 FINAL_STAGE = ["extraction_report", "action_sidecars", "trajectory_join", "subset_checksums", "vin_store"]
 
 
+INSTANCE_YAML = """\
+# Written by stage2 for a local instance. One consolidated SQLite event log (WAL) instead of one
+# database per run: a run costs about half as much, and the web UI and daemon read it live.
+telemetry:
+  enabled: false
+event_log_storage:
+  module: dagster._core.storage.event_log
+  class: ConsolidatedSqliteEventLogStorage
+  config:
+    base_dir: {home}/history
+"""
+
+
+def write_instance_yaml(home: Path) -> None:
+    """Create ``dagster.yaml`` for a local instance unless the user already has one."""
+    cfg = home / "dagster.yaml"
+    if not cfg.exists():
+        home.mkdir(parents=True, exist_ok=True)
+        cfg.write_text(INSTANCE_YAML.format(home=home))
+
+
 def ensure_instance(data_root: Path) -> Path:
     """DAGSTER_HOME if set, else <data_root>/.dagster; created with a dagster.yaml (telemetry off)."""
     home = Path(os.environ.get("DAGSTER_HOME") or (data_root / ".dagster")).resolve()
     home.mkdir(parents=True, exist_ok=True)
-    cfg = home / "dagster.yaml"
-    if not cfg.exists():
-        cfg.write_text("telemetry:\n  enabled: false\n")
+    write_instance_yaml(home)
     os.environ["DAGSTER_HOME"] = str(home)
     import dagster as dg
 

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from .config import DEMO_ROOT, REPO_ROOT
+from .runner import write_instance_yaml
 
 
 def main() -> int:
@@ -23,9 +24,7 @@ def main() -> int:
     env = dict(os.environ)
     env.setdefault("DAGSTER_HOME", str(REPO_ROOT / ".dagster_home"))
     Path(env["DAGSTER_HOME"]).mkdir(parents=True, exist_ok=True)
-    cfg = Path(env["DAGSTER_HOME"]) / "dagster.yaml"
-    if not cfg.exists():
-        cfg.write_text("telemetry:\n  enabled: false\n")
+    write_instance_yaml(Path(env["DAGSTER_HOME"]))
     port = env.get("STAGE2_UI_PORT", "3000")
     hub = subprocess.Popen(
         [sys.executable, "-m", "stage2_data.cli", "serve-hub", str(demo.upstream),

@@ -157,6 +157,10 @@ class DownloadsFailedError(ProblemsError, HubError):
         super().__init__(title, problems, fix=fix)
 
 
+class DownloadCancelled(HubError):
+    """The download was cancelled (``cancel`` event set, e.g. on Ctrl-C); the partial file is kept."""
+
+
 class PinError(ProblemsError, ProfileError):
     """``pin`` refused: the profile disagrees with the hub's listing."""
 
@@ -181,7 +185,9 @@ def _is_client_error(e: BaseException) -> bool:
     return isinstance(e, HfHubHTTPError | OfflineModeIsEnabled | _httpx.HTTPError) or _is_transient(e)
 
 
-def _hub_error(e: BaseException, source: HubSource, *, what: str, path: str | None = None) -> HubError:
+def _hub_error(
+    e: BaseException, source: HubSource, *, what: str, path: str | None = None, note: str = ""
+) -> HubError:
     """A HubError naming the repo, revision, endpoint (and file) and the fix, for a client error."""
     ep = source.api_endpoint
     rev = source.revision
@@ -226,7 +232,7 @@ def _hub_error(e: BaseException, source: HubSource, *, what: str, path: str | No
     else:
         msg = f"{what}: {type(e).__name__}: {_first_line(str(e))} ({ep})."
         fix = "retry; if it persists, check the hub and the network"
-    return HubError(source.redact(msg), fix=fix)
+    return HubError(source.redact(msg + note), fix=fix)
 
 
 # ----- listing and revision -------------------------------------------------------------------------
@@ -423,6 +429,7 @@ class _Pipeline:
         self._cancel = cancel
         self._q: queue.Queue[bytes | None] = queue.Queue(maxsize=depth)
         self._err: BaseException | None = None
+        self._failed = False
         self._thread = threading.Thread(target=self._run, name="download-writer", daemon=True)
         self._thread.start()
 
@@ -432,9 +439,10 @@ class _Pipeline:
             try:
                 if item is None:
                     return
-                if self._err is None:
+                if not self._failed:  # after a failure nothing more is written: the file stays a clean prefix
                     self._inner.write(item)
             except BaseException as e:  # handed to the receiving thread
+                self._failed = True
                 self._err = e
             finally:
                 self._q.task_done()
@@ -443,6 +451,8 @@ class _Pipeline:
         if self._err is not None:
             err, self._err = self._err, None
             raise err
+        if self._failed:
+            raise OSError("writing the partial file failed earlier")
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
         if self._cancel is not None and self._cancel.is_set():
@@ -634,8 +644,9 @@ def _download(
         except Stage2Error:
             raise
         except _Cancelled:
-            raise KeyboardInterrupt(
-                f"download of {spec.path} interrupted; the partial file is kept"
+            raise DownloadCancelled(
+                f"download of {spec.path} cancelled; the partial file is kept.",
+                fix="re-run the download: it resumes from the partial file",
             ) from None
         except OSError as e:
             if e.errno == errno.ENOSPC:
@@ -656,14 +667,12 @@ def _download(
             last = e
         assert last is not None
         if attempt == attempts:
-            err = _hub_error(
-                last, source, what=f"{what} (gave up after {attempts} attempt(s))", path=spec.path
-            )
-            if part.exists():
-                err.message += (
-                    f" The partial file ({human_bytes(part.stat().st_size)}) is kept: re-running resumes."
-                )
-            raise err from last
+            note = ""
+            with contextlib.suppress(OSError):
+                note = f" The partial file ({human_bytes(part.stat().st_size)}) is kept: re-running resumes."
+            raise _hub_error(
+                last, source, what=f"{what} (gave up after {attempts} attempt(s))", path=spec.path, note=note
+            ) from last
         wait = min(backoff * 2 ** (attempt - 1), MAX_BACKOFF)
         log.warning(
             "%s: attempt %d/%d failed (%s); retrying in %.1fs",

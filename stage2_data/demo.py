@@ -40,9 +40,8 @@ import argparse
 import hashlib
 import io
 import json
-import multiprocessing
-import os
 import random
+import shutil
 import struct
 import sys
 import tarfile
@@ -51,7 +50,6 @@ import zipfile
 import zlib
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -308,7 +306,7 @@ class _Pair:
 @dataclass
 class _Plan:
     full: bool
-    trajs: dict[str, list[_Traj]]  # cache_key -> trajectories (generation order)
+    trajs: dict[str, list[_Traj]]  # cache_key -> trajectories (dataset row order)
     pairs: list[_Pair]
     action_rows: dict[str, list[_ActionRow]]  # source -> rows (file order)
     extra_trajs: dict[str, list[_Traj]] = field(default_factory=dict)  # quarantined + other
@@ -394,6 +392,7 @@ def _plan(full: bool) -> _Plan:
             else:
                 quality = rng.choices(["successful", "suboptimal", "failure"], [6, 3, 2])[0]
             key_trajs.append(_new_traj(rng, full, spec, tid, task, quality))
+        rng.shuffle(key_trajs)  # dataset row order says nothing (join by id, never by row)
         trajs[spec.cache_key] = key_trajs
         members_by_key[spec.cache_key] = members
 
@@ -437,7 +436,7 @@ def _plan_actions(
         others = [t for k in keys for t in trajs[k] if t.id not in member_ids]
         rng.shuffle(members)
         rng.shuffle(others)
-        # A third of the action rows go to trajectories that are not in any pair.
+        # Roughly a third of the action rows go to trajectories that are in no pair.
         n_rows = src.rows_full if full else src.rows_small
         n_rec = src.recovered_full if full else src.recovered_small
         pref = members[: max(0, n_rows - n_rows // 3)]
@@ -841,18 +840,32 @@ def _read_marker(root: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def generate_demo(out: Path, *, full_cardinality: bool = False) -> DemoPaths:
-    """Generate the demo into ``out`` (idempotent: a complete demo of the same mode is reused)."""
-    root = Path(out).resolve()
+def _complete(root: Path, full: bool) -> str | None:
+    """The revision of a complete demo of this mode and generator version at ``root``, else None."""
     marker = _read_marker(root)
     if (
         marker is not None
-        and marker.get("mode") == _mode(full_cardinality)
+        and marker.get("mode") == _mode(full)
         and marker.get("generator_version") == GENERATOR_VERSION
         and isinstance(marker.get("revision"), str)
     ):
-        return _paths(root, marker["revision"])
-    if root.exists() and (not root.is_dir() or (marker is None and any(root.iterdir()))):
+        return str(marker["revision"])
+    return None
+
+
+def generate_demo(out: Path, *, full_cardinality: bool = False) -> DemoPaths:
+    """Generate the demo into ``out`` and return its paths.
+
+    Idempotent: if ``out`` already holds a complete demo of the same mode (its marker file is
+    written last), it is returned as is. Otherwise the demo is written into a temporary sibling
+    folder and moved into place; an existing demo of another mode or generator version is
+    replaced, any other non-empty folder is refused.
+    """
+    root = Path(out).resolve()
+    revision = _complete(root, full_cardinality)
+    if revision is not None:
+        return _paths(root, revision)
+    if root.exists() and (not root.is_dir() or (_read_marker(root) is None and any(root.iterdir()))):
         raise Stage2Error(
             f"demo output {root} exists and is not a demo folder (no {MARKER_NAME}); refusing to replace it.",
             fix="pass an empty or new folder, or delete that one",
@@ -860,7 +873,10 @@ def generate_demo(out: Path, *, full_cardinality: bool = False) -> DemoPaths:
     with staging_dir(root) as tmp:
         revision = _generate_into(tmp, full_cardinality)
         tmp.chmod(0o755)  # mkdtemp made it 0700
-        publish_dir(tmp, root)
+        if _complete(root, full_cardinality) == revision:  # another process finished the same demo first
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            publish_dir(tmp, root)
     return _paths(root, revision)
 
 
@@ -872,7 +888,7 @@ def _generate_into(root: Path, full: bool) -> str:
     (kit / "manifests").mkdir(parents=True)
     (kit / KIT_ACTION_MANIFEST_DIR).mkdir(parents=True)
 
-    # ---- archives: independent jobs (a 2-process pool in full-cardinality mode) ----
+    # ---- archives: independent jobs, each returns the digests of what it wrote ----
     jobs: list[tuple[Callable[..., dict[str, str]], tuple[Any, ...]]] = [
         (_build_sidecar_tar, (plan.action_rows, full, str(kit / KIT_SIDECAR_ARCHIVE)))
     ]
@@ -886,15 +902,12 @@ def _generate_into(root: Path, full: bool) -> str:
         jobs.append((_build_cache_tar, (spec, plan.trajs[spec.cache_key], full, str(upstream / name))))
     for spec, name in ((_QUARANTINED_SPEC, QUARANTINED_ARCHIVE), (_OTHER_SPEC, "some_other_dataset.tar")):
         jobs.append((_build_cache_tar, (spec, plan.extra_trajs[spec.cache_key], full, str(upstream / name))))
+    # Serial on purpose: ~20 s of CPU in full-cardinality mode. A process pool would halve the wall
+    # time but "spawn" re-imports the caller's __main__ (breaks unguarded scripts and stdin) and
+    # "fork" is unsafe once pyarrow holds native threads.
     digests: dict[str, str] = {}
-    if full and (os.cpu_count() or 1) > 1:
-        ctx = multiprocessing.get_context("spawn")  # no fork: pyarrow may hold threads
-        with ProcessPoolExecutor(max_workers=2, mp_context=ctx) as pool:
-            for result in pool.map(_run_job, jobs):
-                digests.update(result)
-    else:
-        for job in jobs:
-            digests.update(_run_job(job))
+    for job in jobs:
+        digests.update(_run_job(job))
     write_sidecar_sha256(kit, KIT_SIDECAR_ARCHIVE)
     (upstream / "README.md").write_text(
         "# processed_datasets (demo)\n\nDeterministic miniature of robometer/processed_datasets generated by "

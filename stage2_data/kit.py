@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -373,13 +373,6 @@ def _sidecar_dirs(derived: Path) -> dict[str, set[str]]:
     return out
 
 
-def _split_sidecar_relpath(rel: str) -> tuple[str, str] | None:
-    m = layout.SIDECAR_PATH_RE.match(rel)
-    if not m:
-        return None
-    return m.group("source"), rel.rsplit("/", 1)[1]
-
-
 # ----------------------------------------------------------------------------------------------
 # Sidecar archive
 # ----------------------------------------------------------------------------------------------
@@ -397,6 +390,16 @@ class SidecarUnpackResult:
         d = asdict(self)
         d["tar_path"] = str(self.tar_path)
         return d
+
+
+def _missing_frames_problem(pairs_path: Path, line: int, fpath: str, tid: str, data_root: Path) -> str:
+    return f"{pairs_path}:{line}: frames file {fpath} of trajectory {tid} is missing under {data_root}"
+
+
+def _unnamed_sidecar_problem(derived: Path, rel: str) -> str:
+    m = layout.SIDECAR_PATH_RE.match(rel)
+    what = f"trajectory {m.group('id')}" if m else "no trajectory"
+    return f"{derived / rel}: sidecar file for {what} that no action manifest row names"
 
 
 def _count_sidecar_files(derived: Path) -> int:
@@ -701,38 +704,97 @@ def _parse_npy_header(raw: bytes) -> tuple[tuple[int, ...], np.dtype[Any], int]:
     return shape, dtype, start + hlen
 
 
-def _npz_members(data: bytes) -> tuple[zipfile.ZipFile, dict[str, zipfile.ZipInfo]]:
-    zf = zipfile.ZipFile(io.BytesIO(data))
-    out: dict[str, zipfile.ZipInfo] = {}
-    for zi in zf.infolist():
-        if zi.flag_bits & 0x1:
-            raise ValueError(f"member {zi.filename!r} is encrypted")
-        key = zi.filename[:-4] if zi.filename.endswith(".npy") else zi.filename
-        out[key] = zi
-    return zf, out
+class _Member(NamedTuple):
+    name: str
+    flag: int
+    method: int
+    crc: int
+    csize: int
+    usize: int
+    offset: int
 
 
-def _member_bytes(data: bytes, zf: zipfile.ZipFile, zi: zipfile.ZipInfo, limit: int | None) -> bytes:
-    """The (decompressed) bytes of one member: all of them, or at most ``limit``."""
-    if zi.compress_type in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
-        off = zi.header_offset
-        if data[off : off + 4] != b"PK\x03\x04":
-            raise zipfile.BadZipFile(f"bad local header for member {zi.filename!r}")
-        n, m = struct.unpack_from("<HH", data, off + 26)
-        comp = memoryview(data)[off + 30 + n + m : off + 30 + n + m + zi.compress_size]
-        if zi.compress_type == zipfile.ZIP_STORED:
-            out = bytes(comp if limit is None else comp[:limit])
-        else:
-            dec = zlib.decompressobj(-15)
-            out = dec.decompress(comp) + dec.flush() if limit is None else dec.decompress(comp, limit)
-        if limit is None and (len(out) != zi.file_size or zlib.crc32(out) != zi.CRC):
-            raise zipfile.BadZipFile(f"member {zi.filename!r} is corrupt (size or CRC)")
-        return out
-    with zf.open(zi) as f:
-        return f.read() if limit is None else f.read(limit)
+_CD_ENTRY = struct.Struct("<4s6H3I5HII")  # a zip central-directory entry (46 bytes)
 
 
-def _read_sidecar(path: Path, want_sha: bool) -> _SidecarInfo:
+def _zip_members_fast(data: bytes) -> list[_Member] | None:
+    """The central directory of a plain zip (no archive comment, no zip64 fields), as numpy
+    writes small npz files; None for anything else (then zipfile parses it)."""
+    eocd = len(data) - 22
+    if eocd < 0 or data[eocd : eocd + 4] != b"PK\x05\x06":
+        return None
+    _sig, disk, cd_disk, n_disk, n_total, _cd_size, cd_off, _clen = struct.unpack_from(
+        "<IHHHHIIH", data, eocd
+    )
+    if disk or cd_disk or n_disk != n_total or n_total == 0xFFFF or cd_off >= eocd:
+        return None
+    out: list[_Member] = []
+    pos = cd_off
+    for _ in range(n_total):
+        if pos + 46 > eocd:
+            return None
+        f = _CD_ENTRY.unpack_from(data, pos)
+        if f[0] != b"PK\x01\x02" or 0xFFFFFFFF in (f[8], f[9], f[16]):
+            return None
+        nlen, xlen, clen = f[10], f[11], f[12]
+        name = data[pos + 46 : pos + 46 + nlen].decode("utf-8" if f[3] & 0x800 else "cp437")
+        out.append(_Member(name, f[3], f[4], f[7], f[8], f[9], f[16]))
+        pos += 46 + nlen + xlen + clen
+    return out
+
+
+def _npz_members(data: bytes) -> dict[str, _Member]:
+    members = _zip_members_fast(data)
+    if members is None:
+        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+            members = [
+                _Member(
+                    zi.filename,
+                    zi.flag_bits,
+                    zi.compress_type,
+                    zi.CRC,
+                    zi.compress_size,
+                    zi.file_size,
+                    zi.header_offset,
+                )
+                for zi in zf.infolist()
+            ]
+    out: dict[str, _Member] = {}
+    for m in members:
+        if m.flag & 0x1:
+            raise ValueError(f"member {m.name!r} is encrypted")
+        if m.method not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+            raise ValueError(
+                f"member {m.name!r} uses zip compression method {m.method} (numpy writes 0 or 8)"
+            )
+        key = m.name[:-4] if m.name.endswith(".npy") else m.name
+        if key in out:
+            raise ValueError(f"member {m.name!r} appears twice")
+        out[key] = m
+    return out
+
+
+def _member_bytes(data: bytes, m: _Member, limit: int | None) -> bytes:
+    """The (decompressed) bytes of one member: all of them (CRC-checked), or at most ``limit``."""
+    off = m.offset
+    if data[off : off + 4] != b"PK\x03\x04":
+        raise zipfile.BadZipFile(f"bad local header for member {m.name!r}")
+    n, x = struct.unpack_from("<HH", data, off + 26)
+    start = off + 30 + n + x
+    if start + m.csize > len(data):
+        raise zipfile.BadZipFile(f"member {m.name!r} is truncated")
+    comp = memoryview(data)[start : start + m.csize]
+    if m.method == zipfile.ZIP_STORED:
+        out = bytes(comp if limit is None else comp[:limit])
+    else:
+        dec = zlib.decompressobj(-15)
+        out = dec.decompress(comp) + dec.flush() if limit is None else dec.decompress(comp, limit)
+    if limit is None and (len(out) != m.usize or zlib.crc32(out) != m.crc):
+        raise zipfile.BadZipFile(f"member {m.name!r} is corrupt (size or CRC)")
+    return out
+
+
+def _read_sidecar(path: str | Path, want_sha: bool) -> _SidecarInfo:
     """Widths and lengths of a sidecar from its ``.npy`` headers (+ the small metadata_json).
 
     A lean reader of the npz (zip) container: only headers are parsed, ``metadata_json`` is read
@@ -754,24 +816,28 @@ def _read_sidecar(path: Path, want_sha: bool) -> _SidecarInfo:
         info.bytes = len(data)
         if want_sha:
             info.sha256 = hashlib.sha256(data).hexdigest()
-        zf, members = _npz_members(data)
+        members = _npz_members(data)
         headers: dict[str, tuple[tuple[int, ...], np.dtype[Any], int]] = {}
         for key, zi in members.items():
-            if zi.filename.endswith(".npy"):
-                head = _member_bytes(data, zf, zi, 256)
+            if not zi.name.endswith(".npy"):
+                continue
+            try:
+                head = _member_bytes(data, zi, 256)
                 try:
                     headers[key] = _parse_npy_header(head)
                 except ValueError:
                     if len(head) < 256:
                         raise
-                    headers[key] = _parse_npy_header(_member_bytes(data, zf, zi, _HEADER_READ))
+                    headers[key] = _parse_npy_header(_member_bytes(data, zi, _HEADER_READ))
+            except (ValueError, SyntaxError, TypeError, MemoryError, zipfile.BadZipFile, zlib.error) as e:
+                info.problems.append(f"{label}: member {zi.name}: unreadable .npy ({type(e).__name__}: {e})")
         objects = [k for k, (_, dt, _) in headers.items() if dt.hasobject]
         if objects:
             info.problems.append(
                 f"{label}: key(s) {', '.join(objects)} hold object (pickled) arrays; refused, not unpickled"
             )
             return info
-        missing = [k for k in SIDECAR_KEYS if k not in headers]
+        missing = [k for k in SIDECAR_KEYS if k not in members]
         if missing:
             info.problems.append(f"{label}: missing key(s) {', '.join(missing)}")
         raw = headers.get("raw_actions")
@@ -792,7 +858,7 @@ def _read_sidecar(path: Path, want_sha: bool) -> _SidecarInfo:
             if dtype.kind not in "US" or shape not in ((), (1,)):
                 info.problems.append(f"{label}: metadata_json is {dtype} {shape}, expected a 0-d string")
             else:
-                body = _member_bytes(data, zf, members["metadata_json"], None)
+                body = _member_bytes(data, members["metadata_json"], None)
                 value = np.frombuffer(body, dtype=dtype, count=1, offset=offset)[0]
                 text = value.decode("utf-8") if isinstance(value, bytes) else str(value)
                 try:
@@ -821,14 +887,16 @@ def _read_sidecar(path: Path, want_sha: bool) -> _SidecarInfo:
     return info
 
 
-def _read_sidecars(paths: Sequence[Path], want_sha: bool, workers: int | None) -> list[_SidecarInfo]:
-    if not paths:
-        return []
-    n = workers or min(4, os.cpu_count() or 2)
-    if n <= 1 or len(paths) < 256:
+def _read_sidecars(paths: Sequence[str], want_sha: bool, workers: int | None) -> list[_SidecarInfo]:
+    """Read many sidecars; a couple of threads overlap the file I/O (the parsing holds the GIL)."""
+    n = workers or min(2, os.cpu_count() or 1)
+    if n <= 1 or len(paths) < 1024:
         return [_read_sidecar(p, want_sha) for p in paths]
+    size = 512
+    chunks = [paths[i : i + size] for i in range(0, len(paths), size)]
     with ThreadPoolExecutor(max_workers=n) as pool:
-        return list(pool.map(lambda p: _read_sidecar(p, want_sha), paths, chunksize=256))
+        parts = pool.map(lambda c: [_read_sidecar(p, want_sha) for p in c], chunks)
+        return [info for part in parts for info in part]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -902,6 +970,101 @@ def _write_parquet_atomic(table: pa.Table, path: Path) -> None:
         raise
 
 
+@dataclass
+class _PairFacts:
+    pair_count: Counter[str] = field(default_factory=Counter)
+    split_of: dict[str, str] = field(default_factory=dict)
+    task_of: dict[str, str] = field(default_factory=dict)
+    frames_of: dict[str, tuple[str, int]] = field(default_factory=dict)  # id -> (frames path, first line)
+
+
+def _pair_facts(pairs: Sequence[PairRow]) -> _PairFacts:
+    f = _PairFacts()
+    for row in pairs:
+        chosen, rejected = row.trajectories()
+        for tid, fpath in (chosen, rejected) if chosen[0] != rejected[0] else (chosen,):
+            f.pair_count[tid] += 1
+            if row.split in layout.SPLITS:
+                f.split_of.setdefault(tid, row.split)
+            f.task_of.setdefault(tid, row.task)
+            f.frames_of.setdefault(tid, (fpath, row.line))
+    return f
+
+
+@dataclass
+class _ProcessedFacts:
+    meta: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> processed_dataset columns
+    frames_bytes: dict[str, int] = field(default_factory=dict)  # id -> size of its frames file
+
+
+def _processed_facts(
+    data_root: Path, ids_by_ck: dict[str, list[str]], named_at: Callable[[str], str], problems: list[str]
+) -> _ProcessedFacts:
+    """processed_dataset rows (by id) and frame-file sizes of the trajectories each cache dir must hold."""
+    out = _ProcessedFacts()
+    for ck in sorted(ids_by_ck):
+        cdir = layout.cache_dir(data_root, ck)
+        pdir = cdir / PROCESSED_SUBDIR
+        wanted = ids_by_ck[ck]
+        if not cdir.is_dir():
+            problems.append(
+                f"cache directory {cdir} is absent ({len(wanted)} trajectories named by the kit, "
+                f"e.g. {wanted[0]} at {named_at(wanted[0])})"
+            )
+            continue
+        try:
+            table: pa.Table | None = _read_processed_table(cdir, PROCESSED_COLUMNS)
+        except ProblemsError as e:
+            problems.extend(e.problems)
+            table = None
+        if table is not None and "id" not in table.column_names:
+            problems.append(f"{pdir}: has no 'id' column")
+        elif table is not None:
+            pcols = {c: table.column(c).to_pylist() for c in table.column_names if c != "id"}
+            problems.extend(
+                f"{pdir}: has no {c!r} column" for c in PROCESSED_COLUMNS if c != "id" and c not in pcols
+            )
+            want = set(wanted)
+            row_of: dict[str, int] = {}
+            for i, rid in enumerate(table.column("id").to_pylist()):
+                if rid not in want:
+                    continue
+                if rid in row_of:
+                    problems.append(f"{pdir}: duplicate id {rid} (rows {row_of[rid]} and {i})")
+                    continue
+                row_of[rid] = i
+            for tid in wanted:
+                i = row_of.get(tid, -1)
+                if i < 0:
+                    problems.append(f"trajectory {tid} (named at {named_at(tid)}) is not a row of {pdir}")
+                else:
+                    out.meta[tid] = {c: v[i] for c, v in pcols.items()}
+        fdir = cdir / layout.FRAMES_SUBDIR
+        names = _list_files(fdir) or set()
+        by_name = {f"trajectory_{t}.npz": t for t in wanted}
+        for name, size in _sizes(fdir, [n for n in by_name if n in names]).items():
+            out.frames_bytes[by_name[name]] = size
+    return out
+
+
+def _expected_widths(
+    profile: Profile, widths_seen: dict[str, Counter[int]]
+) -> tuple[dict[str, int], dict[str, str]]:
+    """Per source: the profile's ``expected.action_width_by_source``, else the majority width (ties
+    go to the smaller width) of that source's sidecars."""
+    pinned = profile.expected.action_width_by_source
+    expected: dict[str, int] = {}
+    basis: dict[str, str] = {}
+    for source in sorted(set(widths_seen) | set(pinned)):
+        if source in pinned:
+            expected[source] = pinned[source]
+            basis[source] = "profile expected.action_width_by_source"
+        elif widths_seen[source]:
+            expected[source] = min(widths_seen[source].items(), key=lambda kv: (-kv[1], kv[0]))[0]
+            basis[source] = "majority of the source's sidecars"
+    return expected, basis
+
+
 def build_join_table(
     profile: Profile,
     data_root: Path,
@@ -915,269 +1078,162 @@ def build_join_table(
     data_root = Path(data_root)
     pairs_path, pairs, actions, problems = _load_kit(profile)
     derived = layout.derived_root(data_root)
-
-    # --- what the pairs say ------------------------------------------------------------------
-    pair_count: Counter[str] = Counter()
-    split_of: dict[str, str] = {}
-    task_of_pair: dict[str, str] = {}
-    pair_frames: dict[str, tuple[str, int]] = {}  # id -> (frames path, first line)
-    for row in pairs:
-        seen_here: set[str] = set()
-        for tid, fpath in row.trajectories():
-            if tid not in seen_here:
-                pair_count[tid] += 1
-                seen_here.add(tid)
-            if row.split in layout.SPLITS:
-                split_of.setdefault(tid, row.split)
-            task_of_pair.setdefault(tid, row.task)
-            pair_frames.setdefault(tid, (fpath, row.line))
-
+    derived_s = str(derived)
+    pf = _pair_facts(pairs)
     action_of = _first_action_rows(actions)
-    ids = sorted(set(pair_count) | set(action_of))
+    ids = sorted(set(pf.pair_count) | set(action_of))
 
-    # --- cache key of each trajectory --------------------------------------------------------
+    def named_at(tid: str) -> str:
+        fr = pf.frames_of.get(tid)
+        if fr is not None:
+            return f"{pairs_path}:{fr[1]}"
+        ar = action_of.get(tid)
+        return ar.where if ar is not None else "?"
+
+    # --- cache key of each trajectory: the pair's frames path, else the action row's ------------
     cache_key_of: dict[str, str | None] = {}
+    ids_by_ck: dict[str, list[str]] = defaultdict(list)
     for tid in ids:
         ck: str | None = None
-        pf = pair_frames.get(tid)
-        if pf is not None:
-            m = layout.FRAMES_PATH_RE.match(pf[0])
+        fr = pf.frames_of.get(tid)
+        if fr is not None:
+            m = layout.FRAMES_PATH_RE.match(fr[0])
             ck = m.group("cache_key") if m else None
         ar = action_of.get(tid)
         if ar is not None:
             if ck is not None and ar.cache_key != ck:
                 problems.append(
                     f"{ar.where}: trajectory {tid}: cache_key {ar.cache_key!r} differs from the pair "
-                    f"manifest's {ck!r} ({pairs_path}:{pf[1] if pf else '?'})"
+                    f"manifest's {ck!r} ({named_at(tid)})"
                 )
             elif ck is None:
                 ck = ar.cache_key
         cache_key_of[tid] = ck
-
-    def named_at(tid: str) -> str:
-        pf = pair_frames.get(tid)
-        if pf is not None:
-            return f"{pairs_path}:{pf[1]}"
-        ar = action_of.get(tid)
-        return ar.where if ar is not None else "?"
-
-    # --- processed_dataset rows and frame files, per cache key --------------------------------
-    ids_by_ck: dict[str, list[str]] = defaultdict(list)
-    for tid in ids:
-        ck = cache_key_of[tid]
         if ck is not None:
             ids_by_ck[ck].append(tid)
-    meta: dict[str, dict[str, Any]] = {}
-    frames_size: dict[str, int] = {}
-    frames_listed: dict[str, bool] = {}
-    for ck in sorted(ids_by_ck):
-        cdir = layout.cache_dir(data_root, ck)
-        wanted = ids_by_ck[ck]
-        if not cdir.is_dir():
-            problems.append(
-                f"cache directory {cdir} is absent ({len(wanted)} trajectories named by the kit, "
-                f"e.g. {wanted[0]} at {named_at(wanted[0])})"
-            )
-            continue
-        try:
-            table = _read_processed_table(cdir, PROCESSED_COLUMNS)
-        except ProblemsError as e:
-            problems.extend(e.problems)
-            table = None
-        if table is not None:
-            if "id" not in table.column_names:
-                problems.append(f"{cdir / PROCESSED_SUBDIR}: has no 'id' column")
-            else:
-                pcols = {c: table.column(c).to_pylist() for c in table.column_names}
-                for c in PROCESSED_COLUMNS:
-                    if c not in pcols:
-                        problems.append(f"{cdir / PROCESSED_SUBDIR}: has no {c!r} column")
-                want = set(wanted)
-                row_of: dict[str, int] = {}
-                for i, rid in enumerate(pcols["id"]):
-                    if rid in row_of:
-                        if rid in want:
-                            problems.append(
-                                f"{cdir / PROCESSED_SUBDIR}: duplicate id {rid} (rows {row_of[rid]} and {i})"
-                            )
-                        continue
-                    row_of[rid] = i
-                for tid in wanted:
-                    i = row_of.get(tid, -1)
-                    if i < 0:
-                        problems.append(
-                            f"trajectory {tid} (named at {named_at(tid)}) is not a row of "
-                            f"{cdir / PROCESSED_SUBDIR}"
-                        )
-                        continue
-                    meta[tid] = {c: pcols[c][i] for c in pcols if c != "id"}
-        fdir = cdir / layout.FRAMES_SUBDIR
-        names = _list_files(fdir) or set()
-        sizes = _sizes(fdir, [f"trajectory_{t}.npz" for t in wanted if f"trajectory_{t}.npz" in names])
-        for tid in wanted:
-            rel = layout.frames_relpath(ck, tid)
-            n = f"trajectory_{tid}.npz"
-            frames_listed[tid] = n in sizes
-            if n in sizes:
-                frames_size[rel] = sizes[n]
 
-    # pair frames files missing (once per frames path, at its first line)
-    for tid, (fpath, line) in sorted(pair_frames.items(), key=lambda kv: (kv[1][1], kv[0])):
-        ck = cache_key_of.get(tid)
-        if ck is None or not layout.FRAMES_PATH_RE.match(fpath):
-            continue
-        if not frames_listed.get(tid, False):
-            problems.append(
-                f"{pairs_path}:{line}: frames file {fpath} of trajectory {tid} is missing under {data_root}"
-            )
+    proc = _processed_facts(data_root, ids_by_ck, named_at, problems)
 
-    # --- sidecars ------------------------------------------------------------------------------
-    on_disk = _sidecar_dirs(derived)
-    named_sidecars: set[tuple[str, str]] = set()
+    # pair frames files missing (once per trajectory, at its first line)
+    for tid, (fpath, line) in sorted(pf.frames_of.items(), key=lambda kv: (kv[1][1], kv[0])):
+        if layout.FRAMES_PATH_RE.match(fpath) and tid not in proc.frames_bytes:
+            problems.append(_missing_frames_problem(pairs_path, line, fpath, tid, data_root))
+
+    # --- sidecars: on disk vs named; then read the present ones -------------------------------
+    on_disk = {
+        f"{layout.SIDECARS_DIR}/{source}/{name}"
+        for source, names in _sidecar_dirs(derived).items()
+        for name in names
+    }
+    named = {ar.sidecar_path for ar in actions if ar.sidecar_path is not None}
     to_read: list[str] = []
-    sidecar_present: dict[str, bool] = {}
     for tid in ids:
         ar = action_of.get(tid)
         if ar is None or ar.sidecar_path is None:
             continue
-        parts = _split_sidecar_relpath(ar.sidecar_path)
-        if parts is None:
-            sidecar_present[tid] = False
-            continue
-        named_sidecars.add(parts)
-        present = parts[1] in on_disk.get(parts[0], ())
-        sidecar_present[tid] = present
-        if present:
+        if ar.sidecar_path in on_disk:
             to_read.append(tid)
         elif ar.status == RECOVERED:
             problems.append(
                 f"{ar.where}: trajectory {tid} is {RECOVERED!r} but its sidecar "
-                f"{derived / ar.sidecar_path} is missing"
+                f"{derived_s}/{ar.sidecar_path} is missing"
             )
-    # also rows beyond the first of a duplicated id name sidecars: they are not "unknown"
-    for ar in actions:
-        if ar.sidecar_path is not None:
-            parts = _split_sidecar_relpath(ar.sidecar_path)
-            if parts is not None:
-                named_sidecars.add(parts)
-    for source in sorted(on_disk):
-        for name in sorted(on_disk[source]):
-            if (source, name) not in named_sidecars:
-                m = layout.FRAME_FILE_RE.match(name)
-                what = f"trajectory {m.group('id')}" if m else "no trajectory"
-                problems.append(
-                    f"{derived / layout.SIDECARS_DIR / source / name}: sidecar file for {what} that no "
-                    "action manifest row names"
-                )
-    infos = dict(
-        zip(
-            to_read,
-            _read_sidecars(
-                [derived / str(action_of[t].sidecar_path) for t in to_read], check_sidecar_sha256, workers
-            ),
-            strict=True,
-        )
+    problems.extend(_unnamed_sidecar_problem(derived, rel) for rel in sorted(on_disk - named))
+    read = _read_sidecars(
+        [f"{derived_s}/{action_of[t].sidecar_path}" for t in to_read], check_sidecar_sha256, workers
     )
-    for tid in to_read:
-        problems.extend(infos[tid].problems)
-
-    # expected width per source: the profile's, else the majority width of that source
+    infos = dict(zip(to_read, read, strict=True))
     widths_seen: dict[str, Counter[int]] = defaultdict(Counter)
-    for tid in to_read:
-        w = infos[tid].raw_width
-        if w is not None:
-            widths_seen[action_of[tid].source][w] += 1
-    expected_width: dict[str, int] = {}
-    width_basis: dict[str, str] = {}
-    for source in sorted(set(widths_seen) | set(profile.expected.action_width_by_source)):
-        if source in profile.expected.action_width_by_source:
-            expected_width[source] = profile.expected.action_width_by_source[source]
-            width_basis[source] = "profile expected.action_width_by_source"
-        elif widths_seen[source]:
-            expected_width[source] = min(widths_seen[source].items(), key=lambda kv: (-kv[1], kv[0]))[0]
-            width_basis[source] = "majority of the source's sidecars"
+    for tid, si in infos.items():
+        problems.extend(si.problems)
+        if si.raw_width is not None:
+            widths_seen[action_of[tid].source][si.raw_width] += 1
+    expected_width, width_basis = _expected_widths(profile, widths_seen)
 
     # --- assemble rows -------------------------------------------------------------------------
     cols: dict[str, list[Any]] = {f.name: [] for f in JOIN_SCHEMA}
+    no_info = _SidecarInfo()
     for tid in ids:
         ck = cache_key_of[tid]
-        md = meta.get(tid, {})
+        md = proc.meta.get(tid, {})
         ar = action_of.get(tid)
         info = infos.get(tid)
-        pf = pair_frames.get(tid)
-        frames_path = pf[0] if pf is not None else (layout.frames_relpath(ck, tid) if ck else None)
-        fp_rel = layout.frames_relpath(ck, tid) if ck else None
-        frames_present = bool(frames_listed.get(tid, False))
-        src_action = ar.source if ar is not None else None
-        exp_w = expected_width.get(src_action) if src_action is not None else None
-        raw_w = info.raw_width if info else None
-        meta_w = info.metadata_raw_width if info else None
-        al_len = info.aligned_length if info else None
+        inf = info or no_info
+        fr = pf.frames_of.get(tid)
         num_frames = md.get("num_frames")
         sha_ok: bool | None = None
-        if info is not None and check_sidecar_sha256 and info.sha256 is not None and ar is not None:
-            sha_ok = info.sha256 == ar.sidecar_sha256
-            if not sha_ok:
-                problems.append(
-                    f"{ar.where}: trajectory {tid}: sidecar {derived / str(ar.sidecar_path)} has sha256 "
-                    f"{info.sha256}, the manifest says {ar.sidecar_sha256}"
-                )
         width_ok: bool | None = None
-        if info is not None and raw_w is not None and ar is not None:
-            width_ok = True
-            where = f"{derived / str(ar.sidecar_path)} (trajectory {tid}, {ar.where})"
-            if exp_w is not None and raw_w != exp_w:
-                width_ok = False
-                problems.append(
-                    f"{where}: raw action width {raw_w} contradicts source {ar.source!r} width {exp_w} "
-                    f"({width_basis.get(ar.source, '')})"
-                )
-            if meta_w is not None and meta_w != raw_w:
-                width_ok = False
-                problems.append(f"{where}: metadata_json raw_width {meta_w} but raw_actions width {raw_w}")
-            if info.aligned_width is not None and info.aligned_width != raw_w:
-                width_ok = False
-                problems.append(
-                    f"{where}: aligned_actions width {info.aligned_width} but raw_actions width {raw_w}"
-                )
         length_ok: bool | None = None
-        if al_len is not None and isinstance(num_frames, int) and ar is not None:
-            length_ok = al_len == num_frames
-            if not length_ok:
-                problems.append(
-                    f"{derived / str(ar.sidecar_path)} (trajectory {tid}, {ar.where}): aligned_actions "
-                    f"has {al_len} rows but the trajectory has num_frames {num_frames}"
-                )
+        exp_w: int | None = None
+        if ar is not None:
+            exp_w = expected_width.get(ar.source)
+            where = f"{derived_s}/{ar.sidecar_path} (trajectory {tid}, {ar.where})"
+            if info is not None and check_sidecar_sha256 and info.sha256 is not None:
+                sha_ok = info.sha256 == ar.sidecar_sha256
+                if not sha_ok:
+                    problems.append(
+                        f"{ar.where}: trajectory {tid}: sidecar {derived_s}/{ar.sidecar_path} has sha256 "
+                        f"{info.sha256}, the manifest says {ar.sidecar_sha256}"
+                    )
+            raw_w = inf.raw_width
+            if raw_w is not None:
+                width_ok = True
+                if exp_w is not None and raw_w != exp_w:
+                    width_ok = False
+                    problems.append(
+                        f"{where}: raw action width {raw_w} contradicts source {ar.source!r} width {exp_w} "
+                        f"({width_basis.get(ar.source, '')})"
+                    )
+                if inf.metadata_raw_width is not None and inf.metadata_raw_width != raw_w:
+                    width_ok = False
+                    problems.append(
+                        f"{where}: metadata_json raw_width {inf.metadata_raw_width} but raw_actions width {raw_w}"
+                    )
+                if inf.aligned_width is not None and inf.aligned_width != raw_w:
+                    width_ok = False
+                    problems.append(
+                        f"{where}: aligned_actions width {inf.aligned_width} but raw_actions width {raw_w}"
+                    )
+            if inf.aligned_length is not None and isinstance(num_frames, int):
+                length_ok = inf.aligned_length == num_frames
+                if not length_ok:
+                    problems.append(
+                        f"{where}: aligned_actions has {inf.aligned_length} rows but the trajectory has "
+                        f"num_frames {num_frames}"
+                    )
         data_source = md.get("data_source")
+        task = md.get("task")
         cols["stage2_trajectory_id"].append(tid)
         cols["cache_key"].append(ck)
-        cols["source"].append(src_action if src_action is not None else data_source)
+        cols["source"].append(ar.source if ar is not None else data_source)
         cols["data_source"].append(data_source)
-        cols["frames_path"].append(frames_path)
-        cols["frames_present"].append(frames_present)
-        cols["frames_bytes"].append(frames_size.get(fp_rel) if fp_rel else None)
-        cols["in_pairs"].append(tid in pair_count)
-        cols["split"].append(split_of.get(tid))
-        cols["pair_count"].append(pair_count.get(tid, 0))
-        cols["task"].append(md.get("task") if md.get("task") is not None else task_of_pair.get(tid))
+        cols["frames_path"].append(
+            fr[0] if fr is not None else (layout.frames_relpath(ck, tid) if ck else None)
+        )
+        cols["frames_present"].append(tid in proc.frames_bytes)
+        cols["frames_bytes"].append(proc.frames_bytes.get(tid))
+        cols["in_pairs"].append(tid in pf.pair_count)
+        cols["split"].append(pf.split_of.get(tid))
+        cols["pair_count"].append(pf.pair_count.get(tid, 0))
+        cols["task"].append(task if task is not None else pf.task_of.get(tid))
         cols["quality_label"].append(md.get("quality_label"))
         cols["partial_success"].append(md.get("partial_success"))
         cols["is_robot"].append(md.get("is_robot"))
         cols["num_frames"].append(num_frames)
-        cols["in_processed_dataset"].append(tid in meta)
-        cols["action_source"].append(src_action)
+        cols["in_processed_dataset"].append(tid in proc.meta)
+        cols["action_source"].append(ar.source if ar is not None else None)
         cols["action_status"].append(ar.status if ar is not None else None)
         cols["sidecar_path"].append(ar.sidecar_path if ar is not None else None)
         cols["sidecar_present"].append(
-            sidecar_present.get(tid) if ar is not None and ar.sidecar_path else None
+            (info is not None) if ar is not None and ar.sidecar_path is not None else None
         )
-        cols["sidecar_bytes"].append(info.bytes if info else None)
+        cols["sidecar_bytes"].append(inf.bytes)
         cols["sidecar_sha256"].append(ar.sidecar_sha256 if ar is not None else None)
         cols["sidecar_sha256_ok"].append(sha_ok)
-        cols["raw_width"].append(raw_w)
-        cols["metadata_raw_width"].append(meta_w)
+        cols["raw_width"].append(inf.raw_width)
+        cols["metadata_raw_width"].append(inf.metadata_raw_width)
         cols["expected_width"].append(exp_w)
-        cols["aligned_length"].append(al_len)
+        cols["aligned_length"].append(inf.aligned_length)
         cols["width_ok"].append(width_ok)
         cols["length_ok"].append(length_ok)
     try:
@@ -1195,16 +1251,16 @@ def build_join_table(
     counts: dict[str, Any] = {
         "rows": len(ids),
         "pair_rows": len(pairs),
-        "in_pairs": len(pair_count),
+        "in_pairs": len(pf.pair_count),
         "action_manifest_rows": len(actions),
         "with_action_row": len(action_of),
         "action_status": dict(sorted(status_counts.items())),
         "sidecars_named": sum(1 for a in action_of.values() if a.sidecar_path),
-        "sidecars_present": sum(1 for v in sidecar_present.values() if v),
-        "sidecars_by_source": dict(sorted(Counter(action_of[t].source for t in to_read).items())),
-        "frames_present": sum(1 for v in frames_listed.values() if v),
-        "in_processed_dataset": len(meta),
-        "split": dict(sorted(Counter(split_of.values()).items())),
+        "sidecars_present": len(infos),
+        "sidecars_by_source": dict(sorted(Counter(action_of[t].source for t in infos).items())),
+        "frames_present": len(proc.frames_bytes),
+        "in_processed_dataset": len(proc.meta),
+        "split": dict(sorted(Counter(pf.split_of.values()).items())),
         "expected_width_by_source": dict(sorted(expected_width.items())),
         "width_basis": dict(sorted(width_basis.items())),
         "sidecar_sha256_checked": check_sidecar_sha256,
@@ -1276,7 +1332,7 @@ def link_check(profile: Profile, data_root: Path) -> LinkReport:
                 missing_frames += 1
                 fpath = f"{d}/{name}"
                 tid, line = frame_paths[fpath]
-                problems.append(f"{pairs_path}:{line}: frames file {fpath} of trajectory {tid} is missing")
+                problems.append(_missing_frames_problem(pairs_path, line, fpath, tid, data_root))
     unmatched = [p for p in frame_paths if not layout.FRAMES_PATH_RE.match(p)]
     missing_frames += len(unmatched)  # already reported by load_pairs
 
@@ -1302,8 +1358,7 @@ def link_check(profile: Profile, data_root: Path) -> LinkReport:
                 f"{ar.where}: trajectory {ar.stage2_trajectory_id} is {RECOVERED!r} but its sidecar "
                 f"{derived / sp} is missing"
             )
-    for rel in sorted(on_disk - named):
-        problems.append(f"{derived / rel}: sidecar file that no action manifest row names")
+    problems.extend(_unnamed_sidecar_problem(derived, rel) for rel in sorted(on_disk - named))
     t_end = time.perf_counter()
     return LinkReport(
         pair_rows=len(pairs),

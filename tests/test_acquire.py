@@ -8,6 +8,7 @@ import logging
 import os
 import random
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -17,6 +18,7 @@ import pytest
 from stage2_data import layout
 from stage2_data.acquire import (
     EXTRACTION_FACTOR,
+    DownloadCancelled,
     DownloadsFailedError,
     HubSource,
     PinError,
@@ -263,6 +265,19 @@ def test_resume_across_calls(source: HubSource, hub: HubServer, upstream: Upstre
     assert res.bytes_downloaded == spec.size - kept < spec.size
     assert ("GET", f"bytes={kept}-") in hub.file_requests(path)
     assert layout.archive_path(tmp_path, path).read_bytes() == upstream.files[path]
+
+
+def test_cancel_keeps_the_partial(source: HubSource, upstream: Upstream, tmp_path: Path) -> None:
+    path = "big_cache_key.tar"
+    cancel = threading.Event()
+    with pytest.raises(DownloadCancelled, match="partial file is kept"):
+        download_archive(
+            source, spec_of(upstream, path), tmp_path, progress=lambda n: cancel.set(), cancel=cancel, **FAST
+        )
+    assert layout.partial_path(tmp_path, path).stat().st_size > 0
+    assert not layout.archive_path(tmp_path, path).exists()
+    res = download_archive(source, spec_of(upstream, path), tmp_path, **FAST)
+    assert res.resumed_from > 0 and res.sha256 == upstream.sha(path)
 
 
 def test_resume_when_server_ignores_range(

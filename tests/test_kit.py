@@ -13,6 +13,7 @@ import os
 import random
 import tarfile
 import uuid
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -637,7 +638,8 @@ def test_link_check_reports_path_problems(tmp_path: Path, case: str) -> None:
     b = build(tmp_path, mutate)
     link = kit.link_check(b.profile, b.data_root)
     assert len(link.problems) == 1, link.problems
-    assert needles[0].split(": sidecar file for")[0] in link.problems[0]
+    for needle in needles:
+        assert needle in link.problems[0], (needle, link.problems[0])
     if case == "pair frames file missing":
         assert link.missing_frames == 1
     if case == "recovered row with missing sidecar":
@@ -898,3 +900,102 @@ def test_missing_kit_files_are_problems_not_crashes(tmp_path: Path) -> None:
     assert sum("no action manifest row names" in p for p in link.problems) == 10
     with pytest.raises(ProblemsError):
         kit.raise_for_problems(link.problems, "link check")
+
+
+# ------------------------------------------------------------------------------------------------
+# Sidecar container variants (the lean npz reader against numpy's own writer and other zips)
+# ------------------------------------------------------------------------------------------------
+def _rezip(
+    npz: bytes, *, replace: dict[str, bytes] | None = None, comment: bytes = b"", method: int = 8
+) -> bytes:
+    src = zipfile.ZipFile(io.BytesIO(npz))
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", compression=method) as dst:
+        for name in src.namelist():
+            dst.writestr(name, (replace or {}).get(name, src.read(name)))
+        dst.comment = comment
+    return out.getvalue()
+
+
+def _npy_with_header(header: str, data: bytes) -> bytes:
+    text = header.encode("latin1")
+    pad = 64 - (10 + len(text) + 1) % 64
+    text += b" " * pad + b"\n"
+    return b"\x93NUMPY\x01\x00" + len(text).to_bytes(2, "little") + text + data
+
+
+def _stored_npz(source: str, width: int, n: int, t: int) -> bytes:
+    return _rezip(sidecar_npz(source, width, n, t), method=zipfile.ZIP_STORED)
+
+
+def _structured_object_npz() -> bytes:
+    buf = io.BytesIO()
+    arr = np.zeros(2, dtype=[("a", "f4"), ("b", "O")])
+    np.savez(
+        buf, metadata_json=np.array('{"raw_width": 8}'), raw_actions=arr, aligned_actions=np.zeros((4, 8))
+    )
+    return buf.getvalue()
+
+
+VARIANTS: dict[str, tuple[Callable[[], bytes], int | None, str | None]] = {
+    # name: (bytes of the B[1] sidecar (num_frames 4), expected raw_width, expected problem substring)
+    "stored (np.savez)": (lambda: _stored_npz("roboarena", 8, 9, 4), 8, None),
+    "zip comment (zipfile fallback)": (
+        lambda: _rezip(sidecar_npz("roboarena", 8, 9, 4), comment=b"hi"),
+        8,
+        None,
+    ),
+    "reordered header keys (literal_eval)": (
+        lambda: _rezip(
+            sidecar_npz("roboarena", 8, 9, 4),
+            replace={
+                "raw_actions.npy": _npy_with_header(
+                    "{'shape': (9, 8), 'fortran_order': False, 'descr': '<f4'}", bytes(9 * 8 * 4)
+                )
+            },
+        ),
+        8,
+        None,
+    ),
+    "structured dtype with an object field": (_structured_object_npz, None, "hold object (pickled) arrays"),
+    "not a zip": (lambda: b"definitely not an npz file", None, "unreadable sidecar npz"),
+    "truncated": (lambda: sidecar_npz("roboarena", 8, 9, 4)[:-40], None, "unreadable sidecar npz"),
+    "corrupt metadata member": (
+        lambda: _rezip(sidecar_npz("roboarena", 8, 9, 4), replace={"metadata_json.npy": b"\x93NUMPY\x09"}),
+        8,
+        "metadata_json.npy",
+    ),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_sidecar_container_variants(tmp_path: Path, variant: str) -> None:
+    make, width, problem = VARIANTS[variant]
+    data = make()
+    b = build(tmp_path, lambda s: s.sidecars.__setitem__(_sc("roboarena", B[1]), data))
+    join = kit.build_join_table(b.profile, b.data_root)
+    row = rows_by_id(join.table_path)[B[1]]
+    assert row["raw_width"] == width
+    if problem is None:
+        assert join.problems == []
+        assert (row["aligned_length"], row["length_ok"], row["width_ok"]) == (4, True, True)
+    else:
+        assert len(join.problems) == 1, join.problems
+        assert f"trajectory_{B[1]}.npz" in join.problems[0] and problem in join.problems[0]
+    assert row["sidecar_sha256_ok"] is True and row["sidecar_bytes"] == len(data)
+
+
+def test_link_check_never_opens_or_hashes(tmp_path: Path) -> None:
+    """link_check looks at names only: garbage content in frames and sidecars changes nothing, while
+    the join (which opens sidecars) and the byte check (which hashes frames) both notice."""
+    b = build(tmp_path)
+    (b.data_root / frames_rel(CK_A, A[0])).write_bytes(b"garbage")
+    (b.data_root / "derived" / _sc("roboarena", B[0])).write_bytes(b"garbage")
+    link = kit.link_check(b.profile, b.data_root)
+    assert link.problems == [] and link.resolved_sidecars == 10
+    assert link.fs_seconds <= link.seconds
+    join = kit.build_join_table(b.profile, b.data_root)
+    assert any(f"trajectory_{B[0]}.npz: unreadable sidecar npz" in p for p in join.problems)
+    assert [m.split(":")[0] for m in kit.verify_subset_bytes(b.profile, b.data_root).mismatched] == [
+        frames_rel(CK_A, A[0])
+    ]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +14,7 @@ import pytest
 
 from pipelines.config import BuildConfig
 from pipelines.definitions import build_definitions
-from pipelines.runner import build_all, run_selection
+from pipelines.runner import FINAL_STAGE, build_all, run_selection
 from stage2_data import checks as C
 from stage2_data import layout
 from stage2_data.demo import DemoPaths, repin_profile, write_sidecar_sha256
@@ -61,39 +63,86 @@ def test_workspace_module_loads_the_real_profile(monkeypatch: pytest.MonkeyPatch
     assert out.stdout.strip() == "14"
 
 
-def test_build_end_to_end_twice_same_fingerprint(demo_cache: DemoPaths, tmp_path: Path, dagster_home: Path) -> None:
-    with HubServer(demo_cache.upstream, repo_id=demo_cache.repo_id, revision=demo_cache.revision) as hub:
-        s1 = build_all(_config(demo_cache, tmp_path / "root1", hub.url), concurrency=1)
-        assert s1["ok"], (_failed(s1), s1["errors"])
-        requested = {p for (_, p, _) in hub.request_log}
-        s2 = build_all(_config(demo_cache, tmp_path / "root2", hub.url), concurrency=2)
-        assert s2["ok"], (_failed(s2), s2["errors"])
-    # only the profile's archives were ever requested: never the quarantined or unrelated files
+@pytest.fixture(scope="session")
+def built(demo_cache: DemoPaths, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """One full build of the demo through the real client over loopback, shared by the tests below."""
+    base = tmp_path_factory.mktemp("built")
+    home = base / "dagster_home"
+    old = os.environ.get("DAGSTER_HOME")
+    os.environ["DAGSTER_HOME"] = str(home)
+    try:
+        with HubServer(demo_cache.upstream, repo_id=demo_cache.repo_id, revision=demo_cache.revision) as hub:
+            summary = build_all(_config(demo_cache, base / "root", hub.url), concurrency=2)
+            requested = [p for (_, p, _) in hub.request_log]
+        runs = len(dg.DagsterInstance.get().get_runs())
+    finally:
+        if old is None:
+            os.environ.pop("DAGSTER_HOME", None)
+        else:
+            os.environ["DAGSTER_HOME"] = old
+    return {"summary": summary, "root": base / "root", "home": home, "requested": requested, "runs": runs}
+
+
+def test_build_end_to_end(built: dict, demo_cache: DemoPaths) -> None:
+    s1 = built["summary"]
+    assert s1["ok"], (_failed(s1), s1["errors"])
     prof = load_profile(demo_cache.profile)
-    for path in requested:
+    # only the profile's archives were ever requested: never the quarantined or unrelated files
+    for path in built["requested"]:
         if "/resolve/" in path:
             assert path.rsplit("/", 1)[-1] in prof.archive_paths(), path
-    assert s1["fingerprint"] and s1["fingerprint"] == s2["fingerprint"]
     store = Path(s1["store"])
-    assert store.parent == layout.stores_root(tmp_path / "root1", prof.name)
+    assert store.parent == layout.stores_root(built["root"], prof.name)
+    assert layout.current_store_path(built["root"], prof.name).resolve() == store
     assert validate_vin_offline_store(store, deep=True) == []
     reader = VinOfflineStoreReader(store)
     assert reader.num_samples == prof.expected.unique_frame_files
     assert len(reader.pairs()) == prof.expected.pair_rows
+    assert reader.manifest["fingerprint"] == s1["fingerprint"]
     ds = VinOfflineDataset(store, split="train")
     item = ds[0]
     assert item["frames"].dtype.name == "uint8" and item["frames"].shape[-1] == 3
-    # every check of every asset ran and passed, and the runs are in the instance
+    # every check of every asset ran and passed, and every run is in the instance
     ran = {(c["asset"], c["check"]) for c in s1["checks"]}
     assert ran == {(a, n) for a, names in C.CHECKS_BY_ASSET.items() for n in names}
-    instance = dg.DagsterInstance.get()
-    assert len(instance.get_runs()) == len(s1["runs"]) + len(s2["runs"])
-    # a third build over the same root: nothing is downloaded again, the store is not rebuilt
+    assert built["runs"] == len(s1["runs"]) == 1 + len(prof.archive_paths()) + len(prof.cache_keys()) + 1
+
+
+def test_same_inputs_in_another_root_same_fingerprint_via_cli(built: dict, demo_cache: DemoPaths, tmp_path: Path,
+                                                               dagster_home: Path) -> None:
     with HubServer(demo_cache.upstream, repo_id=demo_cache.repo_id, revision=demo_cache.revision) as hub:
-        s3 = build_all(_config(demo_cache, tmp_path / "root1", hub.url), concurrency=1)
-        assert s3["ok"]
-        assert not [p for (m, p, _) in hub.request_log if m == "GET" and "/resolve/" in p]
-    assert s3["fingerprint"] == s1["fingerprint"]
+        out = subprocess.run(
+            [sys.executable, "-m", "stage2_data.cli", "build", "--profile", str(demo_cache.profile),
+             "--data-root", str(tmp_path / "root2"), "--endpoint", hub.url, "--json", "--concurrency", "1"],
+            capture_output=True, text=True, cwd=REPO, timeout=600,
+        )
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads(out.stdout)
+    assert summary["ok"] is True
+    assert Path(summary["store"]).is_dir()
+    assert summary["fingerprint"] == built["summary"]["fingerprint"]
+    assert all({"asset", "check", "passed", "description"} <= set(c) for c in summary["checks"])
+    v = subprocess.run([sys.executable, "-m", "stage2_data.cli", "validate", summary["store"], "--deep"],
+                       capture_output=True, text=True, cwd=REPO)
+    assert v.returncode == 0, v.stdout + v.stderr
+
+
+def test_rebuild_downloads_nothing_and_keeps_the_fingerprint(built: dict, demo_cache: DemoPaths, tmp_path: Path,
+                                                             dagster_home: Path) -> None:
+    root = tmp_path / "root"
+    shutil.copytree(built["root"], root, symlinks=True, ignore=shutil.ignore_patterns(".dagster"))
+    with HubServer(demo_cache.upstream, repo_id=demo_cache.repo_id, revision=demo_cache.revision) as hub:
+        s = build_all(_config(demo_cache, root, hub.url), concurrency=1)
+        gets = [p for (m, p, _) in hub.request_log if m == "GET" and "/resolve/" in p]
+    assert s["ok"], _failed(s)
+    assert gets == []
+    assert s["fingerprint"] == built["summary"]["fingerprint"]
+
+
+def _copy_built(built: dict, tmp_path: Path) -> Path:
+    root = tmp_path / "root"
+    shutil.copytree(built["root"], root, symlinks=True, ignore=shutil.ignore_patterns(".dagster", "stores"))
+    return root
 
 
 def test_wrong_archive_sha256_fails_its_check(demo: DemoPaths, tmp_path: Path, dagster_home: Path) -> None:
@@ -132,27 +181,35 @@ def _rewrite_sidecar_tar_without(demo: DemoPaths, source: str) -> str:
     return victim.name.rsplit("trajectory_", 1)[1].removesuffix(".npz")
 
 
-def test_missing_sidecar_fails_the_join_check(demo: DemoPaths, tmp_path: Path, dagster_home: Path) -> None:
+def test_missing_sidecar_fails_the_join_check(built: dict, demo: DemoPaths, tmp_path: Path,
+                                              dagster_home: Path) -> None:
     traj = _rewrite_sidecar_tar_without(demo, "racer")
-    with HubServer(demo.upstream, repo_id=demo.repo_id, revision=demo.revision) as hub:
-        s = build_all(_config(demo, tmp_path / "root", hub.url), concurrency=1)
-    assert not s["ok"] and s["store"] is None
-    join = [c for c in _failed(s) if c["check"] == C.JOIN_HAS_NO_PROBLEMS]
-    assert join and traj in join[0]["description"]
+    root = _copy_built(built, tmp_path)
+    shutil.rmtree(root / "derived")
+    r = run_selection(_config(demo, root, "http://127.0.0.1:9").to_dict(), FINAL_STAGE)
+    assert not r["success"]
+    failed = {c["check"]: c["description"] for c in r["checks"] if not c["passed"]}
+    assert "racer" in failed[C.SIDECARS_BY_SOURCE_MATCH_EXPECTED]
+    assert traj in failed[C.JOIN_HAS_NO_PROBLEMS]
+    assert "vin_store" not in r["materialized"]
+    assert not layout.stores_root(root, load_profile(demo.profile).name).exists()
 
 
-def test_wrong_expected_total_fails_the_link_check(demo: DemoPaths, tmp_path: Path, dagster_home: Path) -> None:
+def test_wrong_expected_total_fails_the_link_check(built: dict, demo: DemoPaths, tmp_path: Path,
+                                                   dagster_home: Path) -> None:
     prof = load_profile(demo.profile)
     text = demo.profile.read_text().replace(
         f"pair_rows = {prof.expected.pair_rows}", f"pair_rows = {prof.expected.pair_rows + 1}"
     )
     demo.profile.write_text(text)
-    with HubServer(demo.upstream, repo_id=demo.repo_id, revision=demo.revision) as hub:
-        s = build_all(_config(demo, tmp_path / "root", hub.url), concurrency=1)
-    assert not s["ok"] and s["store"] is None
-    link = [c for c in _failed(s) if c["check"] == C.LINK_TOTALS_MATCH_EXPECTED]
+    root = _copy_built(built, tmp_path)
+    r = run_selection(_config(demo, root, "http://127.0.0.1:9").to_dict(), FINAL_STAGE)
+    assert not r["success"]
+    link = [c for c in r["checks"] if c["check"] == C.LINK_TOTALS_MATCH_EXPECTED and not c["passed"]]
     assert link and "pair_rows" in link[0]["description"]
     assert str(prof.expected.pair_rows + 1) in link[0]["description"]
+    assert "vin_store" not in r["materialized"]
+    assert not layout.stores_root(root, prof.name).exists()
 
 
 def test_materialize_single_assets_directly(demo_cache: DemoPaths, tmp_path: Path, dagster_home: Path) -> None:
@@ -170,25 +227,6 @@ def test_materialize_single_assets_directly(demo_cache: DemoPaths, tmp_path: Pat
         assert r["success"], r
         assert [c["check"] for c in r["checks"]] == [C.CACHE_DIR_COUNTS_CONSISTENT]
     assert (layout.cache_dir(tmp_path / "root", key) / "dataset_info.json").is_file()
-
-
-def test_cli_build_json(demo_cache: DemoPaths, tmp_path: Path, dagster_home: Path) -> None:
-    with HubServer(demo_cache.upstream, repo_id=demo_cache.repo_id, revision=demo_cache.revision) as hub:
-        out = subprocess.run(
-            [sys.executable, "-m", "stage2_data.cli", "build", "--profile", str(demo_cache.profile),
-             "--data-root", str(tmp_path / "root"), "--endpoint", hub.url, "--json", "--concurrency", "2"],
-            capture_output=True, text=True, cwd=REPO, timeout=600,
-        )
-    assert out.returncode == 0, out.stderr[-3000:]
-    summary = json.loads(out.stdout)
-    assert summary["ok"] is True
-    assert Path(summary["store"]).is_dir()
-    assert len(summary["fingerprint"]) == 64
-    assert all({"asset", "check", "passed", "description"} <= set(c) for c in summary["checks"])
-    # validate through the CLI too
-    v = subprocess.run([sys.executable, "-m", "stage2_data.cli", "validate", summary["store"], "--deep"],
-                       capture_output=True, text=True, cwd=REPO)
-    assert v.returncode == 0, v.stdout + v.stderr
 
 
 def test_cli_bad_profile_is_one_line_error(tmp_path: Path) -> None:
