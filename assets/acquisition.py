@@ -1,6 +1,5 @@
 """Pin and acquire: the profile, one archive per partition, one extracted cache dir per cache key."""
 
-
 from typing import Any
 
 import dagster as dg
@@ -46,13 +45,18 @@ def build_acquisition_assets(profile: Profile) -> list[Any]:
         pool="downloads",
     )
     def archive_file(
-        context: dg.AssetExecutionContext, profile: ProfileResource, hub: HubSourceResource, data_root: DataRootResource
+        context: dg.AssetExecutionContext,
+        profile: ProfileResource,
+        hub: HubSourceResource,
+        data_root: DataRootResource,
     ):
         prof = profile.load()
         path = context.partition_key
         yield from run_step(
             "archive_file",
-            lambda: build.step_download(prof, hub.source(), data_root.root(), path, reverify=data_root.reverify),
+            lambda: build.step_download(
+                prof, hub.source(), data_root.root(), path, reverify=data_root.reverify
+            ),
         )
 
     @dg.asset(
@@ -75,7 +79,9 @@ def build_acquisition_assets(profile: Profile) -> list[Any]:
         description="extraction_report.json: per cache key files, bytes, trajectories; totals vs the profile.",
         kinds={"json"},
     )
-    def extraction_report(context: dg.AssetExecutionContext, profile: ProfileResource, data_root: DataRootResource):
+    def extraction_report(
+        context: dg.AssetExecutionContext, profile: ProfileResource, data_root: DataRootResource
+    ):
         prof = profile.load()
         yield from run_step("extraction_report", lambda: build.step_extraction_report(prof, data_root.root()))
 

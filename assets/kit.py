@@ -1,6 +1,5 @@
 """The kit: action sidecars, the join by trajectory id, byte-level subset verification."""
 
-
 from typing import Any
 
 import dagster as dg
@@ -21,7 +20,9 @@ def build_kit_assets(extraction_report: Any, pinned_profile: Any) -> list[Any]:
         description="derived/action_sidecars/: the sidecar tar unpacked after its sha256 check.",
         kinds={"npz"},
     )
-    def action_sidecars(context: dg.AssetExecutionContext, profile: ProfileResource, data_root: DataRootResource):
+    def action_sidecars(
+        context: dg.AssetExecutionContext, profile: ProfileResource, data_root: DataRootResource
+    ):
         prof = profile.load()
         yield from run_step("action_sidecars", lambda: build.step_sidecars(prof, data_root.root()))
 
@@ -32,7 +33,9 @@ def build_kit_assets(extraction_report: Any, pinned_profile: Any) -> list[Any]:
         description="tables/trajectory_join.parquet: trajectories x sidecars joined by stage2_trajectory_id; link check.",
         kinds={"parquet"},
     )
-    def trajectory_join(context: dg.AssetExecutionContext, profile: ProfileResource, data_root: DataRootResource):
+    def trajectory_join(
+        context: dg.AssetExecutionContext, profile: ProfileResource, data_root: DataRootResource
+    ):
         prof = profile.load()
         yield from run_step("trajectory_join", lambda: build.step_join(prof, data_root.root()))
 
@@ -43,7 +46,9 @@ def build_kit_assets(extraction_report: Any, pinned_profile: Any) -> list[Any]:
         description="Every subset frame file hashed (in parallel) and compared with the kit's SHA256SUMS.",
         kinds={"sha256"},
     )
-    def subset_checksums(context: dg.AssetExecutionContext, profile: ProfileResource, data_root: DataRootResource):
+    def subset_checksums(
+        context: dg.AssetExecutionContext, profile: ProfileResource, data_root: DataRootResource
+    ):
         prof = profile.load()
         yield from run_step("subset_checksums", lambda: build.step_verify_bytes(prof, data_root.root()))
 

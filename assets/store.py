@@ -1,6 +1,5 @@
 """The immutable VIN offline store."""
 
-
 from typing import Any
 
 import dagster as dg

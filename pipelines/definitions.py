@@ -8,7 +8,13 @@ from typing import Any
 import dagster as dg
 
 from assets import build_assets
-from resources import AlertsResource, DataRootResource, HubSourceResource, LoopbackHubResource, ProfileResource
+from resources import (
+    AlertsResource,
+    DataRootResource,
+    HubSourceResource,
+    LoopbackHubResource,
+    ProfileResource,
+)
 from stage2_data.profile import Profile, load_profile
 
 from .config import BuildConfig
@@ -53,16 +59,24 @@ def build_definitions(config: BuildConfig | None = None) -> dg.Definitions:
     profile = load_profile(config.profile_path, kit_root=config.kit_root)
     assets = build_assets(profile)
     acquire = dg.define_asset_job(
-        ACQUIRE_JOB, selection=dg.AssetSelection.assets("archive_file"),
+        ACQUIRE_JOB,
+        selection=dg.AssetSelection.assets("archive_file"),
         description="Download and verify archive partitions.",
     )
     extract = dg.define_asset_job(
-        EXTRACT_JOB, selection=dg.AssetSelection.assets("cache_dir"), description="Extract cache-key partitions."
+        EXTRACT_JOB,
+        selection=dg.AssetSelection.assets("cache_dir"),
+        description="Extract cache-key partitions.",
     )
     kit_and_store = dg.define_asset_job(
         KIT_AND_STORE_JOB,
         selection=dg.AssetSelection.assets(
-            "pinned_profile", "extraction_report", "action_sidecars", "trajectory_join", "subset_checksums", "vin_store"
+            "pinned_profile",
+            "extraction_report",
+            "action_sidecars",
+            "trajectory_join",
+            "subset_checksums",
+            "vin_store",
         ),
         description="Check extraction, unpack sidecars, join, verify bytes, build the store.",
     )

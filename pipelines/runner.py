@@ -55,7 +55,9 @@ def ensure_instance(data_root: Path) -> Path:
     return home
 
 
-def run_selection(config: dict[str, Any], selection: list[str], partition_key: str | None = None) -> dict[str, Any]:
+def run_selection(
+    config: dict[str, Any], selection: list[str], partition_key: str | None = None
+) -> dict[str, Any]:
     """Materialize ``selection`` (and their checks) in one run; returns a picklable summary."""
     import dagster as dg
 
@@ -63,7 +65,7 @@ def run_selection(config: dict[str, Any], selection: list[str], partition_key: s
 
     cfg = BuildConfig(**config)
     defs = build_definitions(cfg)
-    assets = list(defs.assets or [])
+    assets: list[Any] = list(defs.assets or [])
     resources = dict(defs.resources or {})
     instance = dg.DagsterInstance.get()
     sel = dg.AssetSelection.assets(*selection)
@@ -80,7 +82,7 @@ def run_selection(config: dict[str, Any], selection: list[str], partition_key: s
     for ev in result.get_asset_check_evaluations():
         checks.append(
             {
-                "asset": ev.asset_key.to_user_string(),
+                "asset": ev.asset_key.to_user_string() if ev.asset_key else "",
                 "partition": partition_key,
                 "check": ev.check_name,
                 "passed": bool(ev.passed),
@@ -88,13 +90,15 @@ def run_selection(config: dict[str, Any], selection: list[str], partition_key: s
             }
         )
     errors = []
-    for ev in result.get_step_failure_events():
-        data = ev.event_specific_data
+    for fev in result.get_step_failure_events():
+        data = fev.event_specific_data
         err = getattr(data, "error", None)
         msg = err.message.strip() if err is not None else "step failed"
         msg = msg.removeprefix("dagster._core.definitions.events.Failure: ")
-        errors.append({"step": ev.step_key, "partition": partition_key, "message": msg})
-    materialized = sorted({e.asset_key.to_user_string() for e in result.get_asset_materialization_events()})
+        errors.append({"step": fev.step_key, "partition": partition_key, "message": msg})
+    materialized = sorted(
+        {e.asset_key.to_user_string() for e in result.get_asset_materialization_events() if e.asset_key}
+    )
     return {
         "run_id": result.run_id,
         "success": bool(result.success),
@@ -169,9 +173,12 @@ def build_all(
         stopped_at = "pinned_profile"
     else:
         run_partitions(cfg, "archive_file", profile.archive_paths(), conc, record)
-        failed_archives = {r["partition"] for r in runs if r["selection"] == ["archive_file"] and not r["success"]}
+        failed_archives = {
+            r["partition"] for r in runs if r["selection"] == ["archive_file"] and not r["success"]
+        }
         keys = [
-            k for k, specs in profile.archives_by_cache_key().items()
+            k
+            for k, specs in profile.archives_by_cache_key().items()
             if not any(a.path in failed_archives for a in specs)
         ]
         run_partitions(cfg, "cache_dir", keys, min(conc, 2), record)
@@ -199,7 +206,9 @@ def build_all(
         "store": store,
         "fingerprint": fingerprint,
         "stopped_after": stopped_at,
-        "runs": [{k: r[k] for k in ("run_id", "success", "partition", "selection", "materialized")} for r in runs],
+        "runs": [
+            {k: r[k] for k in ("run_id", "success", "partition", "selection", "materialized")} for r in runs
+        ],
         "checks": checks,
         "errors": errors,
     }

@@ -1,6 +1,5 @@
 """Schedules: a nightly verify of what is on disk and a weekly rebuild. Both off by default."""
 
-
 from typing import Any
 
 import dagster as dg
@@ -26,7 +25,11 @@ def build_schedules(profile: Profile, jobs: dict[str, Any]) -> list[dg.ScheduleD
         "downstream assets follow by their automation conditions.",
     )
     def weekly_rebuild(context: dg.ScheduleEvaluationContext):
-        stamp = context.scheduled_execution_time.strftime("%Y%m%d") if context.scheduled_execution_time else "now"
-        return [dg.RunRequest(run_key=f"weekly-{stamp}-{k}", partition_key=k) for k in profile.archive_paths()]
+        stamp = (
+            context.scheduled_execution_time.strftime("%Y%m%d") if context.scheduled_execution_time else "now"
+        )
+        return [
+            dg.RunRequest(run_key=f"weekly-{stamp}-{k}", partition_key=k) for k in profile.archive_paths()
+        ]
 
     return [nightly_verify, weekly_rebuild]

@@ -1,6 +1,5 @@
 """Sensors: alerts on failed checks and failed runs, and a rebuild request when the profile or kit changes."""
 
-
 import hashlib
 from typing import Any
 
@@ -84,8 +83,10 @@ def build_sensors(profile: Profile, jobs: dict[str, Any]) -> list[dg.SensorDefin
             }
         )
 
-    kit_files = [profile.profile_path] + [profile.kit_file(k) for k in ("pair_manifest", "subset_checksums",
-                                                                         "sidecar_archive", "sidecar_archive_sha256")]
+    kit_files = [profile.profile_path] + [
+        profile.kit_file(k)
+        for k in ("pair_manifest", "subset_checksums", "sidecar_archive", "sidecar_archive_sha256")
+    ]
 
     @dg.sensor(
         name="rebuild_on_profile_change",
@@ -105,7 +106,9 @@ def build_sensors(profile: Profile, jobs: dict[str, Any]) -> list[dg.SensorDefin
         previous = context.cursor
         context.update_cursor(digest)
         if previous is None or previous == digest:
-            return dg.SkipReason("profile and kit unchanged" if previous else "recorded the current profile and kit")
+            return dg.SkipReason(
+                "profile and kit unchanged" if previous else "recorded the current profile and kit"
+            )
         reqs = [
             dg.RunRequest(run_key=f"{digest[:16]}-{k}", job_name=jobs["acquire"].name, partition_key=k)
             for k in profile.archive_paths()

@@ -27,9 +27,20 @@ def main() -> int:
     write_instance_yaml(Path(env["DAGSTER_HOME"]))
     port = env.get("STAGE2_UI_PORT", "3000")
     hub = subprocess.Popen(
-        [sys.executable, "-m", "stage2_data.cli", "serve-hub", str(demo.upstream),
-         "--repo-id", demo.repo_id, "--revision", demo.revision],
-        stdout=subprocess.PIPE, text=True, env=env,
+        [
+            sys.executable,
+            "-m",
+            "stage2_data.cli",
+            "serve-hub",
+            str(demo.upstream),
+            "--repo-id",
+            demo.repo_id,
+            "--revision",
+            demo.revision,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
     )
     assert hub.stdout is not None
     url = hub.stdout.readline().strip()
@@ -38,11 +49,25 @@ def main() -> int:
         STAGE2_DATA_ROOT=env.get("STAGE2_DATA_ROOT", str(DEMO_ROOT / "data")),
         STAGE2_HUB_ENDPOINT=url,
     )
-    print(f"loopback hub: {url}\nDagster UI:   http://127.0.0.1:{port}  (instance {env['DAGSTER_HOME']})", flush=True)
+    print(
+        f"loopback hub: {url}\nDagster UI:   http://127.0.0.1:{port}  (instance {env['DAGSTER_HOME']})",
+        flush=True,
+    )
     ui = subprocess.Popen(
-        [sys.executable, "-m", "dagster", "dev", "-w", str(REPO_ROOT / "workspace.yaml"),
-         "-h", "127.0.0.1", "-p", port],
-        env=env, cwd=REPO_ROOT,
+        [
+            sys.executable,
+            "-m",
+            "dagster",
+            "dev",
+            "-w",
+            str(REPO_ROOT / "workspace.yaml"),
+            "-h",
+            "127.0.0.1",
+            "-p",
+            port,
+        ],
+        env=env,
+        cwd=REPO_ROOT,
     )
     stopping = False
 

@@ -5,4 +5,10 @@ from .hub import HubSourceResource, LoopbackHubResource
 from .profile import ProfileResource
 from .storage import DataRootResource
 
-__all__ = ["AlertsResource", "DataRootResource", "HubSourceResource", "LoopbackHubResource", "ProfileResource"]
+__all__ = [
+    "AlertsResource",
+    "DataRootResource",
+    "HubSourceResource",
+    "LoopbackHubResource",
+    "ProfileResource",
+]

@@ -31,7 +31,9 @@ class HubSourceResource(dg.ConfigurableResource):
     @classmethod
     def _full_commit(cls, v: str) -> str:
         if not HEX40_RE.match(v):
-            raise ValueError(f"revision {v!r} is not a full 40-hex commit (a branch or short hash is never a pin)")
+            raise ValueError(
+                f"revision {v!r} is not a full 40-hex commit (a branch or short hash is never a pin)"
+            )
         return v
 
     @field_validator("repo_type")

@@ -14,7 +14,9 @@ class ProfileResource(dg.ConfigurableResource):
     """A profile file (``manifests/*.toml``) and the kit root its kit paths are relative to."""
 
     profile_path: str = Field(description="path of the profile .toml")
-    kit_root: str | None = Field(default=None, description="kit root; default: the folder holding the profile")
+    kit_root: str | None = Field(
+        default=None, description="kit root; default: the folder holding the profile"
+    )
 
     def load(self) -> Profile:
         return load_profile(Path(self.profile_path), kit_root=Path(self.kit_root) if self.kit_root else None)

@@ -12,7 +12,9 @@ class DataRootResource(dg.ConfigurableResource):
     """The data root: archives/, processed_datasets/, derived/, tables/, reports/, stores/."""
 
     path: str = Field(description="absolute path of the data root")
-    reverify: bool = Field(default=False, description="re-hash verified archives instead of trusting their record")
+    reverify: bool = Field(
+        default=False, description="re-hash verified archives instead of trusting their record"
+    )
 
     def root(self) -> Path:
         p = Path(self.path).expanduser().resolve()

@@ -684,6 +684,11 @@ def _download(
         )
         time.sleep(wait)
     assert digest is not None  # the loop either broke with a digest or raised
+    if cancel is not None and cancel.is_set():  # cancelled as the last bytes arrived: publish nothing
+        raise DownloadCancelled(
+            f"download of {spec.path} cancelled; the partial file is kept.",
+            fix="re-run the download: it resumes from the partial file",
+        )
 
     if digest != spec.sha256:
         part.unlink(missing_ok=True)

@@ -56,7 +56,10 @@ def step_profile(profile: Profile) -> StepResult:
     }
     return StepResult(
         md,
-        [outcome(C.PROFILE_IS_PINNED, pin_problems), outcome(C.PROFILE_COUNTS_MATCH_EXPECTED, count_problems)],
+        [
+            outcome(C.PROFILE_IS_PINNED, pin_problems),
+            outcome(C.PROFILE_COUNTS_MATCH_EXPECTED, count_problems),
+        ],
         profile,
     )
 
@@ -127,7 +130,7 @@ def step_extract(profile: Profile, data_root: Path, cache_key: str, *, progress:
 
 
 def step_extraction_report(profile: Profile, data_root: Path) -> StepResult:
-    from .extract import inspect_cache_dir, stray_entries, write_extraction_report
+    from .extract import ExtractionRecord, inspect_cache_dir, stray_entries, write_extraction_report
 
     records = []
     problems_dirs: list[str] = []
@@ -140,8 +143,7 @@ def step_extraction_report(profile: Profile, data_root: Path) -> StepResult:
             problems_dirs.append(f"{cdir}: cache directory missing (materialize cache_dir[{key}])")
             continue
         info = inspect_cache_dir(cdir)
-        rec = json.loads(rec_path.read_text())
-        records.append(rec)
+        records.append(ExtractionRecord.from_dict(json.loads(rec_path.read_text())))
         total += len(info.frame_ids)
         rows_md.append((key, len(info.frame_ids), info.rows, info.total_trajectories))
     present = [k for k in profile.cache_keys() if layout.cache_dir(data_root, k).is_dir()]
@@ -149,7 +151,7 @@ def step_extraction_report(profile: Profile, data_root: Path) -> StepResult:
         problems_dirs.append(
             f"{layout.processed_root(data_root)}: {len(present)} cache directories, expected {profile.expected.cache_dirs}"
         )
-    report_path = write_extraction_report(data_root, [_RecordView(r) for r in records])
+    report_path = write_extraction_report(data_root, records)
     strays = [
         f"{layout.processed_root(data_root) / s}: not an expected cache directory (remove it)"
         for s in stray_entries(data_root, profile.cache_keys())
@@ -177,18 +179,6 @@ def step_extraction_report(profile: Profile, data_root: Path) -> StepResult:
     )
 
 
-class _RecordView:
-    """Adapts a stored per-key record (dict) to what write_extraction_report reads."""
-
-    def __init__(self, d: dict[str, Any]) -> None:
-        self._d = d
-        for k, v in d.items():
-            setattr(self, k, v)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self._d)
-
-
 # ----- kit ---------------------------------------------------------------------------------------
 def step_sidecars(profile: Profile, data_root: Path) -> StepResult:
     from .kit import unpack_sidecars
@@ -197,7 +187,8 @@ def step_sidecars(profile: Profile, data_root: Path) -> StepResult:
     exp = profile.expected.sidecars_by_source
     problems = compare_totals(dict(res.by_source), dict(exp), "sidecars by source") if exp else []
     table = "| source | sidecars | expected |\n|---|---:|---:|\n" + "\n".join(
-        f"| {s} | {res.by_source.get(s, 0)} | {exp.get(s, '-')} |" for s in sorted(set(res.by_source) | set(exp))
+        f"| {s} | {res.by_source.get(s, 0)} | {exp.get(s, '-')} |"
+        for s in sorted(set(res.by_source) | set(exp))
     )
     md = {
         "tar": str(res.tar_path),
@@ -210,7 +201,11 @@ def step_sidecars(profile: Profile, data_root: Path) -> StepResult:
     return StepResult(
         md,
         [
-            outcome(C.SIDECAR_TAR_SHA256_MATCHES, [], f"{res.tar_path}: sha256 {res.tar_sha256} matches its .sha256"),
+            outcome(
+                C.SIDECAR_TAR_SHA256_MATCHES,
+                [],
+                f"{res.tar_path}: sha256 {res.tar_sha256} matches its .sha256",
+            ),
             outcome(C.SIDECARS_BY_SOURCE_MATCH_EXPECTED, problems),
         ],
         res,
@@ -233,7 +228,9 @@ def link_totals_problems(profile: Profile, rep: Any) -> list[str]:
     }
     probs = compare_totals(found, expected, "link check")
     if e.sidecars_by_source:
-        probs += compare_totals(dict(rep.sidecars_by_source), dict(e.sidecars_by_source), "resolved sidecars by source")
+        probs += compare_totals(
+            dict(rep.sidecars_by_source), dict(e.sidecars_by_source), "resolved sidecars by source"
+        )
     return probs
 
 
@@ -297,12 +294,19 @@ def store_input_key(profile: Profile, inputs: dict[str, str], settings: dict[str
     from .store import OFFLINE_DATASET_VERSION
 
     blob = canonical_json(
-        {"profile": profile.identity(), "inputs": inputs, "version": OFFLINE_DATASET_VERSION, "settings": settings}
+        {
+            "profile": profile.identity(),
+            "inputs": inputs,
+            "version": OFFLINE_DATASET_VERSION,
+            "settings": settings,
+        }
     )
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def step_store(profile: Profile, data_root: Path, *, rows_per_shard: int = 64, progress: Any = None) -> StepResult:
+def step_store(
+    profile: Profile, data_root: Path, *, rows_per_shard: int = 64, progress: Any = None
+) -> StepResult:
     import pyarrow.parquet as pq
 
     from .kit import load_pairs
@@ -351,7 +355,8 @@ def step_store(profile: Profile, data_root: Path, *, rows_per_shard: int = 64, p
             )
         pairs_rows, _ = load_pairs(profile.kit_file("pair_manifest"))
         pairs = [
-            PairSpec(p.pair_id, p.split, p.task, p.chosen_trajectory_id, p.rejected_trajectory_id) for p in pairs_rows
+            PairSpec(p.pair_id, p.split, p.task, p.chosen_trajectory_id, p.rejected_trajectory_id)
+            for p in pairs_rows
         ]
         VinOfflineWriter(
             out,
@@ -367,7 +372,9 @@ def step_store(profile: Profile, data_root: Path, *, rows_per_shard: int = 64, p
     return store_checks(profile, out, rebuilt=rebuilt, seconds=seconds, reader_cls=VinOfflineStoreReader)
 
 
-def store_checks(profile: Profile, path: Path, *, rebuilt: bool, seconds: float, reader_cls: Any) -> StepResult:
+def store_checks(
+    profile: Profile, path: Path, *, rebuilt: bool, seconds: float, reader_cls: Any
+) -> StepResult:
     from .store import collect_vin_offline_dataset_stats, validate_vin_offline_store
 
     open_problems: list[str] = []

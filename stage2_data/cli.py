@@ -156,9 +156,7 @@ def cmd_serve_hub(args: argparse.Namespace) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    with HubServer(
-        Path(args.folder), repo_id=args.repo_id, revision=args.revision, port=args.port
-    ) as server:
+    with HubServer(Path(args.folder), repo_id=args.repo_id, revision=args.revision, port=args.port) as server:
         print(server.url, flush=True)
         stop.wait()
     return 0
@@ -169,10 +167,19 @@ def _add_build_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", required=True, help="profile .toml (see manifests/)")
     p.add_argument("--data-root", required=True, help="where archives, extracted data and the store go")
     p.add_argument("--kit-root", help="kit root (default: the folder holding the profile)")
-    p.add_argument("--endpoint", default="https://huggingface.co", help="hub endpoint (default: the real hub)")
-    p.add_argument("--hub-folder", help="serve this local folder on loopback as the hub instead of --endpoint")
+    p.add_argument(
+        "--endpoint", default="https://huggingface.co", help="hub endpoint (default: the real hub)"
+    )
+    p.add_argument(
+        "--hub-folder", help="serve this local folder on loopback as the hub instead of --endpoint"
+    )
     p.add_argument("--token-env", default="HF_TOKEN", help="environment variable holding the hub token")
-    p.add_argument("--concurrency", type=int, default=None, help="archives downloaded at once (default: sized for the machine)")
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="archives downloaded at once (default: sized for the machine)",
+    )
     p.add_argument("--reverify", action="store_true", help="re-hash archives already verified")
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")
 
@@ -223,7 +230,9 @@ def make_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", default=".demo", help="folder for the demo and its data root (default .demo)")
     p.add_argument("--data-root", help="data root (default OUT/data)")
-    p.add_argument("--full-cardinality", action="store_true", help="the real profile's counts with tiny payloads")
+    p.add_argument(
+        "--full-cardinality", action="store_true", help="the real profile's counts with tiny payloads"
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_demo)
 

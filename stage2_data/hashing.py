@@ -25,7 +25,8 @@ def sha256_file(path: str | os.PathLike[str], *, progress: Callable[[int], None]
     """sha256 of a file, read in 8 MiB blocks (hashlib releases the GIL, so threads scale)."""
     h = hashlib.sha256()
     with open(path, "rb", buffering=0) as f:
-        buf = bytearray(BUF_SIZE)
+        # A buffer sized to the file: allocating 8 MiB per small file costs more than hashing it.
+        buf = bytearray(max(1, min(BUF_SIZE, os.fstat(f.fileno()).st_size + 1)))
         view = memoryview(buf)
         while True:
             n = f.readinto(buf)
@@ -56,7 +57,6 @@ class HashingWriter:
 
     def __init__(self, f: BinaryIO, *, prefix_hasher: hashlib._Hash | None = None) -> None:
         self._f = f
-        self._start = f.tell() - 0
         self._h = prefix_hasher if prefix_hasher is not None else hashlib.sha256()
         self._base = f.tell()
         self.bytes_written = 0
@@ -151,7 +151,8 @@ def read_single_sha256_file(path: str | os.PathLike[str]) -> tuple[str, str]:
     entries = parse_sha256sums(path)
     if len(entries) != 1:
         raise ProblemsError(
-            f"checksum file {path}", [f"expected exactly one line, found {len(entries)}"],
+            f"checksum file {path}",
+            [f"expected exactly one line, found {len(entries)}"],
             fix=f"write it with `sha256sum FILE > {Path(path).name}`",
         )
     return entries[0].digest, entries[0].path

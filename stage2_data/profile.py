@@ -14,10 +14,16 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import ProfileError
-from .layout import HEX40_RE, split_base
 from .hashing import SHA256_RE
+from .layout import HEX40_RE, split_base
 
-KIT_KEYS = ("pair_manifest", "subset_checksums", "action_manifest_dir", "sidecar_archive", "sidecar_archive_sha256")
+KIT_KEYS = (
+    "pair_manifest",
+    "subset_checksums",
+    "action_manifest_dir",
+    "sidecar_archive",
+    "sidecar_archive_sha256",
+)
 
 
 def check_relpath(value: str) -> str:
@@ -276,8 +282,15 @@ def dump_profile_toml(prof: Profile) -> str:
         lines += ["", "[[quarantined]]", f"path = {_tv(q.path)}", f"reason = {_tv(q.reason)}"]
     e = prof.expected
     lines += ["", "[expected]"]
-    for k in ("cache_dirs", "archives", "trajectories", "pair_rows", "unique_frame_files",
-              "action_manifest_rows", "resolved_sidecars"):
+    for k in (
+        "cache_dirs",
+        "archives",
+        "trajectories",
+        "pair_rows",
+        "unique_frame_files",
+        "action_manifest_rows",
+        "resolved_sidecars",
+    ):
         lines.append(f"{k} = {getattr(e, k)}")
     if e.sidecars_by_source:
         lines += ["", "[expected.sidecars_by_source]"]

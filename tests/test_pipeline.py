@@ -54,9 +54,15 @@ def test_definitions_load_with_partitions_and_checks(demo_cache: DemoPaths) -> N
 def test_workspace_module_loads_the_real_profile(monkeypatch: pytest.MonkeyPatch) -> None:
     # What `dagster dev -w workspace.yaml` loads when no demo is configured: the real profile.
     out = subprocess.run(
-        [sys.executable, "-c", "from pipelines.definitions import defs; "
-         "print(len(defs.resolve_assets_def('archive_file').partitions_def.get_partition_keys()))"],
-        cwd=REPO, capture_output=True, text=True,
+        [
+            sys.executable,
+            "-c",
+            "from pipelines.definitions import defs; "
+            "print(len(defs.resolve_assets_def('archive_file').partitions_def.get_partition_keys()))",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
         env={"PATH": "/usr/bin:/bin", "STAGE2_PROFILE": str(REPO / "manifests/stage2_core_v1.toml")},
     )
     assert out.returncode == 0, out.stderr
@@ -108,13 +114,30 @@ def test_build_end_to_end(built: dict, demo_cache: DemoPaths) -> None:
     assert built["runs"] == len(s1["runs"]) == 1 + len(prof.archive_paths()) + len(prof.cache_keys()) + 1
 
 
-def test_same_inputs_in_another_root_same_fingerprint_via_cli(built: dict, demo_cache: DemoPaths, tmp_path: Path,
-                                                               dagster_home: Path) -> None:
+def test_same_inputs_in_another_root_same_fingerprint_via_cli(
+    built: dict, demo_cache: DemoPaths, tmp_path: Path, dagster_home: Path
+) -> None:
     with HubServer(demo_cache.upstream, repo_id=demo_cache.repo_id, revision=demo_cache.revision) as hub:
         out = subprocess.run(
-            [sys.executable, "-m", "stage2_data.cli", "build", "--profile", str(demo_cache.profile),
-             "--data-root", str(tmp_path / "root2"), "--endpoint", hub.url, "--json", "--concurrency", "1"],
-            capture_output=True, text=True, cwd=REPO, timeout=600,
+            [
+                sys.executable,
+                "-m",
+                "stage2_data.cli",
+                "build",
+                "--profile",
+                str(demo_cache.profile),
+                "--data-root",
+                str(tmp_path / "root2"),
+                "--endpoint",
+                hub.url,
+                "--json",
+                "--concurrency",
+                "1",
+            ],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=600,
         )
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout)
@@ -122,13 +145,18 @@ def test_same_inputs_in_another_root_same_fingerprint_via_cli(built: dict, demo_
     assert Path(summary["store"]).is_dir()
     assert summary["fingerprint"] == built["summary"]["fingerprint"]
     assert all({"asset", "check", "passed", "description"} <= set(c) for c in summary["checks"])
-    v = subprocess.run([sys.executable, "-m", "stage2_data.cli", "validate", summary["store"], "--deep"],
-                       capture_output=True, text=True, cwd=REPO)
+    v = subprocess.run(
+        [sys.executable, "-m", "stage2_data.cli", "validate", summary["store"], "--deep"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert v.returncode == 0, v.stdout + v.stderr
 
 
-def test_rebuild_downloads_nothing_and_keeps_the_fingerprint(built: dict, demo_cache: DemoPaths, tmp_path: Path,
-                                                             dagster_home: Path) -> None:
+def test_rebuild_downloads_nothing_and_keeps_the_fingerprint(
+    built: dict, demo_cache: DemoPaths, tmp_path: Path, dagster_home: Path
+) -> None:
     root = tmp_path / "root"
     shutil.copytree(built["root"], root, symlinks=True, ignore=shutil.ignore_patterns(".dagster"))
     with HubServer(demo_cache.upstream, repo_id=demo_cache.repo_id, revision=demo_cache.revision) as hub:
@@ -181,8 +209,9 @@ def _rewrite_sidecar_tar_without(demo: DemoPaths, source: str) -> str:
     return victim.name.rsplit("trajectory_", 1)[1].removesuffix(".npz")
 
 
-def test_missing_sidecar_fails_the_join_check(built: dict, demo: DemoPaths, tmp_path: Path,
-                                              dagster_home: Path) -> None:
+def test_missing_sidecar_fails_the_join_check(
+    built: dict, demo: DemoPaths, tmp_path: Path, dagster_home: Path
+) -> None:
     traj = _rewrite_sidecar_tar_without(demo, "racer")
     root = _copy_built(built, tmp_path)
     shutil.rmtree(root / "derived")
@@ -195,8 +224,9 @@ def test_missing_sidecar_fails_the_join_check(built: dict, demo: DemoPaths, tmp_
     assert not layout.stores_root(root, load_profile(demo.profile).name).exists()
 
 
-def test_wrong_expected_total_fails_the_link_check(built: dict, demo: DemoPaths, tmp_path: Path,
-                                                   dagster_home: Path) -> None:
+def test_wrong_expected_total_fails_the_link_check(
+    built: dict, demo: DemoPaths, tmp_path: Path, dagster_home: Path
+) -> None:
     prof = load_profile(demo.profile)
     text = demo.profile.read_text().replace(
         f"pair_rows = {prof.expected.pair_rows}", f"pair_rows = {prof.expected.pair_rows + 1}"
@@ -212,7 +242,9 @@ def test_wrong_expected_total_fails_the_link_check(built: dict, demo: DemoPaths,
     assert not layout.stores_root(root, prof.name).exists()
 
 
-def test_materialize_single_assets_directly(demo_cache: DemoPaths, tmp_path: Path, dagster_home: Path) -> None:
+def test_materialize_single_assets_directly(
+    demo_cache: DemoPaths, tmp_path: Path, dagster_home: Path
+) -> None:
     """The Dagster way: dg.materialize real assets on tmp_path, partition by partition."""
     with HubServer(demo_cache.upstream, repo_id=demo_cache.repo_id, revision=demo_cache.revision) as hub:
         cfg = _config(demo_cache, tmp_path / "root", hub.url)
@@ -232,8 +264,21 @@ def test_materialize_single_assets_directly(demo_cache: DemoPaths, tmp_path: Pat
 def test_cli_bad_profile_is_one_line_error(tmp_path: Path) -> None:
     bad = tmp_path / "p.toml"
     bad.write_text('name = "x"\nbogus = 1\n')
-    out = subprocess.run([sys.executable, "-m", "stage2_data.cli", "build", "--profile", str(bad),
-                          "--data-root", str(tmp_path / "r")], capture_output=True, text=True, cwd=REPO)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stage2_data.cli",
+            "build",
+            "--profile",
+            str(bad),
+            "--data-root",
+            str(tmp_path / "r"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert out.returncode == 2
     assert "Traceback" not in out.stderr
     assert "bogus" in out.stderr and str(bad) in out.stderr
