@@ -1,0 +1,102 @@
+"""`make bench`: run every benchmark side by side with the tool a user would otherwise run.
+
+Each `bench/bench_*.py` module exposes ``BENCHMARKS``: callables ``f(workdir: Path) -> dict | list[dict]``
+returning entries ``{name, ours_s, baseline, baseline_s, ratio, target, ...}`` with
+``ratio = ours_s / baseline_s`` measured in the same run on the same files. Results go to
+``bench/results.json`` (and a Markdown table on stdout for the README).
+
+    python -m bench.run [--only NAME_SUBSTRING] [--workdir DIR] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+
+def timed(fn: Any, *args: Any, repeat: int = 1, **kwargs: Any) -> float:
+    """Best wall time of ``repeat`` calls."""
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn(*args, **kwargs)
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def entry(name: str, ours_s: float, baseline: str, baseline_s: float, target: float | None, **extra: Any) -> dict:
+    ratio = ours_s / baseline_s if baseline_s > 0 else float("inf")
+    out = {
+        "name": name,
+        "ours_s": round(ours_s, 4),
+        "baseline": baseline,
+        "baseline_s": round(baseline_s, 4),
+        "ratio": round(ratio, 3),
+        "target": target,
+        "meets_target": None if target is None else ratio <= target,
+    }
+    out.update(extra)
+    return out
+
+
+def drop_caches() -> None:
+    """Best effort: flush dirty pages so one run's writes do not slow the next."""
+    os.sync()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="bench")
+    ap.add_argument("--only", default=None)
+    ap.add_argument("--workdir", default=None)
+    ap.add_argument("--keep", action="store_true")
+    args = ap.parse_args(argv)
+    work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="stage2-bench-", dir=HERE))
+    work.mkdir(parents=True, exist_ok=True)
+    results: list[dict] = []
+    try:
+        for mod_path in sorted(HERE.glob("bench_*.py")):
+            mod = importlib.import_module(f"bench.{mod_path.stem}")
+            for fn in getattr(mod, "BENCHMARKS", []):
+                if args.only and args.only not in fn.__name__:
+                    continue
+                sub = work / fn.__name__
+                sub.mkdir(parents=True, exist_ok=True)
+                print(f"running {mod_path.stem}.{fn.__name__} ...", file=sys.stderr, flush=True)
+                got = fn(sub)
+                results.extend(got if isinstance(got, list) else [got])
+                if not args.keep:
+                    shutil.rmtree(sub, ignore_errors=True)
+    finally:
+        if not args.keep and not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+    out = HERE / "results.json"
+    previous = json.loads(out.read_text()) if out.is_file() else {}
+    merged = {r["name"]: r for r in previous.get("results", [])} if args.only else {}
+    merged.update({r["name"]: r for r in results})
+    doc = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "results": list(merged.values()),
+    }
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    print("| benchmark | ours (s) | baseline | baseline (s) | ratio | target |")
+    print("|---|---:|---|---:|---:|---:|")
+    for r in doc["results"]:
+        tgt = f"≤ {r['target']}" if r.get("target") is not None else "-"
+        print(f"| {r['name']} | {r['ours_s']} | {r['baseline']} | {r['baseline_s']} | {r['ratio']} | {tgt} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,7 @@
+"""One module per command group; each has ``register(subparsers)``. Add a module here to add commands."""
+
+from __future__ import annotations
+
+from . import build, store
+
+COMMAND_MODULES = [build, store]
