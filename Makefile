@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: install demo test lint ui bench clean
+.PHONY: install demo test lint ui bench clean system-deps
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,7 +25,10 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: lint
+system-deps:
+	@bash scripts/system-deps.sh
+
+test: lint system-deps
 	$(BIN)/python -m pytest -q
 
 ui: $(STAMP)

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# System packages the test suite needs (Debian). Installs only what is missing; run as root (CI is root).
+# Each block names the tests that need it.
+set -euo pipefail
+need=()
+# (blocks are added below by the features that need them)
+if ((${#need[@]})); then
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "system-deps: missing ${need[*]}; run as root: apt-get install -y ${need[*]}" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
