@@ -21,6 +21,9 @@ class BuildConfig:
     token_env_var: str = "HF_TOKEN"
     reverify: bool = False
     webhook_url: str | None = None  # alerts are POSTed here when set
+    # where the steps run (pipelines/executors.py): in_process | multiprocess | dask | k8s
+    executor: str = "in_process"
+    dask_address: str | None = None  # dask scheduler (tcp://host:8786); None: a LocalCluster per build
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -37,4 +40,6 @@ class BuildConfig:
             hub_folder=os.environ.get("STAGE2_HUB_FOLDER") or None,
             token_env_var=os.environ.get("STAGE2_TOKEN_ENV", "HF_TOKEN"),
             webhook_url=os.environ.get("STAGE2_ALERT_WEBHOOK") or None,
+            executor=os.environ.get("STAGE2_EXECUTOR") or "in_process",
+            dask_address=os.environ.get("STAGE2_DASK_ADDRESS") or None,
         )

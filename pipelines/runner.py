@@ -69,15 +69,28 @@ def run_selection(
     resources = dict(defs.resources or {})
     instance = dg.DagsterInstance.get()
     sel = dg.AssetSelection.assets(*selection)
-    result = dg.materialize(
-        assets,
-        selection=sel,
-        resources=resources,
-        instance=instance,
-        partition_key=partition_key,
-        raise_on_error=False,
-        tags={"stage2/cli": "build"},
-    )
+    # STAGE2_RUN_LOG_LEVEL (set by `stage2 build` unless --verbose) quiets the run's console log; the
+    # events are recorded in the instance either way.
+    level = os.environ.get("STAGE2_RUN_LOG_LEVEL")
+    if level:
+        import logging
+
+        logging.getLogger("stage2_data").setLevel(level)
+    if cfg.executor != "in_process":  # steps elsewhere (subprocesses, Dask workers): pipelines/executors.py
+        from .executors import execute_selection
+
+        result: Any = execute_selection(config, selection, partition_key, instance, log_level=level)
+    else:
+        result = dg.materialize(
+            assets,
+            selection=sel,
+            resources=resources,
+            instance=instance,
+            partition_key=partition_key,
+            raise_on_error=False,
+            tags={"stage2/cli": "build"},
+            run_config={"loggers": {"console": {"config": {"log_level": level}}}} if level else None,
+        )
     checks = []
     for ev in result.get_asset_check_evaluations():
         checks.append(
@@ -130,6 +143,17 @@ def run_partitions(
             if on_done:
                 on_done(out[-1])
         return out
+    if config.get("executor", "in_process") != "in_process":
+        # the executor runs the steps in other processes (Dask workers, step subprocesses); a run's
+        # own process only coordinates, so concurrent runs are threads here, not spawned interpreters
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=min(concurrency, len(keys))) as tpool:
+            for res in tpool.map(_pool_run, [(config, [asset], k) for k in keys]):
+                out.append(res)
+                if on_done:
+                    on_done(res)
+        return out
     ctx = mp.get_context("spawn")
     with ProcessPoolExecutor(max_workers=min(concurrency, len(keys)), mp_context=ctx) as pool:
         for res in pool.map(_pool_run, [(config, [asset], k) for k in keys]):
@@ -149,7 +173,35 @@ def build_all(
     concurrency: int | None = None,
     on_run: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
+    """Run every stage holding the data root's lock (stage2_data/lock.py): a second build of the same
+    data root is refused (DataRootLockedError naming the holder). A bad profile fails before the lock.
+    Under the lock, temporary folders a killed build left behind are removed first."""
+    from stage2_data.lock import data_root_lock, sweep_temp_dirs
+    from stage2_data.profile import load_profile
+
+    load_profile(config.profile_path, kit_root=config.kit_root)
+    data_root = Path(config.data_root).resolve()
+    with data_root_lock(data_root):
+        sweep_temp_dirs(data_root)
+        return _build_all(config, concurrency=concurrency, on_run=on_run)
+
+
+def _build_all(
+    config: BuildConfig,
+    *,
+    concurrency: int | None = None,
+    on_run: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
     """Run every stage; returns {ok, runs, checks, errors, store, fingerprint, dagster_home}."""
+    if config.executor == "dask" and not config.dask_address:  # one local cluster for the whole build
+        import dataclasses
+
+        from .executors import local_dask_cluster
+
+        with local_dask_cluster() as address:
+            return build_all(
+                dataclasses.replace(config, dask_address=address), concurrency=concurrency, on_run=on_run
+            )
     from stage2_data import layout
     from stage2_data.profile import load_profile
 

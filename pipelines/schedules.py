@@ -21,8 +21,9 @@ def build_schedules(profile: Profile, jobs: dict[str, Any]) -> list[dg.ScheduleD
         job=jobs["acquire"],
         cron_schedule="0 3 * * 0",
         default_status=dg.DefaultScheduleStatus.STOPPED,
-        description="Re-verify every archive partition (downloads only what is missing or fails its pin); "
-        "downstream assets follow by their automation conditions.",
+        description="Re-verify every archive partition against its pin (downloads only what is missing or "
+        "fails its pin), one run per partition; then materialize extract_cache_dirs and "
+        "verify_kit_and_build_store (or run `stage2 build`) to rebuild what changed.",
     )
     def weekly_rebuild(context: dg.ScheduleEvaluationContext):
         stamp = (

@@ -8,47 +8,56 @@ import dagster as dg
 from resources import AlertsResource
 from stage2_data.profile import Profile
 
-UI_BASE = "http://127.0.0.1:3000"
-
-
-def _run_link(run_id: str) -> str:
-    return f"{UI_BASE}/runs/{run_id}"
+FINISHED = [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
 
 
 def check_failure_alerts(context: dg.SensorEvaluationContext, alerts: AlertsResource) -> dg.SkipReason | None:
-    """Every failed asset check since the cursor becomes one alert."""
-    after = int(context.cursor) if context.cursor else None
-    records = context.instance.get_event_records(
-        dg.EventRecordsFilter(event_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION, after_cursor=after),
-        ascending=True,
-        limit=500,
+    """Every failed asset check of every run finished since the cursor becomes one alert.
+
+    Walks finished runs by update time (works on every event-log storage, run-sharded SQLite
+    included); the cursor is ``{"ts": <last run update time>, "runs": [run ids at that time]}``."""
+    import datetime as dt
+    import json
+
+    cur = json.loads(context.cursor) if context.cursor else {"ts": None, "runs": []}
+    seen = set(cur.get("runs", []))
+    after = dt.datetime.fromtimestamp(cur["ts"], tz=dt.UTC) - dt.timedelta(seconds=1) if cur["ts"] else None
+    records = context.instance.get_run_records(
+        dg.RunsFilter(statuses=FINISHED, updated_after=after), limit=500, ascending=True
     )
+    records = sorted(records, key=lambda r: r.update_timestamp.timestamp())
     sent = 0
-    last = after
+    last_ts: float | None = cur["ts"]
     for rec in records:
-        last = rec.storage_id
-        dagster_event = rec.event_log_entry.dagster_event
-        if dagster_event is None:
+        ts = rec.update_timestamp.timestamp()
+        run = rec.dagster_run
+        if (last_ts is not None and ts < last_ts) or run.run_id in seen:
             continue
-        data: Any = dagster_event.event_specific_data
-        if data is None or data.passed:
-            continue
-        run = context.instance.get_run_by_id(rec.run_id)
-        partition = (run.tags.get("dagster/partition") if run else None) or getattr(data, "partition", None)
-        alerts.deliver(
-            {
-                "kind": "asset_check_failed",
-                "asset": data.asset_key.to_user_string(),
-                "check": data.check_name,
-                "partition": partition,
-                "reason": data.description or "",
-                "run_id": rec.run_id,
-                "run_link": _run_link(rec.run_id),
-            }
-        )
-        sent += 1
-    if last is not None:
-        context.update_cursor(str(last))
+        if last_ts is None or ts > last_ts:
+            last_ts, seen = ts, set()
+        seen.add(run.run_id)
+        for entry in context.instance.all_logs(
+            run.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION
+        ):
+            data: Any = entry.dagster_event.event_specific_data if entry.dagster_event else None
+            if data is None or data.passed:
+                continue
+            partition = run.tags.get("dagster/partition") or getattr(data, "partition", None)
+            problem = alerts.deliver(
+                {
+                    "kind": "asset_check_failed",
+                    "asset": data.asset_key.to_user_string(),
+                    "check": data.check_name,
+                    "partition": partition,
+                    "reason": data.description or "",
+                    "run_id": run.run_id,
+                    "run_link": alerts.run_link(run.run_id),
+                }
+            )
+            if problem:
+                context.log.warning(problem)
+            sent += 1
+    context.update_cursor(json.dumps({"ts": last_ts, "runs": sorted(seen)}))
     return None if sent else dg.SkipReason("no failed asset checks since the last tick")
 
 
@@ -64,13 +73,14 @@ def build_sensors(profile: Profile, jobs: dict[str, Any]) -> list[dg.SensorDefin
 
     @dg.run_failure_sensor(
         name="alert_on_failed_run",
-        monitor_all_code_locations=False,
+        # True: runs started by `stage2 build` have no code-location origin; they must alert too.
+        monitor_all_code_locations=True,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description="Delivers an alert for every failed run.",
     )
     def alert_on_failed_run(context: dg.RunFailureSensorContext, alerts: AlertsResource):
         run = context.dagster_run
-        alerts.deliver(
+        problem = alerts.deliver(
             {
                 "kind": "run_failed",
                 "asset": None,
@@ -79,9 +89,11 @@ def build_sensors(profile: Profile, jobs: dict[str, Any]) -> list[dg.SensorDefin
                 "partition": run.tags.get("dagster/partition"),
                 "reason": context.failure_event.message or "run failed",
                 "run_id": run.run_id,
-                "run_link": _run_link(run.run_id),
+                "run_link": alerts.run_link(run.run_id),
             }
         )
+        if problem:
+            context.log.warning(problem)
 
     kit_files = [profile.profile_path] + [
         profile.kit_file(k)
@@ -90,6 +102,7 @@ def build_sensors(profile: Profile, jobs: dict[str, Any]) -> list[dg.SensorDefin
 
     @dg.sensor(
         name="rebuild_on_profile_change",
+        jobs=[jobs["acquire"], jobs["kit_and_store"]],
         minimum_interval_seconds=60,
         default_status=dg.DefaultSensorStatus.STOPPED,
         description="Requests a rebuild when the profile (pinned revision, archives) or a kit file changes.",

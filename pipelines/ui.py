@@ -1,11 +1,14 @@
 """`make ui`: the Dagster web UI on 127.0.0.1 over the same instance as `make demo`, with the demo's hub.
 
-Starts (1) the loopback hub serving the demo's upstream folder and (2) `dagster dev`, both as child
-processes of this one (so SIGTERM reaches them), and stops both by PID on exit.
+Starts (1) the loopback hub serving the demo's upstream folder and (2) `dagster dev`, each in its own
+process group, and on SIGINT/SIGTERM (or when `dagster dev` exits) stops both groups by PID: SIGINT
+(dagster dev's clean shutdown) / SIGTERM first, SIGKILL of the whole group after 20 s, so no
+webserver, daemon or code server is left behind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -15,6 +18,12 @@ from pathlib import Path
 
 from .config import DEMO_ROOT, REPO_ROOT
 from .runner import write_instance_yaml
+
+
+def _signal_group(p: subprocess.Popen[str] | subprocess.Popen[bytes], sig: int) -> None:
+    """Signal the process group led by ``p`` (started with start_new_session=True)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(p.pid, sig)
 
 
 def main() -> int:
@@ -41,9 +50,14 @@ def main() -> int:
         stdout=subprocess.PIPE,
         text=True,
         env=env,
+        start_new_session=True,
     )
     assert hub.stdout is not None
     url = hub.stdout.readline().strip()
+    if not url.startswith("http"):
+        _signal_group(hub, signal.SIGKILL)
+        print("make ui: the loopback hub did not start (see the error above)", file=sys.stderr)
+        return 2
     env.update(
         STAGE2_PROFILE=str(demo.profile),
         STAGE2_DATA_ROOT=env.get("STAGE2_DATA_ROOT", str(DEMO_ROOT / "data")),
@@ -68,6 +82,7 @@ def main() -> int:
         ],
         env=env,
         cwd=REPO_ROOT,
+        start_new_session=True,
     )
     stopping = False
 
@@ -81,14 +96,13 @@ def main() -> int:
         while not stopping and ui.poll() is None:
             time.sleep(0.5)
     finally:
+        for p, sig in ((ui, signal.SIGINT), (hub, signal.SIGTERM)):
+            _signal_group(p, sig)
         for p in (ui, hub):
-            if p.poll() is None:
-                p.send_signal(signal.SIGINT if p is ui else signal.SIGTERM)
-        for p in (ui, hub):
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+            _signal_group(p, signal.SIGKILL)  # anything left in the group (webserver, daemon, code server)
+            p.wait()
     return ui.returncode or 0
 
 

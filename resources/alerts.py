@@ -19,6 +19,10 @@ class AlertsResource(dg.ConfigurableResource):
 
     jsonl_path: str | None = Field(default=None, description="alerts file; default under DAGSTER_HOME")
     webhook_url: str | None = Field(default=None, description="POST each alert here as JSON (optional)")
+    ui_url: str = Field(
+        default_factory=lambda: os.environ.get("STAGE2_UI_URL", "http://127.0.0.1:3000"),
+        description="base URL of the Dagster UI, for run links in alerts (env STAGE2_UI_URL)",
+    )
     timeout_seconds: float = Field(default=10.0)
 
     def alerts_file(self) -> Path:
@@ -27,19 +31,31 @@ class AlertsResource(dg.ConfigurableResource):
         home = os.environ.get("DAGSTER_HOME") or "."
         return Path(home) / "alerts" / "alerts.jsonl"
 
-    def deliver(self, alert: dict[str, Any]) -> None:
+    def run_link(self, run_id: str) -> str:
+        return f"{self.ui_url.rstrip('/')}/runs/{run_id}"
+
+    def deliver(self, alert: dict[str, Any]) -> str | None:
+        """Append the alert to the JSONL file, then POST it to the webhook (if any).
+
+        Returns None, or a one-line reason when the webhook could not be reached (the alert is in the
+        file either way; a dead webhook must not stop the sensor or re-send older alerts)."""
         alert = {"delivered_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **alert}
         path = self.alerts_file()
         path.parent.mkdir(parents=True, exist_ok=True)
         line = json.dumps(alert, sort_keys=True) + "\n"
         with open(path, "a", encoding="utf-8") as f:  # one write per line: appends stay whole
             f.write(line)
-        if self.webhook_url:
-            req = urllib.request.Request(
-                self.webhook_url,
-                data=json.dumps(alert).encode(),
-                headers={"Content-Type": "application/json"},
-                method="POST",
-            )
+        if not self.webhook_url:
+            return None
+        req = urllib.request.Request(
+            self.webhook_url,
+            data=json.dumps(alert).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        try:
             with urllib.request.urlopen(req, timeout=self.timeout_seconds) as resp:
                 resp.read()
+        except OSError as e:  # URLError, HTTPError, timeouts
+            return f"webhook {self.webhook_url} failed: {type(e).__name__}: {e}"
+        return None

@@ -4,6 +4,9 @@
 set -euo pipefail
 need=()
 # (blocks are added below by the features that need them)
+# tests/test_ops.py (browser test of the Dagster UI): headless Chromium and its WebDriver, from Debian.
+if [[ ! -x /usr/bin/chromium ]]; then need+=(chromium); fi
+if [[ ! -x /usr/bin/chromedriver ]]; then need+=(chromium-driver); fi
 if ((${#need[@]})); then
   if [[ $(id -u) -ne 0 ]]; then
     echo "system-deps: missing ${need[*]}; run as root: apt-get install -y ${need[*]}" >&2

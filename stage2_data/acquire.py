@@ -20,11 +20,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
-import inspect
 import json
 import logging
 import os
 import queue
+import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable
@@ -32,9 +33,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, BinaryIO, Literal, cast
+from typing import Any, Literal
 
 from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_url
+from huggingface_hub import constants as hf_constants
 from huggingface_hub.errors import (
     GatedRepoError,
     HfHubHTTPError,
@@ -43,9 +45,8 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
-from huggingface_hub.file_download import http_get
 from huggingface_hub.hf_api import RepoFile
-from huggingface_hub.utils import build_hf_headers
+from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_stream_backoff
 
 from . import layout
 from .errors import (
@@ -57,7 +58,7 @@ from .errors import (
     Stage2Error,
 )
 from .fsutil import atomic_write_json, fsync_dir, human_bytes, require_free_space
-from .hashing import SHA256_RE, HashingWriter, hasher_of_prefix, sha256_file
+from .hashing import SHA256_RE, hasher_of_prefix, sha256_file
 from .profile import ArchiveSpec, Profile
 
 try:  # huggingface_hub >= 2 uses httpx2; 1.x uses httpx
@@ -81,7 +82,13 @@ MISMATCH_FIX = (
     "re-run the build to download it again; if it persists, run `stage2 pin` and check the upstream file"
 )
 
-_HTTP_GET_PARAMS = set(inspect.signature(http_get).parameters)
+BLOCK_SIZE = 1024 * 1024
+"""Bytes per receive buffer: one socket read loop, one file write and one hash update each."""
+DEPTH = 6
+"""Receive buffers per download (in flight between receiving, writing and hashing)."""
+RAW_SOCKET_READS = True
+"""Read a plain HTTP/1.1 body straight from the client's connection socket (see ``_raw_socket``);
+False: always through the client's own body iterator (64 KiB reads, ~3x the CPU per byte)."""
 
 
 # ----- the source ---------------------------------------------------------------------------------
@@ -400,116 +407,134 @@ class _Cancelled(Exception):
     """Raised from inside the writer when a batch is being interrupted."""
 
 
-class _Writer(HashingWriter):
-    """HashingWriter that reports byte increments as they reach the file."""
+class _BlockSink:
+    """Receive | write | hash, in order, over recycled buffers.
 
-    def __init__(self, f: BinaryIO, *, prefix_hasher: Any, on_bytes: Callable[[int], None]) -> None:
-        super().__init__(f, prefix_hasher=prefix_hasher)
-        self._on_bytes = on_bytes
-
-    def write(self, data: bytes | bytearray | memoryview) -> int:
-        n = super().write(data)
-        self._on_bytes(len(data))
-        return n
-
-    def hasher_copy(self) -> Any:
-        return self._h.copy()
-
-
-class _Pipeline:
-    """The file object handed to ``http_get``: each received chunk is passed to a background
-    thread that writes it through the HashingWriter, so receiving overlaps with writing and
-    hashing (file writes and sha256 both release the GIL). At most ``depth`` chunks wait
-    (memory stays bounded: the client's chunks are 10 MiB). ``tell``/``seek``/``truncate``/``flush``
-    first wait for every queued chunk; an error of the background thread is raised by the next call.
+    The receiving thread fills a buffer (:meth:`take`) and hands it over (:meth:`commit`); one
+    background thread writes it to the partial file, then a second one feeds it to the sha256, then
+    the buffer goes back to the free list. Writing and hashing release the GIL, so the three stages
+    run on different cores, and no memory is allocated per block. The digest only ever covers bytes
+    that reached the file (hashing follows writing), so after :meth:`close` the pair
+    (``hashed``, ``hasher``) describes the partial file exactly, unless ``error`` is set.
+    At most ``depth`` blocks are in flight (back-pressure: :meth:`take` waits for a free buffer).
     """
 
-    def __init__(self, inner: _Writer, *, cancel: threading.Event | None, depth: int = 4) -> None:
-        self._inner = inner
-        self._cancel = cancel
-        self._q: queue.Queue[bytes | None] = queue.Queue(maxsize=depth)
-        self._err: BaseException | None = None
-        self._failed = False
-        self._thread = threading.Thread(target=self._run, name="download-writer", daemon=True)
-        self._thread.start()
+    def __init__(
+        self, fd: int, offset: int, hasher: Any, *, block: int = BLOCK_SIZE, depth: int = DEPTH
+    ) -> None:
+        self._fd = fd
+        self._free: queue.SimpleQueue[bytearray] = queue.SimpleQueue()
+        for _ in range(depth):
+            self._free.put(bytearray(block))
+        self._start(offset, hasher)
 
-    def _run(self) -> None:
-        while True:
-            item = self._q.get()
+    def _start(self, offset: int, hasher: Any) -> None:
+        self.hasher = hasher
+        self.received = offset  # file offset once every committed block is written
+        self.hashed = offset
+        self.error: BaseException | None = None
+        self._to_write: queue.SimpleQueue[tuple[bytearray, int] | None] = queue.SimpleQueue()
+        self._to_hash: queue.SimpleQueue[tuple[bytearray, int] | None] = queue.SimpleQueue()
+        self._cur: bytearray | None = None  # the buffer :meth:`feed` is filling
+        self._fill = 0
+        self._closed = False
+        self._threads = [
+            threading.Thread(target=self._write_loop, name="download-write", daemon=True),
+            threading.Thread(target=self._hash_loop, name="download-hash", daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+
+    def restart(self) -> None:
+        """Start the file over: empty it and reset the digest (the server ignored a Range)."""
+        self.close()
+        os.ftruncate(self._fd, 0)
+        os.lseek(self._fd, 0, os.SEEK_SET)
+        self._start(0, hashlib.sha256())
+
+    # ----- background stages -----
+    def _write_loop(self) -> None:
+        while (item := self._to_write.get()) is not None:
+            buf, n = item
+            if self.error is not None:  # after a failure nothing more is written: the file stays a prefix
+                self._free.put(buf)
+                continue
             try:
-                if item is None:
-                    return
-                if not self._failed:  # after a failure nothing more is written: the file stays a clean prefix
-                    self._inner.write(item)
-            except BaseException as e:  # handed to the receiving thread
-                self._failed = True
-                self._err = e
-            finally:
-                self._q.task_done()
+                view = memoryview(buf)[:n]
+                while view:
+                    view = view[os.write(self._fd, view) :]
+            except BaseException as e:
+                self.error = e
+                self._free.put(buf)
+                continue
+            self._to_hash.put(item)
+        self._to_hash.put(None)
 
+    def _hash_loop(self) -> None:
+        while (item := self._to_hash.get()) is not None:
+            buf, n = item
+            self.hasher.update(memoryview(buf)[:n])
+            self.hashed += n
+            self._free.put(buf)
+
+    # ----- the receiving thread -----
     def _check(self) -> None:
-        if self._err is not None:
-            err, self._err = self._err, None
-            raise err
-        if self._failed:
-            raise OSError("writing the partial file failed earlier")
+        if self.error is not None:
+            raise self.error
 
-    def write(self, data: bytes | bytearray | memoryview) -> int:
-        if self._cancel is not None and self._cancel.is_set():
-            raise _Cancelled()
-        self._check()
-        n = len(data)
-        self._q.put(bytes(data))
+    def take(self) -> bytearray:
+        """A free buffer to fill (waits while ``depth`` blocks are in flight)."""
+        buf = self._free.get()
+        if self.error is not None:
+            self._free.put(buf)
+            self._check()
+        return buf
+
+    def commit(self, buf: bytearray, n: int) -> None:
+        """Hand over the first ``n`` bytes of ``buf`` (or give an empty buffer back)."""
+        if n:
+            self.received += n
+            self._to_write.put((buf, n))
+        else:
+            self._free.put(buf)
+
+    def feed(self, data: bytes) -> int:
+        """Copy bytes received elsewhere (the client's own chunks) into buffers; returns the bytes of
+        the blocks committed by this call (0 while the current buffer is not full)."""
+        committed = 0
+        view = memoryview(data)
+        while view:
+            if self._cur is None:
+                self._cur, self._fill = self.take(), 0
+            k = min(len(view), len(self._cur) - self._fill)
+            self._cur[self._fill : self._fill + k] = view[:k]
+            self._fill += k
+            view = view[k:]
+            if self._fill == len(self._cur):
+                committed += self._fill
+                self.commit(self._cur, self._fill)
+                self._cur = None
+        return committed
+
+    def flush(self) -> int:
+        """Commit a partly filled :meth:`feed` buffer; returns its bytes."""
+        n = 0
+        if self._cur is not None:
+            n = self._fill
+            self.commit(self._cur, self._fill)
+            self._cur = None
         return n
 
-    def drain(self) -> None:
-        self._q.join()
-        self._check()
-
-    def tell(self) -> int:
-        self.drain()
-        return self._inner.tell()
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        self.drain()
-        return self._inner.seek(offset, whence)
-
-    def truncate(self, size: int | None = None) -> int:
-        self.drain()
-        return self._inner.truncate(size)
-
-    def flush(self) -> None:
-        self.drain()
-        self._inner.flush()
-
-    def close(self) -> None:
-        """Stop the background thread (after the queued chunks are written)."""
-        if self._thread.is_alive():
-            self._q.put(None)
-            self._thread.join()
-
-    @property
-    def name(self) -> str:
-        return self._inner.name
-
-
-class _NoBar:
-    """A do-nothing progress bar for the client (the CLI draws its own)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.n = 0
-
-    def __enter__(self) -> _NoBar:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-    def update(self, n: float | None = 1) -> None:
-        return None
-
-    def close(self) -> None:
-        return None
+    def close(self, *, check: bool = True) -> None:
+        """Write and hash every committed block, stop the threads; raise a write error if ``check``."""
+        if not self._closed:
+            self._closed = True
+            self.flush()
+            self._to_write.put(None)
+            for t in self._threads:
+                t.join()
+        if check:
+            self._check()
 
 
 def _precheck(
@@ -639,7 +664,7 @@ def _download(
             if not meta_checked:
                 _check_metadata(source, spec, url)
                 meta_checked = True
-            digest = _attempt(source, spec, url, part, state, progress, cancel)
+            digest = _attempt(source, spec, url, part, state, progress, cancel, backoff)
             break
         except Stage2Error:
             raise
@@ -730,6 +755,158 @@ def _check_metadata(source: HubSource, spec: ArchiveSpec, url: str) -> None:
         )
 
 
+def _raw_socket(response: Any) -> socket.socket | None:
+    """The socket the client's connection reads this response from, when reading the rest of the body
+    straight from it is exactly equivalent to the client's own reads: HTTP/1.1 with a Content-Length
+    (no chunked transfer, no content encoding), and either no TLS or TLS terminated on that socket
+    object itself (``ssl.SSLSocket``, which decrypts on ``recv_into``). Otherwise (TLS inside TLS
+    through an HTTPS proxy, HTTP/2, a transport without a socket) None: the client's iterator is used.
+    """
+    if not RAW_SOCKET_READS:
+        return None
+    version = response.extensions.get("http_version")
+    if version not in (b"HTTP/1.1", "HTTP/1.1"):
+        return None
+    h = response.headers
+    if "content-length" not in h or "chunked" in h.get("transfer-encoding", "").lower():
+        return None
+    if h.get("content-encoding", "identity").strip().lower() not in ("", "identity"):
+        return None
+    stream = response.extensions.get("network_stream")
+    if stream is None or not hasattr(stream, "get_extra_info"):
+        return None
+    try:
+        sock = stream.get_extra_info("socket")
+        ssl_object = stream.get_extra_info("ssl_object")
+    except Exception:
+        return None
+    if not isinstance(sock, socket.socket):
+        return None
+    if isinstance(sock, ssl.SSLSocket):
+        return sock
+    return sock if ssl_object is None else None
+
+
+def _recv_block(sock: socket.socket, buf: bytearray, want: int, request: Any) -> int:
+    """Fill ``buf[:want]`` from the socket; returns the bytes read (fewer only at end of stream).
+    Socket errors are raised as the client's own exception classes (so retries treat them alike)."""
+    view = memoryview(buf)
+    fill = 0
+    try:
+        while fill < want:
+            k = sock.recv_into(view[fill:want])
+            if k == 0:
+                break
+            fill += k
+    except TimeoutError as e:
+        raise _ReadFailed(fill, _httpx.ReadTimeout(f"read timed out: {e}", request=request)) from e
+    except OSError as e:
+        raise _ReadFailed(fill, _httpx.ReadError(f"{type(e).__name__}: {e}", request=request)) from e
+    return fill
+
+
+class _ReadFailed(Exception):
+    """A socket read failed after ``got`` bytes of the block were received."""
+
+    def __init__(self, got: int, error: Exception) -> None:
+        super().__init__(str(error))
+        self.got = got
+        self.error = error
+
+
+def _get_into(
+    source: HubSource,
+    spec: ArchiveSpec,
+    url: str,
+    sink: _BlockSink,
+    state: _Progress,
+    report: Callable[[int], None],
+) -> None:
+    """One GET from ``sink.received`` to the end of the file, the body streamed into ``sink``."""
+    assert spec.size is not None
+    start = sink.received
+    headers = build_hf_headers(token=source.token)
+    headers["Accept-Encoding"] = "identity"
+    if start:
+        headers["Range"] = f"bytes={start}-"
+    with http_stream_backoff(
+        "GET",
+        url,
+        headers=headers,
+        timeout=hf_constants.HF_HUB_DOWNLOAD_TIMEOUT,
+        max_retries=0,  # retries are ours: backoff, resume, and a fresh metadata check if needed
+        retry_on_exceptions=(),
+        retry_on_status_codes=(),
+    ) as response:
+        hf_raise_for_status(response)
+        status = response.status_code
+        if start and status == 200:
+            log.warning("%s: the server ignored the Range request; starting over", spec.path)
+            sink.restart()
+            start = 0
+        elif start and status == 206:
+            crange = response.headers.get("content-range", "")
+            if not crange.startswith(f"bytes {start}-"):
+                raise HubError(
+                    f"the hub at {source.api_endpoint} answered a request for {spec.path} from byte {start} "
+                    f"with Content-Range {crange!r}.",
+                    fix="retry later; if it persists, delete the partial file and re-run",
+                )
+        elif status != 200:
+            raise HubError(
+                f"the hub at {source.api_endpoint} answered HTTP {status} to the download of {spec.path}.",
+                fix="retry later; if it persists, check the endpoint",
+            )
+        if state.resumed_from is None:
+            state.resumed_from = start
+        want = spec.size - start
+        length_header = response.headers.get("content-length")
+        if length_header is not None and length_header.isdigit() and int(length_header) != want:
+            raise HubError(
+                f"the hub at {source.api_endpoint} sends {length_header} bytes of {spec.path} from byte "
+                f"{start}, the pinned size leaves {want}.",
+                fix="run `stage2 pin` and check the profile's size for this archive against the upstream listing",
+            )
+        chunks = response.iter_raw()  # kept referenced: closing it would close the response
+        sock = _raw_socket(response)
+        got = 0
+        if sock is None:  # the client's own body iterator
+            for chunk in chunks:
+                if got + len(chunk) > want:
+                    raise HubError(
+                        f"the hub at {source.api_endpoint} sent more than the pinned {spec.size} bytes of {spec.path}.",
+                        fix="run `stage2 pin` and check the profile's size for this archive",
+                    )
+                got += len(chunk)
+                report(sink.feed(chunk))
+        else:
+            # What the client already read past the headers, then the rest straight from the socket
+            # into our recycled buffers (no allocation, no copy in Python; the GIL is released).
+            first = next(chunks, b"")
+            got += len(first)
+            report(sink.feed(first))
+            report(sink.flush())
+            sock.settimeout(hf_constants.HF_HUB_DOWNLOAD_TIMEOUT)
+            while got < want:
+                buf = sink.take()
+                try:
+                    n = _recv_block(sock, buf, min(len(buf), want - got), response.request)
+                except _ReadFailed as e:
+                    sink.commit(buf, e.got)
+                    report(e.got)
+                    raise e.error from None
+                sink.commit(buf, n)
+                got += n
+                report(n)
+                if n == 0:
+                    break
+        report(sink.flush())
+        if got != want:
+            raise _httpx.RemoteProtocolError(
+                f"connection closed after {got} of {want} bytes of {spec.path}", request=response.request
+            )
+
+
 def _attempt(
     source: HubSource,
     spec: ArchiveSpec,
@@ -738,8 +915,13 @@ def _attempt(
     state: _Progress,
     progress: Callable[[int], None] | None,
     cancel: threading.Event | None,
+    backoff: float,
 ) -> str:
-    """One GET (resuming from the partial file); returns the sha256 of the whole partial file."""
+    """One download attempt, resuming from the partial file; returns the sha256 of the whole file.
+
+    A connection that drops after bytes arrived is resumed at once within the attempt (as the
+    client's own ``http_get`` does); an error before any byte ends the attempt.
+    """
     assert spec.size is not None
     part.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -756,49 +938,49 @@ def _attempt(
         hasher, resume = state.carry[1].copy(), psize  # this call wrote it: no need to hash it again
     else:
         hasher, resume = hasher_of_prefix(part)
+    state.carry = None
 
-    def on_bytes(n: int) -> None:
-        state.received += n
-        if progress is not None:
-            progress(n)
+    def report(n: int) -> None:
+        if n:
+            state.received += n
+            if progress is not None:
+                progress(n)
+        if cancel is not None and cancel.is_set():
+            raise _Cancelled()
 
-    headers = build_hf_headers(token=source.token)
-    headers["Accept-Encoding"] = "identity"
-    kwargs: dict[str, Any] = {}
-    if "tqdm_class" in _HTTP_GET_PARAMS:
-        kwargs["tqdm_class"] = _NoBar
-    if "_nb_retries" in _HTTP_GET_PARAMS:
-        kwargs["_nb_retries"] = 0  # retries are ours: backoff, and a fresh metadata check if needed
-    if "displayed_filename" in _HTTP_GET_PARAMS:
-        kwargs["displayed_filename"] = spec.path
-
-    fd = os.open(part, os.O_RDWR | os.O_CREAT, 0o644)
-    with os.fdopen(fd, "r+b") as f:
-        f.seek(resume)
-        f.truncate()
-        writer = _Writer(f, prefix_hasher=hasher, on_bytes=on_bytes)
-        pipe = _Pipeline(writer, cancel=cancel)
+    fd = os.open(part, os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        os.ftruncate(fd, resume)
+        os.lseek(fd, resume, os.SEEK_SET)
+        sink = _BlockSink(fd, resume, hasher)
         try:
-            http_get(
-                url,
-                cast(BinaryIO, pipe),
-                resume_size=resume,
-                headers=headers,
-                expected_size=spec.size,
-                **kwargs,
-            )
-            pipe.drain()
-        finally:
-            pipe.close()
-            with contextlib.suppress(Exception):
-                f.flush()
-                offset = f.tell()
-                if state.resumed_from is None:
-                    state.resumed_from = offset - writer.bytes_written
-                state.carry = (offset, writer.hasher_copy())
-        f.flush()
-        os.fsync(f.fileno())
-        return writer.hexdigest()
+            if resume == spec.size and state.resumed_from is None:
+                state.resumed_from = resume
+            while sink.received < spec.size:
+                before = sink.received
+                try:
+                    _get_into(source, spec, url, sink, state, report)
+                except (_httpx.TimeoutException, _httpx.NetworkError, _httpx.RemoteProtocolError) as e:
+                    if sink.received == before:
+                        raise
+                    log.warning(
+                        "%s: connection lost after %s (%s); resuming",
+                        spec.path,
+                        human_bytes(sink.received),
+                        source.redact(_first_line(f"{type(e).__name__}: {e}")),
+                    )
+                    time.sleep(min(backoff, 1.0))
+        except BaseException:
+            sink.close(check=False)
+            if sink.error is None:
+                state.carry = (sink.hashed, sink.hasher.copy())
+            raise
+        sink.close()
+        state.carry = (sink.hashed, sink.hasher.copy())
+        os.fsync(fd)
+        return str(sink.hasher.hexdigest())
+    finally:
+        os.close(fd)
 
 
 # ----- many downloads -----------------------------------------------------------------------------------

@@ -143,6 +143,8 @@ def step_extraction_report(profile: Profile, data_root: Path) -> StepResult:
             problems_dirs.append(f"{cdir}: cache directory missing (materialize cache_dir[{key}])")
             continue
         info = inspect_cache_dir(cdir)
+        # a cache dir whose own counts disagree must block here too (a run of this stage on its own)
+        problems_dirs += [f"{p} (fix: correct the upstream data or re-extract {cdir})" for p in info.problems]
         records.append(ExtractionRecord.from_dict(json.loads(rec_path.read_text())))
         total += len(info.frame_ids)
         rows_md.append((key, len(info.frame_ids), info.rows, info.total_trajectories))
@@ -366,6 +368,7 @@ def step_store(
             progress=progress,
             profile_path=profile.profile_path,
             data_root=data_root,
+            kit_root=profile.kit_root,
         ).write(samples, pairs)
     atomic_symlink(out.name, layout.current_store_path(data_root, profile.name))
     seconds = time.perf_counter() - t0
@@ -402,7 +405,8 @@ def store_checks(
         "samples": stats.get("samples"),
         "pairs": stats.get("pairs"),
         "shards": len(manifest.get("shards", [])),
-        "bytes_on_disk": stats.get("bytes_on_disk_total"),
+        "bytes_on_disk": ((stats.get("bytes") or {}).get("on_disk") or {}).get("total"),
+        "bytes_on_disk_per_block": ((stats.get("bytes") or {}).get("on_disk") or None),
         "rebuilt": rebuilt,
         "seconds": round(seconds, 3),
         "per_split": {"__markdown__": _kv_table("split", split_counts)},

@@ -12,11 +12,14 @@ import contextlib
 import hashlib
 import io
 import json
+import operator
 import os
 import re
 import shutil
+import stat
 import struct
 import tarfile
+import threading
 import time
 import zipfile
 import zlib
@@ -28,6 +31,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, NamedTuple
 
 import numpy as np
+import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -159,6 +163,159 @@ def _iter_json_lines(path: Path, problems: list[str]) -> Iterable[tuple[int, dic
             yield lineno, obj
 
 
+# Fast paths. A kit that is clean (the usual case) is parsed with orjson and checked with the
+# fewest Python operations; on the first anomaly of any kind they return None and the exact parsers
+# below (stdlib json, every check, every message with its line number) run instead. So the result
+# and the problems reported are the same either way; only a clean kit is fast.
+_PAIR_FIELD_SET = frozenset(PAIR_FIELDS)
+
+
+def _jsonl_objects_fast(path: Path) -> list[dict[str, Any]] | None:
+    """One JSON object per line, every line (no blank line), parsed by orjson; else None."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    lines = data.split(b"\n")  # CRLF is fine (CR is JSON space); a lone CR fails: exact way
+    if lines and not lines[-1]:
+        lines.pop()
+    try:
+        objs = list(map(orjson.loads, lines))
+    except (orjson.JSONDecodeError, TypeError, ValueError):
+        return None
+    if not all(type(o) is dict for o in objs):
+        return None
+    return objs
+
+
+def _pairs_fast(path: Path) -> list[dict[str, Any]] | None:
+    """The pair manifest's rows when :func:`load_pairs` would find no problem at all; else None."""
+    objs = _jsonl_objects_fast(path)
+    if objs is None:
+        return None
+    match = layout.FRAMES_PATH_RE.match
+    splits = layout.SPLITS
+    pair_ids: set[str] = set()
+    split_of: dict[str, str] = {}
+    frames_of: dict[str, str] = {}
+    for o in objs:
+        if o.keys() != _PAIR_FIELD_SET:
+            return None
+        pid, split = o["pair_id"], o["split"]
+        ct, cf = o["chosen_trajectory_id"], o["chosen_frames_path"]
+        rt, rf = o["rejected_trajectory_id"], o["rejected_frames_path"]
+        task = o["task"]
+        if not (
+            type(pid) is str
+            and pid
+            and type(split) is str
+            and type(task) is str
+            and task
+            and type(ct) is str
+            and ct
+            and type(cf) is str
+            and type(rt) is str
+            and rt
+            and type(rf) is str
+        ):
+            return None
+        if pid in pair_ids or split not in splits:
+            return None
+        pair_ids.add(pid)
+        for tid, fpath in ((ct, cf), (rt, rf)):
+            m = match(fpath)
+            if m is None or m.group("id") != tid:
+                return None
+            if frames_of.setdefault(tid, fpath) != fpath or split_of.setdefault(tid, split) != split:
+                return None
+    return objs
+
+
+_HEX_DIGITS = b"0123456789abcdef"
+
+
+def _all_sha256(values: list[Any]) -> bool:
+    """Every value is 64 lowercase hex (C-level passes over all values, not a regex per value)."""
+    if not values:
+        return True
+    if set(map(type, values)) != {str} or set(map(len, values)) != {64}:
+        return False
+    try:
+        joined = "".join(values).encode("ascii")
+    except UnicodeEncodeError:
+        return False
+    return not joined.translate(None, _HEX_DIGITS)
+
+
+def _nonempty_strs(values: Sequence[Any]) -> bool:
+    return set(map(type, values)) <= {str} and all(values)
+
+
+_ACTION_REQUIRED_GETTER = operator.itemgetter(*ACTION_REQUIRED)
+
+
+class _FastActions(NamedTuple):
+    file: str
+    source: str  # the file's stem, which every row's source equals
+    rows: list[dict[str, Any]]
+    ids: tuple[str, ...]
+    statuses: tuple[str, ...]
+
+
+def _actions_fast(dir: Path) -> list[_FastActions] | None:
+    """The action manifests (in file-name order) when :func:`load_action_manifests` would find no
+    problem at all; else None. Checked column by column, with C-level loops."""
+    try:
+        files = sorted(p for p in dir.iterdir() if p.name.endswith(".jsonl") and p.is_file())
+    except OSError:
+        return None
+    if not files:
+        return None
+    out: list[_FastActions] = []
+    n_ids = 0
+    all_ids: set[str] = set()
+    for path in files:
+        stem = path.name[: -len(".jsonl")]
+        objs = _jsonl_objects_fast(path)
+        if objs is None or "/" in stem:
+            return None
+        if not objs:
+            out.append(_FastActions(str(path), stem, objs, (), ()))
+            continue
+        try:
+            tids, sources, cks, statuses = zip(*map(_ACTION_REQUIRED_GETTER, objs), strict=True)
+        except KeyError:  # a required field is missing
+            return None
+        if not (
+            _nonempty_strs(tids)
+            and _nonempty_strs(statuses)
+            and _nonempty_strs(cks)
+            and set(sources) == {stem}
+            and "/" not in "".join(tids)
+        ):
+            return None
+        n_ids += len(tids)
+        all_ids.update(tids)
+        if len(all_ids) != n_ids:  # a duplicate id
+            return None
+        prefix = f"{layout.SIDECARS_DIR}/{stem}/trajectory_"
+        expected_sp = [
+            prefix + t + ".npz" if st == RECOVERED else None for t, st in zip(tids, statuses, strict=True)
+        ]
+        if [o.get("sidecar_path") for o in objs] != expected_sp:
+            return None
+        shas = [o.get("sidecar_sha256") for o in objs]
+        given = [h for h in shas if h is not None]
+        if len(given) != len(shas) and None in [
+            h for h, st in zip(shas, statuses, strict=True) if st == RECOVERED
+        ]:
+            return None
+        if not _all_sha256(given):
+            return None
+        out.append(_FastActions(str(path), stem, objs, tids, statuses))
+    return out
+
+
 def load_pairs(path: Path) -> tuple[list[PairRow], list[str]]:
     """Parse the pair manifest. Returns every structurally valid row (all seven fields present, all
     strings) and every problem found: malformed line, missing/extra field, bad split, duplicate
@@ -170,6 +327,9 @@ def load_pairs(path: Path) -> tuple[list[PairRow], list[str]]:
     rows: list[PairRow] = []
     if not path.is_file():
         return rows, [f"{path}: pair manifest does not exist"]
+    fast = _pairs_fast(path)
+    if fast is not None:
+        return [PairRow(**o, line=i) for i, o in enumerate(fast, start=1)], []
     first_pair_line: dict[str, int] = {}
     # trajectory id -> {split: first line}
     split_lines: dict[str, dict[str, int]] = {}
@@ -247,6 +407,22 @@ def load_action_manifests(dir: Path) -> tuple[list[ActionRow], list[str]]:
     rows: list[ActionRow] = []
     if not d.is_dir():
         return rows, [f"{d}: action manifest folder does not exist"]
+    fast = _actions_fast(d)
+    if fast is not None:
+        return [
+            ActionRow(
+                o["stage2_trajectory_id"],
+                source,
+                o["cache_key"],
+                o["status"],
+                o.get("sidecar_path"),
+                o.get("sidecar_sha256"),
+                fname,
+                i,
+            )
+            for fname, source, objs, _, _ in fast
+            for i, o in enumerate(objs, start=1)
+        ], []
     files = sorted(p for p in d.iterdir() if p.name.endswith(".jsonl") and p.is_file())
     if not files:
         problems.append(f"{d}: no <source>.jsonl action manifest in this folder")
@@ -1309,61 +1485,115 @@ class LinkReport:
 
 
 def link_check(profile: Profile, data_root: Path) -> LinkReport:
-    """Check that every pair's frames file and every recovered row's sidecar exists (names only:
-    one ``scandir`` per frames/ and sidecar folder), plus the manifests' own problems."""
+    """Check that every pair's frames file and every recovered row's sidecar exists, plus the
+    manifests' own problems. Names only, nothing is opened or hashed: one ``stat`` per frames file
+    the pairs use (a few thousand among tens of thousands of trajectories) and one ``scandir`` per
+    sidecar folder (which also finds sidecars no row names)."""
     t0 = time.perf_counter()
     data_root = Path(data_root)
-    pairs_path, pairs, actions, problems = _load_kit(profile)
-    frame_paths: dict[str, tuple[str, int]] = {}
-    for row in pairs:
-        for tid, fpath in row.trajectories():
-            frame_paths.setdefault(fpath, (tid, row.line))
-    t_fs = time.perf_counter()
-    by_dir: dict[str, list[str]] = defaultdict(list)
-    for fpath in frame_paths:
-        if layout.FRAMES_PATH_RE.match(fpath):
-            d, name = fpath.rsplit("/", 1)
-            by_dir[d].append(name)
-    missing_frames = 0
-    for d in sorted(by_dir):
-        names = _list_files(data_root / d)
-        for name in by_dir[d]:
-            if names is None or name not in names:
-                missing_frames += 1
-                fpath = f"{d}/{name}"
-                tid, line = frame_paths[fpath]
-                problems.append(_missing_frames_problem(pairs_path, line, fpath, tid, data_root))
-    unmatched = [p for p in frame_paths if not layout.FRAMES_PATH_RE.match(p)]
-    missing_frames += len(unmatched)  # already reported by load_pairs
+    problems: list[str] = []
+    pairs_path = profile.kit_file("pair_manifest")
+    frame_paths: dict[str, tuple[str, int]] = {}  # frames path -> (trajectory id, first line)
+    pair_objs = _pairs_fast(pairs_path) if pairs_path.is_file() else None
+    if pair_objs is not None:
+        n_pairs = len(pair_objs)
+        setdefault = frame_paths.setdefault
+        for i, o in enumerate(pair_objs, start=1):
+            setdefault(o["chosen_frames_path"], (o["chosen_trajectory_id"], i))
+            setdefault(o["rejected_frames_path"], (o["rejected_trajectory_id"], i))
+    else:
+        pairs, pair_problems = load_pairs(pairs_path)
+        problems += pair_problems
+        n_pairs = len(pairs)
+        for row in pairs:
+            for tid, fpath in row.trajectories():
+                frame_paths.setdefault(fpath, (tid, row.line))
+    adir = profile.kit_file("action_manifest_dir")
+    fast_actions = _actions_fast(adir) if adir.is_dir() else None
+    actions: list[ActionRow] = []
+    if fast_actions is None:
+        actions, action_problems = load_action_manifests(adir)
+        problems += action_problems
+        n_actions = len(actions)
+    else:
+        n_actions = sum(len(fa.rows) for fa in fast_actions)
 
-    derived = layout.derived_root(data_root)
-    on_disk = {
-        f"{layout.SIDECARS_DIR}/{source}/{name}"
-        for source, names in _sidecar_dirs(derived).items()
-        for name in names
-    }
-    resolved: Counter[str] = Counter()
-    missing_sidecars = 0
-    named: set[str] = set()
-    for ar in actions:
-        sp = ar.sidecar_path
-        if sp is None or sp in named:  # a duplicate row (already reported) counts once
+    # --- frames files ------------------------------------------------------------------------
+    t_fs = time.perf_counter()
+    root = os.fspath(data_root) + os.sep
+    match = layout.FRAMES_PATH_RE.match
+    gone: list[tuple[str, str, str, int]] = []  # (folder, frames path, trajectory id, line)
+    unmatched = 0  # already reported by load_pairs
+    for fpath, (tid, line) in frame_paths.items():
+        if match(fpath) is None:
+            unmatched += 1
             continue
-        named.add(sp)
-        if sp in on_disk:
-            resolved[ar.source] += 1
-        elif ar.status == RECOVERED:
-            missing_sidecars += 1
-            problems.append(
-                f"{ar.where}: trajectory {ar.stage2_trajectory_id} is {RECOVERED!r} but its sidecar "
-                f"{derived / sp} is missing"
-            )
-    problems.extend(_unnamed_sidecar_problem(derived, rel) for rel in sorted(on_disk - named))
+        try:
+            present = stat.S_ISREG(os.stat(root + fpath).st_mode)
+        except (OSError, ValueError):
+            present = False
+        if not present:
+            gone.append((fpath.rpartition("/")[0], fpath, tid, line))
+    gone.sort(key=lambda g: g[0])  # by folder; pair-manifest order within a folder
+    problems.extend(
+        _missing_frames_problem(pairs_path, line, fpath, tid, data_root) for _, fpath, tid, line in gone
+    )
+    missing_frames = len(gone) + unmatched
+
+    # --- sidecars ----------------------------------------------------------------------------
+    derived = layout.derived_root(data_root)
+    on_disk = _sidecar_dirs(derived)  # {source: file names}
+    resolved: dict[str, int] = {}
+    missing_sidecars = 0
+    unnamed: list[str] = []
+    if fast_actions is not None:
+        # clean manifests: unique ids, sidecar_path == action_sidecars/<file stem>/trajectory_<id>.npz
+        named_by_source: dict[str, set[str]] = {}
+        for fname, source, objs, ids, statuses in fast_actions:
+            named = {f"trajectory_{t}.npz" for t, st in zip(ids, statuses, strict=True) if st == RECOVERED}
+            named_by_source[source] = named
+            lost = named - on_disk.get(source, set())
+            if len(named) > len(lost):
+                resolved[source] = len(named) - len(lost)
+            if lost:
+                missing_sidecars += len(lost)
+                for i, o in enumerate(objs, start=1):
+                    sp = o.get("sidecar_path")
+                    if sp and sp.rpartition("/")[2] in lost:
+                        problems.append(
+                            f"{fname}:{i}: trajectory {o['stage2_trajectory_id']} is {RECOVERED!r} but its "
+                            f"sidecar {derived / sp} is missing"
+                        )
+        for source, names in on_disk.items():
+            extra = names - named_by_source.get(source, set())
+            unnamed += [f"{layout.SIDECARS_DIR}/{source}/{n}" for n in extra]
+    else:
+        on_disk_rel = {
+            f"{layout.SIDECARS_DIR}/{source}/{name}" for source, names in on_disk.items() for name in names
+        }
+        counted: Counter[str] = Counter()
+        named_rel: set[str] = set()
+        for ar in actions:
+            sp = ar.sidecar_path
+            if sp is None or sp in named_rel:  # a duplicate row (already reported) counts once
+                continue
+            named_rel.add(sp)
+            if sp in on_disk_rel:
+                counted[ar.source] += 1
+            elif ar.status == RECOVERED:
+                missing_sidecars += 1
+                problems.append(
+                    f"{ar.where}: trajectory {ar.stage2_trajectory_id} is {RECOVERED!r} but its sidecar "
+                    f"{derived / sp} is missing"
+                )
+        resolved = dict(counted)
+        unnamed = list(on_disk_rel - named_rel)
+    problems.extend(_unnamed_sidecar_problem(derived, rel) for rel in sorted(unnamed))
     t_end = time.perf_counter()
     return LinkReport(
-        pair_rows=len(pairs),
+        pair_rows=n_pairs,
         unique_frame_files=len(frame_paths),
-        action_manifest_rows=len(actions),
+        action_manifest_rows=n_actions,
         resolved_sidecars=sum(resolved.values()),
         sidecars_by_source=dict(sorted(resolved.items())),
         missing_frames=missing_frames,
@@ -1391,6 +1621,9 @@ class ByteReport:
     unlisted: list[str]
     seconds: float
     problems: list[str] = field(default_factory=list)
+    # Every finding as one located message (``<file>:<line>: ...``): the checksum file's line of a
+    # mismatched or missing file, the pair manifest's first line of an unlisted one; plus problems.
+    details: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -1408,19 +1641,28 @@ def _plain_relpath(rel: str) -> bool:
     return bool(rel) and not rel.startswith("/") and all(p not in ("", ".", "..") for p in rel.split("/"))
 
 
-_SMALL_FILE = 4 * 1024 * 1024
+_HASH_BUFFER = 4 * 1024 * 1024
+_thread_state = threading.local()
 
 
 def _sha256_and_size(path: Path) -> tuple[str, int]:
-    """sha256 and size; a small file is read in one call (sha256_file's 8 MiB buffer per call costs
-    more than hashing a frame file), a large one is streamed."""
-    with open(path, "rb", buffering=0) as f:
-        size = os.fstat(f.fileno()).st_size
-        if size <= _SMALL_FILE:
-            data = f.read(_SMALL_FILE + 1)
-            if len(data) <= _SMALL_FILE:
-                return hashlib.sha256(data).hexdigest(), len(data)
-    return sha256_file(path), os.stat(path).st_size
+    """sha256 and size of a file, read into one buffer per thread, reused for every file: a fresh
+    buffer per file (``f.read()``) costs page faults that, for frame files, exceed the hashing
+    itself. hashlib releases the GIL while it hashes, so threads hash in parallel."""
+    buf: bytearray | None = getattr(_thread_state, "buf", None)
+    if buf is None:
+        buf = _thread_state.buf = bytearray(_HASH_BUFFER)
+    view = memoryview(buf)
+    h = hashlib.sha256()
+    size = 0
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        while n := os.readv(fd, [buf]):
+            h.update(view[:n])
+            size += n
+    finally:
+        os.close(fd)
+    return h.hexdigest(), size
 
 
 def verify_subset_bytes(
@@ -1470,22 +1712,35 @@ def verify_subset_bytes(
                 progress(done, len(todo))
     mismatched: list[str] = []
     missing: list[str] = []
+    details: list[str] = []
     ok = 0
     total_bytes = 0
     for ent in todo:
         actual, size = results[ent.path]
         if actual is None:
             missing.append(ent.path)
+            details.append(f"{sums_path}:{ent.line}: {data_root / ent.path} is missing")
             continue
         total_bytes += size
         if actual == ent.digest:
             ok += 1
         else:
             mismatched.append(f"{ent.path}: expected {ent.digest}, actual {actual}")
+            details.append(
+                f"{sums_path}:{ent.line}: {data_root / ent.path} has sha256 {actual}, expected {ent.digest}"
+            )
     listed = {ent.path for ent in entries}
-    pairs, pair_problems = load_pairs(profile.kit_file("pair_manifest"))
-    used = sorted({fp for r in pairs for _, fp in r.trajectories()})
-    unlisted = [fp for fp in used if fp not in listed]
+    pairs_path = profile.kit_file("pair_manifest")
+    pairs, pair_problems = load_pairs(pairs_path)
+    first_line: dict[str, int] = {}
+    for r in pairs:
+        for _, fp in r.trajectories():
+            first_line.setdefault(fp, r.line)
+    unlisted = sorted(fp for fp in first_line if fp not in listed)
+    details += [
+        f"{pairs_path}:{first_line[fp]}: frames file {fp} is used by a pair but not listed in {sums_path}"
+        for fp in unlisted
+    ]
     if not pairs and pair_problems:
         problems.extend(pair_problems)
     return ByteReport(
@@ -1497,4 +1752,5 @@ def verify_subset_bytes(
         unlisted=unlisted,
         seconds=time.perf_counter() - t0,
         problems=problems,
+        details=problems + details,
     )

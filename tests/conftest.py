@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from stage2_data.demo import DemoPaths, generate_demo
+from stage2_data.hubserver import HubServer
 
 
 @pytest.fixture(scope="session")
@@ -48,3 +49,32 @@ def _no_real_hub(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
     monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.pop("HF_TOKEN", None)
+
+
+@pytest.fixture(scope="session")
+def built(demo_cache: DemoPaths, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """One full build of the demo through the real client over loopback, shared by the tests that
+    need a built data root (read-only: copy ``built["root"]`` before changing anything)."""
+    import dagster as dg
+
+    from pipelines.config import BuildConfig
+    from pipelines.runner import build_all
+
+    base = tmp_path_factory.mktemp("built")
+    home = base / "dagster_home"
+    old = os.environ.get("DAGSTER_HOME")
+    os.environ["DAGSTER_HOME"] = str(home)
+    try:
+        with HubServer(demo_cache.upstream, repo_id=demo_cache.repo_id, revision=demo_cache.revision) as hub:
+            config = BuildConfig(
+                profile_path=str(demo_cache.profile), data_root=str(base / "root"), endpoint=hub.url
+            )
+            summary = build_all(config, concurrency=2)
+            requested = [p for (_, p, _) in hub.request_log]
+        runs = len(dg.DagsterInstance.get().get_runs())
+    finally:
+        if old is None:
+            os.environ.pop("DAGSTER_HOME", None)
+        else:
+            os.environ["DAGSTER_HOME"] = old
+    return {"summary": summary, "root": base / "root", "home": home, "requested": requested, "runs": runs}

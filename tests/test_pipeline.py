@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import dagster as dg
 import pytest
 
 from pipelines.config import BuildConfig
@@ -67,26 +65,6 @@ def test_workspace_module_loads_the_real_profile(monkeypatch: pytest.MonkeyPatch
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "14"
-
-
-@pytest.fixture(scope="session")
-def built(demo_cache: DemoPaths, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """One full build of the demo through the real client over loopback, shared by the tests below."""
-    base = tmp_path_factory.mktemp("built")
-    home = base / "dagster_home"
-    old = os.environ.get("DAGSTER_HOME")
-    os.environ["DAGSTER_HOME"] = str(home)
-    try:
-        with HubServer(demo_cache.upstream, repo_id=demo_cache.repo_id, revision=demo_cache.revision) as hub:
-            summary = build_all(_config(demo_cache, base / "root", hub.url), concurrency=2)
-            requested = [p for (_, p, _) in hub.request_log]
-        runs = len(dg.DagsterInstance.get().get_runs())
-    finally:
-        if old is None:
-            os.environ.pop("DAGSTER_HOME", None)
-        else:
-            os.environ["DAGSTER_HOME"] = old
-    return {"summary": summary, "root": base / "root", "home": home, "requested": requested, "runs": runs}
 
 
 def test_build_end_to_end(built: dict, demo_cache: DemoPaths) -> None:

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from . import build, store
+from . import build, kit, store
 
-COMMAND_MODULES = [build, store]
+COMMAND_MODULES = [build, store, kit]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -10,15 +12,45 @@ from ._common import EXIT_FAILED, eprint, print_json
 
 
 # ----- build -------------------------------------------------------------------------------------
-def _run_line(r: dict[str, Any]) -> None:
-    what = ",".join(r["selection"]) + (f"[{r['partition']}]" if r["partition"] else "")
-    status = "ok" if r["success"] else "FAILED"
-    eprint(f"  run {r['run_id'][:8]} {what}: {status}")
-    for c in r["checks"]:
-        if not c["passed"]:
-            eprint(f"    check {c['asset']}:{c['check']} failed: {c['description']}")
-    for e in r["errors"]:
-        eprint(f"    error in {e['step']}: {e['message'].splitlines()[0] if e['message'] else ''}")
+def _quiet_runs(verbose: bool) -> None:
+    """The runs' own console log (a DEBUG line per event, tracebacks of expected failures) goes away
+    unless --verbose; every event is still recorded in the instance (see the UI)."""
+    if verbose:
+        os.environ.pop("STAGE2_RUN_LOG_LEVEL", None)
+    else:
+        os.environ["STAGE2_RUN_LOG_LEVEL"] = "CRITICAL"
+
+
+def _preflight_endpoint(profile: Any, data_root: Path, endpoint: str) -> None:
+    """Fail in a second, with one line, when archives must be downloaded and the hub does not answer
+    (instead of every archive retrying with backoff). Nothing to download: no network needed."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from ..acquire import archive_state
+    from ..errors import HubError
+
+    todo = [a.path for a in profile.archives if archive_state(data_root, a).state != "verified"]
+    if not todo:
+        return
+    u = urlsplit(endpoint)
+    if not u.hostname:
+        raise HubError(
+            f"--endpoint {endpoint!r} is not a URL.", fix="pass e.g. --endpoint https://huggingface.co"
+        )
+    port = u.port or (443 if u.scheme == "https" else 80)
+    last: OSError | None = None
+    for _ in range(3):
+        try:
+            with socket.create_connection((u.hostname, port), timeout=10):
+                return
+        except OSError as e:
+            last = e
+            time.sleep(0.5)
+    raise HubError(
+        f"hub unreachable at {endpoint} ({type(last).__name__}: {last}); {len(todo)} archive(s) still to download.",
+        fix="check the network and --endpoint (for a loopback hub: is `stage2 serve-hub` running?)",
+    )
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -26,18 +58,30 @@ def cmd_build(args: argparse.Namespace) -> int:
     from pipelines.runner import build_all
 
     from ..profile import load_profile
+    from ..progress import BuildProgress
 
-    load_profile(args.profile, kit_root=args.kit_root)  # fail fast, before any run, on a bad profile
+    profile = load_profile(args.profile, kit_root=args.kit_root)  # fail fast on a bad profile
+    data_root = Path(args.data_root).resolve()
+    if not args.hub_folder:
+        _preflight_endpoint(profile, data_root, args.endpoint)
     config = BuildConfig(
         profile_path=str(Path(args.profile).resolve()),
-        data_root=str(Path(args.data_root).resolve()),
+        data_root=str(data_root),
         endpoint=args.endpoint,
         kit_root=str(Path(args.kit_root).resolve()) if args.kit_root else None,
         hub_folder=str(Path(args.hub_folder).resolve()) if args.hub_folder else None,
         token_env_var=args.token_env,
         reverify=args.reverify,
     )
-    summary = build_all(config, concurrency=args.concurrency, on_run=None if args.json else _run_line)
+    _quiet_runs(args.verbose)
+    progress = None if args.json or args.no_progress else BuildProgress(profile)
+    try:
+        summary = build_all(
+            config, concurrency=args.concurrency, on_run=progress.on_run if progress else None
+        )
+    finally:
+        if progress:
+            progress.close()
     if args.json:
         print_json(summary)
     else:
@@ -62,7 +106,10 @@ def print_build_summary(s: dict[str, Any]) -> None:
             if not c["passed"]:
                 part = f"[{c['partition']}]" if c.get("partition") else ""
                 print(f"  failed check {c['asset']}{part}:{c['check']}: {c['description']}")
+        said = {(c.get("partition"), c["description"]) for c in checks if not c["passed"]}
         for e in s["errors"]:
+            if (e.get("partition"), e["message"]) in said:
+                continue  # the failed check above already says it
             part = f"[{e['partition']}]" if e.get("partition") else ""
             print(f"  error {e['step']}{part}: {e['message']}")
     print(f"UI:           DAGSTER_HOME={s['dagster_home']} make ui   (then open http://127.0.0.1:3000)")
@@ -87,6 +134,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     from ..demo import generate_demo
     from ..hubserver import HubServer
+    from ..profile import load_profile
+    from ..progress import BuildProgress
 
     out = Path(args.out).resolve()
     demo = generate_demo(out / "demo", full_cardinality=args.full_cardinality)
@@ -95,7 +144,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     with HubServer(demo.upstream, repo_id=demo.repo_id, revision=demo.revision) as server:
         eprint(f"loopback hub serving {demo.upstream} at {server.url}")
         config = BuildConfig(profile_path=str(demo.profile), data_root=str(data_root), endpoint=server.url)
-        summary = build_all(config, on_run=None if args.json else _run_line)
+        _quiet_runs(args.verbose)
+        progress = None if args.json else BuildProgress(load_profile(demo.profile))
+        try:
+            summary = build_all(config, on_run=progress.on_run if progress else None)
+        finally:
+            if progress:
+                progress.close()
     if args.json:
         print_json(summary)
     else:
@@ -137,6 +192,10 @@ def _add_build_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--reverify", action="store_true", help="re-hash archives already verified")
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    p.add_argument(
+        "--no-progress", action="store_true", help="no progress display (automatic when not a terminal or CI)"
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="also print the Dagster runs' own event log")
 
 
 def register(sub: Any) -> None:
@@ -160,7 +219,8 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--full-cardinality", action="store_true", help="the real profile's counts with tiny payloads"
     )
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    p.add_argument("-v", "--verbose", action="store_true", help="also print the Dagster runs' own event log")
     p.set_defaults(func=cmd_demo)
     p = sub.add_parser(
         "serve-hub",

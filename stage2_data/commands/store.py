@@ -1,61 +1,233 @@
-"""validate, summary, merge: read-only and derived operations on a VIN offline store."""
+"""validate, summary, merge: read-only and derived operations on a VIN offline store.
+
+Every command opens the store with the strict reader first: a store of another format/version is
+refused in one line (found vs expected, and the command that rebuilds it), exit 2.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
-from ._common import EXIT_FAILED, print_json
+from ._common import EXIT_ERROR, EXIT_FAILED, eprint, print_json
+
+STORE_EXAMPLE = ".demo/data/stores/stage2_core_v1_demo/current"
 
 
-# ----- store commands ----------------------------------------------------------------------------
+def _human(n: Any) -> str:
+    if not isinstance(n, int | float):
+        return "-"
+    x = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(x) < 1024 or unit == "TiB":
+            return f"{int(x)} B" if unit == "B" else f"{x:.1f} {unit}"
+        x /= 1024
+    return f"{x:.1f} TiB"  # pragma: no cover
+
+
+def _table(header: list[str], rows: list[list[Any]], right: set[int] | None = None) -> list[str]:
+    right = right if right is not None else set(range(1, len(header)))
+    cells = [[str(c) for c in header]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+
+    def fmt(r: list[str]) -> str:
+        return "  ".join(
+            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        )
+
+    return [fmt(cells[0]), "  ".join("-" * w for w in widths)] + [fmt(r) for r in cells[1:]]
+
+
+# ----- validate ------------------------------------------------------------------------------------
 def cmd_validate(args: argparse.Namespace) -> int:
+    from ..errors import StoreError
     from ..store import VinOfflineStoreReader, validate_vin_offline_store
 
-    VinOfflineStoreReader(Path(args.store))  # strict open: version / missing manifest raise with the fix
-    problems = validate_vin_offline_store(Path(args.store), deep=args.deep)
+    store = Path(args.store)
+    try:
+        VinOfflineStoreReader(store)  # strict open: version / missing manifest refused with the fix
+    except StoreError as err:
+        if not args.json:
+            raise  # the CLI prints "stage2 validate: error: <what> Fix: <command>" and exits 2
+        eprint(f"stage2 validate: error: {err}")
+        print_json(
+            {
+                "store": str(store),
+                "deep": args.deep,
+                "ok": False,
+                "opened": False,
+                "error": type(err).__name__,
+                "message": err.message,
+                "fix": err.fix,
+                "problems": [str(err)],
+            }
+        )
+        return EXIT_ERROR
+    problems = validate_vin_offline_store(store, deep=args.deep)
     if args.json:
-        print_json({"store": args.store, "deep": args.deep, "ok": not problems, "problems": problems})
+        print_json(
+            {"store": str(store), "deep": args.deep, "ok": not problems, "opened": True, "problems": problems}
+        )
     elif problems:
-        print(f"store {args.store} is INVALID: {len(problems)} problem(s)")
+        print(f"store {store} is INVALID: {len(problems)} problem(s)")
         for p in problems:
             print(f"  - {p}")
     else:
-        print(f"store {args.store} is valid" + (" (deep: every file re-hashed)" if args.deep else ""))
+        print(
+            f"store {store} is valid"
+            + (" (deep: every file re-hashed, fingerprint recomputed)" if args.deep else "")
+        )
     return 0 if not problems else EXIT_FAILED
 
 
-def cmd_summary(args: argparse.Namespace) -> int:
-    from ..store import VinOfflineStoreReader, collect_vin_offline_dataset_stats
+# ----- summary -------------------------------------------------------------------------------------
+BYTE_BLOCKS = ("frames", "num_frames", "actions/aligned", "actions/width")
 
-    VinOfflineStoreReader(Path(args.store))
-    stats = collect_vin_offline_dataset_stats(Path(args.store))
+
+def summary_document(store: Path) -> dict[str, Any]:
+    """The stats of :func:`collect_vin_offline_dataset_stats` plus a per-block bytes table
+    (estimated uncompressed payload, stored uncompressed with padding, on disk)."""
+    from ..store import collect_vin_offline_dataset_stats
+
+    st = collect_vin_offline_dataset_stats(store)
+    b = st["bytes"]
+    payload = b.get("payload_uncompressed") or {}
+    stored = b.get("stored_uncompressed") or {}
+    on_disk = b.get("on_disk") or {}
+    per_block = {
+        name: {
+            "estimated_uncompressed": payload.get(name),
+            "stored_uncompressed": stored.get(name),
+            "on_disk": on_disk.get(name),
+        }
+        for name in BYTE_BLOCKS
+    }
+    per_block["metadata"] = {
+        "estimated_uncompressed": None,
+        "stored_uncompressed": None,
+        "on_disk": int(on_disk.get("group_metadata", 0)) + int(on_disk.get("metadata_files", 0)),
+    }
+    per_block["total"] = {
+        "estimated_uncompressed": payload.get("total"),
+        "stored_uncompressed": stored.get("total"),
+        "on_disk": on_disk.get("total"),
+    }
+    return {**st, "bytes_per_block": per_block}
+
+
+def print_summary(doc: dict[str, Any]) -> None:
+    prof = doc.get("profile") or {}
+    print(f"store:        {doc['path']}")
+    print(f"format:       {doc['format']} v{doc['version']}")
+    print(f"profile:      {prof.get('name')} ({prof.get('repo_id')}@{str(prof.get('revision'))[:12]})")
+    print(f"fingerprint:  {doc['fingerprint']}")
+    fps = doc["frames_per_sample"]
+    print(
+        f"samples:      {doc['samples']} in {doc['shards']} shards; pairs: {doc['pairs']}; "
+        f"with actions: {doc['with_actions']}"
+    )
+    print(f"frames/sample: min {fps['min']}  mean {fps['mean']:.1f}  max {fps['max']}")
+    print(f"resolutions:  {', '.join(f'{k} ({v})' for k, v in doc['resolutions'].items())}")
+    print()
+    sources = sorted(doc["per_source"])
+    splits = ["train", "val", "test"]
+    pss = doc["per_split_source"]
+    pps = doc.get("pairs_per_split") or {}
+    rows = [
+        [sp, *[pss.get(sp, {}).get(src, 0) for src in sources], doc["per_split"].get(sp, 0), pps.get(sp, 0)]
+        for sp in splits
+    ]
+    rows.append(["total", *[doc["per_source"][src] for src in sources], doc["samples"], doc["pairs"]])
+    for line in _table(["split", *sources, "samples", "pairs"], rows):
+        print(line)
+    print()
+    brows = [
+        [name, _human(v["estimated_uncompressed"]), _human(v["stored_uncompressed"]), _human(v["on_disk"])]
+        for name, v in doc["bytes_per_block"].items()
+    ]
+    for line in _table(["block", "estimated (payload)", "stored (padded)", "on disk"], brows):
+        print(line)
+
+
+def cmd_summary(args: argparse.Namespace) -> int:
+    from ..store import VinOfflineStoreReader
+
+    VinOfflineStoreReader(Path(args.store))  # strict open
+    doc = summary_document(Path(args.store))
     if args.json:
-        print_json(stats)
+        print_json(doc)
     else:
-        for k, v in stats.items():
-            print(f"{k}: {json.dumps(v, sort_keys=True, default=str) if isinstance(v, dict | list) else v}")
+        print_summary(doc)
+    return 0
+
+
+# ----- merge ---------------------------------------------------------------------------------------
+def cmd_merge(args: argparse.Namespace) -> int:
+    from ..store import merge_vin_offline_stores
+
+    m = merge_vin_offline_stores(Path(args.base), Path(args.sidecar), Path(args.out))
+    st = m["stats"]
+    doc = {
+        "ok": True,
+        "store": str(Path(args.out).absolute()),
+        "fingerprint": m["fingerprint"],
+        "samples": st["samples"],
+        "pairs": st["pairs"],
+        "shards": st["shards"],
+        "per_split": st["per_split"],
+        "merged_from": m.get("merged_from"),
+    }
+    if args.json:
+        print_json(doc)
+    else:
+        base_n, side_n = (x["samples"] for x in m["merged_from"])
+        print(f"merged store: {doc['store']}")
+        print(f"fingerprint:  {doc['fingerprint']}")
+        print(f"samples:      {st['samples']} ({base_n} base + {side_n} sidecar) in {st['shards']} shards")
+        print(f"pairs:        {st['pairs']}  per split: {st['per_split']}")
     return 0
 
 
 def register(sub: Any) -> None:
+    raw = argparse.RawDescriptionHelpFormatter
     p = sub.add_parser(
         "validate",
         help="strict, read-only validation of a store",
-        description="Open the store with the strict reader and validate manifest, shards, splits, pairs.",
-        epilog="Example: stage2 validate .demo/data/stores/stage2_core_v1_demo/current --deep",
+        description="Open the store with the strict reader (another format/version is refused with the "
+        "command that rebuilds it, exit 2), then check manifest, shards, arrays, splits, pairs and file sizes; "
+        "every problem is listed (exit 1).",
+        epilog=f"Example:\n  stage2 validate {STORE_EXAMPLE} --deep",
+        formatter_class=raw,
     )
-    p.add_argument("store")
-    p.add_argument("--deep", action="store_true", help="re-hash every file against the manifest")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("store", help="the store folder (or the stores/<profile>/current link)")
+    p.add_argument(
+        "--deep", action="store_true", help="also re-hash every file and recompute the fingerprint"
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object (ok, problems)")
     p.set_defaults(func=cmd_validate)
     p = sub.add_parser(
         "summary",
-        help="counts per split and source, pairs, bytes of a store",
-        epilog="Example: stage2 summary .demo/data/stores/stage2_core_v1_demo/current --json",
+        help="counts per split and source, pairs, frames per sample, bytes per block of a store",
+        description="Counts per split and source, pairs, frames per sample, and bytes per block: "
+        "estimated (uncompressed payload), stored (with padding) and on disk.",
+        epilog=f"Example:\n  stage2 summary {STORE_EXAMPLE} --json",
+        formatter_class=raw,
     )
-    p.add_argument("store")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("store", help="the store folder (or the stores/<profile>/current link)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_summary)
+    p = sub.add_parser(
+        "merge",
+        help="merge a sidecar store (new trajectories only) into a new store",
+        description="Write BASE + SIDECAR into a new store at --out: base shards are linked, sidecar shards "
+        "copied whole (bytes verified), a new manifest, sample index, pairs and splits are written, the result "
+        "is validated like a fresh build and published atomically. Neither input is modified.",
+        epilog="Example:\n  stage2 merge stores/core/current stores/core-sidecar --out stores/core-merged --json",
+        formatter_class=raw,
+    )
+    p.add_argument("base", help="the existing store")
+    p.add_argument("sidecar", help="a store of new trajectories only, built by the same writer")
+    p.add_argument("--out", required=True, help="the new store's folder (not BASE or SIDECAR)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_merge)

@@ -1,0 +1,282 @@
+"""The VIN offline store: build throughput, random-read latency, and build memory.
+
+* ``store_build_vs_np_save``: build a store from ALREADY-DECODED frames vs ``np.save`` of the same
+  arrays. "Already decoded" = each trajectory's frames pre-decoded once (untimed) into an
+  uncompressed ``.npy`` (the writer accepts ``.npy`` frame files: read with a plain copy from the page
+  cache, no inflate), so the figure measures the store writing (copy into the shard buffer, per-row
+  sha256, Blosc, Zarr sharding, per-file sha256, fsync), not zlib. The baseline writes the same
+  arrays (held in memory) with ``np.save``, one file per trajectory; both runs end with their files
+  fsynced (the store always fsyncs: it is published atomically and durably), and the baseline
+  without fsync is reported as well.
+* ``store_read_vs_npz_load``: random-order reads of single samples (``reader.read_frames(i)``) vs
+  ``np.load(npz)["frames"]`` of the same trajectories' upstream compressed ``.npz``; both warm.
+* ``store_build_peak_memory``: peak RSS of a build (a fresh subprocess each, ``ru_maxrss``) for N and
+  4N trajectories from the upstream ``.npz``; flat means within 10%.
+
+Workload: frames (T <= 32, 128, 128, 3) uint8 of synthetic but image-like content (smooth colour
+fields, moving shapes, sensor noise: it compresses like camera frames, not like random bytes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.run import entry
+from stage2_data.store import PairSpec, SampleSpec, VinOfflineStoreReader, VinOfflineWriter
+
+H = W = 128
+TMAX = 32
+PROFILE = {"name": "bench", "repo_id": "bench/processed_datasets", "revision": "b" * 40}
+INPUTS = {"kit/pairs.jsonl": "1" * 64}
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _tid(i: int) -> str:
+    return f"{i:08x}-0000-4000-8000-{i:012x}"
+
+
+def make_frames(i: int, t: int) -> np.ndarray:
+    """Image-like frames: a smooth colour field, a moving square and disc, mild sensor noise."""
+    rng = np.random.default_rng(i)
+    yy, xx = np.mgrid[0:H, 0:W].astype(np.float32)
+    base = np.stack(
+        [
+            127 + 100 * np.sin(xx / (17 + 3 * c) + rng.uniform(0, 6)) * np.cos(yy / (23 + 5 * c))
+            for c in range(3)
+        ],
+        axis=-1,
+    )
+    frames = np.empty((t, H, W, 3), dtype=np.uint8)
+    color = rng.integers(0, 256, size=3)
+    for k in range(t):
+        img = base.copy()
+        x0, y0 = (7 + 3 * k + i) % (W - 24), (11 + 2 * k) % (H - 24)
+        img[y0 : y0 + 24, x0 : x0 + 24] = color
+        img[((yy - 64) ** 2 + (xx - (k * 4) % W) ** 2) < 100] = 255 - color
+        frames[k] = np.clip(img + rng.normal(0, 3, size=img.shape), 0, 255).astype(np.uint8)
+    return frames
+
+
+def make_upstream(
+    root: Path, n: int, *, npy: bool
+) -> tuple[list[SampleSpec], list[PairSpec], list[np.ndarray]]:
+    """n trajectories as upstream compressed .npz (and, if ``npy``, pre-decoded .npy); pairs by twos."""
+    samples, arrays = [], []
+    (root / "npz").mkdir(parents=True, exist_ok=True)
+    if npy:
+        (root / "npy").mkdir(parents=True, exist_ok=True)
+    splits = ("train", "val", "test")
+    for i in range(n):
+        t = TMAX if i % 3 else 16 + i % 16
+        fr = make_frames(i, t)
+        key = _tid(i)
+        npz = root / "npz" / f"trajectory_{key}.npz"
+        np.savez_compressed(npz, frames=fr, shape=np.array(fr.shape, dtype=np.int64), num_frames=np.int64(t))
+        path = npz
+        if npy:
+            path = root / "npy" / f"trajectory_{key}.npy"
+            np.save(path, fr)
+            arrays.append(fr)
+        samples.append(
+            SampleSpec(
+                key,
+                "cache",
+                "bench",
+                "task",
+                "successful",
+                None,
+                True,
+                splits[(i // 2) % 3],
+                path,
+                None,
+                None,
+            )
+        )
+    pairs = [
+        PairSpec(f"p{i:06d}", samples[i].split, "task", samples[i].sample_key, samples[i + 1].sample_key)
+        for i in range(0, n - 1, 2)
+    ]
+    return samples, pairs, arrays
+
+
+def _fsync_tree(root: Path) -> None:
+    for p in root.rglob("*"):
+        if p.is_file():
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def store_build_vs_np_save(workdir: Path) -> list[dict[str, Any]]:
+    n = int(os.environ.get("BENCH_STORE_TRAJ", "720"))  # 720 x ~1.4 MiB = ~1 GiB decoded
+    samples, pairs, arrays = make_upstream(workdir / "up", n, npy=True)
+    decoded = sum(a.nbytes for a in arrays)
+    os.sync()
+    best_ours, best_base, best_base_nosync = float("inf"), float("inf"), float("inf")
+    for rep in range(2):
+        out = workdir / f"store{rep}"
+        t = time.perf_counter()
+        VinOfflineWriter(out, profile=PROFILE, inputs=INPUTS, rows_per_shard=64).write(samples, pairs)
+        best_ours = min(best_ours, time.perf_counter() - t)
+        os.sync()
+        bdir = workdir / f"npsave{rep}"
+        bdir.mkdir()
+        t = time.perf_counter()
+        for s, a in zip(samples, arrays, strict=True):
+            np.save(bdir / f"{s.sample_key}.npy", a)
+        nosync = time.perf_counter() - t
+        _fsync_tree(bdir)
+        best_base = min(best_base, time.perf_counter() - t)
+        best_base_nosync = min(best_base_nosync, nosync)
+        os.sync()
+    on_disk = sum(p.stat().st_size for p in (workdir / "store1").rglob("*") if p.is_file())
+    return [
+        entry(
+            "store_build_vs_np_save",
+            best_ours,
+            "np.save of the same arrays (+fsync)",
+            best_base,
+            2.0,
+            trajectories=n,
+            decoded_bytes=decoded,
+            store_bytes_on_disk=on_disk,
+            ours_MB_per_s=round(decoded / 1e6 / best_ours, 1),
+            baseline_MB_per_s=round(decoded / 1e6 / best_base, 1),
+            baseline_without_fsync_s=round(best_base_nosync, 4),
+            ratio_vs_np_save_without_fsync=round(best_ours / best_base_nosync, 3),
+            input="pre-decoded .npy (untimed decode)",
+        )
+    ]
+
+
+def store_read_vs_npz_load(workdir: Path) -> list[dict[str, Any]]:
+    n = int(os.environ.get("BENCH_STORE_READ_TRAJ", "192"))
+    samples, pairs, _ = make_upstream(workdir / "up", n, npy=False)
+    out = workdir / "store"
+    VinOfflineWriter(out, profile=PROFILE, inputs=INPUTS, rows_per_shard=64).write(samples, pairs)
+    reader = VinOfflineStoreReader(out)
+    by_key = {s.sample_key: s.frames_path for s in samples}
+    order = list(range(reader.num_samples))
+    random.Random(0).shuffle(order)
+    npz_paths = [by_key[reader.sample_index[i]["sample_key"]] for i in order]
+    # warm both (page cache, zarr metadata), then time the best of 3 passes
+    for i in order:
+        reader.read_frames(i)
+    for p in npz_paths:
+        with np.load(p) as z:
+            z["frames"]
+    best_ours = best_base = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        for i in order:
+            reader.read_frames(i)
+        best_ours = min(best_ours, time.perf_counter() - t)
+        t = time.perf_counter()
+        for p in npz_paths:
+            with np.load(p) as z:
+                z["frames"]
+        best_base = min(best_base, time.perf_counter() - t)
+    # equality of what both return (outside the timing)
+    for i, p in zip(order[:8], npz_paths[:8], strict=True):
+        with np.load(p) as z:
+            assert np.array_equal(reader.read_frames(i), z["frames"])
+    return [
+        entry(
+            "store_read_vs_npz_load",
+            best_ours,
+            "np.load(npz)['frames'] of the same trajectories",
+            best_base,
+            0.2,
+            reads=len(order),
+            ours_ms_per_sample=round(1000 * best_ours / len(order), 3),
+            baseline_ms_per_sample=round(1000 * best_base / len(order), 3),
+        )
+    ]
+
+
+_MEM_CHILD = r"""
+import json, pickle, sys
+from pathlib import Path
+from stage2_data.store import VinOfflineWriter
+
+def hwm_kib():
+    # VmHWM: this process's peak RSS. Unlike ru_maxrss it starts afresh at exec (ru_maxrss keeps the
+    # parent's high-water mark across fork+exec, which would hide the build's own peak).
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+a = pickle.loads(Path(sys.argv[1]).read_bytes())
+before = hwm_kib()
+VinOfflineWriter(Path(a["out"]), profile=a["profile"], inputs=a["inputs"], rows_per_shard=64).write(a["samples"], a["pairs"])
+print(json.dumps({"peak_rss_kib": hwm_kib(), "before_kib": before}))
+"""
+
+
+def _peak_build(workdir: Path, samples: list[SampleSpec], pairs: list[PairSpec], tag: str) -> dict[str, int]:
+    import pickle
+
+    args = workdir / f"{tag}.pkl"
+    args.write_bytes(
+        pickle.dumps(
+            {
+                "out": str(workdir / f"store-{tag}"),
+                "profile": PROFILE,
+                "inputs": INPUTS,
+                "samples": samples,
+                "pairs": pairs,
+            }
+        )
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", _MEM_CHILD, str(args)], capture_output=True, text=True, cwd=REPO, check=True
+    )
+    doc: dict[str, int] = json.loads(out.stdout.strip().splitlines()[-1])
+    return doc
+
+
+def store_build_peak_memory(workdir: Path) -> list[dict[str, Any]]:
+    n = int(os.environ.get("BENCH_STORE_MEM_TRAJ", "160"))
+    samples, pairs, _ = make_upstream(workdir / "up", 4 * n, npy=False)
+    small_pairs = [p for p in pairs if int(p.pair_id[1:]) < n - 1]
+    t = time.perf_counter()
+    small = _peak_build(workdir, samples[:n], small_pairs, "n")
+    t_small = time.perf_counter() - t
+    t = time.perf_counter()
+    big = _peak_build(workdir, samples, pairs, "4n")
+    t_big = time.perf_counter() - t
+    growth = big["peak_rss_kib"] / small["peak_rss_kib"]
+    return [
+        {
+            "name": "store_build_peak_memory",
+            "ours_s": round(t_big, 4),
+            "baseline": f"the same build with {n} trajectories (peak RSS)",
+            "baseline_s": round(t_small, 4),
+            "ratio": round(growth, 3),
+            "target": 1.1,
+            "meets_target": growth <= 1.1,
+            "trajectories": [n, 4 * n],
+            "peak_rss_MiB": [round(small["peak_rss_kib"] / 1024, 1), round(big["peak_rss_kib"] / 1024, 1)],
+            "rss_before_build_MiB": [
+                round(small["before_kib"] / 1024, 1),
+                round(big["before_kib"] / 1024, 1),
+            ],
+            "note": "ratio = peak RSS at 4N / peak RSS at N (ours_s/baseline_s are the two build times)",
+        }
+    ]
+
+
+BENCHMARKS = [store_build_vs_np_save, store_read_vs_npz_load, store_build_peak_memory]

@@ -1,0 +1,269 @@
+"""Where a build's steps execute: Dagster's own executors, chosen by ``BuildConfig.executor``.
+
+- ``in_process`` (default): every step in the run's own process (``dg.materialize``).
+- ``multiprocess``: Dagster's multiprocess executor, one child process per step.
+- ``dask``: the dagster-dask executor on a ``dask.distributed`` cluster, one Dask task per step.
+  ``BuildConfig.dask_address`` names the scheduler (``tcp://host:8786``); without it ``build_all``
+  starts a ``LocalCluster`` of worker processes on 127.0.0.1 for the duration of the build.
+- ``k8s``: dagster-k8s ``k8s_job_executor``, one Kubernetes Job (pod) per step, configured from
+  ``deploy/k8s/executor.yaml`` (``STAGE2_K8S_EXECUTOR_CONFIG``); for runs launched in a cluster by
+  the daemon or the UI, not by ``stage2 build`` on a workstation.
+
+Runs stay one per partition whatever the executor, exactly as in the in-process build and as the
+UI, schedules, sensors and backfills launch them: every partition's materialization and check
+results are recorded by its own run, and blocking checks keep their meaning. The executor only
+decides where each run's steps execute. ``build_all`` submits partition runs concurrently, so on
+Dask every archive partition is its own task on the one shared cluster, spread over its workers.
+
+dagster-dask names a Dask task ``<job>.<step>``: the same key for every partition run of one job.
+Dask treats equal keys as one task, so two partition runs in flight on a shared cluster would be
+merged (the second run receives the first run's events and its own partition never executes).
+``stage2_dask_executor`` is dagster-dask's executor with the run id added to the task key, and
+Dagster's run objects passed to the worker as one opaque argument (Dask walks tuples in task
+arguments, and a ``DagsterRun`` with op concurrency, as ``archive_file``'s ``downloads`` pool gives,
+refuses iteration: upstream fails every such run); otherwise the same config schema for
+``existing`` and ``local`` clusters and the same worker function (``query_on_dask_worker``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+
+from .config import REPO_ROOT
+
+EXECUTORS = ("in_process", "multiprocess", "dask", "k8s")
+K8S_EXECUTOR_CONFIG = REPO_ROOT / "deploy" / "k8s" / "executor.yaml"
+
+
+class _Opaque:
+    """Dagster's run objects as one opaque argument: Dask walks tuples (and so NamedTuples) inside
+    task arguments, which Dagster's ``@record`` types refuse (``DagsterRun.run_op_concurrency``)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_Opaque, (self.value,))
+
+
+def _on_worker(dependencies: Any, args: _Opaque) -> list[Any]:
+    """Runs in a Dask worker: dagster-dask's step function (execute the step against the instance)."""
+    from dagster_dask.executor import query_on_dask_worker
+
+    return list(query_on_dask_worker(dependencies, *args.value))
+
+
+def _dask_executor_def() -> dg.ExecutorDefinition:
+    import dask.distributed
+    from dagster._utils import iterate_with_context
+    from dagster_dask.executor import DaskExecutor, get_dask_resource_requirements
+
+    class RunScopedDaskExecutor(DaskExecutor):
+        """dagster-dask's executor; task keys carry the run id so concurrent runs never merge."""
+
+        def execute(self, plan_context: Any, execution_plan: Any) -> Iterator[Any]:
+            from dagster._core.errors import raise_execution_interrupts
+
+            if not plan_context.instance.is_persistent:
+                raise dg.DagsterInvariantViolationError(
+                    "the Dask executor needs a persistent Dagster instance: set DAGSTER_HOME"
+                )
+            if self.cluster_type == "existing":
+                cluster: Any = self.cluster_configuration["address"]
+                owned = None
+            else:
+                from dask.distributed import LocalCluster
+
+                owned = cluster = LocalCluster(**self.build_dict(plan_context.job_name))
+            run_id = plan_context.dagster_run.run_id
+            try:
+                with dask.distributed.Client(cluster) as client:
+                    futures: dict[str, Any] = {}
+                    for level in execution_plan.get_steps_to_execute_by_level():
+                        for step in level:
+                            deps = [futures[k] for inp in step.step_inputs for k in inp.dependency_keys]
+                            futures[step.key] = client.submit(
+                                _on_worker,
+                                deps,
+                                _Opaque(
+                                    (
+                                        plan_context.reconstructable_job,
+                                        plan_context.dagster_run,
+                                        plan_context.run_config,
+                                        [step.key],
+                                        plan_context.instance.get_ref(),
+                                        execution_plan.known_state,
+                                    )
+                                ),
+                                key=f"{plan_context.job_name}.{step.key}.{run_id}",
+                                resources=get_dask_resource_requirements(step.tags),
+                            )
+                    done = dask.distributed.as_completed(list(futures.values()), with_results=True)
+                    for _future, events in iterate_with_context(raise_execution_interrupts, done):
+                        yield from events
+            finally:
+                if owned is not None:
+                    owned.close()
+
+    @dg.executor(
+        name="stage2_dask",
+        requirements=dg.multiple_process_executor_requirements(),
+        config_schema={
+            "cluster": dg.Field(
+                dg.Selector(
+                    {
+                        "existing": dg.Field(
+                            {"address": dg.StringSource}, description="Connect to a running scheduler."
+                        ),
+                        "local": dg.Field(
+                            dg.Permissive(), is_required=False, description="LocalCluster parameters."
+                        ),
+                    }
+                )
+            )
+        },
+    )
+    def stage2_dask_executor(init_context: dg.InitExecutorContext) -> dg.Executor:
+        ((cluster_type, cluster_config),) = init_context.executor_config["cluster"].items()
+        return RunScopedDaskExecutor(cluster_type, cluster_config)
+
+    return stage2_dask_executor
+
+
+def _load_yaml(path: Path) -> dict[str, Any]:
+    import yaml
+
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise dg.DagsterInvariantViolationError(
+            f"executor config {path} does not exist; set STAGE2_K8S_EXECUTOR_CONFIG to deploy/k8s/executor.yaml"
+        ) from None
+    if not isinstance(doc, dict):
+        raise dg.DagsterInvariantViolationError(f"{path}: expected a mapping of executor config")
+    return doc
+
+
+def k8s_executor_config(path: Path | None = None) -> dict[str, Any]:
+    """The ``k8s_job_executor`` config of ``deploy/k8s/executor.yaml`` (its ``execution.config``)."""
+    path = Path(path or os.environ.get("STAGE2_K8S_EXECUTOR_CONFIG") or K8S_EXECUTOR_CONFIG)
+    doc = _load_yaml(path)
+    try:
+        return dict(doc["execution"]["config"])
+    except (KeyError, TypeError):
+        raise dg.DagsterInvariantViolationError(
+            f"{path}: expected `execution: config: {{...}}` (the k8s_job_executor config)"
+        ) from None
+
+
+def executor_def(executor: str) -> dg.ExecutorDefinition:
+    """The (unconfigured) executor definition for ``executor``; its config goes in the run config."""
+    if executor == "in_process":
+        return dg.in_process_executor
+    if executor == "multiprocess":
+        return dg.multiprocess_executor
+    if executor == "dask":
+        return _dask_executor_def()
+    if executor == "k8s":
+        from dagster_k8s import k8s_job_executor
+
+        return k8s_job_executor
+    raise ValueError(f"executor {executor!r} is not one of {', '.join(EXECUTORS)}")
+
+
+def executor_run_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``execution`` part of the run config for a build config (as a dict)."""
+    executor = config.get("executor") or "in_process"
+    if executor == "multiprocess":
+        return {"execution": {"config": {"max_concurrent": int(config.get("max_concurrent") or 0)}}}
+    if executor == "dask":
+        address = config.get("dask_address")
+        cluster: dict[str, Any] = (
+            {"existing": {"address": address}}
+            if address
+            else {"local": {"n_workers": 2, "processes": True, "host": "127.0.0.1", "dashboard_address": None}}
+        )
+        return {"execution": {"config": {"cluster": cluster}}}
+    if executor == "k8s":
+        return {"execution": {"config": k8s_executor_config()}}
+    return {}
+
+
+def job_name(selection: list[str]) -> str:
+    from .runner import FINAL_STAGE
+
+    return "build_kit_and_store" if selection == FINAL_STAGE else "build_" + "__".join(selection)
+
+
+def build_job(config: dict[str, Any], selection: list[str]) -> dg.JobDefinition:
+    """Reconstructor (module-level, importable in every worker): the asset job for ``selection``
+    with the executor named by ``config["executor"]`` and the build's resources."""
+    from .config import BuildConfig
+    from .definitions import build_definitions
+
+    cfg = BuildConfig(**config)
+    base = build_definitions(cfg)
+    job = dg.define_asset_job(
+        job_name(selection),
+        selection=dg.AssetSelection.assets(*selection),
+        executor_def=executor_def(cfg.executor),
+        tags={"stage2/executor": cfg.executor},
+    )
+    defs = dg.Definitions(assets=list(base.assets or []), resources=dict(base.resources or {}), jobs=[job])
+    return defs.resolve_job_def(job.name)
+
+
+def execute_selection(
+    config: dict[str, Any],
+    selection: list[str],
+    partition_key: str | None,
+    instance: dg.DagsterInstance,
+    *,
+    log_level: str | None = None,
+) -> Any:
+    """One run of ``selection`` (one partition) on the configured executor, recorded in ``instance``."""
+    recon = dg.build_reconstructable_job(
+        "pipelines.executors",
+        "build_job",
+        reconstructable_kwargs={"config": dict(config), "selection": list(selection)},
+        reconstructor_working_directory=str(REPO_ROOT),
+    )
+    tags = {"stage2/cli": "build"}
+    if partition_key is not None:
+        tags["dagster/partition"] = partition_key
+    run_config = executor_run_config(config)
+    if log_level:
+        run_config["loggers"] = {"console": {"config": {"log_level": log_level}}}
+    return dg.execute_job(recon, instance, run_config=run_config, tags=tags, raise_on_error=False)
+
+
+@contextmanager
+def local_dask_cluster(n_workers: int = 2) -> Iterator[str]:
+    """A ``dask.distributed`` scheduler and ``n_workers`` worker processes (one thread each) on
+    127.0.0.1 for the duration of a build; yields the scheduler address."""
+    from dask.distributed import LocalCluster
+
+    with LocalCluster(
+        n_workers=n_workers,
+        processes=True,
+        threads_per_worker=1,  # Dagster steps are not thread-safe
+        host="127.0.0.1",
+        dashboard_address=None,
+    ) as cluster:
+        yield cluster.scheduler_address
+
+
+def dask_worker_slots(address: str) -> int:
+    """How many steps the cluster runs at once (sum of worker threads)."""
+    from dask.distributed import Client
+
+    with Client(address, timeout=30) as client:
+        return sum(client.nthreads().values())

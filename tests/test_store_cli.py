@@ -1,0 +1,379 @@
+"""The store's CLI (summary, validate, merge), the version refusal's rebuild command run for real,
+stale temp folders of killed builds, and the vin_store asset's metadata across materializations."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_store import INPUTS, PROFILE, Upstream, build, make_upstream
+
+from stage2_data import layout
+from stage2_data.cli import main
+from stage2_data.errors import StoreNotFoundError
+from stage2_data.profile import load_profile
+from stage2_data.store import (
+    VinOfflineStoreReader,
+    rebuild_command,
+    stale_temp_dirs,
+    store_fingerprint,
+    validate_vin_offline_store,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+
+
+def run_cli(
+    *argv: str, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "stage2_data.cli", *argv],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory: pytest.TempPathFactory) -> Upstream:
+    return make_upstream(tmp_path_factory.mktemp("cli-upstream"), range(1, 13), seed=3)
+
+
+@pytest.fixture(scope="module")
+def small_store(tmp_path_factory: pytest.TempPathFactory, up: Upstream) -> Path:
+    out = tmp_path_factory.mktemp("cli-store") / "store"
+    build(out, up)
+    return out
+
+
+# ----- summary ---------------------------------------------------------------------------------------
+def test_summary_table_and_json(small_store: Path, up: Upstream, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["summary", str(small_store), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    per_split = {sp: sum(s.split == sp for s in up.samples) for sp in ("train", "val", "test")}
+    assert doc["samples"] == len(up.samples) and doc["pairs"] == len(up.pairs)
+    assert doc["per_split"] == per_split
+    assert doc["per_source"] == {"autoeval": 6, "racer": 6}
+    assert sum(doc["per_split_source"]["train"].values()) == per_split["train"]
+    nfs = [f.shape[0] for f in up.frames.values()]
+    assert (doc["frames_per_sample"]["min"], doc["frames_per_sample"]["max"]) == (min(nfs), max(nfs))
+    blocks = doc["bytes_per_block"]
+    assert blocks["frames"]["estimated_uncompressed"] == sum(f.nbytes for f in up.frames.values())
+    assert blocks["frames"]["stored_uncompressed"] >= blocks["frames"]["estimated_uncompressed"]
+    assert blocks["frames"]["on_disk"] > 0 and blocks["total"]["on_disk"] == doc["bytes"]["on_disk"]["total"]
+    assert blocks["total"]["on_disk"] == sum(p.stat().st_size for p in small_store.rglob("*") if p.is_file())
+
+    assert main(["summary", str(small_store)]) == 0
+    text = capsys.readouterr().out
+    lines = text.splitlines()
+    assert f"fingerprint:  {doc['fingerprint']}" in lines
+    assert any(line.startswith("frames/sample: min") for line in lines)
+    header = next(line for line in lines if line.startswith("split"))
+    assert header.split() == ["split", "autoeval", "racer", "samples", "pairs"]
+    total = next(line for line in lines if line.startswith("total "))
+    assert total.split() == ["total", "6", "6", str(len(up.samples)), str(len(up.pairs))]
+    train = next(line for line in lines if line.startswith("train "))
+    assert train.split()[-2:] == [str(per_split["train"]), str(doc["pairs_per_split"].get("train", 0))]
+    bhead = next(line for line in lines if line.startswith("block"))
+    assert "estimated (payload)" in bhead and "on disk" in bhead
+    assert any(line.startswith("actions/aligned ") for line in lines)
+
+
+def test_help_has_an_example_each(capsys: pytest.CaptureFixture[str]) -> None:
+    for cmd in ("summary", "validate", "merge"):
+        with pytest.raises(SystemExit) as ei:
+            main([cmd, "--help"])
+        assert ei.value.code == 0
+        out = capsys.readouterr().out
+        assert f"Example:\n  stage2 {cmd} " in out, out
+
+
+# ----- validate --------------------------------------------------------------------------------------
+def test_validate_valid_invalid_and_deep(
+    small_store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["validate", str(small_store), "--deep"]) == 0
+    assert "is valid (deep" in capsys.readouterr().out
+    s = tmp_path / "s"
+    shutil.copytree(small_store, s)
+    victim = next(p for p in sorted((s / "shards").rglob("*")) if p.is_file() and "/frames/c/" in str(p))
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    victim.write_bytes(bytes(data))
+    assert main(["validate", str(s)]) == 0  # same size: only --deep can see it
+    capsys.readouterr()
+    assert main(["validate", str(s), "--deep", "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ok"] is False and doc["opened"] is True
+    assert any(str(victim) in p and "sha256" in p for p in doc["problems"])
+    (s / "splits" / "val.npy").unlink()
+    assert main(["validate", str(s)]) == 1
+    out = capsys.readouterr().out
+    assert "INVALID" in out and "val.npy: missing split file" in out
+    (s / "manifest.json").unlink()
+    assert main(["validate", str(s), "--json"]) == 2
+    cap = capsys.readouterr()
+    doc = json.loads(cap.out)
+    assert doc["ok"] is False and doc["opened"] is False and doc["error"] == "StoreNotFoundError"
+    assert "incomplete or not a store" in cap.err
+
+
+def test_version_refusal_small_store_json(small_store: Path, tmp_path: Path) -> None:
+    s = tmp_path / "s"
+    shutil.copytree(small_store, s)
+    m = json.loads((s / "manifest.json").read_text())
+    m["version"] = 999
+    (s / "manifest.json").write_text(json.dumps(m))
+    r = run_cli("validate", str(s), "--json")
+    assert r.returncode == 2
+    doc = json.loads(r.stdout)
+    assert doc["message"] == "Unsupported VIN offline store version: 999. Expected 1."
+    assert doc["fix"].endswith(rebuild_command(s, m))
+    r = run_cli("summary", str(s))
+    assert r.returncode == 2 and r.stdout == ""
+    assert "Unsupported VIN offline store version: 999. Expected 1." in r.stderr
+
+
+# ----- merge -----------------------------------------------------------------------------------------
+def test_merge_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base_up = make_upstream(tmp_path / "u1", range(1, 9), seed=5)
+    side_up = make_upstream(tmp_path / "u2", range(30, 35), seed=6)
+    base, side, out = tmp_path / "base", tmp_path / "side", tmp_path / "merged"
+    build(base, base_up)
+    build(side, side_up, rows_per_shard=2)
+    base_fp = json.loads((base / "manifest.json").read_text())["fingerprint"]
+    assert main(["merge", str(base), str(side), "--out", str(out), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ok"] is True and doc["samples"] == 13 and doc["store"] == str(out)
+    assert [x["role"] for x in doc["merged_from"]] == ["base", "sidecar"]
+    assert validate_vin_offline_store(out, deep=True) == []
+    assert VinOfflineStoreReader(out).manifest["fingerprint"] == doc["fingerprint"] == store_fingerprint(out)
+    assert json.loads((base / "manifest.json").read_text())["fingerprint"] == base_fp
+    # the output may not be an input: one line, exit 2, nothing changed
+    r = run_cli("merge", str(base), str(side), "--out", str(base))
+    assert r.returncode == 2 and "immutable" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    # a sidecar that repeats base trajectories is refused, naming the overlap
+    assert main(["merge", str(base), str(base), "--out", str(tmp_path / "m2")]) == 2
+    assert "sample keys are in both stores" in capsys.readouterr().err
+    assert not (tmp_path / "m2").exists()
+
+
+# ----- killed builds ---------------------------------------------------------------------------------
+CHILD = r"""
+import pickle, sys, time
+from pathlib import Path
+from stage2_data.store import VinOfflineWriter
+
+args = pickle.loads(Path(sys.argv[1]).read_bytes())
+marker = Path(sys.argv[2])
+
+def progress(n):
+    marker.write_text("one shard written")
+    time.sleep(120)  # a long build: the parent kills us here with SIGKILL
+
+VinOfflineWriter(Path(args["out"]), profile=args["profile"], inputs=args["inputs"], rows_per_shard=2,
+                 progress=progress).write(args["samples"], args["pairs"])
+"""
+
+
+def _fake_owned(parent: Path, name: str, kind: str, pid: int, start: int) -> Path:
+    import hashlib
+    import socket
+
+    host = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+    d = parent / f".{name}.{kind}-{pid}-{start}-{host}-abcdef012345"
+    d.mkdir()
+    (d / "junk").write_bytes(b"x" * 10)
+    return d
+
+
+def test_sigkilled_build_leaves_previous_store_and_next_build_cleans_up(
+    small_store: Path, up: Upstream, tmp_path: Path
+) -> None:
+    out = tmp_path / "store"
+    shutil.copytree(small_store, out)
+    before = json.loads((out / "manifest.json").read_text())
+    args = tmp_path / "args.pkl"
+    args.write_bytes(
+        pickle.dumps(
+            {"out": str(out), "profile": PROFILE, "inputs": INPUTS, "samples": up.samples, "pairs": up.pairs}
+        )
+    )
+    marker = tmp_path / "marker"
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(args), str(marker)], cwd=REPO)
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert child.poll() is None, "the writer exited before it was killed"
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        staging = [p for p in tmp_path.iterdir() if p.name.startswith(".store.tmp-")]
+        assert len(staging) == 1 and staging[0].name.startswith(f".store.tmp-{child.pid}-")
+        assert stale_temp_dirs(out) == []  # its writer is alive: not stale
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.wait(timeout=30)
+    assert child.returncode == -signal.SIGKILL
+    half = staging[0]
+    assert (half / "shards" / "shard-000000").is_dir() and not (half / "manifest.json").exists()
+    with pytest.raises(StoreNotFoundError):  # no half store is accepted
+        VinOfflineStoreReader(half)
+    assert validate_vin_offline_store(half) == [
+        f"{half / 'manifest.json'}: missing (incomplete or not a store)"
+    ]
+    # the previous store is intact
+    assert json.loads((out / "manifest.json").read_text()) == before
+    assert validate_vin_offline_store(out, deep=True) == []
+    assert stale_temp_dirs(out) == [half]
+
+    # other leftovers: a dead writer's moved-aside old store (stale), a live writer's staging (kept),
+    # a reused pid (same pid, another start time: stale), another store's staging (not ours to touch)
+    dead_old = _fake_owned(tmp_path, "store", "old", child.pid, 1)
+    live = _fake_owned(tmp_path, "store", "tmp", os.getpid(), _start_time(os.getpid()))
+    reused = _fake_owned(tmp_path, "store", "tmp", os.getpid(), _start_time(os.getpid()) + 1)
+    other = _fake_owned(tmp_path, "other", "tmp", child.pid, 1)
+    assert set(stale_temp_dirs(out)) == {half, dead_old, reused}
+
+    m = build(out, up, rows_per_shard=4)  # the next build cleans up and succeeds
+    assert not half.exists() and not dead_old.exists() and not reused.exists()
+    assert live.exists() and other.exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".store.")) == [live.name]
+    assert VinOfflineStoreReader(out).manifest["fingerprint"] == m["fingerprint"] != before["fingerprint"]
+    assert validate_vin_offline_store(out, deep=True) == []
+
+
+def _start_time(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+# ----- the real pipeline: version refusal -> the printed command rebuilds; metadata; no rebuild -------
+def _offline_env(tmp_path: Path) -> dict[str, str]:
+    """The environment of a user's shell, with every proxy pointing at a closed port: any attempt to
+    reach a hub (the default endpoint is the real one) fails, so a passing build proves none was made."""
+    env = {k: v for k, v in os.environ.items() if k.upper() not in ("NO_PROXY", "DAGSTER_HOME")}
+    env.update(
+        {
+            "PATH": f"{VENV_BIN}{os.pathsep}{env.get('PATH', '/usr/bin:/bin')}",
+            "HTTP_PROXY": "http://127.0.0.1:9",
+            "HTTPS_PROXY": "http://127.0.0.1:9",
+            "http_proxy": "http://127.0.0.1:9",
+            "https_proxy": "http://127.0.0.1:9",
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+            "HOME": str(tmp_path / "home"),
+        }
+    )
+    env.pop("no_proxy", None)
+    return env
+
+
+@pytest.fixture(scope="module")
+def refused_then_rebuilt(built: dict, demo_cache: Any, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    assert built["summary"]["ok"], built["summary"]["errors"]
+    tmp = tmp_path_factory.mktemp("refused")
+    root = tmp / "root"
+    shutil.copytree(built["root"], root, symlinks=True, ignore=shutil.ignore_patterns(".dagster"))
+    prof = load_profile(demo_cache.profile)
+    current = layout.current_store_path(root, prof.name)
+    store = current.resolve()
+    mpath = store / "manifest.json"
+    m = json.loads(mpath.read_text())
+    m["version"] = 999
+    mpath.write_text(json.dumps(m))
+    env = _offline_env(tmp)
+    refusal = run_cli("validate", str(current), env=env)
+    cmd = rebuild_command(current, m)
+    rebuild = subprocess.run(shlex.split(cmd), capture_output=True, text=True, cwd=tmp, env=env, timeout=600)
+    return {
+        "root": root,
+        "store": store,
+        "current": current,
+        "profile": prof,
+        "refusal": refusal,
+        "cmd": cmd,
+        "rebuild": rebuild,
+        "fingerprint": built["summary"]["fingerprint"],
+    }
+
+
+def test_version_refusal_prints_the_command_that_rebuilds(
+    refused_then_rebuilt: dict, demo_cache: Any
+) -> None:
+    r = refused_then_rebuilt
+    ref = r["refusal"]
+    assert ref.returncode == 2 and ref.stdout == ""
+    lines = ref.stderr.strip().splitlines()
+    assert len(lines) == 1, ref.stderr
+    assert "Unsupported VIN offline store version: 999. Expected 1." in lines[0]
+    assert lines[0].endswith(r["cmd"])
+    # the command names this data root (where the store lives) and the profile it was built from
+    assert shlex.split(r["cmd"]) == [
+        "stage2",
+        "build",
+        "--profile",
+        str(demo_cache.profile),
+        "--data-root",
+        str(r["root"]),
+    ]
+
+
+def test_the_printed_command_rebuilds_offline(refused_then_rebuilt: dict) -> None:
+    r = refused_then_rebuilt
+    b = r["rebuild"]
+    assert b.returncode == 0, (b.stdout[-3000:], b.stderr[-3000:])
+    reader = VinOfflineStoreReader(r["current"])  # the strict reader opens the rebuilt store
+    assert reader.manifest["version"] == 1
+    assert r["current"].resolve() == r["store"]  # same inputs: the same v<VERSION>-<inputs> folder
+    assert reader.manifest["fingerprint"] == r["fingerprint"]  # content-only: identical to the first build
+    assert validate_vin_offline_store(r["current"], deep=True) == []
+    assert [p.name for p in r["store"].parent.iterdir() if ".tmp-" in p.name or ".old-" in p.name] == []
+
+
+def test_store_metadata_and_unchanged_inputs_do_not_rebuild(
+    refused_then_rebuilt: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dagster as dg
+
+    from pipelines.config import BuildConfig
+    from pipelines.runner import run_selection
+
+    r = refused_then_rebuilt
+    assert r["rebuild"].returncode == 0
+    home = r["root"] / ".dagster"  # the CLI's default instance for that data root
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    cfg = BuildConfig(
+        profile_path=str(r["profile"].profile_path), data_root=str(r["root"]), endpoint="http://127.0.0.1:9"
+    )
+    res = run_selection(cfg.to_dict(), ["vin_store"])
+    assert res["success"], res
+    assert all(c["passed"] for c in res["checks"])
+    instance = dg.DagsterInstance.get()
+    records = instance.fetch_materializations(dg.AssetKey("vin_store"), limit=10).records
+    mds = [rec.asset_materialization.metadata for rec in sorted(records, key=lambda x: x.storage_id)]
+    assert len(mds) == 2
+    first, second = ({k: getattr(v, "value", v) for k, v in md.items()} for md in mds)
+    assert first["rebuilt"] is True  # the tampered store was rebuilt, never reused
+    assert second["rebuilt"] is False  # unchanged inputs: nothing rebuilt
+    assert first["fingerprint"] == second["fingerprint"] == r["fingerprint"]
+    e = r["profile"].expected
+    for md in (first, second):
+        assert md["samples"] == e.unique_frame_files and md["pairs"] == e.pair_rows
+        assert md["version"] == 1 and md["shards"] >= 1
+        total = sum(p.stat().st_size for p in r["store"].rglob("*") if p.is_file())
+        assert md["bytes_on_disk"] == total
+        assert md["bytes_on_disk_per_block"]["frames"] > 0
