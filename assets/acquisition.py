@@ -24,7 +24,12 @@ def build_acquisition_assets(profile: Profile) -> list[Any]:
         description="The pinned profile: repo, full commit, archives with size and sha256, expected totals.",
         kinds={"toml"},
     )
-    def pinned_profile(context: dg.AssetExecutionContext, profile: ProfileResource, hub: HubSourceResource):
+    def pinned_profile(
+        context: dg.AssetExecutionContext,
+        profile: ProfileResource,
+        hub: HubSourceResource,
+        data_root: DataRootResource,
+    ):
         prof = profile.load()
         if hub.revision != prof.source.revision or hub.repo_id != prof.source.repo_id:
             raise dg.Failure(
@@ -33,7 +38,7 @@ def build_acquisition_assets(profile: Profile) -> list[Any]:
                     f"{prof.source.repo_id}@{prof.source.revision}; configure the hub resource from the profile"
                 )
             )
-        yield from run_step("pinned_profile", lambda: build.step_profile(prof))
+        yield from run_step("pinned_profile", lambda: build.step_profile(prof, data_root.root()))
 
     @dg.asset(
         group_name=GROUP,

@@ -18,6 +18,7 @@ from resources import (
 from stage2_data.profile import Profile, load_profile
 
 from .config import BuildConfig
+from .executors import configured_executor
 from .schedules import build_schedules
 from .sensors import build_sensors
 
@@ -92,6 +93,7 @@ def build_definitions(config: BuildConfig | None = None) -> dg.Definitions:
         jobs=list(jobs.values()),
         schedules=build_schedules(profile, jobs),
         sensors=build_sensors(profile, jobs),
+        executor=configured_executor(config),  # STAGE2_EXECUTOR: where the steps run (executors.py)
     )
 
 

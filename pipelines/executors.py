@@ -189,7 +189,9 @@ def executor_run_config(config: Mapping[str, Any]) -> dict[str, Any]:
         cluster: dict[str, Any] = (
             {"existing": {"address": address}}
             if address
-            else {"local": {"n_workers": 2, "processes": True, "host": "127.0.0.1", "dashboard_address": None}}
+            else {
+                "local": {"n_workers": 2, "processes": True, "host": "127.0.0.1", "dashboard_address": None}
+            }
         )
         return {"execution": {"config": {"cluster": cluster}}}
     if executor == "k8s":
@@ -267,3 +269,17 @@ def dask_worker_slots(address: str) -> int:
 
     with Client(address, timeout=30) as client:
         return sum(client.nthreads().values())
+
+
+def configured_executor(config: Any) -> dg.ExecutorDefinition | None:
+    """The default executor of the Definitions (runs launched from the UI, schedules, sensors and
+    backfills) for ``BuildConfig.executor``; ``None`` keeps Dagster's default."""
+    executor = config.executor
+    if executor == "in_process":
+        return None
+    if executor == "dask" and not config.dask_address:
+        raise dg.DagsterInvariantViolationError(
+            "STAGE2_EXECUTOR=dask needs STAGE2_DASK_ADDRESS (the scheduler, e.g. tcp://dask-scheduler:8786)"
+        )
+    exec_config = executor_run_config({"executor": executor, "dask_address": config.dask_address})
+    return executor_def(executor).configured(exec_config["execution"]["config"])

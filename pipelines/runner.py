@@ -143,17 +143,6 @@ def run_partitions(
             if on_done:
                 on_done(out[-1])
         return out
-    if config.get("executor", "in_process") != "in_process":
-        # the executor runs the steps in other processes (Dask workers, step subprocesses); a run's
-        # own process only coordinates, so concurrent runs are threads here, not spawned interpreters
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(max_workers=min(concurrency, len(keys))) as tpool:
-            for res in tpool.map(_pool_run, [(config, [asset], k) for k in keys]):
-                out.append(res)
-                if on_done:
-                    on_done(res)
-        return out
     ctx = mp.get_context("spawn")
     with ProcessPoolExecutor(max_workers=min(concurrency, len(keys)), mp_context=ctx) as pool:
         for res in pool.map(_pool_run, [(config, [asset], k) for k in keys]):

@@ -8,6 +8,7 @@ import dagster as dg
 from resources import AlertsResource
 from stage2_data.profile import Profile
 
+WINDOW = 300.0  # seconds of finished runs re-listed each tick (their ids are in the cursor)
 FINISHED = [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
 
 
@@ -15,27 +16,27 @@ def check_failure_alerts(context: dg.SensorEvaluationContext, alerts: AlertsReso
     """Every failed asset check of every run finished since the cursor becomes one alert.
 
     Walks finished runs by update time (works on every event-log storage, run-sharded SQLite
-    included); the cursor is ``{"ts": <last run update time>, "runs": [run ids at that time]}``."""
+    included). The cursor is ``{"ts": <latest run update time seen>, "runs": {run id: update time}}``
+    for the runs of the last WINDOW seconds, so a run whose record lands late (parallel builds) is
+    still alerted once, and never twice."""
     import datetime as dt
     import json
 
-    cur = json.loads(context.cursor) if context.cursor else {"ts": None, "runs": []}
-    seen = set(cur.get("runs", []))
-    after = dt.datetime.fromtimestamp(cur["ts"], tz=dt.UTC) - dt.timedelta(seconds=1) if cur["ts"] else None
+    cur = json.loads(context.cursor) if context.cursor else {}
+    last_ts: float | None = cur.get("ts")
+    seen: dict[str, float] = dict(cur.get("runs") or {})
+    after = dt.datetime.fromtimestamp(last_ts - WINDOW, tz=dt.UTC) if last_ts is not None else None
     records = context.instance.get_run_records(
         dg.RunsFilter(statuses=FINISHED, updated_after=after), limit=500, ascending=True
     )
-    records = sorted(records, key=lambda r: r.update_timestamp.timestamp())
     sent = 0
-    last_ts: float | None = cur["ts"]
-    for rec in records:
+    for rec in sorted(records, key=lambda r: r.update_timestamp.timestamp()):
         ts = rec.update_timestamp.timestamp()
         run = rec.dagster_run
-        if (last_ts is not None and ts < last_ts) or run.run_id in seen:
+        if run.run_id in seen:
             continue
-        if last_ts is None or ts > last_ts:
-            last_ts, seen = ts, set()
-        seen.add(run.run_id)
+        seen[run.run_id] = ts
+        last_ts = ts if last_ts is None else max(last_ts, ts)
         for entry in context.instance.all_logs(
             run.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION
         ):
@@ -57,7 +58,9 @@ def check_failure_alerts(context: dg.SensorEvaluationContext, alerts: AlertsReso
             if problem:
                 context.log.warning(problem)
             sent += 1
-    context.update_cursor(json.dumps({"ts": last_ts, "runs": sorted(seen)}))
+    if last_ts is not None:
+        seen = {k: v for k, v in seen.items() if v >= last_ts - WINDOW}
+    context.update_cursor(json.dumps({"ts": last_ts, "runs": seen}, sort_keys=True))
     return None if sent else dg.SkipReason("no failed asset checks since the last tick")
 
 

@@ -373,16 +373,38 @@ def _is_extracted(data_root: Path, cache_key: str) -> bool:
     )
 
 
-def required_free_bytes(profile: Profile, data_root: Path) -> int:
-    """Free disk the rest of the build needs: the archive bytes still to download, plus
-    ``EXTRACTION_FACTOR`` x the archive bytes of every cache key not yet extracted.
-    (An unpinned archive counts 0: pin first.)"""
+def required_free_parts(profile: Profile, data_root: Path) -> tuple[int, int]:
+    """(archive bytes still to download, bytes the extraction of every cache key not yet extracted
+    will write: ``EXTRACTION_FACTOR`` x its archive bytes). An unpinned archive counts 0: pin first."""
     remaining = sum(_remaining_download_bytes(data_root, a) for a in profile.archives)
     extraction = 0
     for key, specs in profile.archives_by_cache_key().items():
         if not _is_extracted(data_root, key):
             extraction += int(sum(a.size or 0 for a in specs) * EXTRACTION_FACTOR)
-    return remaining + extraction
+    return remaining, extraction
+
+
+def required_free_bytes(profile: Profile, data_root: Path) -> int:
+    """Free disk the rest of the build needs: the archive bytes still to download, plus
+    ``EXTRACTION_FACTOR`` x the archive bytes of every cache key not yet extracted.
+    (An unpinned archive counts 0: pin first.)"""
+    return sum(required_free_parts(profile, data_root))
+
+
+def require_build_space(profile: Profile, data_root: Path) -> int:
+    """Refuse (DiskSpaceError naming the bytes needed, the bytes free and the data root) when the free
+    disk at ``data_root`` is below what the rest of the build needs; returns the bytes needed."""
+    data_root = Path(data_root)
+    download, extraction = required_free_parts(profile, data_root)
+    needed = download + extraction
+    if needed:
+        require_free_space(
+            data_root,
+            needed,
+            f"the rest of the build of profile {profile.name} ({needed} bytes: {human_bytes(download)} of "
+            f"archives to download + {human_bytes(extraction)} to extract)",
+        )
+    return needed
 
 
 # ----- one download -----------------------------------------------------------------------------------
@@ -420,12 +442,12 @@ class _BlockSink:
     """
 
     def __init__(
-        self, fd: int, offset: int, hasher: Any, *, block: int = BLOCK_SIZE, depth: int = DEPTH
+        self, fd: int, offset: int, hasher: Any, *, block: int | None = None, depth: int | None = None
     ) -> None:
         self._fd = fd
         self._free: queue.SimpleQueue[bytearray] = queue.SimpleQueue()
-        for _ in range(depth):
-            self._free.put(bytearray(block))
+        for _ in range(depth or DEPTH):
+            self._free.put(bytearray(block or BLOCK_SIZE))
         self._start(offset, hasher)
 
     def _start(self, offset: int, hasher: Any) -> None:
@@ -820,7 +842,7 @@ def _get_into(
     url: str,
     sink: _BlockSink,
     state: _Progress,
-    report: Callable[[int], None],
+    report: Callable[..., None],
 ) -> None:
     """One GET from ``sink.received`` to the end of the file, the body streamed into ``sink``."""
     assert spec.size is not None
@@ -871,14 +893,18 @@ def _get_into(
         sock = _raw_socket(response)
         got = 0
         if sock is None:  # the client's own body iterator
-            for chunk in chunks:
-                if got + len(chunk) > want:
-                    raise HubError(
-                        f"the hub at {source.api_endpoint} sent more than the pinned {spec.size} bytes of {spec.path}.",
-                        fix="run `stage2 pin` and check the profile's size for this archive",
-                    )
-                got += len(chunk)
-                report(sink.feed(chunk))
+            try:
+                for chunk in chunks:
+                    if got + len(chunk) > want:
+                        raise HubError(
+                            f"the hub at {source.api_endpoint} sent more than the pinned {spec.size} bytes of {spec.path}.",
+                            fix="run `stage2 pin` and check the profile's size for this archive",
+                        )
+                    got += len(chunk)
+                    report(sink.feed(chunk))
+            except BaseException:
+                report(sink.flush(), quiet=True)  # what arrived before the failure is kept
+                raise
         else:
             # What the client already read past the headers, then the rest straight from the socket
             # into our recycled buffers (no allocation, no copy in Python; the GIL is released).
@@ -893,7 +919,7 @@ def _get_into(
                     n = _recv_block(sock, buf, min(len(buf), want - got), response.request)
                 except _ReadFailed as e:
                     sink.commit(buf, e.got)
-                    report(e.got)
+                    report(e.got, quiet=True)
                     raise e.error from None
                 sink.commit(buf, n)
                 got += n
@@ -940,12 +966,18 @@ def _attempt(
         hasher, resume = hasher_of_prefix(part)
     state.carry = None
 
-    def report(n: int) -> None:
+    def report(n: int, *, quiet: bool = False) -> None:
+        """Count ``n`` bytes handed to the sink; ``quiet``: while another error propagates (the
+        progress callback's own errors are then ignored, and cancellation is not checked)."""
         if n:
             state.received += n
             if progress is not None:
-                progress(n)
-        if cancel is not None and cancel.is_set():
+                if quiet:
+                    with contextlib.suppress(Exception):
+                        progress(n)
+                else:
+                    progress(n)
+        if not quiet and cancel is not None and cancel.is_set():
             raise _Cancelled()
 
     fd = os.open(part, os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
@@ -1155,11 +1187,7 @@ def download_profile(
             fix="build the source from the profile (HubSource.from_profile)",
         )
     _raise_precheck(_precheck(source, profile.archives, profile.quarantined_paths(), profile.archive_paths()))
-    require_free_space(
-        Path(data_root),
-        required_free_bytes(profile, Path(data_root)),
-        f"profile {profile.name} (archives + extraction)",
-    )
+    require_build_space(profile, Path(data_root))
     return download_archives(
         source,
         profile.archives,

@@ -33,7 +33,13 @@ class StepResult:
 
 
 # ----- profile -----------------------------------------------------------------------------------
-def step_profile(profile: Profile) -> StepResult:
+def step_profile(profile: Profile, data_root: Path | None = None) -> StepResult:
+    """With ``data_root``: raises DiskSpaceError (before any download starts) when the free disk there
+    is below what the remaining downloads and the extraction need (``acquire.required_free_bytes``)."""
+    if data_root is not None and not profile.unpinned():
+        from .acquire import require_build_space
+
+        require_build_space(profile, data_root)
     unpinned = profile.unpinned()
     pin_problems = [f"{profile.profile_path}: archive {p!r} has no size/sha256" for p in unpinned]
     pin_fix = f"run `stage2 pin {profile.profile_path}` to fill them from the hub's listing"
@@ -53,6 +59,10 @@ def step_profile(profile: Profile) -> StepResult:
         "cache_dirs": len(profile.cache_keys()),
         "quarantined": len(profile.quarantined),
         "archive_bytes": profile.total_archive_bytes(),
+        "archives_pinned": {
+            "__markdown__": "| archive | cache key | bytes | sha256 |\n|---|---|---:|---|\n"
+            + "\n".join(f"| {a.path} | {a.cache_key} | {a.size} | `{a.sha256}` |" for a in profile.archives)
+        },
     }
     return StepResult(
         md,
@@ -69,9 +79,11 @@ def step_download(
     profile: Profile, source: Any, data_root: Path, path: str, *, reverify: bool = False, progress: Any = None
 ) -> StepResult:
     """Download one archive partition; a sha256 mismatch raises ChecksumMismatchError (after the file is deleted)."""
-    from .acquire import download_archive
+    from .acquire import archive_state, download_archive, require_build_space
 
     spec = profile.archive(path)
+    if spec.pinned and archive_state(data_root, spec).state in ("missing", "partial"):
+        require_build_space(profile, data_root)  # refuses before the download starts
     res = download_archive(
         source, spec, data_root, reverify=reverify, progress=progress, quarantined=profile.quarantined_paths()
     )
@@ -123,6 +135,7 @@ def step_extract(profile: Profile, data_root: Path, cache_key: str, *, progress:
         "rows": rec.rows,
         "total_trajectories": rec.total_trajectories,
         "seconds": round(rec.seconds, 3),
+        "MB/s": _rate(rec.bytes, rec.seconds),
         "layout": rec.layout,
         "path": str(layout.cache_dir(data_root, cache_key)),
     }
@@ -198,6 +211,7 @@ def step_sidecars(profile: Profile, data_root: Path) -> StepResult:
         "files": res.files,
         "bytes": res.bytes,
         "seconds": round(res.seconds, 3),
+        "MB/s": _rate(res.bytes, res.seconds),
         "by_source": {"__markdown__": table},
     }
     return StepResult(
@@ -409,6 +423,7 @@ def store_checks(
         "bytes_on_disk_per_block": ((stats.get("bytes") or {}).get("on_disk") or None),
         "rebuilt": rebuilt,
         "seconds": round(seconds, 3),
+        "MB/s": _rate(stats.get("bytes_on_disk_total") or 0, seconds) if rebuilt else None,
         "per_split": {"__markdown__": _kv_table("split", split_counts)},
         "per_source": {"__markdown__": _kv_table("source", stats.get("per_source", {}) if stats else {})},
     }
@@ -421,6 +436,11 @@ def store_checks(
         ],
         path,
     )
+
+
+def _rate(nbytes: int | float, seconds: float) -> float | None:
+    """MB/s for the UI's metadata (None when unmeasurable)."""
+    return round(nbytes / 1e6 / seconds, 1) if seconds and nbytes else None
 
 
 def _kv_table(name: str, d: dict[str, Any]) -> str:

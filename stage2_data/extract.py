@@ -70,7 +70,9 @@ LAYOUT_MIXED = "mixed"
 TEMP_DIR_RE = re.compile(r"^\.(?P<key>.+)\.(?:tmp|old)-\d+$")
 
 REDOWNLOAD_FIX = (
-    "the archive is not the pinned upstream file: delete it and re-run the build to download it again"
+    "if the archive is not the pinned upstream file, delete it and re-run the build to download it again; "
+    "if it is (its .verified.json record matches the pin), the upstream file itself is bad: list it under "
+    "[[quarantined]] in the profile (or pin another revision) and report it upstream"
 )
 _COPY_CHUNK = 64 * 1024 * 1024  # largest single copy_file_range call (also the progress granularity)
 _BUF_SIZE = 1024 * 1024  # pread/write fallback buffer

@@ -12,7 +12,6 @@ import contextlib
 import hashlib
 import io
 import json
-import operator
 import os
 import re
 import shutil
@@ -30,8 +29,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, NamedTuple
 
+import msgspec
 import numpy as np
-import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -163,82 +162,88 @@ def _iter_json_lines(path: Path, problems: list[str]) -> Iterable[tuple[int, dic
             yield lineno, obj
 
 
-# Fast paths. A kit that is clean (the usual case) is parsed with orjson and checked with the
-# fewest Python operations; on the first anomaly of any kind they return None and the exact parsers
-# below (stdlib json, every check, every message with its line number) run instead. So the result
-# and the problems reported are the same either way; only a clean kit is fast.
-_PAIR_FIELD_SET = frozenset(PAIR_FIELDS)
+# Fast paths. A kit that is clean (the usual case) is decoded line by line by msgspec into typed
+# structs (C-level type checks) and checked column by column; on the first anomaly of any kind they
+# return None and the exact parsers below (stdlib json, every check, every message with its line
+# number) run instead. So the rows and the problems reported are the same either way; only a clean
+# kit is fast.
+class _PairLine(msgspec.Struct, forbid_unknown_fields=True, gc=False):  # str fields only: no cycles
+    pair_id: str
+    split: str
+    task: str
+    chosen_trajectory_id: str
+    chosen_frames_path: str
+    rejected_trajectory_id: str
+    rejected_frames_path: str
 
 
-def _jsonl_objects_fast(path: Path) -> list[dict[str, Any]] | None:
-    """One JSON object per line, every line (no blank line), parsed by orjson; else None."""
+class _ActionLine(msgspec.Struct, gc=False):  # other fields are allowed (ignored), as by the exact parser
+    stage2_trajectory_id: str
+    source: str
+    cache_key: str
+    status: str
+    sidecar_path: str | None = None
+    sidecar_sha256: str | None = None
+
+
+_PAIR_DECODER = msgspec.json.Decoder(_PairLine)
+_ACTION_DECODER = msgspec.json.Decoder(_ActionLine)
+
+
+def _decode_lines_fast(path: Path, decoder: msgspec.json.Decoder[Any]) -> list[Any] | None:
+    """Every line decoded on its own (one JSON object per line, no blank line); else None."""
     try:
         data = path.read_bytes()
     except OSError:
         return None
-    lines = data.split(b"\n")  # CRLF is fine (CR is JSON space); a lone CR fails: exact way
+    if b"\r" in data:  # a CR is a line break for the exact parser: let it count the lines
+        return None
+    lines = data.split(b"\n")
     if lines and not lines[-1]:
         lines.pop()
     try:
-        objs = list(map(orjson.loads, lines))
-    except (orjson.JSONDecodeError, TypeError, ValueError):
+        return list(map(decoder.decode, lines))
+    except msgspec.DecodeError:  # malformed, missing field, wrong type (ValidationError included)
         return None
-    if not all(type(o) is dict for o in objs):
-        return None
-    return objs
 
 
-def _pairs_fast(path: Path) -> list[dict[str, Any]] | None:
+def _pairs_fast(path: Path) -> list[_PairLine] | None:
     """The pair manifest's rows when :func:`load_pairs` would find no problem at all; else None."""
-    objs = _jsonl_objects_fast(path)
-    if objs is None:
+    rows: list[_PairLine] | None = _decode_lines_fast(path, _PAIR_DECODER)
+    if rows is None:
         return None
     match = layout.FRAMES_PATH_RE.match
     splits = layout.SPLITS
     pair_ids: set[str] = set()
     split_of: dict[str, str] = {}
     frames_of: dict[str, str] = {}
-    for o in objs:
-        if o.keys() != _PAIR_FIELD_SET:
-            return None
-        pid, split = o["pair_id"], o["split"]
-        ct, cf = o["chosen_trajectory_id"], o["chosen_frames_path"]
-        rt, rf = o["rejected_trajectory_id"], o["rejected_frames_path"]
-        task = o["task"]
-        if not (
-            type(pid) is str
-            and pid
-            and type(split) is str
-            and type(task) is str
-            and task
-            and type(ct) is str
-            and ct
-            and type(cf) is str
-            and type(rt) is str
-            and rt
-            and type(rf) is str
-        ):
+    for o in rows:
+        pid, split = o.pair_id, o.split
+        if not (pid and o.task and o.chosen_trajectory_id and o.rejected_trajectory_id):
             return None
         if pid in pair_ids or split not in splits:
             return None
         pair_ids.add(pid)
-        for tid, fpath in ((ct, cf), (rt, rf)):
+        for tid, fpath in (
+            (o.chosen_trajectory_id, o.chosen_frames_path),
+            (o.rejected_trajectory_id, o.rejected_frames_path),
+        ):
             m = match(fpath)
             if m is None or m.group("id") != tid:
                 return None
             if frames_of.setdefault(tid, fpath) != fpath or split_of.setdefault(tid, split) != split:
                 return None
-    return objs
+    return rows
 
 
 _HEX_DIGITS = b"0123456789abcdef"
 
 
-def _all_sha256(values: list[Any]) -> bool:
+def _all_sha256(values: Sequence[str]) -> bool:
     """Every value is 64 lowercase hex (C-level passes over all values, not a regex per value)."""
     if not values:
         return True
-    if set(map(type, values)) != {str} or set(map(len, values)) != {64}:
+    if set(map(len, values)) != {64}:
         return False
     try:
         joined = "".join(values).encode("ascii")
@@ -247,19 +252,12 @@ def _all_sha256(values: list[Any]) -> bool:
     return not joined.translate(None, _HEX_DIGITS)
 
 
-def _nonempty_strs(values: Sequence[Any]) -> bool:
-    return set(map(type, values)) <= {str} and all(values)
-
-
-_ACTION_REQUIRED_GETTER = operator.itemgetter(*ACTION_REQUIRED)
-
-
 class _FastActions(NamedTuple):
     file: str
     source: str  # the file's stem, which every row's source equals
-    rows: list[dict[str, Any]]
-    ids: tuple[str, ...]
-    statuses: tuple[str, ...]
+    rows: list[_ActionLine]
+    ids: list[str]
+    statuses: list[str]
 
 
 def _actions_fast(dir: Path) -> list[_FastActions] | None:
@@ -276,23 +274,19 @@ def _actions_fast(dir: Path) -> list[_FastActions] | None:
     all_ids: set[str] = set()
     for path in files:
         stem = path.name[: -len(".jsonl")]
-        objs = _jsonl_objects_fast(path)
-        if objs is None or "/" in stem:
+        rows: list[_ActionLine] | None = _decode_lines_fast(path, _ACTION_DECODER)
+        if rows is None or "/" in stem:
             return None
-        if not objs:
-            out.append(_FastActions(str(path), stem, objs, (), ()))
+        if not rows:
+            out.append(_FastActions(str(path), stem, rows, [], []))
             continue
-        try:
-            tids, sources, cks, statuses = zip(*map(_ACTION_REQUIRED_GETTER, objs), strict=True)
-        except KeyError:  # a required field is missing
+        tids = [r.stage2_trajectory_id for r in rows]
+        statuses = [r.status for r in rows]
+        sources = {r.source for r in rows}
+        cks = [r.cache_key for r in rows]
+        if not (all(tids) and all(statuses) and all(cks) and sources == {stem}):
             return None
-        if not (
-            _nonempty_strs(tids)
-            and _nonempty_strs(statuses)
-            and _nonempty_strs(cks)
-            and set(sources) == {stem}
-            and "/" not in "".join(tids)
-        ):
+        if "/" in "".join(tids):
             return None
         n_ids += len(tids)
         all_ids.update(tids)
@@ -302,9 +296,9 @@ def _actions_fast(dir: Path) -> list[_FastActions] | None:
         expected_sp = [
             prefix + t + ".npz" if st == RECOVERED else None for t, st in zip(tids, statuses, strict=True)
         ]
-        if [o.get("sidecar_path") for o in objs] != expected_sp:
+        if [r.sidecar_path for r in rows] != expected_sp:
             return None
-        shas = [o.get("sidecar_sha256") for o in objs]
+        shas = [r.sidecar_sha256 for r in rows]
         given = [h for h in shas if h is not None]
         if len(given) != len(shas) and None in [
             h for h, st in zip(shas, statuses, strict=True) if st == RECOVERED
@@ -312,7 +306,7 @@ def _actions_fast(dir: Path) -> list[_FastActions] | None:
             return None
         if not _all_sha256(given):
             return None
-        out.append(_FastActions(str(path), stem, objs, tids, statuses))
+        out.append(_FastActions(str(path), stem, rows, tids, statuses))
     return out
 
 
@@ -329,7 +323,19 @@ def load_pairs(path: Path) -> tuple[list[PairRow], list[str]]:
         return rows, [f"{path}: pair manifest does not exist"]
     fast = _pairs_fast(path)
     if fast is not None:
-        return [PairRow(**o, line=i) for i, o in enumerate(fast, start=1)], []
+        return [
+            PairRow(
+                o.pair_id,
+                o.split,
+                o.task,
+                o.chosen_trajectory_id,
+                o.chosen_frames_path,
+                o.rejected_trajectory_id,
+                o.rejected_frames_path,
+                i,
+            )
+            for i, o in enumerate(fast, start=1)
+        ], []
     first_pair_line: dict[str, int] = {}
     # trajectory id -> {split: first line}
     split_lines: dict[str, dict[str, int]] = {}
@@ -411,12 +417,12 @@ def load_action_manifests(dir: Path) -> tuple[list[ActionRow], list[str]]:
     if fast is not None:
         return [
             ActionRow(
-                o["stage2_trajectory_id"],
+                o.stage2_trajectory_id,
                 source,
-                o["cache_key"],
-                o["status"],
-                o.get("sidecar_path"),
-                o.get("sidecar_sha256"),
+                o.cache_key,
+                o.status,
+                o.sidecar_path,
+                o.sidecar_sha256,
                 fname,
                 i,
             )
@@ -1499,8 +1505,8 @@ def link_check(profile: Profile, data_root: Path) -> LinkReport:
         n_pairs = len(pair_objs)
         setdefault = frame_paths.setdefault
         for i, o in enumerate(pair_objs, start=1):
-            setdefault(o["chosen_frames_path"], (o["chosen_trajectory_id"], i))
-            setdefault(o["rejected_frames_path"], (o["rejected_trajectory_id"], i))
+            setdefault(o.chosen_frames_path, (o.chosen_trajectory_id, i))
+            setdefault(o.rejected_frames_path, (o.rejected_trajectory_id, i))
     else:
         pairs, pair_problems = load_pairs(pairs_path)
         problems += pair_problems
@@ -1557,11 +1563,11 @@ def link_check(profile: Profile, data_root: Path) -> LinkReport:
                 resolved[source] = len(named) - len(lost)
             if lost:
                 missing_sidecars += len(lost)
-                for i, o in enumerate(objs, start=1):
-                    sp = o.get("sidecar_path")
+                for i, a in enumerate(objs, start=1):
+                    sp = a.sidecar_path
                     if sp and sp.rpartition("/")[2] in lost:
                         problems.append(
-                            f"{fname}:{i}: trajectory {o['stage2_trajectory_id']} is {RECOVERED!r} but its "
+                            f"{fname}:{i}: trajectory {a.stage2_trajectory_id} is {RECOVERED!r} but its "
                             f"sidecar {derived / sp} is missing"
                         )
         for source, names in on_disk.items():

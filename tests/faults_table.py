@@ -6,6 +6,7 @@ test_faults.py checks that README.md holds exactly this block, so the table cann
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -32,8 +33,13 @@ class FaultRow(Protocol):
     rerun: str
 
 
+_PLACEHOLDER_RE = re.compile(r"<([^<>\s][^<>]*)>")
+
+
 def _cell(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|")
+    """One table cell: one line, ``|`` escaped, ``<placeholder>`` shown as ``‹placeholder›`` (a
+    Markdown renderer would drop it as an unknown HTML tag)."""
+    return _PLACEHOLDER_RE.sub(r"‹\1›", " ".join(text.split())).replace("|", "\\|")
 
 
 def render_faults_table(faults: Iterable[FaultRow]) -> str:

@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from faults_table import readme_block, render_faults_table
+
 from pipelines.config import BuildConfig
 from pipelines.runner import FINAL_STAGE, build_all, run_selection, write_instance_yaml
 from stage2_data import checks as C
@@ -75,7 +75,7 @@ FAULTS: tuple[Fault, ...] = (
         "net_drop",
         "network",
         "the connection drops mid-file",
-        "nothing fails: a warning, then the download resumes with an HTTP Range request",
+        "nothing fails: a warning, then the download resumes with an HTTP Range request (from the last whole 10 MiB chunk the client handed over)",
         "the partial file (archives/.partial/), resumed, then verified",
         "(not needed: the run succeeds)",
     ),
@@ -148,7 +148,7 @@ FAULTS: tuple[Fault, ...] = (
         "arc_absolute",
         "archive",
         "a member with an absolute path",
-        "unsafe archive <name>: member '/…' has an absolute path. Nothing was extracted",
+        "unsafe archive <name>: member '/…' has an absolute path. Nothing was extracted. Fix: … if it is the pinned upstream file, list it under [[quarantined]] and report it upstream",
         "the verified download; no cache directory, no temp folder",
         "the repaired archive (only it) downloads again; the cache key extracts",
     ),
@@ -337,7 +337,7 @@ FAULTS: tuple[Fault, ...] = (
         "two builds started at once on one data root",
         "the second exits 2 at once: data root <dir> is in use by another build: pid N …; fix: wait for it (or kill N)",
         "the first build's work, untouched",
-        "covered by the rerun above",
+        "the rerun of the row above completes (the second build changed nothing)",
     ),
     Fault(
         "proc_disk_full",
@@ -510,7 +510,9 @@ def converge(prepared: Prepared, cfg: dict[str, Any], root: Path, runs: list[tup
         assert r["success"], said(r)
     r = run_selection(cfg, FINAL_STAGE)
     assert r["success"], said(r)
-    manifest = json.loads((layout.current_store_path(root, prepared.profile_name) / "manifest.json").read_text())
+    manifest = json.loads(
+        (layout.current_store_path(root, prepared.profile_name) / "manifest.json").read_text()
+    )
     assert manifest["fingerprint"] == prepared.fingerprint
 
 
@@ -543,9 +545,7 @@ def member(name: str, data: bytes | None = b"x", **kw: Any) -> Member:
     return ti, data
 
 
-def hostile_archive(
-    demo: DemoPaths, key: str, edit: Callable[[list[Member], str], list[Member]]
-) -> str:
+def hostile_archive(demo: DemoPaths, key: str, edit: Callable[[list[Member], str], list[Member]]) -> str:
     """Rewrite the whole tar of ``key`` in the private upstream with ``edit(members, top)`` and
     re-pin the profile; returns the archive's path."""
     path = f"{key}.tar"
@@ -565,7 +565,11 @@ def hostile_archive(
 def test_every_row_has_a_test_and_every_test_a_row() -> None:
     ids = [f.id for f in FAULTS]
     assert len(ids) == len(set(ids))
-    tests = {n.removeprefix("test_fault_") for n, v in globals().items() if n.startswith("test_fault_") and callable(v)}
+    tests = {
+        n.removeprefix("test_fault_")
+        for n, v in globals().items()
+        if n.startswith("test_fault_") and callable(v)
+    }
     assert tests == set(ids)
     assert {f.category for f in FAULTS} <= {"network", "archive", "kit", "profile", "process", "secrets"}
     for f in FAULTS:
@@ -659,7 +663,9 @@ def test_fault_net_bad_revision(prepared: Prepared, demo: DemoPaths, tmp_path: P
         assert run_selection(cfg, ["archive_file"], victim)["success"]
 
 
-def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def _cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "stage2_data.cli", *args],
         capture_output=True,
@@ -711,7 +717,13 @@ def test_fault_net_unreachable(prepared: Prepared) -> None:
 # Archives
 # ================================================================================================
 def _extract_refused(
-    prepared: Prepared, demo: DemoPaths, tmp_path: Path, key: str, paths: list[str], *names: str, check: str | None = None
+    prepared: Prepared,
+    demo: DemoPaths,
+    tmp_path: Path,
+    key: str,
+    paths: list[str],
+    *names: str,
+    check: str | None = None,
 ) -> tuple[dict[str, Any], Path, dict[str, Any]]:
     """Download the (re-pinned) archive(s) of ``key`` and extract them: the extraction must be refused."""
     root = copy_root(prepared, tmp_path / "root")
@@ -745,11 +757,22 @@ def _rerun_archive(demo: DemoPaths, root: Path, saved: dict[Path, bytes], paths:
         assert sorted(resolve_gets(hub)) == sorted(paths)
 
 
-def _unsafe(prepared: Prepared, demo: DemoPaths, tmp_path: Path, extra: Callable[[str], list[Member]], *names: str) -> None:
+def _unsafe(
+    prepared: Prepared, demo: DemoPaths, tmp_path: Path, extra: Callable[[str], list[Member]], *names: str
+) -> None:
     saved = _save(demo.upstream / f"{SMALL}.tar", demo.profile)
     path = hostile_archive(demo, SMALL, lambda ms, top: ms + extra(top))
     _, root, cfg = _extract_refused(
-        prepared, demo, tmp_path, SMALL, [path], f"unsafe archive {path}", "Nothing was extracted", "Fix:", *names
+        prepared,
+        demo,
+        tmp_path,
+        SMALL,
+        [path],
+        f"unsafe archive {path}",
+        "Nothing was extracted",
+        "Fix:",
+        "[[quarantined]]",
+        *names,
     )
     proc = layout.processed_root(root)
     assert not layout.cache_dir(root, SMALL).exists()
@@ -775,7 +798,16 @@ def test_fault_arc_link(prepared: Prepared, demo: DemoPaths, tmp_path: Path) -> 
             member(f"{top}/evil_hard", None, type=tarfile.LNKTYPE, linkname="../../../etc/passwd"),
         ]
 
-    _unsafe(prepared, demo, tmp_path, links, "is a symbolic link", "/etc/passwd", "is a hard link", "links are refused")
+    _unsafe(
+        prepared,
+        demo,
+        tmp_path,
+        links,
+        "is a symbolic link",
+        "/etc/passwd",
+        "is a hard link",
+        "links are refused",
+    )
 
 
 def test_fault_arc_device(prepared: Prepared, demo: DemoPaths, tmp_path: Path) -> None:
@@ -808,7 +840,9 @@ def test_fault_arc_truncated(prepared: Prepared, demo: DemoPaths, tmp_path: Path
     original = f.read_bytes()
     f.write_bytes(original[: len(original) // 2 + 100])
     repin_profile(demo)
-    _, root, _ = _extract_refused(prepared, demo, tmp_path, SMALL, [path], path, "truncated or corrupt", "Fix:", "download it again")
+    _, root, _ = _extract_refused(
+        prepared, demo, tmp_path, SMALL, [path], path, "truncated or corrupt", "Fix:", "download it again"
+    )
     assert not layout.cache_dir(root, SMALL).exists()
     f.write_bytes(original)
     repin_profile(demo)
@@ -835,7 +869,10 @@ def test_fault_arc_missing_part(prepared: Prepared, demo: DemoPaths, tmp_path: P
     refused(r, f"{SPLIT}.tar", "truncated or corrupt", aa, "missing or out of order", "Fix:")
     demo.profile.write_text(good)
     assert not layout.cache_dir(root, SPLIT).exists()
-    assert outside(tmp_path, root) == {**before, "demo/kit/profile.toml": outside(tmp_path, root)["demo/kit/profile.toml"]}
+    assert outside(tmp_path, root) == {
+        **before,
+        "demo/kit/profile.toml": outside(tmp_path, root)["demo/kit/profile.toml"],
+    }
     no_store(root)
     with _hub(demo) as hub:
         cfg = _cfg(demo, root, hub.url)
@@ -870,7 +907,15 @@ def test_fault_arc_parts_order(prepared: Prepared, demo: DemoPaths, tmp_path: Pa
     repin_profile(demo)
     shutil.rmtree(root)
     _, root, _ = _extract_refused(
-        prepared, demo, tmp_path, SPLIT, [aa, ab], f"{SPLIT}.tar", "truncated or corrupt", "out of order", "Fix:"
+        prepared,
+        demo,
+        tmp_path,
+        SPLIT,
+        [aa, ab],
+        f"{SPLIT}.tar",
+        "truncated or corrupt",
+        "out of order",
+        "Fix:",
     )
     (demo.upstream / aa).write_bytes(a_bytes)
     (demo.upstream / ab).write_bytes(b_bytes)
@@ -899,7 +944,15 @@ def test_fault_arc_info_totals(prepared: Prepared, demo: DemoPaths, tmp_path: Pa
     n = len(load_profile(demo.profile).archives_by_cache_key()[SMALL])
     assert n == 1
     r, root, cfg = _extract_refused(
-        prepared, demo, tmp_path, SMALL, [path], SMALL, "dataset_info.json", "total_trajectories", check=C.CACHE_DIR_COUNTS_CONSISTENT
+        prepared,
+        demo,
+        tmp_path,
+        SMALL,
+        [path],
+        SMALL,
+        "dataset_info.json",
+        "total_trajectories",
+        check=C.CACHE_DIR_COUNTS_CONSISTENT,
     )
     # run on its own (as from the UI), the final stage refuses too: nothing is published
     r = run_selection(cfg, FINAL_STAGE)
@@ -912,7 +965,9 @@ def test_fault_arc_info_totals(prepared: Prepared, demo: DemoPaths, tmp_path: Pa
 # ================================================================================================
 # Kit
 # ================================================================================================
-def _final_refused(prepared: Prepared, demo: DemoPaths, tmp_path: Path, *names: str, check: str | None = None) -> tuple[dict[str, Any], Path]:
+def _final_refused(
+    prepared: Prepared, demo: DemoPaths, tmp_path: Path, *names: str, check: str | None = None
+) -> tuple[dict[str, Any], Path]:
     root = copy_root(prepared, tmp_path / "root")
     before = outside(tmp_path, root)
     r = run_selection(_cfg(demo, root), FINAL_STAGE)
@@ -956,7 +1011,10 @@ def _rewrite_sidecar_tar(demo: DemoPaths, edit: Callable[[list[Member]], list[Me
 
 def _kit_files(demo: DemoPaths) -> list[Path]:
     prof = load_profile(demo.profile)
-    files = [prof.kit_file(k) for k in ("pair_manifest", "subset_checksums", "sidecar_archive", "sidecar_archive_sha256")]
+    files = [
+        prof.kit_file(k)
+        for k in ("pair_manifest", "subset_checksums", "sidecar_archive", "sidecar_archive_sha256")
+    ]
     return files + sorted(prof.kit_file("action_manifest_dir").glob("*.jsonl"))
 
 
@@ -966,7 +1024,16 @@ def test_fault_kit_sidecar_tar_sha(prepared: Prepared, demo: DemoPaths, tmp_path
     data = bytearray(tar.read_bytes())
     data[len(data) // 2] ^= 0xFF
     tar.write_bytes(bytes(data))
-    r, root = _final_refused(prepared, demo, tmp_path, str(tar), "sha256 mismatch", "Fix:", "re-copy", check=C.SIDECAR_TAR_SHA256_MATCHES)
+    r, root = _final_refused(
+        prepared,
+        demo,
+        tmp_path,
+        str(tar),
+        "sha256 mismatch",
+        "Fix:",
+        "re-copy",
+        check=C.SIDECAR_TAR_SHA256_MATCHES,
+    )
     _restore_and_converge(prepared, demo, root, saved)
 
 
@@ -990,7 +1057,15 @@ def test_fault_kit_dup_pair(prepared: Prepared, demo: DemoPaths, tmp_path: Path)
     rows = [json.loads(x) for x in p.read_text().splitlines()]
     rows[7]["pair_id"] = rows[2]["pair_id"]
     p.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    _final_refused(prepared, demo, tmp_path, f"{p}:8:", f"duplicate pair_id {rows[2]['pair_id']!r}", "first on line 3", check=C.JOIN_HAS_NO_PROBLEMS)
+    _final_refused(
+        prepared,
+        demo,
+        tmp_path,
+        f"{p}:8:",
+        f"duplicate pair_id {rows[2]['pair_id']!r}",
+        "first on line 3",
+        check=C.JOIN_HAS_NO_PROBLEMS,
+    )
     _restore_and_converge(prepared, demo, tmp_path / "root", saved)
 
 
@@ -1018,7 +1093,15 @@ def test_fault_kit_missing_sidecar(prepared: Prepared, demo: DemoPaths, tmp_path
     _, rows = _recovered_rows(demo, "autoeval")
     victim = next(r for r in rows if r["status"] == "recovered")
     _rewrite_sidecar_tar(demo, lambda ms: [(m, d) for m, d in ms if m.name != victim["sidecar_path"]])
-    r, root = _final_refused(prepared, demo, tmp_path, victim["stage2_trajectory_id"], "'recovered' but its sidecar", "is missing", check=C.JOIN_HAS_NO_PROBLEMS)
+    r, root = _final_refused(
+        prepared,
+        demo,
+        tmp_path,
+        victim["stage2_trajectory_id"],
+        "'recovered' but its sidecar",
+        "is missing",
+        check=C.JOIN_HAS_NO_PROBLEMS,
+    )
     _restore_and_converge(prepared, demo, root, saved)
 
 
@@ -1027,8 +1110,12 @@ def test_fault_kit_unknown_sidecar(prepared: Prepared, demo: DemoPaths, tmp_path
     stranger = "00000000-1111-4222-8333-444444444444"
     tar_members = read_members(_sidecar_tar(demo))
     some = next(d for m, d in tar_members if m.isreg())
-    _rewrite_sidecar_tar(demo, lambda ms: ms + [member(f"action_sidecars/racer/trajectory_{stranger}.npz", some)])
-    r, root = _final_refused(prepared, demo, tmp_path, stranger, "that no action manifest row names", check=C.JOIN_HAS_NO_PROBLEMS)
+    _rewrite_sidecar_tar(
+        demo, lambda ms: ms + [member(f"action_sidecars/racer/trajectory_{stranger}.npz", some)]
+    )
+    r, root = _final_refused(
+        prepared, demo, tmp_path, stranger, "that no action manifest row names", check=C.JOIN_HAS_NO_PROBLEMS
+    )
     _restore_and_converge(prepared, demo, root, saved)
 
 
@@ -1038,7 +1125,9 @@ def _npz(**arrays: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def _replace_sidecar(demo: DemoPaths, source: str, make: Callable[[dict[str, np.ndarray]], bytes]) -> dict[str, Any]:
+def _replace_sidecar(
+    demo: DemoPaths, source: str, make: Callable[[dict[str, np.ndarray]], bytes]
+) -> dict[str, Any]:
     """Replace one recovered sidecar of ``source`` (its manifest sha256 follows, so only the
     intended problem remains); returns its manifest row."""
     f, rows = _recovered_rows(demo, source)
@@ -1079,7 +1168,12 @@ def test_fault_kit_sidecar_width(prepared: Prepared, demo: DemoPaths, tmp_path: 
 
     row = _replace_sidecar(demo, "roboarena", narrower)
     r, root = _final_refused(
-        prepared, demo, tmp_path, row["stage2_trajectory_id"], "raw action width 7 contradicts source 'roboarena' width 8", check=C.JOIN_HAS_NO_PROBLEMS
+        prepared,
+        demo,
+        tmp_path,
+        row["stage2_trajectory_id"],
+        "raw action width 7 contradicts source 'roboarena' width 8",
+        check=C.JOIN_HAS_NO_PROBLEMS,
     )
     _restore_and_converge(prepared, demo, root, saved)
 
@@ -1110,7 +1204,13 @@ def test_fault_kit_npz_object(prepared: Prepared, demo: DemoPaths, tmp_path: Pat
     assert (tmp_path / "probe").exists()
     (tmp_path / "probe").unlink()
     r, root = _final_refused(
-        prepared, demo, tmp_path, row["stage2_trajectory_id"] if False else "aligned_actions", "object (pickled) arrays", "not unpickled", check=C.JOIN_HAS_NO_PROBLEMS
+        prepared,
+        demo,
+        tmp_path,
+        row["stage2_trajectory_id"] if False else "aligned_actions",
+        "object (pickled) arrays",
+        "not unpickled",
+        check=C.JOIN_HAS_NO_PROBLEMS,
     )
     assert row["sidecar_path"].rsplit("/", 1)[-1] in said(r)
     assert not tripwire.exists()
@@ -1126,14 +1226,18 @@ def test_fault_kit_sha256sums(prepared: Prepared, demo: DemoPaths, tmp_path: Pat
     wrong = "f" * 64 if digest != "f" * 64 else "e" * 64
     lines[3] = f"{wrong}  {path}"
     sums.write_text("\n".join(lines) + "\n")
-    r, root = _final_refused(prepared, demo, tmp_path, path, wrong, digest, check=C.SUBSET_BYTES_MATCH_SHA256SUMS)
+    r, root = _final_refused(
+        prepared, demo, tmp_path, path, wrong, digest, check=C.SUBSET_BYTES_MATCH_SHA256SUMS
+    )
     _restore_and_converge(prepared, demo, root, saved)
 
 
 def test_fault_kit_frames_npz(prepared: Prepared, demo: DemoPaths, tmp_path: Path) -> None:
     saved = _save(*_kit_files(demo), demo.profile, demo.upstream / f"{SMALL}.tar")
     pairs = [json.loads(x) for x in _pairs(demo).read_text().splitlines()]
-    used = sorted({p[k] for p in pairs for k in ("chosen_frames_path", "rejected_frames_path") if f"/{SMALL}/" in p[k]})
+    used = sorted(
+        {p[k] for p in pairs for k in ("chosen_frames_path", "rejected_frames_path") if f"/{SMALL}/" in p[k]}
+    )
     assert len(used) >= 2
     bad_dtype, bad_shape = used[0], used[1]
     new_digests: dict[str, str] = {}
@@ -1147,9 +1251,18 @@ def test_fault_kit_frames_npz(prepared: Prepared, demo: DemoPaths, tmp_path: Pat
             if rel in (bad_dtype, bad_shape) and data is not None:
                 with np.load(io.BytesIO(data), allow_pickle=False) as z:
                     frames = z["frames"]
-                frames = frames.astype(np.float32) if rel == bad_dtype else np.concatenate([frames, frames[..., :1]], axis=-1)
+                frames = (
+                    frames.astype(np.float32)
+                    if rel == bad_dtype
+                    else np.concatenate([frames, frames[..., :1]], axis=-1)
+                )
                 buf = io.BytesIO()
-                np.savez_compressed(buf, frames=frames, shape=np.asarray(frames.shape, dtype=np.int64), num_frames=np.asarray(len(frames), dtype=np.int64))
+                np.savez_compressed(
+                    buf,
+                    frames=frames,
+                    shape=np.asarray(frames.shape, dtype=np.int64),
+                    num_frames=np.asarray(len(frames), dtype=np.int64),
+                )
                 data = buf.getvalue()
                 m.size = len(data)
                 new_digests[rel] = hashlib.sha256(data).hexdigest()
@@ -1170,10 +1283,21 @@ def test_fault_kit_frames_npz(prepared: Prepared, demo: DemoPaths, tmp_path: Pat
         assert run_selection(cfg, ["archive_file"], path)["success"]
         assert run_selection(cfg, ["cache_dir"], SMALL)["success"]
         r = run_selection(cfg, FINAL_STAGE)
-        refused(r, bad_dtype.rsplit("/", 1)[-1], "dtype float32; expected uint8", bad_shape.rsplit("/", 1)[-1], "expected (T, H, W, 3)", check=C.STORE_OPENS_STRICT)
+        refused(
+            r,
+            bad_dtype.rsplit("/", 1)[-1],
+            "dtype float32; expected uint8",
+            bad_shape.rsplit("/", 1)[-1],
+            "expected (T, H, W, 3)",
+            check=C.STORE_OPENS_STRICT,
+        )
         assert outside(tmp_path, root) == before
         assert not layout.current_store_path(root, prepared.profile_name).exists()
-        leftovers = list(layout.stores_root(root, prepared.profile_name).glob("*")) if layout.stores_root(root, prepared.profile_name).exists() else []
+        leftovers = (
+            list(layout.stores_root(root, prepared.profile_name).glob("*"))
+            if layout.stores_root(root, prepared.profile_name).exists()
+            else []
+        )
         assert leftovers == [], leftovers
         for p, data in saved.items():
             p.write_bytes(data)
@@ -1186,14 +1310,22 @@ def test_fault_kit_frames_npz(prepared: Prepared, demo: DemoPaths, tmp_path: Pat
 # Profile
 # ================================================================================================
 def test_fault_prof_unknown_key(demo: DemoPaths, tmp_path: Path) -> None:
-    _profile_refused(demo, tmp_path, "bogus = 1\n" + demo.profile.read_text(), "unknown key 'bogus'", "remove it or check its spelling")
+    _profile_refused(
+        demo,
+        tmp_path,
+        "bogus = 1\n" + demo.profile.read_text(),
+        "unknown key 'bogus'",
+        "remove it or check its spelling",
+    )
 
 
 def test_fault_prof_quarantined_active(demo: DemoPaths, tmp_path: Path) -> None:
     prof = load_profile(demo.profile)
     q = sorted(prof.quarantined_paths())[0]
     text = demo.profile.read_text() + f'\n[[archives]]\npath = "{q}"\ncache_key = "quarantined_key"\n'
-    _profile_refused(demo, tmp_path, text, q, "also listed under [[archives]]", "remove one of the two entries")
+    _profile_refused(
+        demo, tmp_path, text, q, "also listed under [[archives]]", "remove one of the two entries"
+    )
 
 
 def test_fault_prof_dotdot(demo: DemoPaths, tmp_path: Path) -> None:
@@ -1210,7 +1342,12 @@ def test_fault_prof_totals(prepared: Prepared, demo: DemoPaths, tmp_path: Path) 
     n = load_profile(demo.profile).expected.trajectories
     demo.profile.write_text(good.replace(f"trajectories = {n}\n", f"trajectories = {n + 1}\n"))
     r, root = _final_refused(
-        prepared, demo, tmp_path, f"trajectories is {n}, expected {n + 1}", "[expected]", check=C.TRAJECTORIES_MATCH_EXPECTED
+        prepared,
+        demo,
+        tmp_path,
+        f"trajectories is {n}, expected {n + 1}",
+        "[expected]",
+        check=C.TRAJECTORIES_MATCH_EXPECTED,
     )
     demo.profile.write_text(good)
     converge(prepared, _cfg(demo, root), root, [])
@@ -1270,13 +1407,22 @@ def chain(prepared: Prepared, tmp_path_factory: pytest.TempPathFactory) -> Chain
     env = _env_for_subprocess(home, TMPDIR=str(tmp), HF_HOME=str(base / "hf_home"), **{TOKEN_VAR: SECRET})
     env.pop("STAGE2_RUN_LOG_LEVEL", None)
     demo = prepared.demo
-    before = outside(base, root, home)
+    logs = base / "logs"
+    logs.mkdir()
+    before = outside(base, root, home, logs)
     outputs: list[str] = []
     with _hub(demo, token=SECRET) as hub:
         args = ["build", "--profile", str(demo.profile), "--data-root", str(root), "--endpoint", hub.url,
                 "--token-env", TOKEN_VAR, "--concurrency", "1", "--verbose"]  # fmt: skip
         # 1. killed during the extraction
-        p1 = subprocess.run([sys.executable, "-c", _KILL_IN_EXTRACTION, *args], capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+        p1 = subprocess.run(
+            [sys.executable, "-c", _KILL_IN_EXTRACTION, *args],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            env=env,
+            timeout=300,
+        )
         outputs += [p1.stdout, p1.stderr]
         proc = layout.processed_root(root)
         killed_extract = {
@@ -1286,14 +1432,28 @@ def chain(prepared: Prepared, tmp_path_factory: pytest.TempPathFactory) -> Chain
             "stores": (root / "stores").exists(),
         }
         # 2. build B; a second build while B holds the lock; B killed while it writes the store
-        pb = subprocess.Popen([sys.executable, "-m", "stage2_data.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
+        b_out = open(logs / "b.out", "w+")  # noqa: SIM115 - files, not pipes: nobody reads B while it runs
+        b_err = open(logs / "b.err", "w+")  # noqa: SIM115
+        pb = subprocess.Popen(
+            [sys.executable, "-m", "stage2_data.cli", *args],
+            stdout=b_out,
+            stderr=b_err,
+            text=True,
+            cwd=REPO,
+            env=env,
+        )
         deadline = time.monotonic() + 120
         while read_holder(root).get("pid") != pb.pid:
             assert pb.poll() is None and time.monotonic() < deadline, "build B never took the lock"
             time.sleep(0.02)
         second = _cli(*args, env=env, timeout=120)
         outputs += [second.stdout, second.stderr]
-        two_builds = {"returncode": second.returncode, "stderr": second.stderr, "b_pid": pb.pid, "b_alive": pb.poll() is None}
+        two_builds = {
+            "returncode": second.returncode,
+            "stderr": second.stderr,
+            "b_pid": pb.pid,
+            "b_alive": pb.poll() is None,
+        }
         stores = layout.stores_root(root, prepared.profile_name)
         staging: list[str] = []
         while pb.poll() is None:  # poll until the store's staging folder appears, then kill
@@ -1303,8 +1463,11 @@ def chain(prepared: Prepared, tmp_path_factory: pytest.TempPathFactory) -> Chain
                 os.kill(pb.pid, signal.SIGKILL)
                 break
             time.sleep(0.002)
-        out, err = pb.communicate(timeout=600)
-        outputs += [out, err]
+        pb.wait(timeout=600)
+        for f in (b_out, b_err):
+            f.seek(0)
+            outputs.append(f.read())
+            f.close()
         killed_store = {
             "returncode": pb.returncode,
             "seen": staging,
@@ -1314,9 +1477,22 @@ def chain(prepared: Prepared, tmp_path_factory: pytest.TempPathFactory) -> Chain
         hub.clear_log()
         p3 = _cli(*args, "--json", env=env, timeout=300)
         outputs += [p3.stdout, p3.stderr]
-        final = {"returncode": p3.returncode, "summary": json.loads(p3.stdout) if p3.returncode == 0 else p3.stderr[-3000:]}
+        final = {
+            "returncode": p3.returncode,
+            "summary": json.loads(p3.stdout) if p3.returncode == 0 else p3.stderr[-3000:],
+        }
         gets = resolve_gets(hub)
-    return Chain(root, home, gets, outputs, killed_extract, two_builds, killed_store, final, outside(base, root, home) == before)
+    return Chain(
+        root,
+        home,
+        gets,
+        outputs,
+        killed_extract,
+        two_builds,
+        killed_store,
+        final,
+        outside(base, root, home, logs) == before,
+    )
 
 
 def _assert_rerun_converged(prepared: Prepared, chain: Chain) -> None:
@@ -1379,7 +1555,9 @@ def _try_lock(root: Path, got: list[BaseException]) -> None:
         got.append(e)
 
 
-def test_fault_secret_token(prepared: Prepared, chain: Chain, demo: DemoPaths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fault_secret_token(
+    prepared: Prepared, chain: Chain, demo: DemoPaths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import dagster as dg
 
     assert chain.final["returncode"] == 0  # the token was needed (the hub refuses requests without it)
@@ -1425,7 +1603,9 @@ def test_fault_proc_disk_full(prepared: Prepared, demo: DemoPaths, tmp_path: Pat
         pytest.skip("mounting the 8 MiB tmpfs for this test needs root")
     mnt = tmp_path / "small_fs"
     mnt.mkdir()
-    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    mount = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], capture_output=True, text=True
+    )
     if mount.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.strip()}")
     try:
@@ -1453,6 +1633,9 @@ def test_fault_proc_disk_full(prepared: Prepared, demo: DemoPaths, tmp_path: Pat
             assert r["success"], said(r)
             gets = [rng for m, rng in hub.file_requests(victim) if m == "GET"]
         assert len(gets) == 1 and gets[0] is not None and gets[0].startswith("bytes="), gets  # resumed
-        assert sha256_file(layout.archive_path(root, victim)) == load_profile(demo.profile).archive(victim).sha256
+        assert (
+            sha256_file(layout.archive_path(root, victim))
+            == load_profile(demo.profile).archive(victim).sha256
+        )
     finally:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 import shutil
 import tarfile
 import uuid
@@ -351,3 +352,60 @@ def test_width_contradicting_its_source(kit: Kit, dagster_home: Path) -> None:
             ]
         },
     )
+
+
+# ------------------------------------------------------------------------------------------------
+# `stage2 verify` on the same data (no Dagster): exit 0 when all matches, 1 naming every problem
+# ------------------------------------------------------------------------------------------------
+def test_stage2_verify_passes_then_names_every_problem(kit: Kit, capsys: pytest.CaptureFixture[str]) -> None:
+    from stage2_data.cli import main
+    from stage2_data.kit import unpack_sidecars
+
+    unpack_sidecars(kit.profile, kit.data_root)
+    args = ["verify", str(kit.demo.profile), "--data-root", str(kit.data_root), "--bytes"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    e = kit.profile.expected
+    assert re.search(rf"\nresolved_sidecars +{e.resolved_sidecars} +{e.resolved_sidecars} +ok\n", out)
+    assert out.rstrip().endswith("VERIFIED")
+
+    # one sidecar gone from the data root, one byte flipped in one subset frames file
+    line, row = kit.first_row("roboarena", recovered=True)
+    (kit.derived / row["sidecar_path"]).unlink()
+    sums = kit.profile.kit_file("subset_checksums")
+    sums_line, entry = next(enumerate(kit.lines(sums), start=1))
+    rel = entry.split("  ", 1)[1]
+    victim = kit.data_root / rel
+    raw = bytearray(victim.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    victim.write_bytes(bytes(raw))
+
+    assert main(args) == 1
+    out = capsys.readouterr().out
+    n = e.resolved_sidecars
+    assert re.search(rf"\nresolved_sidecars +{n - 1} +{n} +MISMATCH\n", out)
+    assert (
+        f"{kit.action_file('roboarena')}:{line}: trajectory {row['stage2_trajectory_id']} is 'recovered' "
+        f"but its sidecar {kit.derived / row['sidecar_path']} is missing"
+    ) in out
+    assert f"{sums}:{sums_line}: {kit.data_root.resolve() / rel} has sha256 " in out
+    assert out.rstrip().endswith("FAILED")
+
+    assert main([*args, "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] is False and len(report["problems"]) == 2
+    assert {t["name"]: t["ok"] for t in report["totals"]} == {
+        "pair_rows": True,
+        "unique_frame_files": True,
+        "action_manifest_rows": True,
+        "resolved_sidecars": False,
+    }
+    assert report["bytes"]["mismatched"] == 1
+
+
+def test_stage2_verify_refuses_a_missing_data_root(kit: Kit, capsys: pytest.CaptureFixture[str]) -> None:
+    from stage2_data.cli import main
+
+    missing = kit.data_root / "nope"
+    assert main(["verify", str(kit.demo.profile), "--data-root", str(missing)]) == 2
+    assert f"data root {missing} does not exist" in capsys.readouterr().err

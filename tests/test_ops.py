@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import io
 import json
 import os
 import shutil
@@ -33,6 +34,7 @@ from stage2_data import checks as C
 from stage2_data.demo import DemoPaths
 from stage2_data.hubserver import HubServer
 from stage2_data.profile import load_profile
+from stage2_data.progress import BuildProgress
 
 REPO = Path(__file__).resolve().parent.parent
 XPATH, TAG_NAME = "xpath", "tag name"  # selenium's By.XPATH / By.TAG_NAME
@@ -248,31 +250,50 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @pytest.fixture(scope="session")
-def ui_instance(demo_cache: DemoPaths, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def ui_instance(demo_cache: DemoPaths, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A real build of the small demo recorded in its own instance (what the UI will show)."""
     base = tmp_path_factory.mktemp("ui")
     home = base / "dagster_home"
     old = os.environ.get("DAGSTER_HOME")
     os.environ["DAGSTER_HOME"] = str(home)
     try:
+        prof = load_profile(demo_cache.profile)
+        live, plain = io.StringIO(), io.StringIO()
+        bars = [BuildProgress(prof, live, live=True, tick=0.05), BuildProgress(prof, plain, live=False)]
+
+        def on_run(r: dict[str, Any]) -> None:
+            for b in bars:
+                b.on_run(r)
+
         with HubServer(demo_cache.upstream, repo_id=demo_cache.repo_id, revision=demo_cache.revision) as hub:
             s = build_all(
                 BuildConfig(
                     profile_path=str(demo_cache.profile), data_root=str(base / "root"), endpoint=hub.url
                 ),
                 concurrency=2,
+                on_run=on_run,
             )
+        status = bars[0].status_line()
+        for b in bars:
+            b.close()
     finally:
         if old is None:
             os.environ.pop("DAGSTER_HOME", None)
         else:
             os.environ["DAGSTER_HOME"] = old
     assert s["ok"], s["errors"]
-    return {"home": home, "root": base / "root"}
+    return {
+        "home": home,
+        "root": base / "root",
+        "live": live.getvalue(),
+        "plain": plain.getvalue(),
+        "status": status,
+        "summary": s,
+    }
 
 
 @pytest.fixture(scope="session")
-def webserver(ui_instance: dict[str, Path], demo_cache: DemoPaths) -> Iterator[str]:
+def webserver(ui_instance: dict[str, Any], demo_cache: DemoPaths) -> Iterator[str]:
     port = _free_port()
     env = dict(
         os.environ,
@@ -332,6 +353,41 @@ def test_webserver_graphql_lists_assets_partitions_checks(webserver: str, demo_c
     assert sorted(nodes["cache_dir"]["partitionKeys"]) == sorted(prof.cache_keys())
     for asset, names in C.CHECKS_BY_ASSET.items():
         assert {c["name"] for c in nodes[asset]["assetChecksOrError"]["checks"]} == set(names)
+    # rich metadata on the latest materializations: counts, bytes, rates, fingerprints, Markdown tables
+    md = _graphql(
+        webserver,
+        "{ assetNodes { assetKey { path } assetMaterializations(limit: 1) "
+        "{ metadataEntries { label __typename } } } }",
+    )
+    entries = {
+        n["assetKey"]["path"][-1]: {
+            e["label"]: e["__typename"] for e in n["assetMaterializations"][0]["metadataEntries"]
+        }
+        for n in md["assetNodes"]
+        if n["assetMaterializations"]
+    }
+    want = {
+        "pinned_profile": {"archives": "IntMetadataEntry", "archives_pinned": "MarkdownMetadataEntry"},
+        "archive_file": {
+            "bytes": "IntMetadataEntry",
+            "MB/s": "FloatMetadataEntry",
+            "sha256": "TextMetadataEntry",
+        },
+        "cache_dir": {"bytes": "IntMetadataEntry", "frame_files": "IntMetadataEntry"},
+        "extraction_report": {"trajectories": "IntMetadataEntry", "per_cache_key": "MarkdownMetadataEntry"},
+        "action_sidecars": {"by_source": "MarkdownMetadataEntry", "tar_sha256": "TextMetadataEntry"},
+        "trajectory_join": {"pair_rows": "IntMetadataEntry"},
+        "subset_checksums": {"bytes": "IntMetadataEntry"},
+        "vin_store": {
+            "fingerprint": "TextMetadataEntry",
+            "bytes_on_disk": "IntMetadataEntry",
+            "per_split": "MarkdownMetadataEntry",
+            "per_source": "MarkdownMetadataEntry",
+        },
+    }
+    for asset, labels in want.items():
+        for label, typename in labels.items():
+            assert entries[asset].get(label) == typename, (asset, label, entries[asset])
 
 
 @pytest.fixture(scope="session")
@@ -452,6 +508,24 @@ def test_browser_shows_assets_partitions_and_checks(
         browser, webserver + "/assets/vin_store", ["fingerprint", "per_split", "per_source"]
     )
     assert "train" in text
+
+
+def test_build_progress_reports_stages_partitions_bytes(
+    ui_instance: dict[str, Any], demo_cache: DemoPaths
+) -> None:
+    """The progress display fed by the real build's runs: plain lines off a terminal, a status line on one."""
+    prof = load_profile(demo_cache.profile)
+    plain = ui_instance["plain"].splitlines()
+    runs = ui_instance["summary"]["runs"]
+    assert len(plain) == len(runs) and "\r" not in ui_instance["plain"]  # one plain line per run, no bars
+    n = len(prof.archive_paths())
+    assert sum("archive_file[" in ln and ln.endswith(f"/{n})") for ln in plain) == n
+    assert any(ln.endswith(f": ok ({n}/{n})") for ln in plain)
+    live = ui_instance["live"]
+    assert "\r" in live and "[2/4] download+verify archives" in live and f"/{n} partitions" in live
+    assert "MB/s" in live or "kB/s" in live
+    assert "ETA" in live
+    assert ui_instance["status"].startswith("[4/4] kit, join, bytes, store")
 
 
 # ----- help --------------------------------------------------------------------------------------

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from . import build, kit, store
+from . import acquire, build, kit, store
 
-COMMAND_MODULES = [build, store, kit]
+COMMAND_MODULES = [build, store, kit, acquire]

@@ -30,7 +30,9 @@ def _preflight_endpoint(profile: Any, data_root: Path, endpoint: str) -> None:
     from ..acquire import archive_state
     from ..errors import HubError
 
-    todo = [a.path for a in profile.archives if archive_state(data_root, a).state != "verified"]
+    # missing or partial archives need the hub; verified ones and unverified files on disk (re-hashed
+    # locally) do not
+    todo = [a.path for a in profile.archives if archive_state(data_root, a).state in ("missing", "partial")]
     if not todo:
         return
     u = urlsplit(endpoint)

@@ -1,0 +1,339 @@
+"""pin, list: pin a profile's archives from the hub's listing; show what is on disk."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from ..acquire import (
+    DEFAULT_ENDPOINT,
+    HubSource,
+    PinError,
+    RemoteFile,
+    archive_state,
+    check_revision,
+    list_remote_files,
+    pin_profile,
+    required_free_parts,
+)
+from ..errors import HubError, ProfileError
+from ..fsutil import atomic_write_text, free_bytes, human_bytes
+from ..layout import HEX40_RE
+from ..profile import Profile, load_profile, parse_profile
+from ._common import EXIT_ERROR, EXIT_FAILED, eprint, print_json
+
+
+def _token(env: str | None) -> str | None:
+    return (os.environ.get(env) or None) if env else None
+
+
+# ----- pin ---------------------------------------------------------------------------------------
+def _refuse_floating_revision(path: Path, endpoint: str, token: str | None) -> None:
+    """A branch name, tag or short hash in [source] revision: refuse, naming the commit it resolves to."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError):
+        return  # load_profile reports it
+    src = data.get("source") if isinstance(data, dict) else None
+    if not isinstance(src, dict):
+        return
+    rev, repo_id, repo_type = src.get("revision"), src.get("repo_id"), src.get("repo_type", "dataset")
+    if not isinstance(rev, str) or HEX40_RE.match(rev) or not isinstance(repo_id, str):
+        return
+    commit = None
+    try:
+        check_revision(HubSource(repo_id, str(repo_type), rev, endpoint=endpoint, token=token))
+    except HubError as e:
+        m = re.search(r"resolves to commit ([0-9a-f]{40})", e.message)
+        commit = m.group(1) if m else None
+    except ProfileError:
+        pass
+    if commit:
+        raise ProfileError(
+            f"{path}: [source] revision {rev!r} is a branch name, tag or short hash, not a pin "
+            f"(at {endpoint} it resolves to commit {commit} today, and may move tomorrow).",
+            fix=f'set revision = "{commit}" under [source] in {path} (after checking that commit), '
+            "then run `stage2 pin` again",
+        )
+    raise ProfileError(
+        f"{path}: [source] revision {rev!r} is not a full 40-hex commit; a branch name, tag or short "
+        "hash is never a pin.",
+        fix=f"set revision under [source] in {path} to the full commit you want, then run `stage2 pin` again",
+    )
+
+
+_TABLE_RE = re.compile(r"^\s*\[")
+_ARCHIVES_RE = re.compile(r"^\s*\[\[\s*archives\s*\]\]\s*(#.*)?$")
+
+
+def _key_of(line: str) -> tuple[str, Any] | None:
+    """(key, value) of a one-line ``key = value`` TOML line, else None."""
+    try:
+        doc = tomllib.loads(line)
+    except tomllib.TOMLDecodeError:
+        return None
+    if len(doc) != 1:
+        return None
+    ((k, v),) = doc.items()
+    return k, v
+
+
+def rewrite_pins(text: str, pinned: Profile) -> str:
+    """``text`` with each ``[[archives]]`` table's ``size``/``sha256`` set from ``pinned``; comments,
+    order and every other line are kept. Existing lines are replaced in place; missing ones are
+    added after the table's ``cache_key`` (or ``path``) line."""
+    pins = {a.path: a for a in pinned.archives}
+    lines = text.splitlines(keepends=True)
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        if not _ARCHIVES_RE.match(lines[i]):
+            out.append(lines[i])
+            i += 1
+            continue
+        j = i + 1
+        while j < len(lines) and not _TABLE_RE.match(lines[j]):
+            j += 1
+        table = lines[i:j]
+        keys = {n: kv for n, line in enumerate(table) if n and (kv := _key_of(line)) is not None}
+        path = next((v for k, v in keys.values() if k == "path"), None)
+        spec = pins.get(path) if isinstance(path, str) else None
+        if spec is None or spec.size is None or spec.sha256 is None:
+            out.extend(table)
+            i = j
+            continue
+        want = {"size": f"size = {spec.size}\n", "sha256": f'sha256 = "{spec.sha256}"\n'}
+        new = list(table)
+        for n, (k, _) in keys.items():
+            if k in want:
+                indent = table[n][: len(table[n]) - len(table[n].lstrip())]
+                new[n] = indent + want.pop(k)
+        if want:
+            anchor = max(
+                (n for n, (k, _) in keys.items() if k in ("cache_key", "path", "size", "sha256")), default=0
+            )
+            if not new[anchor].endswith("\n"):
+                new[anchor] += "\n"
+            new[anchor + 1 : anchor + 1] = [want[k] for k in ("size", "sha256") if k in want]
+        out.extend(new)
+        i = j
+    return "".join(out)
+
+
+def cmd_pin(args: argparse.Namespace) -> int:
+    path = Path(args.profile).resolve()
+    token = _token(args.token_env)
+    if path.is_file():
+        _refuse_floating_revision(path, args.endpoint, token)
+    profile = load_profile(path)
+    source = HubSource.from_profile(profile, endpoint=args.endpoint, token=token)
+    try:
+        pinned, changes = pin_profile(profile, source)
+    except PinError as e:
+        eprint(
+            f"stage2 pin: error: {path}: {e.message.splitlines()[0]} "
+            + "; ".join(e.problems)
+            + f". Fix: {e.fix}"
+        )
+        return EXIT_ERROR
+    old = path.read_text(encoding="utf-8")
+    new = rewrite_pins(old, pinned)
+    check = parse_profile(tomllib.loads(new), source=str(path), path=path)
+    if check.archives != pinned.archives:  # never write a file that does not say what the listing says
+        new = pinned.to_toml()
+    changed = new != old
+    diff = "".join(
+        difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"{path}", f"{path} (pinned)")
+    )
+    written = False
+    if args.write and changed:
+        atomic_write_text(path, new)
+        written = True
+    if args.json:
+        print_json(
+            {
+                "profile": str(path),
+                "revision": profile.source.revision,
+                "endpoint": source.api_endpoint,
+                "changed": changed,
+                "written": written,
+                "changes": changes,
+                "archives": [{"path": a.path, "size": a.size, "sha256": a.sha256} for a in pinned.archives],
+            }
+        )
+    elif not changed:
+        print(f"{path}: all {len(pinned.archives)} archive(s) pinned and matching the hub's listing")
+    elif written:
+        print(f"{path}: pinned {len(changes)} archive(s) from {source.label} at {profile.source.revision}")
+        for c in changes:
+            print(f"  {c}")
+    elif args.check:
+        print(f"{path}: {len(changes)} archive(s) not pinned yet (run `stage2 pin {args.profile} --write`)")
+        for c in changes:
+            print(f"  {c}")
+    else:
+        print(diff, end="")
+        eprint(f"{path} would change ({len(changes)} archive(s)); re-run with --write to write it")
+    if changed and not written:
+        return EXIT_FAILED
+    return 0
+
+
+# ----- list --------------------------------------------------------------------------------------
+def _short(sha: str | None) -> str:
+    return f"{sha[:12]}…" if sha else "-"
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    profile = load_profile(args.profile)
+    data_root = Path(args.data_root).resolve()
+    remote: dict[str, RemoteFile] | None = None
+    if args.endpoint:
+        remote = list_remote_files(
+            HubSource.from_profile(profile, endpoint=args.endpoint, token=_token(args.token_env))
+        )
+    rows: list[dict[str, Any]] = []
+    for a in sorted(profile.archives, key=lambda a: a.path):
+        st = archive_state(data_root, a)
+        row: dict[str, Any] = {
+            "path": a.path,
+            "cache_key": a.cache_key,
+            "size": a.size,
+            "sha256": a.sha256,
+            "pinned": a.pinned,
+            "state": st.state,
+            "bytes_local": st.bytes_local,
+        }
+        if remote is not None:
+            up = remote.get(a.path)
+            row["upstream"] = (
+                "missing"
+                if up is None
+                else "matches"
+                if (up.size, up.sha256) == (a.size, a.sha256)
+                else "unpinned"
+                if not a.pinned
+                else "differs"
+            )
+        rows.append(row)
+    quarantined = [
+        {"path": q.path, "reason": q.reason, **({"upstream": q.path in remote} if remote is not None else {})}
+        for q in profile.quarantined
+    ]
+    download, extraction = required_free_parts(profile, data_root)
+    free = free_bytes(data_root)
+    by_state = {
+        s: [r for r in rows if r["state"] == s] for s in ("verified", "unverified", "partial", "missing")
+    }
+    totals = {
+        "archives": len(rows),
+        "pinned": sum(r["pinned"] for r in rows),
+        "bytes": profile.total_archive_bytes(),
+        **{s: len(v) for s, v in by_state.items()},
+        "verified_bytes": sum(r["bytes_local"] for r in by_state["verified"]),
+        "partial_bytes": sum(r["bytes_local"] for r in by_state["partial"]),
+        "to_download_bytes": download,
+        "to_extract_bytes": extraction,
+        "required_free_bytes": download + extraction,
+    }
+    disk = {"path": str(data_root), "free_bytes": free, "enough": free >= download + extraction}
+    if args.json:
+        print_json(
+            {
+                "profile": profile.name,
+                "profile_path": str(profile.profile_path),
+                "repo_id": profile.source.repo_id,
+                "revision": profile.source.revision,
+                "data_root": str(data_root),
+                "archives": rows,
+                "quarantined": quarantined,
+                "totals": totals,
+                "disk": disk,
+            }
+        )
+        return 0
+    print(f"profile    {profile.name} ({profile.profile_path})")
+    print(f"source     {profile.source.repo_type} {profile.source.repo_id} @ {profile.source.revision}")
+    print(f"data root  {data_root}")
+    print()
+    w = max([len("ARCHIVE"), *(len(r["path"]) for r in rows)])
+    head = f"{'ARCHIVE':<{w}}  {'SIZE':>10}  {'SHA256':<13}  STATE"
+    if remote is not None:
+        head += "                     UPSTREAM"
+    print(head)
+    for r in rows:
+        state = r["state"]
+        if state == "partial":
+            pct = f" ({100 * r['bytes_local'] / r['size']:.0f}%)" if r["size"] else ""
+            state = f"partial {human_bytes(r['bytes_local'])}{pct}"
+        elif state == "unverified":
+            state = "present, not verified"
+        size = human_bytes(r["size"]) if r["size"] else "unpinned"
+        line = f"{r['path']:<{w}}  {size:>10}  {_short(r['sha256']):<13}  {state}"
+        if remote is not None:
+            line = f"{line:<{w + 55}}  {r['upstream']}"
+        print(line)
+    if quarantined:
+        print()
+        print("quarantined (never downloaded):")
+        for q in quarantined:
+            mark = "" if remote is None else ("  [upstream]" if q["upstream"] else "  [not upstream]")
+            print(f"  {q['path']}  {q['reason']}{mark}")
+    t = totals
+    print()
+    print(
+        f"totals     {t['archives']} archive(s), {human_bytes(t['bytes'])} pinned ({t['pinned']} pinned); "
+        f"verified {t['verified']} ({human_bytes(t['verified_bytes'])}), partial {t['partial']} "
+        f"({human_bytes(t['partial_bytes'])}), present unverified {t['unverified']}, missing {t['missing']}"
+    )
+    print(
+        f"disk       need {human_bytes(t['required_free_bytes'])} for the rest of the build "
+        f"({human_bytes(download)} to download + {human_bytes(extraction)} to extract); "
+        f"{human_bytes(free)} free at {data_root}" + ("" if disk["enough"] else "  -> NOT ENOUGH")
+    )
+    return 0
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "pin",
+        help="fill or check each archive's size and sha256 from the hub's listing at the pinned revision",
+        description="Read the hub's own file listing at the profile's pinned revision and fill in (or check) "
+        "every [[archives]] entry's size and sha256 (the LFS oid). Without --write, print the diff and exit 1 "
+        "if the profile would change. Refuses (exit 2) when an archive is missing upstream, a pinned value "
+        "disagrees with the listing, a quarantined file is listed under [[archives]], or the revision is a "
+        "branch name, tag or short hash.",
+        epilog="Example: stage2 pin manifests/stage2_core_v1.toml --write   "
+        "(CI: stage2 pin manifests/stage2_core_v1.toml --check)",
+    )
+    p.add_argument("profile", help="profile .toml")
+    p.add_argument("--endpoint", default=DEFAULT_ENDPOINT, help=f"hub endpoint (default {DEFAULT_ENDPOINT})")
+    p.add_argument("--token-env", default="HF_TOKEN", help="environment variable holding the hub token")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--write", action="store_true", help="write the pinned profile (atomically, comments kept)"
+    )
+    mode.add_argument("--check", action="store_true", help="exit 1 if anything would change; print no diff")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_pin)
+
+    p = sub.add_parser(
+        "list",
+        help="every archive with size, pin and local state; quarantined ones; totals; free disk",
+        description="Show every archive of the profile with its pinned size and sha256 and its state under the "
+        "data root (missing, partial with the bytes so far, present but not verified, verified), the "
+        "quarantined files, totals, and the free disk against what the rest of the build needs. Local only, "
+        "unless --endpoint is given (then each archive is also checked against the hub's listing).",
+        epilog="Example: stage2 list manifests/stage2_core_v1.toml --data-root /data/stage2 --json",
+    )
+    p.add_argument("profile", help="profile .toml")
+    p.add_argument("--data-root", required=True, help="the data root of the build")
+    p.add_argument("--endpoint", default=None, help="also compare with the hub's listing at this endpoint")
+    p.add_argument("--token-env", default="HF_TOKEN", help="environment variable holding the hub token")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_list)

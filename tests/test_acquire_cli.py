@@ -1,0 +1,233 @@
+"""`stage2 pin`, `stage2 list`, the free-disk refusal and `--reverify`, on the demo over a real loopback hub."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pipelines.config import BuildConfig
+from pipelines.runner import build_all, run_selection
+from stage2_data import acquire, layout
+from stage2_data.acquire import (
+    DownloadCancelled,
+    HubSource,
+    download_archive,
+    download_profile,
+    required_free_bytes,
+)
+from stage2_data.cli import main
+from stage2_data.demo import DemoPaths
+from stage2_data.hubserver import HubServer
+from stage2_data.profile import load_profile
+
+PIN_LINE = re.compile(r"^(size|sha256) = .*\n", re.MULTILINE)
+
+
+@pytest.fixture
+def hub(demo: DemoPaths) -> Iterator[HubServer]:
+    with HubServer(demo.upstream, repo_id=demo.repo_id, revision=demo.revision) as server:
+        yield server
+
+
+def stage2(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def one_line_error(err: str) -> str:
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1, err
+    assert "Fix:" in lines[0]
+    return lines[0]
+
+
+# ----- pin ---------------------------------------------------------------------------------------
+def test_pin_fills_an_unpinned_profile_and_round_trips(
+    demo: DemoPaths, hub: HubServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pinned_text = demo.profile.read_text()
+    expected = load_profile(demo.profile).archives
+    unpinned = "# kept: a comment of the user\n" + PIN_LINE.sub("", pinned_text)
+    path = demo.profile.with_name("unpinned.toml")
+    path.write_text(unpinned)
+    assert len(load_profile(path).unpinned()) == len(expected) == 14
+
+    rc, out, err = stage2(capsys, "pin", str(path), "--endpoint", hub.url)  # default: show the diff
+    assert rc == 1 and path.read_text() == unpinned
+    assert f'+sha256 = "{expected[0].sha256}"' in out and "--write" in err
+    rc, out, _ = stage2(capsys, "pin", str(path), "--endpoint", hub.url, "--check")
+    assert rc == 1 and "14 archive(s) not pinned" in out and path.read_text() == unpinned
+
+    rc, out, _ = stage2(capsys, "pin", str(path), "--endpoint", hub.url, "--write")
+    assert rc == 0 and "pinned 14 archive(s)" in out
+    written = path.read_text()
+    assert written.startswith("# kept: a comment of the user\n")
+    assert written.removeprefix("# kept: a comment of the user\n") == pinned_text  # the same lines, in place
+    assert load_profile(path).archives == expected
+    assert not list(path.parent.glob(".unpinned.toml.*"))  # atomic write: no temporary left
+
+    rc, out, _ = stage2(capsys, "pin", str(path), "--endpoint", hub.url, "--check")
+    assert rc == 0 and "all 14 archive(s) pinned" in out
+    rc, out, _ = stage2(capsys, "pin", str(path), "--endpoint", hub.url, "--json")
+    doc = json.loads(out)
+    assert rc == 0 and doc["changed"] is False and doc["written"] is False and doc["changes"] == []
+    assert [(a["path"], a["size"], a["sha256"]) for a in doc["archives"]] == [
+        (a.path, a.size, a.sha256) for a in expected
+    ]
+
+
+def test_pin_refuses_with_one_line_and_exit_2(
+    demo: DemoPaths, hub: HubServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = demo.profile.read_text()
+    prof = load_profile(demo.profile)
+    victim = prof.archives[3].path
+
+    missing = demo.profile.with_name("missing.toml")
+    missing.write_text(text.replace(f'path = "{victim}"', 'path = "gone_upstream.tar"'))
+    before = missing.read_text()
+    rc, out, err = stage2(capsys, "pin", str(missing), "--endpoint", hub.url, "--write")
+    line = one_line_error(err)
+    assert rc == 2 and out == "" and missing.read_text() == before
+    assert str(missing) in line and "gone_upstream.tar" in line and "not found upstream" in line
+
+    q = prof.quarantined[0].path
+    quarantined = demo.profile.with_name("quarantined.toml")
+    quarantined.write_text(text + f'\n[[archives]]\npath = "{q}"\ncache_key = "{q.removesuffix(".tar")}"\n')
+    hub.clear_log()
+    rc, out, err = stage2(capsys, "pin", str(quarantined), "--endpoint", hub.url, "--write")
+    line = one_line_error(err)
+    assert rc == 2 and str(quarantined) in line and q in line and "quarantined" in line
+    assert hub.log_snapshot() == []  # refused before asking the hub
+
+    branch = demo.profile.with_name("branch.toml")
+    branch.write_text(text.replace(f'revision = "{demo.revision}"', 'revision = "main"'))
+    rc, out, err = stage2(capsys, "pin", str(branch), "--endpoint", hub.url, "--write")
+    line = one_line_error(err)
+    assert rc == 2 and str(branch) in line and "'main'" in line and "branch name" in line
+    assert f'revision = "{demo.revision}"' in line  # the fix names the commit it resolves to today
+    assert 'revision = "main"' in branch.read_text()
+
+
+# ----- list --------------------------------------------------------------------------------------
+def test_list_shows_missing_partial_verified(
+    demo: DemoPaths, hub: HubServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data_root = tmp_path / "data"
+    prof = load_profile(demo.profile)
+    rc, out, _ = stage2(capsys, "list", str(demo.profile), "--data-root", str(data_root), "--json")
+    doc = json.loads(out)
+    assert rc == 0 and {a["state"] for a in doc["archives"]} == {"missing"}
+    assert doc["quarantined"] == [{"path": q.path, "reason": q.reason} for q in prof.quarantined]
+    assert doc["totals"]["to_download_bytes"] == prof.total_archive_bytes()
+    assert doc["totals"]["required_free_bytes"] == required_free_bytes(prof, data_root)
+    assert doc["disk"]["free_bytes"] > 0 and doc["disk"]["enough"] is True
+
+    # An interrupted download leaves a partial file: listed with the bytes so far.
+    source = HubSource.from_profile(prof, endpoint=hub.url)
+    big = max(prof.archives, key=lambda a: a.size or 0)
+    stop = threading.Event()  # as on Ctrl-C: the partial file is kept
+    with pytest.raises(DownloadCancelled):
+        download_archive(source, big, data_root, progress=lambda n: stop.set(), cancel=stop)
+    kept = layout.partial_path(data_root, big.path).stat().st_size
+    assert 0 < kept < (big.size or 0)
+    rc, out, _ = stage2(capsys, "list", str(demo.profile), "--data-root", str(data_root), "--json")
+    row = next(a for a in json.loads(out)["archives"] if a["path"] == big.path)
+    assert (row["state"], row["bytes_local"]) == ("partial", kept)
+    rc, out, _ = stage2(capsys, "list", str(demo.profile), "--data-root", str(data_root))
+    assert re.search(rf"{re.escape(big.path)} .* partial ", out) and "quarantined" in out and "free at" in out
+
+    download_profile(prof, source, data_root, backoff=0.01)  # resumes the partial one
+    rc, out, _ = stage2(
+        capsys, "list", str(demo.profile), "--data-root", str(data_root), "--endpoint", hub.url, "--json"
+    )
+    doc = json.loads(out)
+    assert {a["state"] for a in doc["archives"]} == {"verified"}
+    assert {a["upstream"] for a in doc["archives"]} == {"matches"}
+    assert doc["totals"]["verified_bytes"] == prof.total_archive_bytes()
+    assert doc["totals"]["to_download_bytes"] == 0
+    assert all(q["upstream"] for q in doc["quarantined"])
+
+
+# ----- disk --------------------------------------------------------------------------------------
+def test_build_refuses_before_any_download_when_the_disk_is_too_small(
+    demo: DemoPaths, hub: HubServer, tmp_path: Path, dagster_home: Path
+) -> None:
+    huge = demo.profile.with_name("huge.toml")
+    huge.write_text(re.sub(r"^size = \d+$", f"size = {10**15}", demo.profile.read_text(), flags=re.MULTILINE))
+    data_root = tmp_path / "data"
+    data_root.mkdir()
+    needed = required_free_bytes(load_profile(huge), data_root)
+    assert needed > 14 * 10**15
+    config = BuildConfig(profile_path=str(huge), data_root=str(data_root), endpoint=hub.url)
+    hub.clear_log()
+
+    summary = build_all(config)  # what `stage2 build` runs
+    assert not summary["ok"] and summary["stopped_after"] == "pinned_profile"
+    msg = " ".join(e["message"] for e in summary["errors"])
+    assert "not enough free disk" in msg and str(needed) in msg and str(data_root) in msg
+    # The archive_file asset refuses too, on its own (e.g. one partition materialized from the UI).
+    part = load_profile(huge).archives[0].path
+    run = run_selection(config.to_dict(), ["archive_file"], part)
+    assert not run["success"]
+    msg = " ".join(e["message"] for e in run["errors"])
+    assert "not enough free disk" in msg and str(data_root) in msg
+    assert hub.log_snapshot() == []  # no request at all: nothing was downloaded
+    assert not (data_root / "archives").exists()
+
+
+# ----- reverify ----------------------------------------------------------------------------------
+def test_reverify_rehashes_end_to_end(
+    demo: DemoPaths, hub: HubServer, tmp_path: Path, dagster_home: Path
+) -> None:
+    data_root = tmp_path / "data"
+    prof = load_profile(demo.profile)
+    spec = prof.archives[0]
+    config = BuildConfig(profile_path=str(demo.profile), data_root=str(data_root), endpoint=hub.url)
+    assert run_selection(config.to_dict(), ["archive_file"], spec.path)["success"]
+    final = layout.archive_path(data_root, spec.path)
+    good = final.read_bytes()
+
+    # Damage one byte in place, keeping size and mtime: the verification record still matches.
+    st = final.stat()
+    bad = bytearray(good)
+    bad[len(bad) // 3] ^= 0x01
+    final.write_bytes(bytes(bad))
+    os.utime(final, ns=(st.st_atime_ns, st.st_mtime_ns))
+    hub.clear_log()
+    assert run_selection(config.to_dict(), ["archive_file"], spec.path)["success"]
+    assert hub.file_requests(spec.path) == [] and final.read_bytes() == bytes(bad)  # trusted, not re-hashed
+
+    reverify = BuildConfig(**{**config.to_dict(), "reverify": True})
+    run = run_selection(reverify.to_dict(), ["archive_file"], spec.path)
+    assert run["success"], run["errors"]
+    assert final.read_bytes() == good  # the mismatch was caught and the archive downloaded again
+    assert [m for m, _ in hub.file_requests(spec.path)] == ["HEAD", "GET"]
+
+
+# ----- both body paths ---------------------------------------------------------------------------
+@pytest.mark.parametrize("raw_socket", [True, False], ids=["socket-reads", "client-iterator"])
+def test_dropped_connection_resumes_on_both_body_paths(
+    demo: DemoPaths, hub: HubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, raw_socket: bool
+) -> None:
+    monkeypatch.setattr(acquire, "RAW_SOCKET_READS", raw_socket)
+    monkeypatch.setattr(acquire, "BLOCK_SIZE", 64 * 1024)
+    prof = load_profile(demo.profile)
+    spec = max(prof.archives, key=lambda a: a.size or 0)
+    hub.faults.drop_after[spec.path] = 500_000
+    seen: list[int] = []
+    res = download_archive(
+        HubSource.from_profile(prof, endpoint=hub.url), spec, tmp_path, progress=seen.append, backoff=0.01
+    )
+    assert res.sha256 == spec.sha256 and sum(seen) == res.bytes_downloaded == spec.size
+    gets = [rng for m, rng in hub.file_requests(spec.path) if m == "GET"]
+    assert gets[0] is None and len(gets) == 2 and gets[1] is not None
+    assert 0 < int(gets[1].removeprefix("bytes=").rstrip("-")) <= 500_000
+    assert layout.archive_path(tmp_path, spec.path).read_bytes() == (demo.upstream / spec.path).read_bytes()

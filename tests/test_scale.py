@@ -1,0 +1,418 @@
+"""Scale out: the production instance on a real PostgreSQL server, the build on a real Dask cluster of
+worker processes, and the Kubernetes configuration validated against dagster-k8s's schemas."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import yaml
+
+from pipelines.config import BuildConfig
+from pipelines.runner import build_all
+from stage2_data import checks as C
+from stage2_data.demo import DemoPaths
+from stage2_data.hubserver import HubServer
+from stage2_data.profile import load_profile
+
+REPO = Path(__file__).resolve().parent.parent
+DEPLOY = REPO / "deploy"
+PG_BINS = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _as_pg_user(cmd: list[str]) -> list[str]:
+    # PostgreSQL refuses to run as root: run its binaries as the `postgres` system user then
+    return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else cmd
+
+
+class Postgres:
+    """A real PostgreSQL server (Debian's binaries) on 127.0.0.1, in a throw-away data directory."""
+
+    def __init__(self) -> None:
+        if not PG_BINS:
+            pytest.fail(
+                "PostgreSQL is not installed: run `bash scripts/system-deps.sh` (Debian `postgresql`)"
+            )
+        self.bin = PG_BINS[-1].parent
+        self.port = _free_port()
+        self.user = "stage2"
+        self.password = secrets.token_hex(12)
+        self.dir = Path(tempfile.mkdtemp(prefix="stage2-pg-"))
+        self.data = self.dir / "data"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Postgres:
+        pwfile = self.dir / "pw"
+        pwfile.write_text(self.password + "\n")
+        if os.geteuid() == 0:
+            shutil.chown(self.dir, "postgres", "postgres")
+            shutil.chown(pwfile, "postgres", "postgres")
+        subprocess.run(
+            _as_pg_user(
+                [
+                    str(self.bin / "initdb"),
+                    "-D",
+                    str(self.data),
+                    "-U",
+                    self.user,
+                    f"--pwfile={pwfile}",
+                    "--auth=scram-sha-256",
+                    "-E",
+                    "UTF8",
+                    "--no-sync",
+                ]
+            ),
+            check=True,
+            capture_output=True,
+        )
+        self.proc = subprocess.Popen(
+            _as_pg_user(
+                [
+                    str(self.bin / "postgres"),
+                    "-D",
+                    str(self.data),
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    str(self.port),
+                    "-k",
+                    str(self.dir),
+                    "-c",
+                    "fsync=off",
+                    "-c",
+                    "max_connections=200",
+                ]
+            ),
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.dir / "server.log", "wb"),  # noqa: SIM115 (closed with the process)
+        )
+        import psycopg2
+
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                psycopg2.connect(**self.dsn("postgres")).close()
+                return self
+            except psycopg2.OperationalError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"PostgreSQL did not start: {(self.dir / 'server.log').read_text()[-2000:]}"
+                    ) from None
+                time.sleep(0.1)
+
+    def dsn(self, db: str) -> dict[str, object]:
+        return {
+            "host": "127.0.0.1",
+            "port": self.port,
+            "user": self.user,
+            "password": self.password,
+            "dbname": db,
+        }
+
+    def create_database(self, name: str) -> None:
+        import psycopg2
+
+        conn = psycopg2.connect(**self.dsn("postgres"))
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute(f'CREATE DATABASE "{name}"')
+        conn.close()
+
+    def query(self, db: str, sql: str) -> list[tuple]:
+        import psycopg2
+
+        with psycopg2.connect(**self.dsn(db)) as conn, conn.cursor() as cur:
+            cur.execute(sql)
+            rows = cur.fetchall()
+        conn.close()
+        return rows
+
+    def env(self, db: str) -> dict[str, str]:
+        return {
+            "DAGSTER_PG_HOST": "127.0.0.1",
+            "DAGSTER_PG_PORT": str(self.port),
+            "DAGSTER_PG_DB": db,
+            "DAGSTER_PG_USER": self.user,
+            "DAGSTER_PG_PASSWORD": self.password,
+        }
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            subprocess.run(
+                _as_pg_user([str(self.bin / "pg_ctl"), "stop", "-D", str(self.data), "-m", "fast", "-w"]),
+                capture_output=True,
+                timeout=60,
+            )
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[Postgres]:
+    pg = Postgres().start()
+    try:
+        yield pg
+    finally:
+        pg.stop()
+
+
+def _use_instance(pg: Postgres, db: str, home: Path) -> dict[str, str | None]:
+    """DAGSTER_HOME with deploy/dagster.yaml, connected to database ``db``; returns the old env."""
+    pg.create_database(db)
+    home.mkdir(parents=True)
+    shutil.copy(DEPLOY / "dagster.yaml", home / "dagster.yaml")
+    env = {**pg.env(db), "DAGSTER_HOME": str(home), "DAGSTER_COMPUTE_LOG_DIR": str(home / "logs")}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    return old
+
+
+def _restore(old: dict[str, str | None]) -> None:
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def _build(demo: DemoPaths, root: Path, **kw: object) -> dict:
+    with HubServer(demo.upstream, repo_id=demo.repo_id, revision=demo.revision) as hub:
+        config = BuildConfig(profile_path=str(demo.profile), data_root=str(root), endpoint=hub.url, **kw)  # type: ignore[arg-type]
+        return build_all(config, concurrency=2)
+
+
+@pytest.fixture(scope="module")
+def pg_build(postgres: Postgres, demo_cache: DemoPaths, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The in-process build of the demo, recorded in the PostgreSQL instance of deploy/dagster.yaml."""
+    base = tmp_path_factory.mktemp("pg-build")
+    old = _use_instance(postgres, "stage2_inprocess", base / "home")
+    try:
+        summary = _build(demo_cache, base / "root")
+        instance = dg.DagsterInstance.get()
+        runs = instance.get_runs()
+        checks = [
+            e.dagster_event.event_specific_data
+            for r in runs
+            for e in instance.all_logs(r.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)
+            if e.dagster_event is not None
+        ]
+        storage = type(instance.run_storage).__name__, type(instance.event_log_storage).__name__
+        instance.dispose()
+    finally:
+        _restore(old)
+    return {"summary": summary, "runs": runs, "checks": checks, "storage": storage, "db": "stage2_inprocess"}
+
+
+def test_build_records_runs_and_checks_in_postgres(
+    pg_build: dict, postgres: Postgres, demo_cache: DemoPaths
+) -> None:
+    s = pg_build["summary"]
+    assert s["ok"], ([c for c in s["checks"] if not c["passed"]], s["errors"])
+    assert pg_build["storage"] == ("PostgresRunStorage", "PostgresEventLogStorage")
+    prof = load_profile(demo_cache.profile)
+    # read back through the instance: every run of the build, succeeded, one per partition
+    runs = pg_build["runs"]
+    assert {r.run_id for r in runs} == {r["run_id"] for r in s["runs"]}
+    assert all(r.status == dg.DagsterRunStatus.SUCCESS for r in runs)
+    parts = sorted(r.tags["dagster/partition"] for r in runs if "dagster/partition" in r.tags)
+    assert parts == sorted(prof.archive_paths() + prof.cache_keys())
+    # every check of every asset (and of every partition) was recorded as passed
+    evals = pg_build["checks"]
+    assert len(evals) == len(s["checks"])
+    assert all(e.passed for e in evals)
+    assert {(e.asset_key.to_user_string(), e.check_name) for e in evals} == {
+        (a, n) for a, names in C.CHECKS_BY_ASSET.items() for n in names
+    }
+    # and straight from PostgreSQL
+    db = pg_build["db"]
+    [(n_runs,)] = postgres.query(db, "SELECT count(*) FROM runs WHERE status = 'SUCCESS'")
+    assert n_runs == len(s["runs"])
+    counts = dict(postgres.query(db, "SELECT dagster_event_type, count(*) FROM event_logs GROUP BY 1"))
+    assert counts["ASSET_CHECK_EVALUATION"] == len(s["checks"])
+    assert counts["ASSET_MATERIALIZATION"] == sum(len(r["materialized"]) for r in s["runs"])
+    rows = postgres.query(
+        db,
+        "SELECT r.partition, e.execution_status FROM asset_check_executions e JOIN runs r USING (run_id) "
+        f"WHERE e.check_name = '{C.ARCHIVE_SHA256_MATCHES_PIN}'",
+    )
+    assert sorted(p for p, _ in rows) == sorted(prof.archive_paths())
+    assert {st for _, st in rows} == {"SUCCEEDED"}
+
+
+def test_daemon_runs_schedules_and_sensors_on_postgres(
+    pg_build: dict, postgres: Postgres, demo_cache: DemoPaths, tmp_path: Path
+) -> None:
+    # `dagster-daemon run` as documented in deploy/dagster.yaml, on the instance of the build above
+    home = tmp_path / "home"
+    home.mkdir()
+    shutil.copy(DEPLOY / "dagster.yaml", home / "dagster.yaml")
+    env = {
+        **os.environ,
+        **postgres.env(pg_build["db"]),
+        "DAGSTER_HOME": str(home),
+        "DAGSTER_COMPUTE_LOG_DIR": str(home / "logs"),
+        "STAGE2_PROFILE": str(demo_cache.profile),
+        "STAGE2_DATA_ROOT": str(tmp_path / "root"),
+    }
+    daemon = subprocess.Popen(
+        [str(Path(sys.executable).parent / "dagster-daemon"), "run", "-w", str(REPO / "workspace.yaml")],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / "daemon.log", "wb"),  # noqa: SIM115
+    )
+    want = {"SCHEDULER", "SENSOR", "QUEUED_RUN_COORDINATOR"}
+    got: set[str] = set()
+    try:
+        old = _use_instance_env(postgres, pg_build["db"], home)
+        try:
+            instance = dg.DagsterInstance.get()
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline and daemon.poll() is None:
+                got = set(instance.get_daemon_heartbeats())
+                if want <= got and _sensor_ticks(postgres, pg_build["db"]):
+                    break
+                time.sleep(0.5)
+            instance.dispose()
+        finally:
+            _restore(old)
+    finally:
+        daemon.terminate()
+        try:
+            daemon.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            daemon.wait()
+    log = (tmp_path / "daemon.log").read_text()[-3000:]
+    assert want <= got, log
+    # the default-on sensors (alerts) ticked: their state lives in PostgreSQL
+    assert _sensor_ticks(postgres, pg_build["db"]), log
+
+
+def _use_instance_env(pg: Postgres, db: str, home: Path) -> dict[str, str | None]:
+    env = {**pg.env(db), "DAGSTER_HOME": str(home), "DAGSTER_COMPUTE_LOG_DIR": str(home / "logs")}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    return old
+
+
+def _sensor_ticks(pg: Postgres, db: str) -> list[tuple]:
+    return pg.query(db, "SELECT selector_id, status FROM job_ticks WHERE type = 'SENSOR'")
+
+
+def test_full_build_on_a_dask_cluster_of_worker_processes(
+    pg_build: dict, postgres: Postgres, demo_cache: DemoPaths, tmp_path: Path
+) -> None:
+    from dask.distributed import Client, LocalCluster
+
+    old = _use_instance(postgres, "stage2_dask", tmp_path / "home")
+    try:
+        with (
+            LocalCluster(
+                n_workers=2, processes=True, threads_per_worker=1, host="127.0.0.1", dashboard_address=None
+            ) as cluster,
+            Client(cluster.scheduler_address) as client,
+        ):
+            worker_pids = set(client.run(os.getpid).values())
+            s = _build(demo_cache, tmp_path / "root", executor="dask", dask_address=cluster.scheduler_address)
+        instance = dg.DagsterInstance.get()
+        step_pids: dict[str, set[int]] = {}
+        for r in s["runs"]:
+            for e in instance.all_logs(r["run_id"], of_type=dg.DagsterEventType.STEP_START):
+                assert e.dagster_event is not None
+                step_pids.setdefault(e.step_key or "", set()).add(int(e.dagster_event.pid or 0))
+        runs = instance.get_runs()
+        instance.dispose()
+    finally:
+        _restore(old)
+    assert s["ok"], ([c for c in s["checks"] if not c["passed"]], s["errors"])
+    # the same store as the in-process build
+    assert s["fingerprint"] == pg_build["summary"]["fingerprint"]
+    prof = load_profile(demo_cache.profile)
+    assert len(worker_pids) == 2 and os.getpid() not in worker_pids
+    # every step ran in a Dask worker process, never in this one, and in more than one worker
+    all_pids = set().union(*step_pids.values())
+    assert all_pids <= worker_pids, (all_pids, worker_pids)
+    assert len(step_pids["archive_file"]) >= 2
+    # one run (one Dask task) per archive partition, each with its own materialization and checks
+    archive_runs = [r for r in runs if r.job_name == "build_archive_file"]
+    assert sorted(r.tags["dagster/partition"] for r in archive_runs) == sorted(prof.archive_paths())
+    assert all(r.tags.get("stage2/executor") == "dask" for r in archive_runs)
+    sha_checks = [c for c in s["checks"] if c["check"] == C.ARCHIVE_SHA256_MATCHES_PIN]
+    assert sorted(c["partition"] for c in sha_checks) == sorted(prof.archive_paths())
+    assert all(c["passed"] for c in sha_checks)
+
+
+def test_kubernetes_configuration_validates_against_dagster_k8s(demo_cache: DemoPaths) -> None:
+    from dagster._config import process_config
+    from dagster._core.instance.config import dagster_instance_config
+    from dagster_k8s import K8sRunLauncher, k8s_job_executor
+    from kubernetes.client import ApiClient, V1PersistentVolumeClaim
+
+    from pipelines.definitions import build_definitions
+    from pipelines.executors import k8s_executor_config
+
+    k8s = DEPLOY / "k8s"
+    exec_cfg = k8s_executor_config(k8s / "executor.yaml")
+
+    @dg.op
+    def step() -> None:
+        pass
+
+    @dg.job(executor_def=k8s_job_executor)
+    def one_pod_per_step() -> None:
+        step()
+
+    resolved = dg.validate_run_config(one_pod_per_step, {"execution": {"config": exec_cfg}})
+    k8s_cfg = resolved["execution"]["k8s"]
+    # a config error is caught: an unknown key fails validation
+    with pytest.raises(dg.DagsterInvalidConfigError):
+        dg.validate_run_config(one_pod_per_step, {"execution": {"config": {**exec_cfg, "pod_per_step": 1}}})
+    # the instance: PostgreSQL storage and the K8sRunLauncher config, valid for dagster-k8s
+    pg_env = {"DAGSTER_PG_HOST": "db", "DAGSTER_PG_PORT": "5432", "DAGSTER_PG_DB": "d"}
+    pg_env |= {"DAGSTER_PG_USER": "u", "DAGSTER_PG_PASSWORD": "p"}
+    old = {k: os.environ.get(k) for k in pg_env}
+    os.environ.update(pg_env)
+    try:
+        inst_cfg, _ = dagster_instance_config(k8s)
+    finally:
+        _restore(old)
+    assert "postgres" in inst_cfg["storage"]
+    launcher = inst_cfg["run_launcher"]
+    assert (launcher["module"], launcher["class"]) == ("dagster_k8s", "K8sRunLauncher")
+    assert process_config(K8sRunLauncher.config_type(), launcher["config"]).success
+    # one shared data root: the claim of the PVC manifest, mounted at STAGE2_DATA_ROOT in run and step pods
+    pvc_doc = yaml.safe_load((k8s / "data-root-pvc.yaml").read_text())
+    pvc = ApiClient()._ApiClient__deserialize(pvc_doc, V1PersistentVolumeClaim)
+    assert pvc.kind == "PersistentVolumeClaim" and "ReadWriteMany" in pvc.spec.access_modes
+    for cfg in (k8s_cfg, launcher["config"]):
+        claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in cfg["volumes"]}
+        mounts = {m["name"]: m["mountPath"] for m in cfg["volume_mounts"]}
+        assert claims == {"data-root": pvc.metadata.name}
+        assert f"STAGE2_DATA_ROOT={mounts['data-root']}" in cfg["env_vars"]
+    # STAGE2_EXECUTOR=k8s makes it the executor of every job of the Definitions
+    defs = build_definitions(
+        BuildConfig(profile_path=str(demo_cache.profile), data_root="/data/stage2", executor="k8s")
+    )
+    for name in ("acquire_archives", "extract_cache_dirs", "verify_kit_and_build_store"):
+        assert defs.resolve_job_def(name).executor_def.name == "k8s"
