@@ -69,7 +69,7 @@ def build_acquisition_assets(profile: Profile) -> list[Any]:
         partitions_def=cache_keys,
         deps=[dg.AssetDep(archive_file, partition_mapping=archive_to_cache_key(profile))],
         check_specs=check_specs("cache_dir"),
-        description="processed_datasets/<cache_key>/ extracted safely from its archive (split parts read as one stream).",
+        description="processed_datasets/CACHE_KEY/ extracted safely from its archive (split parts read as one stream).",
         kinds={"folder"},
     )
     def cache_dir(context: dg.AssetExecutionContext, profile: ProfileResource, data_root: DataRootResource):

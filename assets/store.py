@@ -17,7 +17,7 @@ def build_store_assets(trajectory_join: Any, subset_checksums: Any) -> list[Any]
         group_name=GROUP,
         deps=[trajectory_join, subset_checksums],
         check_specs=check_specs("vin_store"),
-        description="stores/<profile>/current: the immutable, versioned, sharded Zarr v3 VIN offline store.",
+        description="stores/PROFILE/current: the immutable, versioned, sharded Zarr v3 VIN offline store.",
         kinds={"zarr"},
     )
     def vin_store(context: dg.AssetExecutionContext, profile: ProfileResource, data_root: DataRootResource):

@@ -236,6 +236,7 @@ def download_vs_curl(workdir: Path) -> list[dict[str, Any]]:
                 t = time.perf_counter()
                 if kind == "curl":
                     _curl_all([(u, dest / s.path) for u, s in zip(urls, specs, strict=True)], workers)
+                    base.append(time.perf_counter() - t)
                     t_sum = time.perf_counter()
                     subprocess.run(
                         ["sha256sum", *(str(dest / s.path) for s in specs)], check=True, capture_output=True
@@ -243,9 +244,8 @@ def download_vs_curl(workdir: Path) -> list[dict[str, Any]]:
                     summed.append(time.perf_counter() - t_sum)
                 else:
                     res = download_archives(source, specs, dest, workers=workers)
+                    ours.append(time.perf_counter() - t)
                     assert all(not r.skipped for r in res)
-                el = time.perf_counter() - t
-                (base if kind == "curl" else ours).append(el)
                 if kind == "ours":
                     for s in specs:
                         assert layout.archive_path(dest, s.path).stat().st_size == s.size

@@ -132,7 +132,8 @@ def _dask_executor_def() -> dg.ExecutorDefinition:
         },
     )
     def stage2_dask_executor(init_context: dg.InitExecutorContext) -> dg.Executor:
-        ((cluster_type, cluster_config),) = init_context.executor_config["cluster"].items()
+        cluster: dict[str, Any] = dict(init_context.executor_config["cluster"])  # type: ignore[call-overload]
+        ((cluster_type, cluster_config),) = cluster.items()
         return RunScopedDaskExecutor(cluster_type, cluster_config)
 
     return stage2_dask_executor

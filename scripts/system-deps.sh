@@ -7,6 +7,11 @@ need=()
 # tests/test_ops.py (browser test of the Dagster UI): headless Chromium and its WebDriver, from Debian.
 if [[ ! -x /usr/bin/chromium ]]; then need+=(chromium); fi
 if [[ ! -x /usr/bin/chromedriver ]]; then need+=(chromium-driver); fi
+# tests/test_scale.py (production instance): a real PostgreSQL server (initdb/postgres under
+# /usr/lib/postgresql/*/bin, started by the test on 127.0.0.1 as the `postgres` user, which the
+# package creates) and runuser (util-linux) to drop root for it.
+if ! compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null; then need+=(postgresql); fi
+if ! command -v runuser >/dev/null; then need+=(util-linux); fi
 if ((${#need[@]})); then
   if [[ $(id -u) -ne 0 ]]; then
     echo "system-deps: missing ${need[*]}; run as root: apt-get install -y ${need[*]}" >&2

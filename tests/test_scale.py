@@ -394,7 +394,7 @@ def test_kubernetes_configuration_validates_against_dagster_k8s(demo_cache: Demo
     old = {k: os.environ.get(k) for k in pg_env}
     os.environ.update(pg_env)
     try:
-        inst_cfg, _ = dagster_instance_config(k8s)
+        inst_cfg, _ = dagster_instance_config(str(k8s))
     finally:
         _restore(old)
     assert "postgres" in inst_cfg["storage"]

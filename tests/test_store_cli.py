@@ -298,7 +298,9 @@ def refused_then_rebuilt(built: dict, demo_cache: Any, tmp_path_factory: pytest.
     env = _offline_env(tmp)
     refusal = run_cli("validate", str(current), env=env)
     cmd = rebuild_command(current, m)
+    t0 = time.monotonic()
     rebuild = subprocess.run(shlex.split(cmd), capture_output=True, text=True, cwd=tmp, env=env, timeout=600)
+    print(f"\nrebuild command took {time.monotonic() - t0:.1f} s: {cmd}")
     return {
         "root": root,
         "store": store,
