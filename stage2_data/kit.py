@@ -198,6 +198,11 @@ def _decode_lines_fast(path: Path, decoder: msgspec.json.Decoder[Any]) -> list[A
         return None
     if b"\r" in data:  # a CR is a line break for the exact parser: let it count the lines
         return None
+    if not data.isascii():  # msgspec skips ignored fields unchecked: check the whole file's UTF-8
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
     lines = data.split(b"\n")
     if lines and not lines[-1]:
         lines.pop()

@@ -74,6 +74,8 @@ def cmd_build(args: argparse.Namespace) -> int:
         hub_folder=str(Path(args.hub_folder).resolve()) if args.hub_folder else None,
         token_env_var=args.token_env,
         reverify=args.reverify,
+        executor=args.executor,
+        dask_address=args.dask_address,
     )
     _quiet_runs(args.verbose)
     progress = None if args.json or args.no_progress else BuildProgress(profile)
@@ -193,6 +195,17 @@ def _add_build_args(p: argparse.ArgumentParser) -> None:
         help="archives downloaded at once (default: sized for the machine)",
     )
     p.add_argument("--reverify", action="store_true", help="re-hash archives already verified")
+    p.add_argument(
+        "--executor",
+        choices=["in_process", "multiprocess", "dask"],
+        default="in_process",
+        help="where each run's steps execute (Dagster executor; default in_process)",
+    )
+    p.add_argument(
+        "--dask-address",
+        default=None,
+        help="with --executor dask: the scheduler (tcp://host:8786); default: a local cluster for the build",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")
     p.add_argument(
         "--no-progress", action="store_true", help="no progress display (automatic when not a terminal or CI)"
