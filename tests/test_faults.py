@@ -1617,7 +1617,8 @@ def test_fault_proc_disk_full(prepared: Prepared, demo: DemoPaths, tmp_path: Pat
         root = mnt / "root"
         victim = "jesbu1_soar_rfm_soar.tar"
         size = (demo.upstream / victim).stat().st_size
-        filler = mnt / "filler"
+        (mnt / "fill").mkdir()
+        filler = mnt / "fill" / "filler"  # the test's own file: not part of the "outside" check
 
         def fill_when_asked(hub: HubServer) -> None:
             deadline = time.monotonic() + 60
@@ -1628,7 +1629,7 @@ def test_fault_proc_disk_full(prepared: Prepared, demo: DemoPaths, tmp_path: Pat
 
         import threading
 
-        before = outside(tmp_path, root)
+        before = outside(tmp_path, root, mnt / "fill")
         with _hub(demo, faults=HubFaults(fail_first={victim: 1})) as hub:
             cfg = _cfg(demo, root, hub.url)
             th = threading.Thread(target=fill_when_asked, args=(hub,))
@@ -1639,7 +1640,7 @@ def test_fault_proc_disk_full(prepared: Prepared, demo: DemoPaths, tmp_path: Pat
             part = layout.partial_path(root, victim)
             assert 0 < part.stat().st_size < size  # the partial download is kept
             assert not layout.archive_path(root, victim).exists()
-            assert outside(tmp_path, root) == before
+            assert outside(tmp_path, root, mnt / "fill") == before
             filler.unlink()
             hub.clear_log()
             r = run_selection(cfg, ["archive_file"], victim)

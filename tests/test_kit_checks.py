@@ -409,3 +409,32 @@ def test_stage2_verify_refuses_a_missing_data_root(kit: Kit, capsys: pytest.Capt
     missing = kit.data_root / "nope"
     assert main(["verify", str(kit.demo.profile), "--data-root", str(missing)]) == 2
     assert f"data root {missing} does not exist" in capsys.readouterr().err
+
+
+def test_link_check_fast_path_reports_exactly_what_the_exact_parsers_do(
+    kit: Kit, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """link_check decodes a clean kit with msgspec (fast path); with the fast path switched off the
+    exact parsers run. Same totals, same problems in the same order, clean or with missing files."""
+    from stage2_data import kit as kitmod
+
+    kitmod.unpack_sidecars(kit.profile, kit.data_root)
+    _, row = kit.first_row("racer", recovered=True)
+    (kit.derived / row["sidecar_path"]).unlink()  # a missing sidecar
+    stray = kit.derived / layout.sidecar_relpath("racer", str(uuid.UUID(int=7, version=4)))
+    stray.write_bytes(b"x")  # a sidecar no row names
+    pair = kit.pair_rows()[3]
+    (kit.data_root / pair["rejected_frames_path"]).unlink()  # a missing frames file
+
+    def report() -> dict[str, Any]:
+        d = kitmod.link_check(kit.profile, kit.data_root).to_dict()
+        del d["seconds"], d["fs_seconds"]
+        return d
+
+    fast = report()
+    assert kitmod._pairs_fast(kit.pairs) is not None and kitmod._actions_fast(kit.actions_dir) is not None
+    monkeypatch.setattr(kitmod, "_pairs_fast", lambda path: None)
+    monkeypatch.setattr(kitmod, "_actions_fast", lambda d: None)
+    exact = report()
+    assert fast == exact
+    assert (fast["missing_frames"], fast["missing_sidecars"], len(fast["problems"])) == (1, 1, 3)
