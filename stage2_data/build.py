@@ -281,11 +281,19 @@ def step_verify_bytes(profile: Profile, data_root: Path, *, progress: Any = None
 
     rep = verify_subset_bytes(profile, data_root, progress=progress)
     fix = "delete the named cache directory's extraction and re-run the build (or check the kit's SHA256SUMS)"
-    problems = [f"{m} (fix: {fix})" for m in rep.mismatched] + [f"{p}: missing" for p in rep.missing]
+    sums = profile.kit_file("subset_checksums")
+    problems = (
+        [f"{m} (fix: {fix})" for m in rep.mismatched]
+        + [f"{p}: missing" for p in rep.missing]
+        + [
+            f"{p}: used by the pairs but not listed in {sums} (fix: add its sha256 line to the kit)"
+            for p in rep.unlisted
+        ]
+    )
     md = {
         "files": rep.files,
         "bytes": rep.bytes,
-        "ok": rep.ok if isinstance(rep.ok, int) else None,
+        "matched": rep.matched,
         "seconds": round(rep.seconds, 3),
         "MB/s": round(rep.bytes / 1e6 / rep.seconds, 1) if rep.seconds else None,
     }

@@ -318,7 +318,7 @@ FAULTS: tuple[Fault, ...] = (
     Fault(
         "proc_kill_extract",
         "process",
-        "`stage2 build` killed with SIGKILL during extraction (at the 3rd cache key)",
+        "`stage2 build` killed with SIGKILL during extraction, while the 3rd cache key's temp folder is being filled (sent by the process to itself from an audit hook: the demo's keys extract in milliseconds, too fast to hit from outside)",
         "the process dies (exit -9)",
         "the keys already extracted; the half-written .<key>.tmp-<pid> folder (never read, removed by the rerun); no store",
         FP + " (whole `stage2 build`)",
