@@ -36,6 +36,7 @@ ui: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run
+	$(BIN)/python -m bench.readme
 
 clean:
 	rm -rf .demo .dagster_home

@@ -35,7 +35,9 @@ def timed(fn: Any, *args: Any, repeat: int = 1, **kwargs: Any) -> float:
     return best
 
 
-def entry(name: str, ours_s: float, baseline: str, baseline_s: float, target: float | None, **extra: Any) -> dict:
+def entry(
+    name: str, ours_s: float, baseline: str, baseline_s: float, target: float | None, **extra: Any
+) -> dict:
     ratio = ours_s / baseline_s if baseline_s > 0 else float("inf")
     out = {
         "name": name,
@@ -53,6 +55,22 @@ def entry(name: str, ours_s: float, baseline: str, baseline_s: float, target: fl
 def drop_caches() -> None:
     """Best effort: flush dirty pages so one run's writes do not slow the next."""
     os.sync()
+
+
+def render_table(doc: dict) -> str:
+    """The Markdown table the README shows (tests/test_readme.py keeps the README in sync with results.json)."""
+    lines = [
+        "| benchmark | ours (s) | baseline | baseline (s) | ratio | target | met |",
+        "|---|---:|---|---:|---:|---:|:---:|",
+    ]
+    for r in doc["results"]:
+        tgt = f"≤ {r['target']}" if r.get("target") is not None else "-"
+        met = {True: "yes", False: "**no**", None: "-"}[r.get("meets_target")]
+        base = str(r["baseline"]).replace("|", "\\|")
+        lines.append(
+            f"| {r['name']} | {r['ours_s']} | {base} | {r['baseline_s']} | {r['ratio']} | {tgt} | {met} |"
+        )
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,16 +103,16 @@ def main(argv: list[str] | None = None) -> int:
     merged = {r["name"]: r for r in previous.get("results", [])} if args.only else {}
     merged.update({r["name"]: r for r in results})
     doc = {
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "results": list(merged.values()),
     }
     out.write_text(json.dumps(doc, indent=2) + "\n")
-    print("| benchmark | ours (s) | baseline | baseline (s) | ratio | target |")
-    print("|---|---:|---|---:|---:|---:|")
-    for r in doc["results"]:
-        tgt = f"≤ {r['target']}" if r.get("target") is not None else "-"
-        print(f"| {r['name']} | {r['ours_s']} | {r['baseline']} | {r['baseline_s']} | {r['ratio']} | {tgt} |")
+    print(render_table(doc))
     return 0
 
 

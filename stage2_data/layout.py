@@ -9,8 +9,8 @@
   extraction_report.json                         all cache keys
   tables/trajectory_join.parquet                 the trajectory/sidecar join
   reports/*.json                                 verification reports
-  stores/<profile>/<fingerprint16>/              immutable VIN stores
-  stores/<profile>/current -> <fingerprint16>    the published store
+  stores/<profile>/v<VERSION>-<inputkey16>/      immutable VIN stores, one per input set
+  stores/<profile>/current -> v<VERSION>-...     the published store (symlink swapped atomically)
 """
 
 from __future__ import annotations
