@@ -289,6 +289,7 @@ def step_verify_bytes(profile: Profile, data_root: Path, *, progress: Any = None
             f"{p}: used by the pairs but not listed in {sums} (fix: add its sha256 line to the kit)"
             for p in rep.unlisted
         ]
+        + list(rep.problems)
     )
     md = {
         "files": rep.files,

@@ -56,6 +56,7 @@ import shlex
 import shutil
 import socket
 import sys
+import tempfile
 import uuid
 import zipfile
 from collections import Counter, defaultdict, deque
@@ -76,6 +77,7 @@ from . import __version__
 from .errors import ProblemsError, StoreError, StoreNotFoundError, StoreValidationError, StoreVersionError
 from .fsutil import atomic_write_json, canonical_json, fsync_dir, require_free_space
 from .hashing import SHA256_RE, sha256_bytes, sha256_files_parallel
+from .storage import StoreLocation, is_url
 
 OFFLINE_DATASET_VERSION: int = 1
 STORE_FORMAT = "stage2-vin-offline-store"
@@ -227,8 +229,11 @@ def _npy_bytes(arr: np.ndarray[Any, Any]) -> bytes:
     return buf.getvalue()
 
 
-def _write_file(root: Path, rel: str, data: bytes) -> dict[str, Any]:
-    p = root / rel
+def _write_file(loc: StoreLocation, rel: str, data: bytes) -> dict[str, Any]:
+    p = loc.root / rel
+    if not loc.is_local:
+        loc.write_bytes(p, data)  # one PUT per object
+        return {"path": rel, "bytes": len(data), "sha256": sha256_bytes(data)}
     p.parent.mkdir(parents=True, exist_ok=True)
     with open(p, "wb") as f:
         f.write(data)
@@ -237,10 +242,16 @@ def _write_file(root: Path, rel: str, data: bytes) -> dict[str, Any]:
     return {"path": rel, "bytes": len(data), "sha256": sha256_bytes(data)}
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+def _read_jsonl(path: Path, loc: StoreLocation | None = None) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    if loc is None or loc.is_local:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines(keepends=True)
+    else:
+        lines = loc.read_bytes(path).decode("utf-8").splitlines(keepends=True)
+        path = Path(loc.display(path))
+    if True:
+        for lineno, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
             try:
@@ -1017,7 +1028,7 @@ def _stats(
 
 
 def _write_metadata_files(
-    root: Path, index_rows: Sequence[dict[str, Any]], pairs_rows: Sequence[dict[str, Any]]
+    root: StoreLocation, index_rows: Sequence[dict[str, Any]], pairs_rows: Sequence[dict[str, Any]]
 ) -> list[dict[str, Any]]:
     files = [
         _write_file(root, SAMPLE_INDEX_NAME, _jsonl_bytes(index_rows)),
@@ -1033,7 +1044,7 @@ def _write_metadata_files(
 
 
 def _finish_manifest(
-    staging: Path,
+    target: StoreLocation,
     *,
     profile: dict[str, Any],
     inputs: dict[str, str],
@@ -1044,7 +1055,8 @@ def _finish_manifest(
     local: dict[str, Any],
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    files = _write_metadata_files(staging, index_rows, pairs_rows)
+    files = _write_metadata_files(target, index_rows, pairs_rows)
+    staging = target.root
     manifest: dict[str, Any] = {
         "format": STORE_FORMAT,
         "version": OFFLINE_DATASET_VERSION,
@@ -1064,17 +1076,24 @@ def _finish_manifest(
         manifest.update(extra)
     manifest["fingerprint"] = _fingerprint_of(manifest, _manifest_data_files(manifest))
     all_rel = [f["path"] for f in files] + [f["path"] for s in shard_entries for f in s["files"]]
-    _fsync_files(staging, all_rel)
-    problems = _validate(staging, manifest, deep=False)
+    if target.is_local:
+        _fsync_files(staging, all_rel)
+    target.invalidate()
+    problems = _validate(target, manifest, deep=False)
     if problems:
         raise StoreValidationError(
-            f"the store just written in {staging} is invalid (a writer bug)",
+            f"the store just written in {target.display(staging)} is invalid (a writer bug)",
             problems,
             fix="report this; nothing was published",
         )
-    atomic_write_json(staging / MANIFEST_NAME, manifest)  # LAST: its presence means complete
-    os.chmod(staging / MANIFEST_NAME, 0o666 & ~_umask())  # mkstemp gives 0600
-    fsync_dir(staging)
+    if target.is_local:
+        atomic_write_json(staging / MANIFEST_NAME, manifest)  # LAST: its presence means complete
+        os.chmod(staging / MANIFEST_NAME, 0o666 & ~_umask())  # mkstemp gives 0600
+        fsync_dir(staging)
+    else:  # object storage: one PUT, LAST; the commit marker (no rename exists there)
+        body = json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+        target.write_bytes(staging / MANIFEST_NAME, body.encode("utf-8"))
+        target.invalidate()
     return manifest
 
 
@@ -1375,15 +1394,16 @@ def rebuild_command(path: str | os.PathLike[str], manifest: dict[str, Any] | Non
     return shlex.join(cmd)
 
 
-def _load_manifest_strict(path: Path) -> dict[str, Any]:
-    mpath = path / MANIFEST_NAME
-    if not mpath.is_file():
+def _load_manifest_strict(loc: StoreLocation) -> dict[str, Any]:
+    path = loc.url
+    mpath = loc.display(loc.root / MANIFEST_NAME)
+    if not loc.is_file(loc.root / MANIFEST_NAME):
         raise StoreNotFoundError(
             f"no complete VIN offline store at {path}: {MANIFEST_NAME} is missing (incomplete or not a store).",
             fix=f"build it: {rebuild_command(path, None)}",
         )
     try:
-        manifest = json.loads(mpath.read_text(encoding="utf-8"))
+        manifest = json.loads(loc.read_bytes(loc.root / MANIFEST_NAME).decode("utf-8"))
     except (OSError, ValueError) as e:
         raise StoreError(
             f"{mpath}: unreadable manifest ({e}).", fix=f"rebuild: {rebuild_command(path, None)}"
@@ -1421,7 +1441,10 @@ class _DirectArray:
 
 
 def _direct_array(
-    arr: Any, array_dir: Path, read_range: Callable[[Path, int, int], bytes]
+    arr: Any,
+    array_dir: Path,
+    read_range: Callable[[Path, int, int], bytes],
+    size_of: Callable[[Path], int] = lambda p: p.stat().st_size,
 ) -> _DirectArray | None:
     """Parse the index of an array written by :func:`_write_shard_blob` (verified with its crc32c)."""
     import google_crc32c
@@ -1446,7 +1469,7 @@ def _direct_array(
     n = int(arr.shape[0])
     path = array_dir / arr.metadata.encode_chunk_key((0,) * len(arr.shape))
     try:
-        size = path.stat().st_size
+        size = size_of(path)
     except FileNotFoundError:
         return None  # never written: zarr gives the fill value
     nidx = 16 * n + 4
@@ -1475,9 +1498,13 @@ class VinOfflineStoreReader:
     decoded with Blosc into a fresh array; anything else is read through zarr.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        self.manifest: dict[str, Any] = _load_manifest_strict(self.path)
+    def __init__(
+        self, path: str | os.PathLike[str] | StoreLocation, storage_options: dict[str, Any] | None = None
+    ) -> None:
+        self.location = StoreLocation.parse(path, storage_options)
+        #: the local folder, or ``bucket/prefix`` on object storage (``location.url`` names it)
+        self.path = self.location.root
+        self.manifest: dict[str, Any] = _load_manifest_strict(self.location)
         self._shards: list[dict[str, Any]] = list(self.manifest.get("shards", []))
         self._sample_index: list[dict[str, Any]] | None = None
         self._pairs: list[dict[str, Any]] | None = None
@@ -1509,7 +1536,7 @@ class VinOfflineStoreReader:
     @property
     def sample_index(self) -> list[dict[str, Any]]:
         if self._sample_index is None:
-            rows = _read_jsonl(self.path / SAMPLE_INDEX_NAME)
+            rows = _read_jsonl(self.path / SAMPLE_INDEX_NAME, self.location)
             if len(rows) != self.num_samples:
                 raise StoreError(
                     f"{self.path / SAMPLE_INDEX_NAME}: {len(rows)} rows but the manifest has {self.num_samples}.",
@@ -1523,19 +1550,20 @@ class VinOfflineStoreReader:
         if name not in SPLIT_FILES:
             raise KeyError(f"unknown split {name!r}; expected one of {', '.join(SPLIT_FILES)}")
         if name not in self._splits:
-            arr = np.load(self.path / SPLITS_DIR / f"{name}.npy", allow_pickle=False)
+            raw = self.location.read_bytes(self.path / SPLITS_DIR / f"{name}.npy")
+            arr = np.load(io.BytesIO(raw), allow_pickle=False)
             self._splits[name] = np.asarray(arr, dtype=np.int64)
         return self._splits[name]
 
     def pairs(self) -> list[dict[str, Any]]:
         if self._pairs is None:
-            self._pairs = _read_jsonl(self.path / PAIRS_NAME)
+            self._pairs = _read_jsonl(self.path / PAIRS_NAME, self.location)
         return self._pairs
 
     # -- zarr access ---------------------------------------------------------------------------------
     def _open_store(self, shard_dir: Path) -> Any:
         """The zarr store of one shard folder (a hook: tests wrap it to count reads)."""
-        return LocalStore(shard_dir, read_only=True)
+        return self.location.zarr_store(shard_dir, read_only=True)
 
     def _group(self, shard_id: int) -> Any:
         if self._pid != os.getpid():  # forked: zarr handles of the parent are not reused
@@ -1566,9 +1594,7 @@ class VinOfflineStoreReader:
     # -- direct shard reads ------------------------------------------------------------------------
     def _read_range(self, path: Path, offset: int, length: int) -> bytes:
         """``length`` bytes of ``path`` at ``offset`` (a hook: tests wrap it to count reads)."""
-        with open(path, "rb", buffering=0) as f:
-            f.seek(offset)
-            data = f.read(length)
+        data = self.location.read_range(path, offset, length)
         if len(data) != length:
             raise StoreError(
                 f"{path}: truncated ({len(data)} of {length} bytes at offset {offset}).",
@@ -1583,7 +1609,9 @@ class VinOfflineStoreReader:
         if key in self._direct_cache:
             return self._direct_cache[key]
         arr = self._array(shard_id, name)
-        d = _direct_array(arr, self.path / self._shards[shard_id]["dir"] / name, self._read_range)
+        d = _direct_array(
+            arr, self.path / self._shards[shard_id]["dir"] / name, self._read_range, self.location.size
+        )
         self._direct_cache[key] = d
         return d
 
@@ -1646,8 +1674,13 @@ class VinOfflineDataset:
     ``action_width`` and the sample-index metadata (sample_index, sample_key, split, task, ...).
     """
 
-    def __init__(self, path: str | os.PathLike[str], split: str | None = None) -> None:
-        self.reader = VinOfflineStoreReader(path)
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | StoreLocation,
+        split: str | None = None,
+        storage_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.reader = VinOfflineStoreReader(path, storage_options)
         self.split = split
         self.indices = self.reader.split(split if split is not None else "all")
 
