@@ -244,23 +244,18 @@ def _write_file(loc: StoreLocation, rel: str, data: bytes) -> dict[str, Any]:
 
 def _read_jsonl(path: Path, loc: StoreLocation | None = None) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    if loc is None or loc.is_local:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines(keepends=True)
-    else:
-        lines = loc.read_bytes(path).decode("utf-8").splitlines(keepends=True)
-        path = Path(loc.display(path))
-    if True:
-        for lineno, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise StoreError(f"{path}:{lineno}: not valid JSON ({e.msg}).") from None
-            if not isinstance(row, dict):
-                raise StoreError(f"{path}:{lineno}: not a JSON object.")
-            rows.append(row)
+    loc = loc or StoreLocation.parse(path.parent)
+    where = loc.display(path)
+    for lineno, line in enumerate(loc.read_bytes(path).decode("utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise StoreError(f"{where}:{lineno}: not valid JSON ({e.msg}).") from None
+        if not isinstance(row, dict):
+            raise StoreError(f"{where}:{lineno}: not a JSON object.")
+        rows.append(row)
     return rows
 
 
@@ -1808,15 +1803,17 @@ def _validate_shard_entries(m: dict[str, Any], problems: list[str], where: str) 
 
 
 def _validate_index(
-    root: Path, m: dict[str, Any], shards: list[dict[str, Any]], problems: list[str]
+    loc: StoreLocation, m: dict[str, Any], shards: list[dict[str, Any]], problems: list[str]
 ) -> list[dict[str, Any]]:
-    ipath = root / SAMPLE_INDEX_NAME
-    if not ipath.is_file():
+    root = loc.root
+    ipath_p = root / SAMPLE_INDEX_NAME
+    ipath = loc.display(ipath_p)
+    if not loc.is_file(ipath_p):
         problems.append(f"{ipath}: missing")
         return []
     rows: list[dict[str, Any]] = []
-    with open(ipath, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    if True:
+        for lineno, line in enumerate(_lines(loc, ipath_p), start=1):
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
@@ -1837,7 +1834,7 @@ def _validate_index(
         problems.append(f"{ipath}: {len(rows)} rows but the manifest's shards hold {n_manifest}")
     if stats.get("samples") != len(rows):
         problems.append(
-            f"{root / MANIFEST_NAME}: stats.samples {stats.get('samples')!r} but {len(rows)} index rows"
+            f"{loc.display(root / MANIFEST_NAME)}: stats.samples {stats.get('samples')!r} but {len(rows)} index rows"
         )
     keys = Counter(r["sample_key"] for r in rows)
     dups = sorted(k for k, c in keys.items() if c > 1)
@@ -1870,16 +1867,20 @@ def _validate_index(
     return rows
 
 
-def _validate_splits(root: Path, m: dict[str, Any], rows: list[dict[str, Any]], problems: list[str]) -> None:
+def _validate_splits(
+    loc: StoreLocation, m: dict[str, Any], rows: list[dict[str, Any]], problems: list[str]
+) -> None:
+    root = loc.root
     n = len(rows)
     loaded: dict[str, np.ndarray[Any, Any]] = {}
     for name in SPLIT_FILES:
-        p = root / SPLITS_DIR / f"{name}.npy"
-        if not p.is_file():
+        pp = root / SPLITS_DIR / f"{name}.npy"
+        p = loc.display(pp)
+        if not loc.is_file(pp):
             problems.append(f"{p}: missing split file")
             continue
         try:
-            arr = np.load(p, allow_pickle=False)
+            arr = np.load(io.BytesIO(loc.read_bytes(pp)), allow_pickle=False)
         except (OSError, ValueError) as e:
             problems.append(f"{p}: unreadable ({e})")
             continue
@@ -1901,7 +1902,7 @@ def _validate_splits(root: Path, m: dict[str, Any], rows: list[dict[str, Any]], 
         if union != sets["all"]:
             problems.append("splits: train ∪ val ∪ test differs from all")
     if "all" in loaded and not np.array_equal(loaded["all"], np.arange(n, dtype=np.int64)):
-        problems.append(f"{root / SPLITS_DIR / 'all.npy'}: is not 0..{n - 1}")
+        problems.append(f"{loc.display(root / SPLITS_DIR / 'all.npy')}: is not 0..{n - 1}")
     per_split = (m.get("stats") or {}).get("per_split") if isinstance(m.get("stats"), dict) else None
     for sp in SPLIT_NAMES:
         if sp not in sets:
@@ -1917,16 +1918,20 @@ def _validate_splits(root: Path, m: dict[str, Any], rows: list[dict[str, Any]], 
             )
 
 
-def _validate_pairs(root: Path, m: dict[str, Any], rows: list[dict[str, Any]], problems: list[str]) -> None:
-    p = root / PAIRS_NAME
-    if not p.is_file():
+def _validate_pairs(
+    loc: StoreLocation, m: dict[str, Any], rows: list[dict[str, Any]], problems: list[str]
+) -> None:
+    root = loc.root
+    pp = root / PAIRS_NAME
+    p = loc.display(pp)
+    if not loc.is_file(pp):
         problems.append(f"{p}: missing")
         return
     n = len(rows)
     count = 0
     seen: set[str] = set()
-    with open(p, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    if True:
+        for lineno, line in enumerate(_lines(loc, pp), start=1):
             tag = f"{p}:{lineno}"
             try:
                 row = json.loads(line)
@@ -1954,16 +1959,18 @@ def _validate_pairs(root: Path, m: dict[str, Any], rows: list[dict[str, Any]], p
     stats: dict[str, Any] = m["stats"] if isinstance(m.get("stats"), dict) else {}
     if stats.get("pairs") != count:
         problems.append(
-            f"{root / MANIFEST_NAME}: stats.pairs {stats.get('pairs')!r} but {p.name} has {count} rows"
+            f"{loc.display(root / MANIFEST_NAME)}: stats.pairs {stats.get('pairs')!r} but {PAIRS_NAME} has {count} rows"
         )
 
 
 def _validate_arrays(
-    root: Path, shards: list[dict[str, Any]], rows: list[dict[str, Any]], problems: list[str]
+    loc: StoreLocation, shards: list[dict[str, Any]], rows: list[dict[str, Any]], problems: list[str]
 ) -> None:
+    root = loc.root
     for sh in shards:
-        sdir = root / sh["dir"]
-        if not sdir.is_dir():
+        sdir_p = root / sh["dir"]
+        sdir = loc.display(sdir_p)
+        if not loc.is_dir(sdir_p):
             continue  # reported by the shard-count check
         rr = int(sh["num_rows"])
         tmax, h, w, _ = sh["frame_shape"]
@@ -1975,7 +1982,7 @@ def _validate_arrays(
         }
         if wmax > 0:
             expected[BLOCK_ACTIONS] = (rr, tmax, wmax)
-        store = LocalStore(sdir, read_only=True)
+        store = loc.zarr_store(sdir_p, read_only=True)
         arrays: dict[str, Any] = {}
         for name, shape in expected.items():
             try:
@@ -1989,7 +1996,7 @@ def _validate_arrays(
                 problems.append(f"{sdir}/{name}: dtype {arr.dtype}; expected {BLOCK_DTYPES[name]}")
             else:
                 arrays[name] = arr
-        if wmax == 0 and (sdir / "actions" / "aligned").exists():
+        if wmax == 0 and loc.exists(sdir_p / "actions" / "aligned"):
             problems.append(f"{sdir}/{BLOCK_ACTIONS}: present but the manifest says action_width_max 0")
         mine = rows[int(sh["row_start"]) : int(sh["row_start"]) + rr]
         for name, col in ((BLOCK_NUM_FRAMES, "num_frames"), (BLOCK_WIDTH, "action_width")):
@@ -2009,46 +2016,58 @@ def _validate_arrays(
 
 
 def _validate_files(
-    root: Path, m: dict[str, Any], shards: list[dict[str, Any]], deep: bool, problems: list[str]
+    loc: StoreLocation, m: dict[str, Any], shards: list[dict[str, Any]], deep: bool, problems: list[str]
 ) -> None:
+    root = loc.root
+    disp = loc.display
     listed: list[dict[str, Any]] = [f for f in m.get("files", []) if isinstance(f, dict)]
     for sh in shards:
         listed += sh["files"]
     listed_paths = {f["path"] for f in listed}
     for name in (SAMPLE_INDEX_NAME, PAIRS_NAME, *[f"{SPLITS_DIR}/{s}.npy" for s in SPLIT_FILES]):
         if name not in listed_paths:
-            problems.append(f"{root / MANIFEST_NAME}: file {name} is not listed with its sha256")
+            problems.append(f"{disp(root / MANIFEST_NAME)}: file {name} is not listed with its sha256")
     present: list[dict[str, Any]] = []
     for f in listed:
         p = root / f["path"]
-        if not p.is_file():
+        try:
+            size = loc.size(p)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            size = -1
+        if size < 0 or not loc.is_local and not loc.is_file(p):
             if not f["path"].startswith(SPLITS_DIR + "/"):  # missing split files are reported once, above
-                problems.append(f"{p}: listed in the manifest but missing")
+                problems.append(f"{disp(p)}: listed in the manifest but missing")
             continue
-        size = p.stat().st_size
+        if loc.is_local and not p.is_file():
+            problems.append(f"{disp(p)}: listed in the manifest but missing")
+            continue
         if size != f["bytes"]:
-            problems.append(f"{p}: {size} bytes; the manifest says {f['bytes']}")
+            problems.append(f"{disp(p)}: {size} bytes; the manifest says {f['bytes']}")
         present.append(f)
     expected_dirs = {Path(sh["dir"]).name for sh in shards}
     sroot = root / SHARDS_DIR
-    on_disk = {d.name for d in sroot.iterdir()} if sroot.is_dir() else set()
+    on_disk = loc.listdir_names(sroot)
     for d in sorted(expected_dirs - on_disk):
-        problems.append(f"{sroot / d}: shard folder missing")
+        problems.append(f"{disp(sroot / d)}: shard folder missing")
     for d in sorted(on_disk - expected_dirs):
-        problems.append(f"{sroot / d}: unexpected shard folder (the manifest lists {len(shards)} shards)")
-    if sroot.is_dir():
-        for rel in _tree_files(root, sroot):
+        problems.append(f"{disp(sroot / d)}: unexpected shard folder (the manifest lists {len(shards)} shards)")
+    if on_disk:
+        for rel in loc.tree_files(sroot):
             if rel not in listed_paths:
-                problems.append(f"{root / rel}: file not listed in the manifest")
+                problems.append(f"{disp(root / rel)}: file not listed in the manifest")
     if deep and present:
-        hashes = sha256_files_parallel([root / f["path"] for f in present])
+        hashes = loc.sha256_files([root / f["path"] for f in present])
         for f in present:
             got = hashes[str(root / f["path"])]
             if got != f["sha256"]:
-                problems.append(f"{root / f['path']}: sha256 {got}; the manifest says {f['sha256']}")
+                problems.append(f"{disp(root / f['path'])}: sha256 {got}; the manifest says {f['sha256']}")
 
 
-def validate_vin_offline_store(path: str | os.PathLike[str], deep: bool = False) -> list[str]:
+def validate_vin_offline_store(
+    path: str | os.PathLike[str] | StoreLocation,
+    deep: bool = False,
+    storage_options: dict[str, Any] | None = None,
+) -> list[str]:
     """Read-only check of a store; returns every problem found (empty list = valid).
 
     Checks manifest fields, format/version, row counts, shard count, split files (sorted, disjoint,
@@ -2057,23 +2076,29 @@ def validate_vin_offline_store(path: str | os.PathLike[str], deep: bool = False)
     sample index, and every listed file's size. ``deep`` also hashes every file against the manifest
     and recomputes the fingerprint.
     """
-    root = Path(path)
-    if not root.is_dir():
+    loc = StoreLocation.parse(path, storage_options)
+    root = loc.root
+    if loc.is_local and not root.is_dir():
         return [f"{root}: not a folder (no store here)"]
-    mpath = root / MANIFEST_NAME
-    if not mpath.is_file():
+    mpath = loc.display(root / MANIFEST_NAME)
+    if not loc.is_file(root / MANIFEST_NAME):
         return [f"{mpath}: missing (incomplete or not a store)"]
     try:
-        m = json.loads(mpath.read_text(encoding="utf-8"))
+        m = json.loads(loc.read_bytes(root / MANIFEST_NAME).decode("utf-8"))
     except (OSError, ValueError) as e:
         return [f"{mpath}: unreadable ({e})"]
     if not isinstance(m, dict):
         return [f"{mpath}: not a JSON object"]
-    return _validate(root, m, deep)
+    return _validate(loc, m, deep)
 
 
-def _validate(root: Path, m: dict[str, Any], deep: bool) -> list[str]:
-    mpath = root / MANIFEST_NAME
+def _lines(loc: StoreLocation, p: Path) -> list[str]:
+    return loc.read_bytes(p).decode("utf-8").splitlines(keepends=True)
+
+
+def _validate(loc: StoreLocation, m: dict[str, Any], deep: bool) -> list[str]:
+    root = loc.root
+    mpath = loc.display(root / MANIFEST_NAME)
     problems: list[str] = []
     _validate_manifest_fields(m, problems, str(mpath))
     shards = _validate_shard_entries(m, problems, str(mpath))
@@ -2087,28 +2112,34 @@ def _validate(root: Path, m: dict[str, Any], deep: bool) -> list[str]:
             f"{mpath}: block {BLOCK_ACTIONS} materialized={blocks[BLOCK_ACTIONS].get('materialized')!r} "
             f"but {'some' if has_actions else 'no'} shard holds it"
         )
-    rows = _validate_index(root, m, shards, problems)
-    _validate_splits(root, m, rows, problems)
-    _validate_pairs(root, m, rows, problems)
-    _validate_arrays(root, shards, rows, problems)
-    _validate_files(root, m, shards, deep, problems)
+    rows = _validate_index(loc, m, shards, problems)
+    _validate_splits(loc, m, rows, problems)
+    _validate_pairs(loc, m, rows, problems)
+    _validate_arrays(loc, shards, rows, problems)
+    _validate_files(loc, m, shards, deep, problems)
     if deep and isinstance(m.get("fingerprint"), str):
         try:
-            fp = store_fingerprint(root)
+            fp = store_fingerprint(loc)
         except (OSError, StoreError) as e:
-            problems.append(f"{root}: cannot recompute the fingerprint ({e})")
+            problems.append(f"{loc.url}: cannot recompute the fingerprint ({e})")
         else:
             if fp != m["fingerprint"]:
                 problems.append(f"{mpath}: fingerprint {m['fingerprint']} but the content gives {fp}")
     return problems
 
 
-def raise_if_invalid(path: str | os.PathLike[str], deep: bool = False) -> None:
-    problems = validate_vin_offline_store(path, deep=deep)
+def raise_if_invalid(
+    path: str | os.PathLike[str] | StoreLocation,
+    deep: bool = False,
+    storage_options: dict[str, Any] | None = None,
+) -> None:
+    loc = StoreLocation.parse(path, storage_options)
+    problems = validate_vin_offline_store(loc, deep=deep)
     if problems:
         manifest: dict[str, Any] | None = None
         with contextlib.suppress(OSError, ValueError):
-            manifest = json.loads((Path(path) / MANIFEST_NAME).read_text(encoding="utf-8"))
+            manifest = json.loads(loc.read_bytes(loc.root / MANIFEST_NAME).decode("utf-8"))
+        path = loc.url
         raise StoreValidationError(
             f"VIN offline store {path} is invalid",
             problems,
@@ -2116,7 +2147,9 @@ def raise_if_invalid(path: str | os.PathLike[str], deep: bool = False) -> None:
         )
 
 
-def store_fingerprint(path: str | os.PathLike[str]) -> str:
+def store_fingerprint(
+    path: str | os.PathLike[str] | StoreLocation, storage_options: dict[str, Any] | None = None
+) -> str:
     """Recompute the fingerprint from the files on disk (hashes every data file) and the manifest.
 
     sha256 over the sorted (relative path, sha256) of every data file (shards, sample_index.jsonl,
@@ -2124,21 +2157,25 @@ def store_fingerprint(path: str | os.PathLike[str]) -> str:
     ``fingerprint`` and ``local`` (this machine's paths). The writer stores the same value in
     ``manifest["fingerprint"]``.
     """
-    root = Path(path)
+    loc = StoreLocation.parse(path, storage_options)
+    root = loc.root
     mpath = root / MANIFEST_NAME
-    if not mpath.is_file():
-        raise StoreNotFoundError(f"no complete VIN offline store at {root}: {MANIFEST_NAME} is missing.")
-    manifest = json.loads(mpath.read_text(encoding="utf-8"))
-    rels = [r for r in _tree_files(root, root) if r != MANIFEST_NAME]
-    hashes = sha256_files_parallel([root / r for r in rels])
+    if not loc.is_file(mpath):
+        raise StoreNotFoundError(f"no complete VIN offline store at {loc.url}: {MANIFEST_NAME} is missing.")
+    manifest = json.loads(loc.read_bytes(mpath).decode("utf-8"))
+    rels = [r for r in loc.tree_files(root) if r != MANIFEST_NAME]
+    hashes = loc.sha256_files([root / r for r in rels])
     return _fingerprint_of(manifest, [(r, hashes[str(root / r)]) for r in rels])
 
 
 # ----- stats -------------------------------------------------------------------------------------------
-def collect_vin_offline_dataset_stats(path: str | os.PathLike[str]) -> dict[str, Any]:
+def collect_vin_offline_dataset_stats(
+    path: str | os.PathLike[str] | StoreLocation, storage_options: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Counts per split and source, pairs, samples with actions, frames per sample, and bytes per
     block: uncompressed (from the manifest: payload and stored with padding) and on disk (stat)."""
-    reader = VinOfflineStoreReader(path)
+    reader = VinOfflineStoreReader(path, storage_options)
+    loc = reader.location
     rows = reader.sample_index
     m = reader.manifest
     on_disk = dict.fromkeys([*BLOCK_NAMES, "group_metadata"], 0)
@@ -2146,11 +2183,11 @@ def collect_vin_offline_dataset_stats(path: str | os.PathLike[str]) -> dict[str,
         for f in sh["files"]:
             p = reader.path / f["path"]
             with contextlib.suppress(FileNotFoundError):
-                on_disk[_block_of(Path(f["path"]).parts[2:])] += p.stat().st_size
+                on_disk[_block_of(Path(f["path"]).parts[2:])] += loc.size(p)
     meta_bytes = 0
     for rel in [f["path"] for f in m.get("files", [])] + [MANIFEST_NAME]:
         with contextlib.suppress(FileNotFoundError):
-            meta_bytes += (reader.path / rel).stat().st_size
+            meta_bytes += loc.size(reader.path / rel)
     on_disk["metadata_files"] = meta_bytes
     on_disk["total"] = sum(on_disk.values())
     nfs = [int(r["num_frames"]) for r in rows]
@@ -2160,7 +2197,7 @@ def collect_vin_offline_dataset_stats(path: str | os.PathLike[str]) -> dict[str,
         d[r["source"]] = d.get(r["source"], 0) + 1
     stats = m.get("stats", {})
     return {
-        "path": str(reader.path),
+        "path": loc.url,
         "format": m["format"],
         "version": m["version"],
         "fingerprint": m.get("fingerprint"),

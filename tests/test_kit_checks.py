@@ -248,7 +248,9 @@ def test_pair_whose_frames_file_is_missing(kit: Kit, dagster_home: Path) -> None
                 f"{kit.pairs}:{line}: frames file {fpath} of trajectory {ghost} is missing under "
                 f"{kit.data_root.resolve()}",
                 f"trajectory {ghost} (named at {kit.pairs}:{line}) is not a row of",
-            ]
+            ],
+            # the ghost's frames file is also absent from SHA256SUMS: the byte check says so
+            C.SUBSET_BYTES_MATCH_SHA256SUMS: [f"{fpath}: used by the pairs but not listed in"],
         },
     )
 
