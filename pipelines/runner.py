@@ -19,6 +19,7 @@ from typing import Any
 
 from .config import BuildConfig
 
+DOWNLOADS_POOL = "downloads"  # the concurrency pool of archive_file (assets/acquisition.py)
 FINAL_STAGE = ["extraction_report", "action_sidecars", "trajectory_join", "subset_checksums", "vin_store"]
 
 
@@ -51,7 +52,13 @@ def ensure_instance(data_root: Path) -> Path:
     os.environ["DAGSTER_HOME"] = str(home)
     import dagster as dg
 
-    dg.DagsterInstance.get().get_runs(limit=1)  # create the schema once, before worker processes start
+    instance = dg.DagsterInstance.get()
+    instance.get_runs(limit=1)  # create the schema once, before worker processes start
+    # Create the `downloads` pool's row once, here: concurrent first runs would race to insert it
+    # (a unique-key violation that aborts a run on PostgreSQL).
+    init_pool = getattr(instance.event_log_storage, "initialize_concurrency_limit_to_default", None)
+    if callable(init_pool):
+        init_pool(DOWNLOADS_POOL)
     return home
 
 

@@ -120,6 +120,13 @@ class _Server(ThreadingHTTPServer):
         self.sockets_lock = threading.Lock()
         super().__init__(addr, _Handler)
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that hangs up (a cancelled or resumed download) is normal, not a server error.
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError | TimeoutError):
+            return
+        super().handle_error(request, client_address)
+
     def process_request(self, request: Any, client_address: Any) -> None:
         with self.sockets_lock:
             self.open_sockets.add(request)
