@@ -15,6 +15,7 @@ LAST (one PUT): a prefix without it is never a store (readers and validation ref
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -36,7 +37,7 @@ def is_url(target: str | os.PathLike[str]) -> bool:
     return "://" in s and not s.startswith("file://")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class StoreLocation:
     """A local folder (``fs is None``) or an fsspec prefix (``fs`` set, ``root`` = ``bucket/prefix``)."""
 
@@ -128,12 +129,7 @@ class StoreLocation:
     def size(self, p: Path) -> int:
         if self.fs is None:
             return p.stat().st_size
-        try:
-            return int(self.fs.size(self._k(p)))
-        except FileNotFoundError:
-            raise
-        except OSError as e:  # pragma: no cover - network trouble
-            raise StoreError(f"{self.display(p)}: cannot stat ({e}).") from None
+        return int(self.fs.size(self._k(p)))
 
     def read_bytes(self, p: Path) -> bytes:
         if self.fs is None:
@@ -172,6 +168,22 @@ class StoreLocation:
             return []
         base = self._k(self.root).rstrip("/") + "/"
         return sorted(f[len(base) :] for f in found if f.startswith(base))
+
+    def file_sizes(self) -> dict[str, int]:
+        """Every file under the location (relative posix path -> bytes): one listing on object
+        storage (a LIST per 1,000 keys) instead of a request per file."""
+        if self.fs is None:
+            return {rel: (self.root / rel).stat().st_size for rel in self.tree_files(self.root)}
+        try:
+            found = self.fs.find(self._k(self.root), detail=True)
+        except FileNotFoundError:
+            return {}
+        base = self._k(self.root).rstrip("/") + "/"
+        return {
+            k[len(base) :]: int(v.get("size") or 0)
+            for k, v in found.items()
+            if k.startswith(base) and v.get("type") != "directory"
+        }
 
     def sha256_files(self, paths: Sequence[Path], workers: int = 8) -> dict[str, str]:
         """sha256 of each file, keyed by ``str(path)``."""
@@ -249,7 +261,7 @@ class StoreLocation:
             if ok:
                 fo.close()
             else:
-                with _suppress():
+                with contextlib.suppress(Exception):
                     fo.close()
                 self.delete(dp)
 
@@ -258,7 +270,7 @@ class StoreLocation:
         if self.fs is None:
             p.unlink(missing_ok=True)
             return
-        with _suppress():
+        with contextlib.suppress(Exception):
             self.fs.rm_file(self._k(p))
 
     def delete_tree(self, p: Path | None = None) -> None:
@@ -267,23 +279,13 @@ class StoreLocation:
         if self.fs is None:
             shutil.rmtree(p, ignore_errors=True)
             return
-        with _suppress():
+        with contextlib.suppress(Exception):
             self.fs.rm(self._k(p), recursive=True)
         self.invalidate()
 
     def invalidate(self) -> None:
         if self.fs is not None:
             self.fs.invalidate_cache()
-
-
-class _suppress:
-    """contextlib.suppress(Exception) with a name that reads well at the call sites."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> bool:
-        return exc[0] is not None and issubclass(exc[0], Exception)  # type: ignore[arg-type]
 
 
 __all__ = ["StoreLocation", "is_url"]

@@ -946,6 +946,41 @@ def _check_out_dir(out_dir: Path, problems: list[str]) -> None:
         problems.append(f"cannot create {out_dir} : {anc} is not writable")
 
 
+#: what a store prefix may hold; anything else under an object-storage target is not ours to delete
+_STORE_TOP_NAMES = frozenset({MANIFEST_NAME, SAMPLE_INDEX_NAME, PAIRS_NAME, SPLITS_DIR, SHARDS_DIR})
+
+
+def _check_remote_out(loc: StoreLocation, problems: list[str]) -> None:
+    """An object-storage target: empty, a store, or the leftovers of an interrupted upload (only
+    store names, no manifest): those are replaced. Anything else is refused."""
+    try:
+        names = loc.listdir_names(loc.root)
+    except OSError as e:
+        problems.append(f"cannot list {loc.url}: {e}")
+        return
+    foreign = sorted(names - _STORE_TOP_NAMES)
+    if foreign:
+        problems.append(
+            f"{loc.url} holds objects that are not part of a VIN offline store ({foreign[:5]}); "
+            "refusing to replace it (choose another prefix or remove them)"
+        )
+    elif MANIFEST_NAME in names:
+        fmt = None
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            fmt = json.loads(loc.read_bytes(loc.root / MANIFEST_NAME)).get("format")
+        if fmt != STORE_FORMAT:
+            problems.append(
+                f"{loc.url} holds a manifest.json that is not a VIN offline store's; refusing to replace it"
+            )
+
+
+def _clear_remote(loc: StoreLocation) -> None:
+    """Un-commit first (delete the manifest: from then on no reader sees a store), then the rest."""
+    loc.delete(loc.root / MANIFEST_NAME)
+    loc.delete_tree(loc.root)
+    loc.invalidate()
+
+
 # ----- manifest ----------------------------------------------------------------------------------------
 def _blocks_record(materialized_actions: bool) -> list[dict[str, Any]]:
     return [
@@ -1137,7 +1172,7 @@ class VinOfflineWriter:
 
     def __init__(
         self,
-        out_dir: Path,
+        out_dir: str | os.PathLike[str] | StoreLocation,
         *,
         profile: dict[str, Any],
         inputs: dict[str, str],
@@ -1148,6 +1183,7 @@ class VinOfflineWriter:
         data_root: Path | None = None,
         kit_root: Path | None = None,
         workers: int | None = None,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
         problems: list[str] = []
         if not isinstance(rows_per_shard, int) or isinstance(rows_per_shard, bool) or rows_per_shard <= 0:
@@ -1158,11 +1194,15 @@ class VinOfflineWriter:
             problems.append("progress must be callable or None")
         _check_profile(profile, problems)
         _check_inputs(inputs, problems)
-        out = Path(out_dir).absolute()
-        _check_out_dir(out, problems)
+        self.location = StoreLocation.parse(out_dir, storage_options)
+        out = self.location.root
+        if self.location.is_local:
+            _check_out_dir(out, problems)
+        else:
+            _check_remote_out(self.location, problems)
         if problems:
             raise StoreInputError(
-                f"cannot write a VIN offline store at {out}",
+                f"cannot write a VIN offline store at {self.location.url}",
                 problems,
                 fix="correct the named writer arguments",
             )
@@ -1275,9 +1315,16 @@ class VinOfflineWriter:
         payload = sum(
             r.num_frames * r.height * r.width * 3 + r.num_frames * r.action_width * 4 + 6 for r in rows
         )
-        remove_stale_temp_dirs(self.out_dir)  # space held by killed builds counts as free
-        check_free_space_for_store(self.out_dir, {"total": payload})
-        staging = _make_staging(self.out_dir)
+        remote = not self.location.is_local
+        if remote:
+            # Object storage: shards are written to a local scratch folder one at a time, uploaded,
+            # and deleted there; the metadata files follow, then manifest.json LAST (the commit).
+            staging = Path(tempfile.mkdtemp(prefix="stage2-store-upload-"))
+            _clear_remote(self.location)
+        else:
+            remove_stale_temp_dirs(self.out_dir)  # space held by killed builds counts as free
+            check_free_space_for_store(self.out_dir, {"total": payload})
+            staging = _make_staging(self.out_dir)
         try:
             shard_entries: list[dict[str, Any]] = []
             digests: dict[int, str] = {}
@@ -1299,6 +1346,8 @@ class VinOfflineWriter:
                     )
                     try:
                         shard_entries.append(self._write_shard(staging, plan, loaded))
+                        if remote:
+                            self._upload_shard(staging, shard_entries[-1])
                     except BaseException:
                         if nxt is not None:
                             nxt.cancel()
@@ -1321,7 +1370,7 @@ class VinOfflineWriter:
                 for p in kept_pairs
             ]
             manifest = _finish_manifest(
-                staging,
+                self.location if remote else StoreLocation.parse(staging),
                 profile=self.profile,
                 inputs=self.inputs,
                 options={"include_actions": self.include_actions, "rows_per_shard": self.rows_per_shard},
@@ -1330,11 +1379,24 @@ class VinOfflineWriter:
                 pairs_rows=pairs_rows,
                 local=self.local,
             )
-            _publish(staging, self.out_dir)
+            if not remote:
+                _publish(staging, self.out_dir)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
+            if remote:  # no manifest was written: best-effort removal of the uploaded objects
+                with contextlib.suppress(Exception):
+                    _clear_remote(self.location)
             raise
+        finally:
+            if remote:
+                shutil.rmtree(staging, ignore_errors=True)
         return manifest
+
+    def _upload_shard(self, staging: Path, entry: dict[str, Any]) -> None:
+        """Upload one shard folder written in the local scratch folder, then delete it there."""
+        pairs = [(staging / f["path"], self.location.root / f["path"]) for f in entry["files"]]
+        self.location.put_files(pairs, workers=max(4, self.workers))
+        shutil.rmtree(staging / entry["dir"], ignore_errors=True)
 
 
 def _index_row(r: _Row, digest: str) -> dict[str, Any]:
@@ -1377,9 +1439,10 @@ def rebuild_command(path: str | os.PathLike[str], manifest: dict[str, Any] | Non
     data_root = local.get("data_root") if isinstance(local, dict) else None
     kit_root = local.get("kit_root") if isinstance(local, dict) else None
     p = Path(path).absolute()
-    if len(p.parents) >= 3 and p.parent.parent.name == "stores":
+    # (object storage: the data root recorded by the writer, if any)
+    if not is_url(os.fspath(path)) and len(p.parents) >= 3 and p.parent.parent.name == "stores":
         data_root = str(p.parents[2])
-    elif not isinstance(data_root, str) or not data_root:
+    if not isinstance(data_root, str) or not data_root:
         data_root = "DATA_ROOT"
     if not isinstance(profile_path, str) or not profile_path:
         profile_path = "PROFILE.toml"
@@ -2028,31 +2091,36 @@ def _validate_files(
         if name not in listed_paths:
             problems.append(f"{disp(root / MANIFEST_NAME)}: file {name} is not listed with its sha256")
     present: list[dict[str, Any]] = []
+    remote_sizes = None if loc.is_local else loc.file_sizes()  # one listing, not a HEAD per file
     for f in listed:
         p = root / f["path"]
-        try:
-            size = loc.size(p)
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-            size = -1
-        if size < 0 or not loc.is_local and not loc.is_file(p):
+        if remote_sizes is None:
+            size = p.stat().st_size if p.is_file() else -1
+        else:
+            size = remote_sizes.get(f["path"], -1)
+        if size < 0:
             if not f["path"].startswith(SPLITS_DIR + "/"):  # missing split files are reported once, above
                 problems.append(f"{disp(p)}: listed in the manifest but missing")
-            continue
-        if loc.is_local and not p.is_file():
-            problems.append(f"{disp(p)}: listed in the manifest but missing")
             continue
         if size != f["bytes"]:
             problems.append(f"{disp(p)}: {size} bytes; the manifest says {f['bytes']}")
         present.append(f)
     expected_dirs = {Path(sh["dir"]).name for sh in shards}
     sroot = root / SHARDS_DIR
-    on_disk = loc.listdir_names(sroot)
+    if remote_sizes is None:
+        on_disk = loc.listdir_names(sroot)
+        shard_files = loc.tree_files(sroot) if on_disk else []
+    else:
+        shard_files = sorted(r for r in remote_sizes if r.startswith(SHARDS_DIR + "/"))
+        on_disk = {r.split("/")[1] for r in shard_files}
     for d in sorted(expected_dirs - on_disk):
         problems.append(f"{disp(sroot / d)}: shard folder missing")
     for d in sorted(on_disk - expected_dirs):
-        problems.append(f"{disp(sroot / d)}: unexpected shard folder (the manifest lists {len(shards)} shards)")
+        problems.append(
+            f"{disp(sroot / d)}: unexpected shard folder (the manifest lists {len(shards)} shards)"
+        )
     if on_disk:
-        for rel in loc.tree_files(sroot):
+        for rel in shard_files:
             if rel not in listed_paths:
                 problems.append(f"{disp(root / rel)}: file not listed in the manifest")
     if deep and present:
@@ -2256,7 +2324,10 @@ def _link_or_copy(src: Path, dst: Path, expected_sha: str) -> None:
 
 
 def merge_vin_offline_stores(
-    base: str | os.PathLike[str], sidecar: str | os.PathLike[str], out: str | os.PathLike[str]
+    base: str | os.PathLike[str] | StoreLocation,
+    sidecar: str | os.PathLike[str] | StoreLocation,
+    out: str | os.PathLike[str] | StoreLocation,
+    storage_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A new store at ``out`` = ``base`` + ``sidecar`` (a store of NEW trajectories from the same writer).
 
@@ -2265,16 +2336,29 @@ def merge_vin_offline_stores(
     after the base's. Sample index, pairs (sorted by pair_id), splits and manifest are written anew;
     the result is validated like a fresh build, then published atomically. Neither input store is
     modified. Returns the new manifest.
+
+    Any of the three may be an object-storage URL (``storage_options`` apply to all of them): shard
+    objects are then copied whole (streamed, sha256 verified), and on object storage the output is
+    written in place under its prefix with ``manifest.json`` last (the commit marker).
     """
-    base_p, side_p, out_p = Path(base).absolute(), Path(sidecar).absolute(), Path(out).absolute()
-    if out_p.resolve() in (base_p.resolve(), side_p.resolve()):
+    base_l = StoreLocation.parse(base, storage_options)
+    side_l = StoreLocation.parse(sidecar, storage_options)
+    out_l = StoreLocation.parse(out, storage_options)
+    base_p, side_p, out_p = base_l.root, side_l.root, out_l.root
+
+    def _same(a: StoreLocation, b: StoreLocation) -> bool:
+        if a.is_local and b.is_local:
+            return a.root.resolve() == b.root.resolve()
+        return a.url.rstrip("/") == b.url.rstrip("/")
+
+    if _same(out_l, base_l) or _same(out_l, side_l):
         raise StoreError(
-            f"merge output {out_p} is one of its inputs; stores are immutable.",
+            f"merge output {out_l.url} is one of its inputs; stores are immutable.",
             fix="write the merged store to a new folder",
         )
-    rb, rs = VinOfflineStoreReader(base_p), VinOfflineStoreReader(side_p)  # strict: format/version
-    for p in (base_p, side_p):
-        raise_if_invalid(p, deep=False)
+    rb, rs = VinOfflineStoreReader(base_l), VinOfflineStoreReader(side_l)  # strict: format/version
+    for loc in (base_l, side_l):
+        raise_if_invalid(loc, deep=False)
     mb, ms = rb.manifest, rs.manifest
     problems: list[str] = []
     if mb["profile"].get("repo_id") != ms["profile"].get("repo_id"):
@@ -2320,25 +2404,41 @@ def merge_vin_offline_stores(
             problems.append(f"split leakage: trajectory {key!r} is used by pairs of splits {sorted(sps)}")
     if problems:
         raise StoreInputError(
-            f"cannot merge sidecar store {side_p} into {base_p}",
+            f"cannot merge sidecar store {side_l.url} into {base_l.url}",
             problems,
             fix="build the sidecar with the same writer, profile and options, for new trajectories only",
         )
     pairs_rows.sort(key=lambda p: p["pair_id"])
-    _check_out_dir(out_p, problems)
+    if out_l.is_local:
+        _check_out_dir(out_p, problems)
+    else:
+        _check_remote_out(out_l, problems)
     if problems:
         raise StoreInputError(
-            f"cannot write the merged store at {out_p}", problems, fix="choose another output folder"
+            f"cannot write the merged store at {out_l.url}", problems, fix="choose another output folder"
         )
-    staging = _make_staging(out_p)
+    if out_l.is_local:
+        staging = _make_staging(out_p)
+        target = StoreLocation.parse(staging)
+    else:  # object storage: in place, manifest.json last
+        _clear_remote(out_l)
+        staging, target = out_p, out_l
+
+    def _copy(src: StoreLocation, sp: Path, dp: Path, sha: str, link: bool) -> None:
+        if src.is_local and target.is_local:
+            dp.parent.mkdir(parents=True, exist_ok=True)
+            (_link_or_copy if link else _copy_verified)(sp, dp, sha)
+        else:
+            target.copy_verified(src, sp, dp, sha)
+
     try:
         shard_entries: list[dict[str, Any]] = []
+        jobs: list[tuple[StoreLocation, Path, Path, str, bool]] = []
         for sh in mb["shards"]:
-            (staging / sh["dir"]).mkdir(parents=True)
+            if target.is_local:
+                (staging / sh["dir"]).mkdir(parents=True)
             for f in sh["files"]:
-                dst = staging / f["path"]
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                _link_or_copy(base_p / f["path"], dst, f["sha256"])
+                jobs.append((base_l, base_p / f["path"], staging / f["path"], f["sha256"], True))
             shard_entries.append(json.loads(json.dumps(sh)))
         for sh in ms["shards"]:
             new_id = sh["id"] + nsh
@@ -2346,11 +2446,15 @@ def merge_vin_offline_stores(
             entry = {**sh, "id": new_id, "dir": new_dir, "row_start": sh["row_start"] + nb, "files": []}
             for f in sh["files"]:
                 rel_in = Path(f["path"]).relative_to(sh["dir"]).as_posix()
-                dst = staging / new_dir / rel_in
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                _copy_verified(side_p / f["path"], dst, f["sha256"])
+                jobs.append((side_l, side_p / f["path"], staging / new_dir / rel_in, f["sha256"], False))
                 entry["files"].append({**f, "path": f"{new_dir}/{rel_in}"})
             shard_entries.append(entry)
+        if target.is_local and side_l.is_local and base_l.is_local:
+            for job in jobs:
+                _copy(*job)
+        else:
+            with ThreadPoolExecutor(max_workers=8) as pool:
+                list(pool.map(lambda j: _copy(*j), jobs))
         inputs = dict(mb["inputs"])
         for k, v in ms["inputs"].items():
             if inputs.get(k, v) == v:
@@ -2358,7 +2462,7 @@ def merge_vin_offline_stores(
             else:
                 inputs[f"sidecar/{k}"] = v
         manifest = _finish_manifest(
-            staging,
+            target,
             profile=mb["profile"],
             inputs=inputs,
             options=dict(ob),
@@ -2383,9 +2487,14 @@ def merge_vin_offline_stores(
                 ]
             },
         )
-        _publish(staging, out_p)
+        if target.is_local:
+            _publish(staging, out_p)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        if target.is_local:
+            shutil.rmtree(staging, ignore_errors=True)
+        else:  # no manifest was written: best-effort removal of the copied objects
+            with contextlib.suppress(Exception):
+                _clear_remote(out_l)
         raise
     return manifest
 

@@ -39,14 +39,54 @@ def _table(header: list[str], rows: list[list[Any]], right: set[int] | None = No
     return [fmt(cells[0]), "  ".join("-" * w for w in widths)] + [fmt(r) for r in cells[1:]]
 
 
+def _target(value: str) -> Path | str:
+    """A store argument: a local folder, or an fsspec URL (``s3://bucket/prefix``) kept as text."""
+    from ..storage import is_url
+
+    return value if is_url(value) else Path(value)
+
+
+def _storage_options(args: argparse.Namespace) -> dict[str, Any] | None:
+    """``--storage-option KEY=VALUE`` (repeatable) -> fsspec storage options; VALUE is parsed as JSON
+    when it is JSON (numbers, booleans, objects such as ``client_kwargs={...}``), else kept as text."""
+    import json
+
+    from ..errors import StoreError
+
+    out: dict[str, Any] = {}
+    for item in getattr(args, "storage_option", None) or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise StoreError(
+                f"--storage-option {item!r} is not KEY=VALUE.",
+                fix="e.g. --storage-option endpoint_url=http://127.0.0.1:9000",
+            )
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out or None
+
+
+def _add_storage_option(p: Any) -> None:
+    p.add_argument(
+        "--storage-option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="an fsspec storage option for s3:// (or other URL) stores, repeatable; e.g. "
+        "endpoint_url=http://127.0.0.1:9000 key=ID secret=SECRET",
+    )
+
+
 # ----- validate ------------------------------------------------------------------------------------
 def cmd_validate(args: argparse.Namespace) -> int:
     from ..errors import StoreError
     from ..store import VinOfflineStoreReader, validate_vin_offline_store
 
-    store = Path(args.store)
+    store = _target(args.store)
+    opts = _storage_options(args)
     try:
-        VinOfflineStoreReader(store)  # strict open: version / missing manifest refused with the fix
+        VinOfflineStoreReader(store, opts)  # strict open: version / missing manifest refused with the fix
     except StoreError as err:
         if not args.json:
             raise  # the CLI prints "stage2 validate: error: <what> Fix: <command>" and exits 2
@@ -64,7 +104,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             }
         )
         return EXIT_ERROR
-    problems = validate_vin_offline_store(store, deep=args.deep)
+    problems = validate_vin_offline_store(store, deep=args.deep, storage_options=opts)
     if args.json:
         print_json(
             {"store": str(store), "deep": args.deep, "ok": not problems, "opened": True, "problems": problems}
@@ -85,12 +125,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
 BYTE_BLOCKS = ("frames", "num_frames", "actions/aligned", "actions/width")
 
 
-def summary_document(store: Path) -> dict[str, Any]:
+def summary_document(store: Path | str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """The stats of :func:`collect_vin_offline_dataset_stats` plus a per-block bytes table
     (estimated uncompressed payload, stored uncompressed with padding, on disk)."""
     from ..store import collect_vin_offline_dataset_stats
 
-    st = collect_vin_offline_dataset_stats(store)
+    st = collect_vin_offline_dataset_stats(store, storage_options)
     b = st["bytes"]
     payload = b.get("payload_uncompressed") or {}
     stored = b.get("stored_uncompressed") or {}
@@ -153,8 +193,9 @@ def print_summary(doc: dict[str, Any]) -> None:
 def cmd_summary(args: argparse.Namespace) -> int:
     from ..store import VinOfflineStoreReader
 
-    VinOfflineStoreReader(Path(args.store))  # strict open
-    doc = summary_document(Path(args.store))
+    opts = _storage_options(args)
+    VinOfflineStoreReader(_target(args.store), opts)  # strict open
+    doc = summary_document(_target(args.store), opts)
     if args.json:
         print_json(doc)
     else:
@@ -166,11 +207,12 @@ def cmd_summary(args: argparse.Namespace) -> int:
 def cmd_merge(args: argparse.Namespace) -> int:
     from ..store import merge_vin_offline_stores
 
-    m = merge_vin_offline_stores(Path(args.base), Path(args.sidecar), Path(args.out))
+    out = _target(args.out)
+    m = merge_vin_offline_stores(_target(args.base), _target(args.sidecar), out, _storage_options(args))
     st = m["stats"]
     doc = {
         "ok": True,
-        "store": str(Path(args.out).absolute()),
+        "store": out if isinstance(out, str) else str(out.absolute()),
         "fingerprint": m["fingerprint"],
         "samples": st["samples"],
         "pairs": st["pairs"],
@@ -200,11 +242,12 @@ def register(sub: Any) -> None:
         epilog=f"Example:\n  stage2 validate {STORE_EXAMPLE} --deep",
         formatter_class=raw,
     )
-    p.add_argument("store", help="the store folder (or the stores/<profile>/current link)")
+    p.add_argument("store", help="the store folder (or the stores/<profile>/current link), or an s3:// URL")
     p.add_argument(
         "--deep", action="store_true", help="also re-hash every file and recompute the fingerprint"
     )
     p.add_argument("--json", action="store_true", help="print one JSON object (ok, problems)")
+    _add_storage_option(p)
     p.set_defaults(func=cmd_validate)
     p = sub.add_parser(
         "summary",
@@ -214,8 +257,9 @@ def register(sub: Any) -> None:
         epilog=f"Example:\n  stage2 summary {STORE_EXAMPLE} --json",
         formatter_class=raw,
     )
-    p.add_argument("store", help="the store folder (or the stores/<profile>/current link)")
+    p.add_argument("store", help="the store folder (or the stores/<profile>/current link), or an s3:// URL")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_storage_option(p)
     p.set_defaults(func=cmd_summary)
     p = sub.add_parser(
         "merge",
@@ -230,4 +274,5 @@ def register(sub: Any) -> None:
     p.add_argument("sidecar", help="a store of new trajectories only, built by the same writer")
     p.add_argument("--out", required=True, help="the new store's folder (not BASE or SIDECAR)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_storage_option(p)
     p.set_defaults(func=cmd_merge)
