@@ -246,7 +246,7 @@ def _read_jsonl(path: Path, loc: StoreLocation | None = None) -> list[dict[str, 
     rows: list[dict[str, Any]] = []
     loc = loc or StoreLocation.parse(path.parent)
     where = loc.display(path)
-    for lineno, line in enumerate(loc.read_bytes(path).decode("utf-8").splitlines(), start=1):
+    for lineno, line in enumerate(_lines(loc, path), start=1):
         if not line.strip():
             continue
         try:
@@ -2161,7 +2161,12 @@ def validate_vin_offline_store(
 
 
 def _lines(loc: StoreLocation, p: Path) -> list[str]:
-    return loc.read_bytes(p).decode("utf-8").splitlines(keepends=True)
+    """The lines of a text file as iterating the open file gives them: split on "\n" only (JSON text
+    may hold U+2028 and the like, which ``str.splitlines`` would split on)."""
+    lines = loc.read_bytes(p).decode("utf-8").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [ln + "\n" for ln in lines]
 
 
 def _validate(loc: StoreLocation, m: dict[str, Any], deep: bool) -> list[str]:

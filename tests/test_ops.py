@@ -435,6 +435,26 @@ def _dismiss_popup(driver: Any) -> None:
             b.click()
 
 
+def _click_when_clear(driver: Any, xpath: str, timeout: float = 30) -> None:
+    """Click the element at ``xpath``; a popup that opens late (its backdrop takes the click) is
+    dismissed and the click retried until ``timeout``."""
+    from selenium.common.exceptions import ElementClickInterceptedException, StaleElementReferenceException
+    from selenium.webdriver.common.keys import Keys
+
+    deadline = time.monotonic() + timeout
+    while True:
+        _dismiss_popup(driver)
+        try:
+            driver.find_element(XPATH, xpath).click()
+            return
+        except (ElementClickInterceptedException, StaleElementReferenceException):
+            if time.monotonic() > deadline:
+                raise
+            with contextlib.suppress(Exception):
+                driver.find_element(TAG_NAME, "body").send_keys(Keys.ESCAPE)
+            time.sleep(0.5)
+
+
 def _page_text_with(driver: Any, url: str, needles: list[str], timeout: float = 45) -> str:
     """Open ``url`` and wait until every needle is on the page; returns the text."""
     driver.get(url)
@@ -475,8 +495,7 @@ def test_browser_shows_assets_partitions_and_checks(
     _page_text_with(browser, webserver + "/asset-groups", ["Global asset lineage", "acquire", "kit", "store"])
     _dismiss_popup(browser)
     for group in ("store", "kit", "acquire"):
-        row = browser.find_element(XPATH, f"//span[normalize-space()='{group}']/ancestor::button[1]")
-        row.click()
+        _click_when_clear(browser, f"//span[normalize-space()='{group}']/ancestor::button[1]")
         ActionChains(browser).send_keys(Keys.ARROW_RIGHT).perform()
     _wait_text(browser, list(C.CHECKS_BY_ASSET))
     browser.save_screenshot(str(ARTIFACTS / "ui-asset-graph.png"))

@@ -93,7 +93,7 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Upstream:
 
 
 def build(b: Backend, name: str, up: Upstream, **kw: Any) -> dict[str, Any]:
-    kw.setdefault("rows_per_shard", 3)
+    kw.setdefault("rows_per_shard", 4)
     writer = VinOfflineWriter(
         b.target(name), profile=PROFILE, inputs=INPUTS, storage_options=b.options or None, **kw
     )
