@@ -57,10 +57,8 @@ def _preflight_endpoint(profile: Any, data_root: Path, endpoint: str) -> None:
 
 def cmd_build(args: argparse.Namespace) -> int:
     from pipelines.config import BuildConfig
-    from pipelines.runner import build_all
 
     from ..profile import load_profile
-    from ..progress import BuildProgress
 
     profile = load_profile(args.profile, kit_root=args.kit_root)  # fail fast on a bad profile
     data_root = Path(args.data_root).resolve()
@@ -77,15 +75,24 @@ def cmd_build(args: argparse.Namespace) -> int:
         executor=args.executor,
         dask_address=args.dask_address,
     )
+    return _run_build(args, config, profile, concurrency=args.concurrency, progress=not args.no_progress)
+
+
+def _run_build(
+    args: argparse.Namespace, config: Any, profile: Any, *, concurrency: int | None, progress: bool
+) -> int:
+    """Run the build with a progress display (unless --json) and print its summary; the exit code."""
+    from pipelines.runner import build_all
+
+    from ..progress import BuildProgress
+
     _quiet_runs(args.verbose)
-    progress = None if args.json or args.no_progress else BuildProgress(profile)
+    bar = BuildProgress(profile) if progress and not args.json else None
     try:
-        summary = build_all(
-            config, concurrency=args.concurrency, on_run=progress.on_run if progress else None
-        )
+        summary = build_all(config, concurrency=concurrency, on_run=bar.on_run if bar else None)
     finally:
-        if progress:
-            progress.close()
+        if bar:
+            bar.close()
     if args.json:
         print_json(summary)
     else:
@@ -134,12 +141,10 @@ def _print_store_counts(store: str | None) -> None:
 # ----- demo and hub ------------------------------------------------------------------------------
 def cmd_demo(args: argparse.Namespace) -> int:
     from pipelines.config import BuildConfig
-    from pipelines.runner import build_all
 
     from ..demo import generate_demo
     from ..hubserver import HubServer
     from ..profile import load_profile
-    from ..progress import BuildProgress
 
     out = Path(args.out).resolve()
     demo = generate_demo(out / "demo", full_cardinality=args.full_cardinality)
@@ -148,18 +153,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     with HubServer(demo.upstream, repo_id=demo.repo_id, revision=demo.revision) as server:
         eprint(f"loopback hub serving {demo.upstream} at {server.url}")
         config = BuildConfig(profile_path=str(demo.profile), data_root=str(data_root), endpoint=server.url)
-        _quiet_runs(args.verbose)
-        progress = None if args.json else BuildProgress(load_profile(demo.profile))
-        try:
-            summary = build_all(config, on_run=progress.on_run if progress else None)
-        finally:
-            if progress:
-                progress.close()
-    if args.json:
-        print_json(summary)
-    else:
-        print_build_summary(summary)
-    return 0 if summary["ok"] else EXIT_FAILED
+        return _run_build(args, config, load_profile(demo.profile), concurrency=None, progress=True)
 
 
 def cmd_serve_hub(args: argparse.Namespace) -> int:
