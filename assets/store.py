@@ -4,7 +4,7 @@ from typing import Any
 
 import dagster as dg
 
-from resources import DataRootResource, ProfileResource
+from resources import DataRootResource, ProfileResource, StoreTargetResource
 from stage2_data import build
 
 from ._common import check_specs, run_step
@@ -20,8 +20,21 @@ def build_store_assets(trajectory_join: Any, subset_checksums: Any) -> list[Any]
         description="stores/PROFILE/current: the immutable, versioned, sharded Zarr v3 VIN offline store.",
         kinds={"zarr"},
     )
-    def vin_store(context: dg.AssetExecutionContext, profile: ProfileResource, data_root: DataRootResource):
+    def vin_store(
+        context: dg.AssetExecutionContext,
+        profile: ProfileResource,
+        data_root: DataRootResource,
+        store_target: StoreTargetResource,
+    ):
         prof = profile.load()
-        yield from run_step("vin_store", lambda: build.step_store(prof, data_root.root()))
+        yield from run_step(
+            "vin_store",
+            lambda: build.step_store(
+                prof,
+                data_root.root(),
+                store_url=store_target.url,
+                storage_options=store_target.storage_options,
+            ),
+        )
 
     return [vin_store]

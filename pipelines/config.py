@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEMO_ROOT = REPO_ROOT / ".demo"
@@ -21,6 +23,10 @@ class BuildConfig:
     token_env_var: str = "HF_TOKEN"
     reverify: bool = False
     webhook_url: str | None = None  # alerts are POSTed here when set
+    store_url: str | None = (
+        None  # fsspec URL of the stores root (s3://bucket/prefix); default <data_root>/stores
+    )
+    store_options: dict[str, Any] | None = None  # fsspec storage options for store_url
     # where the steps run (pipelines/executors.py): in_process | multiprocess | dask | k8s
     executor: str = "in_process"
     dask_address: str | None = None  # dask scheduler (tcp://host:8786); None: a LocalCluster per build
@@ -40,6 +46,8 @@ class BuildConfig:
             hub_folder=os.environ.get("STAGE2_HUB_FOLDER") or None,
             token_env_var=os.environ.get("STAGE2_TOKEN_ENV", "HF_TOKEN"),
             webhook_url=os.environ.get("STAGE2_ALERT_WEBHOOK") or None,
+            store_url=os.environ.get("STAGE2_STORE_URL") or None,
+            store_options=json.loads(os.environ.get("STAGE2_STORE_OPTIONS") or "{}"),
             executor=os.environ.get("STAGE2_EXECUTOR") or "in_process",
             dask_address=os.environ.get("STAGE2_DASK_ADDRESS") or None,
         )

@@ -14,6 +14,7 @@ from resources import (
     HubSourceResource,
     LoopbackHubResource,
     ProfileResource,
+    StoreTargetResource,
 )
 from stage2_data.profile import Profile, load_profile
 
@@ -52,6 +53,9 @@ def build_resources(config: BuildConfig, profile: Profile) -> dict[str, Any]:
         "hub": hub,
         "data_root": DataRootResource(path=str(Path(config.data_root).resolve()), reverify=config.reverify),
         "alerts": AlertsResource(webhook_url=config.webhook_url),
+        "store_target": StoreTargetResource(
+            url=config.store_url, storage_options=dict(config.store_options or {})
+        ),
     }
 
 

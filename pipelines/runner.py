@@ -119,7 +119,13 @@ def run_selection(
     materialized = sorted(
         {e.asset_key.to_user_string() for e in result.get_asset_materialization_events() if e.asset_key}
     )
+    store_md: dict[str, Any] = {}
+    for mev in result.get_asset_materialization_events():
+        if mev.asset_key and mev.asset_key.to_user_string() == "vin_store":
+            md = mev.materialization.metadata
+            store_md = {k: getattr(md[k], "value", md[k]) for k in ("store", "fingerprint") if k in md}
     return {
+        "store_metadata": store_md,
         "run_id": result.run_id,
         "success": bool(result.success),
         "partition": partition_key,
@@ -241,7 +247,10 @@ def _build_all(
     store = None
     fingerprint = None
     current = layout.current_store_path(data_root, profile.name)
-    if ok and (current / "manifest.json").is_file():
+    if ok and config.store_url:  # object storage: what the store asset recorded
+        md: dict[str, Any] = next((r["store_metadata"] for r in runs if r.get("store_metadata")), {})
+        store, fingerprint = md.get("store"), md.get("fingerprint")
+    elif ok and (current / "manifest.json").is_file():
         import json
 
         store = str(current.resolve())

@@ -3,7 +3,7 @@
 from .alerts import AlertsResource
 from .hub import HubSourceResource, LoopbackHubResource
 from .profile import ProfileResource
-from .storage import DataRootResource
+from .storage import DataRootResource, StoreTargetResource
 
 __all__ = [
     "AlertsResource",
@@ -11,4 +11,5 @@ __all__ = [
     "HubSourceResource",
     "LoopbackHubResource",
     "ProfileResource",
+    "StoreTargetResource",
 ]

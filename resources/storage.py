@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 from pydantic import Field
@@ -20,3 +21,13 @@ class DataRootResource(dg.ConfigurableResource):
         p = Path(self.path).expanduser().resolve()
         p.mkdir(parents=True, exist_ok=True)
         return p
+
+
+class StoreTargetResource(dg.ConfigurableResource):
+    """Where the VIN store is written: ``<data_root>/stores`` (default) or an fsspec URL such as
+    ``s3://bucket/prefix`` with storage options (e.g. ``endpoint_url``, ``key``, ``secret``)."""
+
+    url: str | None = Field(
+        default=None, description="fsspec URL of the stores root; default: <data_root>/stores"
+    )
+    storage_options: dict[str, Any] = Field(default_factory=dict, description="fsspec storage options")

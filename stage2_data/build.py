@@ -330,11 +330,22 @@ def store_input_key(profile: Profile, inputs: dict[str, str], settings: dict[str
 
 
 def step_store(
-    profile: Profile, data_root: Path, *, rows_per_shard: int = 64, progress: Any = None
+    profile: Profile,
+    data_root: Path,
+    *,
+    rows_per_shard: int = 64,
+    progress: Any = None,
+    store_url: str | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> StepResult:
+    """Build (or reuse, for an unchanged input set) the store ``v<VERSION>-<inputs16>`` under
+    ``<data_root>/stores/<profile>/`` or, with ``store_url`` (``s3://bucket/prefix``), under
+    ``<store_url>/<profile>/``; then point ``current`` at it (a symlink locally, a ``CURRENT`` object
+    holding the folder name on object storage, written after the store's manifest)."""
     import pyarrow.parquet as pq
 
     from .kit import load_pairs
+    from .storage import StoreLocation
     from .store import (
         OFFLINE_DATASET_VERSION,
         PairSpec,
@@ -347,11 +358,15 @@ def step_store(
     inputs = kit_inputs(profile)
     settings = {"rows_per_shard": rows_per_shard, "include_actions": True}
     key = store_input_key(profile, inputs, settings)
-    root = layout.stores_root(data_root, profile.name)
-    out = root / f"v{OFFLINE_DATASET_VERSION}-{key[:16]}"
+    name = f"v{OFFLINE_DATASET_VERSION}-{key[:16]}"
+    if store_url:
+        root_loc = StoreLocation.parse(f"{store_url.rstrip('/')}/{profile.name}", storage_options)
+    else:
+        root_loc = StoreLocation.parse(layout.stores_root(data_root, profile.name))
+    out = root_loc.child(name)
     t0 = time.perf_counter()
     rebuilt = True
-    if (out / "manifest.json").is_file() and not validate_vin_offline_store(out):
+    if out.is_file(out.root / "manifest.json") and not validate_vin_offline_store(out):
         rebuilt = False  # same inputs, valid store: nothing to rebuild
     else:
         table = pq.read_table(layout.join_table_path(data_root)).to_pylist()
@@ -393,14 +408,21 @@ def step_store(
             data_root=data_root,
             kit_root=profile.kit_root,
         ).write(samples, pairs)
-    atomic_symlink(out.name, layout.current_store_path(data_root, profile.name))
+    if root_loc.is_local:
+        atomic_symlink(name, layout.current_store_path(data_root, profile.name))
+    else:
+        root_loc.write_bytes(root_loc.root / CURRENT_OBJECT, (name + "\n").encode())
     seconds = time.perf_counter() - t0
     return store_checks(profile, out, rebuilt=rebuilt, seconds=seconds, reader_cls=VinOfflineStoreReader)
 
 
+CURRENT_OBJECT = "CURRENT"  # on object storage: names the published store folder under <url>/<profile>/
+
+
 def store_checks(
-    profile: Profile, path: Path, *, rebuilt: bool, seconds: float, reader_cls: Any
+    profile: Profile, path: Any, *, rebuilt: bool, seconds: float, reader_cls: Any
 ) -> StepResult:
+    """Re-open ``path`` (a local path or a StoreLocation) with the strict reader and validate it."""
     from .store import collect_vin_offline_dataset_stats, validate_vin_offline_store
 
     open_problems: list[str] = []
@@ -418,11 +440,11 @@ def store_checks(
         count_problems = compare_totals(
             {"samples": int(stats.get("samples", -1)), "pairs": int(stats.get("pairs", -1))},
             {"samples": profile.expected.unique_frame_files, "pairs": profile.expected.pair_rows},
-            str(path),
+            getattr(path, "url", str(path)),
         )
     split_counts = stats.get("per_split", {}) if stats else {}
     md = {
-        "store": str(path),
+        "store": getattr(path, "url", str(path)),
         "fingerprint": manifest.get("fingerprint"),
         "version": manifest.get("version"),
         "samples": stats.get("samples"),
@@ -432,7 +454,9 @@ def store_checks(
         "bytes_on_disk_per_block": ((stats.get("bytes") or {}).get("on_disk") or None),
         "rebuilt": rebuilt,
         "seconds": round(seconds, 3),
-        "MB/s": _rate(stats.get("bytes_on_disk_total") or 0, seconds) if rebuilt else None,
+        "MB/s": _rate(((stats.get("bytes") or {}).get("on_disk") or {}).get("total") or 0, seconds)
+        if rebuilt
+        else None,
         "per_split": {"__markdown__": _kv_table("split", split_counts)},
         "per_source": {"__markdown__": _kv_table("source", stats.get("per_source", {}) if stats else {})},
     }

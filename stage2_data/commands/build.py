@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ._common import EXIT_FAILED, eprint, print_json
+from .store import _add_storage_option, _storage_options
 
 
 # ----- build -------------------------------------------------------------------------------------
@@ -74,6 +75,8 @@ def cmd_build(args: argparse.Namespace) -> int:
         reverify=args.reverify,
         executor=args.executor,
         dask_address=args.dask_address,
+        store_url=args.store_url,
+        store_options=_storage_options(args),
     )
     return _run_build(args, config, profile, concurrency=args.concurrency, progress=not args.no_progress)
 
@@ -200,6 +203,12 @@ def _add_build_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="with --executor dask: the scheduler (tcp://host:8786); default: a local cluster for the build",
     )
+    p.add_argument(
+        "--store-url",
+        default=None,
+        help="write the store under this fsspec URL (e.g. s3://bucket/stores) instead of <data-root>/stores",
+    )
+    _add_storage_option(p)
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")
     p.add_argument(
         "--no-progress", action="store_true", help="no progress display (automatic when not a terminal or CI)"
