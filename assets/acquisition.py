@@ -10,6 +10,7 @@ from stage2_data.profile import Profile
 
 from ._common import check_specs, run_step
 from .partitions import archive_partitions, archive_to_cache_key, cache_key_partitions
+from .step_asset import step_asset
 
 GROUP = "acquire"
 
@@ -77,17 +78,13 @@ def build_acquisition_assets(profile: Profile) -> list[Any]:
         key = context.partition_key
         yield from run_step("cache_dir", lambda: build.step_extract(prof, data_root.root(), key))
 
-    @dg.asset(
-        group_name=GROUP,
+    extraction_report = step_asset(
+        "extraction_report",
+        group=GROUP,
         deps=[cache_dir],
-        check_specs=check_specs("extraction_report"),
         description="extraction_report.json: per cache key files, bytes, trajectories; totals vs the profile.",
-        kinds={"json"},
+        kind="json",
+        step=build.step_extraction_report,
     )
-    def extraction_report(
-        context: dg.AssetExecutionContext, profile: ProfileResource, data_root: DataRootResource
-    ):
-        prof = profile.load()
-        yield from run_step("extraction_report", lambda: build.step_extraction_report(prof, data_root.root()))
 
     return [pinned_profile, archive_file, cache_dir, extraction_report]

@@ -1,0 +1,42 @@
+"""One factory for the unpartitioned assets that run a library step over (profile, data root).
+
+(No ``from __future__ import annotations`` here: Dagster reads the resource parameters' types.)
+"""
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+
+from resources import DataRootResource, ProfileResource
+from stage2_data.build import StepResult
+from stage2_data.profile import Profile
+
+from ._common import check_specs, run_step
+
+
+def step_asset(
+    name: str,
+    *,
+    group: str,
+    deps: Sequence[Any],
+    description: str,
+    kind: str,
+    step: Callable[[Profile, Path], StepResult],
+) -> dg.AssetsDefinition:
+    """An asset named ``name`` whose checks are ``CHECKS_BY_ASSET[name]`` and whose body is ``step``."""
+
+    @dg.asset(
+        name=name,
+        group_name=group,
+        deps=list(deps),
+        check_specs=check_specs(name),
+        description=description,
+        kinds={kind},
+    )
+    def _asset(context: dg.AssetExecutionContext, profile: ProfileResource, data_root: DataRootResource):
+        prof = profile.load()
+        yield from run_step(name, lambda: step(prof, data_root.root()))
+
+    return _asset
