@@ -176,7 +176,12 @@ def make_workload(root: Path, total: int = WORKLOAD_BYTES) -> Workload:
 
 
 # ----- download ----------------------------------------------------------------------------------
-def _start_hub(folder: Path) -> tuple[subprocess.Popen[str], str]:
+LINK_RATE_MB_S = float(os.environ.get("STAGE2_BENCH_LINK_RATE_MB_S", "125"))
+"""Per-connection rate of the network-bound run (1 Gbit/s per connection, as a CDN serves one file)."""
+
+
+def _start_hub(folder: Path, rate_mb_s: float | None = None) -> tuple[subprocess.Popen[str], str]:
+    pace = [] if rate_mb_s is None else ["--rate-mb-s", str(rate_mb_s)]
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -187,6 +192,7 @@ def _start_hub(folder: Path) -> tuple[subprocess.Popen[str], str]:
             REPO_ID,
             "--revision",
             REVISION,
+            *pace,
         ],
         stdout=subprocess.PIPE,
         text=True,
@@ -224,31 +230,34 @@ def _cpu_self() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def download_vs_curl(workdir: Path) -> list[dict[str, Any]]:
-    """Ours vs curl, alternating which goes first in each round, each on a fresh folder after a sync.
+@dataclass
+class _Rounds:
+    ours: list[float]
+    ours_cpu: list[float]
+    curl: list[float]  # curl alone (its files still dirty in the page cache)
+    curl_sync: list[float]  # curl then sync of its files
+    curl_cpu: list[float]
+    curl_sum: list[float]  # curl then sha256sum of its files (page cache warm)
+    bytes: int
+    files: int
+    workers: int
 
-    Ours fsyncs every archive before publishing it (a verified archive survives a crash), so the
-    headline baseline is curl followed by ``sync`` of the files it wrote (the same durability); curl
-    alone (its files still dirty in the page cache when timed) is reported beside it. CPU seconds
-    (user + system of this process or of the curl processes; the loopback server excluded) are
-    recorded for both.
-    """
+
+def _download_rounds(workdir: Path, rate_mb_s: float | None = None) -> _Rounds:
+    """Ours vs curl, alternating which goes first in each round, each on a fresh folder after a sync.
+    CPU seconds (user + system of this process or of the curl processes; the loopback server
+    excluded) are recorded for both."""
     from stage2_data import layout
     from stage2_data.acquire import HubSource, default_workers, download_archives
 
     w = make_workload(_cache_root(workdir))
     specs = _profile_specs(w)
     workers = default_workers(len(specs))
-    proc, url = _start_hub(w.upstream)
+    r = _Rounds([], [], [], [], [], [], w.total_bytes, len(specs), workers)
+    proc, url = _start_hub(w.upstream, rate_mb_s)
     try:
         source = HubSource(REPO_ID, "dataset", REVISION, endpoint=url)
         urls = [source.file_url(s.path) for s in specs]
-        ours: list[float] = []
-        ours_cpu: list[float] = []
-        base: list[float] = []  # curl then sync of its files
-        base_nosync: list[float] = []  # curl alone
-        base_cpu: list[float] = []
-        summed: list[float] = []  # sha256sum of curl's files, right after curl (page cache warm)
         for i in range(REPEAT):
             for kind in ("curl", "ours") if i % 2 == 0 else ("ours", "curl"):
                 dest = workdir / f"dl-{kind}-{i}"
@@ -260,65 +269,96 @@ def download_vs_curl(workdir: Path) -> list[dict[str, Any]]:
                 t = time.perf_counter()
                 if kind == "curl":
                     _curl_all(list(zip(urls, files, strict=True)), workers)
-                    base_nosync.append(time.perf_counter() - t)
-                    base_cpu.append(_cpu_children() - c0)
+                    r.curl.append(time.perf_counter() - t)
+                    r.curl_cpu.append(_cpu_children() - c0)
                     subprocess.run(["sync", *map(str, files)], check=True)
-                    base.append(time.perf_counter() - t)
-                    t_sum = time.perf_counter()
-                    subprocess.run(["sha256sum", *map(str, files)], check=True, capture_output=True)
-                    summed.append(time.perf_counter() - t_sum)
+                    r.curl_sync.append(time.perf_counter() - t)
+                    if rate_mb_s is None:
+                        t_sum = time.perf_counter()
+                        subprocess.run(["sha256sum", *map(str, files)], check=True, capture_output=True)
+                        r.curl_sum.append(r.curl[-1] + time.perf_counter() - t_sum)
                 else:
                     res = download_archives(source, specs, dest, workers=workers)
-                    ours.append(time.perf_counter() - t)
-                    ours_cpu.append(_cpu_self() - s0)
-                    assert all(not r.skipped for r in res)
+                    r.ours.append(time.perf_counter() - t)
+                    r.ours_cpu.append(_cpu_self() - s0)
+                    assert all(not x.skipped for x in res)
                     for s in specs:
                         assert layout.archive_path(dest, s.path).stat().st_size == s.size
                 shutil.rmtree(dest, ignore_errors=True)
     finally:
         proc.terminate()
         proc.wait(timeout=10)
-    gib = w.total_bytes / GiB
-    common = {"bytes": w.total_bytes, "files": len(specs), "workers": workers}
-    cpu = {
-        "ours_cpu_s": [round(x, 3) for x in ours_cpu],
-        "curl_cpu_s": [round(x, 3) for x in base_cpu],
-    }
-    with_sum = [b + h for b, h in zip(base_nosync, summed, strict=True)]
-    return [
+    return r
+
+
+def _rounded(xs: list[float]) -> list[float]:
+    return [round(x, 3) for x in xs]
+
+
+def download_vs_curl(workdir: Path) -> list[dict[str, Any]]:
+    """Ours vs curl on loopback (CPU-bound), and on a paced link (network-bound, as from the hub).
+
+    Ours fsyncs every archive before publishing it (a verified archive survives a crash), so the
+    headline baseline is curl followed by ``sync`` of the files it wrote (the same durability); curl
+    alone (its files still dirty in the page cache when timed) is reported beside it.
+    """
+    r = _download_rounds(workdir)
+    gib = r.bytes / GiB
+    common = {"bytes": r.bytes, "files": r.files, "workers": r.workers}
+    cpu = {"ours_cpu_s": _rounded(r.ours_cpu), "curl_cpu_s": _rounded(r.curl_cpu)}
+    out = [
         entry(
             "download_vs_curl",
-            min(ours),
-            f"curl ({workers} at once, no hash) then sync of its files (ours fsyncs each file)",
-            min(base),
+            min(r.ours),
+            f"curl ({r.workers} at once, no hash) then sync of its files (ours fsyncs each file)",
+            min(r.curl_sync),
             1.0,
             **common,
-            ours_s_per_gib=round(min(ours) / gib, 3),
-            baseline_s_per_gib=round(min(base) / gib, 3),
-            ours_all_s=[round(x, 3) for x in ours],
-            baseline_all_s=[round(x, 3) for x in base],
+            ours_s_per_gib=round(min(r.ours) / gib, 3),
+            baseline_s_per_gib=round(min(r.curl_sync) / gib, 3),
+            ours_all_s=_rounded(r.ours),
+            baseline_all_s=_rounded(r.curl_sync),
             **cpu,
         ),
         entry(
             "download_vs_curl_no_sync",
-            min(ours),
-            f"curl ({workers} at once, no hash, no sync: its files still dirty in the page cache)",
-            min(base_nosync),
+            min(r.ours),
+            f"curl ({r.workers} at once, no hash, no sync: its files still dirty in the page cache)",
+            min(r.curl),
             None,
             **common,
-            baseline_all_s=[round(x, 3) for x in base_nosync],
+            baseline_all_s=_rounded(r.curl),
             **cpu,
         ),
         entry(
             "download_vs_curl_then_sha256sum",
-            min(ours),
-            f"curl ({workers} at once) then sha256sum",
-            min(with_sum),
+            min(r.ours),
+            f"curl ({r.workers} at once) then sha256sum",
+            min(r.curl_sum),
             1.0,
             **common,
-            baseline_all_s=[round(x, 3) for x in with_sum],
+            baseline_all_s=_rounded(r.curl_sum),
         ),
     ]
+    paced = _download_rounds(workdir, LINK_RATE_MB_S)
+    out.append(
+        entry(
+            "download_vs_curl_at_link_rate",
+            min(paced.ours),
+            f"curl ({paced.workers} at once, no hash, no sync) from the hub paced to "
+            f"{LINK_RATE_MB_S:g} MB/s per file",
+            min(paced.curl),
+            1.0,
+            **common,
+            rate_mb_s_per_connection=LINK_RATE_MB_S,
+            ours_all_s=_rounded(paced.ours),
+            baseline_all_s=_rounded(paced.curl),
+            curl_then_sync_all_s=_rounded(paced.curl_sync),
+            ours_cpu_s=_rounded(paced.ours_cpu),
+            curl_cpu_s=_rounded(paced.curl_cpu),
+        )
+    )
+    return out
 
 
 # ----- extraction ----------------------------------------------------------------------------------

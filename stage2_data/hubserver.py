@@ -32,6 +32,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -48,6 +49,7 @@ RESOLVE_PREFIX = {"model": "", "dataset": "datasets/", "space": "spaces/"}
 SKIP_DIRS = {".git"}
 TREE_PAGE_SIZE = 1000  # the real hub's page size (50 with expand=True)
 TREE_PAGE_SIZE_EXPAND = 50
+RATE_STEP = 256 * 1024  # bytes sent between two pauses of a paced download (``HubFaults.rate``)
 
 
 @dataclass
@@ -69,6 +71,9 @@ class HubFaults:
     """answer 200 with the full body even when a Range is asked."""
     fail_first: dict[str, int] = field(default_factory=dict)
     """path -> answer 503 to the next N GETs (a transient error)."""
+    rate: float | None = None
+    """bytes per second per file download (paced as a CDN paces one connection); None: as fast as
+    the loopback goes."""
 
 
 @dataclass(frozen=True)
@@ -600,14 +605,19 @@ class HubServer:
             return
         send = length if drop_at is None else min(length, drop_at)
         flip_at = size // 2 if corrupt else None
+        rate = self.faults.rate
         with open(entry.abspath, "rb") as f:
             if flip_at is None:
                 sent = 0
+                t0 = time.monotonic()
                 while sent < send:
-                    n = h.connection.sendfile(f, start + sent, send - sent)
+                    step = send - sent if rate is None else min(send - sent, RATE_STEP)
+                    n = h.connection.sendfile(f, start + sent, step)
                     if n == 0:
                         break
                     sent += n
+                    if rate is not None and (ahead := t0 + sent / rate - time.monotonic()) > 0:
+                        time.sleep(ahead)
             else:
                 _send_flipped(h, f, start, send, flip_at)
         if drop_at is not None and send < length:
@@ -659,6 +669,13 @@ def _parse_range(value: str, size: int) -> tuple[int, int] | str | None:
     return start, min(end, size - 1)
 
 
+def _rate(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive rate in MB/s")
+    return value * 1e6
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m stage2_data.hubserver",
@@ -674,6 +691,13 @@ def main(argv: list[str] | None = None) -> int:
         "--token-env",
         default=None,
         help="name of an environment variable holding a token every request must carry (never on the command line)",
+    )
+    ap.add_argument(
+        "--rate-mb-s",
+        type=_rate,
+        default=None,
+        metavar="MB_S",
+        help="pace each file download to this many MB/s (as one connection to a CDN); default: unpaced",
     )
     args = ap.parse_args(argv)
     token = None
@@ -691,6 +715,7 @@ def main(argv: list[str] | None = None) -> int:
             host=args.host,
             port=args.port,
             token=token,
+            faults=HubFaults(rate=args.rate_mb_s),
         )
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)

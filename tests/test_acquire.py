@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from stage2_data import layout
+from stage2_data import acquire, layout
 from stage2_data.acquire import (
     EXTRACTION_FACTOR,
     DownloadCancelled,
@@ -577,3 +577,63 @@ def test_hub_unreachable_is_quick_and_names_the_endpoint(upstream: Upstream, tmp
     assert endpoint in str(ei.value) and "unreachable" in str(ei.value)
     assert ei.value.fix and "endpoint" in ei.value.fix
     assert time.monotonic() - t0 < 5
+
+
+# ----- O_DIRECT writes ---------------------------------------------------------------------------
+@pytest.mark.parametrize("direct", [True, False], ids=["o-direct", "page-cache"])
+def test_resume_from_an_unaligned_partial_and_drop(
+    source: HubSource,
+    hub: HubServer,
+    upstream: Upstream,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    direct: bool,
+) -> None:
+    monkeypatch.setattr(acquire, "DIRECT_IO", direct)
+    path = "big_cache_key.tar"
+    spec = spec_of(upstream, path)
+    part = layout.partial_path(tmp_path, path)
+    part.parent.mkdir(parents=True)
+    kept = 5 * MiB + 777  # not a multiple of the O_DIRECT alignment
+    part.write_bytes(upstream.files[path][:kept])
+    hub.faults.drop_after[path] = 3 * MiB + 1  # the connection drops again at an unaligned offset
+    res = download_archive(source, spec, tmp_path, **FAST)
+    assert res.resumed_from == kept and res.sha256 == spec.sha256
+    assert layout.archive_path(tmp_path, path).read_bytes() == upstream.files[path]
+    gets = [rng for m, rng in hub.file_requests(path) if m == "GET"]
+    assert gets[0] == f"bytes={kept}-" and len(gets) == 2
+
+
+def test_block_sink_writes_aligned_blocks_with_o_direct(tmp_path: Path) -> None:
+    """Unaligned pieces (after the headers, a tail) go through the page cache, the rest with O_DIRECT;
+    the file and the digest are exactly the bytes committed."""
+    if not hasattr(os, "O_DIRECT"):
+        pytest.skip("no O_DIRECT on this platform")
+    target = tmp_path / "x.part"
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        dfd = os.open(target, os.O_WRONLY | os.O_DIRECT)
+    except OSError:
+        os.close(fd)
+        pytest.skip("the temporary file system refuses O_DIRECT")
+    data = random.Random(5).randbytes(3 * MiB + 1234)
+    sink = acquire._BlockSink(fd, 0, hashlib.sha256(), direct_fd=dfd, block=64 * 1024, depth=3)
+    try:
+        sink.feed(data[:1000])  # what the client read past the headers
+        sink.flush()
+        pos = 1000
+        while pos < len(data):  # as the receiver does: back to an aligned offset, then whole blocks
+            buf = sink.take()
+            n = min(len(buf), len(data) - pos)
+            if sink.received % acquire.ALIGN:
+                n = min(n, acquire.ALIGN - sink.received % acquire.ALIGN)
+            buf[:n] = data[pos : pos + n]
+            sink.commit(buf, n)
+            pos += n
+        sink.close()
+    finally:
+        os.close(dfd)
+        os.close(fd)
+    assert target.read_bytes() == data
+    assert sink.hasher.hexdigest() == hashlib.sha256(data).hexdigest()
+    assert sink.direct and 0 < len(data) - sink.direct_bytes < 2 * acquire.ALIGN

@@ -380,3 +380,20 @@ def test_serves_large_body_fast(tmp_path: Path) -> None:
         dt = time.monotonic() - t0
     assert n == len(data) and h.hexdigest() == hashlib.sha256(data).hexdigest()
     assert dt < 5, f"64 MiB took {dt:.1f}s"
+
+
+def test_paced_downloads_keep_to_the_rate(upstream: Upstream) -> None:
+    """``HubFaults.rate`` paces each download as a CDN paces one connection (benchmarks use it for a
+    network-bound link); the bytes are unchanged."""
+    rate = 20e6
+    with HubServer(upstream.folder, repo_id=REPO, revision=REV, faults=HubFaults(rate=rate)) as server:
+        s = get_session()
+        t = time.perf_counter()
+        body = s.get(_url(server, "a.tar")).content
+        paced = time.perf_counter() - t
+        assert body == upstream["a.tar"]
+        assert paced >= (len(body) - 256 * 1024) / rate  # the last step is not waited for
+        server.faults.rate = None
+        t = time.perf_counter()
+        assert s.get(_url(server, "a.tar")).content == upstream["a.tar"]
+        assert time.perf_counter() - t < paced
