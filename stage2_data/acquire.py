@@ -68,13 +68,12 @@ from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_st
 from . import layout
 from .errors import (
     ChecksumMismatchError,
-    DiskSpaceError,
     HubError,
     ProblemsError,
     ProfileError,
     Stage2Error,
 )
-from .fsutil import atomic_write_json, fsync_dir, human_bytes, require_free_space
+from .fsutil import atomic_write_json, disk_full_as, fsync_dir, human_bytes, require_free_space
 from .hashing import SHA256_RE, hasher_of_prefix, sha256_file
 from .profile import ArchiveSpec, Profile
 
@@ -792,7 +791,11 @@ def _download(
             if not meta_checked:
                 _check_metadata(source, spec, url)
                 meta_checked = True
-            digest = _attempt(source, spec, url, part, state, progress, cancel, backoff)
+            with disk_full_as(
+                f"disk full while writing {part} ({spec.path}, {human_bytes(spec.size)}).",
+                fix="free disk space (see `stage2 list`) and re-run; the download resumes",
+            ):
+                digest = _attempt(source, spec, url, part, state, progress, cancel, backoff)
             break
         except Stage2Error:
             raise
@@ -802,11 +805,6 @@ def _download(
                 fix="re-run the download: it resumes from the partial file",
             ) from None
         except OSError as e:
-            if e.errno == errno.ENOSPC:
-                raise DiskSpaceError(
-                    f"disk full while writing {part} ({spec.path}, {human_bytes(spec.size)}).",
-                    fix="free disk space (see `required_free_bytes`) and re-run; the download resumes",
-                ) from e
             if not _is_transient(e):
                 if _is_client_error(e):
                     raise _hub_error(e, source, what=what, path=spec.path) from e

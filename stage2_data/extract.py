@@ -45,8 +45,8 @@ import pyarrow as pa
 import pyarrow.ipc as pa_ipc
 
 from . import layout
-from .errors import ArchiveError, DiskSpaceError, UnsafeArchiveError
-from .fsutil import atomic_write_json, publish_dir, require_free_space
+from .errors import ArchiveError, UnsafeArchiveError
+from .fsutil import atomic_write_json, disk_full_as, publish_dir, require_free_space
 
 __all__ = [
     "CacheDirInfo",
@@ -823,18 +823,15 @@ def extract_cache_dir(
         os.mkdir(tmp)
         try:
             try:
-                _write_members(tar, plan, tmp, progress)
+                with disk_full_as(
+                    f"the disk at {proc_root} filled up while extracting {archive}.",
+                    fix="free disk space or choose another --data-root, then re-run",
+                ):
+                    _write_members(tar, plan, tmp, progress)
             except EOFError as e:
                 raise ArchiveError(
                     f"archive {archive} ended early while extracting: {e}.", fix=REDOWNLOAD_FIX
                 ) from e
-            except OSError as e:
-                if e.errno == errno.ENOSPC:
-                    raise DiskSpaceError(
-                        f"the disk at {proc_root} filled up while extracting {archive}.",
-                        fix="free disk space or choose another --data-root, then re-run",
-                    ) from e
-                raise
             record_path.unlink(missing_ok=True)  # a record only ever describes what is in place
             publish_dir(tmp, final)
         except BaseException:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -106,6 +107,21 @@ def require_free_space(path: Path, needed: int, what: str) -> None:
             f"have {human_bytes(free)}.",
             fix=f"free {human_bytes(needed - free)} there or choose another --data-root",
         )
+
+
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+@contextlib.contextmanager
+def disk_full_as(message: str, fix: str) -> Iterator[None]:
+    """Raise a full disk or an exceeded quota (ENOSPC, EDQUOT) met inside the block as
+    ``DiskSpaceError(message, fix=fix)``; any other error passes unchanged."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno in DISK_FULL_ERRNOS:
+            raise DiskSpaceError(message, fix=fix) from e
+        raise
 
 
 def human_bytes(n: float) -> str:

@@ -482,6 +482,22 @@ def _wait_text(driver: Any, needles: list[str], timeout: float = 45) -> str:
     raise AssertionError(f"{url}: {missing} never appeared; page text:\n{text[:3000]}")
 
 
+def _expand_group(driver: Any, group: str, arrow_right: Any, tries: int = 5) -> None:
+    """Open ``group`` in the asset graph's tree (select it, arrow-right), as a user does; the UI
+    records open groups in the URL (``open-nodes``). The tree re-renders as groups open, so a
+    click can land on a node being replaced: try again until the URL shows the group open."""
+    opened = f"%3A{group}"
+    for _ in range(tries):
+        if opened in driver.current_url:
+            return
+        _click_when_clear(driver, f"//span[normalize-space()='{group}']/ancestor::button[1]")
+        arrow_right()
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and opened not in driver.current_url:
+            time.sleep(0.2)
+    assert opened in driver.current_url, f"group {group} did not open: {driver.current_url}"
+
+
 def test_browser_shows_assets_partitions_and_checks(
     webserver: str, browser: Any, demo_cache: DemoPaths
 ) -> None:
@@ -495,8 +511,7 @@ def test_browser_shows_assets_partitions_and_checks(
     _page_text_with(browser, webserver + "/asset-groups", ["Global asset lineage", "acquire", "kit", "store"])
     _dismiss_popup(browser)
     for group in ("store", "kit", "acquire"):
-        _click_when_clear(browser, f"//span[normalize-space()='{group}']/ancestor::button[1]")
-        ActionChains(browser).send_keys(Keys.ARROW_RIGHT).perform()
+        _expand_group(browser, group, lambda: ActionChains(browser).send_keys(Keys.ARROW_RIGHT).perform())
     _wait_text(browser, list(C.CHECKS_BY_ASSET))
     browser.save_screenshot(str(ARTIFACTS / "ui-asset-graph.png"))
     # the catalog: every asset and the partition counts
