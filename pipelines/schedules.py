@@ -6,6 +6,8 @@ import dagster as dg
 
 from stage2_data.profile import Profile
 
+from .rebuild import stage_requests
+
 
 def build_schedules(profile: Profile, jobs: dict[str, Any]) -> list[dg.ScheduleDefinition]:
     nightly_verify = dg.ScheduleDefinition(
@@ -21,16 +23,14 @@ def build_schedules(profile: Profile, jobs: dict[str, Any]) -> list[dg.ScheduleD
         job=jobs["acquire"],
         cron_schedule="0 3 * * 0",
         default_status=dg.DefaultScheduleStatus.STOPPED,
-        description="Re-verify every archive partition against its pin (downloads only what is missing or "
-        "fails its pin), one run per partition; then materialize extract_cache_dirs and "
-        "verify_kit_and_build_store (or run `stage2 build`) to rebuild what changed.",
+        description="Rebuild: re-verify every archive partition against its pin (downloading only what "
+        "is missing or fails its pin), then (advance_rebuilds) extract every cache key, then verify "
+        "the kit and build the store.",
     )
     def weekly_rebuild(context: dg.ScheduleEvaluationContext):
         stamp = (
             context.scheduled_execution_time.strftime("%Y%m%d") if context.scheduled_execution_time else "now"
         )
-        return [
-            dg.RunRequest(run_key=f"weekly-{stamp}-{k}", partition_key=k) for k in profile.archive_paths()
-        ]
+        return stage_requests(f"weekly-{stamp}", "acquire", profile, jobs)
 
     return [nightly_verify, weekly_rebuild]

@@ -1,4 +1,4 @@
-"""Sensors: alerts on failed checks and failed runs, and a rebuild request when the profile or kit changes."""
+"""Sensors: alerts on failed checks and failed runs; starting and advancing rebuilds (pipelines/rebuild.py)."""
 
 import hashlib
 from typing import Any
@@ -8,35 +8,16 @@ import dagster as dg
 from resources import AlertsResource
 from stage2_data.profile import Profile
 
-WINDOW = 300.0  # seconds of finished runs re-listed each tick (their ids are in the cursor)
-FINISHED = [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
+from .rebuild import FinishedRuns, advance_rebuilds, stage_requests
 
 
 def check_failure_alerts(context: dg.SensorEvaluationContext, alerts: AlertsResource) -> dg.SkipReason | None:
-    """Every failed asset check of every run finished since the cursor becomes one alert.
-
-    Walks finished runs by update time (works on every event-log storage, run-sharded SQLite
-    included). The cursor is ``{"ts": <latest run update time seen>, "runs": {run id: update time}}``
-    for the runs of the last WINDOW seconds, so a run whose record lands late (parallel builds) is
-    still alerted once, and never twice."""
-    import datetime as dt
-    import json
-
-    cur = json.loads(context.cursor) if context.cursor else {}
-    last_ts: float | None = cur.get("ts")
-    seen: dict[str, float] = dict(cur.get("runs") or {})
-    after = dt.datetime.fromtimestamp(last_ts - WINDOW, tz=dt.UTC) if last_ts is not None else None
-    records = context.instance.get_run_records(
-        dg.RunsFilter(statuses=FINISHED, updated_after=after), limit=500, ascending=True
-    )
+    """Every failed asset check of every run finished since the last tick becomes one alert (each
+    run is looked at once: ``FinishedRuns``)."""
+    runs = FinishedRuns(context)
     sent = 0
-    for rec in sorted(records, key=lambda r: r.update_timestamp.timestamp()):
-        ts = rec.update_timestamp.timestamp()
+    for rec in runs.new():
         run = rec.dagster_run
-        if run.run_id in seen:
-            continue
-        seen[run.run_id] = ts
-        last_ts = ts if last_ts is None else max(last_ts, ts)
         for entry in context.instance.all_logs(
             run.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION
         ):
@@ -58,9 +39,7 @@ def check_failure_alerts(context: dg.SensorEvaluationContext, alerts: AlertsReso
             if problem:
                 context.log.warning(problem)
             sent += 1
-    if last_ts is not None:
-        seen = {k: v for k, v in seen.items() if v >= last_ts - WINDOW}
-    context.update_cursor(json.dumps({"ts": last_ts, "runs": seen}, sort_keys=True))
+    runs.save()
     return None if sent else dg.SkipReason("no failed asset checks since the last tick")
 
 
@@ -105,10 +84,11 @@ def build_sensors(profile: Profile, jobs: dict[str, Any]) -> list[dg.SensorDefin
 
     @dg.sensor(
         name="rebuild_on_profile_change",
-        jobs=[jobs["acquire"], jobs["kit_and_store"]],
+        jobs=[jobs["acquire"]],
         minimum_interval_seconds=60,
         default_status=dg.DefaultSensorStatus.STOPPED,
-        description="Requests a rebuild when the profile (pinned revision, archives) or a kit file changes.",
+        description="Starts a rebuild (every archive partition, then extraction and the store: see "
+        "advance_rebuilds) when the profile (pinned revision, archives) or a kit file changes.",
     )
     def rebuild_on_profile_change(context: dg.SensorEvaluationContext):
         h = hashlib.sha256()
@@ -125,11 +105,18 @@ def build_sensors(profile: Profile, jobs: dict[str, Any]) -> list[dg.SensorDefin
             return dg.SkipReason(
                 "profile and kit unchanged" if previous else "recorded the current profile and kit"
             )
-        reqs = [
-            dg.RunRequest(run_key=f"{digest[:16]}-{k}", job_name=jobs["acquire"].name, partition_key=k)
-            for k in profile.archive_paths()
-        ]
-        reqs.append(dg.RunRequest(run_key=f"{digest[:16]}-kit", job_name=jobs["kit_and_store"].name))
-        return reqs
+        return stage_requests(f"change-{digest[:16]}", "acquire", profile, jobs)
 
-    return [alert_on_failed_check, alert_on_failed_run, rebuild_on_profile_change]
+    @dg.sensor(
+        name="advance_rebuilds",
+        jobs=[jobs["extract"], jobs["kit_and_store"]],
+        minimum_interval_seconds=30,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description="Carries a rebuild (runs tagged stage2/rebuild, as weekly_rebuild and "
+        "rebuild_on_profile_change start them) through its stages: when every archive partition has "
+        "succeeded, extract every cache key; when those have, verify the kit and build the store.",
+    )
+    def advance_rebuilds_sensor(context: dg.SensorEvaluationContext):
+        return advance_rebuilds(context, profile, jobs)
+
+    return [alert_on_failed_check, alert_on_failed_run, rebuild_on_profile_change, advance_rebuilds_sensor]

@@ -27,7 +27,8 @@ import dagster as dg
 import pytest
 
 from pipelines.config import BuildConfig
-from pipelines.definitions import ACQUIRE_JOB, KIT_AND_STORE_JOB, VERIFY_JOB, build_definitions
+from pipelines.definitions import ACQUIRE_JOB, EXTRACT_JOB, KIT_AND_STORE_JOB, VERIFY_JOB, build_definitions
+from pipelines.rebuild import REBUILD_TAG, STAGE_TAG
 from pipelines.runner import build_all, run_selection
 from resources import AlertsResource
 from stage2_data import checks as C
@@ -70,6 +71,7 @@ def test_schedules_are_off_by_default_and_request_the_right_runs(
     assert weekly.job_name == ACQUIRE_JOB
     assert sorted(r.partition_key for r in reqs) == sorted(prof.archive_paths())
     assert len({r.run_key for r in reqs}) == len(reqs) and all("20261129" in r.run_key for r in reqs)
+    assert {(r.tags[REBUILD_TAG], r.tags[STAGE_TAG]) for r in reqs} == {("weekly-20261129", "acquire")}
     # the verify job re-checks data on disk: it never downloads
     verify = defs.resolve_job_def(VERIFY_JOB)
     assert "archive_file" not in {k.to_user_string() for k in verify.asset_layer.executable_asset_keys}
@@ -212,9 +214,80 @@ def test_rebuild_sensor_records_skips_then_requests(demo: DemoPaths, tmp_path: P
         )
     reqs = t3.run_requests or []
     assert t3.cursor != t2.cursor
-    acquire = [r for r in reqs if r.job_name == ACQUIRE_JOB]
-    assert sorted(r.partition_key for r in acquire) == sorted(prof.archive_paths())
-    assert [r.job_name for r in reqs if r.job_name != ACQUIRE_JOB] == [KIT_AND_STORE_JOB]
+    # the first stage of a rebuild: every archive partition; advance_rebuilds does the rest
+    assert {r.job_name for r in reqs} == {ACQUIRE_JOB}
+    assert sorted(r.partition_key for r in reqs) == sorted(prof.archive_paths())
+    assert {(r.tags[REBUILD_TAG], r.tags[STAGE_TAG]) for r in reqs} == {
+        (f"change-{t3.cursor[:16]}", "acquire")
+    }
+
+
+def test_a_rebuild_goes_through_every_stage_in_real_runs(
+    demo: DemoPaths, tmp_path: Path, dagster_home: Path, built: dict
+) -> None:
+    """weekly_rebuild starts a rebuild; advance_rebuilds requests extraction once every archive
+    partition succeeded, then the store once every cache key did: the result is the store
+    `stage2 build` makes. A failed partition holds its rebuild at that stage until it is re-run."""
+    prof = load_profile(demo.profile)
+    instance = dg.DagsterInstance.get()
+    with HubServer(demo.upstream, repo_id=demo.repo_id, revision=demo.revision) as hub:
+        defs = build_definitions(
+            BuildConfig(profile_path=str(demo.profile), data_root=str(tmp_path / "root"), endpoint=hub.url)
+        )
+        advance = defs.resolve_sensor_def("advance_rebuilds")
+        assert advance.default_status == dg.DefaultSensorStatus.RUNNING
+
+        def run(reqs: list[dg.RunRequest]) -> list[bool]:
+            return [
+                defs.resolve_job_def(r.job_name)
+                .execute_in_process(
+                    instance=instance, partition_key=r.partition_key, tags=r.tags, raise_on_error=False
+                )
+                .success
+                for r in reqs
+            ]
+
+        def tick(cursor: str | None) -> tuple[list[dg.RunRequest], str | None]:
+            data = advance.evaluate_tick(
+                dg.build_sensor_context(definitions=defs, instance=instance, cursor=cursor)
+            )
+            return list(data.run_requests or []), data.cursor
+
+        when = dt.datetime(2026, 11, 29, 3, 0, tzinfo=dt.UTC)
+        weekly = defs.resolve_schedule_def("weekly_rebuild").evaluate_tick(
+            dg.build_schedule_context(
+                instance=instance, scheduled_execution_time=when, repository_def=defs.get_repository_def()
+            )
+        )
+        acquire = list(weekly.run_requests or [])
+        victim = acquire[0]
+        hub.faults.missing.add(victim.partition_key)  # one archive fails: the rebuild waits
+        assert run(acquire) == [False] + [True] * (len(acquire) - 1)
+        reqs, cursor = tick(None)
+        assert reqs == []
+        hub.faults.missing.clear()
+        assert run([victim]) == [True]  # re-run of the failed partition, same tags
+        extract, cursor = tick(cursor)
+        assert {r.job_name for r in extract} == {EXTRACT_JOB}
+        assert sorted(r.partition_key for r in extract) == sorted(prof.cache_keys())
+        assert all(
+            r.tags[STAGE_TAG] == "extract" and r.tags[REBUILD_TAG] == "weekly-20261129" for r in extract
+        )
+        assert tick(cursor)[0] == []  # nothing new finished: nothing requested again
+        assert all(run(extract))
+        store, cursor = tick(cursor)
+        assert [(r.job_name, r.partition_key, r.tags[STAGE_TAG]) for r in store] == [
+            (KIT_AND_STORE_JOB, None, "store")
+        ]
+        assert run(store) == [True]
+        assert tick(cursor)[0] == []  # the last stage: the rebuild is done
+    done = instance.get_run_records(dg.RunsFilter(tags={REBUILD_TAG: "weekly-20261129"}))
+    assert len(done) == len(acquire) + 1 + len(extract) + 1
+    from stage2_data import layout
+    from stage2_data.store import VinOfflineStoreReader
+
+    reader = VinOfflineStoreReader(layout.current_store_path(tmp_path / "root", prof.name))
+    assert reader.manifest["fingerprint"] == built["summary"]["fingerprint"]  # what `stage2 build` made
 
 
 # ----- the web UI in a real browser --------------------------------------------------------------
