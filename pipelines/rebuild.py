@@ -72,9 +72,9 @@ class FinishedRuns:
 def stage_partitions(stage: str, profile: Profile) -> list[str | None]:
     """The partitions one stage of a rebuild runs (None: the unpartitioned store run)."""
     if stage == "acquire":
-        return list(profile.archive_paths())
+        return list(profile.archive_paths_largest_first())  # runs are dequeued in the order requested
     if stage == "extract":
-        return list(profile.cache_keys())
+        return list(profile.cache_keys_largest_first())
     if stage == "store":
         return [None]
     raise ValueError(f"unknown rebuild stage {stage!r}; expected one of {STAGES}")

@@ -226,14 +226,16 @@ def _build_all(
     if not runs[-1]["success"]:
         stopped_at = "pinned_profile"
     else:
-        run_partitions(cfg, "archive_file", profile.archive_paths(), conc, record)
+        # largest first: the build ends soonest (a big archive started last would run alone)
+        run_partitions(cfg, "archive_file", profile.archive_paths_largest_first(), conc, record)
         failed_archives = {
             r["partition"] for r in runs if r["selection"] == ["archive_file"] and not r["success"]
         }
+        by_key = profile.archives_by_cache_key()
         keys = [
             k
-            for k, specs in profile.archives_by_cache_key().items()
-            if not any(a.path in failed_archives for a in specs)
+            for k in profile.cache_keys_largest_first()
+            if not any(a.path in failed_archives for a in by_key[k])
         ]
         run_partitions(cfg, "cache_dir", keys, min(conc, 2), record)
         if any(not r["success"] for r in runs):

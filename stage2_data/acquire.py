@@ -1183,7 +1183,8 @@ def download_archives(
     backoff: float = DEFAULT_BACKOFF,
     check_space: bool = True,
 ) -> list[DownloadResult]:
-    """Download several archives concurrently (``workers`` threads, default ``min(4, n)``).
+    """Download several archives concurrently (``workers`` threads, default ``min(4, n)``), the
+    largest remainder first; results come back in the order of ``specs``.
 
     Every archive is checked first (nothing is requested if one is unpinned, quarantined or
     unlisted), and the free disk for what remains to download. Failures are gathered: one
@@ -1217,7 +1218,8 @@ def download_archives(
                 backoff=backoff,
                 cancel=cancel,
             ): s
-            for s in specs
+            # largest remainder first: the last download ends soonest
+            for s in sorted(specs, key=lambda s: -_remaining_download_bytes(data_root, s))
         }
         for fut, s in futures.items():
             try:
@@ -1231,6 +1233,7 @@ def download_archives(
     pool.shutdown(wait=True)
     done = [results[s.path] for s in specs if s.path in results]
     if errors:
+        errors = {s.path: errors[s.path] for s in specs if s.path in errors}  # in the order asked
         problems = [f"{p}: {source.redact(str(e))}" for p, e in errors.items()]
         raise DownloadsFailedError(
             f"{len(errors)} of {len(specs)} archive download(s) failed",

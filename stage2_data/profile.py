@@ -176,6 +176,16 @@ class Profile(_Strict):
     def cache_keys(self) -> list[str]:
         return sorted({a.cache_key for a in self.archives})
 
+    def archive_paths_largest_first(self) -> list[str]:
+        """Archive paths, largest first (then by path): with several downloads at once, the last one
+        ends soonest when the largest start first (a 20 GiB split part started last would run alone)."""
+        return [a.path for a in sorted(self.archives, key=lambda a: (-(a.size or 0), a.path))]
+
+    def cache_keys_largest_first(self) -> list[str]:
+        """Cache keys by the bytes of their archives, largest first (then by key)."""
+        by_key = self.archives_by_cache_key()
+        return sorted(by_key, key=lambda k: (-sum(a.size or 0 for a in by_key[k]), k))
+
     def archives_by_cache_key(self) -> dict[str, list[ArchiveSpec]]:
         out: dict[str, list[ArchiveSpec]] = defaultdict(list)
         for a in self.archives:

@@ -446,6 +446,27 @@ def test_download_archives_gathers_failures(
     assert all(archive_state(tmp_path, a).state == "verified" for a in profile.archives)
 
 
+def test_downloads_start_largest_first(
+    source: HubSource, hub: HubServer, upstream: Upstream, profile: Profile, tmp_path: Path
+) -> None:
+    """One worker shows the order: the largest remainder first (a partial file counts for what is
+    left), and the results in the order asked."""
+    specs = list(profile.archives)  # big (24 MiB), part-aa (2 MiB), part-ab (1 MiB)
+    part = layout.partial_path(tmp_path, "big_cache_key.tar")
+    part.parent.mkdir(parents=True)
+    part.write_bytes(upstream.files["big_cache_key.tar"][: 23 * MiB])  # 1 MiB + 123 bytes left
+    results = download_archives(source, specs, tmp_path, workers=1, **FAST)
+    gets = [p.rpartition(f"/{REV}/")[2] for m, p, _ in hub.log_snapshot() if m == "GET" and "/resolve/" in p]
+    assert gets == ["split_key.tar.part-aa", "big_cache_key.tar", "split_key.tar.part-ab"]
+    assert [r.path for r in results] == [a.path for a in specs]
+    assert profile.archive_paths_largest_first() == [
+        "big_cache_key.tar",
+        "split_key.tar.part-aa",
+        "split_key.tar.part-ab",
+    ]
+    assert profile.cache_keys_largest_first() == ["big_cache_key", "split_key"]
+
+
 def test_download_profile(source: HubSource, upstream: Upstream, profile: Profile, tmp_path: Path) -> None:
     results = download_profile(profile, source, tmp_path, **FAST)
     assert len(results) == 3 and all(r.sha256 == upstream.sha(r.path) for r in results)
