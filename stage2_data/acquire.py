@@ -566,7 +566,7 @@ class _BlockSink:
             try:
                 k = os.pwrite(fd, view[pos:end], at)
             except OSError as e:
-                if fd == self._dfd and e.errno == errno.EINVAL:
+                if fd == self._dfd and e.errno in (errno.EINVAL, errno.EOPNOTSUPP):
                     # The file system wants another alignment: buffered writes from here on.
                     log.debug("O_DIRECT write refused (%s); writing through the page cache", e)
                     self._dfd = None
