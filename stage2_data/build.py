@@ -408,21 +408,51 @@ def step_store(
             data_root=data_root,
             kit_root=profile.kit_root,
         ).write(samples, pairs)
-    if root_loc.is_local:
-        atomic_symlink(name, layout.current_store_path(data_root, profile.name))
-    else:
-        root_loc.write_bytes(root_loc.root / CURRENT_OBJECT, (name + "\n").encode())
     seconds = time.perf_counter() - t0
-    return store_checks(profile, out, rebuilt=rebuilt, seconds=seconds, reader_cls=VinOfflineStoreReader)
+    # A new store is decoded sample by sample (through zarr, not through our writer) and compared
+    # with the frames_sha256 the writer recorded, before it becomes current: a store that does not
+    # round-trip is never published.
+    t1 = time.perf_counter()
+    problems = validate_vin_offline_store(out, decode=rebuilt)
+    validate_seconds = time.perf_counter() - t1
+    if not problems:
+        if root_loc.is_local:
+            atomic_symlink(name, layout.current_store_path(data_root, profile.name))
+        else:
+            root_loc.write_bytes(root_loc.root / CURRENT_OBJECT, (name + "\n").encode())
+    elif rebuilt:
+        problems.append(
+            f"{out.url} was removed, not published: {CURRENT_OBJECT.lower()} still points at the previous store"
+        )
+    result = store_checks(
+        profile,
+        out,
+        rebuilt=rebuilt,
+        seconds=seconds,
+        reader_cls=VinOfflineStoreReader,
+        problems=problems,
+        validate_seconds=validate_seconds,
+    )
+    if problems and rebuilt:  # never published, and never reused by a rerun (which would not decode it)
+        out.delete_tree()
+    return result
 
 
 CURRENT_OBJECT = "CURRENT"  # on object storage: names the published store folder under <url>/<profile>/
 
 
 def store_checks(
-    profile: Profile, path: Any, *, rebuilt: bool, seconds: float, reader_cls: Any
+    profile: Profile,
+    path: Any,
+    *,
+    rebuilt: bool,
+    seconds: float,
+    reader_cls: Any,
+    problems: list[str] | None = None,
+    validate_seconds: float | None = None,
 ) -> StepResult:
-    """Re-open ``path`` (a local path or a StoreLocation) with the strict reader and validate it."""
+    """Re-open ``path`` (a local path or a StoreLocation) with the strict reader and validate it
+    (unless the validation's ``problems`` are given)."""
     from .store import collect_vin_offline_dataset_stats, validate_vin_offline_store
 
     open_problems: list[str] = []
@@ -432,7 +462,10 @@ def store_checks(
         manifest = reader.manifest
     except Exception as exc:  # the strict reader's refusal is the check's finding
         open_problems.append(str(exc))
-    problems = validate_vin_offline_store(path) if not open_problems else ["store did not open"]
+    if open_problems:
+        problems = ["store did not open"]
+    elif problems is None:
+        problems = validate_vin_offline_store(path)
     count_problems: list[str] = []
     stats: dict[str, Any] = {}
     if manifest:
@@ -453,7 +486,9 @@ def store_checks(
         "bytes_on_disk": ((stats.get("bytes") or {}).get("on_disk") or {}).get("total"),
         "bytes_on_disk_per_block": ((stats.get("bytes") or {}).get("on_disk") or None),
         "rebuilt": rebuilt,
+        "decoded": rebuilt,  # a new store is decoded sample by sample before it becomes current
         "seconds": round(seconds, 3),
+        "validate_seconds": round(validate_seconds, 3) if validate_seconds is not None else None,
         "MB/s": _rate(((stats.get("bytes") or {}).get("on_disk") or {}).get("total") or 0, seconds)
         if rebuilt
         else None,

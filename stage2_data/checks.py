@@ -61,7 +61,8 @@ CHECK_DESCRIPTIONS: dict[str, str] = {
     LINK_TOTALS_MATCH_EXPECTED: "pair rows, unique frame files, action rows, resolved sidecars == expected",
     SUBSET_BYTES_MATCH_SHA256SUMS: "every subset frame file's bytes match SHA256SUMS",
     STORE_OPENS_STRICT: "the store re-opens with the strict reader (format, version, manifest)",
-    STORE_VALIDATES: "manifest, shapes, dtypes, shards, splits and pairs validate",
+    STORE_VALIDATES: "manifest, shapes, dtypes, shards, splits and pairs validate; a new store is also "
+    "decoded sample by sample against its frames_sha256 and padding before it becomes current",
     STORE_COUNTS_MATCH_EXPECTED: "samples == expected.unique_frame_files and pairs == expected.pair_rows",
 }
 

@@ -1685,6 +1685,13 @@ class VinOfflineStoreReader:
         d.codec.decode(self._read_range(d.path, off, nbytes), out=out)
         return out[0]
 
+    def _padded_row(self, shard_id: int, name: str, row: int) -> np.ndarray[Any, Any]:
+        """One whole row of an array (padding included), decoded as :meth:`read_frames` decodes it."""
+        direct = self._read_row(shard_id, name, row)
+        if direct is not None:
+            return direct
+        return np.asarray(self._array(shard_id, name)[row])
+
     def _row(self, i: int) -> dict[str, Any]:
         i = operator.index(i)
         n = self.num_samples
@@ -2027,9 +2034,20 @@ def _validate_pairs(
 
 
 def _validate_arrays(
-    loc: StoreLocation, shards: list[dict[str, Any]], rows: list[dict[str, Any]], problems: list[str]
+    loc: StoreLocation,
+    shards: list[dict[str, Any]],
+    rows: list[dict[str, Any]],
+    problems: list[str],
+    *,
+    decode: bool = False,
 ) -> None:
     root = loc.root
+    reader: VinOfflineStoreReader | None = None
+    if decode:
+        try:
+            reader = VinOfflineStoreReader(loc)
+        except StoreError as e:
+            problems.append(f"cannot decode the samples: {e}")
     for sh in shards:
         sdir_p = root / sh["dir"]
         sdir = loc.display(sdir_p)
@@ -2076,6 +2094,59 @@ def _validate_arrays(
                 problems.append(
                     f"{sdir}/{name}: {bad.size} rows disagree with sample_index.jsonl's {col} (first row {int(bad[0])})"
                 )
+        if reader is not None and len(mine) == rr and BLOCK_FRAMES in arrays:
+            _validate_decoded(reader, int(sh["id"]), sdir, wmax, mine, problems)
+
+
+def _validate_decoded(
+    reader: VinOfflineStoreReader,
+    sid: int,
+    sdir: str,
+    wmax: int,
+    mine: list[dict[str, Any]],
+    problems: list[str],
+) -> None:
+    """Decode one shard's rows the way training reads them (the strict reader, one row at a time on
+    a few threads) and check each against the sample index: frames_sha256 over its ``num_frames``
+    frames, zeros past them, and actions NaN past the row's length and width."""
+    names = [BLOCK_FRAMES, *([BLOCK_ACTIONS] if wmax > 0 else [])]
+    try:
+        for name in names:
+            reader._direct(sid, name)  # the shard index, read once before the threads share it
+    except Exception as e:  # noqa: BLE001 - a shard that cannot be opened is a problem to report
+        problems.append(f"{sdir}: cannot decode ({type(e).__name__}: {e})")
+        return
+
+    def check(r: dict[str, Any]) -> list[str]:
+        row, n, w = int(r["row"]), int(r["num_frames"]), int(r["action_width"])
+        try:
+            frames = reader._padded_row(sid, BLOCK_FRAMES, row)
+            actions = reader._padded_row(sid, BLOCK_ACTIONS, row) if wmax > 0 else None
+        except Exception as e:  # noqa: BLE001
+            return [f"cannot decode ({type(e).__name__}: {e})"]
+        bad = []
+        if hashlib.sha256(np.ascontiguousarray(frames[:n]).data).hexdigest() != r["frames_sha256"]:
+            bad.append("frames_sha256")
+        if frames[n:].any():
+            bad.append("padding")
+        if actions is not None and not (np.isnan(actions[n:]).all() and np.isnan(actions[:n, w:]).all()):
+            bad.append("actions")
+        return bad
+
+    with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+        found = list(pool.map(check, mine))
+    what = {
+        "frames_sha256": f"{BLOCK_FRAMES}: decoded frames disagree with sample_index.jsonl's frames_sha256",
+        "padding": f"{BLOCK_FRAMES}: non-zero frames past num_frames",
+        "actions": f"{BLOCK_ACTIONS}: values where NaN padding belongs (past the row's length or width)",
+    }
+    for key in [*what, *sorted({k for ks in found for k in ks} - set(what))]:
+        rows = [j for j, ks in enumerate(found) if key in ks]
+        if rows:
+            keys = ", ".join(str(mine[j]["sample_key"]) for j in rows[:3])
+            problems.append(
+                f"{sdir}/{what.get(key, key)} in {len(rows)} row(s) (first rows {rows[:3]}: {keys})"
+            )
 
 
 def _validate_files(
@@ -2135,6 +2206,8 @@ def validate_vin_offline_store(
     path: str | os.PathLike[str] | StoreLocation,
     deep: bool = False,
     storage_options: dict[str, Any] | None = None,
+    *,
+    decode: bool = False,
 ) -> list[str]:
     """Read-only check of a store; returns every problem found (empty list = valid).
 
@@ -2142,7 +2215,10 @@ def validate_vin_offline_store(
     union == all, counts), unique sample keys, pairs (valid indices, matching split), required
     blocks and per-shard array shapes/dtypes (array metadata), the small per-row arrays against the
     sample index, and every listed file's size. ``deep`` also hashes every file against the manifest
-    and recomputes the fingerprint.
+    and recomputes the fingerprint. ``decode`` also decodes every sample as the reader does (a row
+    at a time on a few threads: memory stays bounded by a few rows) and checks its frames against
+    its ``frames_sha256``, the zero padding past ``num_frames`` and the NaN padding of actions past
+    the row's length and width.
     """
     loc = StoreLocation.parse(path, storage_options)
     root = loc.root
@@ -2157,7 +2233,7 @@ def validate_vin_offline_store(
         return [f"{mpath}: unreadable ({e})"]
     if not isinstance(m, dict):
         return [f"{mpath}: not a JSON object"]
-    return _validate(loc, m, deep)
+    return _validate(loc, m, deep, decode=decode)
 
 
 def _lines(loc: StoreLocation, p: Path) -> list[str]:
@@ -2169,7 +2245,7 @@ def _lines(loc: StoreLocation, p: Path) -> list[str]:
     return [ln + "\n" for ln in lines]
 
 
-def _validate(loc: StoreLocation, m: dict[str, Any], deep: bool) -> list[str]:
+def _validate(loc: StoreLocation, m: dict[str, Any], deep: bool, *, decode: bool = False) -> list[str]:
     root = loc.root
     mpath = loc.display(root / MANIFEST_NAME)
     problems: list[str] = []
@@ -2188,7 +2264,7 @@ def _validate(loc: StoreLocation, m: dict[str, Any], deep: bool) -> list[str]:
     rows = _validate_index(loc, m, shards, problems)
     _validate_splits(loc, m, rows, problems)
     _validate_pairs(loc, m, rows, problems)
-    _validate_arrays(loc, shards, rows, problems)
+    _validate_arrays(loc, shards, rows, problems, decode=decode)
     _validate_files(loc, m, shards, deep, problems)
     if deep and isinstance(m.get("fingerprint"), str):
         try:
@@ -2205,9 +2281,11 @@ def raise_if_invalid(
     path: str | os.PathLike[str] | StoreLocation,
     deep: bool = False,
     storage_options: dict[str, Any] | None = None,
+    *,
+    decode: bool = False,
 ) -> None:
     loc = StoreLocation.parse(path, storage_options)
-    problems = validate_vin_offline_store(loc, deep=deep)
+    problems = validate_vin_offline_store(loc, deep=deep, decode=decode)
     if problems:
         manifest: dict[str, Any] | None = None
         with contextlib.suppress(OSError, ValueError):

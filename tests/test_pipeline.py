@@ -272,3 +272,42 @@ def test_repin_after_upstream_change_is_detected(demo: DemoPaths) -> None:
     f.write_bytes(bytes(data))
     repin_profile(demo)
     assert load_profile(demo.profile).archive(victim).sha256 != prof.archive(victim).sha256
+
+
+def test_a_store_that_does_not_decode_is_never_published(
+    built: dict, demo_cache: DemoPaths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store step decodes a new store sample by sample (through zarr) before `current` moves to
+    it. A writer fault (injected: one frames_sha256 recorded wrong) fails `store_validates` naming
+    the sample; `current` keeps pointing at the previous store and the bad one is removed, so a
+    rerun builds it again instead of reusing it."""
+    from stage2_data import build, store
+
+    root = tmp_path / "root"
+    shutil.copytree(built["root"], root, symlinks=True, ignore=shutil.ignore_patterns(".dagster"))
+    prof = load_profile(demo_cache.profile)
+    current = layout.current_store_path(root, prof.name)
+    before = current.resolve()
+    index_row = store._index_row
+    victim: list[str] = []
+
+    def wrong_digest(r: store._Row, digest: str) -> dict:
+        row = index_row(r, digest)
+        if not victim:
+            victim.append(row["sample_key"])
+            row["frames_sha256"] = "0" * 64
+        return row
+
+    monkeypatch.setattr(store, "_index_row", wrong_digest)
+    res = build.step_store(prof, root, rows_per_shard=5)  # other settings: a new store is written
+    failed = {c.name: c.description for c in res.checks if not c.passed}
+    assert set(failed) == {C.STORE_VALIDATES}, failed
+    assert "frames_sha256" in failed[C.STORE_VALIDATES] and victim[0] in failed[C.STORE_VALIDATES]
+    assert "not published" in failed[C.STORE_VALIDATES]
+    assert current.resolve() == before and validate_vin_offline_store(current) == []
+    assert sorted(p.name for p in current.parent.iterdir()) == sorted(["current", before.name])
+
+    monkeypatch.setattr(store, "_index_row", index_row)  # the writer fixed: the rerun writes it anew
+    res = build.step_store(prof, root, rows_per_shard=5)
+    assert all(c.passed for c in res.checks), [c.description for c in res.checks if not c.passed]
+    assert res.metadata["rebuilt"] and res.metadata["decoded"] and current.resolve() != before

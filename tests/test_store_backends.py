@@ -145,6 +145,39 @@ def test_deep_validation_finds_a_flipped_byte(backend: Backend, up: Upstream) ->
         raise_if_invalid(loc, deep=True)
 
 
+def test_decode_validation_checks_every_sample(backend: Backend, up: Upstream) -> None:
+    """``decode``: each sample's frames against its frames_sha256, zeros past num_frames, NaN past
+    the action length and width; problems name the shard, the rows and the sample keys."""
+    m = build(backend, "s", up)
+    loc = backend.loc("s")
+    assert validate_vin_offline_store(loc, decode=True) == []
+    text = loc.read_bytes(loc.root / "sample_index.jsonl").decode()
+    rows = [json.loads(line) for line in text.splitlines()]
+    # 1. a frames_sha256 that the decoded frames do not give (same size: only decoding sees it)
+    victim = rows[5]
+    loc.write_bytes(loc.root / "sample_index.jsonl", text.replace(victim["frames_sha256"], "0" * 64).encode())
+    loc.invalidate()
+    assert validate_vin_offline_store(loc) == []
+    problems = validate_vin_offline_store(loc, decode=True)
+    assert len(problems) == 1 and "frames_sha256" in problems[0] and victim["sample_key"] in problems[0]
+    # 2. padding that is not zero / not NaN, written through zarr into shard 0
+    sh = m["shards"][0]
+    tmax = sh["frame_shape"][0]
+    short = next(j for j in range(sh["num_rows"]) if rows[j]["num_frames"] < tmax)
+    g = zarr.open_group(store=loc.zarr_store(loc.root / sh["dir"], read_only=False), mode="r+", zarr_format=3)
+    g["frames"][short, rows[short]["num_frames"]] = 7
+    with_actions = [j for j in range(sh["num_rows"]) if 0 < rows[j]["action_width"] < sh["action_width_max"]]
+    assert "actions/aligned" in sh["arrays"] and with_actions  # the upstream has narrow rows in shard 0
+    narrow = with_actions[0]
+    g["actions/aligned"][narrow, 0, sh["action_width_max"] - 1] = 0.0  # past the row's width
+    loc.invalidate()
+    problems = validate_vin_offline_store(loc, decode=True)
+    pad = [p for p in problems if "past num_frames" in p]
+    assert len(pad) == 1 and sh["dir"] in pad[0] and rows[short]["sample_key"] in pad[0], problems
+    nan = [p for p in problems if "NaN padding" in p]
+    assert len(nan) == 1 and rows[narrow]["sample_key"] in nan[0], problems
+
+
 def test_stats(backend: Backend, up: Upstream) -> None:
     m = build(backend, "s", up)
     st = collect_vin_offline_dataset_stats(backend.target("s"), backend.options)
@@ -289,8 +322,9 @@ def test_cli_validate_and_summary(backend: Backend, up: Upstream, capsys: pytest
         f"--storage-option={k}={v if isinstance(v, str) else json.dumps(v)}"
         for k, v in backend.options.items()
     ]
-    assert main(["validate", backend.target("s"), "--deep", *opts]) == 0
-    assert "is valid" in capsys.readouterr().out
+    assert main(["validate", backend.target("s"), "--deep", "--decode", *opts]) == 0
+    out = capsys.readouterr().out
+    assert "is valid" in out and "deep:" in out and "decode:" in out
     assert main(["summary", backend.target("s"), "--json", *opts]) == 0
     st = json.loads(capsys.readouterr().out)
     assert st["samples"] == len(up.samples) and st["fingerprint"] == m["fingerprint"]

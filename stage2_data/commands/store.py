@@ -104,20 +104,28 @@ def cmd_validate(args: argparse.Namespace) -> int:
             }
         )
         return EXIT_ERROR
-    problems = validate_vin_offline_store(store, deep=args.deep, storage_options=opts)
+    problems = validate_vin_offline_store(store, deep=args.deep, storage_options=opts, decode=args.decode)
     if args.json:
         print_json(
-            {"store": str(store), "deep": args.deep, "ok": not problems, "opened": True, "problems": problems}
+            {
+                "store": str(store),
+                "deep": args.deep,
+                "decode": args.decode,
+                "ok": not problems,
+                "opened": True,
+                "problems": problems,
+            }
         )
     elif problems:
         print(f"store {store} is INVALID: {len(problems)} problem(s)")
         for p in problems:
             print(f"  - {p}")
     else:
-        print(
-            f"store {store} is valid"
-            + (" (deep: every file re-hashed, fingerprint recomputed)" if args.deep else "")
-        )
+        done = [
+            *(["deep: every file re-hashed, fingerprint recomputed"] if args.deep else []),
+            *(["decode: every sample decoded against its frames_sha256 and padding"] if args.decode else []),
+        ]
+        print(f"store {store} is valid" + (f" ({'; '.join(done)})" if done else ""))
     return 0 if not problems else EXIT_FAILED
 
 
@@ -245,6 +253,12 @@ def register(sub: Any) -> None:
     p.add_argument("store", help="the store folder (or the stores/<profile>/current link), or an s3:// URL")
     p.add_argument(
         "--deep", action="store_true", help="also re-hash every file and recompute the fingerprint"
+    )
+    p.add_argument(
+        "--decode",
+        action="store_true",
+        help="also decode every sample as the reader does and check its frames against its "
+        "frames_sha256, and the zero / NaN padding past its length and width",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object (ok, problems)")
     _add_storage_option(p)
