@@ -8,7 +8,7 @@ from stage2_data.profile import Profile
 
 from .acquisition import build_acquisition_assets
 from .kit import build_kit_assets
-from .store import build_store_assets
+from .store import build_store_assets, build_store_checks
 
 
 def build_assets(profile: Profile) -> list[Any]:
@@ -26,3 +26,9 @@ def build_assets(profile: Profile) -> list[Any]:
         subset_checksums,
         vin_store,
     ]
+
+
+def build_asset_checks(assets: list[Any]) -> list[Any]:
+    """The checks that run on their own (over what is on disk), for the graph ``build_assets`` made."""
+    vin_store = next(a for a in assets if a.key.to_user_string() == "vin_store")
+    return build_store_checks(vin_store)

@@ -6,8 +6,9 @@ import dagster as dg
 
 from resources import DataRootResource, ProfileResource, StoreTargetResource
 from stage2_data import build
+from stage2_data import checks as C
 
-from ._common import check_specs, run_step
+from ._common import check_specs, run_step, to_metadata
 
 GROUP = "store"
 
@@ -38,3 +39,29 @@ def build_store_assets(trajectory_join: Any, subset_checksums: Any) -> list[Any]
         )
 
     return [vin_store]
+
+
+def build_store_checks(vin_store: Any) -> list[Any]:
+    """Checks that run on their own over the published store (the nightly verify job runs them;
+    the UI's Checks tab can execute them at any time); nothing is rebuilt."""
+
+    @dg.asset_check(
+        asset=vin_store,
+        name=C.STORE_BYTES_MATCH_MANIFEST,
+        blocking=False,
+        description=C.CHECK_DESCRIPTIONS[C.STORE_BYTES_MATCH_MANIFEST],
+    )
+    def store_bytes_match_manifest(
+        profile: ProfileResource, data_root: DataRootResource, store_target: StoreTargetResource
+    ) -> dg.AssetCheckResult:
+        res = build.verify_current_store(
+            profile.load(),
+            data_root.root(),
+            store_url=store_target.url,
+            storage_options=store_target.storage_options,
+        )
+        return dg.AssetCheckResult(
+            passed=res.passed, description=res.description[:4000], metadata=to_metadata(res.metadata)
+        )
+
+    return [store_bytes_match_manifest]

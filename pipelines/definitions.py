@@ -7,7 +7,7 @@ from typing import Any
 
 import dagster as dg
 
-from assets import build_assets
+from assets import build_asset_checks, build_assets
 from resources import (
     AlertsResource,
     DataRootResource,
@@ -85,14 +85,18 @@ def build_definitions(config: BuildConfig | None = None) -> dg.Definitions:
         ),
         description="Check extraction, unpack sidecars, join, verify bytes, build the store.",
     )
+    checks = build_asset_checks(assets)
     verify = dg.define_asset_job(
         VERIFY_JOB,
-        selection=dg.AssetSelection.assets("extraction_report", "trajectory_join", "subset_checksums"),
-        description="Re-check existing data on disk without downloading: counts, join, link totals, subset bytes.",
+        selection=dg.AssetSelection.assets("extraction_report", "trajectory_join", "subset_checksums")
+        | dg.AssetSelection.checks(*checks),
+        description="Re-check existing data on disk without downloading or rebuilding: counts, join, link "
+        "totals, subset bytes, and the published store (every file re-hashed, every sample decoded).",
     )
     jobs = {"acquire": acquire, "extract": extract, "kit_and_store": kit_and_store, "verify": verify}
     return dg.Definitions(
         assets=assets,
+        asset_checks=checks,
         resources=build_resources(config, profile),
         jobs=list(jobs.values()),
         schedules=build_schedules(profile, jobs),

@@ -441,6 +441,56 @@ def step_store(
 CURRENT_OBJECT = "CURRENT"  # on object storage: names the published store folder under <url>/<profile>/
 
 
+def current_store(
+    profile: Profile,
+    data_root: Path,
+    *,
+    store_url: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> Any:
+    """The published store of ``profile`` as a StoreLocation: ``stores/<profile>/current`` under the
+    data root, or the folder named by ``<store_url>/<profile>/CURRENT`` on object storage.
+    Raises StoreNotFoundError (with the command that builds it) when none is published."""
+    from .errors import StoreNotFoundError
+    from .storage import StoreLocation
+
+    fix = f"build it: stage2 build --profile {profile.profile_path} --data-root {data_root}"
+    if not store_url:
+        current = layout.current_store_path(data_root, profile.name)
+        if not current.exists():
+            raise StoreNotFoundError(f"no store is published at {current}.", fix=fix)
+        return StoreLocation.parse(current.resolve())
+    root = StoreLocation.parse(f"{store_url.rstrip('/')}/{profile.name}", storage_options)
+    if not root.is_file(root.root / CURRENT_OBJECT):
+        raise StoreNotFoundError(
+            f"no store is published at {root.url} (no {CURRENT_OBJECT} object).", fix=fix
+        )
+    return root.child(root.read_bytes(root.root / CURRENT_OBJECT).decode().strip())
+
+
+def verify_current_store(
+    profile: Profile,
+    data_root: Path,
+    *,
+    store_url: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> CheckOutcome:
+    """Re-read the published store: deep validation (every file's sha256, the fingerprint) and every
+    sample decoded against its frames_sha256. Nothing is written."""
+    from .errors import StoreError
+    from .store import validate_vin_offline_store
+
+    t0 = time.perf_counter()
+    try:
+        loc = current_store(profile, data_root, store_url=store_url, storage_options=storage_options)
+    except StoreError as e:
+        return outcome(C.STORE_BYTES_MATCH_MANIFEST, [str(e)])
+    problems = validate_vin_offline_store(loc, deep=True, decode=True)
+    return outcome(
+        C.STORE_BYTES_MATCH_MANIFEST, problems, store=loc.url, seconds=round(time.perf_counter() - t0, 3)
+    )
+
+
 def store_checks(
     profile: Profile,
     path: Any,

@@ -43,6 +43,15 @@ CHECKS_BY_ASSET: dict[str, tuple[str, ...]] = {
     "vin_store": (STORE_OPENS_STRICT, STORE_VALIDATES, STORE_COUNTS_MATCH_EXPECTED),
 }
 
+# Checks that run on their own (not while the asset is materialized): the nightly verify job runs
+# them over what is already on disk; `stage2 build` does the same work while it builds.
+STORE_BYTES_MATCH_MANIFEST = "store_bytes_match_manifest"
+STANDALONE_CHECKS: dict[str, tuple[str, ...]] = {"vin_store": (STORE_BYTES_MATCH_MANIFEST,)}
+ALL_CHECKS_BY_ASSET: dict[str, tuple[str, ...]] = {
+    a: names + STANDALONE_CHECKS.get(a, ()) for a, names in CHECKS_BY_ASSET.items()
+}
+"""Every check the definitions hold, per asset (what the UI shows)."""
+
 # Checks whose failure is better explained by a later, blocking check (which names the id): a
 # sidecar-count mismatch lets the join run, so that its check names the trajectory that is missing.
 NON_BLOCKING: frozenset[str] = frozenset({SIDECARS_BY_SOURCE_MATCH_EXPECTED})
@@ -64,6 +73,8 @@ CHECK_DESCRIPTIONS: dict[str, str] = {
     STORE_VALIDATES: "manifest, shapes, dtypes, shards, splits and pairs validate; a new store is also "
     "decoded sample by sample against its frames_sha256 and padding before it becomes current",
     STORE_COUNTS_MATCH_EXPECTED: "samples == expected.unique_frame_files and pairs == expected.pair_rows",
+    STORE_BYTES_MATCH_MANIFEST: "the current store, re-read from disk: every file's sha256 equals its manifest "
+    "entry, the fingerprint recomputes, and every sample decodes to its frames_sha256 (bit rot, tampering)",
 }
 
 

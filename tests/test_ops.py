@@ -424,7 +424,7 @@ def test_webserver_graphql_lists_assets_partitions_checks(webserver: str, demo_c
     prof = load_profile(demo_cache.profile)
     assert sorted(nodes["archive_file"]["partitionKeys"]) == sorted(prof.archive_paths())
     assert sorted(nodes["cache_dir"]["partitionKeys"]) == sorted(prof.cache_keys())
-    for asset, names in C.CHECKS_BY_ASSET.items():
+    for asset, names in C.ALL_CHECKS_BY_ASSET.items():
         assert {c["name"] for c in nodes[asset]["assetChecksOrError"]["checks"]} == set(names)
     # rich metadata on the latest materializations: counts, bytes, rates, fingerprints, Markdown tables
     md = _graphql(
@@ -607,7 +607,7 @@ def test_browser_shows_assets_partitions_and_checks(
     )
     browser.save_screenshot(str(ARTIFACTS / "ui-archive-partitions.png"))
     # every check on its asset's checks tab
-    for asset, names in C.CHECKS_BY_ASSET.items():
+    for asset, names in C.ALL_CHECKS_BY_ASSET.items():
         _page_text_with(browser, f"{webserver}/assets/{asset}?view=checks", list(names))
     browser.save_screenshot(str(ARTIFACTS / "ui-vin-store-checks.png"))
     # the store's rich metadata: fingerprint and the Markdown tables
