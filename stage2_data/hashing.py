@@ -17,7 +17,7 @@ SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 BUF_SIZE = 8 * 1024 * 1024
 
 
-def sha256_bytes(data: bytes) -> str:
+def sha256_bytes(data: bytes | bytearray | memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
 
 

@@ -1246,7 +1246,7 @@ class VinOfflineWriter:
         if (info.num_frames, info.height, info.width) != (r.num_frames, r.height, r.width):
             return None, [f"{fp}: changed while the store was being built (shape {f.shape})"]
         frames[j, : r.num_frames] = f
-        digest = hashlib.sha256(np.ascontiguousarray(frames[j, : r.num_frames]).data).hexdigest()
+        digest = frames_sha256(frames[j, : r.num_frames])
         if actions is not None and r.action_width > 0 and r.spec.sidecar_path is not None:
             sp = Path(r.spec.sidecar_path)
             try:
@@ -1397,6 +1397,12 @@ class VinOfflineWriter:
         pairs = [(staging / f["path"], self.location.root / f["path"]) for f in entry["files"]]
         self.location.put_files(pairs, workers=max(4, self.workers))
         shutil.rmtree(staging / entry["dir"], ignore_errors=True)
+
+
+def frames_sha256(frames: np.ndarray[Any, Any]) -> str:
+    """A sample's ``frames_sha256``: sha256 of its ``num_frames`` frames as C-contiguous uint8
+    (T, H, W, 3) bytes, padding excluded. The writer records it; validation and readers recompute it."""
+    return sha256_bytes(np.ascontiguousarray(frames, dtype=np.uint8).data)
 
 
 def _index_row(r: _Row, digest: str) -> dict[str, Any]:
@@ -2125,7 +2131,7 @@ def _validate_decoded(
         except Exception as e:  # noqa: BLE001
             return [f"cannot decode ({type(e).__name__}: {e})"]
         bad = []
-        if hashlib.sha256(np.ascontiguousarray(frames[:n]).data).hexdigest() != r["frames_sha256"]:
+        if frames_sha256(frames[:n]) != r["frames_sha256"]:
             bad.append("frames_sha256")
         if frames[n:].any():
             bad.append("padding")
