@@ -205,6 +205,52 @@ def store_read_vs_npz_load(workdir: Path) -> list[dict[str, Any]]:
     ]
 
 
+def store_decode_check_vs_npz_load_sha256(workdir: Path) -> list[dict[str, Any]]:
+    """``validate --decode`` (every sample decoded by the reader and hashed against its
+    frames_sha256, padding checked, plus the structural validation) vs what a user would do to
+    check the same content without the store: np.load every trajectory's npz and sha256 its frames."""
+    from stage2_data.hashing import sha256_bytes
+    from stage2_data.store import validate_vin_offline_store
+
+    n = int(os.environ.get("BENCH_STORE_READ_TRAJ", "192"))
+    samples, pairs, _ = make_upstream(workdir / "up", n, npy=False)
+    out = workdir / "store"
+    VinOfflineWriter(out, profile=PROFILE, inputs=INPUTS, rows_per_shard=64).write(samples, pairs)
+    npz_paths = [s.frames_path for s in samples]
+
+    def baseline() -> list[str]:
+        digests = []
+        for p in npz_paths:
+            with np.load(p) as z:
+                digests.append(sha256_bytes(np.ascontiguousarray(z["frames"]).data))
+        return digests
+
+    assert validate_vin_offline_store(out, decode=True) == []  # also warms the page cache
+    want = baseline()
+    best_ours = best_base = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        problems = validate_vin_offline_store(out, decode=True)
+        best_ours = min(best_ours, time.perf_counter() - t)
+        t = time.perf_counter()
+        got = baseline()
+        best_base = min(best_base, time.perf_counter() - t)
+        assert problems == [] and got == want
+    rows = VinOfflineStoreReader(out).sample_index
+    by_key = {r["sample_key"]: r["frames_sha256"] for r in rows}
+    assert [by_key[s.sample_key] for s in samples] == want  # the same digests, both ways
+    return [
+        entry(
+            "store_decode_check_vs_npz_load_sha256",
+            best_ours,
+            "np.load(npz)['frames'] + sha256 of the same trajectories",
+            best_base,
+            0.5,
+            samples=n,
+        )
+    ]
+
+
 _MEM_CHILD = r"""
 import json, pickle, sys
 from pathlib import Path
@@ -279,4 +325,9 @@ def store_build_peak_memory(workdir: Path) -> list[dict[str, Any]]:
     ]
 
 
-BENCHMARKS = [store_build_vs_np_save, store_read_vs_npz_load, store_build_peak_memory]
+BENCHMARKS = [
+    store_build_vs_np_save,
+    store_read_vs_npz_load,
+    store_decode_check_vs_npz_load_sha256,
+    store_build_peak_memory,
+]
