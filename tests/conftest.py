@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +12,15 @@ import pytest
 
 from stage2_data.demo import DemoPaths, generate_demo
 from stage2_data.hubserver import HubServer
+
+
+@pytest.fixture(scope="session")
+def full_card_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[DemoPaths, float]:
+    """The full-cardinality demo, generated once per session (read-only), and the CPU seconds its
+    generation took (``time.process_time``: wall time depends on what else the machine runs)."""
+    t0 = time.process_time()
+    demo = generate_demo(tmp_path_factory.mktemp("full-card-demo") / "demo", full_cardinality=True)
+    return demo, time.process_time() - t0
 
 
 @pytest.fixture(scope="session")
