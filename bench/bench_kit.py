@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.run import entry
+from bench.run import best_alternating, entry
 from stage2_data import kit, layout
 from stage2_data.profile import Profile, parse_profile
 
@@ -106,14 +106,7 @@ def verify_vs_sha256sum(work: Path) -> dict[str, Any]:
 
     ours()  # warm the page cache and the imports for both
     baseline()
-    best_ours = best_base = float("inf")
-    for _ in range(3):
-        t = time.perf_counter()
-        ours()
-        best_ours = min(best_ours, time.perf_counter() - t)
-        t = time.perf_counter()
-        baseline()
-        best_base = min(best_base, time.perf_counter() - t)
+    best_ours, best_base = best_alternating(ours, baseline)
     return entry(
         "verify_vs_sha256sum",
         best_ours,

@@ -35,6 +35,16 @@ def timed(fn: Any, *args: Any, repeat: int = 1, **kwargs: Any) -> float:
     return best
 
 
+def best_alternating(ours: Any, baseline: Any, repeat: int = 3) -> tuple[float, float]:
+    """Best wall times of ``ours()`` and ``baseline()``, run alternately ``repeat`` times each (so
+    both see the same machine state); warm both first yourself if the first call is special."""
+    best_ours = best_base = float("inf")
+    for _ in range(repeat):
+        best_ours = min(best_ours, timed(ours))
+        best_base = min(best_base, timed(baseline))
+    return best_ours, best_base
+
+
 def entry(
     name: str, ours_s: float, baseline: str, baseline_s: float, target: float | None, **extra: Any
 ) -> dict:

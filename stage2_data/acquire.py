@@ -1194,8 +1194,9 @@ def download_archives(
     specs = list(specs)
     _raise_precheck(_precheck(source, specs, quarantined, listed))
     data_root = Path(data_root)
+    remaining = {s.path: _remaining_download_bytes(data_root, s) for s in specs}
     if check_space and specs:
-        needed = sum(_remaining_download_bytes(data_root, s) for s in specs)
+        needed = sum(remaining.values())
         require_free_space(layout.archives_dir(data_root), needed, f"downloading {len(specs)} archive(s)")
     cancel = threading.Event()
     results: dict[str, DownloadResult] = {}
@@ -1219,7 +1220,7 @@ def download_archives(
                 cancel=cancel,
             ): s
             # largest remainder first: the last download ends soonest
-            for s in sorted(specs, key=lambda s: -_remaining_download_bytes(data_root, s))
+            for s in sorted(specs, key=lambda s: -remaining[s.path])
         }
         for fut, s in futures.items():
             try:

@@ -345,7 +345,6 @@ def step_store(
     import pyarrow.parquet as pq
 
     from .kit import load_pairs
-    from .storage import StoreLocation
     from .store import (
         OFFLINE_DATASET_VERSION,
         PairSpec,
@@ -359,15 +358,13 @@ def step_store(
     settings = {"rows_per_shard": rows_per_shard, "include_actions": True}
     key = store_input_key(profile, inputs, settings)
     name = f"v{OFFLINE_DATASET_VERSION}-{key[:16]}"
-    if store_url:
-        root_loc = StoreLocation.parse(f"{store_url.rstrip('/')}/{profile.name}", storage_options)
-    else:
-        root_loc = StoreLocation.parse(layout.stores_root(data_root, profile.name))
+    root_loc = stores_location(profile, data_root, store_url=store_url, storage_options=storage_options)
     out = root_loc.child(name)
     t0 = time.perf_counter()
     rebuilt = True
+    problems: list[str] = []
     if out.is_file(out.root / "manifest.json") and not validate_vin_offline_store(out):
-        rebuilt = False  # same inputs, valid store: nothing to rebuild
+        rebuilt = False  # same inputs, valid store: nothing to rebuild (and nothing left to validate)
     else:
         table = pq.read_table(layout.join_table_path(data_root)).to_pylist()
         derived = layout.derived_root(data_root)
@@ -413,7 +410,8 @@ def step_store(
     # with the frames_sha256 the writer recorded, before it becomes current: a store that does not
     # round-trip is never published.
     t1 = time.perf_counter()
-    problems = validate_vin_offline_store(out, decode=rebuilt)
+    if rebuilt:
+        problems = validate_vin_offline_store(out, decode=True)
     validate_seconds = time.perf_counter() - t1
     if not problems:
         if root_loc.is_local:
@@ -441,6 +439,22 @@ def step_store(
 CURRENT_OBJECT = "CURRENT"  # on object storage: names the published store folder under <url>/<profile>/
 
 
+def stores_location(
+    profile: Profile,
+    data_root: Path,
+    *,
+    store_url: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> Any:
+    """Where the stores of ``profile`` live, as a StoreLocation: ``<data_root>/stores/<profile>/``,
+    or ``<store_url>/<profile>/`` on object storage."""
+    from .storage import StoreLocation
+
+    if store_url:
+        return StoreLocation.parse(f"{store_url.rstrip('/')}/{profile.name}", storage_options)
+    return StoreLocation.parse(layout.stores_root(data_root, profile.name))
+
+
 def current_store(
     profile: Profile,
     data_root: Path,
@@ -460,7 +474,7 @@ def current_store(
         if not current.exists():
             raise StoreNotFoundError(f"no store is published at {current}.", fix=fix)
         return StoreLocation.parse(current.resolve())
-    root = StoreLocation.parse(f"{store_url.rstrip('/')}/{profile.name}", storage_options)
+    root = stores_location(profile, data_root, store_url=store_url, storage_options=storage_options)
     if not root.is_file(root.root / CURRENT_OBJECT):
         raise StoreNotFoundError(
             f"no store is published at {root.url} (no {CURRENT_OBJECT} object).", fix=fix
