@@ -1,26 +1,54 @@
-# The two set-up commands: `make demo` and `make test`. Both create .venv and install if needed.
+# The two set-up commands: `make demo` and `make test`. Both create .venv and install what they need:
+# `make demo` the `pipeline` extra only (Dagster: what the demo runs), `make test` the `dev` extras
+# (tests, lint, every optional backend) on top of it, so `make test` after `make demo` only adds those.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+PIP := $(BIN)/python -m pip
+# pip's own progress: a line per package it collects, a bar per download and one while installing.
+PIP_FLAGS ?= --progress-bar on
+# A pip config that lists extra file:// indexes holding only some projects makes pip warn once per
+# project it looks up there ("WARNING: Location 'file:///…/simple/<name>/' is ignored: it is neither a
+# file nor a directory"): dozens of lines that hide the progress. Only those lines are dropped.
+PIP_NOISE := ^WARNING: Location 'file:.*' is ignored: it is neither a file nor a directory\.$$
+# $(call pip_install,ARGS): shows the pip command, runs it with progress and without that noise.
+pip_install = @echo '$(PIP) install $(PIP_FLAGS) $(1)'; \
+	$(PIP) install $(PIP_FLAGS) $(1) 2> >(grep --line-buffered -v "$(PIP_NOISE)" >&2)
+PIP_STAMP := $(VENV)/.pip-upgraded
+DEMO_STAMP := $(VENV)/.installed-pipeline
+DEV_STAMP := $(VENV)/.installed-dev
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: install demo test lint ui bench clean system-deps
+.PHONY: install install-demo demo test test-fast lint ui bench clean system-deps
 
-$(STAMP): pyproject.toml
+# A current pip: the one venv bundles has no install progress bar.
+$(PIP_STAMP):
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
-	@touch $(STAMP)
+	@echo "== upgrading pip in $(VENV)"
+	$(call pip_install,--upgrade pip)
+	@touch $@
 
-install: $(STAMP)
+$(DEMO_STAMP): pyproject.toml | $(PIP_STAMP)
+	@echo "== installing stage2-data with the pipeline extra (Dagster): what make demo and make ui need"
+	$(call pip_install,-e ".[pipeline]")
+	@touch $@
 
-demo: $(STAMP)
+# dev includes pipeline, so the demo's install is up to date afterwards too.
+$(DEV_STAMP): pyproject.toml | $(PIP_STAMP)
+	@echo "== installing stage2-data with the dev extras (tests, lint, postgres, dask, k8s, s3)"
+	$(call pip_install,-e ".[dev]")
+	@touch $@ $(DEMO_STAMP)
+
+install-demo: $(DEMO_STAMP)
+
+install: $(DEV_STAMP)
+
+demo: $(DEMO_STAMP)
 	@mkdir -p $(DAGSTER_HOME)
 	$(BIN)/stage2 demo --out .demo
 
-lint: $(STAMP)
+lint: $(DEV_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
@@ -28,13 +56,18 @@ lint: $(STAMP)
 system-deps:
 	@bash scripts/system-deps.sh
 
+# The whole suite (what CI runs): lint, then every tier.
 test: lint system-deps
 	$(BIN)/python -m pytest -q
 
-ui: $(STAMP)
-	$(BIN)/python -m pipelines.ui
+# The fast tier (tests/_tiers.py): no browser, database, cluster, S3 server or whole build; under 2 minutes.
+test-fast: $(DEV_STAMP)
+	$(BIN)/python -m pytest -q -m "not slow and not system"
 
-bench: $(STAMP)
+ui: $(DEMO_STAMP)
+	$(BIN)/python -m stage2_pipelines.ui
+
+bench: $(DEV_STAMP)
 	$(BIN)/python -m bench.run
 	$(BIN)/python -m bench.readme
 

@@ -1,10 +1,13 @@
-"""Software-defined assets: thin wrappers over stage2_data.build, one module per domain."""
+"""Software-defined assets: thin wrappers over ``stage2_data.steps``, one module per domain.
+
+Installed as ``stage2_assets``; asset names come from ``stage2_data.stages``."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from stage2_data.profile import Profile
+from stage2_data.stages import VIN_STORE
 
 from .acquisition import build_acquisition_assets
 from .kit import build_kit_assets
@@ -30,5 +33,5 @@ def build_assets(profile: Profile) -> list[Any]:
 
 def build_asset_checks(assets: list[Any]) -> list[Any]:
     """The checks that run on their own (over what is on disk), for the graph ``build_assets`` made."""
-    vin_store = next(a for a in assets if a.key.to_user_string() == "vin_store")
+    vin_store = next(a for a in assets if a.key.to_user_string() == VIN_STORE)
     return build_store_checks(vin_store)

@@ -7,9 +7,9 @@ from typing import Any
 
 import dagster as dg
 
-from stage2_data.build import StepResult
 from stage2_data.checks import CHECK_DESCRIPTIONS, CHECKS_BY_ASSET, NON_BLOCKING
 from stage2_data.errors import Stage2Error
+from stage2_data.steps import StepResult
 
 
 def check_specs(asset: str) -> list[dg.AssetCheckSpec]:

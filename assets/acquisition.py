@@ -4,9 +4,10 @@ from typing import Any
 
 import dagster as dg
 
-from resources import DataRootResource, HubSourceResource, ProfileResource
-from stage2_data import build
+from stage2_data import steps
 from stage2_data.profile import Profile
+from stage2_data.stages import ARCHIVE_FILE, CACHE_DIR, DOWNLOADS_POOL, EXTRACTION_REPORT, PINNED_PROFILE
+from stage2_resources import DataRootResource, HubSourceResource, ProfileResource
 
 from ._common import check_specs, run_step
 from .partitions import archive_partitions, archive_to_cache_key, cache_key_partitions
@@ -20,8 +21,9 @@ def build_acquisition_assets(profile: Profile) -> list[Any]:
     cache_keys = cache_key_partitions(profile)
 
     @dg.asset(
+        name=PINNED_PROFILE,
         group_name=GROUP,
-        check_specs=check_specs("pinned_profile"),
+        check_specs=check_specs(PINNED_PROFILE),
         description="The pinned profile: repo, full commit, archives with size and sha256, expected totals.",
         kinds={"toml"},
     )
@@ -39,16 +41,17 @@ def build_acquisition_assets(profile: Profile) -> list[Any]:
                     f"{prof.source.repo_id}@{prof.source.revision}; configure the hub resource from the profile"
                 )
             )
-        yield from run_step("pinned_profile", lambda: build.step_profile(prof, data_root.root()))
+        yield from run_step(PINNED_PROFILE, lambda: steps.step_profile(prof, data_root.root()))
 
     @dg.asset(
+        name=ARCHIVE_FILE,
         group_name=GROUP,
         partitions_def=archives,
         deps=[pinned_profile],
-        check_specs=check_specs("archive_file"),
+        check_specs=check_specs(ARCHIVE_FILE),
         description="One archive file of the profile, downloaded at the pinned commit and verified against its sha256.",
         kinds={"tar"},
-        pool="downloads",
+        pool=DOWNLOADS_POOL,
     )
     def archive_file(
         context: dg.AssetExecutionContext,
@@ -59,32 +62,33 @@ def build_acquisition_assets(profile: Profile) -> list[Any]:
         prof = profile.load()
         path = context.partition_key
         yield from run_step(
-            "archive_file",
-            lambda: build.step_download(
+            ARCHIVE_FILE,
+            lambda: steps.step_download(
                 prof, hub.source(), data_root.root(), path, reverify=data_root.reverify
             ),
         )
 
     @dg.asset(
+        name=CACHE_DIR,
         group_name=GROUP,
         partitions_def=cache_keys,
         deps=[dg.AssetDep(archive_file, partition_mapping=archive_to_cache_key(profile))],
-        check_specs=check_specs("cache_dir"),
+        check_specs=check_specs(CACHE_DIR),
         description="processed_datasets/CACHE_KEY/ extracted safely from its archive (split parts read as one stream).",
         kinds={"folder"},
     )
     def cache_dir(context: dg.AssetExecutionContext, profile: ProfileResource, data_root: DataRootResource):
         prof = profile.load()
         key = context.partition_key
-        yield from run_step("cache_dir", lambda: build.step_extract(prof, data_root.root(), key))
+        yield from run_step(CACHE_DIR, lambda: steps.step_extract(prof, data_root.root(), key))
 
     extraction_report = step_asset(
-        "extraction_report",
+        EXTRACTION_REPORT,
         group=GROUP,
         deps=[cache_dir],
         description="extraction_report.json: per cache key files, bytes, trajectories; totals vs the profile.",
         kind="json",
-        step=build.step_extraction_report,
+        step=steps.step_extraction_report,
     )
 
     return [pinned_profile, archive_file, cache_dir, extraction_report]

@@ -9,9 +9,9 @@ from typing import Any
 
 import dagster as dg
 
-from resources import DataRootResource, ProfileResource
-from stage2_data.build import StepResult
 from stage2_data.profile import Profile
+from stage2_data.steps import StepResult
+from stage2_resources import DataRootResource, ProfileResource
 
 from ._common import check_specs, run_step
 

@@ -4,9 +4,10 @@ from typing import Any
 
 import dagster as dg
 
-from resources import DataRootResource, ProfileResource, StoreTargetResource
-from stage2_data import build
 from stage2_data import checks as C
+from stage2_data import steps
+from stage2_data.stages import VIN_STORE
+from stage2_resources import DataRootResource, ProfileResource, StoreTargetResource
 
 from ._common import check_specs, run_step, to_metadata
 
@@ -15,9 +16,10 @@ GROUP = "store"
 
 def build_store_assets(trajectory_join: Any, subset_checksums: Any) -> list[Any]:
     @dg.asset(
+        name=VIN_STORE,
         group_name=GROUP,
         deps=[trajectory_join, subset_checksums],
-        check_specs=check_specs("vin_store"),
+        check_specs=check_specs(VIN_STORE),
         description="stores/PROFILE/current: the immutable, versioned, sharded Zarr v3 VIN offline store.",
         kinds={"zarr"},
     )
@@ -29,8 +31,8 @@ def build_store_assets(trajectory_join: Any, subset_checksums: Any) -> list[Any]
     ):
         prof = profile.load()
         yield from run_step(
-            "vin_store",
-            lambda: build.step_store(
+            VIN_STORE,
+            lambda: steps.step_store(
                 prof,
                 data_root.root(),
                 store_url=store_target.url,
@@ -54,7 +56,7 @@ def build_store_checks(vin_store: Any) -> list[Any]:
     def store_bytes_match_manifest(
         profile: ProfileResource, data_root: DataRootResource, store_target: StoreTargetResource
     ) -> dg.AssetCheckResult:
-        res = build.verify_current_store(
+        res = steps.verify_current_store(
             profile.load(),
             data_root.root(),
             store_url=store_target.url,

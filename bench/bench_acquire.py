@@ -186,7 +186,7 @@ def _start_hub(folder: Path, rate_mb_s: float | None = None) -> tuple[subprocess
         [
             sys.executable,
             "-m",
-            "stage2_data.hubserver",
+            "stage2_data.demo.hubserver",
             str(folder),
             "--repo-id",
             REPO_ID,

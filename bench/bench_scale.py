@@ -28,9 +28,9 @@ EXECUTORS = ("in_process", "multiprocess", "dask")
 
 
 def _build(demo: Any, workdir: Path, executor: str) -> tuple[float, dict[str, Any]]:
-    from pipelines.config import BuildConfig
-    from pipelines.runner import build_all
-    from stage2_data.hubserver import HubServer
+    from stage2_data.demo.hubserver import HubServer
+    from stage2_pipelines.config import BuildConfig
+    from stage2_pipelines.runner import build_all
 
     home = Path(tempfile.mkdtemp(prefix=f"home-{executor}-", dir=workdir))
     old = os.environ.get("DAGSTER_HOME")

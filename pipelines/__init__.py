@@ -1,1 +1,14 @@
-"""Definitions, jobs, schedules and sensors."""
+"""The Dagster layer's orchestration, installed as ``stage2_pipelines`` (the folder is ``pipelines/``).
+
+Modules, each importing only those before it (no cycle, nothing built at import):
+  ``config``      where settings and paths come from (``BuildConfig``, ``STAGE2_*`` variables)
+  ``executors``   where a run's steps execute (in process, subprocesses, Dask, Kubernetes)
+  ``rebuild``     a rebuild as Dagster runs, stage by stage (``stage2_data.stages``)
+  ``schedules``, ``sensors``
+  ``definitions`` the Definitions (``defs``, built on first use, is what ``workspace.yaml`` loads)
+  ``runner``      ``stage2 build``: every stage as Dagster runs in one process
+  ``commands``    the ``stage2 build`` / ``stage2 demo`` commands (a plugin of the core CLI)
+  ``ui``          ``make ui``
+Asset names, stages and job names live in ``stage2_data.stages``; assets in ``stage2_assets``,
+resources in ``stage2_resources``.
+"""

@@ -1,4 +1,21 @@
-"""Where the Definitions get their profile, data root and hub from (the CLI passes them; the UI reads env)."""
+"""Where the Definitions get their profile, data root and hub from (the CLI passes them; the UI and
+the daemon read the environment), and where every other path comes from.
+
+Nothing here is derived from this file's location, so an installed wheel behaves as a checkout:
+relative defaults are relative to the current working directory (for `dagster dev -w
+workspace.yaml`, the workspace's folder), and every one of them can be set explicitly.
+
+| variable | what | default |
+|---|---|---|
+| ``STAGE2_DEMO_ROOT`` | the demo's folder (`make demo`, `make ui`) | ``./.demo`` |
+| ``STAGE2_PROFILE`` | the profile the definitions load | the demo's if generated, else ``./manifests/stage2_core_v1.toml`` |
+| ``STAGE2_DATA_ROOT`` | the data root | ``<demo root>/data`` |
+| ``STAGE2_K8S_EXECUTOR_CONFIG`` | the ``k8s_job_executor`` config | ``deploy/k8s/executor.yaml`` as installed (``stage2_deploy``) |
+| ``STAGE2_WORKSPACE`` | the workspace file ``make ui`` serves | the module ``stage2_pipelines.definitions`` |
+| ``DAGSTER_HOME`` | the instance of ``make ui`` | ``./.dagster_home`` |
+
+(and the hub, token, store, alert and executor settings of :meth:`BuildConfig.from_env`).
+"""
 
 from __future__ import annotations
 
@@ -8,9 +25,35 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEMO_ROOT = REPO_ROOT / ".demo"
-REAL_PROFILE = REPO_ROOT / "manifests" / "stage2_core_v1.toml"
+import stage2_deploy
+
+DEFAULT_PROFILE = Path("manifests") / "stage2_core_v1.toml"  # the real profile, in a checkout
+
+
+def _path(env: str, default: Path | str) -> Path:
+    """``$env`` if set, else ``default``; relative paths are relative to the working directory."""
+    return Path(os.environ.get(env) or default).expanduser().absolute()
+
+
+def demo_root() -> Path:
+    return _path("STAGE2_DEMO_ROOT", ".demo")
+
+
+def default_profile() -> Path:
+    """The demo's profile when the demo was generated, else the real profile (in a checkout)."""
+    demo_profile = demo_root() / "demo" / "kit" / "profile.toml"
+    return demo_profile if demo_profile.is_file() else DEFAULT_PROFILE.absolute()
+
+
+def k8s_executor_config_path() -> Path:
+    """``STAGE2_K8S_EXECUTOR_CONFIG``, else the ``deploy/k8s/executor.yaml`` shipped in the package."""
+    env = os.environ.get("STAGE2_K8S_EXECUTOR_CONFIG")
+    return Path(env) if env else stage2_deploy.path("k8s/executor.yaml")
+
+
+def dagster_home() -> Path:
+    """``DAGSTER_HOME`` for ``make ui`` (``stage2 build`` defaults to ``<data root>/.dagster``)."""
+    return _path("DAGSTER_HOME", ".dagster_home")
 
 
 @dataclass(frozen=True)
@@ -27,7 +70,7 @@ class BuildConfig:
         None  # fsspec URL of the stores root (s3://bucket/prefix); default <data_root>/stores
     )
     store_options: dict[str, Any] | None = None  # fsspec storage options for store_url
-    # where the steps run (pipelines/executors.py): in_process | multiprocess | dask | k8s
+    # where the steps run (stage2_pipelines/executors.py): in_process | multiprocess | dask | k8s
     executor: str = "in_process"
     dask_address: str | None = None  # dask scheduler (tcp://host:8786); None: a LocalCluster per build
 
@@ -36,11 +79,9 @@ class BuildConfig:
 
     @classmethod
     def from_env(cls) -> BuildConfig:
-        demo_profile = DEMO_ROOT / "demo" / "kit" / "profile.toml"
-        default_profile = demo_profile if demo_profile.is_file() else REAL_PROFILE
         return cls(
-            profile_path=os.environ.get("STAGE2_PROFILE", str(default_profile)),
-            data_root=os.environ.get("STAGE2_DATA_ROOT", str(DEMO_ROOT / "data")),
+            profile_path=str(_path("STAGE2_PROFILE", default_profile())),
+            data_root=str(_path("STAGE2_DATA_ROOT", demo_root() / "data")),
             endpoint=os.environ.get("STAGE2_HUB_ENDPOINT", "https://huggingface.co"),
             kit_root=os.environ.get("STAGE2_KIT_ROOT") or None,
             hub_folder=os.environ.get("STAGE2_HUB_FOLDER") or None,

@@ -1,14 +1,30 @@
-"""The Definitions: thin. Assets from assets/, resources from resources/, jobs here."""
+"""The Definitions: thin. Assets from ``stage2_assets``, resources from ``stage2_resources``, jobs from
+the stage table (``stage2_data.stages``), schedules and sensors from this package.
+
+Nothing is built at import: :func:`build_definitions` builds them for a :class:`BuildConfig`, and
+``defs`` (what ``workspace.yaml`` loads, ``attribute: defs``) is built from the environment
+(:meth:`BuildConfig.from_env`) when it is first asked for.
+"""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
-from assets import build_asset_checks, build_assets
-from resources import (
+from stage2_assets import build_asset_checks, build_assets
+from stage2_data.profile import Profile, load_profile
+from stage2_data.stages import (
+    ACQUIRE_JOB,
+    EXTRACT_JOB,
+    JOB_ASSETS,
+    KIT_AND_STORE_JOB,
+    STORE,
+    VERIFY_JOB,
+)
+from stage2_resources import (
     AlertsResource,
     DataRootResource,
     HubSourceResource,
@@ -16,17 +32,30 @@ from resources import (
     ProfileResource,
     StoreTargetResource,
 )
-from stage2_data.profile import Profile, load_profile
 
 from .config import BuildConfig
-from .executors import configured_executor
+from .executors import configured_executor, executor_def
 from .schedules import build_schedules
 from .sensors import build_sensors
 
-ACQUIRE_JOB = "acquire_archives"
-EXTRACT_JOB = "extract_cache_dirs"
-KIT_AND_STORE_JOB = "verify_kit_and_build_store"
-VERIFY_JOB = "verify_existing_data"
+__all__ = [
+    "ACQUIRE_JOB",
+    "EXTRACT_JOB",
+    "KIT_AND_STORE_JOB",
+    "VERIFY_JOB",
+    "build_definitions",
+    "build_job",
+    "build_resources",
+    "defs_from_env",
+]
+
+JOB_DESCRIPTIONS = {
+    ACQUIRE_JOB: "Download and verify archive partitions.",
+    EXTRACT_JOB: "Extract cache-key partitions.",
+    KIT_AND_STORE_JOB: "Check extraction, unpack sidecars, join, verify bytes, build the store.",
+    VERIFY_JOB: "Re-check existing data on disk without downloading or rebuilding: counts, join, link "
+    "totals, subset bytes, and the published store (every file re-hashed, every sample decoded).",
+}
 
 
 def build_resources(config: BuildConfig, profile: Profile) -> dict[str, Any]:
@@ -59,41 +88,23 @@ def build_resources(config: BuildConfig, profile: Profile) -> dict[str, Any]:
     }
 
 
+def build_jobs(checks: list[Any]) -> dict[str, dg.UnresolvedAssetJobDefinition]:
+    """Every job of ``JOB_ASSETS`` by name; the verify job also runs the standalone ``checks``."""
+    jobs = {}
+    for name, assets in JOB_ASSETS.items():
+        selection: dg.AssetSelection = dg.AssetSelection.assets(*assets)
+        if name == VERIFY_JOB:
+            selection = selection | dg.AssetSelection.checks(*checks)
+        jobs[name] = dg.define_asset_job(name, selection=selection, description=JOB_DESCRIPTIONS[name])
+    return jobs
+
+
 def build_definitions(config: BuildConfig | None = None) -> dg.Definitions:
     config = config or BuildConfig.from_env()
     profile = load_profile(config.profile_path, kit_root=config.kit_root)
     assets = build_assets(profile)
-    acquire = dg.define_asset_job(
-        ACQUIRE_JOB,
-        selection=dg.AssetSelection.assets("archive_file"),
-        description="Download and verify archive partitions.",
-    )
-    extract = dg.define_asset_job(
-        EXTRACT_JOB,
-        selection=dg.AssetSelection.assets("cache_dir"),
-        description="Extract cache-key partitions.",
-    )
-    kit_and_store = dg.define_asset_job(
-        KIT_AND_STORE_JOB,
-        selection=dg.AssetSelection.assets(
-            "pinned_profile",
-            "extraction_report",
-            "action_sidecars",
-            "trajectory_join",
-            "subset_checksums",
-            "vin_store",
-        ),
-        description="Check extraction, unpack sidecars, join, verify bytes, build the store.",
-    )
     checks = build_asset_checks(assets)
-    verify = dg.define_asset_job(
-        VERIFY_JOB,
-        selection=dg.AssetSelection.assets("extraction_report", "trajectory_join", "subset_checksums")
-        | dg.AssetSelection.checks(*checks),
-        description="Re-check existing data on disk without downloading or rebuilding: counts, join, link "
-        "totals, subset bytes, and the published store (every file re-hashed, every sample decoded).",
-    )
-    jobs = {"acquire": acquire, "extract": extract, "kit_and_store": kit_and_store, "verify": verify}
+    jobs = build_jobs(checks)
     return dg.Definitions(
         assets=assets,
         asset_checks=checks,
@@ -105,4 +116,34 @@ def build_definitions(config: BuildConfig | None = None) -> dg.Definitions:
     )
 
 
-defs = build_definitions()
+@functools.cache
+def defs_from_env() -> dg.Definitions:
+    """The Definitions for the environment's settings (``BuildConfig.from_env``), built once."""
+    return build_definitions(BuildConfig.from_env())
+
+
+def __getattr__(name: str) -> Any:
+    """``defs`` (workspace.yaml's ``attribute: defs``): built on first access, not at import."""
+    if name == "defs":
+        return defs_from_env()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# ----- one run of a selection on another executor (stage2 build) -----------------------------------
+def job_name(selection: list[str]) -> str:
+    return "build_kit_and_store" if tuple(selection) == STORE.assets else "build_" + "__".join(selection)
+
+
+def build_job(config: dict[str, Any], selection: list[str]) -> dg.JobDefinition:
+    """Reconstructor (module-level, importable in every worker): the asset job for ``selection``
+    with the executor named by ``config["executor"]`` and the build's resources."""
+    cfg = BuildConfig(**config)
+    base = build_definitions(cfg)
+    job = dg.define_asset_job(
+        job_name(selection),
+        selection=dg.AssetSelection.assets(*selection),
+        executor_def=executor_def(cfg.executor),
+        tags={"stage2/executor": cfg.executor},
+    )
+    defs = dg.Definitions(assets=list(base.assets or []), resources=dict(base.resources or {}), jobs=[job])
+    return defs.resolve_job_def(job.name)

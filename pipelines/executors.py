@@ -6,8 +6,9 @@
   ``BuildConfig.dask_address`` names the scheduler (``tcp://host:8786``); without it ``build_all``
   starts a ``LocalCluster`` of worker processes on 127.0.0.1 for the duration of the build.
 - ``k8s``: dagster-k8s ``k8s_job_executor``, one Kubernetes Job (pod) per step, configured from
-  ``deploy/k8s/executor.yaml`` (``STAGE2_K8S_EXECUTOR_CONFIG``); for runs launched in a cluster by
-  the daemon or the UI, not by ``stage2 build`` on a workstation.
+  ``STAGE2_K8S_EXECUTOR_CONFIG`` (default: ``deploy/k8s/executor.yaml`` as shipped in the package,
+  ``stage2_deploy``); for runs launched in a cluster by the daemon or the UI, not by
+  ``stage2 build`` on a workstation.
 
 Runs stay one per partition whatever the executor, exactly as in the in-process build and as the
 UI, schedules, sensors and backfills launch them: every partition's materialization and check
@@ -27,7 +28,6 @@ refuses iteration: upstream fails every such run); otherwise the same config sch
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,10 +35,9 @@ from typing import Any
 
 import dagster as dg
 
-from .config import REPO_ROOT
+from .config import BuildConfig, k8s_executor_config_path
 
 EXECUTORS = ("in_process", "multiprocess", "dask", "k8s")
-K8S_EXECUTOR_CONFIG = REPO_ROOT / "deploy" / "k8s" / "executor.yaml"
 
 
 class _Opaque:
@@ -154,8 +153,9 @@ def _load_yaml(path: Path) -> dict[str, Any]:
 
 
 def k8s_executor_config(path: Path | None = None) -> dict[str, Any]:
-    """The ``k8s_job_executor`` config of ``deploy/k8s/executor.yaml`` (its ``execution.config``)."""
-    path = Path(path or os.environ.get("STAGE2_K8S_EXECUTOR_CONFIG") or K8S_EXECUTOR_CONFIG)
+    """The ``k8s_job_executor`` config of ``deploy/k8s/executor.yaml`` (its ``execution.config``), or
+    of ``path`` / ``STAGE2_K8S_EXECUTOR_CONFIG``."""
+    path = Path(path or k8s_executor_config_path())
     doc = _load_yaml(path)
     try:
         return dict(doc["execution"]["config"])
@@ -200,54 +200,6 @@ def executor_run_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return {}
 
 
-def job_name(selection: list[str]) -> str:
-    from .runner import FINAL_STAGE
-
-    return "build_kit_and_store" if selection == FINAL_STAGE else "build_" + "__".join(selection)
-
-
-def build_job(config: dict[str, Any], selection: list[str]) -> dg.JobDefinition:
-    """Reconstructor (module-level, importable in every worker): the asset job for ``selection``
-    with the executor named by ``config["executor"]`` and the build's resources."""
-    from .config import BuildConfig
-    from .definitions import build_definitions
-
-    cfg = BuildConfig(**config)
-    base = build_definitions(cfg)
-    job = dg.define_asset_job(
-        job_name(selection),
-        selection=dg.AssetSelection.assets(*selection),
-        executor_def=executor_def(cfg.executor),
-        tags={"stage2/executor": cfg.executor},
-    )
-    defs = dg.Definitions(assets=list(base.assets or []), resources=dict(base.resources or {}), jobs=[job])
-    return defs.resolve_job_def(job.name)
-
-
-def execute_selection(
-    config: dict[str, Any],
-    selection: list[str],
-    partition_key: str | None,
-    instance: dg.DagsterInstance,
-    *,
-    log_level: str | None = None,
-) -> Any:
-    """One run of ``selection`` (one partition) on the configured executor, recorded in ``instance``."""
-    recon = dg.build_reconstructable_job(
-        "pipelines.executors",
-        "build_job",
-        reconstructable_kwargs={"config": dict(config), "selection": list(selection)},
-        reconstructor_working_directory=str(REPO_ROOT),
-    )
-    tags = {"stage2/cli": "build"}
-    if partition_key is not None:
-        tags["dagster/partition"] = partition_key
-    run_config = executor_run_config(config)
-    if log_level:
-        run_config["loggers"] = {"console": {"config": {"log_level": log_level}}}
-    return dg.execute_job(recon, instance, run_config=run_config, tags=tags, raise_on_error=False)
-
-
 @contextmanager
 def local_dask_cluster(n_workers: int = 2) -> Iterator[str]:
     """A ``dask.distributed`` scheduler and ``n_workers`` worker processes (one thread each) on
@@ -272,7 +224,7 @@ def dask_worker_slots(address: str) -> int:
         return sum(client.nthreads().values())
 
 
-def configured_executor(config: Any) -> dg.ExecutorDefinition | None:
+def configured_executor(config: BuildConfig) -> dg.ExecutorDefinition | None:
     """The default executor of the Definitions (runs launched from the UI, schedules, sensors and
     backfills) for ``BuildConfig.executor``; ``None`` keeps Dagster's default."""
     executor = config.executor

@@ -1,29 +1,28 @@
-"""A rebuild as Dagster runs, stage by stage, in the order `stage2 build` follows.
+"""A rebuild as Dagster runs, stage by stage: the stages of `stage2 build` (``stage2_data.stages``),
+sequenced by the same rules (``next_stage``, ``stage_partitions``).
 
-The weekly schedule and the profile-change sensor start a rebuild: one ``acquire_archives`` run per
-archive partition, tagged ``stage2/rebuild=<id>`` and ``stage2/stage=acquire``. The
-``advance_rebuilds`` sensor follows the runs: once every archive partition of a rebuild has a
-successful run, it requests one ``extract_cache_dirs`` run per cache key (stage ``extract``), and
-once those all succeed, one ``verify_kit_and_build_store`` run (stage ``store``). A failed run stops
-its rebuild at that stage (the alert sensors report it); re-executing the failed run from the UI
-keeps its tags, so the rebuild goes on from there. Run keys make every request idempotent: a stage
-is requested once per rebuild however many ticks see it complete.
+The weekly schedule and the profile-change sensor start a rebuild at ``REBUILD_FIRST_STAGE``: one
+``acquire_archives`` run per archive partition, tagged ``stage2/rebuild=<id>`` and
+``stage2/stage=acquire``. The ``advance_rebuilds`` sensor follows the runs: once every partition of
+a rebuild's stage has a successful run, it requests the next stage's runs (one ``extract_cache_dirs``
+run per cache key, then one ``verify_kit_and_build_store`` run). A failed run stops its rebuild at
+that stage (the alert sensors report it); re-executing the failed run from the UI keeps its tags,
+so the rebuild goes on from there. Run keys make every request idempotent: a stage is requested
+once per rebuild however many ticks see it complete.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any
 
 import dagster as dg
 
 from stage2_data.profile import Profile
+from stage2_data.stages import STAGES, Stage, next_stage, stage_partitions
 
 REBUILD_TAG = "stage2/rebuild"
 STAGE_TAG = "stage2/stage"
-STAGES = ("acquire", "extract", "store")
-NEXT_STAGE = {"acquire": "extract", "extract": "store"}
 PARTITION_TAG = "dagster/partition"
 
 WINDOW = 300.0  # seconds of finished runs re-listed each tick (their ids are in the cursor)
@@ -69,27 +68,21 @@ class FinishedRuns:
         self._context.update_cursor(json.dumps({"ts": last, "runs": seen}, sort_keys=True))
 
 
-def stage_partitions(stage: str, profile: Profile) -> list[str | None]:
-    """The partitions one stage of a rebuild runs (None: the unpartitioned store run)."""
-    if stage == "acquire":
-        return list(profile.archive_paths_largest_first())  # runs are dequeued in the order requested
-    if stage == "extract":
-        return list(profile.cache_keys_largest_first())
-    if stage == "store":
-        return [None]
-    raise ValueError(f"unknown rebuild stage {stage!r}; expected one of {STAGES}")
+def job_of(stage: Stage) -> str:
+    """The job a rebuild launches for ``stage``."""
+    if stage.job is None:
+        raise ValueError(f"stage {stage.name!r} has no job of its own; a rebuild cannot request it")
+    return stage.job
 
 
-def stage_requests(
-    rebuild_id: str, stage: str, profile: Profile, jobs: dict[str, Any]
-) -> list[dg.RunRequest]:
-    """The runs of one stage of rebuild ``rebuild_id``, tagged so that ``advance_rebuilds`` follows them."""
-    job = {"acquire": jobs["acquire"], "extract": jobs["extract"], "store": jobs["kit_and_store"]}[stage]
-    tags = {REBUILD_TAG: rebuild_id, STAGE_TAG: stage}
+def stage_requests(rebuild_id: str, stage: Stage, profile: Profile) -> list[dg.RunRequest]:
+    """The runs of one stage of rebuild ``rebuild_id`` (its job, once per partition, largest first:
+    runs are dequeued in the order requested), tagged so that ``advance_rebuilds`` follows them."""
+    tags = {REBUILD_TAG: rebuild_id, STAGE_TAG: stage.name}
     return [
         dg.RunRequest(
-            run_key=f"{rebuild_id}-{stage}" + (f"-{p}" if p is not None else ""),
-            job_name=job.name,
+            run_key=f"{rebuild_id}-{stage.name}" + (f"-{p}" if p is not None else ""),
+            job_name=job_of(stage),
             partition_key=p,
             tags=tags,
         )
@@ -97,11 +90,11 @@ def stage_requests(
     ]
 
 
-def stage_complete(instance: dg.DagsterInstance, rebuild_id: str, stage: str, profile: Profile) -> bool:
+def stage_complete(instance: dg.DagsterInstance, rebuild_id: str, stage: Stage, profile: Profile) -> bool:
     """True when every partition of ``stage`` of the rebuild has a successful run."""
     records = instance.get_run_records(
         dg.RunsFilter(
-            tags={REBUILD_TAG: rebuild_id, STAGE_TAG: stage}, statuses=[dg.DagsterRunStatus.SUCCESS]
+            tags={REBUILD_TAG: rebuild_id, STAGE_TAG: stage.name}, statuses=[dg.DagsterRunStatus.SUCCESS]
         )
     )
     done = {r.dagster_run.tags.get(PARTITION_TAG) for r in records}
@@ -109,25 +102,28 @@ def stage_complete(instance: dg.DagsterInstance, rebuild_id: str, stage: str, pr
 
 
 def advance_rebuilds(
-    context: dg.SensorEvaluationContext, profile: Profile, jobs: dict[str, Any]
+    context: dg.SensorEvaluationContext, profile: Profile
 ) -> list[dg.RunRequest] | dg.SkipReason:
     """Request the next stage of every rebuild whose current stage a newly finished run completed."""
+    by_name = {s.name: s for s in STAGES}
     runs = FinishedRuns(context)
     candidates: set[tuple[str, str]] = set()
     for rec in runs.new():
         tags = rec.dagster_run.tags
-        stage = tags.get(STAGE_TAG)
+        stage = by_name.get(tags.get(STAGE_TAG, ""))
         if (
             rec.dagster_run.status == dg.DagsterRunStatus.SUCCESS
             and REBUILD_TAG in tags
-            and stage in NEXT_STAGE
+            and stage is not None
+            and next_stage(stage) is not None
         ):
-            candidates.add((tags[REBUILD_TAG], stage))
+            candidates.add((tags[REBUILD_TAG], stage.name))
     requests: list[dg.RunRequest] = []
-    for rebuild_id, stage in sorted(candidates):
-        if stage_complete(context.instance, rebuild_id, stage, profile):
-            nxt = NEXT_STAGE[stage]
-            context.log.info(f"rebuild {rebuild_id}: stage {stage} complete; requesting stage {nxt}")
-            requests += stage_requests(rebuild_id, nxt, profile, jobs)
+    for rebuild_id, name in sorted(candidates):
+        stage = by_name[name]
+        nxt = next_stage(stage)
+        if nxt is not None and stage_complete(context.instance, rebuild_id, stage, profile):
+            context.log.info(f"rebuild {rebuild_id}: stage {name} complete; requesting stage {nxt.name}")
+            requests += stage_requests(rebuild_id, nxt, profile)
     runs.save()
     return requests or dg.SkipReason("no rebuild stage completed since the last tick")

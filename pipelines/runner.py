@@ -1,15 +1,19 @@
 """One command builds everything: every asset and every partition, recorded in the Dagster instance.
 
-Stages (each a set of real Dagster runs on the instance at DAGSTER_HOME):
-  1. pinned_profile
-  2. archive_file, one run per archive partition, several at once (processes)
-  3. cache_dir, one run per cache-key partition whose archives all verified
-  4. extraction_report, action_sidecars, trajectory_join, subset_checksums, vin_store (one run)
+The stages and the rule for what runs next are the table in ``stage2_data.stages`` (the rebuild
+sensor follows the same table); here they run as real Dagster runs on the instance at DAGSTER_HOME:
+  1. profile: pinned_profile
+  2. acquire: archive_file, one run per archive partition, several at once (processes)
+  3. extract: cache_dir, one run per cache-key partition whose archives all verified
+  4. store: extraction_report, action_sidecars, trajectory_join, subset_checksums, vin_store (one run)
 A stage whose checks fail stops the stages after it; every failed check and error is reported.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import logging
 import multiprocessing as mp
 import os
 from collections.abc import Callable
@@ -17,10 +21,18 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from .config import BuildConfig
+import dagster as dg
 
-DOWNLOADS_POOL = "downloads"  # the concurrency pool of archive_file (assets/acquisition.py)
-FINAL_STAGE = ["extraction_report", "action_sidecars", "trajectory_join", "subset_checksums", "vin_store"]
+from stage2_data import layout
+from stage2_data.profile import load_profile
+from stage2_data.publish import data_root_lock, sweep_data_root
+from stage2_data.stages import DOWNLOADS_POOL, STAGES, STORE, VIN_STORE, Stage, next_stage, stage_partitions
+
+from .config import BuildConfig
+from .definitions import build_definitions, build_job
+from .executors import executor_run_config, local_dask_cluster
+
+FINAL_STAGE = list(STORE.assets)  # the last stage's one run (tests and tools run it on its own)
 
 
 INSTANCE_YAML = """\
@@ -50,8 +62,6 @@ def ensure_instance(data_root: Path) -> Path:
     home.mkdir(parents=True, exist_ok=True)
     write_instance_yaml(home)
     os.environ["DAGSTER_HOME"] = str(home)
-    import dagster as dg
-
     instance = dg.DagsterInstance.get()
     instance.get_runs(limit=1)  # create the schema once, before worker processes start
     # Create the `downloads` pool's row once, here: concurrent first runs would race to insert it
@@ -66,10 +76,6 @@ def run_selection(
     config: dict[str, Any], selection: list[str], partition_key: str | None = None
 ) -> dict[str, Any]:
     """Materialize ``selection`` (and their checks) in one run; returns a picklable summary."""
-    import dagster as dg
-
-    from .definitions import build_definitions
-
     cfg = BuildConfig(**config)
     defs = build_definitions(cfg)
     assets: list[Any] = list(defs.assets or [])
@@ -80,12 +86,8 @@ def run_selection(
     # events are recorded in the instance either way.
     level = os.environ.get("STAGE2_RUN_LOG_LEVEL")
     if level:
-        import logging
-
         logging.getLogger("stage2_data").setLevel(level)
-    if cfg.executor != "in_process":  # steps elsewhere (subprocesses, Dask workers): pipelines/executors.py
-        from .executors import execute_selection
-
+    if cfg.executor != "in_process":  # steps elsewhere (subprocesses, Dask workers): executors.py
         result: Any = execute_selection(config, selection, partition_key, instance, log_level=level)
     else:
         result = dg.materialize(
@@ -121,7 +123,7 @@ def run_selection(
     )
     store_md: dict[str, Any] = {}
     for mev in result.get_asset_materialization_events():
-        if mev.asset_key and mev.asset_key.to_user_string() == "vin_store":
+        if mev.asset_key and mev.asset_key.to_user_string() == VIN_STORE:
             md = mev.materialization.metadata
             store_md = {k: getattr(md[k], "value", md[k]) for k in ("store", "fingerprint") if k in md}
     return {
@@ -136,29 +138,55 @@ def run_selection(
     }
 
 
+def execute_selection(
+    config: dict[str, Any],
+    selection: list[str],
+    partition_key: str | None,
+    instance: dg.DagsterInstance,
+    *,
+    log_level: str | None = None,
+) -> Any:
+    """One run of ``selection`` (one partition) on the configured executor, recorded in ``instance``:
+    the job is rebuilt in every process that executes a step (``definitions.build_job``)."""
+    recon = dg.build_reconstructable_job(
+        build_job.__module__,
+        build_job.__name__,
+        reconstructable_kwargs={"config": dict(config), "selection": list(selection)},
+        reconstructor_working_directory=os.getcwd(),
+    )
+    tags = {"stage2/cli": "build"}
+    if partition_key is not None:
+        tags["dagster/partition"] = partition_key
+    run_config = executor_run_config(config)
+    if log_level:
+        run_config["loggers"] = {"console": {"config": {"log_level": log_level}}}
+    return dg.execute_job(recon, instance, run_config=run_config, tags=tags, raise_on_error=False)
+
+
 def _pool_run(args: tuple[dict[str, Any], list[str], str | None]) -> dict[str, Any]:
     return run_selection(*args)
 
 
 def run_partitions(
     config: dict[str, Any],
-    asset: str,
+    selection: list[str],
     keys: list[str],
     concurrency: int,
     on_done: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
+    """One run of ``selection`` per partition key, ``concurrency`` at once (spawned processes)."""
     if not keys:
         return []
     out: list[dict[str, Any]] = []
     if concurrency <= 1 or len(keys) == 1:
         for k in keys:
-            out.append(run_selection(config, [asset], k))
+            out.append(run_selection(config, selection, k))
             if on_done:
                 on_done(out[-1])
         return out
     ctx = mp.get_context("spawn")
     with ProcessPoolExecutor(max_workers=min(concurrency, len(keys)), mp_context=ctx) as pool:
-        for res in pool.map(_pool_run, [(config, [asset], k) for k in keys]):
+        for res in pool.map(_pool_run, [(config, selection, k) for k in keys]):
             out.append(res)
             if on_done:
                 on_done(res)
@@ -175,17 +203,35 @@ def build_all(
     concurrency: int | None = None,
     on_run: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Run every stage holding the data root's lock (stage2_data/lock.py): a second build of the same
+    """Run every stage holding the data root's lock (stage2_data.publish): a second build of the same
     data root is refused (DataRootLockedError naming the holder). A bad profile fails before the lock.
     Under the lock, temporary folders a killed build left behind are removed first."""
-    from stage2_data.lock import data_root_lock, sweep_temp_dirs
-    from stage2_data.profile import load_profile
-
     load_profile(config.profile_path, kit_root=config.kit_root)
     data_root = Path(config.data_root).resolve()
     with data_root_lock(data_root):
-        sweep_temp_dirs(data_root)
+        sweep_data_root(data_root)
+        if config.executor == "dask" and not config.dask_address:  # one local cluster for the build
+            with local_dask_cluster() as address:
+                config = dataclasses.replace(config, dask_address=address)
+                return _build_all(config, concurrency=concurrency, on_run=on_run)
         return _build_all(config, concurrency=concurrency, on_run=on_run)
+
+
+def _run_stage(
+    cfg: dict[str, Any],
+    stage: Stage,
+    partitions: list[str | None],
+    concurrency: int,
+    record: Callable[[dict[str, Any]], None],
+) -> list[dict[str, Any]]:
+    """The runs of one stage: one per partition (at most ``stage.max_parallel`` at once), or one."""
+    selection = list(stage.assets)
+    if stage.partitioned_by is None:
+        runs = [run_selection(cfg, selection)]
+        record(runs[0])
+        return runs
+    keys = [p for p in partitions if p is not None]
+    return run_partitions(cfg, selection, keys, min(concurrency, stage.max_parallel or concurrency), record)
 
 
 def _build_all(
@@ -195,18 +241,6 @@ def _build_all(
     on_run: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Run every stage; returns {ok, runs, checks, errors, store, fingerprint, dagster_home}."""
-    if config.executor == "dask" and not config.dask_address:  # one local cluster for the whole build
-        import dataclasses
-
-        from .executors import local_dask_cluster
-
-        with local_dask_cluster() as address:
-            return build_all(
-                dataclasses.replace(config, dask_address=address), concurrency=concurrency, on_run=on_run
-            )
-    from stage2_data import layout
-    from stage2_data.profile import load_profile
-
     profile = load_profile(config.profile_path, kit_root=config.kit_root)
     data_root = Path(config.data_root).resolve()
     data_root.mkdir(parents=True, exist_ok=True)
@@ -221,27 +255,21 @@ def _build_all(
         if on_run:
             on_run(r)
 
-    record(run_selection(cfg, ["pinned_profile"]))
+    failed: list[tuple[Stage, str | None]] = []
+    stage: Stage | None = STAGES[0]
+    while stage is not None:
+        partitions = stage_partitions(stage, profile, failed)
+        if not partitions:
+            break
+        for r in _run_stage(cfg, stage, partitions, conc, record):
+            if not r["success"]:
+                failed.append((stage, r["partition"]))
+        stage = next_stage(stage)
+    # the stage the build stopped after: the first that failed, unless nothing came after it
+    first_failed = failed[0][0] if failed else None
     stopped_at = None
-    if not runs[-1]["success"]:
-        stopped_at = "pinned_profile"
-    else:
-        # largest first: the build ends soonest (a big archive started last would run alone)
-        run_partitions(cfg, "archive_file", profile.archive_paths_largest_first(), conc, record)
-        failed_archives = {
-            r["partition"] for r in runs if r["selection"] == ["archive_file"] and not r["success"]
-        }
-        by_key = profile.archives_by_cache_key()
-        keys = [
-            k
-            for k in profile.cache_keys_largest_first()
-            if not any(a.path in failed_archives for a in by_key[k])
-        ]
-        run_partitions(cfg, "cache_dir", keys, min(conc, 2), record)
-        if any(not r["success"] for r in runs):
-            stopped_at = "cache_dir" if not failed_archives else "archive_file"
-        else:
-            record(run_selection(cfg, FINAL_STAGE))
+    if first_failed is not None and next_stage(first_failed) is not None:
+        stopped_at = ",".join(first_failed.assets)
 
     checks = [c for r in runs for c in r["checks"]]
     errors = [e for r in runs for e in r["errors"]]
@@ -253,8 +281,6 @@ def _build_all(
         md: dict[str, Any] = next((r["store_metadata"] for r in runs if r.get("store_metadata")), {})
         store, fingerprint = md.get("store"), md.get("fingerprint")
     elif ok and (current / "manifest.json").is_file():
-        import json
-
         store = str(current.resolve())
         fingerprint = json.loads((current / "manifest.json").read_text()).get("fingerprint")
     return {

@@ -5,14 +5,15 @@ from typing import Any
 import dagster as dg
 
 from stage2_data.profile import Profile
+from stage2_data.stages import REBUILD_FIRST_STAGE, VERIFY_JOB
 
-from .rebuild import stage_requests
+from .rebuild import job_of, stage_requests
 
 
 def build_schedules(profile: Profile, jobs: dict[str, Any]) -> list[dg.ScheduleDefinition]:
     nightly_verify = dg.ScheduleDefinition(
         name="nightly_verify",
-        job=jobs["verify"],
+        job=jobs[VERIFY_JOB],
         cron_schedule="0 2 * * *",
         default_status=dg.DefaultScheduleStatus.STOPPED,
         description="Re-check the data on disk (extraction counts, join and link totals, subset bytes); no download.",
@@ -20,7 +21,7 @@ def build_schedules(profile: Profile, jobs: dict[str, Any]) -> list[dg.ScheduleD
 
     @dg.schedule(
         name="weekly_rebuild",
-        job=jobs["acquire"],
+        job=jobs[job_of(REBUILD_FIRST_STAGE)],
         cron_schedule="0 3 * * 0",
         default_status=dg.DefaultScheduleStatus.STOPPED,
         description="Rebuild: re-verify every archive partition against its pin (downloading only what "
@@ -31,6 +32,6 @@ def build_schedules(profile: Profile, jobs: dict[str, Any]) -> list[dg.ScheduleD
         stamp = (
             context.scheduled_execution_time.strftime("%Y%m%d") if context.scheduled_execution_time else "now"
         )
-        return stage_requests(f"weekly-{stamp}", "acquire", profile, jobs)
+        return stage_requests(f"weekly-{stamp}", REBUILD_FIRST_STAGE, profile)
 
     return [nightly_verify, weekly_rebuild]

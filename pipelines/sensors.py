@@ -5,10 +5,11 @@ from typing import Any
 
 import dagster as dg
 
-from resources import AlertsResource
 from stage2_data.profile import Profile
+from stage2_data.stages import REBUILD_FIRST_STAGE, STAGES
+from stage2_resources import AlertsResource
 
-from .rebuild import FinishedRuns, advance_rebuilds, stage_requests
+from .rebuild import FinishedRuns, advance_rebuilds, job_of, stage_requests
 
 
 def check_failure_alerts(context: dg.SensorEvaluationContext, alerts: AlertsResource) -> dg.SkipReason | None:
@@ -77,6 +78,10 @@ def build_sensors(profile: Profile, jobs: dict[str, Any]) -> list[dg.SensorDefin
         if problem:
             context.log.warning(problem)
 
+    # the jobs of a rebuild's stages after its first (what advance_rebuilds requests)
+    first = STAGES.index(REBUILD_FIRST_STAGE)
+    later_jobs = [jobs[job_of(s)] for s in STAGES[first + 1 :]]
+
     kit_files = [profile.profile_path] + [
         profile.kit_file(k)
         for k in ("pair_manifest", "subset_checksums", "sidecar_archive", "sidecar_archive_sha256")
@@ -84,7 +89,7 @@ def build_sensors(profile: Profile, jobs: dict[str, Any]) -> list[dg.SensorDefin
 
     @dg.sensor(
         name="rebuild_on_profile_change",
-        jobs=[jobs["acquire"]],
+        jobs=[jobs[job_of(REBUILD_FIRST_STAGE)]],
         minimum_interval_seconds=60,
         default_status=dg.DefaultSensorStatus.STOPPED,
         description="Starts a rebuild (every archive partition, then extraction and the store: see "
@@ -105,11 +110,11 @@ def build_sensors(profile: Profile, jobs: dict[str, Any]) -> list[dg.SensorDefin
             return dg.SkipReason(
                 "profile and kit unchanged" if previous else "recorded the current profile and kit"
             )
-        return stage_requests(f"change-{digest[:16]}", "acquire", profile, jobs)
+        return stage_requests(f"change-{digest[:16]}", REBUILD_FIRST_STAGE, profile)
 
     @dg.sensor(
         name="advance_rebuilds",
-        jobs=[jobs["extract"], jobs["kit_and_store"]],
+        jobs=later_jobs,
         minimum_interval_seconds=30,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description="Carries a rebuild (runs tagged stage2/rebuild, as weekly_rebuild and "
@@ -117,6 +122,6 @@ def build_sensors(profile: Profile, jobs: dict[str, Any]) -> list[dg.SensorDefin
         "succeeded, extract every cache key; when those have, verify the kit and build the store.",
     )
     def advance_rebuilds_sensor(context: dg.SensorEvaluationContext):
-        return advance_rebuilds(context, profile, jobs)
+        return advance_rebuilds(context, profile)
 
     return [alert_on_failed_check, alert_on_failed_run, rebuild_on_profile_change, advance_rebuilds_sensor]

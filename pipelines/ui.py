@@ -1,5 +1,9 @@
 """`make ui`: the Dagster web UI on 127.0.0.1 over the same instance as `make demo`, with the demo's hub.
 
+Paths come from the environment (``config.py``), relative to the working directory: the demo in
+``STAGE2_DEMO_ROOT`` (``./.demo``), the instance in ``DAGSTER_HOME`` (``./.dagster_home``), the code
+location from ``STAGE2_WORKSPACE`` (a workspace file) or else the module ``stage2_pipelines.definitions``.
+
 Starts (1) the loopback hub serving the demo's upstream folder and (2) `dagster dev`, each in its own
 process group, and on SIGINT/SIGTERM (or when `dagster dev` exits) stops both groups by PID: SIGINT
 (dagster dev's clean shutdown) / SIGTERM first, SIGKILL of the whole group after 20 s, so no
@@ -16,7 +20,10 @@ import sys
 import time
 from pathlib import Path
 
-from .config import DEMO_ROOT, REPO_ROOT
+from stage2_data.demo import generate_demo
+
+from . import definitions
+from .config import dagster_home, demo_root
 from .runner import write_instance_yaml
 
 
@@ -27,11 +34,9 @@ def _signal_group(p: subprocess.Popen[str] | subprocess.Popen[bytes], sig: int) 
 
 
 def main() -> int:
-    from stage2_data.demo import generate_demo
-
-    demo = generate_demo(DEMO_ROOT / "demo")
+    demo = generate_demo(demo_root() / "demo")
     env = dict(os.environ)
-    env.setdefault("DAGSTER_HOME", str(REPO_ROOT / ".dagster_home"))
+    env["DAGSTER_HOME"] = str(dagster_home())
     Path(env["DAGSTER_HOME"]).mkdir(parents=True, exist_ok=True)
     write_instance_yaml(Path(env["DAGSTER_HOME"]))
     port = env.get("STAGE2_UI_PORT", "3000")
@@ -60,28 +65,18 @@ def main() -> int:
         return 2
     env.update(
         STAGE2_PROFILE=str(demo.profile),
-        STAGE2_DATA_ROOT=env.get("STAGE2_DATA_ROOT", str(DEMO_ROOT / "data")),
+        STAGE2_DATA_ROOT=env.get("STAGE2_DATA_ROOT", str(demo_root() / "data")),
         STAGE2_HUB_ENDPOINT=url,
     )
     print(
         f"loopback hub: {url}\nDagster UI:   http://127.0.0.1:{port}  (instance {env['DAGSTER_HOME']})",
         flush=True,
     )
+    workspace = os.environ.get("STAGE2_WORKSPACE")
+    location = ["-w", workspace] if workspace else ["-m", definitions.__name__, "-a", "defs"]
     ui = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "dagster",
-            "dev",
-            "-w",
-            str(REPO_ROOT / "workspace.yaml"),
-            "-h",
-            "127.0.0.1",
-            "-p",
-            port,
-        ],
+        [sys.executable, "-m", "dagster", "dev", *location, "-h", "127.0.0.1", "-p", port],
         env=env,
-        cwd=REPO_ROOT,
         start_new_session=True,
     )
     stopping = False

@@ -64,7 +64,7 @@ class LoopbackHubResource(HubSourceResource):
 
     @contextmanager
     def yield_for_execution(self, context: dg.InitResourceContext) -> Iterator[LoopbackHubResource]:
-        from stage2_data.hubserver import HubServer
+        from stage2_data.demo.hubserver import HubServer
 
         server = HubServer(
             Path(self.folder), repo_id=self.repo_id, revision=self.revision, repo_type=self.repo_type

@@ -8,6 +8,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .stages import (
+    ACTION_SIDECARS,
+    ARCHIVE_FILE,
+    CACHE_DIR,
+    EXTRACTION_REPORT,
+    PINNED_PROFILE,
+    SUBSET_CHECKSUMS,
+    TRAJECTORY_JOIN,
+    VIN_STORE,
+)
+
 # pinned_profile
 PROFILE_IS_PINNED = "profile_is_pinned"
 PROFILE_COUNTS_MATCH_EXPECTED = "profile_counts_match_expected"
@@ -33,20 +44,20 @@ STORE_VALIDATES = "store_validates"
 STORE_COUNTS_MATCH_EXPECTED = "store_counts_match_expected"
 
 CHECKS_BY_ASSET: dict[str, tuple[str, ...]] = {
-    "pinned_profile": (PROFILE_IS_PINNED, PROFILE_COUNTS_MATCH_EXPECTED),
-    "archive_file": (ARCHIVE_SHA256_MATCHES_PIN,),
-    "cache_dir": (CACHE_DIR_COUNTS_CONSISTENT,),
-    "extraction_report": (TRAJECTORIES_MATCH_EXPECTED, CACHE_DIRS_MATCH_EXPECTED, NO_STRAY_ENTRIES),
-    "action_sidecars": (SIDECAR_TAR_SHA256_MATCHES, SIDECARS_BY_SOURCE_MATCH_EXPECTED),
-    "trajectory_join": (JOIN_HAS_NO_PROBLEMS, LINK_TOTALS_MATCH_EXPECTED),
-    "subset_checksums": (SUBSET_BYTES_MATCH_SHA256SUMS,),
-    "vin_store": (STORE_OPENS_STRICT, STORE_VALIDATES, STORE_COUNTS_MATCH_EXPECTED),
+    PINNED_PROFILE: (PROFILE_IS_PINNED, PROFILE_COUNTS_MATCH_EXPECTED),
+    ARCHIVE_FILE: (ARCHIVE_SHA256_MATCHES_PIN,),
+    CACHE_DIR: (CACHE_DIR_COUNTS_CONSISTENT,),
+    EXTRACTION_REPORT: (TRAJECTORIES_MATCH_EXPECTED, CACHE_DIRS_MATCH_EXPECTED, NO_STRAY_ENTRIES),
+    ACTION_SIDECARS: (SIDECAR_TAR_SHA256_MATCHES, SIDECARS_BY_SOURCE_MATCH_EXPECTED),
+    TRAJECTORY_JOIN: (JOIN_HAS_NO_PROBLEMS, LINK_TOTALS_MATCH_EXPECTED),
+    SUBSET_CHECKSUMS: (SUBSET_BYTES_MATCH_SHA256SUMS,),
+    VIN_STORE: (STORE_OPENS_STRICT, STORE_VALIDATES, STORE_COUNTS_MATCH_EXPECTED),
 }
 
 # Checks that run on their own (not while the asset is materialized): the nightly verify job runs
 # them over what is already on disk; `stage2 build` does the same work while it builds.
 STORE_BYTES_MATCH_MANIFEST = "store_bytes_match_manifest"
-STANDALONE_CHECKS: dict[str, tuple[str, ...]] = {"vin_store": (STORE_BYTES_MATCH_MANIFEST,)}
+STANDALONE_CHECKS: dict[str, tuple[str, ...]] = {VIN_STORE: (STORE_BYTES_MATCH_MANIFEST,)}
 ALL_CHECKS_BY_ASSET: dict[str, tuple[str, ...]] = {
     a: names + STANDALONE_CHECKS.get(a, ()) for a, names in CHECKS_BY_ASSET.items()
 }

@@ -83,5 +83,23 @@ class StoreValidationError(ProblemsError, StoreError):
     """Validation of a store found problems."""
 
 
+class FormatError(Stage2Error, ValueError):
+    """A file, or a member of an archive, does not parse as its format.
+
+    ``detail`` is the reason alone; ``file`` and ``member`` name the culprit when the caller gave
+    them (``str(err)`` is ``"<file>: member '<member>': <detail>"``, with the parts that are known).
+    It is a ``ValueError``, so code that catches ``ValueError`` around a parse keeps working.
+    """
+
+    def __init__(
+        self, detail: str, *, file: str | None = None, member: str | None = None, fix: str | None = None
+    ) -> None:
+        self.detail = detail
+        self.file = file
+        self.member = member
+        where = [p for p in (file, None if member is None else f"member {member!r}") if p]
+        super().__init__(": ".join([*where, detail]), fix=fix)
+
+
 def join_problems(problems: Iterable[str]) -> str:
     return "; ".join(problems)

@@ -1,4 +1,5 @@
-"""The one module that owns hashing: file digests, a hashing writer, SHA256SUMS parsing."""
+"""The one module that owns hashing: file digests and a hashing writer (SHA256SUMS parsing lives in
+:mod:`stage2_data.formats.sha256sums`)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,10 @@ import os
 import re
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
 from typing import BinaryIO
 
-from .errors import ProblemsError
+# SHA256SUMS parsing lives in formats.sha256sums; re-exported here for today's callers.
+from .formats.sha256sums import ChecksumEntry, parse_sha256sums, read_single_sha256_file
 
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 BUF_SIZE = 8 * 1024 * 1024
@@ -108,51 +108,15 @@ def hasher_of_prefix(path: str | os.PathLike[str]) -> tuple[hashlib._Hash, int]:
     return h, size
 
 
-@dataclass(frozen=True)
-class ChecksumEntry:
-    digest: str
-    path: str
-    line: int
-
-
-def parse_sha256sums(path: str | os.PathLike[str]) -> list[ChecksumEntry]:
-    """Parse a ``sha256sum`` file (``<64 hex>  <path>``; ``*`` binary marker allowed).
-
-    Every malformed line is gathered and reported at once, with its line number.
-    """
-    entries: list[ChecksumEntry] = []
-    problems: list[str] = []
-    seen: dict[str, int] = {}
-    p = Path(path)
-    with open(p, encoding="utf-8") as f:
-        for lineno, raw in enumerate(f, start=1):
-            line = raw.rstrip("\n").rstrip("\r")
-            if not line.strip():
-                continue
-            m = re.match(r"^([0-9a-fA-F]{64}) [ *](.+)$", line)
-            if not m:
-                problems.append(f"{p}:{lineno}: not '<64 hex>  <path>': {line[:80]!r}")
-                continue
-            digest, rel = m.group(1).lower(), m.group(2)
-            if rel in seen:
-                problems.append(f"{p}:{lineno}: duplicate path {rel} (first on line {seen[rel]})")
-                continue
-            seen[rel] = lineno
-            entries.append(ChecksumEntry(digest, rel, lineno))
-    if problems:
-        raise ProblemsError(
-            f"malformed checksum file {p}", problems, fix=f"regenerate {p.name} with `sha256sum`"
-        )
-    return entries
-
-
-def read_single_sha256_file(path: str | os.PathLike[str]) -> tuple[str, str]:
-    """Read a one-line ``.sha256`` file; returns (digest, named file)."""
-    entries = parse_sha256sums(path)
-    if len(entries) != 1:
-        raise ProblemsError(
-            f"checksum file {path}",
-            [f"expected exactly one line, found {len(entries)}"],
-            fix=f"write it with `sha256sum FILE > {Path(path).name}`",
-        )
-    return entries[0].digest, entries[0].path
+__all__ = [
+    "BUF_SIZE",
+    "SHA256_RE",
+    "ChecksumEntry",
+    "HashingWriter",
+    "hasher_of_prefix",
+    "parse_sha256sums",
+    "read_single_sha256_file",
+    "sha256_bytes",
+    "sha256_file",
+    "sha256_files_parallel",
+]

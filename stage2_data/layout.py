@@ -37,8 +37,12 @@ FRAME_FILE_RE = re.compile(r"^trajectory_(?P<id>[^/]+)\.npz$")
 SIDECAR_PATH_RE = re.compile(r"^action_sidecars/(?P<source>[^/]+)/trajectory_(?P<id>[^/]+)\.npz$")
 FRAMES_PATH_RE = re.compile(r"^processed_datasets/(?P<cache_key>[^/]+)/frames/trajectory_(?P<id>[^/]+)\.npz$")
 SPLIT_PART_RE = re.compile(r"^(?P<base>.+\.tar)\.part-(?P<suffix>[a-z]+)$")
-HEX40_RE = re.compile(r"^[0-9a-f]{40}$")
+#: A pinned revision: a full 40-hex (lowercase) git commit id. The one spelling of that pattern.
+HEX40 = "[0-9a-f]{40}"
+HEX40_RE = re.compile(rf"^{HEX40}$")
+#: The split names, in their order (pair manifest, join table, store). ``SPLIT_NAMES`` is the same tuple.
 SPLITS = ("train", "val", "test")
+SPLIT_NAMES = SPLITS
 
 
 def archives_dir(data_root: Path) -> Path:

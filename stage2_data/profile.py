@@ -1,4 +1,4 @@
-"""The profile file: a pydantic model of ``profile.toml`` (see shared/spec/profile.md).
+"""The profile file: a pydantic model of ``profile.toml`` (see docs/spec/profile.md).
 
 Every problem (unknown key, missing key, wrong form, unsafe path, quarantined-and-active)
 is reported at once, naming the key and the file, before anything is downloaded.
@@ -245,7 +245,7 @@ def parse_profile(data: dict[str, Any], *, source: str = "<profile>", path: Path
         problems = format_validation_error(e, source)
         raise ProfileError(
             "invalid profile " + source + ": " + "; ".join(problems),
-            fix="correct the named key(s) in the profile (see shared/spec/profile.md)",
+            fix="correct the named key(s) in the profile (see docs/spec/profile.md)",
         ) from None
     if path is not None:
         prof = prof.model_copy(update={"profile_path": path})

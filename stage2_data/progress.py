@@ -18,23 +18,9 @@ import time
 from dataclasses import dataclass
 from typing import IO, Any
 
+from .fsutil import human_bytes
 from .profile import Profile
-
-STAGES = ["pinned_profile", "archive_file", "cache_dir", "final"]
-STAGE_LABEL = {
-    "pinned_profile": "profile",
-    "archive_file": "download+verify archives",
-    "cache_dir": "extract cache dirs",
-    "final": "kit, join, bytes, store",
-}
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"  # pragma: no cover
+from .stages import BY_ARCHIVE, BY_CACHE_KEY, STAGES, stage_of
 
 
 def human_seconds(s: float) -> str:
@@ -72,17 +58,20 @@ class BuildProgress:
         self.stream: IO[str] = stream if stream is not None else sys.stderr
         self.live = interactive(self.stream) if live is None else live
         by_key = profile.archives_by_cache_key()
-        self._archive_bytes = {a.path: int(a.size or 0) for a in profile.archives}
-        self._key_bytes = {k: sum(int(a.size or 0) for a in specs) for k, specs in by_key.items()}
-        self.stages = {
-            "pinned_profile": _Stage("pinned_profile", 1, 0),
-            "archive_file": _Stage("archive_file", len(profile.archives), sum(self._archive_bytes.values())),
-            "cache_dir": _Stage("cache_dir", len(by_key), sum(self._key_bytes.values())),
-            "final": _Stage("final", 1, 0),
+        # bytes per partition: an archive's pinned size; a cache key's, the sizes of its archives
+        self._bytes = {
+            BY_ARCHIVE: {a.path: int(a.size or 0) for a in profile.archives},
+            BY_CACHE_KEY: {k: sum(int(a.size or 0) for a in specs) for k, specs in by_key.items()},
         }
-        self.current = "pinned_profile"
+        self.stages = {}
+        for s in STAGES:
+            sizes = self._bytes.get(s.partitioned_by or "", {})
+            self.stages[s.name] = _Stage(s.name, len(sizes) if s.partitioned_by else 1, sum(sizes.values()))
+        self._labels = {s.name: s.label for s in STAGES}
+        self._order = [s.name for s in STAGES]
+        self.current = self._order[0]
         self.t0 = time.monotonic()
-        self.stages["pinned_profile"].started = self.t0
+        self.stages[self.current].started = self.t0
         self._lock = threading.Lock()
         self._last_len = 0
         self._stop = threading.Event()
@@ -93,10 +82,8 @@ class BuildProgress:
 
     # -- input ------------------------------------------------------------------------------------
     def on_run(self, r: dict[str, Any]) -> None:
-        sel = r.get("selection") or []
-        name = (
-            sel[0] if len(sel) == 1 and sel[0] in ("pinned_profile", "archive_file", "cache_dir") else "final"
-        )
+        stage = stage_of(r.get("selection") or [])
+        name = stage.name
         st = self.stages[name]
         now = time.monotonic()
         with self._lock:
@@ -106,15 +93,13 @@ class BuildProgress:
             if not r.get("success"):
                 st.failed += 1
             part = r.get("partition")
-            if name == "archive_file" and part:
-                st.bytes_done += self._archive_bytes.get(part, 0)
-            elif name == "cache_dir" and part:
-                st.bytes_done += self._key_bytes.get(part, 0)
+            if stage.partitioned_by and part:
+                st.bytes_done += self._bytes[stage.partitioned_by].get(part, 0)
             self.current = name
             if st.done >= st.total:  # the next stage starts now
-                i = STAGES.index(name)
-                if i + 1 < len(STAGES):
-                    self.current = STAGES[i + 1]
+                i = self._order.index(name)
+                if i + 1 < len(self._order):
+                    self.current = self._order[i + 1]
                     self.stages[self.current].started = now
             self._emit_run(r, name, st)
 
@@ -131,9 +116,9 @@ class BuildProgress:
     def status_line(self) -> str:
         name = self.current
         st = self.stages[name]
-        idx = STAGES.index(name) + 1
+        idx = self._order.index(name) + 1
         now = time.monotonic()
-        parts = [f"[{idx}/{len(STAGES)}] {STAGE_LABEL[name]}"]
+        parts = [f"[{idx}/{len(self._order)}] {self._labels[name]}"]
         if st.total > 1:
             parts.append(f"{st.done}/{st.total} partitions" + (f" ({st.failed} failed)" if st.failed else ""))
         if st.total_bytes:

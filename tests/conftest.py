@@ -11,7 +11,10 @@ from pathlib import Path
 import pytest
 
 from stage2_data.demo import DemoPaths, generate_demo
-from stage2_data.hubserver import HubServer
+from stage2_data.demo.hubserver import HubServer
+
+# Test tiers (fast / slow / system) for `make test-fast`: see tests/_tiers.py.
+pytest_plugins = ["_tiers"]
 
 
 @pytest.fixture(scope="session")
@@ -67,8 +70,8 @@ def built(demo_cache: DemoPaths, tmp_path_factory: pytest.TempPathFactory) -> di
     need a built data root (read-only: copy ``built["root"]`` before changing anything)."""
     import dagster as dg
 
-    from pipelines.config import BuildConfig
-    from pipelines.runner import build_all
+    from stage2_pipelines.config import BuildConfig
+    from stage2_pipelines.runner import build_all
 
     base = tmp_path_factory.mktemp("built")
     home = base / "dagster_home"

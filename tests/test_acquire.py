@@ -32,8 +32,8 @@ from stage2_data.acquire import (
     pin_profile,
     required_free_bytes,
 )
+from stage2_data.demo.hubserver import HubServer
 from stage2_data.errors import ChecksumMismatchError, HubError, ProfileError
-from stage2_data.hubserver import HubServer
 from stage2_data.profile import ArchiveSpec, Profile, QuarantinedSpec, parse_profile
 
 REPO = "org/robot-data"
@@ -610,7 +610,7 @@ def test_resume_from_an_unaligned_partial_and_drop(
     monkeypatch: pytest.MonkeyPatch,
     direct: bool,
 ) -> None:
-    monkeypatch.setattr(acquire, "DIRECT_IO", direct)
+    monkeypatch.setattr(acquire.transport, "DIRECT_IO", direct)
     path = "big_cache_key.tar"
     spec = spec_of(upstream, path)
     part = layout.partial_path(tmp_path, path)
@@ -638,7 +638,7 @@ def test_block_sink_writes_aligned_blocks_with_o_direct(tmp_path: Path) -> None:
         os.close(fd)
         pytest.skip("the temporary file system refuses O_DIRECT")
     data = random.Random(5).randbytes(3 * MiB + 1234)
-    sink = acquire._BlockSink(fd, 0, hashlib.sha256(), direct_fd=dfd, block=64 * 1024, depth=3)
+    sink = acquire.sink._BlockSink(fd, 0, hashlib.sha256(), direct_fd=dfd, block=64 * 1024, depth=3)
     try:
         sink.feed(data[:1000])  # what the client read past the headers
         sink.flush()
@@ -646,8 +646,8 @@ def test_block_sink_writes_aligned_blocks_with_o_direct(tmp_path: Path) -> None:
         while pos < len(data):  # as the receiver does: back to an aligned offset, then whole blocks
             buf = sink.take()
             n = min(len(buf), len(data) - pos)
-            if sink.received % acquire.ALIGN:
-                n = min(n, acquire.ALIGN - sink.received % acquire.ALIGN)
+            if sink.received % acquire.sink.ALIGN:
+                n = min(n, acquire.sink.ALIGN - sink.received % acquire.sink.ALIGN)
             buf[:n] = data[pos : pos + n]
             sink.commit(buf, n)
             pos += n
@@ -657,4 +657,4 @@ def test_block_sink_writes_aligned_blocks_with_o_direct(tmp_path: Path) -> None:
         os.close(fd)
     assert target.read_bytes() == data
     assert sink.hasher.hexdigest() == hashlib.sha256(data).hexdigest()
-    assert sink.direct and 0 < len(data) - sink.direct_bytes < 2 * acquire.ALIGN
+    assert sink.direct and 0 < len(data) - sink.direct_bytes < 2 * acquire.sink.ALIGN

@@ -11,8 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.config import BuildConfig
-from pipelines.runner import build_all, run_selection
 from stage2_data import acquire, layout
 from stage2_data.acquire import (
     DownloadCancelled,
@@ -23,8 +21,10 @@ from stage2_data.acquire import (
 )
 from stage2_data.cli import main
 from stage2_data.demo import DemoPaths
-from stage2_data.hubserver import HubServer
+from stage2_data.demo.hubserver import HubServer
 from stage2_data.profile import load_profile
+from stage2_pipelines.config import BuildConfig
+from stage2_pipelines.runner import build_all, run_selection
 
 PIN_LINE = re.compile(r"^(size|sha256) = .*\n", re.MULTILINE)
 
@@ -217,8 +217,8 @@ def test_reverify_rehashes_end_to_end(
 def test_dropped_connection_resumes_on_both_body_paths(
     demo: DemoPaths, hub: HubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, raw_socket: bool
 ) -> None:
-    monkeypatch.setattr(acquire, "RAW_SOCKET_READS", raw_socket)
-    monkeypatch.setattr(acquire, "BLOCK_SIZE", 64 * 1024)
+    monkeypatch.setattr(acquire.transport, "RAW_SOCKET_READS", raw_socket)
+    monkeypatch.setattr(acquire.sink, "BLOCK_SIZE", 64 * 1024)
     prof = load_profile(demo.profile)
     spec = max(prof.archives, key=lambda a: a.size or 0)
     hub.faults.drop_after[spec.path] = 500_000

@@ -1,4 +1,4 @@
-"""The deterministic demo generator (stage2_data/demo.py): formats, determinism, exact totals."""
+"""The deterministic demo generator (stage2_data/demo/): formats, determinism, exact totals."""
 
 from __future__ import annotations
 
@@ -23,15 +23,14 @@ from stage2_data.demo import (
     MARKER_NAME,
     QUARANTINED_ARCHIVE,
     SPLIT_CACHE_KEY,
-    ZIP_DATE_TIME,
     DemoPaths,
     generate_demo,
     main,
-    npz_bytes,
     repin_profile,
     write_sidecar_sha256,
 )
 from stage2_data.errors import Stage2Error
+from stage2_data.formats.npz import ZIP_DATE_TIME, npz_bytes
 from stage2_data.hashing import parse_sha256sums, read_single_sha256_file, sha256_file
 from stage2_data.layout import FRAMES_PATH_RE, SIDECAR_PATH_RE, split_base
 from stage2_data.profile import Profile, load_profile

@@ -24,8 +24,6 @@ from stage2_data.extract import (
     REDOWNLOAD_FIX,
     ExtractionRecord,
     MultiPartReader,
-    _FastTarInfo,
-    _gnu_split_suffix,
     extract_cache_dir,
     inspect_cache_dir,
     load_extraction_record,
@@ -34,6 +32,8 @@ from stage2_data.extract import (
     stray_entries,
     write_extraction_report,
 )
+from stage2_data.extract.multipart import _gnu_split_suffix
+from stage2_data.extract.tar import _FastTarInfo
 
 KEY = "demo_src_rfm_demo_train"
 MTIME = 1_700_000_000

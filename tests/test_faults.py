@@ -36,19 +36,19 @@ import numpy as np
 import pytest
 from faults_table import readme_block, render_faults_table
 
-from pipelines.config import BuildConfig
-from pipelines.runner import FINAL_STAGE, build_all, run_selection, write_instance_yaml
 from stage2_data import checks as C
 from stage2_data import layout
 from stage2_data.acquire import HubSource, download_profile
 from stage2_data.demo import DemoPaths, repin_profile, write_sidecar_sha256
+from stage2_data.demo.hubserver import HubFaults, HubServer
 from stage2_data.errors import ProfileError
 from stage2_data.extract import extract_cache_dir
 from stage2_data.hashing import sha256_file
-from stage2_data.hubserver import HubFaults, HubServer
 from stage2_data.lock import DataRootLockedError, data_root_lock, read_holder
 from stage2_data.profile import load_profile
 from stage2_data.store import validate_vin_offline_store
+from stage2_pipelines.config import BuildConfig
+from stage2_pipelines.runner import FINAL_STAGE, build_all, run_selection, write_instance_yaml
 
 REPO = Path(__file__).resolve().parent.parent
 SECRET = "hf_FaultMatrixSecret_7c1d0e55b2a94f0e"  # a distinctive token: grep-able in any output
@@ -380,7 +380,7 @@ def _env_for_subprocess(home: Path, **extra: str) -> dict[str, str]:
 
 _UNREACHABLE_SCRIPT = """
 import json, sys
-from pipelines.runner import run_selection
+from stage2_pipelines.runner import run_selection
 r = run_selection(json.loads(sys.argv[1]), ["archive_file"], sys.argv[2])
 print(json.dumps(r))
 """
@@ -1364,7 +1364,7 @@ def test_fault_prof_totals(prepared: Prepared, demo: DemoPaths, tmp_path: Path) 
 # fast to be hit reliably from outside.
 _KILL_IN_EXTRACTION = r"""
 import os, re, signal, sys
-pat = re.compile(r"/processed_datasets/\.[^/]+\.tmp-\d+/.")
+pat = re.compile(r"/processed_datasets/\.[^/]+\.tmp-\d+-\d+-[0-9a-f]{8}-[0-9a-f]{12}/.")  # an owned temp
 seen = set()
 def hook(event, args):
     if event == "os.mkdir":
@@ -1514,7 +1514,8 @@ def _assert_rerun_converged(prepared: Prepared, chain: Chain) -> None:
 def test_fault_proc_kill_extract(prepared: Prepared, chain: Chain) -> None:
     k = chain.killed_extract
     assert k["returncode"] == -signal.SIGKILL
-    assert len(k["temp"]) == 1 and re.match(r"^\..+\.tmp-\d+$", k["temp"][0]), k  # the half-written one
+    owned_temp = r"^\..+\.tmp-\d+-\d+-[0-9a-f]{8}-[0-9a-f]{12}$"  # .<key>.tmp-<pid>-<start>-<host>-<rand>
+    assert len(k["temp"]) == 1 and re.match(owned_temp, k["temp"][0]), k  # the half-written one
     assert len(k["done"]) == 2, k  # the two cache keys extracted before the kill
     assert not k["stores"]
     _assert_rerun_converged(prepared, chain)

@@ -15,8 +15,8 @@ import tarfile
 from pathlib import Path
 
 from stage2_data.demo import DemoPaths
+from stage2_data.demo.hubserver import HubServer
 from stage2_data.hashing import sha256_file
-from stage2_data.hubserver import HubServer
 from stage2_data.layout import split_base
 from stage2_data.profile import ArchiveSpec, KitSpec, Profile, SourceSpec, load_profile
 from stage2_data.store import VinOfflineStoreReader

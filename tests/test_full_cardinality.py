@@ -4,7 +4,7 @@ reaches exactly the four real totals and the per-source sidecar counts, with zer
 One session-scoped pipeline: generate the demo, extract its 13 cache directories straight from the
 upstream tars (``extract_cache_dir``; no hub needed here), unpack the sidecars; then the join, the
 link check, the byte check and the ``stage2 verify --bytes --json`` command run on it.
-The numbers below are the facts of ``stage2_core_v1`` (shared/spec/kit-format.md), written out
+The numbers below are the facts of ``stage2_core_v1`` (docs/spec/kit-format.md), written out
 rather than read from the generated profile, so that the profile's [expected] table is tested too.
 """
 

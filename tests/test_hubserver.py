@@ -26,7 +26,7 @@ from huggingface_hub.errors import (
 from huggingface_hub.hf_api import RepoFile, RepoFolder
 from huggingface_hub.utils import get_session
 
-from stage2_data.hubserver import HubFaults, HubServer
+from stage2_data.demo.hubserver import HubFaults, HubServer
 
 REPO = "org/robot-data"
 REV = "1a8eb2d279c70964fadeaf8019a77c490c3abe02"
@@ -339,7 +339,7 @@ def test_main_serves_until_sigterm(upstream: Upstream) -> None:
         [
             sys.executable,
             "-m",
-            "stage2_data.hubserver",
+            "stage2_data.demo.hubserver",
             str(upstream.folder),
             "--repo-id",
             REPO,

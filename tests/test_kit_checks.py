@@ -1,7 +1,7 @@
 """Each kit problem of issue 4, injected alone into a copy of the small demo's kit (or its data root),
 fails the right Dagster asset check with a message that names the file, the line and the id.
 
-The kit assets run as one real Dagster run (``pipelines.runner.run_selection``) on a data root that
+The kit assets run as one real Dagster run (``stage2_pipelines.runner.run_selection``) on a data root that
 already holds the demo's extracted cache directories (extracted once per session with
 ``extract_cache_dir`` straight from the demo's upstream tars; no hub is involved).
 """
@@ -117,7 +117,7 @@ def kit(demo: DemoPaths, data_root: Path) -> Kit:
 
 
 def run_kit_assets(kit: Kit) -> dict[str, Any]:
-    from pipelines.runner import run_selection
+    from stage2_pipelines.runner import run_selection
 
     config = {
         "profile_path": str(kit.demo.profile),
@@ -419,6 +419,7 @@ def test_link_check_fast_path_reports_exactly_what_the_exact_parsers_do(
     """link_check decodes a clean kit with msgspec (fast path); with the fast path switched off the
     exact parsers run. Same totals, same problems in the same order, clean or with missing files."""
     from stage2_data import kit as kitmod
+    from stage2_data.kit import manifests
 
     kitmod.unpack_sidecars(kit.profile, kit.data_root)
     _, row = kit.first_row("racer", recovered=True)
@@ -434,9 +435,11 @@ def test_link_check_fast_path_reports_exactly_what_the_exact_parsers_do(
         return d
 
     fast = report()
-    assert kitmod._pairs_fast(kit.pairs) is not None and kitmod._actions_fast(kit.actions_dir) is not None
-    monkeypatch.setattr(kitmod, "_pairs_fast", lambda path: None)
-    monkeypatch.setattr(kitmod, "_actions_fast", lambda d: None)
+    assert (
+        manifests._pairs_fast(kit.pairs) is not None and manifests._actions_fast(kit.actions_dir) is not None
+    )
+    monkeypatch.setattr(manifests, "_pairs_fast", lambda path: None)
+    monkeypatch.setattr(manifests, "_actions_fast", lambda d: None)
     exact = report()
     assert fast == exact
     assert (fast["missing_frames"], fast["missing_sidecars"], len(fast["problems"])) == (1, 1, 3)

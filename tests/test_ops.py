@@ -26,16 +26,17 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from pipelines.config import BuildConfig
-from pipelines.definitions import ACQUIRE_JOB, EXTRACT_JOB, KIT_AND_STORE_JOB, VERIFY_JOB, build_definitions
-from pipelines.rebuild import REBUILD_TAG, STAGE_TAG
-from pipelines.runner import build_all, run_selection
-from resources import AlertsResource
 from stage2_data import checks as C
 from stage2_data.demo import DemoPaths
-from stage2_data.hubserver import HubServer
+from stage2_data.demo.hubserver import HubServer
 from stage2_data.profile import load_profile
 from stage2_data.progress import BuildProgress
+from stage2_data.stages import ACQUIRE_JOB, EXTRACT_JOB, KIT_AND_STORE_JOB, VERIFY_JOB
+from stage2_pipelines.config import BuildConfig
+from stage2_pipelines.definitions import build_definitions
+from stage2_pipelines.rebuild import REBUILD_TAG, STAGE_TAG
+from stage2_pipelines.runner import build_all, run_selection
+from stage2_resources import AlertsResource
 
 REPO = Path(__file__).resolve().parent.parent
 XPATH, TAG_NAME = "xpath", "tag name"  # selenium's By.XPATH / By.TAG_NAME
@@ -630,7 +631,7 @@ def test_build_progress_reports_stages_partitions_bytes(
     assert any(ln.endswith(f": ok ({n}/{n})") for ln in plain)
     live = ui_instance["live"]
     assert "\r" in live and "[2/4] download+verify archives" in live and f"/{n} partitions" in live
-    assert "MB/s" in live or "kB/s" in live
+    assert "MiB/s" in live or "KiB/s" in live  # the rate (IEC units: fsutil.human_bytes)
     assert "ETA" in live
     assert ui_instance["status"].startswith("[4/4] kit, join, bytes, store")
 

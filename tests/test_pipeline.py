@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.config import BuildConfig
-from pipelines.definitions import build_definitions
-from pipelines.runner import FINAL_STAGE, build_all, run_selection
 from stage2_data import checks as C
 from stage2_data import layout
 from stage2_data.demo import DemoPaths, repin_profile, write_sidecar_sha256
-from stage2_data.hubserver import HubServer
+from stage2_data.demo.hubserver import HubServer
 from stage2_data.profile import load_profile
 from stage2_data.store import VinOfflineDataset, VinOfflineStoreReader, validate_vin_offline_store
+from stage2_pipelines.config import BuildConfig
+from stage2_pipelines.definitions import build_definitions
+from stage2_pipelines.runner import FINAL_STAGE, build_all, run_selection
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -55,7 +55,7 @@ def test_workspace_module_loads_the_real_profile(monkeypatch: pytest.MonkeyPatch
         [
             sys.executable,
             "-c",
-            "from pipelines.definitions import defs; "
+            "from stage2_pipelines.definitions import defs; "
             "print(len(defs.resolve_assets_def('archive_file').partitions_def.get_partition_keys()))",
         ],
         cwd=REPO,
@@ -281,25 +281,25 @@ def test_a_store_that_does_not_decode_is_never_published(
     it. A writer fault (injected: one frames_sha256 recorded wrong) fails `store_validates` naming
     the sample; `current` keeps pointing at the previous store and the bad one is removed, so a
     rerun builds it again instead of reusing it."""
-    from stage2_data import build, store
+    from stage2_data import steps, store
 
     root = tmp_path / "root"
     shutil.copytree(built["root"], root, symlinks=True, ignore=shutil.ignore_patterns(".dagster"))
     prof = load_profile(demo_cache.profile)
     current = layout.current_store_path(root, prof.name)
     before = current.resolve()
-    index_row = store._index_row
+    index_row = store.writer._index_row
     victim: list[str] = []
 
-    def wrong_digest(r: store._Row, digest: str) -> dict:
+    def wrong_digest(r: store.plan.Row, digest: str) -> dict:
         row = index_row(r, digest)
         if not victim:
             victim.append(row["sample_key"])
             row["frames_sha256"] = "0" * 64
         return row
 
-    monkeypatch.setattr(store, "_index_row", wrong_digest)
-    res = build.step_store(prof, root, rows_per_shard=5)  # other settings: a new store is written
+    monkeypatch.setattr(store.writer, "_index_row", wrong_digest)
+    res = steps.step_store(prof, root, rows_per_shard=5)  # other settings: a new store is written
     failed = {c.name: c.description for c in res.checks if not c.passed}
     assert set(failed) == {C.STORE_VALIDATES}, failed
     assert "frames_sha256" in failed[C.STORE_VALIDATES] and victim[0] in failed[C.STORE_VALIDATES]
@@ -307,8 +307,8 @@ def test_a_store_that_does_not_decode_is_never_published(
     assert current.resolve() == before and validate_vin_offline_store(current) == []
     assert sorted(p.name for p in current.parent.iterdir()) == sorted(["current", before.name])
 
-    monkeypatch.setattr(store, "_index_row", index_row)  # the writer fixed: the rerun writes it anew
-    res = build.step_store(prof, root, rows_per_shard=5)
+    monkeypatch.setattr(store.writer, "_index_row", index_row)  # the writer fixed: the rerun writes it anew
+    res = steps.step_store(prof, root, rows_per_shard=5)
     assert all(c.passed for c in res.checks), [c.description for c in res.checks if not c.passed]
     assert res.metadata["rebuilt"] and res.metadata["decoded"] and current.resolve() != before
 
@@ -321,7 +321,7 @@ def test_nightly_verify_rechecks_the_published_store(
     store_bytes_match_manifest, naming the file; nothing else is touched."""
     import dagster as dg
 
-    from pipelines.definitions import VERIFY_JOB
+    from stage2_data.stages import VERIFY_JOB
 
     root = tmp_path / "root"
     shutil.copytree(built["root"], root, symlinks=True, ignore=shutil.ignore_patterns(".dagster"))

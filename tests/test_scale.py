@@ -18,12 +18,12 @@ import dagster as dg
 import pytest
 import yaml
 
-from pipelines.config import BuildConfig
-from pipelines.runner import build_all
 from stage2_data import checks as C
 from stage2_data.demo import DemoPaths
-from stage2_data.hubserver import HubServer
+from stage2_data.demo.hubserver import HubServer
 from stage2_data.profile import load_profile
+from stage2_pipelines.config import BuildConfig
+from stage2_pipelines.runner import build_all
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
@@ -378,8 +378,8 @@ def test_kubernetes_configuration_validates_against_dagster_k8s(demo_cache: Demo
     from dagster_k8s import K8sRunLauncher, k8s_job_executor
     from kubernetes.client import ApiClient, V1PersistentVolumeClaim
 
-    from pipelines.definitions import build_definitions
-    from pipelines.executors import k8s_executor_config
+    from stage2_pipelines.definitions import build_definitions
+    from stage2_pipelines.executors import k8s_executor_config
 
     k8s = DEPLOY / "k8s"
     exec_cfg = k8s_executor_config(k8s / "executor.yaml")

@@ -351,8 +351,8 @@ def test_store_metadata_and_unchanged_inputs_do_not_rebuild(
 ) -> None:
     import dagster as dg
 
-    from pipelines.config import BuildConfig
-    from pipelines.runner import run_selection
+    from stage2_pipelines.config import BuildConfig
+    from stage2_pipelines.runner import run_selection
 
     r = refused_then_rebuilt
     assert r["rebuild"].returncode == 0

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.config import BuildConfig
-from pipelines.runner import build_all
 from stage2_data import layout
-from stage2_data.build import CURRENT_OBJECT
 from stage2_data.demo import DemoPaths
+from stage2_data.steps import CURRENT_OBJECT
 from stage2_data.storage import StoreLocation
 from stage2_data.store import VinOfflineStoreReader, validate_vin_offline_store
+from stage2_pipelines.config import BuildConfig
+from stage2_pipelines.runner import build_all
 
 
 @pytest.fixture(scope="module")

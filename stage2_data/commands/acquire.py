@@ -25,7 +25,7 @@ from ..errors import HubError, ProfileError
 from ..fsutil import atomic_write_text, free_bytes, human_bytes
 from ..layout import HEX40_RE
 from ..profile import Profile, load_profile, parse_profile
-from ._common import EXIT_ERROR, EXIT_FAILED, eprint, print_json
+from .common import EXIT_ERROR, EXIT_FAILED, eprint, print_json
 
 
 def _token(env: str | None) -> str | None:

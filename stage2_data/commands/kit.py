@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import Stage2Error
-from ._common import EXIT_FAILED, print_json
+from .common import EXIT_FAILED, print_json
 
 TOTALS = ("pair_rows", "unique_frame_files", "action_manifest_rows", "resolved_sidecars")
 

@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ._common import EXIT_ERROR, EXIT_FAILED, eprint, print_json
+from .common import EXIT_ERROR, EXIT_FAILED, add_storage_option, eprint, print_json, storage_options
 
 STORE_EXAMPLE = ".demo/data/stores/stage2_core_v1_demo/current"
 
@@ -46,45 +46,13 @@ def _target(value: str) -> Path | str:
     return value if is_url(value) else Path(value)
 
 
-def _storage_options(args: argparse.Namespace) -> dict[str, Any] | None:
-    """``--storage-option KEY=VALUE`` (repeatable) -> fsspec storage options; VALUE is parsed as JSON
-    when it is JSON (numbers, booleans, objects such as ``client_kwargs={...}``), else kept as text."""
-    import json
-
-    from ..errors import StoreError
-
-    out: dict[str, Any] = {}
-    for item in getattr(args, "storage_option", None) or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise StoreError(
-                f"--storage-option {item!r} is not KEY=VALUE.",
-                fix="e.g. --storage-option endpoint_url=http://127.0.0.1:9000",
-            )
-        try:
-            out[key] = json.loads(value)
-        except ValueError:
-            out[key] = value
-    return out or None
-
-
-def _add_storage_option(p: Any) -> None:
-    p.add_argument(
-        "--storage-option",
-        action="append",
-        metavar="KEY=VALUE",
-        help="an fsspec storage option for s3:// (or other URL) stores, repeatable; e.g. "
-        "endpoint_url=http://127.0.0.1:9000 key=ID secret=SECRET",
-    )
-
-
 # ----- validate ------------------------------------------------------------------------------------
 def cmd_validate(args: argparse.Namespace) -> int:
     from ..errors import StoreError
     from ..store import VinOfflineStoreReader, validate_vin_offline_store
 
     store = _target(args.store)
-    opts = _storage_options(args)
+    opts = storage_options(args)
     try:
         VinOfflineStoreReader(store, opts)  # strict open: version / missing manifest refused with the fix
     except StoreError as err:
@@ -201,7 +169,7 @@ def print_summary(doc: dict[str, Any]) -> None:
 def cmd_summary(args: argparse.Namespace) -> int:
     from ..store import VinOfflineStoreReader
 
-    opts = _storage_options(args)
+    opts = storage_options(args)
     VinOfflineStoreReader(_target(args.store), opts)  # strict open
     doc = summary_document(_target(args.store), opts)
     if args.json:
@@ -216,7 +184,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     from ..store import merge_vin_offline_stores
 
     out = _target(args.out)
-    m = merge_vin_offline_stores(_target(args.base), _target(args.sidecar), out, _storage_options(args))
+    m = merge_vin_offline_stores(_target(args.base), _target(args.sidecar), out, storage_options(args))
     st = m["stats"]
     doc = {
         "ok": True,
@@ -261,7 +229,7 @@ def register(sub: Any) -> None:
         "frames_sha256, and the zero / NaN padding past its length and width",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object (ok, problems)")
-    _add_storage_option(p)
+    add_storage_option(p)
     p.set_defaults(func=cmd_validate)
     p = sub.add_parser(
         "summary",
@@ -273,7 +241,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("store", help="the store folder (or the stores/<profile>/current link), or an s3:// URL")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    _add_storage_option(p)
+    add_storage_option(p)
     p.set_defaults(func=cmd_summary)
     p = sub.add_parser(
         "merge",
@@ -288,5 +256,5 @@ def register(sub: Any) -> None:
     p.add_argument("sidecar", help="a store of new trajectories only, built by the same writer")
     p.add_argument("--out", required=True, help="the new store's folder (not BASE or SIDECAR)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    _add_storage_option(p)
+    add_storage_option(p)
     p.set_defaults(func=cmd_merge)

@@ -1,15 +1,33 @@
-"""build, demo, serve-hub: run the asset graph (these import Dagster, lazily)."""
+"""``stage2 build`` and ``stage2 demo``: the commands that run the asset graph, plugged into the core
+CLI (``stage2_data.cli``) from the Dagster layer through the ``stage2.commands`` entry points
+(``build = "stage2_pipelines.commands:register_build"``, ``demo = ...:register_demo``).
+
+Without the pipeline extra this module does not load (Dagster is missing), and the core CLI answers
+``stage2 build`` with what to install. Dagster itself is imported when a command runs, not when the
+CLI starts (every ``stage2`` command builds the parser, and importing Dagster takes half a second).
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
+import socket
 import time
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-from ._common import EXIT_FAILED, eprint, print_json
-from .store import _add_storage_option, _storage_options
+from stage2_data.acquire import archive_state
+from stage2_data.commands.common import EXIT_FAILED, add_storage_option, eprint, print_json, storage_options
+from stage2_data.errors import HubError
+from stage2_data.profile import Profile, load_profile
+from stage2_data.progress import BuildProgress
+
+from .config import BuildConfig, demo_root
+
+if find_spec("dagster") is None:  # the pipeline extra is not installed: the core CLI says so
+    raise ModuleNotFoundError("No module named 'dagster'", name="dagster")
 
 
 # ----- build -------------------------------------------------------------------------------------
@@ -22,15 +40,9 @@ def _quiet_runs(verbose: bool) -> None:
         os.environ["STAGE2_RUN_LOG_LEVEL"] = "CRITICAL"
 
 
-def _preflight_endpoint(profile: Any, data_root: Path, endpoint: str) -> None:
+def _preflight_endpoint(profile: Profile, data_root: Path, endpoint: str) -> None:
     """Fail in a second, with one line, when archives must be downloaded and the hub does not answer
     (instead of every archive retrying with backoff). Nothing to download: no network needed."""
-    import socket
-    from urllib.parse import urlsplit
-
-    from ..acquire import archive_state
-    from ..errors import HubError
-
     # missing or partial archives need the hub; verified ones and unverified files on disk (re-hashed
     # locally) do not
     todo = [a.path for a in profile.archives if archive_state(data_root, a).state in ("missing", "partial")]
@@ -57,10 +69,6 @@ def _preflight_endpoint(profile: Any, data_root: Path, endpoint: str) -> None:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from pipelines.config import BuildConfig
-
-    from ..profile import load_profile
-
     profile = load_profile(args.profile, kit_root=args.kit_root)  # fail fast on a bad profile
     data_root = Path(args.data_root).resolve()
     if not args.hub_folder:
@@ -76,18 +84,21 @@ def cmd_build(args: argparse.Namespace) -> int:
         executor=args.executor,
         dask_address=args.dask_address,
         store_url=args.store_url,
-        store_options=_storage_options(args),
+        store_options=storage_options(args),
     )
     return _run_build(args, config, profile, concurrency=args.concurrency, progress=not args.no_progress)
 
 
 def _run_build(
-    args: argparse.Namespace, config: Any, profile: Any, *, concurrency: int | None, progress: bool
+    args: argparse.Namespace,
+    config: BuildConfig,
+    profile: Profile,
+    *,
+    concurrency: int | None,
+    progress: bool,
 ) -> int:
     """Run the build with a progress display (unless --json) and print its summary; the exit code."""
-    from pipelines.runner import build_all
-
-    from ..progress import BuildProgress
+    from .runner import build_all  # imports Dagster
 
     _quiet_runs(args.verbose)
     bar = BuildProgress(profile) if progress and not args.json else None
@@ -133,7 +144,7 @@ def _print_store_counts(store: str | None) -> None:
     if not store:
         return
     try:
-        from ..store import collect_vin_offline_dataset_stats
+        from stage2_data.store import collect_vin_offline_dataset_stats
 
         st = collect_vin_offline_dataset_stats(Path(store))
     except Exception:  # summary is best effort; the checks already passed
@@ -141,15 +152,12 @@ def _print_store_counts(store: str | None) -> None:
     print(f"samples:      {st.get('samples')}  pairs: {st.get('pairs')}  per split: {st.get('per_split')}")
 
 
-# ----- demo and hub ------------------------------------------------------------------------------
+# ----- demo --------------------------------------------------------------------------------------
 def cmd_demo(args: argparse.Namespace) -> int:
-    from pipelines.config import BuildConfig
+    from stage2_data.demo import generate_demo
+    from stage2_data.demo.hubserver import HubServer
 
-    from ..demo import generate_demo
-    from ..hubserver import HubServer
-    from ..profile import load_profile
-
-    out = Path(args.out).resolve()
+    out = Path(args.out).resolve() if args.out else demo_root()
     demo = generate_demo(out / "demo", full_cardinality=args.full_cardinality)
     eprint(f"demo generated at {demo.root} (profile {demo.profile})")
     data_root = Path(args.data_root).resolve() if args.data_root else out / "data"
@@ -157,21 +165,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
         eprint(f"loopback hub serving {demo.upstream} at {server.url}")
         config = BuildConfig(profile_path=str(demo.profile), data_root=str(data_root), endpoint=server.url)
         return _run_build(args, config, load_profile(demo.profile), concurrency=None, progress=True)
-
-
-def cmd_serve_hub(args: argparse.Namespace) -> int:
-    import signal
-    import threading
-
-    from ..hubserver import HubServer
-
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    with HubServer(Path(args.folder), repo_id=args.repo_id, revision=args.revision, port=args.port) as server:
-        print(server.url, flush=True)
-        stop.wait()
-    return 0
 
 
 def _add_build_args(p: argparse.ArgumentParser) -> None:
@@ -208,7 +201,7 @@ def _add_build_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="write the store under this fsspec URL (e.g. s3://bucket/stores) instead of <data-root>/stores",
     )
-    _add_storage_option(p)
+    add_storage_option(p)
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")
     p.add_argument(
         "--no-progress", action="store_true", help="no progress display (automatic when not a terminal or CI)"
@@ -216,7 +209,7 @@ def _add_build_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-v", "--verbose", action="store_true", help="also print the Dagster runs' own event log")
 
 
-def register(sub: Any) -> None:
+def register_build(sub: Any) -> None:
     p = sub.add_parser(
         "build",
         help="materialize every asset and partition (download, extract, verify, join, store)",
@@ -227,12 +220,17 @@ def register(sub: Any) -> None:
     )
     _add_build_args(p)
     p.set_defaults(func=cmd_build)
+
+
+def register_demo(sub: Any) -> None:
     p = sub.add_parser(
         "demo",
         help="generate the embedded demo, serve it on a loopback hub, and build it",
         epilog="Example: stage2 demo --out .demo",
     )
-    p.add_argument("--out", default=".demo", help="folder for the demo and its data root (default .demo)")
+    p.add_argument(
+        "--out", help="folder for the demo and its data root (default $STAGE2_DEMO_ROOT, else .demo)"
+    )
     p.add_argument("--data-root", help="data root (default OUT/data)")
     p.add_argument(
         "--full-cardinality", action="store_true", help="the real profile's counts with tiny payloads"
@@ -240,13 +238,3 @@ def register(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")
     p.add_argument("-v", "--verbose", action="store_true", help="also print the Dagster runs' own event log")
     p.set_defaults(func=cmd_demo)
-    p = sub.add_parser(
-        "serve-hub",
-        help="serve a folder as a dataset repo over the hub's HTTP protocol on 127.0.0.1",
-        epilog="Example: stage2 serve-hub .demo/demo/upstream --repo-id robometer/processed_datasets --revision <40-hex>",
-    )
-    p.add_argument("folder")
-    p.add_argument("--repo-id", required=True)
-    p.add_argument("--revision", required=True)
-    p.add_argument("--port", type=int, default=0)
-    p.set_defaults(func=cmd_serve_hub)

@@ -1,0 +1,59 @@
+"""Pinned, verified, resumable downloads through the real ``huggingface_hub`` client.
+
+- :mod:`.hub`: the pinned source (``HubSource``), the hub's listing and revision check, client errors
+  mapped to a ``HubError`` that names the repo, revision, endpoint and fix;
+- :mod:`.transport`: one archive's bytes into ``archives/.partial/<path>.part`` (GET, resume with
+  ``Range``, retries with backoff, raw socket reads);
+- :mod:`.sink`: the received buffers written (``O_DIRECT`` where possible) and hashed at once;
+- :mod:`.state`: where an archive stands locally (its ``.verified.json`` record) and the free disk
+  the rest of the build needs;
+- :mod:`.download`: verify and publish one archive, several at once, or a whole profile;
+- :mod:`.pin`: fill a profile's sizes and sha256 from the hub's listing.
+
+The token is never logged, never put in an exception message, a repr or a record.
+"""
+
+from .download import (
+    DownloadResult,
+    DownloadsFailedError,
+    default_workers,
+    download_archive,
+    download_archives,
+    download_profile,
+)
+from .hub import DEFAULT_ENDPOINT, HubSource, RemoteFile, check_revision, list_remote_files
+from .pin import PinError, pin_profile
+from .state import (
+    EXTRACTION_FACTOR,
+    ArchiveState,
+    archive_state,
+    require_build_space,
+    required_free_bytes,
+    required_free_parts,
+)
+from .transport import DEFAULT_ATTEMPTS, DEFAULT_BACKOFF, DownloadCancelled
+
+__all__ = [
+    "DEFAULT_ATTEMPTS",
+    "DEFAULT_BACKOFF",
+    "DEFAULT_ENDPOINT",
+    "EXTRACTION_FACTOR",
+    "ArchiveState",
+    "DownloadCancelled",
+    "DownloadResult",
+    "DownloadsFailedError",
+    "HubSource",
+    "PinError",
+    "RemoteFile",
+    "archive_state",
+    "check_revision",
+    "default_workers",
+    "download_archive",
+    "download_archives",
+    "download_profile",
+    "list_remote_files",
+    "pin_profile",
+    "require_build_space",
+    "required_free_bytes",
+    "required_free_parts",
+]

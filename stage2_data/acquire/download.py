@@ -1,0 +1,288 @@
+"""Pinned, verified downloads: one archive, several at once, or a whole profile.
+
+A download goes to ``archives/.partial/<path>.part`` (see ``transport``) and is hashed while the
+bytes arrive; only a file whose sha256 equals its pin is moved (``os.replace``) to
+``archives/<path>``, next to its verification record (see ``state``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Collection, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import layout
+from ..errors import ChecksumMismatchError, HubError, ProblemsError, ProfileError
+from ..fsutil import require_free_space
+from ..profile import ArchiveSpec, Profile
+from ..publish import fsync_dir
+from .hub import HubSource
+from .state import _remaining_download_bytes, _verify_existing, _write_record, require_build_space
+from .transport import DEFAULT_ATTEMPTS, DEFAULT_BACKOFF, fetch_partial
+
+PIN_FIX = "run `stage2 pin` to fill size and sha256 from the hub's listing at the pinned revision"
+MISMATCH_FIX = (
+    "re-run the build to download it again; if it persists, run `stage2 pin` and check the upstream file"
+)
+
+
+@dataclass
+class DownloadResult:
+    path: str
+    local_path: Path
+    size: int
+    sha256: str
+    seconds: float
+    bytes_downloaded: int  # body bytes received by this call (all attempts)
+    resumed_from: int  # bytes of an earlier partial this call started from (0: from scratch)
+    skipped: bool  # True: already verified locally, nothing downloaded
+    attempts: int = 0  # HTTP download attempts made by this call
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes_downloaded / self.seconds / 1e6 if self.seconds > 0 else 0.0
+
+
+class DownloadsFailedError(ProblemsError, HubError):
+    """Several downloads failed; ``errors`` maps each failed path to its exception."""
+
+    def __init__(
+        self,
+        title: str,
+        problems: list[str],
+        *,
+        errors: dict[str, BaseException],
+        results: list[DownloadResult],
+        fix: str | None = None,
+    ) -> None:
+        self.errors = errors
+        self.results = results
+        super().__init__(title, problems, fix=fix)
+
+
+def _precheck(
+    source: HubSource,
+    specs: Iterable[ArchiveSpec],
+    quarantined: Collection[str],
+    listed: Collection[str] | None,
+) -> list[str]:
+    """Every reason (no request made) why these archives must not be requested."""
+    problems: list[str] = []
+    if not layout.HEX40_RE.match(source.revision):
+        problems.append(
+            f"revision {source.revision!r} of {source.label} is not a full 40-hex commit; "
+            "a branch name, tag or short hash is never a pin"
+        )
+    for spec in specs:
+        if spec.path in quarantined or layout.split_base(spec.path) in quarantined:
+            problems.append(f"{spec.path} is quarantined: it is never downloaded")
+        elif listed is not None and spec.path not in listed:
+            problems.append(f"{spec.path} is not listed under [[archives]] of the profile")
+        elif not spec.pinned:
+            problems.append(f"{spec.path} is not pinned (no size/sha256 in the profile); {PIN_FIX}")
+    return problems
+
+
+def _raise_precheck(problems: list[str]) -> None:
+    if problems:
+        raise ProfileError(
+            "refusing to download: " + "; ".join(problems) + ".",
+            fix="pin the archive (`stage2 pin`), or remove it from the request",
+        )
+
+
+def download_archive(
+    source: HubSource,
+    spec: ArchiveSpec,
+    data_root: Path,
+    *,
+    reverify: bool = False,
+    progress: Callable[[int], None] | None = None,
+    quarantined: Collection[str] = frozenset(),
+    listed: Collection[str] | None = None,
+    attempts: int = DEFAULT_ATTEMPTS,
+    backoff: float = DEFAULT_BACKOFF,
+    cancel: threading.Event | None = None,
+) -> DownloadResult:
+    """Download one pinned archive into ``archives/<path>`` and verify it against its pin.
+
+    Refused before any request (ProfileError): an unpinned or quarantined archive, one not in
+    ``listed`` (when given), a revision that is not a full commit. Skipped without any request: a
+    final file whose verification record matches (size, mtime_ns, pinned sha256), unless
+    ``reverify``. A final file without a matching record is re-hashed and kept if it matches.
+    Transient failures are retried ``attempts`` times (backoff ``backoff`` x 2^n seconds), each
+    retry resuming from the partial file. A sha256 mismatch deletes the partial and raises
+    ChecksumMismatchError.
+    """
+    _raise_precheck(_precheck(source, [spec], quarantined, listed))
+    assert spec.size is not None and spec.sha256 is not None
+    data_root = Path(data_root)
+    t0 = time.monotonic()
+    final = layout.archive_path(data_root, spec.path)
+    if final.is_file():
+        digest = _verify_existing(spec, data_root, final, source.revision, reverify)
+        if digest is not None:
+            return DownloadResult(
+                spec.path, final, spec.size, digest, time.monotonic() - t0, 0, 0, skipped=True, attempts=0
+            )
+    return _download(source, spec, data_root, progress, max(1, attempts), backoff, cancel, t0)
+
+
+def _download(
+    source: HubSource,
+    spec: ArchiveSpec,
+    data_root: Path,
+    progress: Callable[[int], None] | None,
+    attempts: int,
+    backoff: float,
+    cancel: threading.Event | None,
+    t0: float,
+) -> DownloadResult:
+    assert spec.size is not None and spec.sha256 is not None
+    final = layout.archive_path(data_root, spec.path)
+    part = layout.partial_path(data_root, spec.path)
+    fetched = fetch_partial(
+        source, spec, part, progress=progress, attempts=attempts, backoff=backoff, cancel=cancel
+    )
+    digest = fetched.sha256
+    if digest != spec.sha256:
+        part.unlink(missing_ok=True)
+        raise ChecksumMismatchError(spec.path, spec.sha256, digest, fix=MISMATCH_FIX)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(part, final)
+    fsync_dir(final.parent)
+    _write_record(data_root, spec, final, digest, source.revision)
+    return DownloadResult(
+        spec.path,
+        final,
+        spec.size,
+        digest,
+        time.monotonic() - t0,
+        fetched.received,
+        fetched.resumed_from,
+        skipped=False,
+        attempts=fetched.attempts,
+    )
+
+
+# ----- many downloads -----------------------------------------------------------------------------
+def default_workers(n: int) -> int:
+    return max(1, min(4, n))
+
+
+def download_archives(
+    source: HubSource,
+    specs: Iterable[ArchiveSpec],
+    data_root: Path,
+    *,
+    workers: int | None = None,
+    reverify: bool = False,
+    progress: Callable[[int], None] | None = None,
+    quarantined: Collection[str] = frozenset(),
+    listed: Collection[str] | None = None,
+    attempts: int = DEFAULT_ATTEMPTS,
+    backoff: float = DEFAULT_BACKOFF,
+    check_space: bool = True,
+) -> list[DownloadResult]:
+    """Download several archives concurrently (``workers`` threads, default ``min(4, n)``), the
+    largest remainder first; results come back in the order of ``specs``.
+
+    Every archive is checked first (nothing is requested if one is unpinned, quarantined or
+    unlisted), and the free disk for what remains to download. Failures are gathered: one
+    DownloadsFailedError lists every failed file (the others are complete and verified).
+    ``progress`` is called from the worker threads.
+    """
+    specs = list(specs)
+    _raise_precheck(_precheck(source, specs, quarantined, listed))
+    data_root = Path(data_root)
+    remaining = {s.path: _remaining_download_bytes(data_root, s) for s in specs}
+    if check_space and specs:
+        needed = sum(remaining.values())
+        require_free_space(layout.archives_dir(data_root), needed, f"downloading {len(specs)} archive(s)")
+    cancel = threading.Event()
+    results: dict[str, DownloadResult] = {}
+    errors: dict[str, BaseException] = {}
+    pool = ThreadPoolExecutor(
+        max_workers=workers or default_workers(len(specs)), thread_name_prefix="download"
+    )
+    try:
+        futures: dict[Future[DownloadResult], ArchiveSpec] = {
+            pool.submit(
+                download_archive,
+                source,
+                s,
+                data_root,
+                reverify=reverify,
+                progress=progress,
+                quarantined=quarantined,
+                listed=listed,
+                attempts=attempts,
+                backoff=backoff,
+                cancel=cancel,
+            ): s
+            # largest remainder first: the last download ends soonest
+            for s in sorted(specs, key=lambda s: -remaining[s.path])
+        }
+        for fut, s in futures.items():
+            try:
+                results[s.path] = fut.result()
+            except Exception as e:
+                errors[s.path] = e
+    except BaseException:
+        cancel.set()  # Ctrl-C: stop every download at its next chunk; partial files are kept
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+    done = [results[s.path] for s in specs if s.path in results]
+    if errors:
+        errors = {s.path: errors[s.path] for s in specs if s.path in errors}  # in the order asked
+        problems = [f"{p}: {source.redact(str(e))}" for p, e in errors.items()]
+        raise DownloadsFailedError(
+            f"{len(errors)} of {len(specs)} archive download(s) failed",
+            problems,
+            errors=errors,
+            results=done,
+            fix="fix the named problem(s) and re-run: verified archives are skipped, partial ones resume",
+        )
+    return done
+
+
+def download_profile(
+    profile: Profile,
+    source: HubSource,
+    data_root: Path,
+    *,
+    workers: int | None = None,
+    reverify: bool = False,
+    progress: Callable[[int], None] | None = None,
+    attempts: int = DEFAULT_ATTEMPTS,
+    backoff: float = DEFAULT_BACKOFF,
+) -> list[DownloadResult]:
+    """All archives of a profile: checks the source against the profile, the free disk for the
+    downloads and the extraction that follows (``required_free_bytes``), then downloads."""
+    src = profile.source
+    if (source.repo_id, source.repo_type, source.revision) != (src.repo_id, src.repo_type, src.revision):
+        raise ProfileError(
+            f"the hub source {source.repo_type}:{source.repo_id}@{source.revision} is not the profile's "
+            f"[source] {src.repo_type}:{src.repo_id}@{src.revision}.",
+            fix="build the source from the profile (HubSource.from_profile)",
+        )
+    _raise_precheck(_precheck(source, profile.archives, profile.quarantined_paths(), profile.archive_paths()))
+    require_build_space(profile, Path(data_root))
+    return download_archives(
+        source,
+        profile.archives,
+        data_root,
+        workers=workers,
+        reverify=reverify,
+        progress=progress,
+        quarantined=profile.quarantined_paths(),
+        listed=profile.archive_paths(),
+        attempts=attempts,
+        backoff=backoff,
+        check_space=False,
+    )

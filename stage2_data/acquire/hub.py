@@ -1,0 +1,212 @@
+"""The hub: a pinned source, its listing and revision check, and the mapping of client errors.
+
+Everything that talks to the hub goes through the client's own functions (``HfApi``,
+``get_hf_file_metadata``, ``hf_hub_url``, ``build_hf_headers``, ``http_stream_backoff``,
+``hf_raise_for_status``); the endpoint is always passed explicitly, so the same code talks to
+https://huggingface.co or to the loopback hub (``stage2_data.demo``'s hub server) by changing only
+``HubSource.endpoint``. The token is never logged, never put in an exception message, a repr or a
+record.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from huggingface_hub import HfApi, hf_hub_url
+from huggingface_hub.errors import (
+    GatedRepoError,
+    HfHubHTTPError,
+    OfflineModeIsEnabled,
+    RemoteEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+from huggingface_hub.hf_api import RepoFile
+
+from ..errors import HubError, ProfileError
+from ..profile import Profile
+
+try:  # huggingface_hub >= 2 uses httpx2; 1.x uses httpx
+    import httpx2 as _httpx
+except ImportError:  # pragma: no cover - depends on the installed client
+    import httpx as _httpx  # type: ignore[no-redef]
+
+DEFAULT_ENDPOINT = "https://huggingface.co"
+TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+
+# ----- the source ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class HubSource:
+    """A repository pinned at a revision, and where to reach it. ``repr`` never shows the token."""
+
+    repo_id: str
+    repo_type: str
+    revision: str
+    endpoint: str | None = None
+    token: str | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.repo_type not in ("dataset", "model", "space"):
+            raise ProfileError(
+                f"repo_type {self.repo_type!r} of {self.repo_id} is not dataset, model or space.",
+                fix="set [source] repo_type to dataset, model or space",
+            )
+
+    @classmethod
+    def from_profile(
+        cls, profile: Profile, *, endpoint: str | None = None, token: str | None = None
+    ) -> HubSource:
+        s = profile.source
+        return cls(
+            repo_id=s.repo_id, repo_type=s.repo_type, revision=s.revision, endpoint=endpoint, token=token
+        )
+
+    @property
+    def api_endpoint(self) -> str:
+        """The endpoint actually used: the explicit one, else ``HF_ENDPOINT`` (read now), else the real hub."""
+        return (self.endpoint or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+
+    @property
+    def label(self) -> str:
+        return f"{self.repo_type} repo {self.repo_id}"
+
+    def api(self) -> HfApi:
+        return HfApi(endpoint=self.api_endpoint, token=self.token)
+
+    def file_url(self, path: str) -> str:
+        return hf_hub_url(
+            self.repo_id, path, repo_type=self.repo_type, revision=self.revision, endpoint=self.api_endpoint
+        )
+
+    def redact(self, text: str) -> str:
+        return text.replace(self.token, "***") if self.token else text
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    path: str
+    size: int
+    sha256: str | None  # the LFS oid; None for a file stored in git (not LFS)
+
+
+# ----- client errors ------------------------------------------------------------------------------
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else ""
+
+
+def _is_transient(e: BaseException) -> bool:
+    if isinstance(e, HfHubHTTPError):
+        status = getattr(getattr(e, "response", None), "status_code", None)
+        return status in TRANSIENT_STATUS
+    if isinstance(e, OfflineModeIsEnabled):
+        return False
+    if isinstance(e, _httpx.TimeoutException | _httpx.NetworkError | _httpx.RemoteProtocolError):
+        return True
+    # http_get's own length check ("Consistency check failed: file should be of size ...").
+    return isinstance(e, OSError) and "Consistency check failed" in str(e)
+
+
+def _is_client_error(e: BaseException) -> bool:
+    return isinstance(e, HfHubHTTPError | OfflineModeIsEnabled | _httpx.HTTPError) or _is_transient(e)
+
+
+def _hub_error(
+    e: BaseException, source: HubSource, *, what: str, path: str | None = None, note: str = ""
+) -> HubError:
+    """A HubError naming the repo, revision, endpoint (and file) and the fix, for a client error."""
+    ep = source.api_endpoint
+    rev = source.revision
+    if isinstance(e, GatedRepoError):
+        msg = f"{what}: {source.label} at {ep} is gated and the token has no access to it."
+        fix = "accept the repository's conditions on the hub, then pass a token that has access (HF_TOKEN)"
+    elif isinstance(e, RepositoryNotFoundError):
+        msg = (
+            f"{what}: {source.label} not found at {ep} (or private and not accessible with the given token)."
+        )
+        fix = (
+            "check [source] repo_id and repo_type in the profile; for a private repo pass a token (HF_TOKEN)"
+        )
+    elif isinstance(e, RevisionNotFoundError):
+        msg = f"{what}: revision {rev} of {source.label} does not exist at {ep}."
+        fix = (
+            "set [source] revision to an existing full 40-hex commit of the repository, then run `stage2 pin`"
+        )
+    elif isinstance(e, RemoteEntryNotFoundError):
+        msg = f"{what}: {path!r} does not exist in {source.label} at revision {rev} ({ep})."
+        fix = "check the archive path in the profile; `stage2 pin` lists every archive missing upstream"
+    elif isinstance(e, HfHubHTTPError):
+        status = getattr(getattr(e, "response", None), "status_code", None)
+        if status == 401:
+            msg = f"{what}: the hub at {ep} rejected the token for {source.label} (HTTP 401)."
+            fix = "pass a valid token (HF_TOKEN) or none for a public repository"
+        elif status == 403:
+            msg = f"{what}: the token may not read {source.label} at {ep} (HTTP 403)."
+            fix = "use a token with read access to the repository"
+        else:
+            msg = f"{what}: the hub at {ep} answered HTTP {status} ({_first_line(str(e))})."
+            fix = "retry later; if it persists, check the hub's status page"
+    elif isinstance(e, OfflineModeIsEnabled):
+        msg = f"{what}: huggingface_hub offline mode is on (HF_HUB_OFFLINE), {ep} was not contacted."
+        fix = "unset HF_HUB_OFFLINE"
+    elif isinstance(e, _httpx.HTTPError):
+        msg = f"{what}: hub unreachable at {ep} ({type(e).__name__}: {_first_line(str(e)) or 'no detail'})."
+        fix = (
+            "check the network and the endpoint (--endpoint / HF_ENDPOINT); "
+            "for the loopback hub, check that it is running"
+        )
+    else:
+        msg = f"{what}: {type(e).__name__}: {_first_line(str(e))} ({ep})."
+        fix = "retry; if it persists, check the hub and the network"
+    return HubError(source.redact(msg + note), fix=fix)
+
+
+# ----- listing and revision -----------------------------------------------------------------------
+def check_revision(source: HubSource) -> str:
+    """Resolve ``source.revision`` on the hub; return the commit. Raises HubError when it does not
+    exist, or when the hub resolves it to another commit (a branch name or tag is never a pin)."""
+    try:
+        info = source.api().repo_info(source.repo_id, repo_type=source.repo_type, revision=source.revision)
+    except Exception as e:
+        if _is_client_error(e):
+            raise _hub_error(e, source, what=f"resolving revision {source.revision}") from e
+        raise
+    sha = getattr(info, "sha", None)
+    if not sha:
+        raise HubError(
+            f"the hub at {source.api_endpoint} gave no commit for revision {source.revision} of {source.label}.",
+            fix="check the endpoint (--endpoint / HF_ENDPOINT)",
+        )
+    if sha != source.revision:
+        raise HubError(
+            f"revision {source.revision!r} of {source.label} resolves to commit {sha} at {source.api_endpoint}, "
+            f"not to the pinned {source.revision!r}; a branch name, tag or short hash is never a pin.",
+            fix=f"set [source] revision = {sha!r} in the profile (after checking that commit), then run `stage2 pin`",
+        )
+    return str(sha)
+
+
+def list_remote_files(source: HubSource) -> dict[str, RemoteFile]:
+    """Every file of the repository at the pinned revision: {path: RemoteFile(path, size, sha256)}."""
+    check_revision(source)  # fails fast (no client retries) when the hub is unreachable
+    try:
+        entries = list(
+            source.api().list_repo_tree(
+                source.repo_id, recursive=True, revision=source.revision, repo_type=source.repo_type
+            )
+        )
+    except Exception as e:
+        if _is_client_error(e):
+            raise _hub_error(e, source, what=f"listing {source.label} at {source.revision}") from e
+        raise
+    out: dict[str, RemoteFile] = {}
+    for entry in entries:
+        if not isinstance(entry, RepoFile):  # a folder
+            continue
+        lfs = entry.lfs
+        if lfs is not None:
+            out[entry.path] = RemoteFile(entry.path, int(lfs.size), str(lfs.sha256))
+        else:
+            out[entry.path] = RemoteFile(entry.path, int(entry.size), None)
+    return dict(sorted(out.items()))

@@ -1,0 +1,84 @@
+"""``stage2 pin``: fill a profile's sizes and sha256 from the hub's listing at the pinned revision."""
+
+from __future__ import annotations
+
+from .. import layout
+from ..errors import ProblemsError, ProfileError
+from ..profile import ArchiveSpec, Profile
+from .hub import HubSource, list_remote_files
+
+
+class PinError(ProblemsError, ProfileError):
+    """``pin`` refused: the profile disagrees with the hub's listing."""
+
+
+def pin_profile(profile: Profile, source: HubSource) -> tuple[Profile, list[str]]:
+    """Fill every missing size/sha256 from the hub's listing at the pinned revision.
+
+    Refuses (PinError, a ProfileError listing every problem) when an archive is missing
+    upstream, a pinned size or sha256 differs from the listing, an upstream file has no sha256
+    (not an LFS file), a quarantined file is listed under [[archives]], or ``source`` names another
+    repository or revision than the profile. A revision that is not a full commit, or that does not
+    exist, is refused before or by the hub (ProfileError / HubError). Returns the new profile and
+    one human-readable line per change.
+    """
+    problems: list[str] = []
+    src = profile.source
+    if (source.repo_id, source.repo_type, source.revision) != (src.repo_id, src.repo_type, src.revision):
+        problems.append(
+            f"the hub source {source.repo_type}:{source.repo_id}@{source.revision} is not the profile's "
+            f"[source] {src.repo_type}:{src.repo_id}@{src.revision}"
+        )
+    if not layout.HEX40_RE.match(source.revision):
+        raise ProfileError(
+            f"revision {source.revision!r} is not a full 40-hex commit; a branch name, tag or short hash "
+            "is never a pin.",
+            fix="set [source] revision to the full commit you want to pin",
+        )
+    quarantined = profile.quarantined_paths()
+    for i, a in enumerate(profile.archives):
+        if a.path in quarantined or layout.split_base(a.path) in quarantined:
+            problems.append(
+                f"archives[{i}] {a.path}: quarantined, yet listed under [[archives]]; "
+                "a quarantined file is never downloaded: remove one of the two entries"
+            )
+    if problems:
+        raise PinError(
+            f"cannot pin profile {profile.name}",
+            problems,
+            fix="correct the profile, then run `stage2 pin` again",
+        )
+
+    remote = list_remote_files(source)
+    changes: list[str] = []
+    new_archives: list[ArchiveSpec] = []
+    for i, a in enumerate(profile.archives):
+        r = remote.get(a.path)
+        if r is None:
+            problems.append(
+                f"archives[{i}] {a.path}: not found upstream in {source.label} at revision {source.revision}"
+            )
+            new_archives.append(a)
+            continue
+        if r.sha256 is None:
+            problems.append(
+                f"archives[{i}] {a.path}: upstream lists no sha256 (not an LFS file); cannot pin it"
+            )
+            new_archives.append(a)
+            continue
+        if a.size is not None and a.size != r.size:
+            problems.append(f"archives[{i}] {a.path}: size {a.size} in the profile, {r.size} upstream")
+        if a.sha256 is not None and a.sha256 != r.sha256:
+            problems.append(f"archives[{i}] {a.path}: sha256 {a.sha256} in the profile, {r.sha256} upstream")
+        if a.size is None or a.sha256 is None:
+            changes.append(f"pinned {a.path}: size={r.size} sha256={r.sha256}")
+        new_archives.append(a.model_copy(update={"size": r.size, "sha256": r.sha256}))
+    if problems:
+        raise PinError(
+            f"cannot pin profile {profile.name}: it disagrees with the hub's listing of {source.label} "
+            f"at {source.revision}",
+            problems,
+            fix="correct the named [[archives]] entries (or the revision) so they match upstream, then pin again",
+        )
+    validated = [ArchiveSpec.model_validate(a.model_dump()) for a in new_archives]
+    return profile.model_copy(update={"archives": validated}), changes

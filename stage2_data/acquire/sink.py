@@ -1,0 +1,240 @@
+"""Where the received bytes go: written and hashed at the same time, over recycled buffers.
+
+Each received buffer is written and hashed at the same time by two threads (``_BlockSink``), so
+receiving, writing and hashing run on separate cores. Aligned blocks are written with ``O_DIRECT``
+(Linux, see ``transport.DIRECT_IO``): straight from the receive buffer to the disk, no page-cache
+copy, no writeback left for the fsync before publication, and 107 GiB of archives do not push
+everything else out of memory; where ``O_DIRECT`` is refused, writeback is started as the file grows
+(``sync_file_range``), so the fsync waits for little.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import hashlib
+import logging
+import mmap
+import os
+import queue
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+BLOCK_SIZE = 1024 * 1024
+"""Bytes per receive buffer: one socket read loop, one file write and one hash update each."""
+DEPTH = 6
+"""Receive buffers per download (in flight between receiving, writing and hashing)."""
+WRITEBACK_EVERY = 8 * 1024 * 1024
+"""Bytes written between two ``sync_file_range(SYNC_FILE_RANGE_WRITE)`` calls (Linux): disk writeback
+starts while the download goes on, so the fsync before publication waits for little."""
+ALIGN = 4096
+"""File offset, length and address alignment of an ``O_DIRECT`` write (the largest logical block
+size in common use; receive buffers are page-aligned ``mmap`` allocations)."""
+
+
+def _load_sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    """libc's ``sync_file_range`` (Linux), or None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn  # type: ignore[no-any-return]
+
+
+_sync_file_range = _load_sync_file_range()
+
+
+class _BlockSink:
+    """Receive, then write and hash at the same time, over recycled buffers.
+
+    The receiving thread fills a buffer (:meth:`take`) and hands it over (:meth:`commit`); one
+    background thread writes it to the partial file while a second one feeds it to the sha256, and
+    the buffer goes back to the free list when both are done with it. Writing and hashing release
+    the GIL, so the three stages run on different cores, and no memory is allocated per block.
+    Both stages see every committed block in order; after :meth:`close` without ``error``, the pair
+    (``hashed``, ``hasher``) describes the partial file exactly (after a write error the digest
+    may cover bytes that never reached the file: it must not be reused then).
+    At most ``depth`` blocks are in flight (back-pressure: :meth:`take` waits for a free buffer).
+    """
+
+    def __init__(
+        self,
+        fd: int,
+        offset: int,
+        hasher: Any,
+        *,
+        direct_fd: int | None = None,
+        block: int | None = None,
+        depth: int | None = None,
+    ) -> None:
+        self._fd = fd
+        self._dfd = direct_fd  # the same file opened with O_DIRECT (aligned blocks go there), or None
+        self._free: queue.SimpleQueue[mmap.mmap] = queue.SimpleQueue()
+        for _ in range(depth or DEPTH):
+            # mmap: page-aligned memory, as O_DIRECT needs; recycled, never reallocated
+            self._free.put(mmap.mmap(-1, block or BLOCK_SIZE))
+        self._start(offset, hasher)
+
+    def _start(self, offset: int, hasher: Any) -> None:
+        self.hasher = hasher
+        self.received = offset  # file offset once every committed block is written
+        self.hashed = offset
+        self._written = offset  # file offset of the writer
+        self._flushed = offset  # writeback started up to here (see ``WRITEBACK_EVERY``)
+        self.direct_bytes = 0  # bytes written with O_DIRECT (the rest went through the page cache)
+        self.error: BaseException | None = None
+        self._to_write: queue.SimpleQueue[tuple[mmap.mmap, int] | None] = queue.SimpleQueue()
+        self._to_hash: queue.SimpleQueue[tuple[mmap.mmap, int] | None] = queue.SimpleQueue()
+        self._users: dict[int, int] = {}  # id(buffer) -> stages (write, hash) not yet done with it
+        self._lock = threading.Lock()
+        self._cur: mmap.mmap | None = None  # the buffer :meth:`feed` is filling
+        self._fill = 0
+        self._closed = False
+        self._threads = [
+            threading.Thread(target=self._write_loop, name="download-write", daemon=True),
+            threading.Thread(target=self._hash_loop, name="download-hash", daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+
+    def restart(self) -> None:
+        """Start the file over: empty it and reset the digest (the server ignored a Range)."""
+        self.close()
+        os.ftruncate(self._fd, 0)
+        os.lseek(self._fd, 0, os.SEEK_SET)
+        self._start(0, hashlib.sha256())
+
+    # ----- background stages -----
+    def _release(self, buf: mmap.mmap) -> None:
+        """One stage is done with ``buf``; the last one gives it back to the free list."""
+        with self._lock:
+            left = self._users.pop(id(buf)) - 1
+            if left:
+                self._users[id(buf)] = left
+                return
+        self._free.put(buf)
+
+    @property
+    def direct(self) -> bool:
+        """True while aligned blocks are written with ``O_DIRECT``."""
+        return self._dfd is not None
+
+    def _write_block(self, view: memoryview) -> None:
+        """Write ``view`` (the start of a buffer) at the writer's offset: its aligned part with
+        ``O_DIRECT`` when available, the rest through the page cache."""
+        pos, n = 0, len(view)
+        while pos < n:
+            at = self._written
+            fd, end = self._fd, n
+            if self._dfd is not None and at % ALIGN == 0 and pos % ALIGN == 0 and n - pos >= ALIGN:
+                fd, end = self._dfd, pos + (n - pos) // ALIGN * ALIGN
+            try:
+                k = os.pwrite(fd, view[pos:end], at)
+            except OSError as e:
+                if fd == self._dfd and e.errno in (errno.EINVAL, errno.EOPNOTSUPP):
+                    # The file system wants another alignment: buffered writes from here on.
+                    log.debug("O_DIRECT write refused (%s); writing through the page cache", e)
+                    self._dfd = None
+                    continue
+                raise
+            pos += k
+            self._written += k
+            if fd != self._fd:
+                self.direct_bytes += k
+        if (
+            self._dfd is None
+            and _sync_file_range is not None
+            and self._written - self._flushed >= WRITEBACK_EVERY
+        ):
+            # Start writing these pages to disk now, without waiting (the final fsync then has
+            # little left to do): the disk works while the download goes on.
+            _sync_file_range(self._fd, self._flushed, self._written - self._flushed, 2)
+            self._flushed = self._written
+
+    def _write_loop(self) -> None:
+        while (item := self._to_write.get()) is not None:
+            buf, n = item
+            if self.error is None:  # after a failure nothing more is written: the file stays a prefix
+                try:
+                    self._write_block(memoryview(buf)[:n])
+                except BaseException as e:
+                    self.error = e
+            self._release(buf)
+
+    def _hash_loop(self) -> None:
+        while (item := self._to_hash.get()) is not None:
+            buf, n = item
+            self.hasher.update(memoryview(buf)[:n])
+            self.hashed += n
+            self._release(buf)
+
+    # ----- the receiving thread -----
+    def _check(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def take(self) -> mmap.mmap:
+        """A free buffer to fill (waits while ``depth`` blocks are in flight)."""
+        buf = self._free.get()
+        if self.error is not None:
+            self._free.put(buf)
+            self._check()
+        return buf
+
+    def commit(self, buf: mmap.mmap, n: int) -> None:
+        """Hand over the first ``n`` bytes of ``buf`` (or give an empty buffer back)."""
+        if n:
+            self.received += n
+            with self._lock:
+                self._users[id(buf)] = 2
+            self._to_write.put((buf, n))
+            self._to_hash.put((buf, n))
+        else:
+            self._free.put(buf)
+
+    def feed(self, data: bytes) -> int:
+        """Copy bytes received elsewhere (the client's own chunks) into buffers; returns the bytes of
+        the blocks committed by this call (0 while the current buffer is not full)."""
+        committed = 0
+        view = memoryview(data)
+        while view:
+            if self._cur is None:
+                self._cur, self._fill = self.take(), 0
+            k = min(len(view), len(self._cur) - self._fill)
+            self._cur[self._fill : self._fill + k] = view[:k]
+            self._fill += k
+            view = view[k:]
+            if self._fill == len(self._cur):
+                committed += self._fill
+                self.commit(self._cur, self._fill)
+                self._cur = None
+        return committed
+
+    def flush(self) -> int:
+        """Commit a partly filled :meth:`feed` buffer; returns its bytes."""
+        n = 0
+        if self._cur is not None:
+            n = self._fill
+            self.commit(self._cur, self._fill)
+            self._cur = None
+        return n
+
+    def close(self, *, check: bool = True) -> None:
+        """Write and hash every committed block, stop the threads; raise a write error if ``check``."""
+        if not self._closed:
+            self._closed = True
+            self.flush()
+            self._to_write.put(None)
+            self._to_hash.put(None)
+            for t in self._threads:
+                t.join()
+        if check:
+            self._check()

@@ -1,0 +1,169 @@
+"""Where each archive stands locally: its ``.verified.json`` record, and the free disk the rest of
+the build needs.
+
+Only a file whose sha256 equals its pin is published as ``archives/<path>``, next to a verification
+record ``archives/<path>.verified.json`` (path, size, mtime_ns, sha256, revision, verified_at). A
+later call that finds a record matching the file's size, mtime and pinned sha256 makes no request.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from .. import layout
+from ..fsutil import human_bytes, require_free_space
+from ..hashing import sha256_file
+from ..profile import ArchiveSpec, Profile
+from ..publish import atomic_write_json
+
+log = logging.getLogger(__name__)
+
+EXTRACTION_FACTOR = 1.15
+"""Extracted bytes per archive byte (tars are uncompressed; file-system overhead for many small
+files). With it, archives + extraction = 2.15 x archive bytes: 230 GiB for 107 GiB (kit-format §5)."""
+
+
+@dataclass
+class ArchiveState:
+    path: str
+    state: Literal["missing", "partial", "verified", "unverified"]
+    bytes_local: int
+    size: int | None  # the pinned size
+    sha256: str | None  # the verified sha256 (from the record) when verified, else None
+
+
+def _read_record(record: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _record_matches(rec: dict[str, Any] | None, spec: ArchiveSpec, st: os.stat_result) -> bool:
+    return (
+        rec is not None
+        and spec.pinned
+        and rec.get("path") == spec.path
+        and rec.get("size") == spec.size == st.st_size
+        and rec.get("mtime_ns") == st.st_mtime_ns
+        and rec.get("sha256") == spec.sha256
+    )
+
+
+def _write_record(data_root: Path, spec: ArchiveSpec, final: Path, sha256: str, revision: str) -> None:
+    st = final.stat()
+    atomic_write_json(
+        layout.verified_record_path(data_root, spec.path),
+        {
+            "path": spec.path,
+            "size": st.st_size,
+            "mtime_ns": st.st_mtime_ns,
+            "sha256": sha256,
+            "revision": revision,
+            "verified_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        },
+    )
+
+
+def archive_state(data_root: Path, spec: ArchiveSpec) -> ArchiveState:
+    """Where an archive stands locally, without hashing: verified (a matching record), unverified
+    (the final file without a matching record), partial (a download in progress) or missing."""
+    final = layout.archive_path(data_root, spec.path)
+    part = layout.partial_path(data_root, spec.path)
+    try:
+        st = final.stat()
+    except FileNotFoundError:
+        st = None
+    if st is not None:
+        rec = _read_record(layout.verified_record_path(data_root, spec.path))
+        if _record_matches(rec, spec, st):
+            return ArchiveState(spec.path, "verified", st.st_size, spec.size, spec.sha256)
+        return ArchiveState(spec.path, "unverified", st.st_size, spec.size, None)
+    try:
+        return ArchiveState(spec.path, "partial", part.stat().st_size, spec.size, None)
+    except FileNotFoundError:
+        return ArchiveState(spec.path, "missing", 0, spec.size, None)
+
+
+def _remaining_download_bytes(data_root: Path, spec: ArchiveSpec) -> int:
+    st = archive_state(data_root, spec)
+    size = spec.size or 0
+    if st.state == "missing":
+        return size
+    if st.state == "partial":
+        return max(0, size - st.bytes_local)
+    return 0  # verified, or unverified (its bytes are already on disk)
+
+
+def _is_extracted(data_root: Path, cache_key: str) -> bool:
+    return (
+        layout.extraction_record_path(data_root, cache_key).is_file()
+        and layout.cache_dir(data_root, cache_key).is_dir()
+    )
+
+
+def required_free_parts(profile: Profile, data_root: Path) -> tuple[int, int]:
+    """(archive bytes still to download, bytes the extraction of every cache key not yet extracted
+    will write: ``EXTRACTION_FACTOR`` x its archive bytes). An unpinned archive counts 0: pin first."""
+    remaining = sum(_remaining_download_bytes(data_root, a) for a in profile.archives)
+    extraction = 0
+    for key, specs in profile.archives_by_cache_key().items():
+        if not _is_extracted(data_root, key):
+            extraction += int(sum(a.size or 0 for a in specs) * EXTRACTION_FACTOR)
+    return remaining, extraction
+
+
+def required_free_bytes(profile: Profile, data_root: Path) -> int:
+    """Free disk the rest of the build needs: the archive bytes still to download, plus
+    ``EXTRACTION_FACTOR`` x the archive bytes of every cache key not yet extracted.
+    (An unpinned archive counts 0: pin first.)"""
+    return sum(required_free_parts(profile, data_root))
+
+
+def require_build_space(profile: Profile, data_root: Path) -> int:
+    """Refuse (DiskSpaceError naming the bytes needed, the bytes free and the data root) when the free
+    disk at ``data_root`` is below what the rest of the build needs; returns the bytes needed."""
+    data_root = Path(data_root)
+    download, extraction = required_free_parts(profile, data_root)
+    needed = download + extraction
+    if needed:
+        require_free_space(
+            data_root,
+            needed,
+            f"the rest of the build of profile {profile.name} ({needed} bytes: {human_bytes(download)} of "
+            f"archives to download + {human_bytes(extraction)} to extract)",
+        )
+    return needed
+
+
+def _verify_existing(
+    spec: ArchiveSpec, data_root: Path, final: Path, revision: str, reverify: bool
+) -> str | None:
+    """The pinned sha256 if the final file is good (by its record, or re-hashed), else None
+    (and the bad file and its record are removed)."""
+    record = layout.verified_record_path(data_root, spec.path)
+    st = final.stat()
+    if not reverify and _record_matches(_read_record(record), spec, st):
+        return spec.sha256
+    if st.st_size == spec.size:
+        digest = sha256_file(final)
+        if digest == spec.sha256:
+            _write_record(data_root, spec, final, digest, revision)
+            return digest
+        log.warning(
+            "%s: local file has sha256 %s, pinned %s; downloading it again", spec.path, digest, spec.sha256
+        )
+    else:
+        log.warning(
+            "%s: local file has %d bytes, pinned %s; downloading it again", spec.path, st.st_size, spec.size
+        )
+    record.unlink(missing_ok=True)
+    final.unlink(missing_ok=True)
+    return None

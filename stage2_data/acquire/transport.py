@@ -1,0 +1,469 @@
+"""The bytes of one archive into its partial file: GET, resume, retries with backoff.
+
+The GET is made by the client's own streaming call (its session: redirects, TLS, proxies, auth
+headers, error classes); the body is then read into recycled 1 MiB buffers (``sink._BlockSink``),
+straight from the connection's socket when that is exactly equivalent (plain HTTP/1.1 with a
+Content-Length, TLS on the socket itself; see ``_raw_socket``; on a plain socket one ``recv`` with
+``MSG_WAITALL`` fills a whole buffer), else through the client's own body iterator. Profiled on
+loopback, the client's ``http_get`` (64 KiB reads parsed by h11, 10 MiB re-chunking, a copy per
+chunk) cost ~5 s/GiB of CPU; this costs curl's receive + write plus the sha256 itself (which, at
+~1.25 GB/s per core with SHA-NI, costs about twice curl's receive + write).
+
+A connection that drops after bytes arrived is resumed at once; a timeout, a drop before any byte,
+or a 5xx is retried with exponential backoff; each retry resumes from the partial file with a
+``Range`` request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import mmap
+import os
+import socket
+import ssl
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from huggingface_hub import constants as hf_constants
+from huggingface_hub import get_hf_file_metadata
+from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_stream_backoff
+
+from ..errors import HubError, Stage2Error
+from ..fsutil import disk_full_as, human_bytes
+from ..hashing import SHA256_RE, hasher_of_prefix
+from ..profile import ArchiveSpec
+from .hub import HubSource, _first_line, _httpx, _hub_error, _is_client_error, _is_transient
+from .sink import ALIGN, _BlockSink
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ATTEMPTS = 5
+DEFAULT_BACKOFF = 1.0  # seconds before the first retry; doubled on each further retry
+MAX_BACKOFF = 30.0
+USE_WAITALL = True
+"""Fill a whole receive buffer per system call on a plain socket (``MSG_WAITALL``, see ``_waitall``)."""
+DIRECT_IO = True
+"""Write aligned blocks with ``O_DIRECT`` (Linux) where the file system accepts it: the bytes go from
+the receive buffer to the disk without a copy into the page cache (no CPU spent copying, no 107 GiB
+of archives pushing everything else out of memory, and the fsync before publication has only the
+unaligned edges left to flush). Unaligned pieces (the first bytes after the headers, a tail, a
+resume point) go through an ordinary buffered descriptor of the same file; a file system that
+refuses ``O_DIRECT`` gets only buffered writes."""
+RAW_SOCKET_READS = True
+"""Read a plain HTTP/1.1 body straight from the client's connection socket (see ``_raw_socket``);
+False: always through the client's own body iterator (64 KiB reads, ~3x the CPU per byte)."""
+
+
+class DownloadCancelled(HubError):
+    """The download was cancelled (``cancel`` event set, e.g. on Ctrl-C); the partial file is kept."""
+
+
+class _Cancelled(Exception):
+    """Raised from inside the writer when a batch is being interrupted."""
+
+
+@dataclass
+class _Progress:
+    received: int = 0
+    resumed_from: int | None = None
+    carry: tuple[int, Any] | None = None  # (offset, hasher) of the partial after the last attempt
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """A partial file holding every pinned byte, as :func:`fetch_partial` left it."""
+
+    sha256: str  # of the whole partial file
+    received: int  # body bytes received (all attempts)
+    resumed_from: int  # bytes of an earlier partial the first attempt started from (0: from scratch)
+    attempts: int  # HTTP download attempts made
+
+
+def fetch_partial(
+    source: HubSource,
+    spec: ArchiveSpec,
+    part: Path,
+    *,
+    progress: Callable[[int], None] | None,
+    attempts: int,
+    backoff: float,
+    cancel: threading.Event | None,
+) -> Fetched:
+    """Bring ``part`` to the pinned size of ``spec`` (resuming from what it holds) and hash it.
+
+    The hub's metadata for the file is checked once (commit, size, sha256) before the first GET.
+    Transient failures are retried ``attempts`` times (backoff ``backoff`` x 2^n seconds, at most
+    ``MAX_BACKOFF``), each retry resuming from the partial file. Raises DownloadCancelled when
+    ``cancel`` is set (the partial file is kept), a HubError naming the failure otherwise.
+    """
+    assert spec.size is not None and spec.sha256 is not None
+    url = source.file_url(spec.path)
+    what = f"downloading {spec.path}"
+    state = _Progress()
+    meta_checked = False
+    made = 0
+    digest: str | None = None
+    last: BaseException | None = None
+    for attempt in range(1, attempts + 1):
+        made = attempt
+        try:
+            if not meta_checked:
+                _check_metadata(source, spec, url)
+                meta_checked = True
+            with disk_full_as(
+                f"disk full while writing {part} ({spec.path}, {human_bytes(spec.size)}).",
+                fix="free disk space (see `stage2 list`) and re-run; the download resumes",
+            ):
+                digest = _attempt(source, spec, url, part, state, progress, cancel, backoff)
+            break
+        except Stage2Error:
+            raise
+        except _Cancelled:
+            raise DownloadCancelled(
+                f"download of {spec.path} cancelled; the partial file is kept.",
+                fix="re-run the download: it resumes from the partial file",
+            ) from None
+        except OSError as e:
+            if not _is_transient(e):
+                if _is_client_error(e):
+                    raise _hub_error(e, source, what=what, path=spec.path) from e
+                raise
+            last = e
+        except Exception as e:
+            if not _is_transient(e):
+                if _is_client_error(e):
+                    raise _hub_error(e, source, what=what, path=spec.path) from e
+                raise
+            last = e
+        assert last is not None
+        if attempt == attempts:
+            note = ""
+            with contextlib.suppress(OSError):
+                note = f" The partial file ({human_bytes(part.stat().st_size)}) is kept: re-running resumes."
+            raise _hub_error(
+                last, source, what=f"{what} (gave up after {attempts} attempt(s))", path=spec.path, note=note
+            ) from last
+        wait = min(backoff * 2 ** (attempt - 1), MAX_BACKOFF)
+        log.warning(
+            "%s: attempt %d/%d failed (%s); retrying in %.1fs",
+            spec.path,
+            attempt,
+            attempts,
+            source.redact(_first_line(f"{type(last).__name__}: {last}")),
+            wait,
+        )
+        time.sleep(wait)
+    assert digest is not None  # the loop either broke with a digest or raised
+    if cancel is not None and cancel.is_set():  # cancelled as the last bytes arrived: publish nothing
+        raise DownloadCancelled(
+            f"download of {spec.path} cancelled; the partial file is kept.",
+            fix="re-run the download: it resumes from the partial file",
+        )
+    return Fetched(digest, state.received, state.resumed_from or 0, made)
+
+
+def _check_metadata(source: HubSource, spec: ArchiveSpec, url: str) -> None:
+    meta = get_hf_file_metadata(url, token=source.token)
+    if meta.commit_hash != source.revision:
+        raise HubError(
+            f"the hub at {source.api_endpoint} served {spec.path} from commit {meta.commit_hash}, "
+            f"not from the pinned {source.revision}.",
+            fix="check the endpoint and [source] revision of the profile",
+        )
+    if meta.size != spec.size:
+        raise HubError(
+            f"{spec.path} is {meta.size} bytes upstream at {source.revision}, the profile pins {spec.size}.",
+            fix="run `stage2 pin` and check the profile's size for this archive against the upstream listing",
+        )
+    if meta.etag and SHA256_RE.match(meta.etag) and meta.etag != spec.sha256:
+        raise HubError(
+            f"{spec.path} has sha256 {meta.etag} upstream at {source.revision}, the profile pins {spec.sha256}.",
+            fix="run `stage2 pin` and check the profile's sha256 for this archive against the upstream listing",
+        )
+
+
+def _raw_socket(response: Any) -> socket.socket | None:
+    """The socket the client's connection reads this response from, when reading the rest of the body
+    straight from it is exactly equivalent to the client's own reads: HTTP/1.1 with a Content-Length
+    (no chunked transfer, no content encoding), and either no TLS or TLS terminated on that socket
+    object itself (``ssl.SSLSocket``, which decrypts on ``recv_into``). Otherwise (TLS inside TLS
+    through an HTTPS proxy, HTTP/2, a transport without a socket) None: the client's iterator is used.
+    """
+    if not RAW_SOCKET_READS:
+        return None
+    version = response.extensions.get("http_version")
+    if version not in (b"HTTP/1.1", "HTTP/1.1"):
+        return None
+    h = response.headers
+    if "content-length" not in h or "chunked" in h.get("transfer-encoding", "").lower():
+        return None
+    if h.get("content-encoding", "identity").strip().lower() not in ("", "identity"):
+        return None
+    stream = response.extensions.get("network_stream")
+    if stream is None or not hasattr(stream, "get_extra_info"):
+        return None
+    try:
+        sock = stream.get_extra_info("socket")
+        ssl_object = stream.get_extra_info("ssl_object")
+    except Exception:
+        return None
+    if not isinstance(sock, socket.socket):
+        return None
+    if isinstance(sock, ssl.SSLSocket):
+        return sock
+    return sock if ssl_object is None else None
+
+
+def _recv_block(sock: socket.socket, buf: mmap.mmap, want: int, request: Any, flags: int = 0) -> int:
+    """Fill ``buf[:want]`` from the socket; returns the bytes read (fewer only at end of stream).
+    ``flags``: ``MSG_WAITALL`` on a blocking socket with ``SO_RCVTIMEO`` (see ``_waitall``): one
+    system call per block. Socket errors are raised as the client's own exception classes (so
+    retries treat them alike)."""
+    view = memoryview(buf)
+    fill = 0
+    try:
+        while fill < want:
+            k = sock.recv_into(view[fill:want], 0, flags)
+            if k == 0:
+                break
+            fill += k
+    except (TimeoutError, BlockingIOError) as e:  # BlockingIOError: SO_RCVTIMEO expired, no byte
+        raise _ReadFailed(fill, _httpx.ReadTimeout(f"read timed out: {e}", request=request)) from e
+    except OSError as e:
+        raise _ReadFailed(fill, _httpx.ReadError(f"{type(e).__name__}: {e}", request=request)) from e
+    return fill
+
+
+@contextlib.contextmanager
+def _waitall(sock: socket.socket, timeout: float | None) -> Iterator[int]:
+    """Yields the ``recv`` flags for :func:`_recv_block`: ``MSG_WAITALL`` on a plain (not TLS) socket
+    switched to blocking mode with a kernel receive timeout (``SO_RCVTIMEO``), so that a whole block
+    arrives in one system call (one GIL release) instead of one call per ~64 KiB; 0 (and Python's
+    own timeout) where that is not available. The socket's timeout state is restored afterwards."""
+    waitall = getattr(socket, "MSG_WAITALL", 0)
+    if not USE_WAITALL or not waitall or timeout is None or isinstance(sock, ssl.SSLSocket):
+        sock.settimeout(timeout)
+        yield 0
+        return
+    previous = sock.gettimeout()
+    sec = int(timeout)
+    try:
+        sock.setsockopt(
+            socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", sec, int((timeout - sec) * 1e6))
+        )
+        sock.settimeout(None)
+    except OSError:
+        sock.settimeout(timeout)
+        yield 0
+        return
+    try:
+        yield waitall
+    finally:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 0, 0))
+            sock.settimeout(previous)
+
+
+class _ReadFailed(Exception):
+    """A socket read failed after ``got`` bytes of the block were received."""
+
+    def __init__(self, got: int, error: Exception) -> None:
+        super().__init__(str(error))
+        self.got = got
+        self.error = error
+
+
+def _get_into(
+    source: HubSource,
+    spec: ArchiveSpec,
+    url: str,
+    sink: _BlockSink,
+    state: _Progress,
+    report: Callable[..., None],
+) -> None:
+    """One GET from ``sink.received`` to the end of the file, the body streamed into ``sink``."""
+    assert spec.size is not None
+    start = sink.received
+    headers = build_hf_headers(token=source.token)
+    headers["Accept-Encoding"] = "identity"
+    if start:
+        headers["Range"] = f"bytes={start}-"
+    with http_stream_backoff(
+        "GET",
+        url,
+        headers=headers,
+        timeout=hf_constants.HF_HUB_DOWNLOAD_TIMEOUT,
+        max_retries=0,  # retries are ours: backoff, resume, and a fresh metadata check if needed
+        retry_on_exceptions=(),
+        retry_on_status_codes=(),
+    ) as response:
+        hf_raise_for_status(response)
+        status = response.status_code
+        if start and status == 200:
+            log.warning("%s: the server ignored the Range request; starting over", spec.path)
+            sink.restart()
+            start = 0
+        elif start and status == 206:
+            crange = response.headers.get("content-range", "")
+            if not crange.startswith(f"bytes {start}-"):
+                raise HubError(
+                    f"the hub at {source.api_endpoint} answered a request for {spec.path} from byte {start} "
+                    f"with Content-Range {crange!r}.",
+                    fix="retry later; if it persists, delete the partial file and re-run",
+                )
+        elif status != 200:
+            raise HubError(
+                f"the hub at {source.api_endpoint} answered HTTP {status} to the download of {spec.path}.",
+                fix="retry later; if it persists, check the endpoint",
+            )
+        if state.resumed_from is None:
+            state.resumed_from = start
+        want = spec.size - start
+        length_header = response.headers.get("content-length")
+        if length_header is not None and length_header.isdigit() and int(length_header) != want:
+            raise HubError(
+                f"the hub at {source.api_endpoint} sends {length_header} bytes of {spec.path} from byte "
+                f"{start}, the pinned size leaves {want}.",
+                fix="run `stage2 pin` and check the profile's size for this archive against the upstream listing",
+            )
+        chunks = response.iter_raw()  # kept referenced: closing it would close the response
+        sock = _raw_socket(response)
+        got = 0
+        if sock is None:  # the client's own body iterator
+            try:
+                for chunk in chunks:
+                    if got + len(chunk) > want:
+                        raise HubError(
+                            f"the hub at {source.api_endpoint} sent more than the pinned {spec.size} bytes of {spec.path}.",
+                            fix="run `stage2 pin` and check the profile's size for this archive",
+                        )
+                    got += len(chunk)
+                    report(sink.feed(chunk))
+            except BaseException:
+                report(sink.flush(), quiet=True)  # what arrived before the failure is kept
+                raise
+        else:
+            # What the client already read past the headers, then the rest straight from the socket
+            # into our recycled buffers (no allocation, no copy in Python; the GIL is released).
+            first = next(chunks, b"")
+            got += len(first)
+            report(sink.feed(first))
+            report(sink.flush())
+            with _waitall(sock, hf_constants.HF_HUB_DOWNLOAD_TIMEOUT) as flags:
+                while got < want:
+                    buf = sink.take()
+                    ask = min(len(buf), want - got)
+                    if sink.received % ALIGN:  # back to an aligned file offset (for O_DIRECT)
+                        ask = min(ask, ALIGN - sink.received % ALIGN)
+                    try:
+                        n = _recv_block(sock, buf, ask, response.request, flags)
+                    except _ReadFailed as e:
+                        sink.commit(buf, e.got)
+                        report(e.got, quiet=True)
+                        raise e.error from None
+                    sink.commit(buf, n)
+                    got += n
+                    report(n)
+                    if n == 0:
+                        break
+        report(sink.flush())
+        if got != want:
+            raise _httpx.RemoteProtocolError(
+                f"connection closed after {got} of {want} bytes of {spec.path}", request=response.request
+            )
+
+
+def _attempt(
+    source: HubSource,
+    spec: ArchiveSpec,
+    url: str,
+    part: Path,
+    state: _Progress,
+    progress: Callable[[int], None] | None,
+    cancel: threading.Event | None,
+    backoff: float,
+) -> str:
+    """One download attempt, resuming from the partial file; returns the sha256 of the whole file.
+
+    A connection that drops after bytes arrived is resumed at once within the attempt (as the
+    client's own ``http_get`` does); an error before any byte ends the attempt.
+    """
+    assert spec.size is not None
+    part.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        psize = part.stat().st_size
+    except FileNotFoundError:
+        psize = 0
+    if psize > spec.size:
+        log.warning("%s: partial file is longer than the pinned size; starting over", spec.path)
+        part.unlink()
+        psize = 0
+    if psize == 0:
+        hasher, resume = hashlib.sha256(), 0
+    elif state.carry is not None and state.carry[0] == psize:
+        hasher, resume = state.carry[1].copy(), psize  # this call wrote it: no need to hash it again
+    else:
+        hasher, resume = hasher_of_prefix(part)
+    state.carry = None
+
+    def report(n: int, *, quiet: bool = False) -> None:
+        """Count ``n`` bytes handed to the sink; ``quiet``: while another error propagates (the
+        progress callback's own errors are then ignored, and cancellation is not checked)."""
+        if n:
+            state.received += n
+            if progress is not None:
+                if quiet:
+                    with contextlib.suppress(Exception):
+                        progress(n)
+                else:
+                    progress(n)
+        if not quiet and cancel is not None and cancel.is_set():
+            raise _Cancelled()
+
+    fd = os.open(part, os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    dfd: int | None = None
+    if DIRECT_IO and hasattr(os, "O_DIRECT"):
+        try:
+            dfd = os.open(part, os.O_WRONLY | os.O_DIRECT | getattr(os, "O_CLOEXEC", 0))
+        except OSError:  # e.g. tmpfs: no O_DIRECT, buffered writes only
+            dfd = None
+    try:
+        os.ftruncate(fd, resume)
+        sink = _BlockSink(fd, resume, hasher, direct_fd=dfd)
+        try:
+            if resume == spec.size and state.resumed_from is None:
+                state.resumed_from = resume
+            while sink.received < spec.size:
+                before = sink.received
+                try:
+                    _get_into(source, spec, url, sink, state, report)
+                except (_httpx.TimeoutException, _httpx.NetworkError, _httpx.RemoteProtocolError) as e:
+                    if sink.received == before:
+                        raise
+                    log.warning(
+                        "%s: connection lost after %s (%s); resuming",
+                        spec.path,
+                        human_bytes(sink.received),
+                        source.redact(_first_line(f"{type(e).__name__}: {e}")),
+                    )
+                    time.sleep(min(backoff, 1.0))
+        except BaseException:
+            sink.close(check=False)
+            if sink.error is None:
+                state.carry = (sink.hashed, sink.hasher.copy())
+            raise
+        sink.close()
+        state.carry = (sink.hashed, sink.hasher.copy())
+        os.fsync(fd)
+        return str(sink.hasher.hexdigest())
+    finally:
+        if dfd is not None:
+            os.close(dfd)
+        os.close(fd)

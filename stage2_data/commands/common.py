@@ -1,0 +1,50 @@
+"""What every command shares (the core's and the plugins', e.g. ``stage2_pipelines.commands``):
+output helpers, exit codes, the ``--storage-option`` argument."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from ..errors import StoreError
+
+EXIT_FAILED = 1  # the command ran and found problems (a failed check, an invalid store)
+EXIT_ERROR = 2  # the command could not run (bad input, bad arguments)
+
+
+def print_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def eprint(*a: Any) -> None:
+    print(*a, file=sys.stderr, flush=True)
+
+
+def storage_options(args: argparse.Namespace) -> dict[str, Any] | None:
+    """``--storage-option KEY=VALUE`` (repeatable) -> fsspec storage options; VALUE is parsed as JSON
+    when it is JSON (numbers, booleans, objects such as ``client_kwargs={...}``), else kept as text."""
+    out: dict[str, Any] = {}
+    for item in getattr(args, "storage_option", None) or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise StoreError(
+                f"--storage-option {item!r} is not KEY=VALUE.",
+                fix="e.g. --storage-option endpoint_url=http://127.0.0.1:9000",
+            )
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out or None
+
+
+def add_storage_option(p: Any) -> None:
+    p.add_argument(
+        "--storage-option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="an fsspec storage option for s3:// (or other URL) stores, repeatable; e.g. "
+        "endpoint_url=http://127.0.0.1:9000 key=ID secret=SECRET",
+    )

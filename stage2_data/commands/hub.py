@@ -1,0 +1,34 @@
+"""serve-hub: serve a folder as a dataset repo over the hub's HTTP protocol on 127.0.0.1."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+
+def cmd_serve_hub(args: argparse.Namespace) -> int:
+    from ..demo.hubserver import HubServer
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    with HubServer(Path(args.folder), repo_id=args.repo_id, revision=args.revision, port=args.port) as server:
+        print(server.url, flush=True)
+        stop.wait()
+    return 0
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "serve-hub",
+        help="serve a folder as a dataset repo over the hub's HTTP protocol on 127.0.0.1",
+        epilog="Example: stage2 serve-hub .demo/demo/upstream --repo-id robometer/processed_datasets --revision <40-hex>",
+    )
+    p.add_argument("folder")
+    p.add_argument("--repo-id", required=True)
+    p.add_argument("--revision", required=True)
+    p.add_argument("--port", type=int, default=0)
+    p.set_defaults(func=cmd_serve_hub)

@@ -1,0 +1,31 @@
+"""A loopback server that speaks the Hugging Face Hub HTTP protocol, with fault injection (a test double).
+
+It serves one folder as one repository at exactly one revision (a 40-hex commit; the branch name
+``main`` is accepted as an alias of it, as on the real hub). Every file is presented as an LFS file:
+the tree listing carries its size and sha256 (``lfs.oid``), a ``HEAD`` on ``resolve`` carries
+``X-Repo-Commit``, ``ETag``/``X-Linked-Etag`` (the sha256) and ``X-Linked-Size``, a ``GET`` supports
+``Range``. Errors carry the hub's ``X-Error-Code`` header (``RepoNotFound``, ``RevisionNotFound``,
+``EntryNotFound``) so that ``huggingface_hub`` maps them to its own exception classes.
+
+Endpoints (``{t}`` is ``models``, ``datasets`` or ``spaces``; resolve URLs of datasets and spaces
+are prefixed by ``datasets/`` and ``spaces/``, models have no prefix)::
+
+    GET  /api/{t}/{repo_id}[/revision/{rev}]           repo info (HfApi.repo_info / dataset_info)
+    GET  /api/{t}/{repo_id}/tree/{rev}[/{path}]         tree listing (HfApi.list_repo_tree), paginated
+    POST /api/{t}/{repo_id}/paths-info/{rev}            paths info (HfApi.get_paths_info)
+    HEAD /[{t}/]{repo_id}/resolve/{rev}/{path}          file metadata (get_hf_file_metadata)
+    GET  /[{t}/]{repo_id}/resolve/{rev}/{path}          file bytes (http_get), Range supported
+
+Modules: ``repository`` (the folder as a repository: files, faults, request log), ``handler`` (HTTP),
+``server`` (``HubServer``: start/stop, and the command line).
+
+Command line: ``python -m stage2_data.demo.hubserver FOLDER --repo-id R --revision REV [--port P]``
+prints the URL on one line and serves until SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+from .repository import HubFaults
+from .server import HubServer, main
+
+__all__ = ["HubFaults", "HubServer", "main"]

@@ -1,0 +1,272 @@
+"""The served repository, without sockets: its files (sha256 cached), faults, request log and listings.
+
+``HubServer`` (``server.py``) is this plus a running HTTP server; the request handler
+(``handler.py``) reads the repository through this class only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path, PurePosixPath
+from typing import Any, NamedTuple
+
+from ...hashing import sha256_file
+from ...layout import HEX40_RE
+
+REPO_TYPES = ("model", "dataset", "space")
+RESOLVE_PREFIX = {"model": "", "dataset": "datasets/", "space": "spaces/"}
+SKIP_DIRS = {".git"}
+TREE_PAGE_SIZE = 1000  # the real hub's page size (50 with expand=True)
+TREE_PAGE_SIZE_EXPAND = 50
+
+
+@dataclass
+class HubFaults:
+    """Faults to inject; all optional, and all may be changed while the server runs.
+
+    ``drop_after`` and ``fail_first`` entries are consumed as they fire (an entry of ``drop_after``
+    fires once; a ``fail_first`` count is decremented and removed at zero), so a test can look at
+    them to see what happened and add them again to repeat a fault.
+    """
+
+    drop_after: dict[str, int] = field(default_factory=dict)
+    """path -> close the connection after N body bytes (first GET only, then serve normally)."""
+    corrupt: set[str] = field(default_factory=set)
+    """paths served with right-length wrong bytes on GET (HEAD and listings keep the true sha256)."""
+    missing: set[str] = field(default_factory=set)
+    """paths answered 404 EntryNotFound on HEAD/GET (listings still list them)."""
+    ignore_range: bool = False
+    """answer 200 with the full body even when a Range is asked."""
+    fail_first: dict[str, int] = field(default_factory=dict)
+    """path -> answer 503 to the next N GETs (a transient error)."""
+    rate: float | None = None
+    """bytes per second per file download (paced as a CDN paces one connection); None: as fast as
+    the loopback goes."""
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    path: str  # repo path, posix
+    abspath: Path
+    size: int
+    mtime_ns: int
+    sha256: str
+
+    @property
+    def pointer(self) -> bytes:
+        return (
+            f"version https://git-lfs.github.com/spec/v1\noid sha256:{self.sha256}\nsize {self.size}\n"
+        ).encode("ascii")
+
+    @property
+    def git_oid(self) -> str:
+        """The git blob id of the LFS pointer file (what the real hub reports as ``oid``)."""
+        p = self.pointer
+        return hashlib.sha1(b"blob %d\0" % len(p) + p).hexdigest()
+
+    def tree_entry(self, *, expand: bool, commit: str, date: str) -> dict[str, Any]:
+        entry: dict[str, Any] = {
+            "type": "file",
+            "oid": self.git_oid,
+            "size": self.size,
+            "path": self.path,
+            "lfs": {"oid": self.sha256, "size": self.size, "pointerSize": len(self.pointer)},
+        }
+        if expand:
+            entry["lastCommit"] = {"id": commit, "title": "upload", "date": date}
+            entry["securityFileStatus"] = {
+                "status": "safe",
+                "avScan": {"virusFound": False, "virusNames": None},
+                "pickleImportScan": None,
+            }
+        return entry
+
+
+class GetFaults(NamedTuple):
+    """What the faults make of one GET."""
+
+    fail: bool  # answer 503
+    drop_at: int | None  # close the connection after this many body bytes
+    corrupt: bool  # flip one byte in the middle of the file
+    ignore_range: bool  # answer 200 with the full body
+
+
+class HubRepository:
+    """One folder as one repository at one revision: what every request is answered from."""
+
+    def __init__(
+        self,
+        folder: Path,
+        *,
+        repo_id: str,
+        revision: str,
+        repo_type: str = "dataset",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        faults: HubFaults | None = None,
+        token: str | None = None,
+    ) -> None:
+        if not HEX40_RE.match(revision):
+            raise ValueError(f"revision {revision!r} is not a full 40-hex commit")
+        if repo_type not in REPO_TYPES:
+            raise ValueError(f"repo_type {repo_type!r} is not one of {REPO_TYPES}")
+        if "/" not in repo_id:
+            raise ValueError(f"repo_id {repo_id!r} is not 'namespace/name'")
+        self.folder = Path(folder).resolve()
+        if not self.folder.is_dir():
+            raise ValueError(f"{self.folder} is not a folder")
+        self.repo_id = repo_id
+        self.revision = revision
+        self.repo_type = repo_type
+        self.host = host
+        self.port = port
+        self.faults = faults if faults is not None else HubFaults()
+        self._token = token
+        self.tree_page_size = TREE_PAGE_SIZE
+        self.request_log: list[tuple[str, str, str | None]] = []
+        self._log_lock = threading.Lock()
+        self._fault_lock = threading.Lock()
+        self._cache: dict[str, FileEntry] = {}
+        self._cache_lock = threading.Lock()
+        self._date = datetime.fromtimestamp(0, UTC).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def date(self) -> str:
+        """The date every commit and file is reported with (the newest file's mtime once started)."""
+        return self._date
+
+    def scan(self) -> None:
+        """Hash every file once (before the first request); the newest mtime becomes the date."""
+        mtimes = [e.mtime_ns for e in self.files().values()]
+        if mtimes:
+            self._date = datetime.fromtimestamp(max(mtimes) / 1e9, UTC).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+
+    # ----- access ----------------------------------------------------------------------------
+    @property
+    def private(self) -> bool:
+        """A token is required (the repository is reported as private)."""
+        return self._token is not None
+
+    def authorized(self, authorization: str | None) -> bool:
+        """Whether a request with this ``Authorization`` header may see the repository."""
+        return self._token is None or authorization == f"Bearer {self._token}"
+
+    # ----- faults ----------------------------------------------------------------------------
+    def is_missing(self, rel: str) -> bool:
+        with self._fault_lock:
+            return rel in self.faults.missing
+
+    def take_get_faults(self, rel: str) -> GetFaults:
+        """The faults of one GET of ``rel``, consuming the one-shot ones (``fail_first``, ``drop_after``)."""
+        with self._fault_lock:
+            ignore_range = self.faults.ignore_range
+            n_fail = self.faults.fail_first.get(rel, 0)
+            if n_fail > 0:
+                if n_fail == 1:
+                    del self.faults.fail_first[rel]
+                else:
+                    self.faults.fail_first[rel] = n_fail - 1
+                return GetFaults(fail=True, drop_at=None, corrupt=False, ignore_range=ignore_range)
+            drop_at = self.faults.drop_after.pop(rel) if rel in self.faults.drop_after else None
+            return GetFaults(
+                fail=False, drop_at=drop_at, corrupt=rel in self.faults.corrupt, ignore_range=ignore_range
+            )
+
+    # ----- request log -----------------------------------------------------------------------
+    def log_request(self, method: str, path: str, rng: str | None) -> None:
+        with self._log_lock:
+            self.request_log.append((method, path, rng))
+
+    def log_snapshot(self) -> list[tuple[str, str, str | None]]:
+        with self._log_lock:
+            return list(self.request_log)
+
+    def clear_log(self) -> None:
+        with self._log_lock:
+            self.request_log.clear()
+
+    def file_requests(self, path: str) -> list[tuple[str, str | None]]:
+        """(method, range) of every ``resolve`` request made for the repo file ``path``."""
+        prefix = f"/{RESOLVE_PREFIX[self.repo_type]}{self.repo_id}/resolve/"
+        out = []
+        for method, p, rng in self.log_snapshot():
+            if p.startswith(prefix):
+                rest = p[len(prefix) :]
+                _, _, fpath = rest.partition("/")
+                if fpath == path:
+                    out.append((method, rng))
+        return out
+
+    # ----- files -----------------------------------------------------------------------------
+    def _entry(self, rel: str, abspath: Path, st: os.stat_result) -> FileEntry:
+        with self._cache_lock:
+            cached = self._cache.get(rel)
+            if cached is not None and (cached.size, cached.mtime_ns) == (st.st_size, st.st_mtime_ns):
+                return cached
+        entry = FileEntry(rel, abspath, st.st_size, st.st_mtime_ns, sha256_file(abspath))
+        with self._cache_lock:
+            self._cache[rel] = entry
+        return entry
+
+    def files(self) -> dict[str, FileEntry]:
+        """Every file of the repository (sha256 computed once, again only if size/mtime changed)."""
+        out: dict[str, FileEntry] = {}
+        for dirpath, dirnames, filenames in os.walk(self.folder):
+            dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
+            for name in sorted(filenames):
+                ap = Path(dirpath) / name
+                try:
+                    st = ap.stat()
+                except OSError:
+                    continue
+                if not ap.is_file():
+                    continue
+                rel = ap.relative_to(self.folder).as_posix()
+                out[rel] = self._entry(rel, ap, st)
+        with self._cache_lock:
+            for gone in set(self._cache) - set(out):
+                del self._cache[gone]
+        return dict(sorted(out.items()))
+
+    def file(self, rel: str) -> FileEntry | None:
+        p = PurePosixPath(rel)
+        if not rel or rel.startswith("/") or any(part in ("..", ".", "") for part in rel.split("/")):
+            return None
+        if p.parts and p.parts[0] in SKIP_DIRS:
+            return None
+        ap = self.folder / rel
+        try:
+            st = ap.stat()
+        except OSError:
+            return None
+        if not ap.is_file() or not ap.resolve().is_relative_to(self.folder):
+            return None
+        return self._entry(rel, ap, st)
+
+    def dirs(self, files: dict[str, FileEntry]) -> list[str]:
+        dirs: set[str] = set()
+        for rel in files:
+            parts = rel.split("/")[:-1]
+            for i in range(1, len(parts) + 1):
+                dirs.add("/".join(parts[:i]))
+        return sorted(dirs)
+
+    def dir_entry(self, path: str, files: dict[str, FileEntry], *, expand: bool) -> dict[str, Any]:
+        inside = sorted(f"{e.git_oid} {r}" for r, e in files.items() if r.startswith(path + "/"))
+        entry: dict[str, Any] = {
+            "type": "directory",
+            "oid": hashlib.sha1("\n".join(inside).encode()).hexdigest(),
+            "size": 0,
+            "path": path,
+        }
+        if expand:
+            entry["lastCommit"] = {"id": self.revision, "title": "upload", "date": self._date}
+        return entry

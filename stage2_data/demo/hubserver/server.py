@@ -1,0 +1,128 @@
+"""``HubServer``: a ``HubRepository`` served over HTTP on the loopback interface, and its command line.
+
+Command line: ``python -m stage2_data.demo.hubserver FOLDER --repo-id R --revision REV [--port P]``
+prints the URL on one line and serves until SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from .handler import HubHTTPServer
+from .repository import REPO_TYPES, HubFaults, HubRepository
+
+
+class HubServer(HubRepository):
+    """One repository at one revision, served over HTTP on the loopback interface."""
+
+    _server: HubHTTPServer | None = None
+    _thread: threading.Thread | None = None
+
+    def __repr__(self) -> str:  # never shows the token
+        return f"HubServer({self.repo_type}:{self.repo_id}@{self.revision}, url={self.url if self._server else None})"
+
+    def start(self) -> HubServer:
+        if self._server is not None:
+            return self
+        self.scan()
+        self._server = HubHTTPServer((self.host, self.port), self)
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.1}, name="hubserver", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.shutdown()
+        server.close_open_connections()
+        server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def __enter__(self) -> HubServer:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def _rate(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive rate in MB/s")
+    return value * 1e6
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m stage2_data.demo.hubserver",
+        description="Serve FOLDER as one Hugging Face Hub repository at one revision, on the loopback interface.",
+    )
+    ap.add_argument("folder", type=Path)
+    ap.add_argument("--repo-id", required=True)
+    ap.add_argument("--revision", required=True, help="the full 40-hex commit the repo is served at")
+    ap.add_argument("--repo-type", default="dataset", choices=REPO_TYPES)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument(
+        "--token-env",
+        default=None,
+        help="name of an environment variable holding a token every request must carry (never on the command line)",
+    )
+    ap.add_argument(
+        "--rate-mb-s",
+        type=_rate,
+        default=None,
+        metavar="MB_S",
+        help="pace each file download to this many MB/s (as one connection to a CDN); default: unpaced",
+    )
+    args = ap.parse_args(argv)
+    token = None
+    if args.token_env:
+        token = os.environ.get(args.token_env)
+        if not token:
+            print(f"error: environment variable {args.token_env} is empty or unset", file=sys.stderr)
+            return 2
+    try:
+        server = HubServer(
+            args.folder,
+            repo_id=args.repo_id,
+            revision=args.revision,
+            repo_type=args.repo_type,
+            host=args.host,
+            port=args.port,
+            token=token,
+            faults=HubFaults(rate=args.rate_mb_s),
+        )
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+
+    def _on_signal(signum: int, frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    server.start()
+    print(server.url, flush=True)
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        server.stop()
+    return 0

@@ -1,0 +1,38 @@
+"""Safe extraction of whole and split tars into ``<DATA_ROOT>/processed_datasets/<cache_key>/``,
+and inspection of an extracted cache directory.
+
+- :mod:`.multipart`: split parts (``<cache_key>.tar.part-aa``, ``-ab``, ...) ordered, checked for
+  gaps, and read in place through :class:`MultiPartReader` (no joined copy is written);
+- :mod:`.tar`: the archive opened in random-access mode, every header read, the end-of-archive
+  block checked (a truncated or corrupt stream is an :class:`~stage2_data.errors.ArchiveError`);
+- :mod:`.safety`: every member checked before anything is written (an
+  :class:`~stage2_data.errors.UnsafeArchiveError` lists every refused member);
+- :mod:`.extract`: the all-or-nothing extraction (``copy_file_range`` into a temporary folder, then
+  renamed into place) and its records;
+- :mod:`.inspect`: what an extracted cache directory holds (counts cross-checked, its rows).
+"""
+
+from .extract import (
+    ExtractionRecord,
+    extract_cache_dir,
+    load_extraction_record,
+    write_extraction_report,
+)
+from .inspect import CacheDirInfo, inspect_cache_dir, read_processed_rows, stray_entries
+from .multipart import MultiPartReader
+from .safety import REDOWNLOAD_FIX
+from .tar import open_archive_parts
+
+__all__ = [
+    "REDOWNLOAD_FIX",
+    "CacheDirInfo",
+    "ExtractionRecord",
+    "MultiPartReader",
+    "extract_cache_dir",
+    "inspect_cache_dir",
+    "load_extraction_record",
+    "open_archive_parts",
+    "read_processed_rows",
+    "stray_entries",
+    "write_extraction_report",
+]

@@ -1,0 +1,238 @@
+"""Extraction of one cache directory, all-or-nothing, and its records.
+
+1. the archive is opened and every header read (:func:`.tar.open_archive_parts`);
+2. every member is checked before anything is written (:func:`.safety._plan_members`);
+3. the pre-validated members are copied into a staging folder next to the cache directory
+   (``processed_datasets/.<key>.tmp-<owner>/``, see :mod:`stage2_data.publish`) straight from the
+   archive file(s) with ``copy_file_range`` (in-kernel, no Python buffers; a ``pread``/``write``
+   loop where the file system does not support it), then it is published in place
+   (:func:`~stage2_data.publish.publish_dir`). A rerun first removes the staging folders of this
+   cache key whose owner process is gone.
+
+Member data is never held in memory: only the member headers (``TarInfo``) are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import layout
+from ..errors import ArchiveError
+from ..fsutil import disk_full_as, require_free_space
+from ..publish import atomic_write_json, current_umask, publish_dir, remove_stale, staging
+from .inspect import inspect_cache_dir
+from .safety import REDOWNLOAD_FIX, _check_cache_key, _Plan, _plan_members, _unsafe_error
+from .tar import _PartsTarFile, open_archive_parts
+
+
+@dataclass
+class ExtractionRecord:
+    cache_key: str
+    archives: list[str]
+    files: int
+    bytes: int
+    frame_files: int
+    rows: int
+    total_trajectories: int
+    seconds: float
+    layout: str
+    problems: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ExtractionRecord:
+        return cls(
+            cache_key=str(d["cache_key"]),
+            archives=[str(a) for a in d["archives"]],
+            files=int(d["files"]),
+            bytes=int(d["bytes"]),
+            frame_files=int(d["frame_files"]),
+            rows=int(d["rows"]),
+            total_trajectories=int(d["total_trajectories"]),
+            seconds=float(d["seconds"]),
+            layout=str(d["layout"]),
+            problems=[str(p) for p in d.get("problems", [])],
+        )
+
+
+def _write_members(
+    tar: _PartsTarFile, plan: _Plan, tmp: Path, progress: Callable[[int], None] | None
+) -> None:
+    """Create the planned directories and files under ``tmp`` (which exists and is empty)."""
+    reader = tar.reader
+    assert reader is not None
+    made: set[str] = {""}
+    dir_fds: dict[str, int] = {}
+    use_dir_fd = os.open in os.supports_dir_fd
+    use_utime_fd = os.utime in os.supports_fd
+    umask = current_umask()
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+
+    def ensure_dir(rel: str) -> None:
+        if rel in made:
+            return
+        ensure_dir(rel.rpartition("/")[0])
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(tmp / rel)
+        made.add(rel)
+
+    def open_dir(rel: str) -> int:
+        fd = dir_fds.get(rel)
+        if fd is None:
+            if len(dir_fds) >= 64:
+                for old in dir_fds.values():
+                    os.close(old)
+                dir_fds.clear()
+            fd = os.open(tmp / rel, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+            dir_fds[rel] = fd
+        return fd
+
+    try:
+        for rel, _m in plan.dirs:
+            ensure_dir(rel)
+        # Archive order = ascending offsets: the archive is read sequentially.
+        for rel, m in plan.files:
+            parent, _, base = rel.rpartition("/")
+            ensure_dir(parent)
+            mode = m.mode & 0o755 | 0o600  # tarfile 'data' filter semantics
+            if not m.mode & 0o100:
+                mode &= ~0o111
+            if use_dir_fd:
+                fd = os.open(base, flags, mode, dir_fd=open_dir(parent))
+            else:
+                fd = os.open(tmp / rel, flags, mode)
+            try:
+                if m.size:
+                    reader.copy_range_to(fd, m.offset_data, m.size, progress=progress)
+                if mode & umask:
+                    os.fchmod(fd, mode)
+                if use_utime_fd:
+                    os.utime(fd, (m.mtime, m.mtime))
+            finally:
+                os.close(fd)
+            if not use_utime_fd:
+                os.utime(tmp / rel, (m.mtime, m.mtime))
+    finally:
+        for fd in dir_fds.values():
+            os.close(fd)
+    # Directory times last (deepest first), as tarfile does; directory modes are left to the
+    # system default, as with tarfile's data filter.
+    for rel, m in sorted(plan.dirs, key=lambda t: t[0], reverse=True):
+        os.utime(tmp / rel, (m.mtime, m.mtime))
+
+
+def extract_cache_dir(
+    cache_key: str,
+    archive_files: Sequence[Path],
+    data_root: Path,
+    *,
+    progress: Callable[[int], None] | None = None,
+) -> ExtractionRecord:
+    """Extract one cache directory's archive (a whole tar or all its split parts) into
+    ``<data_root>/processed_datasets/<cache_key>/``, replacing an existing one atomically.
+
+    ``progress`` is called with the number of member bytes just written (increments).
+    Raises ArchiveError (missing part, truncated/corrupt stream), UnsafeArchiveError (a refused
+    member; nothing is written) or DiskSpaceError. Count mismatches are not errors here: they
+    are in the returned record's ``problems`` (see :func:`inspect_cache_dir`).
+    """
+    _check_cache_key(cache_key)
+    t0 = time.monotonic()
+    proc_root = layout.processed_root(data_root)
+    final = layout.cache_dir(data_root, cache_key)
+    record_path = layout.extraction_record_path(data_root, cache_key)
+    remove_stale(proc_root, final=cache_key)  # a rerun after a failure or kill starts clean
+    tar = open_archive_parts(archive_files)
+    assert isinstance(tar, _PartsTarFile)
+    with tar:
+        archive = tar.archive_name
+        plan = _plan_members(tar.getmembers(), cache_key)
+        if plan.problems:
+            raise _unsafe_error(archive, plan.problems)
+        total_bytes = sum(m.size for _, m in plan.files)
+        proc_root.mkdir(parents=True, exist_ok=True)
+        require_free_space(proc_root, total_bytes, f"extracting {archive} ({len(plan.files)} files)")
+        with staging(final, sweep_stale=False) as tmp:  # removed if anything below fails
+            try:
+                with disk_full_as(
+                    f"the disk at {proc_root} filled up while extracting {archive}.",
+                    fix="free disk space or choose another --data-root, then re-run",
+                ):
+                    _write_members(tar, plan, tmp, progress)
+            except EOFError as e:
+                raise ArchiveError(
+                    f"archive {archive} ended early while extracting: {e}.", fix=REDOWNLOAD_FIX
+                ) from e
+            record_path.unlink(missing_ok=True)  # a record only ever describes what is in place
+            publish_dir(tmp, final)
+        archives = [p.name for p in tar.archive_parts]
+    info = inspect_cache_dir(final)
+    record = ExtractionRecord(
+        cache_key=cache_key,
+        archives=archives,
+        files=len(plan.files),
+        bytes=total_bytes,
+        frame_files=len(info.frame_ids),
+        rows=info.rows,
+        total_trajectories=info.total_trajectories,
+        seconds=round(time.monotonic() - t0, 3),
+        layout=plan.layout,
+        problems=list(info.problems),
+    )
+    atomic_write_json(record_path, record.to_dict())
+    return record
+
+
+def load_extraction_record(data_root: Path, cache_key: str) -> ExtractionRecord | None:
+    """The per-key record written by the last successful extraction, or None (absent/unreadable)."""
+    p = layout.extraction_record_path(data_root, cache_key)
+    try:
+        return ExtractionRecord.from_dict(json.loads(p.read_text(encoding="utf-8")))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def write_extraction_report(data_root: Path, records: Sequence[ExtractionRecord]) -> Path:
+    """Write ``extraction_report.json`` at the data root (atomically): one entry per cache key
+    plus totals. Returns its path."""
+    by_key: dict[str, dict[str, Any]] = {}
+    for r in records:
+        if r.cache_key in by_key:
+            raise ValueError(f"two extraction records for cache key {r.cache_key!r}")
+        by_key[r.cache_key] = {
+            "archives": list(r.archives),
+            "layout": r.layout,
+            "files": r.files,
+            "bytes": r.bytes,
+            "trajectories_found": r.frame_files,
+            "rows": r.rows,
+            "total_trajectories": r.total_trajectories,
+            "seconds": r.seconds,
+            "problems": list(r.problems),
+        }
+    report = {
+        "cache_keys": dict(sorted(by_key.items())),
+        "totals": {
+            "cache_dirs": len(by_key),
+            "archives": sum(len(r.archives) for r in records),
+            "files": sum(r.files for r in records),
+            "bytes": sum(r.bytes for r in records),
+            "trajectories_found": sum(r.frame_files for r in records),
+            "rows": sum(r.rows for r in records),
+            "total_trajectories": sum(max(r.total_trajectories, 0) for r in records),
+            "seconds": round(sum(r.seconds for r in records), 3),
+            "problems": sum(len(r.problems) for r in records),
+        },
+    }
+    path = layout.extraction_report_path(data_root)
+    atomic_write_json(path, report)
+    return path

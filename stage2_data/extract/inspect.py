@@ -1,0 +1,156 @@
+"""What an extracted cache directory holds: counts cross-checked, its rows, stray entries."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+
+from .. import layout
+from ..errors import ArchiveError
+from ..formats import FormatError
+from ..formats import arrow as farrow
+from ..publish import is_temp_name
+
+_MAX_LISTED = 100  # per-kind cap on listed ids in inspection problems (the count is always given)
+
+
+@dataclass
+class CacheDirInfo:
+    """What an extracted cache directory holds. ``total_trajectories`` is -1 when
+    ``dataset_info.json`` is missing or unreadable (that is then one of the ``problems``)."""
+
+    cache_key: str
+    frame_ids: set[str]
+    rows: int
+    row_ids: list[str]
+    total_trajectories: int
+    problems: list[str]
+
+
+def _listed(kind: str, ids: Sequence[str]) -> list[str]:
+    out = [f"{kind}: {i}" for i in ids[:_MAX_LISTED]]
+    if len(ids) > _MAX_LISTED:
+        out.append(f"{kind}: ... and {len(ids) - _MAX_LISTED} more")
+    return out
+
+
+def inspect_cache_dir(cache_dir: Path) -> CacheDirInfo:
+    """Count and cross-check an extracted cache directory: ``dataset_info.json``'s
+    ``total_trajectories``, ``frames/trajectory_<ID>.npz`` files and the ids of the
+    ``processed_dataset/*.arrow`` rows. Every disagreement is a line of ``problems``."""
+    cache_dir = Path(cache_dir)
+    key = cache_dir.name
+    problems: list[str] = []
+    if not cache_dir.is_dir():
+        return CacheDirInfo(key, set(), 0, [], -1, [f"{key}: cache directory {cache_dir} does not exist"])
+
+    total = -1
+    info_path = cache_dir / "dataset_info.json"
+    if not info_path.is_file():
+        problems.append(f"{key}: missing dataset_info.json")
+    else:
+        try:
+            doc = json.loads(info_path.read_text(encoding="utf-8"))
+            t = doc.get("total_trajectories") if isinstance(doc, dict) else None
+            if isinstance(t, int) and not isinstance(t, bool) and t >= 0:
+                total = t
+            else:
+                problems.append(f"{key}: dataset_info.json has no valid total_trajectories (got {t!r})")
+        except (OSError, ValueError) as e:
+            problems.append(f"{key}: dataset_info.json is not valid JSON: {e}")
+
+    frame_ids: set[str] = set()
+    frames_dir = cache_dir / layout.FRAMES_SUBDIR
+    if not frames_dir.is_dir():
+        problems.append(f"{key}: missing {layout.FRAMES_SUBDIR}/ folder")
+    else:
+        odd: list[str] = []
+        with os.scandir(frames_dir) as it:
+            for entry in it:
+                m = layout.FRAME_FILE_RE.match(entry.name)
+                if m and entry.is_file(follow_symlinks=False):
+                    frame_ids.add(m.group("id"))
+                else:
+                    odd.append(entry.name)
+        problems.extend(_listed(f"{key}: unexpected entry in {layout.FRAMES_SUBDIR}/", sorted(odd)))
+
+    row_ids: list[str] = []
+    shards = farrow.list_shards(cache_dir)
+    if not shards:
+        problems.append(f"{key}: no processed_dataset/*.arrow files")
+    for shard in shards:
+        rel = f"processed_dataset/{shard.name}"
+        try:
+            with farrow.arrow_batches(shard) as (schema, batches):
+                if "id" not in schema.names:
+                    problems.append(f"{key}: {rel} has no 'id' column (columns: {', '.join(schema.names)})")
+                    continue
+                for batch in batches:
+                    col = batch.column("id")
+                    if col.null_count:
+                        problems.append(f"{key}: {rel} has {col.null_count} row(s) with a null id")
+                    row_ids.extend(str(v) for v in col.to_pylist() if v is not None)
+        except (OSError, pa.ArrowException) as e:
+            problems.append(f"{key}: {rel} is not a readable Arrow IPC file: {e}")
+
+    rows = len(row_ids)
+    counts: dict[str, int] = {}
+    for rid in row_ids:
+        counts[rid] = counts.get(rid, 0) + 1
+    dups = sorted(rid for rid, c in counts.items() if c > 1)
+    problems.extend(_listed(f"{key}: duplicate row id", dups))
+    n_frames = len(frame_ids)
+    if total >= 0 and total != n_frames:
+        problems.append(f"{key}: dataset_info.json total_trajectories={total} but {n_frames} frame files")
+    if total >= 0 and total != rows:
+        problems.append(
+            f"{key}: dataset_info.json total_trajectories={total} but {rows} processed_dataset rows"
+        )
+    if n_frames != rows:
+        problems.append(f"{key}: {n_frames} frame files but {rows} processed_dataset rows")
+    row_set = set(counts)
+    problems.extend(_listed(f"{key}: frame file without a row, id", sorted(frame_ids - row_set)))
+    problems.extend(_listed(f"{key}: row without a frame file, id", sorted(row_set - frame_ids)))
+    return CacheDirInfo(
+        cache_key=key,
+        frame_ids=frame_ids,
+        rows=rows,
+        row_ids=row_ids,
+        total_trajectories=total,
+        problems=problems,
+    )
+
+
+def read_processed_rows(cache_dir: Path, columns: Sequence[str] | None = None) -> pa.Table:
+    """All Arrow shards of ``processed_dataset/`` concatenated in file-name order (only
+    ``columns`` if given, in that order). A shard without one of ``columns`` is an ArchiveError."""
+    cache_dir = Path(cache_dir)
+    fix = f"delete {cache_dir} and re-run the build to extract it again from the pinned archive"
+    try:
+        return farrow.read_processed_table(cache_dir, columns, missing="error")
+    except FormatError as e:
+        raise ArchiveError(f"{e}.", fix=fix) from e
+
+
+def stray_entries(data_root: Path, expected_cache_keys: Iterable[str]) -> list[str]:
+    """Names in ``processed_datasets/`` that are not an expected cache directory (a directory, or
+    a link to one), sorted. The product's own temporary names (staging folders, moved-aside old
+    versions: :func:`stage2_data.publish.is_temp_name`) are ignored."""
+    root = layout.processed_root(data_root)
+    if not root.is_dir():
+        return []
+    expected = set(expected_cache_keys)
+    out: list[str] = []
+    with os.scandir(root) as it:
+        for entry in it:
+            if is_temp_name(entry.name):
+                continue
+            if entry.name in expected and entry.is_dir(follow_symlinks=True):
+                continue
+            out.append(entry.name)
+    return sorted(out)

@@ -1,0 +1,113 @@
+"""The ``processed_dataset`` Arrow files of a cache directory: the one reader.
+
+A cache directory holds ``processed_dataset/*.arrow``: the shards of a Hugging Face
+``save_to_disk`` folder, in the Arrow IPC *stream* format (what ``save_to_disk`` writes) or the IPC
+*file* format (``ARROW1`` magic). They are read memory-mapped, one batch at a time.
+
+One policy parameter decides what a missing column means, ``missing``:
+
+* ``"error"`` (the extraction's :func:`~stage2_data.extract.read_processed_rows`): a shard without
+  one of the asked columns raises FormatError naming the shard, the missing columns and the
+  columns it has;
+* ``"drop"`` (the kit's join): the columns a shard lacks are left out of its table, so the caller
+  sees which are absent (``table.column_names``) and reports each as its own problem. Shards that
+  then differ in their columns raise the "different schemas" error.
+
+The result keeps the asked column order and the shards' schema metadata. Errors are FormatError
+(a ``ValueError``) with one spelling; callers wrap them in their own error with their own fix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Literal
+
+import pyarrow as pa
+import pyarrow.ipc as pa_ipc
+
+from ..errors import FormatError
+
+__all__ = [
+    "PROCESSED_SUBDIR",
+    "MissingPolicy",
+    "arrow_batches",
+    "list_shards",
+    "read_processed_table",
+    "read_shard",
+]
+
+PROCESSED_SUBDIR = "processed_dataset"
+MissingPolicy = Literal["error", "drop"]
+_FILE_MAGIC = b"ARROW1"
+
+
+def list_shards(cache_dir: Path) -> list[Path]:
+    """The ``processed_dataset/*.arrow`` regular files of a cache directory, in name order ([] when
+    the folder is absent)."""
+    d = Path(cache_dir) / PROCESSED_SUBDIR
+    if not d.is_dir():
+        return []
+    return sorted((p for p in d.iterdir() if p.suffix == ".arrow" and p.is_file()), key=lambda p: p.name)
+
+
+@contextlib.contextmanager
+def arrow_batches(path: Path) -> Iterator[tuple[pa.Schema, Iterator[pa.RecordBatch]]]:
+    """``(schema, batches)`` of one Arrow IPC file, stream or file format, memory-mapped; the
+    batches are read one at a time while the block runs. Raises OSError / ``pa.ArrowException``."""
+    with pa.memory_map(str(path), "r") as source:
+        magic = source.read(len(_FILE_MAGIC))
+        source.seek(0)
+        if magic == _FILE_MAGIC:
+            freader = pa_ipc.open_file(source)
+            yield freader.schema, (freader.get_batch(i) for i in range(freader.num_record_batches))
+        else:
+            sreader = pa_ipc.open_stream(source)
+            yield sreader.schema, iter(sreader)
+
+
+def read_shard(
+    path: Path, columns: Sequence[str] | None = None, *, missing: MissingPolicy = "error"
+) -> pa.Table:
+    """One shard as a table: every column, or only ``columns`` (in that order; see ``missing``).
+    Raises FormatError naming the file when it is unreadable or (``missing="error"``) lacks a column."""
+    try:
+        with arrow_batches(path) as (schema, batches):
+            if columns is None:
+                return pa.Table.from_batches(list(batches), schema=schema)
+            absent = [c for c in columns if c not in schema.names]
+            if absent and missing == "error":
+                raise FormatError(
+                    f"no column(s) {', '.join(map(repr, absent))} (columns: {', '.join(schema.names)})",
+                    file=str(path),
+                )
+            cols = [c for c in columns if c in schema.names]
+            out_schema = pa.schema([schema.field(c) for c in cols], metadata=schema.metadata)
+            selected = [
+                pa.RecordBatch.from_arrays([b.column(c) for c in cols], schema=out_schema) for b in batches
+            ]
+            return pa.Table.from_batches(selected, schema=out_schema)
+    except (OSError, pa.ArrowException) as e:
+        raise FormatError(f"not a readable Arrow IPC file ({e})", file=str(path)) from e
+
+
+def read_processed_table(
+    cache_dir: Path, columns: Sequence[str] | None = None, *, missing: MissingPolicy = "error"
+) -> pa.Table:
+    """Every shard of ``<cache_dir>/processed_dataset/`` concatenated in file-name order (only
+    ``columns`` if given, in that order; ``missing`` decides about absent columns).
+
+    Raises FormatError: no shard (naming the folder), an unreadable shard or a missing column
+    (naming the shard), shards whose schemas differ (naming the folder)."""
+    pdir = Path(cache_dir) / PROCESSED_SUBDIR
+    shards = list_shards(Path(cache_dir))
+    if not shards:
+        raise FormatError(f"no {PROCESSED_SUBDIR}/*.arrow file", file=str(cache_dir))
+    tables = [read_shard(s, columns, missing=missing) for s in shards]
+    if len(tables) == 1:
+        return tables[0]
+    try:
+        return pa.concat_tables(tables)
+    except pa.ArrowInvalid as e:
+        raise FormatError(f"its Arrow files have different schemas ({e})", file=str(pdir)) from e

@@ -1,0 +1,174 @@
+"""JSON Lines: line-exact reading (with line numbers and per-line problems) and canonical writing.
+
+Two readings of "a line" exist in the product and both are kept, chosen by ``newlines``:
+
+* ``"lf"`` (the store's files): lines end at ``"\\n"`` only. JSON text may hold U+2028 and the
+  like (``str.splitlines`` would split on them) and a lone ``"\\r"`` is part of its line.
+* ``"universal"`` (the kit's manifests, as ``open(path, encoding="utf-8")`` iterates them):
+  ``"\\n"``, ``"\\r\\n"`` and a lone ``"\\r"`` each end a line.
+
+and two ways of decoding a line, chosen by ``strip``:
+
+* ``strip=False``: ``json.loads`` of the line (leading/trailing JSON whitespace allowed);
+* ``strip=True`` (the kit): the line is ``str.strip()``-ed, then exactly one JSON value must fill
+  it (anything after it is "extra data after the JSON value"); columns count in the stripped text.
+
+:func:`iter_json_lines` yields every line as a :class:`JsonLine`: its number, its text, and either
+the decoded value or the JSON error (message and column). What a caller requires of the value (an
+object, these fields) and how it words a problem stays with the caller.
+"""
+
+from __future__ import annotations
+
+import decimal
+import json
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+__all__ = [
+    "JsonLine",
+    "Newlines",
+    "Utf8Errors",
+    "dumps_line",
+    "iter_json_lines",
+    "jsonl_bytes",
+    "read_json_lines",
+    "split_lines",
+]
+
+Newlines = Literal["lf", "universal"]
+Utf8Errors = Literal["raise", "line"]
+
+_INT_DIGITS = 4000  # below Python's int <-> str conversion limit (4300 digits)
+
+
+def _json_int(text: str) -> int:
+    """A JSON integer of any length (``int()`` refuses more than 4300 digits)."""
+    return int(text) if len(text) <= _INT_DIGITS else int(decimal.Decimal(text))
+
+
+_DECODER = json.JSONDecoder(parse_int=_json_int)
+
+
+@dataclass(frozen=True, slots=True)
+class JsonLine:
+    """One line of a JSONL file. ``error`` is None when ``value`` was decoded."""
+
+    line: int  # 1-based
+    text: str  # the line without its line break (stripped when read with strip=True)
+    value: Any = None
+    error: str | None = None  # json's message, e.g. "Expecting value" (or why the line is not UTF-8)
+    column: int = 0  # 1-based column of the error (byte, when the line is not UTF-8)
+    utf8: bool = True  # False: the line is not UTF-8 text (``text`` is then "")
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def is_object(self) -> bool:
+        return self.error is None and isinstance(self.value, dict)
+
+
+def split_lines(data: bytes | str, *, newlines: Newlines = "lf") -> list[str]:
+    """The lines of a text (UTF-8 when bytes), without their line breaks; a last line without a
+    break counts, an empty tail after the last break does not."""
+    text = data.decode("utf-8") if isinstance(data, bytes | bytearray) else data
+    if newlines == "universal":
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines
+
+
+def _decode(text: str, strip: bool) -> tuple[Any, str | None, int]:
+    try:
+        if not strip:
+            return _DECODER.decode(text), None, 0
+        obj, end = _DECODER.raw_decode(text)
+        if end != len(text):
+            raise json.JSONDecodeError("extra data after the JSON value", text, end)
+        return obj, None, 0
+    except json.JSONDecodeError as e:
+        return None, e.msg, e.colno
+    except RecursionError:
+        return None, "nested too deeply", 1
+
+
+def _split_bytes(data: bytes, newlines: Newlines) -> list[bytes]:
+    """:func:`split_lines` of undecoded bytes (no UTF-8 sequence holds a CR or LF byte)."""
+    if newlines == "universal":
+        return data.splitlines()  # bytes: breaks at \n, \r\n and \r only
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    return lines
+
+
+def iter_json_lines(
+    data: bytes | str,
+    *,
+    newlines: Newlines = "lf",
+    strip: bool = False,
+    skip_blank: bool = True,
+    utf8_errors: Utf8Errors = "raise",
+) -> Iterator[JsonLine]:
+    """Every line of ``data`` decoded on its own. Blank lines (whitespace only) are skipped unless
+    ``skip_blank`` is False (then they are lines with the error "Expecting value"). Bytes that are
+    not UTF-8 raise UnicodeDecodeError, or with ``utf8_errors="line"`` make their line a
+    :class:`JsonLine` with ``utf8=False`` (the other lines are read as usual)."""
+    if utf8_errors == "line" and isinstance(data, bytes | bytearray):
+        for lineno, raw_bytes in enumerate(_split_bytes(bytes(data), newlines), start=1):
+            try:
+                raw = raw_bytes.decode("utf-8")
+            except UnicodeDecodeError as e:
+                yield JsonLine(lineno, "", None, e.reason, e.start + 1, utf8=False)
+                continue
+            yield from _decode_line(lineno, raw, strip, skip_blank)
+        return
+    for lineno, raw in enumerate(split_lines(data, newlines=newlines), start=1):
+        yield from _decode_line(lineno, raw, strip, skip_blank)
+
+
+def _decode_line(lineno: int, raw: str, strip: bool, skip_blank: bool) -> Iterator[JsonLine]:
+    if skip_blank and not raw.strip():
+        return
+    text = raw.strip() if strip else raw
+    value, error, column = _decode(text, strip)
+    yield JsonLine(lineno, text, value, error, column)
+
+
+def read_json_lines(
+    path: str | os.PathLike[str],
+    *,
+    newlines: Newlines = "lf",
+    strip: bool = False,
+    skip_blank: bool = True,
+    utf8_errors: Utf8Errors = "raise",
+) -> Iterator[JsonLine]:
+    """:func:`iter_json_lines` over a file's bytes (UTF-8; see ``utf8_errors``)."""
+    return iter_json_lines(
+        Path(path).read_bytes(),
+        newlines=newlines,
+        strip=strip,
+        skip_blank=skip_blank,
+        utf8_errors=utf8_errors,
+    )
+
+
+def dumps_line(obj: Any, *, compact: bool = True) -> str:
+    """One JSONL line (with its ``"\\n"``). ``compact`` (the store's canonical form): no spaces,
+    UTF-8 kept, NaN refused. ``compact=False``: ``json.dumps`` defaults (the kit manifests the demo
+    writes: ``", "`` / ``": "`` separators, ASCII escapes)."""
+    if compact:
+        return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False) + "\n"
+    return json.dumps(obj) + "\n"
+
+
+def jsonl_bytes(rows: Iterable[Any], *, compact: bool = True) -> bytes:
+    """The UTF-8 bytes of a JSONL file, one :func:`dumps_line` per row."""
+    return "".join(dumps_line(r, compact=compact) for r in rows).encode("utf-8")

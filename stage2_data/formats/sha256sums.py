@@ -1,0 +1,156 @@
+"""``sha256sum`` checksum files: every spelling ``sha256sum`` writes or ``sha256sum -c`` accepts.
+
+One line per file, any of:
+
+* ``<hex>  <name>`` (text mode) and ``<hex> *<name>`` (binary mode), as ``sha256sum`` writes;
+* ``<hex> <name>`` (one space: the "reversed BSD" form ``sha256sum -c`` also accepts);
+* ``SHA256 (<name>) = <hex>`` (``sha256sum --tag``; the space before ``(`` is optional);
+* any of these with a leading ``\\``: the name is escaped (``\\\\`` a backslash, ``\\n`` a newline,
+  ``\\r`` a carriage return), as ``sha256sum`` writes names holding those characters.
+
+The digest may be upper or lower case (entries hold it in lower case). Lines end at ``\\n``; one
+``\\r`` before it (a CRLF file) is dropped. Blank lines and ``#`` comment lines are skipped.
+Names are kept as written (a ``./`` prefix included): what a name may be is the caller's rule.
+Every malformed line and every duplicate name is gathered and reported at once, with its line
+number (a :class:`~stage2_data.errors.ProblemsError`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ProblemsError
+
+__all__ = [
+    "ChecksumEntry",
+    "format_sha256sums",
+    "parse_sha256sums",
+    "parse_sha256sums_text",
+    "read_single_sha256_file",
+]
+
+_GNU_RE = re.compile(r"^(?P<hex>[0-9a-fA-F]{64})[ \t](?P<mode>[ *]?)(?P<name>.+)$", re.DOTALL)
+_TAG_RE = re.compile(r"^SHA256 ?\((?P<name>.*)\)[ \t]*=[ \t]*(?P<hex>[0-9a-fA-F]{64})$", re.DOTALL)
+_UNESCAPE = {"\\": "\\", "n": "\n", "r": "\r"}
+
+
+@dataclass(frozen=True)
+class ChecksumEntry:
+    digest: str  # 64 lowercase hex
+    path: str  # the name as the file gives it (unescaped)
+    line: int  # 1-based
+
+
+def _unescape(name: str) -> str | None:
+    out: list[str] = []
+    i = 0
+    while i < len(name):
+        c = name[i]
+        if c == "\\":
+            nxt = _UNESCAPE.get(name[i + 1 : i + 2])
+            if nxt is None:
+                return None
+            out.append(nxt)
+            i += 2
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def _parse_line(line: str) -> tuple[str, str] | None:
+    """(digest, name) of one line, or None when it is not a sha256sum line."""
+    s = line.lstrip(" \t")
+    escaped = s.startswith("\\")
+    if escaped:
+        s = s[1:]
+    m = _TAG_RE.match(s) or _GNU_RE.match(s)
+    if m is None:
+        return None
+    name = m.group("name")
+    if escaped:
+        unescaped = _unescape(name)
+        if unescaped is None:
+            return None
+        name = unescaped
+    if not name:
+        return None
+    return m.group("hex").lower(), name
+
+
+def parse_sha256sums_text(text: str, where: str) -> list[ChecksumEntry]:
+    """Parse the text of a checksum file; ``where`` names it in problems (``<where>:<line>: ...``)."""
+    entries: list[ChecksumEntry] = []
+    problems: list[str] = []
+    seen: dict[str, int] = {}
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    for lineno, raw in enumerate(lines, start=1):
+        line = raw[:-1] if raw.endswith("\r") else raw
+        if not line.strip() or line.startswith("#"):
+            continue
+        parsed = _parse_line(line)
+        if parsed is None:
+            problems.append(f"{where}:{lineno}: not '<64 hex>  <path>': {line[:80]!r}")
+            continue
+        digest, rel = parsed
+        if rel in seen:
+            problems.append(f"{where}:{lineno}: duplicate path {rel} (first on line {seen[rel]})")
+            continue
+        seen[rel] = lineno
+        entries.append(ChecksumEntry(digest, rel, lineno))
+    if problems:
+        raise ProblemsError(
+            f"malformed checksum file {where}",
+            problems,
+            fix=f"regenerate {Path(where).name} with `sha256sum`",
+        )
+    return entries
+
+
+def parse_sha256sums(path: str | os.PathLike[str]) -> list[ChecksumEntry]:
+    """Parse a ``sha256sum`` file (any spelling above). Raises FileNotFoundError, or ProblemsError
+    listing every malformed line (file:line) and duplicate path; a file that is not UTF-8 is one
+    problem."""
+    p = Path(path)
+    data = p.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        lineno = data[: e.start].count(b"\n") + 1
+        raise ProblemsError(
+            f"malformed checksum file {p}",
+            [f"{p}:{lineno}: not UTF-8 text"],
+            fix=f"regenerate {p.name} with `sha256sum`",
+        ) from None
+    return parse_sha256sums_text(text, str(p))
+
+
+def read_single_sha256_file(path: str | os.PathLike[str]) -> tuple[str, str]:
+    """Read a one-line ``.sha256`` file; returns (digest, named file)."""
+    entries = parse_sha256sums(path)
+    if len(entries) != 1:
+        raise ProblemsError(
+            f"checksum file {path}",
+            [f"expected exactly one line, found {len(entries)}"],
+            fix=f"write it with `sha256sum FILE > {Path(path).name}`",
+        )
+    return entries[0].digest, entries[0].path
+
+
+def format_sha256sums(entries: Iterable[tuple[str, str]]) -> str:
+    """The text ``sha256sum`` writes (text mode) for (digest, name) pairs, in the given order; a
+    name holding a backslash, newline or carriage return is escaped and its line starts with ``\\``."""
+    out: list[str] = []
+    for digest, name in entries:
+        if any(c in name for c in "\\\n\r"):
+            esc = name.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
+            out.append(f"\\{digest}  {esc}\n")
+        else:
+            out.append(f"{digest}  {name}\n")
+    return "".join(out)

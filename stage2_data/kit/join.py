@@ -1,0 +1,410 @@
+"""The join: pairs, action manifests, processed_dataset rows, frame files and sidecars joined by
+trajectory id (never by row order) into ``tables/trajectory_join.parquet``."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .. import layout
+from ..errors import KitError
+from ..formats import FormatError
+from ..formats import arrow as farrow
+from ..profile import Profile
+from ..publish import UMASK_MODE, atomic_write_bytes
+from .listing import file_sizes, list_files, sidecar_dirs
+from .manifests import RECOVERED, ActionRow, PairRow, load_action_manifests, load_pairs
+from .problems import missing_frames_problem, unnamed_sidecar_problem
+from .sidecars import _read_sidecars, _SidecarInfo
+
+__all__ = ["JOIN_SCHEMA", "PROCESSED_COLUMNS", "JoinResult", "build_join_table"]
+
+# The processed_dataset columns the join reads (a cache directory without one of them is a problem).
+PROCESSED_COLUMNS = (
+    "id",
+    "task",
+    "data_source",
+    "is_robot",
+    "quality_label",
+    "partial_success",
+    "num_frames",
+)
+
+JOIN_SCHEMA = pa.schema(
+    [
+        ("stage2_trajectory_id", pa.string()),
+        ("cache_key", pa.string()),
+        ("source", pa.string()),
+        ("data_source", pa.string()),
+        ("frames_path", pa.string()),
+        ("frames_present", pa.bool_()),
+        ("frames_bytes", pa.int64()),
+        ("in_pairs", pa.bool_()),
+        ("split", pa.string()),
+        ("pair_count", pa.int64()),
+        ("task", pa.string()),
+        ("quality_label", pa.string()),
+        ("partial_success", pa.float32()),
+        ("is_robot", pa.bool_()),
+        ("num_frames", pa.int64()),
+        ("in_processed_dataset", pa.bool_()),
+        ("action_source", pa.string()),
+        ("action_status", pa.string()),
+        ("sidecar_path", pa.string()),
+        ("sidecar_present", pa.bool_()),
+        ("sidecar_bytes", pa.int64()),
+        ("sidecar_sha256", pa.string()),
+        ("sidecar_sha256_ok", pa.bool_()),
+        ("raw_width", pa.int64()),
+        ("metadata_raw_width", pa.int64()),
+        ("expected_width", pa.int64()),
+        ("aligned_length", pa.int64()),
+        ("width_ok", pa.bool_()),
+        ("length_ok", pa.bool_()),
+    ]
+)
+
+
+@dataclass
+class JoinResult:
+    table_path: Path
+    rows: int
+    problems: list[str]
+    counts: dict[str, Any]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "table_path": str(self.table_path),
+            "rows": self.rows,
+            "problems": list(self.problems),
+            "counts": self.counts,
+        }
+
+
+def _write_parquet_atomic(table: pa.Table, path: Path) -> None:
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd", write_statistics=True)
+    atomic_write_bytes(path, sink.getvalue().to_pybytes(), mode=UMASK_MODE)
+
+
+def _first_action_rows(rows: Sequence[ActionRow]) -> dict[str, ActionRow]:
+    out: dict[str, ActionRow] = {}
+    for r in rows:
+        out.setdefault(r.stage2_trajectory_id, r)
+    return out
+
+
+def _load_kit(profile: Profile) -> tuple[Path, list[PairRow], list[ActionRow], list[str]]:
+    pairs_path = profile.kit_file("pair_manifest")
+    pairs, p1 = load_pairs(pairs_path)
+    actions, p2 = load_action_manifests(profile.kit_file("action_manifest_dir"))
+    return pairs_path, pairs, actions, p1 + p2
+
+
+@dataclass
+class _PairFacts:
+    pair_count: Counter[str] = field(default_factory=Counter)
+    split_of: dict[str, str] = field(default_factory=dict)
+    task_of: dict[str, str] = field(default_factory=dict)
+    frames_of: dict[str, tuple[str, int]] = field(default_factory=dict)  # id -> (frames path, first line)
+
+
+def _pair_facts(pairs: Sequence[PairRow]) -> _PairFacts:
+    f = _PairFacts()
+    for row in pairs:
+        chosen, rejected = row.trajectories()
+        for tid, fpath in (chosen, rejected) if chosen[0] != rejected[0] else (chosen,):
+            f.pair_count[tid] += 1
+            if row.split in layout.SPLITS:
+                f.split_of.setdefault(tid, row.split)
+            f.task_of.setdefault(tid, row.task)
+            f.frames_of.setdefault(tid, (fpath, row.line))
+    return f
+
+
+@dataclass
+class _ProcessedFacts:
+    meta: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> processed_dataset columns
+    frames_bytes: dict[str, int] = field(default_factory=dict)  # id -> size of its frames file
+
+
+def _processed_facts(
+    data_root: Path, ids_by_ck: dict[str, list[str]], named_at: Callable[[str], str], problems: list[str]
+) -> _ProcessedFacts:
+    """processed_dataset rows (by id) and frame-file sizes of the trajectories each cache dir must hold."""
+    out = _ProcessedFacts()
+    for ck in sorted(ids_by_ck):
+        cdir = layout.cache_dir(data_root, ck)
+        pdir = cdir / farrow.PROCESSED_SUBDIR
+        wanted = ids_by_ck[ck]
+        if not cdir.is_dir():
+            problems.append(
+                f"cache directory {cdir} is absent ({len(wanted)} trajectories named by the kit, "
+                f"e.g. {wanted[0]} at {named_at(wanted[0])})"
+            )
+            continue
+        try:
+            table: pa.Table | None = farrow.read_processed_table(cdir, PROCESSED_COLUMNS, missing="drop")
+        except FormatError as e:
+            problems.append(str(e))
+            table = None
+        if table is not None and "id" not in table.column_names:
+            problems.append(f"{pdir}: has no 'id' column")
+        elif table is not None:
+            pcols = {c: table.column(c).to_pylist() for c in table.column_names if c != "id"}
+            problems.extend(
+                f"{pdir}: has no {c!r} column" for c in PROCESSED_COLUMNS if c != "id" and c not in pcols
+            )
+            want = set(wanted)
+            row_of: dict[str, int] = {}
+            for i, rid in enumerate(table.column("id").to_pylist()):
+                if rid not in want:
+                    continue
+                if rid in row_of:
+                    problems.append(f"{pdir}: duplicate id {rid} (rows {row_of[rid]} and {i})")
+                    continue
+                row_of[rid] = i
+            for tid in wanted:
+                i = row_of.get(tid, -1)
+                if i < 0:
+                    problems.append(f"trajectory {tid} (named at {named_at(tid)}) is not a row of {pdir}")
+                else:
+                    out.meta[tid] = {c: v[i] for c, v in pcols.items()}
+        fdir = cdir / layout.FRAMES_SUBDIR
+        names = list_files(fdir) or set()
+        by_name = {f"trajectory_{t}.npz": t for t in wanted}
+        for name, size in file_sizes(fdir, [n for n in by_name if n in names]).items():
+            out.frames_bytes[by_name[name]] = size
+    return out
+
+
+def _expected_widths(
+    profile: Profile, widths_seen: dict[str, Counter[int]]
+) -> tuple[dict[str, int], dict[str, str]]:
+    """Per source: the profile's ``expected.action_width_by_source``, else the majority width (ties
+    go to the smaller width) of that source's sidecars."""
+    pinned = profile.expected.action_width_by_source
+    expected: dict[str, int] = {}
+    basis: dict[str, str] = {}
+    for source in sorted(set(widths_seen) | set(pinned)):
+        if source in pinned:
+            expected[source] = pinned[source]
+            basis[source] = "profile expected.action_width_by_source"
+        elif widths_seen[source]:
+            expected[source] = min(widths_seen[source].items(), key=lambda kv: (-kv[1], kv[0]))[0]
+            basis[source] = "majority of the source's sidecars"
+    return expected, basis
+
+
+def build_join_table(
+    profile: Profile,
+    data_root: Path,
+    *,
+    check_sidecar_sha256: bool = True,
+    workers: int | None = None,
+) -> JoinResult:
+    """Join pairs, action manifests, processed_dataset rows, frame files and sidecars by trajectory
+    id; write ``tables/trajectory_join.parquet`` atomically (sorted by id) and return the problems
+    found (gathered, not raised)."""
+    data_root = Path(data_root)
+    pairs_path, pairs, actions, problems = _load_kit(profile)
+    derived = layout.derived_root(data_root)
+    derived_s = str(derived)
+    pf = _pair_facts(pairs)
+    action_of = _first_action_rows(actions)
+    ids = sorted(set(pf.pair_count) | set(action_of))
+
+    def named_at(tid: str) -> str:
+        fr = pf.frames_of.get(tid)
+        if fr is not None:
+            return f"{pairs_path}:{fr[1]}"
+        ar = action_of.get(tid)
+        return ar.where if ar is not None else "?"
+
+    # --- cache key of each trajectory: the pair's frames path, else the action row's ------------
+    cache_key_of: dict[str, str | None] = {}
+    ids_by_ck: dict[str, list[str]] = defaultdict(list)
+    for tid in ids:
+        ck: str | None = None
+        fr = pf.frames_of.get(tid)
+        if fr is not None:
+            m = layout.FRAMES_PATH_RE.match(fr[0])
+            ck = m.group("cache_key") if m else None
+        ar = action_of.get(tid)
+        if ar is not None:
+            if ck is not None and ar.cache_key != ck:
+                problems.append(
+                    f"{ar.where}: trajectory {tid}: cache_key {ar.cache_key!r} differs from the pair "
+                    f"manifest's {ck!r} ({named_at(tid)})"
+                )
+            elif ck is None:
+                ck = ar.cache_key
+        cache_key_of[tid] = ck
+        if ck is not None:
+            ids_by_ck[ck].append(tid)
+
+    proc = _processed_facts(data_root, ids_by_ck, named_at, problems)
+
+    # pair frames files missing (once per trajectory, at its first line)
+    for tid, (fpath, line) in sorted(pf.frames_of.items(), key=lambda kv: (kv[1][1], kv[0])):
+        if layout.FRAMES_PATH_RE.match(fpath) and tid not in proc.frames_bytes:
+            problems.append(missing_frames_problem(pairs_path, line, fpath, tid, data_root))
+
+    # --- sidecars: on disk vs named; then read the present ones -------------------------------
+    on_disk = {
+        f"{layout.SIDECARS_DIR}/{source}/{name}"
+        for source, names in sidecar_dirs(derived).items()
+        for name in names
+    }
+    named = {ar.sidecar_path for ar in actions if ar.sidecar_path is not None}
+    to_read: list[str] = []
+    for tid in ids:
+        ar = action_of.get(tid)
+        if ar is None or ar.sidecar_path is None:
+            continue
+        if ar.sidecar_path in on_disk:
+            to_read.append(tid)
+        elif ar.status == RECOVERED:
+            problems.append(
+                f"{ar.where}: trajectory {tid} is {RECOVERED!r} but its sidecar "
+                f"{derived_s}/{ar.sidecar_path} is missing"
+            )
+    problems.extend(unnamed_sidecar_problem(derived, rel) for rel in sorted(on_disk - named))
+    read = _read_sidecars(
+        [f"{derived_s}/{action_of[t].sidecar_path}" for t in to_read], check_sidecar_sha256, workers
+    )
+    infos = dict(zip(to_read, read, strict=True))
+    widths_seen: dict[str, Counter[int]] = defaultdict(Counter)
+    for tid, si in infos.items():
+        problems.extend(si.problems)
+        if si.raw_width is not None:
+            widths_seen[action_of[tid].source][si.raw_width] += 1
+    expected_width, width_basis = _expected_widths(profile, widths_seen)
+
+    # --- assemble rows -------------------------------------------------------------------------
+    cols: dict[str, list[Any]] = {f.name: [] for f in JOIN_SCHEMA}
+    no_info = _SidecarInfo()
+    for tid in ids:
+        ck = cache_key_of[tid]
+        md = proc.meta.get(tid, {})
+        ar = action_of.get(tid)
+        info = infos.get(tid)
+        inf = info or no_info
+        fr = pf.frames_of.get(tid)
+        num_frames = md.get("num_frames")
+        sha_ok: bool | None = None
+        width_ok: bool | None = None
+        length_ok: bool | None = None
+        exp_w: int | None = None
+        if ar is not None:
+            exp_w = expected_width.get(ar.source)
+            where = f"{derived_s}/{ar.sidecar_path} (trajectory {tid}, {ar.where})"
+            if info is not None and check_sidecar_sha256 and info.sha256 is not None:
+                sha_ok = info.sha256 == ar.sidecar_sha256
+                if not sha_ok:
+                    problems.append(
+                        f"{ar.where}: trajectory {tid}: sidecar {derived_s}/{ar.sidecar_path} has sha256 "
+                        f"{info.sha256}, the manifest says {ar.sidecar_sha256}"
+                    )
+            raw_w = inf.raw_width
+            if raw_w is not None:
+                width_ok = True
+                if exp_w is not None and raw_w != exp_w:
+                    width_ok = False
+                    problems.append(
+                        f"{where}: raw action width {raw_w} contradicts source {ar.source!r} width {exp_w} "
+                        f"({width_basis.get(ar.source, '')})"
+                    )
+                if inf.metadata_raw_width is not None and inf.metadata_raw_width != raw_w:
+                    width_ok = False
+                    problems.append(
+                        f"{where}: metadata_json raw_width {inf.metadata_raw_width} but raw_actions width {raw_w}"
+                    )
+                if inf.aligned_width is not None and inf.aligned_width != raw_w:
+                    width_ok = False
+                    problems.append(
+                        f"{where}: aligned_actions width {inf.aligned_width} but raw_actions width {raw_w}"
+                    )
+            if inf.aligned_length is not None and isinstance(num_frames, int):
+                length_ok = inf.aligned_length == num_frames
+                if not length_ok:
+                    problems.append(
+                        f"{where}: aligned_actions has {inf.aligned_length} rows but the trajectory has "
+                        f"num_frames {num_frames}"
+                    )
+        data_source = md.get("data_source")
+        task = md.get("task")
+        cols["stage2_trajectory_id"].append(tid)
+        cols["cache_key"].append(ck)
+        cols["source"].append(ar.source if ar is not None else data_source)
+        cols["data_source"].append(data_source)
+        cols["frames_path"].append(
+            fr[0] if fr is not None else (layout.frames_relpath(ck, tid) if ck else None)
+        )
+        cols["frames_present"].append(tid in proc.frames_bytes)
+        cols["frames_bytes"].append(proc.frames_bytes.get(tid))
+        cols["in_pairs"].append(tid in pf.pair_count)
+        cols["split"].append(pf.split_of.get(tid))
+        cols["pair_count"].append(pf.pair_count.get(tid, 0))
+        cols["task"].append(task if task is not None else pf.task_of.get(tid))
+        cols["quality_label"].append(md.get("quality_label"))
+        cols["partial_success"].append(md.get("partial_success"))
+        cols["is_robot"].append(md.get("is_robot"))
+        cols["num_frames"].append(num_frames)
+        cols["in_processed_dataset"].append(tid in proc.meta)
+        cols["action_source"].append(ar.source if ar is not None else None)
+        cols["action_status"].append(ar.status if ar is not None else None)
+        cols["sidecar_path"].append(ar.sidecar_path if ar is not None else None)
+        cols["sidecar_present"].append(
+            (info is not None) if ar is not None and ar.sidecar_path is not None else None
+        )
+        cols["sidecar_bytes"].append(inf.bytes)
+        cols["sidecar_sha256"].append(ar.sidecar_sha256 if ar is not None else None)
+        cols["sidecar_sha256_ok"].append(sha_ok)
+        cols["raw_width"].append(inf.raw_width)
+        cols["metadata_raw_width"].append(inf.metadata_raw_width)
+        cols["expected_width"].append(exp_w)
+        cols["aligned_length"].append(inf.aligned_length)
+        cols["width_ok"].append(width_ok)
+        cols["length_ok"].append(length_ok)
+    try:
+        table = pa.table(cols, schema=JOIN_SCHEMA)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+        raise KitError(
+            "trajectory join",
+            [f"a processed_dataset column has an unexpected type ({e})"],
+            fix="check the processed_dataset schema of the cache directories against kit-format.md",
+        ) from None
+    out = layout.join_table_path(data_root)
+    _write_parquet_atomic(table, out)
+
+    status_counts = Counter(ar.status for ar in action_of.values())
+    counts: dict[str, Any] = {
+        "rows": len(ids),
+        "pair_rows": len(pairs),
+        "in_pairs": len(pf.pair_count),
+        "action_manifest_rows": len(actions),
+        "with_action_row": len(action_of),
+        "action_status": dict(sorted(status_counts.items())),
+        "sidecars_named": sum(1 for a in action_of.values() if a.sidecar_path),
+        "sidecars_present": len(infos),
+        "sidecars_by_source": dict(sorted(Counter(action_of[t].source for t in infos).items())),
+        "frames_present": len(proc.frames_bytes),
+        "in_processed_dataset": len(proc.meta),
+        "split": dict(sorted(Counter(pf.split_of.values()).items())),
+        "expected_width_by_source": dict(sorted(expected_width.items())),
+        "width_basis": dict(sorted(width_basis.items())),
+        "sidecar_sha256_checked": check_sidecar_sha256,
+        "problems": len(problems),
+    }
+    return JoinResult(table_path=out, rows=len(ids), problems=problems, counts=counts)

@@ -1,0 +1,182 @@
+"""The byte check: every file the kit's subset SHA256SUMS lists, hashed in parallel and compared;
+plus the frame files the pairs use that SHA256SUMS does not list."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ProblemsError
+from ..formats.sha256sums import parse_sha256sums
+from ..profile import Profile
+from .manifests import load_pairs
+
+__all__ = ["ByteReport", "verify_subset_bytes"]
+
+
+@dataclass
+class ByteReport:
+    """``matched`` counts the files whose digest matched; ``ok`` says whether everything passed
+    (the brief's ``ok: int`` count and ``ok`` property cannot share one name: the count is
+    ``matched`` so that ``if report.ok`` can never pass a failed check)."""
+
+    files: int
+    bytes: int
+    matched: int
+    mismatched: list[str]
+    missing: list[str]
+    unlisted: list[str]
+    seconds: float
+    problems: list[str] = field(default_factory=list)
+    # Every finding as one located message (``<file>:<line>: ...``): the checksum file's line of a
+    # mismatched or missing file, the pair manifest's first line of an unlisted one; plus problems.
+    details: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.mismatched or self.missing or self.unlisted or self.problems) and (
+            self.matched == self.files
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ok"] = self.ok
+        return d
+
+
+def _plain_relpath(rel: str) -> bool:
+    return bool(rel) and not rel.startswith("/") and all(p not in ("", ".", "..") for p in rel.split("/"))
+
+
+_HASH_BUFFER = 4 * 1024 * 1024
+_thread_state = threading.local()
+
+
+def _sha256_and_size(path: Path) -> tuple[str, int]:
+    """sha256 and size of a file, read into one buffer per thread, reused for every file: a fresh
+    buffer per file (``f.read()``) costs page faults that, for frame files, exceed the hashing
+    itself. hashlib releases the GIL while it hashes, so threads hash in parallel."""
+    buf: bytearray | None = getattr(_thread_state, "buf", None)
+    if buf is None:
+        buf = _thread_state.buf = bytearray(_HASH_BUFFER)
+    view = memoryview(buf)
+    h = hashlib.sha256()
+    size = 0
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        while n := os.readv(fd, [buf]):
+            h.update(view[:n])
+            size += n
+    finally:
+        os.close(fd)
+    return h.hexdigest(), size
+
+
+def verify_subset_bytes(
+    profile: Profile,
+    data_root: Path,
+    *,
+    workers: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> ByteReport:
+    """Hash every file the subset SHA256SUMS lists (relative to the data root), in parallel, and
+    compare. Also lists the frame files used by pairs that SHA256SUMS does not list.
+    ``progress(files_done, files_total)`` is called after each file."""
+    t0 = time.perf_counter()
+    data_root = Path(data_root)
+    sums_path = profile.kit_file("subset_checksums")
+    problems: list[str] = []
+    try:
+        entries = parse_sha256sums(sums_path)
+    except FileNotFoundError:
+        entries = []
+        problems.append(f"{sums_path}: subset checksum file does not exist")
+    except ProblemsError as err:
+        entries = []
+        problems.extend(err.problems)
+    todo = []
+    for ent in entries:
+        if not _plain_relpath(ent.path):
+            problems.append(
+                f"{sums_path}:{ent.line}: path {ent.path!r} is not a plain relative path; not checked"
+            )
+            continue
+        todo.append(ent)
+
+    root = os.fspath(data_root) + os.sep
+
+    def hash_chunk(rels: list[str]) -> list[tuple[str, str | None, int]]:
+        out: list[tuple[str, str | None, int]] = []
+        for rel in rels:
+            try:
+                out.append((rel, *_sha256_and_size(Path(root + rel))))
+            except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+                out.append((rel, None, 0))
+        return out
+
+    results: dict[str, tuple[str | None, int]] = {}
+    n = workers or max(2, os.cpu_count() or 2)
+    rels = [ent.path for ent in todo]
+    # Chunks of files rather than one task per file: a hand-off per file between threads costs
+    # about as much as hashing a small frame file. Several chunks per thread keep the load even.
+    size = max(1, min(64, len(rels) // (n * 8)))
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        futs = [pool.submit(hash_chunk, rels[i : i + size]) for i in range(0, len(rels), size)]
+        done = 0
+        for fut in as_completed(futs):
+            for rel, digest, nbytes in fut.result():
+                results[rel] = (digest, nbytes)
+                done += 1
+                if progress is not None:
+                    progress(done, len(rels))
+    mismatched: list[str] = []
+    missing: list[str] = []
+    details: list[str] = []
+    ok = 0
+    total_bytes = 0
+    for ent in todo:
+        actual, size = results[ent.path]
+        if actual is None:
+            missing.append(ent.path)
+            details.append(f"{sums_path}:{ent.line}: {data_root / ent.path} is missing")
+            continue
+        total_bytes += size
+        if actual == ent.digest:
+            ok += 1
+        else:
+            mismatched.append(f"{ent.path}: expected {ent.digest}, actual {actual}")
+            details.append(
+                f"{sums_path}:{ent.line}: {data_root / ent.path} has sha256 {actual}, expected {ent.digest}"
+            )
+    listed = {ent.path for ent in entries}
+    pairs_path = profile.kit_file("pair_manifest")
+    pairs, pair_problems = load_pairs(pairs_path)
+    first_line: dict[str, int] = {}
+    for r in pairs:
+        for _, fp in r.trajectories():
+            first_line.setdefault(fp, r.line)
+    unlisted = sorted(fp for fp in first_line if fp not in listed)
+    details += [
+        f"{pairs_path}:{first_line[fp]}: frames file {fp} is used by a pair but not listed in {sums_path}"
+        for fp in unlisted
+    ]
+    if not pairs and pair_problems:
+        problems.extend(pair_problems)
+    return ByteReport(
+        files=len(entries),
+        bytes=total_bytes,
+        matched=ok,
+        mismatched=mismatched,
+        missing=missing,
+        unlisted=unlisted,
+        seconds=time.perf_counter() - t0,
+        problems=problems,
+        details=problems + details,
+    )

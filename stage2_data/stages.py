@@ -1,0 +1,135 @@
+"""The asset graph's names and the stages of a build, in order: the one table that `stage2 build`
+(``stage2_pipelines.runner``), the schedules and sensors (``stage2_pipelines.rebuild``), the checks
+(``checks.py``) and the progress display (``progress.py``) read. Dagster-free; imports nothing.
+
+A build goes through four stages. A stage materializes its assets in one run, or in one run per
+partition (per archive, per cache key), largest first. What runs next is decided here, once:
+
+- :func:`next_stage`: the stage after a given one (None after the last);
+- :func:`stage_partitions`: the partitions of a stage that may run, given the runs that failed
+  before it: a partition whose upstream partition failed is left out (a cache key whose archive
+  failed), and an unpartitioned stage runs only when nothing before it failed.
+
+`stage2 build` walks the stages in one process; a scheduled rebuild walks the same stages as Dagster
+runs, one stage at a time (the ``advance_rebuilds`` sensor asks :func:`next_stage` when a stage is
+complete). A rebuild has no profile stage of its own: it starts at ``acquire``, and the store
+stage's job materializes ``pinned_profile`` again with the kit and the store (``JOB_ASSETS``).
+
+To add a stage: add its assets below, a :class:`Stage` to ``STAGES`` at its place, and the assets
+in ``stage2_assets``; the CLI, the rebuild sensor and the progress display follow the table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .profile import Profile
+
+# ----- assets, in graph order ----------------------------------------------------------------------
+PINNED_PROFILE = "pinned_profile"
+ARCHIVE_FILE = "archive_file"  # one partition per archive file
+CACHE_DIR = "cache_dir"  # one partition per cache key
+EXTRACTION_REPORT = "extraction_report"
+ACTION_SIDECARS = "action_sidecars"
+TRAJECTORY_JOIN = "trajectory_join"
+SUBSET_CHECKSUMS = "subset_checksums"
+VIN_STORE = "vin_store"
+ASSETS: tuple[str, ...] = (
+    PINNED_PROFILE,
+    ARCHIVE_FILE,
+    CACHE_DIR,
+    EXTRACTION_REPORT,
+    ACTION_SIDECARS,
+    TRAJECTORY_JOIN,
+    SUBSET_CHECKSUMS,
+    VIN_STORE,
+)
+
+# how a stage is partitioned
+BY_ARCHIVE = "archive"
+BY_CACHE_KEY = "cache_key"
+
+# ----- jobs: what the schedules, the sensors and the UI launch ----------------------------------------
+ACQUIRE_JOB = "acquire_archives"
+EXTRACT_JOB = "extract_cache_dirs"
+KIT_AND_STORE_JOB = "verify_kit_and_build_store"
+VERIFY_JOB = "verify_existing_data"
+
+DOWNLOADS_POOL = "downloads"  # the concurrency pool of archive_file's runs
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str  # also the `stage2/stage` tag of a scheduled rebuild's runs
+    label: str  # what the progress display calls it
+    assets: tuple[str, ...]  # what one run of the stage materializes (with their checks)
+    partitioned_by: str | None  # BY_ARCHIVE | BY_CACHE_KEY | None: one run
+    job: str | None  # the job a scheduled rebuild launches for it; None: not a stage of a rebuild
+    max_parallel: int | None = None  # at most this many runs at once (None: the build's concurrency)
+
+
+PROFILE = Stage("profile", "profile", (PINNED_PROFILE,), None, None)
+ACQUIRE = Stage("acquire", "download+verify archives", (ARCHIVE_FILE,), BY_ARCHIVE, ACQUIRE_JOB)
+EXTRACT = Stage("extract", "extract cache dirs", (CACHE_DIR,), BY_CACHE_KEY, EXTRACT_JOB, max_parallel=2)
+STORE = Stage(
+    "store",
+    "kit, join, bytes, store",
+    (EXTRACTION_REPORT, ACTION_SIDECARS, TRAJECTORY_JOIN, SUBSET_CHECKSUMS, VIN_STORE),
+    None,
+    KIT_AND_STORE_JOB,
+)
+STAGES: tuple[Stage, ...] = (PROFILE, ACQUIRE, EXTRACT, STORE)
+REBUILD_FIRST_STAGE = ACQUIRE  # where a scheduled rebuild starts (the first stage with a job)
+
+# The asset selection of every job. The store stage's job also re-materializes pinned_profile (a
+# rebuild has no profile stage of its own); the verify job re-checks what is on disk, no download.
+JOB_ASSETS: dict[str, tuple[str, ...]] = {
+    ACQUIRE_JOB: ACQUIRE.assets,
+    EXTRACT_JOB: EXTRACT.assets,
+    KIT_AND_STORE_JOB: PROFILE.assets + STORE.assets,
+    VERIFY_JOB: (EXTRACTION_REPORT, TRAJECTORY_JOIN, SUBSET_CHECKSUMS),
+}
+
+
+def stage(name: str) -> Stage:
+    """The stage called ``name``."""
+    for s in STAGES:
+        if s.name == name:
+            return s
+    raise ValueError(f"unknown stage {name!r}; expected one of {', '.join(s.name for s in STAGES)}")
+
+
+def next_stage(current: Stage) -> Stage | None:
+    """The stage after ``current``; None after the last."""
+    i = STAGES.index(current)
+    return STAGES[i + 1] if i + 1 < len(STAGES) else None
+
+
+def stage_of(selection: Sequence[str]) -> Stage:
+    """The stage a run of ``selection`` belongs to: the stage holding all its assets, else the last."""
+    return next((s for s in STAGES if set(selection) <= set(s.assets)), STAGES[-1])
+
+
+def stage_partitions(
+    current: Stage, profile: Profile, failed: Iterable[tuple[Stage, str | None]] = ()
+) -> list[str | None]:
+    """The partitions of ``current`` that may run (None: the one run of an unpartitioned stage), in
+    the order to run them: largest first, so that the stage ends soonest. ``failed`` lists the
+    (stage, partition) of every failed run so far: an unpartitioned stage runs only when nothing
+    failed; a partitioned one leaves out what depends on a failure: everything, after a failed
+    unpartitioned stage; a cache key, when one of its archives failed."""
+    failed = list(failed)
+    if current.partitioned_by is None:
+        return [] if failed else [None]
+    if any(s.partitioned_by is None for s, _ in failed):
+        return []
+    if current.partitioned_by == BY_ARCHIVE:
+        return list(profile.archive_paths_largest_first())
+    failed_archives = {p for s, p in failed if s.partitioned_by == BY_ARCHIVE}
+    by_key = profile.archives_by_cache_key()
+    return [
+        k for k in profile.cache_keys_largest_first() if not any(a.path in failed_archives for a in by_key[k])
+    ]

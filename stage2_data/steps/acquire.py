@@ -1,0 +1,134 @@
+"""The acquisition steps: download one archive, extract one cache key, report the extraction."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .. import checks as C
+from .. import layout
+from ..acquire import archive_state, download_archive, require_build_space
+from ..checks import compare_totals, outcome
+from ..extract import (
+    ExtractionRecord,
+    extract_cache_dir,
+    inspect_cache_dir,
+    stray_entries,
+    write_extraction_report,
+)
+from ..profile import Profile
+from .result import StepResult, rate
+
+
+def step_download(
+    profile: Profile, source: Any, data_root: Path, path: str, *, reverify: bool = False, progress: Any = None
+) -> StepResult:
+    """Download one archive partition; a sha256 mismatch raises ChecksumMismatchError (after the file is deleted)."""
+    spec = profile.archive(path)
+    if spec.pinned and archive_state(data_root, spec).state in ("missing", "partial"):
+        require_build_space(profile, data_root)  # refuses before the download starts
+    res = download_archive(
+        source, spec, data_root, reverify=reverify, progress=progress, quarantined=profile.quarantined_paths()
+    )
+    md = {
+        "path": path,
+        "cache_key": spec.cache_key,
+        "bytes": res.size,
+        "bytes_downloaded": res.bytes_downloaded,
+        "resumed_from": res.resumed_from,
+        "seconds": round(res.seconds, 3),
+        "MB/s": round(res.mb_per_s, 1),
+        "sha256": res.sha256,
+        "skipped (already verified)": res.skipped,
+        "local_path": str(res.local_path),
+    }
+    ok = res.sha256 == spec.sha256 and res.size == spec.size
+    return StepResult(
+        md,
+        [
+            outcome(
+                C.ARCHIVE_SHA256_MATCHES_PIN,
+                [] if ok else [f"{path}: expected {spec.sha256}/{spec.size}, got {res.sha256}/{res.size}"],
+                f"{path}: sha256 {res.sha256} and {res.size} bytes match the pin",
+            )
+        ],
+        res,
+    )
+
+
+def step_extract(profile: Profile, data_root: Path, cache_key: str, *, progress: Any = None) -> StepResult:
+    specs = profile.archives_by_cache_key()[cache_key]
+    files = [layout.archive_path(data_root, a.path) for a in specs]
+    rec = extract_cache_dir(cache_key, files, data_root, progress=progress)
+    problems = list(getattr(rec, "problems", []) or [])
+    if not (rec.frame_files == rec.rows == rec.total_trajectories):
+        problems.insert(
+            0,
+            f"{layout.cache_dir(data_root, cache_key)}: frame files {rec.frame_files}, processed_dataset rows "
+            f"{rec.rows}, dataset_info.json total_trajectories {rec.total_trajectories} disagree",
+        )
+    md = {
+        "cache_key": cache_key,
+        "archives": [a.path for a in specs],
+        "files": rec.files,
+        "bytes": rec.bytes,
+        "frame_files": rec.frame_files,
+        "rows": rec.rows,
+        "total_trajectories": rec.total_trajectories,
+        "seconds": round(rec.seconds, 3),
+        "MB/s": rate(rec.bytes, rec.seconds),
+        "layout": rec.layout,
+        "path": str(layout.cache_dir(data_root, cache_key)),
+    }
+    return StepResult(md, [outcome(C.CACHE_DIR_COUNTS_CONSISTENT, problems)], rec)
+
+
+def step_extraction_report(profile: Profile, data_root: Path) -> StepResult:
+    records = []
+    problems_dirs: list[str] = []
+    total = 0
+    rows_md = []
+    for key in profile.cache_keys():
+        rec_path = layout.extraction_record_path(data_root, key)
+        cdir = layout.cache_dir(data_root, key)
+        if not cdir.is_dir() or not rec_path.is_file():
+            problems_dirs.append(f"{cdir}: cache directory missing (materialize cache_dir[{key}])")
+            continue
+        info = inspect_cache_dir(cdir)
+        # a cache dir whose own counts disagree must block here too (a run of this stage on its own)
+        problems_dirs += [f"{p} (fix: correct the upstream data or re-extract {cdir})" for p in info.problems]
+        records.append(ExtractionRecord.from_dict(json.loads(rec_path.read_text())))
+        total += len(info.frame_ids)
+        rows_md.append((key, len(info.frame_ids), info.rows, info.total_trajectories))
+    present = [k for k in profile.cache_keys() if layout.cache_dir(data_root, k).is_dir()]
+    if len(present) != profile.expected.cache_dirs:
+        problems_dirs.append(
+            f"{layout.processed_root(data_root)}: {len(present)} cache directories, expected {profile.expected.cache_dirs}"
+        )
+    report_path = write_extraction_report(data_root, records)
+    strays = [
+        f"{layout.processed_root(data_root) / s}: not an expected cache directory (remove it)"
+        for s in stray_entries(data_root, profile.cache_keys())
+    ]
+    traj_problems = compare_totals(
+        {"trajectories": total}, {"trajectories": profile.expected.trajectories}, str(report_path)
+    )
+    table = "| cache key | frame files | rows | total_trajectories |\n|---|---:|---:|---:|\n" + "\n".join(
+        f"| {k} | {a} | {b} | {c} |" for k, a, b, c in rows_md
+    )
+    md = {
+        "trajectories": total,
+        "cache_dirs": len(present),
+        "report": str(report_path),
+        "per_cache_key": {"__markdown__": table},
+    }
+    return StepResult(
+        md,
+        [
+            outcome(C.TRAJECTORIES_MATCH_EXPECTED, traj_problems, trajectories=total),
+            outcome(C.CACHE_DIRS_MATCH_EXPECTED, problems_dirs),
+            outcome(C.NO_STRAY_ENTRIES, strays),
+        ],
+        report_path,
+    )

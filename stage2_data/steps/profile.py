@@ -1,0 +1,50 @@
+"""The profile step: the pins are complete and the counts match, and there is room for the build."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import checks as C
+from ..acquire import require_build_space
+from ..checks import compare_totals, outcome
+from ..profile import Profile
+from .result import StepResult
+
+
+def step_profile(profile: Profile, data_root: Path | None = None) -> StepResult:
+    """With ``data_root``: raises DiskSpaceError (before any download starts) when the free disk there
+    is below what the remaining downloads and the extraction need (``acquire.required_free_bytes``)."""
+    if data_root is not None and not profile.unpinned():
+        require_build_space(profile, data_root)
+    unpinned = profile.unpinned()
+    pin_problems = [f"{profile.profile_path}: archive {p!r} has no size/sha256" for p in unpinned]
+    pin_fix = f"run `stage2 pin {profile.profile_path}` to fill them from the hub's listing"
+    if pin_problems:
+        pin_problems.append(pin_fix)
+    e = profile.expected
+    count_problems = compare_totals(
+        {"archives": len(profile.archives), "cache_dirs": len(profile.cache_keys())},
+        {"archives": e.archives, "cache_dirs": e.cache_dirs},
+        str(profile.profile_path),
+    )
+    md = {
+        "profile": profile.name,
+        "repo_id": profile.source.repo_id,
+        "revision": profile.source.revision,
+        "archives": len(profile.archives),
+        "cache_dirs": len(profile.cache_keys()),
+        "quarantined": len(profile.quarantined),
+        "archive_bytes": profile.total_archive_bytes(),
+        "archives_pinned": {
+            "__markdown__": "| archive | cache key | bytes | sha256 |\n|---|---|---:|---|\n"
+            + "\n".join(f"| {a.path} | {a.cache_key} | {a.size} | `{a.sha256}` |" for a in profile.archives)
+        },
+    }
+    return StepResult(
+        md,
+        [
+            outcome(C.PROFILE_IS_PINNED, pin_problems),
+            outcome(C.PROFILE_COUNTS_MATCH_EXPECTED, count_problems),
+        ],
+        profile,
+    )

@@ -1,0 +1,267 @@
+"""The store step: build (or reuse) the immutable store of a profile's inputs, validate it, publish it;
+and the published store's own check (re-read every byte, decode every sample)."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from .. import checks as C
+from .. import layout
+from ..checks import CheckOutcome, compare_totals, outcome
+from ..errors import StoreError, StoreNotFoundError
+from ..fsutil import canonical_json
+from ..hashing import sha256_file
+from ..kit import load_pairs
+from ..profile import Profile
+from ..storage import CURRENT_OBJECT, StoreLocation
+from ..store import (
+    OFFLINE_DATASET_VERSION,
+    PairSpec,
+    SampleSpec,
+    VinOfflineStoreReader,
+    VinOfflineWriter,
+    collect_vin_offline_dataset_stats,
+    validate_vin_offline_store,
+)
+from .result import StepResult, kv_table, rate
+
+
+def kit_inputs(profile: Profile) -> dict[str, str]:
+    """sha256 of every kit file and every archive pin that feeds the store (names are kit-relative)."""
+    inputs: dict[str, str] = {}
+    for key in ("pair_manifest", "subset_checksums", "sidecar_archive"):
+        inputs[f"kit/{getattr(profile.kit, key)}"] = sha256_file(profile.kit_file(key))
+    adir = profile.kit_file("action_manifest_dir")
+    for f in sorted(adir.glob("*.jsonl")):
+        inputs[f"kit/{profile.kit.action_manifest_dir}/{f.name}"] = sha256_file(f)
+    for a in profile.archives:
+        inputs[f"archive/{a.path}"] = a.sha256 or ""
+    return inputs
+
+
+def store_input_key(profile: Profile, inputs: dict[str, str], settings: dict[str, Any]) -> str:
+    blob = canonical_json(
+        {
+            "profile": profile.identity(),
+            "inputs": inputs,
+            "version": OFFLINE_DATASET_VERSION,
+            "settings": settings,
+        }
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def step_store(
+    profile: Profile,
+    data_root: Path,
+    *,
+    rows_per_shard: int = 64,
+    progress: Any = None,
+    store_url: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> StepResult:
+    """Build (or reuse, for an unchanged input set) the store ``v<VERSION>-<inputs16>`` under
+    ``<data_root>/stores/<profile>/`` or, with ``store_url`` (``s3://bucket/prefix``), under
+    ``<store_url>/<profile>/``; then point ``current`` at it (a symlink locally, a ``CURRENT`` object
+    holding the folder name on object storage, written after the store's manifest)."""
+    inputs = kit_inputs(profile)
+    settings = {"rows_per_shard": rows_per_shard, "include_actions": True}
+    key = store_input_key(profile, inputs, settings)
+    name = f"v{OFFLINE_DATASET_VERSION}-{key[:16]}"
+    root_loc = stores_location(profile, data_root, store_url=store_url, storage_options=storage_options)
+    out = root_loc.child(name)
+    t0 = time.perf_counter()
+    rebuilt = True
+    problems: list[str] = []
+    if out.is_file(out.root / "manifest.json") and not validate_vin_offline_store(out):
+        rebuilt = False  # same inputs, valid store: nothing to rebuild (and nothing left to validate)
+    else:
+        table = pq.read_table(layout.join_table_path(data_root)).to_pylist()
+        derived = layout.derived_root(data_root)
+        samples = []
+        for r in table:
+            if not r.get("in_pairs"):
+                continue
+            sidecar = None
+            if r.get("sidecar_path") and r.get("sidecar_present"):
+                sidecar = derived / r["sidecar_path"]
+            samples.append(
+                SampleSpec(
+                    sample_key=r["stage2_trajectory_id"],
+                    cache_key=r["cache_key"],
+                    source=r.get("source") or "",
+                    task=r.get("task") or "",
+                    quality_label=r.get("quality_label") or "",
+                    partial_success=r.get("partial_success"),
+                    is_robot=bool(r.get("is_robot")),
+                    split=r["split"],
+                    frames_path=data_root / r["frames_path"],
+                    sidecar_path=sidecar,
+                    action_status=r.get("action_status"),
+                )
+            )
+        pairs_rows, _ = load_pairs(profile.kit_file("pair_manifest"))
+        pairs = [
+            PairSpec(p.pair_id, p.split, p.task, p.chosen_trajectory_id, p.rejected_trajectory_id)
+            for p in pairs_rows
+        ]
+        VinOfflineWriter(
+            out,
+            profile=profile.identity(),
+            inputs=inputs,
+            rows_per_shard=rows_per_shard,
+            progress=progress,
+            profile_path=profile.profile_path,
+            data_root=data_root,
+            kit_root=profile.kit_root,
+        ).write(samples, pairs)
+    seconds = time.perf_counter() - t0
+    # A new store is decoded sample by sample (through zarr, not through our writer) and compared
+    # with the frames_sha256 the writer recorded, before it becomes current: a store that does not
+    # round-trip is never published.
+    t1 = time.perf_counter()
+    if rebuilt:
+        problems = validate_vin_offline_store(out, decode=True)
+    validate_seconds = time.perf_counter() - t1
+    if not problems:
+        root_loc.publish_current(name)  # the `current` symlink, or the CURRENT object after the manifest
+    elif rebuilt:
+        problems.append(
+            f"{out.url} was removed, not published: {CURRENT_OBJECT.lower()} still points at the previous store"
+        )
+    result = store_checks(
+        profile,
+        out,
+        rebuilt=rebuilt,
+        seconds=seconds,
+        reader_cls=VinOfflineStoreReader,
+        problems=problems,
+        validate_seconds=validate_seconds,
+    )
+    if problems and rebuilt:  # never published, and never reused by a rerun (which would not decode it)
+        out.delete_tree()
+    return result
+
+
+def stores_location(
+    profile: Profile,
+    data_root: Path,
+    *,
+    store_url: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> Any:
+    """Where the stores of ``profile`` live, as a StoreLocation: ``<data_root>/stores/<profile>/``,
+    or ``<store_url>/<profile>/`` on object storage."""
+    if store_url:
+        return StoreLocation.parse(f"{store_url.rstrip('/')}/{profile.name}", storage_options)
+    return StoreLocation.parse(layout.stores_root(data_root, profile.name))
+
+
+def current_store(
+    profile: Profile,
+    data_root: Path,
+    *,
+    store_url: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> Any:
+    """The published store of ``profile`` as a StoreLocation: ``stores/<profile>/current`` under the
+    data root, or the folder named by ``<store_url>/<profile>/CURRENT`` on object storage.
+    Raises StoreNotFoundError (with the command that builds it) when none is published."""
+    root = stores_location(profile, data_root, store_url=store_url, storage_options=storage_options)
+    current = root.current()
+    if current is not None:
+        return current
+    fix = f"build it: stage2 build --profile {profile.profile_path} --data-root {data_root}"
+    if not store_url:
+        raise StoreNotFoundError(
+            f"no store is published at {layout.current_store_path(data_root, profile.name)}.", fix=fix
+        )
+    raise StoreNotFoundError(f"no store is published at {root.url} (no {CURRENT_OBJECT} object).", fix=fix)
+
+
+def verify_current_store(
+    profile: Profile,
+    data_root: Path,
+    *,
+    store_url: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> CheckOutcome:
+    """Re-read the published store: deep validation (every file's sha256, the fingerprint) and every
+    sample decoded against its frames_sha256. Nothing is written."""
+    t0 = time.perf_counter()
+    try:
+        loc = current_store(profile, data_root, store_url=store_url, storage_options=storage_options)
+    except StoreError as e:
+        return outcome(C.STORE_BYTES_MATCH_MANIFEST, [str(e)])
+    problems = validate_vin_offline_store(loc, deep=True, decode=True)
+    return outcome(
+        C.STORE_BYTES_MATCH_MANIFEST, problems, store=loc.url, seconds=round(time.perf_counter() - t0, 3)
+    )
+
+
+def store_checks(
+    profile: Profile,
+    path: Any,
+    *,
+    rebuilt: bool,
+    seconds: float,
+    reader_cls: Any,
+    problems: list[str] | None = None,
+    validate_seconds: float | None = None,
+) -> StepResult:
+    """Re-open ``path`` (a local path or a StoreLocation) with the strict reader and validate it
+    (unless the validation's ``problems`` are given)."""
+    open_problems: list[str] = []
+    manifest: dict[str, Any] = {}
+    try:
+        reader = reader_cls(path)
+        manifest = reader.manifest
+    except Exception as exc:  # the strict reader's refusal is the check's finding
+        open_problems.append(str(exc))
+    if open_problems:
+        problems = ["store did not open"]
+    elif problems is None:
+        problems = validate_vin_offline_store(path)
+    count_problems: list[str] = []
+    stats: dict[str, Any] = {}
+    if manifest:
+        stats = collect_vin_offline_dataset_stats(path)
+        count_problems = compare_totals(
+            {"samples": int(stats.get("samples", -1)), "pairs": int(stats.get("pairs", -1))},
+            {"samples": profile.expected.unique_frame_files, "pairs": profile.expected.pair_rows},
+            getattr(path, "url", str(path)),
+        )
+    split_counts = stats.get("per_split", {}) if stats else {}
+    md = {
+        "store": getattr(path, "url", str(path)),
+        "fingerprint": manifest.get("fingerprint"),
+        "version": manifest.get("version"),
+        "samples": stats.get("samples"),
+        "pairs": stats.get("pairs"),
+        "shards": len(manifest.get("shards", [])),
+        "bytes_on_disk": ((stats.get("bytes") or {}).get("on_disk") or {}).get("total"),
+        "bytes_on_disk_per_block": ((stats.get("bytes") or {}).get("on_disk") or None),
+        "rebuilt": rebuilt,
+        "decoded": rebuilt,  # a new store is decoded sample by sample before it becomes current
+        "seconds": round(seconds, 3),
+        "validate_seconds": round(validate_seconds, 3) if validate_seconds is not None else None,
+        "MB/s": rate(((stats.get("bytes") or {}).get("on_disk") or {}).get("total") or 0, seconds)
+        if rebuilt
+        else None,
+        "per_split": {"__markdown__": kv_table("split", split_counts)},
+        "per_source": {"__markdown__": kv_table("source", stats.get("per_source", {}) if stats else {})},
+    }
+    return StepResult(
+        md,
+        [
+            outcome(C.STORE_OPENS_STRICT, open_problems),
+            outcome(C.STORE_VALIDATES, problems),
+            outcome(C.STORE_COUNTS_MATCH_EXPECTED, count_problems),
+        ],
+        path,
+    )

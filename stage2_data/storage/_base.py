@@ -1,0 +1,218 @@
+"""The common interface of a store location, and the parsing of a target into one."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from ..errors import StoreError
+
+_CHUNK = 8 << 20
+#: The backends, registered by their modules (``class LocalLocation(StoreLocation, backend="local")``).
+_BACKENDS: dict[str, type[StoreLocation]] = {}
+#: On object storage: the object naming the published store folder under ``<url>/<profile>/``.
+CURRENT_OBJECT = "CURRENT"
+
+
+def is_url(target: str | os.PathLike[str]) -> bool:
+    """Whether ``target`` is an fsspec URL (``scheme://...``) rather than a local path."""
+    s = os.fspath(target)
+    return "://" in s and not s.startswith("file://")
+
+
+@dataclass(frozen=True, eq=False)
+class StoreLocation:
+    """A local folder (:class:`LocalLocation`, ``fs is None``) or an fsspec prefix
+    (:class:`FsspecLocation`, ``fs`` set, ``root`` = ``bucket/prefix``).
+
+    Build one with :meth:`parse`; ``StoreLocation(root=..., url=..., fs=...)`` also gives the right
+    subclass. Paths are :class:`pathlib.Path` values on both backends (``root / rel``);
+    :meth:`display` names one for messages.
+    """
+
+    root: Path
+    url: str
+    protocol: str = "file"
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    fs: Any = None
+
+    def __init_subclass__(cls, *, backend: str | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if backend is not None:
+            _BACKENDS[backend] = cls
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> StoreLocation:
+        if cls is StoreLocation:  # the base names no backend: pick it from ``fs``
+            fs = kwargs.get("fs", args[4] if len(args) > 4 else None)
+            cls = _BACKENDS["local" if fs is None else "fsspec"]
+        return object.__new__(cls)
+
+    # -- construction ------------------------------------------------------------------------------
+    @classmethod
+    def parse(
+        cls,
+        target: str | os.PathLike[str] | StoreLocation,
+        storage_options: dict[str, Any] | None = None,
+    ) -> StoreLocation:
+        """A location from a local path, a ``file://`` URL, an fsspec URL (``s3://bucket/prefix``)
+        or a location (returned as is). Raises StoreError for an unusable URL."""
+        if isinstance(target, StoreLocation):
+            return target
+        s = os.fspath(target)
+        if s.startswith("file://"):
+            s = s[len("file://") :]
+        if not is_url(s):
+            return _BACKENDS["local"].from_target(s, None)
+        return _BACKENDS["fsspec"].from_target(s, storage_options)
+
+    @classmethod
+    def from_target(cls, target: str, storage_options: dict[str, Any] | None) -> StoreLocation:
+        """This backend's location for ``target`` (a local path or a URL of this backend)."""
+        raise NotImplementedError
+
+    @property
+    def is_local(self) -> bool:
+        return self.fs is None
+
+    def child(self, rel: str) -> StoreLocation:
+        """The location of ``rel`` under this one (same backend)."""
+        raise NotImplementedError
+
+    def display(self, p: Path | None = None) -> str:
+        """A path of this location (``root / rel``) as a user reads it (``s3://bucket/key`` remote)."""
+        raise NotImplementedError
+
+    def _k(self, p: Path) -> str:
+        return p.as_posix()
+
+    # -- reads -------------------------------------------------------------------------------------
+    def is_file(self, p: Path) -> bool:
+        raise NotImplementedError
+
+    def is_dir(self, p: Path) -> bool:
+        raise NotImplementedError
+
+    def exists(self, p: Path) -> bool:
+        raise NotImplementedError
+
+    def size(self, p: Path) -> int:
+        raise NotImplementedError
+
+    def read_bytes(self, p: Path) -> bytes:
+        raise NotImplementedError
+
+    def read_range(self, p: Path, offset: int, length: int) -> bytes:
+        raise NotImplementedError
+
+    def open_read(self, p: Path) -> IO[bytes]:
+        """A binary file object reading ``p`` (close it)."""
+        raise NotImplementedError
+
+    def listdir_names(self, p: Path) -> set[str]:
+        """Names of the entries directly under folder ``p`` (empty when absent)."""
+        raise NotImplementedError
+
+    def tree_files(self, sub: Path) -> list[str]:
+        """Every file under ``sub``, as posix paths relative to ``root``, sorted."""
+        raise NotImplementedError
+
+    def file_sizes(self) -> dict[str, int]:
+        """Every file under the location (relative posix path -> bytes)."""
+        raise NotImplementedError
+
+    def sha256_files(self, paths: Sequence[Path], workers: int = 8) -> dict[str, str]:
+        """sha256 of each file, keyed by ``str(path)``."""
+        raise NotImplementedError
+
+    def zarr_store(self, p: Path, read_only: bool = True) -> Any:
+        """zarr's ``LocalStore`` (local) or ``FsspecStore`` (object storage) over folder ``p``."""
+        raise NotImplementedError
+
+    # -- writes ------------------------------------------------------------------------------------
+    def open_write(self, p: Path) -> IO[bytes]:
+        """A binary file object writing ``p`` (parents created; close it)."""
+        raise NotImplementedError
+
+    def write_bytes(self, p: Path, data: bytes) -> None:
+        """Write a whole object: one PUT on object storage (atomic per object); temp + rename locally."""
+        raise NotImplementedError
+
+    def put_file(self, local: Path, p: Path) -> None:
+        """Upload a local file to ``p`` (copy when local)."""
+        raise NotImplementedError
+
+    def put_files(self, pairs: Sequence[tuple[Path, Path]], workers: int = 8) -> None:
+        """Upload many (local file, destination) pairs in parallel."""
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            list(pool.map(lambda lp: self.put_file(*lp), pairs))
+
+    def copy_verified(self, src: StoreLocation, sp: Path, dp: Path, expected_sha: str) -> None:
+        """Copy ``src``'s file ``sp`` to ``dp`` here, streaming; refuse when its sha256 differs
+        (the partial copy is deleted)."""
+        h = hashlib.sha256()
+        fi = src.open_read(sp)
+        fo = self.open_write(dp)
+        ok = False
+        try:
+            with fi:
+                while buf := fi.read(_CHUNK):
+                    h.update(buf)
+                    fo.write(buf)
+                if h.hexdigest() != expected_sha:
+                    raise StoreError(
+                        f"{src.display(sp)}: sha256 {h.hexdigest()} differs from its manifest ({expected_sha}); "
+                        "refusing to merge it.",
+                        fix="validate the source store with deep=True and rebuild it",
+                    )
+            ok = True
+        finally:
+            if ok:
+                fo.close()
+            else:
+                with contextlib.suppress(Exception):
+                    fo.close()
+                self.delete(dp)
+
+    def delete(self, p: Path) -> None:
+        """Delete one file (missing is fine)."""
+        raise NotImplementedError
+
+    def delete_tree(self, p: Path | None = None) -> None:
+        """Delete everything under ``p`` (default: the whole location); missing is fine."""
+        raise NotImplementedError
+
+    def invalidate(self) -> None:
+        """Forget cached listings (object storage)."""
+
+    # -- the commit protocol -------------------------------------------------------------------------
+    def commit(self, p: Path, data: bytes) -> None:
+        """Write the commit marker ``p`` (a store's ``manifest.json``) LAST: its presence means
+        complete. Locally a temp file renamed into place (ordinary permissions) and the folder
+        fsynced; on object storage one PUT (no rename exists there)."""
+        raise NotImplementedError
+
+    def withdraw(self, marker: str) -> None:
+        """Un-commit, then delete: the commit marker ``root/marker`` first (from then on no reader
+        sees a complete store), then everything under the location."""
+        self.delete(self.root / marker)
+        self.delete_tree(self.root)
+        self.invalidate()
+
+    def publish_current(self, name: str) -> None:
+        """Make the child folder ``name`` the published one: locally the ``current`` symlink is
+        swapped atomically; on object storage the ``CURRENT`` object is written (after the store's
+        own manifest, so it never names an incomplete store)."""
+        raise NotImplementedError
+
+    def current(self) -> StoreLocation | None:
+        """The published child folder (:meth:`publish_current`), or None when none is published."""
+        raise NotImplementedError
+
+
+__all__ = ["CURRENT_OBJECT", "StoreLocation", "is_url"]

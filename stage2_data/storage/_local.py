@@ -1,0 +1,112 @@
+"""A store location on the local file system (``fs is None``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from .. import layout
+from ..hashing import sha256_files_parallel
+from ..publish.atomic import UMASK_MODE, atomic_symlink, atomic_write_bytes, fsync_dir
+from ._base import StoreLocation
+
+
+@dataclass(frozen=True, eq=False)
+class LocalLocation(StoreLocation, backend="local"):
+    """A local folder; ``root`` is its absolute path."""
+
+    @classmethod
+    def from_target(cls, target: str, storage_options: dict[str, Any] | None = None) -> LocalLocation:
+        p = Path(target).absolute()
+        return cls(root=p, url=str(p))
+
+    def child(self, rel: str) -> StoreLocation:
+        p = self.root / rel
+        return LocalLocation(root=p, url=str(p))
+
+    def display(self, p: Path | None = None) -> str:
+        return self.url if p is None else str(p)
+
+    # -- reads -------------------------------------------------------------------------------------
+    def is_file(self, p: Path) -> bool:
+        return p.is_file()
+
+    def is_dir(self, p: Path) -> bool:
+        return p.is_dir()
+
+    def exists(self, p: Path) -> bool:
+        return p.exists()
+
+    def size(self, p: Path) -> int:
+        return p.stat().st_size
+
+    def read_bytes(self, p: Path) -> bytes:
+        return p.read_bytes()
+
+    def read_range(self, p: Path, offset: int, length: int) -> bytes:
+        with open(p, "rb", buffering=0) as f:
+            f.seek(offset)
+            return f.read(length)
+
+    def open_read(self, p: Path) -> IO[bytes]:
+        return open(p, "rb")  # noqa: SIM115 - the caller closes it
+
+    def listdir_names(self, p: Path) -> set[str]:
+        return {c.name for c in p.iterdir()} if p.is_dir() else set()
+
+    def tree_files(self, sub: Path) -> list[str]:
+        out: list[str] = []
+        for dirpath, dirnames, filenames in os.walk(sub):
+            dirnames.sort()
+            out += [Path(dirpath, n).relative_to(self.root).as_posix() for n in filenames]
+        return sorted(out)
+
+    def file_sizes(self) -> dict[str, int]:
+        return {rel: (self.root / rel).stat().st_size for rel in self.tree_files(self.root)}
+
+    def sha256_files(self, paths: Sequence[Path], workers: int = 8) -> dict[str, str]:
+        return sha256_files_parallel(list(paths))
+
+    def zarr_store(self, p: Path, read_only: bool = True) -> Any:
+        from zarr.storage import LocalStore
+
+        return LocalStore(p, read_only=read_only)
+
+    # -- writes ------------------------------------------------------------------------------------
+    def open_write(self, p: Path) -> IO[bytes]:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        return open(p, "wb")  # noqa: SIM115 - the caller closes it
+
+    def write_bytes(self, p: Path, data: bytes) -> None:
+        atomic_write_bytes(p, data, mode=UMASK_MODE)
+
+    def put_file(self, local: Path, p: Path) -> None:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(local, p)
+
+    def delete(self, p: Path) -> None:
+        p.unlink(missing_ok=True)
+
+    def delete_tree(self, p: Path | None = None) -> None:
+        shutil.rmtree(self.root if p is None else p, ignore_errors=True)
+
+    # -- the commit protocol -------------------------------------------------------------------------
+    def commit(self, p: Path, data: bytes) -> None:
+        atomic_write_bytes(p, data, mode=UMASK_MODE)
+        fsync_dir(p.parent)
+
+    def publish_current(self, name: str) -> None:
+        atomic_symlink(name, self.root / layout.CURRENT_LINK)
+
+    def current(self) -> StoreLocation | None:
+        link = self.root / layout.CURRENT_LINK
+        if not link.exists():
+            return None
+        return LocalLocation.from_target(str(link.resolve()))
+
+
+__all__ = ["LocalLocation"]

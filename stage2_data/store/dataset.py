@@ -1,0 +1,59 @@
+"""A map-style dataset over one split of a store (usable as a PyTorch dataset)."""
+
+from __future__ import annotations
+
+import operator
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from ..storage import StoreLocation
+from .format import SAMPLE_INDEX_FIELDS
+from .reader import VinOfflineStoreReader
+
+
+class VinOfflineDataset:
+    """Map-style dataset over one split (or all samples); usable as a PyTorch dataset.
+
+    ``ds[i]`` is a dict: ``frames`` uint8 (T, H, W, 3), ``actions`` float32 (T, W) (``(T, 0)`` when
+    the sample has no actions, so every item has the same keys and types), ``num_frames``,
+    ``action_width`` and the sample-index metadata (sample_index, sample_key, split, task, ...).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | StoreLocation,
+        split: str | None = None,
+        storage_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.reader = VinOfflineStoreReader(path, storage_options)
+        self.split = split
+        self.indices = self.reader.split(split if split is not None else "all")
+
+    def __len__(self) -> int:
+        return int(self.indices.shape[0])
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        i = operator.index(i)
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"index {i} out of range for a dataset of {n} samples")
+        s = self.reader.sample(int(self.indices[i]))
+        meta = s["meta"]
+        actions = s["actions"]
+        if actions is None:
+            actions = np.zeros((s["num_frames"], 0), dtype=np.float32)
+        item: dict[str, Any] = {k: meta[k] for k in SAMPLE_INDEX_FIELDS}
+        item.update({"frames": s["frames"], "actions": actions, "num_frames": s["num_frames"]})
+        return item
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for i in range(len(self)):
+            yield self[i]
+
+
+# ----- validation --------------------------------------------------------------------------------------

@@ -1,0 +1,179 @@
+"""The store format (v1): names, blocks, dtypes, codecs, the build's input records, the frames digest.
+
+Everything another module needs to agree on to write or read a store is declared here once; the
+contract is ``docs/spec/vin-store.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from zarr.codecs import BloscCodec
+
+from ..errors import ProblemsError, StoreError
+from ..hashing import sha256_bytes
+from ..layout import SPLIT_NAMES
+
+OFFLINE_DATASET_VERSION: int = 1
+STORE_FORMAT = "stage2-vin-offline-store"
+WRITER_PACKAGE = "stage2-data"
+
+MANIFEST_NAME = "manifest.json"
+SAMPLE_INDEX_NAME = "sample_index.jsonl"
+PAIRS_NAME = "pairs.jsonl"
+SPLITS_DIR = "splits"
+SHARDS_DIR = "shards"
+SPLIT_FILES = ("all", *SPLIT_NAMES)
+
+BLOCK_FRAMES = "frames"
+BLOCK_NUM_FRAMES = "num_frames"
+BLOCK_ACTIONS = "actions/aligned"
+BLOCK_WIDTH = "actions/width"
+BLOCK_NAMES = (BLOCK_FRAMES, BLOCK_NUM_FRAMES, BLOCK_ACTIONS, BLOCK_WIDTH)
+BLOCK_DTYPES = {
+    BLOCK_FRAMES: "uint8",
+    BLOCK_NUM_FRAMES: "int32",
+    BLOCK_ACTIONS: "float32",
+    BLOCK_WIDTH: "int16",
+}
+BLOCK_ROW_SHAPES: dict[str, list[Any]] = {
+    BLOCK_FRAMES: ["Tmax", "H", "W", 3],
+    BLOCK_NUM_FRAMES: [],
+    BLOCK_ACTIONS: ["Tmax", "Wmax"],
+    BLOCK_WIDTH: [],
+}
+OPTIONAL_BLOCKS = frozenset({BLOCK_ACTIONS})
+
+COMPRESSOR_DESC = "blosc lz4 clevel 5; no shuffle for uint8 frames, byte shuffle for the other blocks"
+MAX_ACTION_WIDTH = int(np.iinfo(np.int16).max)
+
+SAMPLE_INDEX_FIELDS = (
+    "sample_index",
+    "sample_key",
+    "cache_key",
+    "source",
+    "task",
+    "quality_label",
+    "partial_success",
+    "is_robot",
+    "split",
+    "num_frames",
+    "frame_height",
+    "frame_width",
+    "shard_id",
+    "row",
+    "frames_sha256",
+    "action_status",
+    "action_width",
+)
+PAIR_FIELDS = ("pair_id", "split", "task", "chosen_sample_index", "rejected_sample_index")
+MANIFEST_TYPES: dict[str, type | tuple[type, ...]] = {
+    "format": str,
+    "version": int,
+    "created_at": str,
+    "profile": dict,
+    "inputs": dict,
+    "writer": dict,
+    "blocks": list,
+    "codec": dict,
+    "options": dict,
+    "shards": list,
+    "files": list,
+    "stats": dict,
+    "fingerprint": str,
+}
+#: manifest keys left out of the fingerprint: time, the fingerprint itself, this machine's paths.
+FINGERPRINT_EXCLUDED = ("created_at", "fingerprint", "local")
+
+
+class StoreInputError(ProblemsError, StoreError):
+    """The inputs of a store build (samples, pairs, frame files, sidecars) have problems."""
+
+
+# ----- the inputs of a build ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class SampleSpec:
+    """One trajectory to put into the store."""
+
+    sample_key: str  # the trajectory id
+    cache_key: str
+    source: str
+    task: str
+    quality_label: str
+    partial_success: float | None
+    is_robot: bool
+    split: str  # train | val | test
+    frames_path: Path  # the upstream trajectory .npz (frames uint8 (T,H,W,3), shape, num_frames), or an
+    # already-decoded .npy holding frames alone (read with a plain copy: no inflate)
+    sidecar_path: Path | None  # the action sidecar .npz (aligned_actions float (T,W)), or None
+    action_status: str | None
+
+
+@dataclass(frozen=True)
+class PairSpec:
+    pair_id: str
+    split: str
+    task: str
+    chosen_key: str
+    rejected_key: str
+
+
+# ----- layout, blocks, codecs ---------------------------------------------------------------------
+def shard_dir_name(shard_id: int) -> str:
+    return f"{SHARDS_DIR}/shard-{shard_id:06d}"
+
+
+def compressor(dtype: np.dtype[Any]) -> BloscCodec:
+    """LZ4 (decodes at ~2 GB/s a core). Bitshuffle was measured: on camera-like uint8 frames it saves
+    ~10% of the bytes but encodes 4x and decodes 5x slower, so frames get no shuffle at all (byte
+    shuffle is a no-op on 1-byte items); the numeric blocks get byte shuffle."""
+    return BloscCodec(cname="lz4", clevel=5, shuffle="noshuffle" if dtype.itemsize == 1 else "shuffle")
+
+
+def codec_record() -> dict[str, Any]:
+    return {
+        "zarr_format": 3,
+        "sharding": True,
+        "shard": "one shard per array per shard folder (all R rows)",
+        "inner_chunk": {
+            BLOCK_FRAMES: [1, "Tmax", "H", "W", 3],
+            BLOCK_NUM_FRAMES: ["R"],
+            BLOCK_ACTIONS: [1, "Tmax", "Wmax"],
+            BLOCK_WIDTH: ["R"],
+        },
+        "compressor": COMPRESSOR_DESC,
+        "write_empty_chunks": True,
+        "consolidated_metadata": False,
+    }
+
+
+def block_of(rel_in_shard: Sequence[str]) -> str:
+    """Which block a file of a shard folder belongs to (parts relative to the shard folder)."""
+    if len(rel_in_shard) >= 2 and rel_in_shard[0] == "actions" and rel_in_shard[1] in ("aligned", "width"):
+        return f"actions/{rel_in_shard[1]}"
+    if len(rel_in_shard) >= 2 and rel_in_shard[0] in (BLOCK_FRAMES, BLOCK_NUM_FRAMES):
+        return rel_in_shard[0]
+    return "group_metadata"
+
+
+def blocks_record(materialized_actions: bool) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": name,
+            "dtype": BLOCK_DTYPES[name],
+            "row_shape": BLOCK_ROW_SHAPES[name],
+            "optional": name in OPTIONAL_BLOCKS,
+            "materialized": materialized_actions if name == BLOCK_ACTIONS else True,
+        }
+        for name in BLOCK_NAMES
+    ]
+
+
+def frames_sha256(frames: np.ndarray[Any, Any]) -> str:
+    """A sample's ``frames_sha256``: sha256 of its ``num_frames`` frames as C-contiguous uint8
+    (T, H, W, 3) bytes, padding excluded. The writer records it; validation and readers recompute it."""
+    return sha256_bytes(np.ascontiguousarray(frames, dtype=np.uint8).data)

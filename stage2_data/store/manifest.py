@@ -1,0 +1,170 @@
+"""``manifest.json``: the one loader, the strict format/version check, the fingerprint, the rebuild command.
+
+Every code path that looks at a store's manifest (the reader, validation, the fingerprint, the
+writer's check of what it would replace) reads it through :func:`load_manifest`; the reader adds
+:func:`check_format_version` (strict: no legacy versions, no silent upgrade).
+
+Machine-dependent facts (the profile path and the data root, used by :func:`rebuild_command`) live
+under ``manifest["local"]``, which the fingerprint excludes together with ``created_at`` and
+``fingerprint``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import StoreError, StoreNotFoundError, StoreVersionError
+from ..fsutil import canonical_json
+from ..storage import StoreLocation, is_url
+from .format import FINGERPRINT_EXCLUDED, MANIFEST_NAME, OFFLINE_DATASET_VERSION, STORE_FORMAT
+
+
+@dataclass(frozen=True)
+class ManifestFile:
+    """What reading ``manifest.json`` gave: the manifest, or why there is none (``problem``: the short
+    form validation reports after the manifest's path; ``error``: what a reader raises)."""
+
+    manifest: dict[str, Any] | None
+    problem: str = ""
+    error: StoreError | None = None
+
+
+# ----- loading -------------------------------------------------------------------------------------
+def load_manifest(loc: StoreLocation) -> ManifestFile:
+    """The ONE reader of a store's ``manifest.json`` (any format or version); never raises for a
+    missing, unreadable or non-object manifest (see :func:`read_manifest`)."""
+    path = loc.url
+    mfile = loc.root / MANIFEST_NAME
+    mpath = loc.display(mfile)
+    if not loc.is_file(mfile):
+        return ManifestFile(
+            None,
+            "missing (incomplete or not a store)",
+            StoreNotFoundError(
+                f"no complete VIN offline store at {path}: {MANIFEST_NAME} is missing (incomplete or not a store).",
+                fix=f"build it: {rebuild_command(path, None)}",
+            ),
+        )
+    try:
+        manifest = json.loads(loc.read_bytes(mfile).decode("utf-8"))
+    except (OSError, ValueError) as e:
+        return ManifestFile(
+            None,
+            f"unreadable ({e})",
+            StoreError(f"{mpath}: unreadable manifest ({e}).", fix=f"rebuild: {rebuild_command(path, None)}"),
+        )
+    if not isinstance(manifest, dict):
+        return ManifestFile(
+            None,
+            "not a JSON object",
+            StoreError(
+                f"{mpath}: the manifest is not a JSON object.", fix=f"rebuild: {rebuild_command(path, None)}"
+            ),
+        )
+    return ManifestFile(manifest)
+
+
+def read_manifest(loc: StoreLocation) -> dict[str, Any]:
+    """The manifest of the store at ``loc`` (any format or version). Raises StoreNotFoundError when
+    there is none, StoreError when it is unreadable or not a JSON object."""
+    got = load_manifest(loc)
+    if got.manifest is None:
+        assert got.error is not None
+        raise got.error from None
+    return got.manifest
+
+
+def check_format_version(loc: StoreLocation, manifest: dict[str, Any]) -> None:
+    """Refuse (StoreVersionError: found vs expected, and the command that rebuilds the store) a
+    manifest of another format, or of any version but this writer's."""
+    path = loc.url
+    fmt = manifest.get("format")
+    if fmt != STORE_FORMAT:
+        raise StoreVersionError(
+            f"Unsupported VIN offline store format: {fmt!r}. Expected {STORE_FORMAT!r}.",
+            fix=f"rebuild the store with the current writer: {rebuild_command(path, manifest)}",
+        )
+    version = manifest.get("version")
+    if type(version) is not int or version != OFFLINE_DATASET_VERSION:
+        raise StoreVersionError(
+            f"Unsupported VIN offline store version: {version}. Expected {OFFLINE_DATASET_VERSION}.",
+            fix=f"rebuild the store with the current writer: {rebuild_command(path, manifest)}",
+        )
+
+
+def load_manifest_strict(loc: StoreLocation) -> dict[str, Any]:
+    """:func:`read_manifest`, then :func:`check_format_version`: what a reader accepts."""
+    manifest = read_manifest(loc)
+    check_format_version(loc, manifest)
+    return manifest
+
+
+def rebuild_command(path: str | os.PathLike[str], manifest: dict[str, Any] | None) -> str:
+    """The command that rebuilds the store at ``path`` with the current writer.
+
+    The data root is the one the store lives in when ``path`` follows the layout
+    ``<DATA_ROOT>/stores/<profile>/<id>`` (so a moved or copied data root rebuilds itself, not the
+    place it was built in); otherwise the one recorded in ``manifest["local"]``. The profile path (and
+    the kit root when it was not the profile's folder) come from ``manifest["local"]``; without them
+    a ``PROFILE.toml`` placeholder is printed. No ``--endpoint``: archives already verified in the
+    data root are never requested again, so the command runs offline; missing ones come from the
+    real hub (add ``--endpoint URL`` for a mirror).
+    """
+    local = manifest.get("local") if isinstance(manifest, dict) else None
+    profile_path = local.get("profile_path") if isinstance(local, dict) else None
+    data_root = local.get("data_root") if isinstance(local, dict) else None
+    kit_root = local.get("kit_root") if isinstance(local, dict) else None
+    p = Path(path).absolute()
+    # (object storage: the data root recorded by the writer, if any)
+    if not is_url(os.fspath(path)) and len(p.parents) >= 3 and p.parent.parent.name == "stores":
+        data_root = str(p.parents[2])
+    if not isinstance(data_root, str) or not data_root:
+        data_root = "DATA_ROOT"
+    if not isinstance(profile_path, str) or not profile_path:
+        profile_path = "PROFILE.toml"
+    cmd = ["stage2", "build", "--profile", profile_path, "--data-root", data_root]
+    if isinstance(kit_root, str) and kit_root and Path(kit_root) != Path(profile_path).parent:
+        cmd += ["--kit-root", kit_root]
+    return shlex.join(cmd)
+
+
+# ----- fingerprint ---------------------------------------------------------------------------------
+def fingerprint_of(manifest: dict[str, Any], files: Sequence[tuple[str, str]]) -> str:
+    """sha256 over the sorted (relative path, sha256) of every data file and the canonical JSON of the
+    manifest without :data:`.format.FINGERPRINT_EXCLUDED` (time, the fingerprint, this machine's paths)."""
+    body = {k: v for k, v in manifest.items() if k not in FINGERPRINT_EXCLUDED}
+    doc = {"files": sorted([list(f) for f in files]), "manifest": body}
+    return hashlib.sha256(canonical_json(doc).encode("utf-8")).hexdigest()
+
+
+def manifest_data_files(manifest: dict[str, Any]) -> list[tuple[str, str]]:
+    """(relative path, sha256) of every data file the manifest lists (metadata files and shards)."""
+    out = [(f["path"], f["sha256"]) for f in manifest.get("files", [])]
+    for sh in manifest.get("shards", []):
+        out += [(f["path"], f["sha256"]) for f in sh.get("files", [])]
+    return out
+
+
+def store_fingerprint(
+    path: str | os.PathLike[str] | StoreLocation, storage_options: dict[str, Any] | None = None
+) -> str:
+    """Recompute the fingerprint from the files on disk (hashes every data file) and the manifest.
+
+    sha256 over the sorted (relative path, sha256) of every data file (shards, sample_index.jsonl,
+    pairs.jsonl, splits) and the canonical JSON of the manifest without ``created_at``,
+    ``fingerprint`` and ``local`` (this machine's paths). The writer stores the same value in
+    ``manifest["fingerprint"]``.
+    """
+    loc = StoreLocation.parse(path, storage_options)
+    root = loc.root
+    manifest = read_manifest(loc)
+    rels = [r for r in loc.tree_files(root) if r != MANIFEST_NAME]
+    hashes = loc.sha256_files([root / r for r in rels])
+    return fingerprint_of(manifest, [(r, hashes[str(root / r)]) for r in rels])

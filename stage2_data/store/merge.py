@@ -1,0 +1,203 @@
+"""Merge: a new store = a base store + a sidecar store of NEW trajectories built by the same writer.
+
+Existing shards are never rewritten: base shards are hard-linked (or copied and verified), sidecar
+shards copied whole and renumbered; the sample index, pairs, splits and manifest are written anew
+and the result published like a fresh build.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from ..errors import StoreError
+from ..publish import make_staging_dir, publish_dir
+from ..storage import StoreLocation
+from .commit import finish_manifest
+from .format import MANIFEST_NAME, StoreInputError, shard_dir_name
+from .reader import VinOfflineStoreReader
+from .target import check_out_dir, check_remote_out
+from .validate import raise_if_invalid
+
+
+def merge_vin_offline_stores(
+    base: str | os.PathLike[str] | StoreLocation,
+    sidecar: str | os.PathLike[str] | StoreLocation,
+    out: str | os.PathLike[str] | StoreLocation,
+    storage_options: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A new store at ``out`` = ``base`` + ``sidecar`` (a store of NEW trajectories from the same writer).
+
+    Base shards keep their ids and are hard-linked (copied and verified where linking fails);
+    sidecar shards are copied whole (bytes verified against the sidecar manifest) and renumbered
+    after the base's. Sample index, pairs (sorted by pair_id), splits and manifest are written anew;
+    the result is validated like a fresh build, then published atomically. Neither input store is
+    modified. Returns the new manifest.
+
+    Any of the three may be an object-storage URL (``storage_options`` apply to all of them): shard
+    objects are then copied whole (streamed, sha256 verified), and on object storage the output is
+    written in place under its prefix with ``manifest.json`` last (the commit marker).
+    """
+    base_l = StoreLocation.parse(base, storage_options)
+    side_l = StoreLocation.parse(sidecar, storage_options)
+    out_l = StoreLocation.parse(out, storage_options)
+    base_p, side_p, out_p = base_l.root, side_l.root, out_l.root
+
+    def _same(a: StoreLocation, b: StoreLocation) -> bool:
+        if a.is_local and b.is_local:
+            return a.root.resolve() == b.root.resolve()
+        return a.url.rstrip("/") == b.url.rstrip("/")
+
+    if _same(out_l, base_l) or _same(out_l, side_l):
+        raise StoreError(
+            f"merge output {out_l.url} is one of its inputs; stores are immutable.",
+            fix="write the merged store to a new folder",
+        )
+    rb, rs = VinOfflineStoreReader(base_l), VinOfflineStoreReader(side_l)  # strict: format/version
+    for loc in (base_l, side_l):
+        raise_if_invalid(loc, deep=False)
+    mb, ms = rb.manifest, rs.manifest
+    problems: list[str] = []
+    if mb["profile"].get("repo_id") != ms["profile"].get("repo_id"):
+        problems.append(
+            f"profile repo differs: base {mb['profile'].get('repo_id')!r}, sidecar {ms['profile'].get('repo_id')!r}"
+        )
+    ob, os_ = mb.get("options", {}), ms.get("options", {})
+    if ob.get("include_actions") != os_.get("include_actions"):
+        problems.append(
+            f"include_actions differs: base {ob.get('include_actions')!r}, sidecar {os_.get('include_actions')!r}"
+        )
+    if mb.get("codec") != ms.get("codec"):
+        problems.append("codec differs between base and sidecar")
+    base_rows, side_rows = rb.sample_index, rs.sample_index
+    overlap = sorted({r["sample_key"] for r in base_rows} & {r["sample_key"] for r in side_rows})
+    if overlap:
+        problems.append(
+            f"{len(overlap)} sample keys are in both stores (a sidecar holds NEW trajectories only): "
+            f"{overlap[:10]}{' ...' if len(overlap) > 10 else ''}"
+        )
+    pair_overlap = sorted({p["pair_id"] for p in rb.pairs()} & {p["pair_id"] for p in rs.pairs()})
+    if pair_overlap:
+        problems.append(f"{len(pair_overlap)} pair ids are in both stores: {pair_overlap[:10]}")
+    nb = len(base_rows)
+    nsh = len(mb["shards"])
+    index_rows = [dict(r) for r in base_rows] + [
+        {**r, "sample_index": r["sample_index"] + nb, "shard_id": r["shard_id"] + nsh} for r in side_rows
+    ]
+    pairs_rows = [dict(p) for p in rb.pairs()] + [
+        {
+            **p,
+            "chosen_sample_index": p["chosen_sample_index"] + nb,
+            "rejected_sample_index": p["rejected_sample_index"] + nb,
+        }
+        for p in rs.pairs()
+    ]
+    splits_by_key: dict[str, set[str]] = defaultdict(set)
+    for pr in pairs_rows:
+        for role in ("chosen_sample_index", "rejected_sample_index"):
+            splits_by_key[index_rows[pr[role]]["sample_key"]].add(pr["split"])
+    for key, sps in sorted(splits_by_key.items()):
+        if len(sps) > 1:
+            problems.append(f"split leakage: trajectory {key!r} is used by pairs of splits {sorted(sps)}")
+    if problems:
+        raise StoreInputError(
+            f"cannot merge sidecar store {side_l.url} into {base_l.url}",
+            problems,
+            fix="build the sidecar with the same writer, profile and options, for new trajectories only",
+        )
+    pairs_rows.sort(key=lambda p: p["pair_id"])
+    if out_l.is_local:
+        check_out_dir(out_p, problems)
+    else:
+        check_remote_out(out_l, problems)
+    if problems:
+        raise StoreInputError(
+            f"cannot write the merged store at {out_l.url}", problems, fix="choose another output folder"
+        )
+    if out_l.is_local:
+        staging = make_staging_dir(out_p)
+        target = StoreLocation.parse(staging)
+    else:  # object storage: in place, manifest.json last
+        out_l.withdraw(MANIFEST_NAME)
+        staging, target = out_p, out_l
+
+    def _copy(src: StoreLocation, sp: Path, dp: Path, sha: str, link: bool) -> None:
+        if link and src.is_local and target.is_local:
+            dp.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(OSError):
+                os.link(sp, dp)  # a base shard: the same bytes, no copy
+                return
+        target.copy_verified(src, sp, dp, sha)  # streamed, sha256 verified
+
+    try:
+        shard_entries: list[dict[str, Any]] = []
+        jobs: list[tuple[StoreLocation, Path, Path, str, bool]] = []
+        for sh in mb["shards"]:
+            if target.is_local:
+                (staging / sh["dir"]).mkdir(parents=True)
+            for f in sh["files"]:
+                jobs.append((base_l, base_p / f["path"], staging / f["path"], f["sha256"], True))
+            shard_entries.append(json.loads(json.dumps(sh)))
+        for sh in ms["shards"]:
+            new_id = sh["id"] + nsh
+            new_dir = shard_dir_name(new_id)
+            entry = {**sh, "id": new_id, "dir": new_dir, "row_start": sh["row_start"] + nb, "files": []}
+            for f in sh["files"]:
+                rel_in = Path(f["path"]).relative_to(sh["dir"]).as_posix()
+                jobs.append((side_l, side_p / f["path"], staging / new_dir / rel_in, f["sha256"], False))
+                entry["files"].append({**f, "path": f"{new_dir}/{rel_in}"})
+            shard_entries.append(entry)
+        if target.is_local and side_l.is_local and base_l.is_local:
+            for job in jobs:
+                _copy(*job)
+        else:
+            with ThreadPoolExecutor(max_workers=8) as pool:
+                list(pool.map(lambda j: _copy(*j), jobs))
+        inputs = dict(mb["inputs"])
+        for k, v in ms["inputs"].items():
+            if inputs.get(k, v) == v:
+                inputs[k] = v
+            else:
+                inputs[f"sidecar/{k}"] = v
+        manifest = finish_manifest(
+            target,
+            profile=mb["profile"],
+            inputs=inputs,
+            options=dict(ob),
+            shard_entries=shard_entries,
+            index_rows=index_rows,
+            pairs_rows=pairs_rows,
+            local=mb.get("local") or {"profile_path": None, "data_root": None},
+            extra={
+                "merged_from": [
+                    {
+                        "role": "base",
+                        "fingerprint": mb["fingerprint"],
+                        "profile": mb["profile"],
+                        "samples": nb,
+                    },
+                    {
+                        "role": "sidecar",
+                        "fingerprint": ms["fingerprint"],
+                        "profile": ms["profile"],
+                        "samples": len(side_rows),
+                    },
+                ]
+            },
+        )
+        if target.is_local:
+            publish_dir(staging, out_p)
+    except BaseException:
+        if target.is_local:
+            shutil.rmtree(staging, ignore_errors=True)
+        else:  # no manifest was written: best-effort removal of the copied objects
+            with contextlib.suppress(Exception):
+                out_l.withdraw(MANIFEST_NAME)
+        raise
+    return manifest

@@ -1,0 +1,240 @@
+"""Planning a build: dedupe the samples, give each its split (leakage is an error), order the rows and
+cut them into shards; the size estimate and the free-space check that come before writing.
+
+Sample order: rows are grouped by frame resolution (H, W) (groups in ascending (H, W)), then sorted
+by ``sample_key`` inside a group. Shards hold ``rows_per_shard`` rows of ONE resolution (the last
+shard of a group may be smaller); ``Tmax`` of a shard is the longest sample in it. A sample's split
+is the split of the pairs that use it (two splits = leakage = error); a sample no pair uses keeps its
+declared ``SampleSpec.split``; a declared split that contradicts its pairs is an error.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import numpy as np
+
+from ..fsutil import require_free_space
+from .format import (
+    BLOCK_ACTIONS,
+    BLOCK_FRAMES,
+    BLOCK_NAMES,
+    BLOCK_NUM_FRAMES,
+    BLOCK_WIDTH,
+    SPLIT_NAMES,
+    PairSpec,
+    SampleSpec,
+    StoreInputError,
+)
+from .inputs import inspect_frames_npz, inspect_sidecar_npz
+
+
+@dataclass
+class Row:
+    spec: SampleSpec
+    split: str
+    num_frames: int
+    height: int
+    width: int
+    action_width: int  # 0 when no sidecar or actions not included
+    sample_index: int = -1
+    shard_id: int = -1
+    row: int = -1
+
+
+@dataclass
+class ShardPlan:
+    shard_id: int
+    row_start: int
+    rows: list[Row]
+
+    @property
+    def tmax(self) -> int:
+        return max(r.num_frames for r in self.rows)
+
+    @property
+    def hw(self) -> tuple[int, int]:
+        return self.rows[0].height, self.rows[0].width
+
+    @property
+    def wmax(self) -> int:
+        return max(r.action_width for r in self.rows)
+
+
+def dedupe_samples(samples: Sequence[SampleSpec], problems: list[str]) -> dict[str, SampleSpec]:
+    by_key: dict[str, SampleSpec] = {}
+    for s in samples:
+        if not isinstance(s, SampleSpec):
+            problems.append(f"samples: {s!r} is not a SampleSpec")
+            continue
+        old = by_key.get(s.sample_key)
+        if old is None:
+            by_key[s.sample_key] = s
+        elif old != s:
+            diff = [f.name for f in fields(SampleSpec) if getattr(old, f.name) != getattr(s, f.name)]
+            problems.append(
+                f"sample {s.sample_key!r} appears twice with different data (fields {', '.join(diff)})"
+            )
+    return by_key
+
+
+def _assign_splits(
+    by_key: dict[str, SampleSpec], pairs: Sequence[PairSpec], problems: list[str]
+) -> tuple[dict[str, str], list[PairSpec]]:
+    pair_splits: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    seen_pairs: dict[str, PairSpec] = {}
+    kept: list[PairSpec] = []
+    for p in pairs:
+        if not isinstance(p, PairSpec):
+            problems.append(f"pairs: {p!r} is not a PairSpec")
+            continue
+        if p.pair_id in seen_pairs:
+            if seen_pairs[p.pair_id] != p:
+                problems.append(f"pair {p.pair_id!r} appears twice with different data")
+            continue
+        seen_pairs[p.pair_id] = p
+        ok = True
+        if p.split not in SPLIT_NAMES:
+            problems.append(f"pair {p.pair_id!r}: split {p.split!r} is not one of {', '.join(SPLIT_NAMES)}")
+            ok = False
+        for role, key in (("chosen", p.chosen_key), ("rejected", p.rejected_key)):
+            if key not in by_key:
+                problems.append(f"pair {p.pair_id!r}: {role} trajectory {key!r} is not among the samples")
+                ok = False
+        if p.chosen_key == p.rejected_key:
+            problems.append(
+                f"pair {p.pair_id!r}: chosen and rejected are the same trajectory {p.chosen_key!r}"
+            )
+            ok = False
+        if ok:
+            pair_splits[p.chosen_key][p.split].append(p.pair_id)
+            pair_splits[p.rejected_key][p.split].append(p.pair_id)
+            kept.append(p)
+    split_of: dict[str, str] = {}
+    for key, s in by_key.items():
+        used = pair_splits.get(key)
+        if used and len(used) > 1:
+            detail = "; ".join(f"{sp}: {', '.join(sorted(ids)[:3])}" for sp, ids in sorted(used.items()))
+            problems.append(
+                f"split leakage: trajectory {key!r} is used by pairs of several splits ({detail})"
+            )
+            continue
+        if used:
+            (sp,) = used
+            if s.split != sp:
+                problems.append(f"sample {key!r}: declared split {s.split!r} but its pairs are in {sp!r}")
+                continue
+            split_of[key] = sp
+        elif s.split not in SPLIT_NAMES:
+            problems.append(f"sample {key!r}: split {s.split!r} is not one of {', '.join(SPLIT_NAMES)}")
+        else:
+            split_of[key] = s.split
+    return split_of, sorted(kept, key=lambda p: p.pair_id)
+
+
+def _check_spec_fields(s: SampleSpec, problems: list[str]) -> None:
+    for name in ("sample_key", "cache_key", "source", "task", "quality_label"):
+        if not isinstance(getattr(s, name), str):
+            problems.append(f"sample {s.sample_key!r}: {name} must be a string")
+    if not s.sample_key:
+        problems.append(f"a sample has an empty sample_key (frames {s.frames_path})")
+    if s.partial_success is not None and (
+        not isinstance(s.partial_success, int | float) or not math.isfinite(float(s.partial_success))
+    ):
+        problems.append(
+            f"sample {s.sample_key!r}: partial_success {s.partial_success!r} is not a finite number"
+        )
+    if not isinstance(s.is_robot, bool | np.bool_):
+        problems.append(f"sample {s.sample_key!r}: is_robot must be a bool")
+
+
+def plan_shards(
+    samples: Sequence[SampleSpec], pairs: Sequence[PairSpec], include_actions: bool, rows_per_shard: int
+) -> tuple[list[ShardPlan], list[Row], list[PairSpec]]:
+    problems: list[str] = []
+    by_key = dedupe_samples(samples, problems)
+    if not by_key and not problems:
+        problems.append("no samples to write")
+    split_of, kept_pairs = _assign_splits(by_key, pairs, problems)
+    rows: list[Row] = []
+    for key in sorted(by_key):
+        s = by_key[key]
+        _check_spec_fields(s, problems)
+        info = inspect_frames_npz(Path(s.frames_path), problems)
+        width = 0
+        if include_actions and s.sidecar_path is not None:
+            w = inspect_sidecar_npz(Path(s.sidecar_path), info.num_frames if info else None, problems)
+            width = w or 0
+        if info is not None and key in split_of:
+            rows.append(Row(s, split_of[key], info.num_frames, info.height, info.width, width))
+    if problems:
+        raise StoreInputError(
+            "cannot build the VIN offline store",
+            problems,
+            fix="correct the named inputs (pair manifest, frame files, sidecars) and build again",
+        )
+    groups: dict[tuple[int, int], list[Row]] = defaultdict(list)
+    for r in rows:
+        groups[(r.height, r.width)].append(r)
+    shards: list[ShardPlan] = []
+    ordered: list[Row] = []
+    for hw in sorted(groups):
+        grp = sorted(groups[hw], key=lambda r: r.spec.sample_key)
+        for start in range(0, len(grp), rows_per_shard):
+            chunk = grp[start : start + rows_per_shard]
+            plan = ShardPlan(len(shards), len(ordered), chunk)
+            for j, r in enumerate(chunk):
+                r.sample_index = len(ordered)
+                r.shard_id = plan.shard_id
+                r.row = j
+                ordered.append(r)
+            shards.append(plan)
+    return shards, ordered, kept_pairs
+
+
+# ----- estimate ----------------------------------------------------------------------------------------
+def estimate_store_bytes(samples: Sequence[SampleSpec], *, include_actions: bool = True) -> dict[str, int]:
+    """Uncompressed payload bytes per block (unpadded), from npz headers only, plus ``total``.
+
+    Frames are never decompressed: only each ``.npy`` member's header is read. The numbers equal
+    ``manifest["stats"]["payload_bytes"]`` of the store these samples build; the stored arrays add
+    zero/NaN padding up to each shard's ``Tmax`` (which compresses to almost nothing).
+    """
+    problems: list[str] = []
+    by_key = dedupe_samples(samples, problems)
+    out = dict.fromkeys(BLOCK_NAMES, 0)
+    for key in sorted(by_key):
+        s = by_key[key]
+        info = inspect_frames_npz(Path(s.frames_path), problems)
+        if info is None:
+            continue
+        out[BLOCK_FRAMES] += info.num_frames * info.height * info.width * 3
+        out[BLOCK_NUM_FRAMES] += 4
+        out[BLOCK_WIDTH] += 2
+        if include_actions and s.sidecar_path is not None:
+            w = inspect_sidecar_npz(Path(s.sidecar_path), info.num_frames, problems)
+            if w:
+                out[BLOCK_ACTIONS] += info.num_frames * w * 4
+    if problems:
+        raise StoreInputError(
+            "cannot estimate the VIN offline store size",
+            problems,
+            fix="correct the named frame files or sidecars",
+        )
+    out["total"] = sum(out[b] for b in BLOCK_NAMES)
+    return out
+
+
+def check_free_space_for_store(out_dir: Path, estimate: dict[str, int], *, margin: float = 1.05) -> None:
+    """Refuse (DiskSpaceError) when the folder that will hold ``out_dir`` lacks ``total * margin`` bytes.
+
+    The uncompressed payload is an upper bound of what Blosc writes for real data; the margin covers
+    metadata and padding. An existing store at ``out_dir`` stays until the new one is complete, so
+    this free space is needed on top of it.
+    """
+    needed = int(estimate["total"] * margin) + (1 << 20)
+    require_free_space(Path(out_dir).parent, needed, f"the VIN offline store {out_dir}")

@@ -1,0 +1,203 @@
+"""The strict reader of a store (local or object storage): manifest, sample index, pairs, splits, and
+one sample's frames and actions.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+
+from ..errors import StoreError
+from ..storage import StoreLocation
+from .format import BLOCK_ACTIONS, BLOCK_FRAMES, PAIRS_NAME, SAMPLE_INDEX_NAME, SPLIT_FILES, SPLITS_DIR
+from .manifest import load_manifest_strict, rebuild_command
+from .shard_io import MISSING, DirectArray, direct_array
+from .tables import read_jsonl, read_npy
+
+
+class VinOfflineStoreReader:
+    """Strict reader: refuses a store without ``manifest.json`` or of another format/version.
+
+    Shard groups are opened lazily (one ``zarr.open_group`` per shard on first use, then cached).
+    Arrays with the layout this module writes are read directly: the shard index once per shard
+    (checked against its crc32c, then cached), then ONE ranged read of the sample's own inner chunk,
+    decoded with Blosc into a fresh array; anything else is read through zarr.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str] | StoreLocation, storage_options: dict[str, Any] | None = None
+    ) -> None:
+        self.location = StoreLocation.parse(path, storage_options)
+        #: the local folder, or ``bucket/prefix`` on object storage (``location.url`` names it)
+        self.path = self.location.root
+        self.manifest: dict[str, Any] = load_manifest_strict(self.location)
+        self._shards: list[dict[str, Any]] = list(self.manifest.get("shards", []))
+        self._sample_index: list[dict[str, Any]] | None = None
+        self._pairs: list[dict[str, Any]] | None = None
+        self._splits: dict[str, np.ndarray[Any, Any]] = {}
+        self._groups: dict[int, Any] = {}
+        self._arrays: dict[tuple[int, str], Any] = {}
+        self._direct_cache: dict[tuple[int, str], DirectArray | None] = {}
+        self._pid = os.getpid()
+
+    # pickling (DataLoader workers): drop open zarr handles, reopen lazily in the worker.
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_groups"] = {}
+        state["_arrays"] = {}
+        state["_direct_cache"] = {}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._pid = os.getpid()
+
+    @property
+    def num_samples(self) -> int:
+        return sum(int(s["num_rows"]) for s in self._shards)
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    @property
+    def sample_index(self) -> list[dict[str, Any]]:
+        if self._sample_index is None:
+            rows = read_jsonl(self.location, self.path / SAMPLE_INDEX_NAME)
+            if len(rows) != self.num_samples:
+                raise StoreError(
+                    f"{self.path / SAMPLE_INDEX_NAME}: {len(rows)} rows but the manifest has {self.num_samples}.",
+                    fix=f"validate the store (`validate_vin_offline_store`) and rebuild: "
+                    f"{rebuild_command(self.path, self.manifest)}",
+                )
+            self._sample_index = rows
+        return self._sample_index
+
+    def split(self, name: str) -> np.ndarray[Any, Any]:
+        if name not in SPLIT_FILES:
+            raise KeyError(f"unknown split {name!r}; expected one of {', '.join(SPLIT_FILES)}")
+        if name not in self._splits:
+            arr = read_npy(self.location, self.path / SPLITS_DIR / f"{name}.npy")
+            self._splits[name] = np.asarray(arr, dtype=np.int64)
+        return self._splits[name]
+
+    def pairs(self) -> list[dict[str, Any]]:
+        if self._pairs is None:
+            self._pairs = read_jsonl(self.location, self.path / PAIRS_NAME)
+        return self._pairs
+
+    # -- zarr access ---------------------------------------------------------------------------------
+    def _open_store(self, shard_dir: Path) -> Any:
+        """The zarr store of one shard folder (a hook: tests wrap it to count reads)."""
+        return self.location.zarr_store(shard_dir, read_only=True)
+
+    def _group(self, shard_id: int) -> Any:
+        if self._pid != os.getpid():  # forked: zarr handles of the parent are not reused
+            self._groups = {}
+            self._arrays = {}
+            self._direct_cache = {}
+            self._pid = os.getpid()
+        g = self._groups.get(shard_id)
+        if g is None:
+            entry = self._shards[shard_id]
+            g = zarr.open_group(
+                store=self._open_store(self.path / entry["dir"]),
+                mode="r",
+                zarr_format=3,
+                use_consolidated=False,
+            )
+            self._groups[shard_id] = g
+        return g
+
+    def _array(self, shard_id: int, name: str) -> Any:
+        g = self._group(shard_id)
+        a = self._arrays.get((shard_id, name))
+        if a is None:
+            a = g[name]
+            self._arrays[(shard_id, name)] = a
+        return a
+
+    # -- direct shard reads ------------------------------------------------------------------------
+    def _read_range(self, path: Path, offset: int, length: int) -> bytes:
+        """``length`` bytes of ``path`` at ``offset`` (a hook: tests wrap it to count reads)."""
+        data = self.location.read_range(path, offset, length)
+        if len(data) != length:
+            raise StoreError(
+                f"{path}: truncated ({len(data)} of {length} bytes at offset {offset}).",
+                fix=f"validate the store with --deep and rebuild it: {rebuild_command(self.path, self.manifest)}",
+            )
+        return data
+
+    def _direct(self, shard_id: int, name: str) -> DirectArray | None:
+        """The shard index of one array, read once and cached, when the array has the layout this
+        module writes (else None: zarr reads it). A sample then costs one read of its own chunk."""
+        key = (shard_id, name)
+        if key in self._direct_cache:
+            return self._direct_cache[key]
+        arr = self._array(shard_id, name)
+        d = direct_array(
+            arr, self.path / self._shards[shard_id]["dir"] / name, self._read_range, self.location.size
+        )
+        self._direct_cache[key] = d
+        return d
+
+    def _read_row(self, shard_id: int, name: str, row: int) -> np.ndarray[Any, Any] | None:
+        d = self._direct(shard_id, name)
+        if d is None:
+            return None
+        off, nbytes = (int(x) for x in d.index[row])
+        out = np.empty(d.inner, dtype=d.dtype)
+        if off == MISSING and nbytes == MISSING:  # an empty chunk (never written by this module)
+            out[...] = d.fill
+            return out[0]
+        d.codec.decode(self._read_range(d.path, off, nbytes), out=out)
+        return out[0]
+
+    def _padded_row(self, shard_id: int, name: str, row: int) -> np.ndarray[Any, Any]:
+        """One whole row of an array (padding included), decoded as :meth:`read_frames` decodes it."""
+        direct = self._read_row(shard_id, name, row)
+        if direct is not None:
+            return direct
+        return np.asarray(self._array(shard_id, name)[row])
+
+    def _row(self, i: int) -> dict[str, Any]:
+        i = operator.index(i)
+        n = self.num_samples
+        if not 0 <= i < n:
+            raise IndexError(f"sample index {i} out of range [0, {n})")
+        return self.sample_index[i]
+
+    def read_frames(self, i: int) -> np.ndarray[Any, Any]:
+        meta = self._row(i)
+        shard_id, row, t = int(meta["shard_id"]), int(meta["row"]), int(meta["num_frames"])
+        direct = self._read_row(shard_id, BLOCK_FRAMES, row)
+        if direct is not None:
+            return direct[:t]
+        out: np.ndarray[Any, Any] = self._array(shard_id, BLOCK_FRAMES)[row, :t]
+        return out
+
+    def read_actions(self, i: int) -> np.ndarray[Any, Any] | None:
+        meta = self._row(i)
+        width = int(meta["action_width"])
+        entry = self._shards[int(meta["shard_id"])]
+        if width <= 0 or int(entry["action_width_max"]) <= 0:
+            return None
+        shard_id, row, t = int(meta["shard_id"]), int(meta["row"]), int(meta["num_frames"])
+        direct = self._read_row(shard_id, BLOCK_ACTIONS, row)
+        if direct is not None:
+            return direct[:t, :width]
+        out: np.ndarray[Any, Any] = self._array(shard_id, BLOCK_ACTIONS)[row, :t, :width]
+        return out
+
+    def sample(self, i: int) -> dict[str, Any]:
+        meta = self._row(i)
+        return {
+            "frames": self.read_frames(i),
+            "actions": self.read_actions(i),
+            "num_frames": int(meta["num_frames"]),
+            "meta": meta,
+        }

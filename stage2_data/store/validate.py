@@ -1,0 +1,378 @@
+"""Read-only validation of a store: every problem found, as a list (empty = valid).
+
+This module checks the manifest, its shard entries, and the sample index, splits and pairs against
+it; :mod:`.validate_shards` checks the shard folders (array metadata, the small per-row arrays,
+decoded samples) and every listed file.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from ..errors import StoreError, StoreValidationError
+from ..formats.jsonl import iter_json_lines
+from ..hashing import SHA256_RE
+from ..storage import StoreLocation
+from .format import (
+    BLOCK_ACTIONS,
+    BLOCK_DTYPES,
+    BLOCK_NAMES,
+    MANIFEST_NAME,
+    MANIFEST_TYPES,
+    OFFLINE_DATASET_VERSION,
+    OPTIONAL_BLOCKS,
+    PAIR_FIELDS,
+    PAIRS_NAME,
+    SAMPLE_INDEX_FIELDS,
+    SAMPLE_INDEX_NAME,
+    SPLIT_FILES,
+    SPLIT_NAMES,
+    SPLITS_DIR,
+    STORE_FORMAT,
+    shard_dir_name,
+)
+from .manifest import load_manifest, rebuild_command, store_fingerprint
+from .tables import read_npy
+from .validate_shards import validate_arrays, validate_files
+
+
+def validate_vin_offline_store(
+    path: str | os.PathLike[str] | StoreLocation,
+    deep: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    *,
+    decode: bool = False,
+) -> list[str]:
+    """Read-only check of a store; returns every problem found (empty list = valid).
+
+    Checks manifest fields, format/version, row counts, shard count, split files (sorted, disjoint,
+    union == all, counts), unique sample keys, pairs (valid indices, matching split), required
+    blocks and per-shard array shapes/dtypes (array metadata), the small per-row arrays against the
+    sample index, and every listed file's size. ``deep`` also hashes every file against the manifest
+    and recomputes the fingerprint. ``decode`` also decodes every sample as the reader does (a row
+    at a time on a few threads: memory stays bounded by a few rows) and checks its frames against
+    its ``frames_sha256``, the zero padding past ``num_frames`` and the NaN padding of actions past
+    the row's length and width.
+    """
+    loc = StoreLocation.parse(path, storage_options)
+    root = loc.root
+    if loc.is_local and not root.is_dir():
+        return [f"{root}: not a folder (no store here)"]
+    got = load_manifest(loc)
+    if got.manifest is None:
+        return [f"{loc.display(root / MANIFEST_NAME)}: {got.problem}"]
+    return validate_store(loc, got.manifest, deep, decode=decode)
+
+
+def validate_store(loc: StoreLocation, m: dict[str, Any], deep: bool, *, decode: bool = False) -> list[str]:
+    """Every problem of the store at ``loc`` whose manifest is ``m`` (already read, or about to be
+    written: the writer checks its result with this before it commits the manifest)."""
+    root = loc.root
+    mpath = loc.display(root / MANIFEST_NAME)
+    problems: list[str] = []
+    _validate_manifest_fields(m, problems, str(mpath))
+    shards = _validate_shard_entries(m, problems, str(mpath))
+    stats: dict[str, Any] = m["stats"] if isinstance(m.get("stats"), dict) else {}
+    if isinstance(m.get("shards"), list) and stats.get("shards") not in (None, len(m["shards"])):
+        problems.append(f"{mpath}: stats.shards {stats.get('shards')!r} but {len(m['shards'])} shards listed")
+    blocks = {b.get("name"): b for b in m.get("blocks", []) if isinstance(b, dict)}
+    has_actions = any(int(s["action_width_max"]) > 0 for s in shards)
+    if BLOCK_ACTIONS in blocks and bool(blocks[BLOCK_ACTIONS].get("materialized")) != has_actions:
+        problems.append(
+            f"{mpath}: block {BLOCK_ACTIONS} materialized={blocks[BLOCK_ACTIONS].get('materialized')!r} "
+            f"but {'some' if has_actions else 'no'} shard holds it"
+        )
+    rows = _validate_index(loc, m, shards, problems)
+    _validate_splits(loc, m, rows, problems)
+    _validate_pairs(loc, m, rows, problems)
+    validate_arrays(loc, shards, rows, problems, decode=decode)
+    validate_files(loc, m, shards, deep, problems)
+    if deep and isinstance(m.get("fingerprint"), str):
+        try:
+            fp = store_fingerprint(loc)
+        except (OSError, StoreError) as e:
+            problems.append(f"{loc.url}: cannot recompute the fingerprint ({e})")
+        else:
+            if fp != m["fingerprint"]:
+                problems.append(f"{mpath}: fingerprint {m['fingerprint']} but the content gives {fp}")
+    return problems
+
+
+def raise_if_invalid(
+    path: str | os.PathLike[str] | StoreLocation,
+    deep: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    *,
+    decode: bool = False,
+) -> None:
+    """:func:`validate_vin_offline_store`, raising StoreValidationError (with the rebuild command)
+    when it finds problems."""
+    loc = StoreLocation.parse(path, storage_options)
+    problems = validate_vin_offline_store(loc, deep=deep, decode=decode)
+    if problems:
+        manifest = load_manifest(loc).manifest
+        path = loc.url
+        raise StoreValidationError(
+            f"VIN offline store {path} is invalid",
+            problems,
+            fix=f"rebuild it: {rebuild_command(path, manifest)}",
+        )
+
+
+# ----- the manifest and the small files -----------------------------------------------------------
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _validate_manifest_fields(m: dict[str, Any], problems: list[str], where: str) -> None:
+    for key, typ in MANIFEST_TYPES.items():
+        if key not in m:
+            problems.append(f"{where}: missing field {key!r}")
+        elif not isinstance(m[key], typ) or (typ is int and isinstance(m[key], bool)):
+            problems.append(f"{where}: field {key!r} has the wrong type ({type(m[key]).__name__})")
+    if m.get("format") != STORE_FORMAT:
+        problems.append(f"{where}: format {m.get('format')!r}; expected {STORE_FORMAT!r}")
+    if m.get("version") != OFFLINE_DATASET_VERSION or not _is_int(m.get("version")):
+        problems.append(
+            f"{where}: Unsupported VIN offline store version: {m.get('version')}. Expected {OFFLINE_DATASET_VERSION}."
+        )
+    prof = m.get("profile")
+    if isinstance(prof, dict):
+        for k in ("name", "repo_id", "revision"):
+            if not isinstance(prof.get(k), str) or not prof.get(k):
+                problems.append(f"{where}: profile.{k} missing or empty")
+    inputs = m.get("inputs")
+    if isinstance(inputs, dict):
+        for k, v in inputs.items():
+            if not isinstance(v, str) or not SHA256_RE.match(v):
+                problems.append(f"{where}: inputs[{k!r}] is not a sha256")
+    writer = m.get("writer")
+    if isinstance(writer, dict):
+        for k in ("package", "version"):
+            if not isinstance(writer.get(k), str):
+                problems.append(f"{where}: writer.{k} missing")
+    blocks = m.get("blocks")
+    if isinstance(blocks, list):
+        by_name = {b.get("name"): b for b in blocks if isinstance(b, dict)}
+        for name in BLOCK_NAMES:
+            b = by_name.get(name)
+            if b is None:
+                problems.append(f"{where}: block {name!r} is not described in 'blocks'")
+                continue
+            if b.get("dtype") != BLOCK_DTYPES[name]:
+                problems.append(
+                    f"{where}: block {name!r} dtype {b.get('dtype')!r}; expected {BLOCK_DTYPES[name]!r}"
+                )
+            if bool(b.get("optional")) != (name in OPTIONAL_BLOCKS):
+                problems.append(f"{where}: block {name!r} optional flag is wrong")
+            if name not in OPTIONAL_BLOCKS and b.get("materialized") is not True:
+                problems.append(f"{where}: required block {name!r} is not materialized")
+        extra = sorted(set(by_name) - set(BLOCK_NAMES), key=str)
+        if extra:
+            problems.append(f"{where}: unknown blocks {extra}")
+    fp = m.get("fingerprint")
+    if isinstance(fp, str) and not SHA256_RE.match(fp):
+        problems.append(f"{where}: fingerprint is not a sha256")
+
+
+def _validate_shard_entries(m: dict[str, Any], problems: list[str], where: str) -> list[dict[str, Any]]:
+    good: list[dict[str, Any]] = []
+    shards: list[Any] = m["shards"] if isinstance(m.get("shards"), list) else []
+    row_start = 0
+    for k, sh in enumerate(shards):
+        tag = f"{where}: shards[{k}]"
+        if not isinstance(sh, dict):
+            problems.append(f"{tag} is not an object")
+            continue
+        bad = len(problems)
+        if sh.get("id") != k:
+            problems.append(f"{tag}: id {sh.get('id')!r}; expected {k}")
+        if sh.get("dir") != shard_dir_name(k):
+            problems.append(f"{tag}: dir {sh.get('dir')!r}; expected {shard_dir_name(k)!r}")
+        if sh.get("row_start") != row_start:
+            problems.append(f"{tag}: row_start {sh.get('row_start')!r}; expected {row_start}")
+        nr_raw: Any = sh.get("num_rows")
+        nr: int = nr_raw if _is_int(nr_raw) and nr_raw > 0 else 0
+        if nr == 0:
+            problems.append(f"{tag}: num_rows {nr_raw!r} is not a positive integer")
+        fs = sh.get("frame_shape")
+        if not (
+            isinstance(fs, list) and len(fs) == 4 and all(_is_int(x) and x > 0 for x in fs) and fs[3] == 3
+        ):
+            problems.append(f"{tag}: frame_shape {fs!r} is not [Tmax, H, W, 3]")
+        aw: Any = sh.get("action_width_max")
+        if not _is_int(aw) or int(aw) < 0:
+            problems.append(f"{tag}: action_width_max {aw!r} is not a non-negative integer")
+        files = sh.get("files")
+        if not isinstance(files, list) or not all(
+            isinstance(f, dict)
+            and isinstance(f.get("path"), str)
+            and _is_int(f.get("bytes"))
+            and isinstance(f.get("sha256"), str)
+            for f in files
+        ):
+            problems.append(f"{tag}: files is not a list of {{path, bytes, sha256}}")
+        row_start += nr
+        if len(problems) == bad:
+            good.append(sh)
+    return good
+
+
+def _validate_index(
+    loc: StoreLocation, m: dict[str, Any], shards: list[dict[str, Any]], problems: list[str]
+) -> list[dict[str, Any]]:
+    root = loc.root
+    ipath_p = root / SAMPLE_INDEX_NAME
+    ipath = loc.display(ipath_p)
+    if not loc.is_file(ipath_p):
+        problems.append(f"{ipath}: missing")
+        return []
+    rows: list[dict[str, Any]] = []
+    for jl in iter_json_lines(loc.read_bytes(ipath_p), skip_blank=False):
+        lineno, row = jl.line, jl.value
+        if not jl.ok:
+            problems.append(f"{ipath}:{lineno}: not valid JSON ({jl.error})")
+            continue
+        if not isinstance(row, dict):
+            problems.append(f"{ipath}:{lineno}: not a JSON object")
+            continue
+        if set(row) != set(SAMPLE_INDEX_FIELDS):
+            missing = sorted(set(SAMPLE_INDEX_FIELDS) - set(row))
+            extra = sorted(set(row) - set(SAMPLE_INDEX_FIELDS))
+            problems.append(f"{ipath}:{lineno}: fields differ (missing {missing}, unexpected {extra})")
+            continue
+        rows.append(row)
+    n_manifest = sum(int(s["num_rows"]) for s in shards)
+    stats: dict[str, Any] = m["stats"] if isinstance(m.get("stats"), dict) else {}
+    if len(rows) != n_manifest:
+        problems.append(f"{ipath}: {len(rows)} rows but the manifest's shards hold {n_manifest}")
+    if stats.get("samples") != len(rows):
+        problems.append(
+            f"{loc.display(root / MANIFEST_NAME)}: stats.samples {stats.get('samples')!r} but {len(rows)} index rows"
+        )
+    keys = Counter(r["sample_key"] for r in rows)
+    dups = sorted(k for k, c in keys.items() if c > 1)
+    if dups:
+        problems.append(f"{ipath}: duplicate sample keys {dups[:10]}{' ...' if len(dups) > 10 else ''}")
+    by_id = {int(s["id"]): s for s in shards}
+    for pos, r in enumerate(rows):
+        tag = f"{ipath}:{pos + 1}"
+        if r["sample_index"] != pos:
+            problems.append(f"{tag}: sample_index {r['sample_index']!r}; expected {pos}")
+        if r["split"] not in SPLIT_NAMES:
+            problems.append(f"{tag}: split {r['split']!r} is not one of {', '.join(SPLIT_NAMES)}")
+        if not isinstance(r["frames_sha256"], str) or not SHA256_RE.match(r["frames_sha256"]):
+            problems.append(f"{tag}: frames_sha256 is not a sha256")
+        sh = by_id.get(r["shard_id"]) if _is_int(r["shard_id"]) else None
+        if sh is None:
+            problems.append(f"{tag}: shard_id {r['shard_id']!r} is not a shard of the manifest")
+            continue
+        tmax, h, w, _ = sh["frame_shape"]
+        if not _is_int(r["row"]) or not 0 <= r["row"] < sh["num_rows"] or sh["row_start"] + r["row"] != pos:
+            problems.append(f"{tag}: row {r['row']!r} of shard {sh['id']} does not hold sample {pos}")
+        if not _is_int(r["num_frames"]) or not 1 <= r["num_frames"] <= tmax:
+            problems.append(f"{tag}: num_frames {r['num_frames']!r} outside 1..{tmax} (shard Tmax)")
+        if (r["frame_height"], r["frame_width"]) != (h, w):
+            problems.append(
+                f"{tag}: resolution {r['frame_height']}x{r['frame_width']} differs from shard {sh['id']} ({h}x{w})"
+            )
+        if not _is_int(r["action_width"]) or not 0 <= r["action_width"] <= sh["action_width_max"]:
+            problems.append(f"{tag}: action_width {r['action_width']!r} outside 0..{sh['action_width_max']}")
+    return rows
+
+
+def _validate_splits(
+    loc: StoreLocation, m: dict[str, Any], rows: list[dict[str, Any]], problems: list[str]
+) -> None:
+    root = loc.root
+    n = len(rows)
+    loaded: dict[str, np.ndarray[Any, Any]] = {}
+    for name in SPLIT_FILES:
+        pp = root / SPLITS_DIR / f"{name}.npy"
+        p = loc.display(pp)
+        if not loc.is_file(pp):
+            problems.append(f"{p}: missing split file")
+            continue
+        try:
+            arr = read_npy(loc, pp)
+        except (OSError, ValueError) as e:
+            problems.append(f"{p}: unreadable ({e})")
+            continue
+        if arr.dtype != np.int64 or arr.ndim != 1:
+            problems.append(f"{p}: dtype {arr.dtype} ndim {arr.ndim}; expected 1-D int64")
+            continue
+        if arr.size and (np.any(np.diff(arr) <= 0)):
+            problems.append(f"{p}: not sorted strictly increasing")
+        if arr.size and (arr.min() < 0 or arr.max() >= n):
+            problems.append(f"{p}: indices outside [0, {n})")
+        loaded[name] = arr
+    sets = {k: set(v.tolist()) for k, v in loaded.items()}
+    for i, a in enumerate(SPLIT_NAMES):
+        for b in SPLIT_NAMES[i + 1 :]:
+            if a in sets and b in sets and sets[a] & sets[b]:
+                problems.append(f"splits {a} and {b} overlap on {len(sets[a] & sets[b])} samples")
+    if all(k in sets for k in SPLIT_FILES):
+        union = sets["train"] | sets["val"] | sets["test"]
+        if union != sets["all"]:
+            problems.append("splits: train ∪ val ∪ test differs from all")
+    if "all" in loaded and not np.array_equal(loaded["all"], np.arange(n, dtype=np.int64)):
+        problems.append(f"{loc.display(root / SPLITS_DIR / 'all.npy')}: is not 0..{n - 1}")
+    per_split = (m.get("stats") or {}).get("per_split") if isinstance(m.get("stats"), dict) else None
+    for sp in SPLIT_NAMES:
+        if sp not in sets:
+            continue
+        want = {r["sample_index"] for r in rows if r["split"] == sp}
+        if sets[sp] != want:
+            problems.append(
+                f"splits/{sp}.npy: {len(sets[sp] ^ want)} samples disagree with sample_index.jsonl's split column"
+            )
+        if isinstance(per_split, dict) and per_split.get(sp) != len(sets[sp]):
+            problems.append(
+                f"stats.per_split.{sp} {per_split.get(sp)!r} but splits/{sp}.npy has {len(sets[sp])}"
+            )
+
+
+def _validate_pairs(
+    loc: StoreLocation, m: dict[str, Any], rows: list[dict[str, Any]], problems: list[str]
+) -> None:
+    root = loc.root
+    pp = root / PAIRS_NAME
+    p = loc.display(pp)
+    if not loc.is_file(pp):
+        problems.append(f"{p}: missing")
+        return
+    n = len(rows)
+    count = 0
+    seen: set[str] = set()
+    for jl in iter_json_lines(loc.read_bytes(pp), skip_blank=False):
+        tag, row = f"{p}:{jl.line}", jl.value
+        if not jl.ok:
+            problems.append(f"{tag}: not valid JSON ({jl.error})")
+            continue
+        count += 1
+        if not isinstance(row, dict) or set(row) != set(PAIR_FIELDS):
+            problems.append(f"{tag}: fields differ from {list(PAIR_FIELDS)}")
+            continue
+        if row["pair_id"] in seen:
+            problems.append(f"{tag}: duplicate pair_id {row['pair_id']!r}")
+        seen.add(row["pair_id"])
+        if row["split"] not in SPLIT_NAMES:
+            problems.append(f"{tag}: split {row['split']!r} is not one of {', '.join(SPLIT_NAMES)}")
+        for role in ("chosen_sample_index", "rejected_sample_index"):
+            idx = row[role]
+            if not _is_int(idx) or not 0 <= idx < n:
+                problems.append(f"{tag}: {role} {idx!r} is not a sample index in [0, {n})")
+            elif rows[idx]["split"] != row["split"]:
+                problems.append(
+                    f"{tag}: pair {row['pair_id']!r} ({row['split']}) uses sample {idx} "
+                    f"({rows[idx]['sample_key']}) of split {rows[idx]['split']}"
+                )
+    stats: dict[str, Any] = m["stats"] if isinstance(m.get("stats"), dict) else {}
+    if stats.get("pairs") != count:
+        problems.append(
+            f"{loc.display(root / MANIFEST_NAME)}: stats.pairs {stats.get('pairs')!r} but {PAIRS_NAME} has {count} rows"
+        )

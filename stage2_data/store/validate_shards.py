@@ -1,0 +1,201 @@
+"""Validation of the shard folders and the files: array metadata (shapes, dtypes), the small per-row
+arrays against the sample index, optionally every sample decoded as the reader decodes it, and
+every listed file (present, its size, deep: its sha256; nothing unlisted under ``shards/``).
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+
+from ..errors import StoreError
+from ..storage import StoreLocation
+from .format import (
+    BLOCK_ACTIONS,
+    BLOCK_DTYPES,
+    BLOCK_FRAMES,
+    BLOCK_NUM_FRAMES,
+    BLOCK_WIDTH,
+    MANIFEST_NAME,
+    PAIRS_NAME,
+    SAMPLE_INDEX_NAME,
+    SHARDS_DIR,
+    SPLIT_FILES,
+    SPLITS_DIR,
+    frames_sha256,
+)
+from .reader import VinOfflineStoreReader
+
+
+def validate_arrays(
+    loc: StoreLocation,
+    shards: list[dict[str, Any]],
+    rows: list[dict[str, Any]],
+    problems: list[str],
+    *,
+    decode: bool = False,
+) -> None:
+    root = loc.root
+    reader: VinOfflineStoreReader | None = None
+    if decode:
+        try:
+            reader = VinOfflineStoreReader(loc)
+        except StoreError as e:
+            problems.append(f"cannot decode the samples: {e}")
+    for sh in shards:
+        sdir_p = root / sh["dir"]
+        sdir = loc.display(sdir_p)
+        if not loc.is_dir(sdir_p):
+            continue  # reported by the shard-count check
+        rr = int(sh["num_rows"])
+        tmax, h, w, _ = sh["frame_shape"]
+        wmax = int(sh["action_width_max"])
+        expected: dict[str, tuple[int, ...]] = {
+            BLOCK_FRAMES: (rr, tmax, h, w, 3),
+            BLOCK_NUM_FRAMES: (rr,),
+            BLOCK_WIDTH: (rr,),
+        }
+        if wmax > 0:
+            expected[BLOCK_ACTIONS] = (rr, tmax, wmax)
+        store = loc.zarr_store(sdir_p, read_only=True)
+        arrays: dict[str, Any] = {}
+        for name, shape in expected.items():
+            try:
+                arr = zarr.open_array(store=store, path=name, mode="r", zarr_format=3)
+            except Exception as e:  # noqa: BLE001 - any failure to open is a problem to report
+                problems.append(f"{sdir}/{name}: cannot open the array ({type(e).__name__}: {e})")
+                continue
+            if tuple(arr.shape) != shape:
+                problems.append(f"{sdir}/{name}: shape {tuple(arr.shape)}; expected {shape}")
+            if str(arr.dtype) != BLOCK_DTYPES[name]:
+                problems.append(f"{sdir}/{name}: dtype {arr.dtype}; expected {BLOCK_DTYPES[name]}")
+            else:
+                arrays[name] = arr
+        if wmax == 0 and loc.exists(sdir_p / "actions" / "aligned"):
+            problems.append(f"{sdir}/{BLOCK_ACTIONS}: present but the manifest says action_width_max 0")
+        mine = rows[int(sh["row_start"]) : int(sh["row_start"]) + rr]
+        for name, col in ((BLOCK_NUM_FRAMES, "num_frames"), (BLOCK_WIDTH, "action_width")):
+            if name not in arrays or len(mine) != rr or tuple(arrays[name].shape) != (rr,):
+                continue
+            try:
+                got = np.asarray(arrays[name][...])
+            except Exception as e:  # noqa: BLE001
+                problems.append(f"{sdir}/{name}: cannot read ({type(e).__name__}: {e})")
+                continue
+            want = np.array([r[col] for r in mine])
+            bad = np.nonzero(got != want)[0]
+            if bad.size:
+                problems.append(
+                    f"{sdir}/{name}: {bad.size} rows disagree with sample_index.jsonl's {col} (first row {int(bad[0])})"
+                )
+        if reader is not None and len(mine) == rr and BLOCK_FRAMES in arrays:
+            _validate_decoded(reader, int(sh["id"]), sdir, wmax, mine, problems)
+
+
+def _validate_decoded(
+    reader: VinOfflineStoreReader,
+    sid: int,
+    sdir: str,
+    wmax: int,
+    mine: list[dict[str, Any]],
+    problems: list[str],
+) -> None:
+    """Decode one shard's rows the way training reads them (the strict reader, one row at a time on
+    a few threads) and check each against the sample index: frames_sha256 over its ``num_frames``
+    frames, zeros past them, and actions NaN past the row's length and width."""
+    names = [BLOCK_FRAMES, *([BLOCK_ACTIONS] if wmax > 0 else [])]
+    try:
+        for name in names:
+            reader._direct(sid, name)  # the shard index, read once before the threads share it
+    except Exception as e:  # noqa: BLE001 - a shard that cannot be opened is a problem to report
+        problems.append(f"{sdir}: cannot decode ({type(e).__name__}: {e})")
+        return
+
+    def check(r: dict[str, Any]) -> list[str]:
+        row, n, w = int(r["row"]), int(r["num_frames"]), int(r["action_width"])
+        try:
+            frames = reader._padded_row(sid, BLOCK_FRAMES, row)
+            actions = reader._padded_row(sid, BLOCK_ACTIONS, row) if wmax > 0 else None
+        except Exception as e:  # noqa: BLE001
+            return [f"cannot decode ({type(e).__name__}: {e})"]
+        bad = []
+        if frames_sha256(frames[:n]) != r["frames_sha256"]:
+            bad.append("frames_sha256")
+        if frames[n:].any():
+            bad.append("padding")
+        if actions is not None and not (np.isnan(actions[n:]).all() and np.isnan(actions[:n, w:]).all()):
+            bad.append("actions")
+        return bad
+
+    with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+        found = list(pool.map(check, mine))
+    what = {
+        "frames_sha256": f"{BLOCK_FRAMES}: decoded frames disagree with sample_index.jsonl's frames_sha256",
+        "padding": f"{BLOCK_FRAMES}: non-zero frames past num_frames",
+        "actions": f"{BLOCK_ACTIONS}: values where NaN padding belongs (past the row's length or width)",
+    }
+    for key in [*what, *sorted({k for ks in found for k in ks} - set(what))]:
+        rows = [j for j, ks in enumerate(found) if key in ks]
+        if rows:
+            keys = ", ".join(str(mine[j]["sample_key"]) for j in rows[:3])
+            problems.append(
+                f"{sdir}/{what.get(key, key)} in {len(rows)} row(s) (first rows {rows[:3]}: {keys})"
+            )
+
+
+def validate_files(
+    loc: StoreLocation, m: dict[str, Any], shards: list[dict[str, Any]], deep: bool, problems: list[str]
+) -> None:
+    root = loc.root
+    disp = loc.display
+    listed: list[dict[str, Any]] = [f for f in m.get("files", []) if isinstance(f, dict)]
+    for sh in shards:
+        listed += sh["files"]
+    listed_paths = {f["path"] for f in listed}
+    for name in (SAMPLE_INDEX_NAME, PAIRS_NAME, *[f"{SPLITS_DIR}/{s}.npy" for s in SPLIT_FILES]):
+        if name not in listed_paths:
+            problems.append(f"{disp(root / MANIFEST_NAME)}: file {name} is not listed with its sha256")
+    present: list[dict[str, Any]] = []
+    remote_sizes = None if loc.is_local else loc.file_sizes()  # one listing, not a HEAD per file
+    for f in listed:
+        p = root / f["path"]
+        if remote_sizes is None:
+            size = p.stat().st_size if p.is_file() else -1
+        else:
+            size = remote_sizes.get(f["path"], -1)
+        if size < 0:
+            if not f["path"].startswith(SPLITS_DIR + "/"):  # missing split files are reported once, above
+                problems.append(f"{disp(p)}: listed in the manifest but missing")
+            continue
+        if size != f["bytes"]:
+            problems.append(f"{disp(p)}: {size} bytes; the manifest says {f['bytes']}")
+        present.append(f)
+    expected_dirs = {Path(sh["dir"]).name for sh in shards}
+    sroot = root / SHARDS_DIR
+    if remote_sizes is None:
+        on_disk = loc.listdir_names(sroot)
+        shard_files = loc.tree_files(sroot) if on_disk else []
+    else:
+        shard_files = sorted(r for r in remote_sizes if r.startswith(SHARDS_DIR + "/"))
+        on_disk = {r.split("/")[1] for r in shard_files}
+    for d in sorted(expected_dirs - on_disk):
+        problems.append(f"{disp(sroot / d)}: shard folder missing")
+    for d in sorted(on_disk - expected_dirs):
+        problems.append(
+            f"{disp(sroot / d)}: unexpected shard folder (the manifest lists {len(shards)} shards)"
+        )
+    if on_disk:
+        for rel in shard_files:
+            if rel not in listed_paths:
+                problems.append(f"{disp(root / rel)}: file not listed in the manifest")
+    if deep and present:
+        hashes = loc.sha256_files([root / f["path"] for f in present])
+        for f in present:
+            got = hashes[str(root / f["path"])]
+            if got != f["sha256"]:
+                problems.append(f"{disp(root / f['path'])}: sha256 {got}; the manifest says {f['sha256']}")
