@@ -46,7 +46,7 @@ install: $(DEV_STAMP)
 
 demo: $(DEMO_STAMP)
 	@mkdir -p $(DAGSTER_HOME)
-	$(BIN)/stage2 demo --out .demo
+	$(BIN)/stage2 demo --out "$${STAGE2_DEMO_ROOT:-.demo}"
 
 lint: $(DEV_STAMP)
 	$(BIN)/ruff check .

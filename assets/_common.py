@@ -22,6 +22,19 @@ def check_specs(asset: str) -> list[dg.AssetCheckSpec]:
     ]
 
 
+def stage_asset(name: str, *, group: str, description: str, kind: str, **asset_args: Any) -> Any:
+    """``@dg.asset`` for the asset called ``name``: its checks are ``CHECKS_BY_ASSET[name]``
+    (:func:`check_specs`); ``asset_args`` (deps, partitions, pool) go to ``dg.asset`` as they are."""
+    return dg.asset(
+        name=name,
+        group_name=group,
+        check_specs=check_specs(name),
+        description=description,
+        kinds={kind},
+        **asset_args,
+    )
+
+
 def to_metadata(md: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in md.items():

@@ -9,7 +9,7 @@ from stage2_data.profile import Profile
 from stage2_data.stages import ARCHIVE_FILE, CACHE_DIR, DOWNLOADS_POOL, EXTRACTION_REPORT, PINNED_PROFILE
 from stage2_resources import DataRootResource, HubSourceResource, ProfileResource
 
-from ._common import check_specs, run_step
+from ._common import run_step, stage_asset
 from .partitions import archive_partitions, archive_to_cache_key, cache_key_partitions
 from .step_asset import step_asset
 
@@ -20,12 +20,11 @@ def build_acquisition_assets(profile: Profile) -> list[Any]:
     archives = archive_partitions(profile)
     cache_keys = cache_key_partitions(profile)
 
-    @dg.asset(
-        name=PINNED_PROFILE,
-        group_name=GROUP,
-        check_specs=check_specs(PINNED_PROFILE),
+    @stage_asset(
+        PINNED_PROFILE,
+        group=GROUP,
         description="The pinned profile: repo, full commit, archives with size and sha256, expected totals.",
-        kinds={"toml"},
+        kind="toml",
     )
     def pinned_profile(
         context: dg.AssetExecutionContext,
@@ -43,14 +42,13 @@ def build_acquisition_assets(profile: Profile) -> list[Any]:
             )
         yield from run_step(PINNED_PROFILE, lambda: steps.step_profile(prof, data_root.root()))
 
-    @dg.asset(
-        name=ARCHIVE_FILE,
-        group_name=GROUP,
+    @stage_asset(
+        ARCHIVE_FILE,
+        group=GROUP,
+        description="One archive file of the profile, downloaded at the pinned commit and verified against its sha256.",
+        kind="tar",
         partitions_def=archives,
         deps=[pinned_profile],
-        check_specs=check_specs(ARCHIVE_FILE),
-        description="One archive file of the profile, downloaded at the pinned commit and verified against its sha256.",
-        kinds={"tar"},
         pool=DOWNLOADS_POOL,
     )
     def archive_file(
@@ -68,14 +66,13 @@ def build_acquisition_assets(profile: Profile) -> list[Any]:
             ),
         )
 
-    @dg.asset(
-        name=CACHE_DIR,
-        group_name=GROUP,
+    @stage_asset(
+        CACHE_DIR,
+        group=GROUP,
+        description="processed_datasets/CACHE_KEY/ extracted safely from its archive (split parts read as one stream).",
+        kind="folder",
         partitions_def=cache_keys,
         deps=[dg.AssetDep(archive_file, partition_mapping=archive_to_cache_key(profile))],
-        check_specs=check_specs(CACHE_DIR),
-        description="processed_datasets/CACHE_KEY/ extracted safely from its archive (split parts read as one stream).",
-        kinds={"folder"},
     )
     def cache_dir(context: dg.AssetExecutionContext, profile: ProfileResource, data_root: DataRootResource):
         prof = profile.load()

@@ -13,7 +13,7 @@ from stage2_data.profile import Profile
 from stage2_data.steps import StepResult
 from stage2_resources import DataRootResource, ProfileResource
 
-from ._common import check_specs, run_step
+from ._common import run_step, stage_asset
 
 
 def step_asset(
@@ -27,14 +27,7 @@ def step_asset(
 ) -> dg.AssetsDefinition:
     """An asset named ``name`` whose checks are ``CHECKS_BY_ASSET[name]`` and whose body is ``step``."""
 
-    @dg.asset(
-        name=name,
-        group_name=group,
-        deps=list(deps),
-        check_specs=check_specs(name),
-        description=description,
-        kinds={kind},
-    )
+    @stage_asset(name, group=group, description=description, kind=kind, deps=list(deps))
     def _asset(context: dg.AssetExecutionContext, profile: ProfileResource, data_root: DataRootResource):
         prof = profile.load()
         yield from run_step(name, lambda: step(prof, data_root.root()))

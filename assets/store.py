@@ -9,19 +9,18 @@ from stage2_data import steps
 from stage2_data.stages import VIN_STORE
 from stage2_resources import DataRootResource, ProfileResource, StoreTargetResource
 
-from ._common import check_specs, run_step, to_metadata
+from ._common import run_step, stage_asset, to_metadata
 
 GROUP = "store"
 
 
 def build_store_assets(trajectory_join: Any, subset_checksums: Any) -> list[Any]:
-    @dg.asset(
-        name=VIN_STORE,
-        group_name=GROUP,
-        deps=[trajectory_join, subset_checksums],
-        check_specs=check_specs(VIN_STORE),
+    @stage_asset(
+        VIN_STORE,
+        group=GROUP,
         description="stores/PROFILE/current: the immutable, versioned, sharded Zarr v3 VIN offline store.",
-        kinds={"zarr"},
+        kind="zarr",
+        deps=[trajectory_join, subset_checksums],
     )
     def vin_store(
         context: dg.AssetExecutionContext,

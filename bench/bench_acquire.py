@@ -13,6 +13,8 @@ bytes >= 1 GiB.
 - ``extract_vs_gnu_tar``: ``extract_cache_dir`` for every cache key (header scan, safety checks,
   layout normalisation, staging folder + rename, inspection of the result) vs
   ``cat parts | tar -x`` of the same archives.
+- ``hub_unreachable_vs_curl``: how soon a hub on a closed port is reported (listing and download),
+  against ``curl`` of the same URLs; bounded by ``limit_s`` (a time that used to be a test's).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from bench.run import drop_caches, entry
+from bench.run import best_alternating, drop_caches, entry
 
 REPO_ID = "bench/robot-data"
 REVISION = "0123456789abcdef0123456789abcdef01234567"
@@ -406,6 +408,62 @@ def extract_vs_gnu_tar(workdir: Path) -> dict[str, Any]:
     )
 
 
+# ----- an unreachable hub ------------------------------------------------------------------------
+def hub_unreachable_vs_curl(workdir: Path) -> dict[str, Any]:
+    """How soon a closed port is reported: ``list_remote_files`` and ``download_archive`` (two
+    attempts, 10 ms backoff) both failing with ``HubError``, against ``curl`` of the same two URLs
+    (no retry); best of 5, alternating. Was a test's ``< 5`` s
+    (tests/test_acquire.py::test_hub_unreachable_names_the_endpoint): ``limit_s`` 5."""
+    import socket
+
+    from stage2_data.acquire import HubSource, download_archive, list_remote_files
+    from stage2_data.errors import HubError
+    from stage2_data.profile import ArchiveSpec
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))  # a port nobody listens on: bound, never listening, closed at the end
+    endpoint = f"http://127.0.0.1:{s.getsockname()[1]}"
+    try:
+        src = HubSource(REPO_ID, "dataset", REVISION, endpoint=endpoint)
+        spec = ArchiveSpec(path="a.tar", cache_key="a", size=1, sha256="0" * 64)
+        urls = [f"{endpoint}/api/datasets/{REPO_ID}/tree/{REVISION}", src.file_url(spec.path)]
+
+        def ours() -> None:
+            for call in (
+                lambda: list_remote_files(src),
+                lambda: download_archive(src, spec, workdir, attempts=2, backoff=0.01),
+            ):
+                try:
+                    call()
+                except HubError as e:
+                    if "unreachable" not in str(e):
+                        raise
+                else:
+                    raise RuntimeError("an unreachable hub answered")
+
+        def curl() -> None:
+            for url in urls:
+                if (
+                    subprocess.run(["curl", "-sS", "-o", "/dev/null", url], capture_output=True).returncode
+                    == 0
+                ):
+                    raise RuntimeError("an unreachable hub answered curl")
+
+        ours()  # imports and first connections
+        curl()
+        best_ours, best_base = best_alternating(ours, curl, repeat=5)
+    finally:
+        s.close()
+    return entry(
+        "hub_unreachable_vs_curl",
+        best_ours,
+        "curl of the same 2 URLs (no retry; a process each)",
+        best_base,
+        None,
+        limit_s=5.0,
+    )
+
+
 def _cache_root(workdir: Path) -> Path:
     """The workload is generated once and shared by both benchmarks (kept beside the workdir)."""
     root = Path(os.environ.get("STAGE2_BENCH_ACQUIRE_DIR") or (workdir.parent / "_acquire_workload"))
@@ -413,4 +471,4 @@ def _cache_root(workdir: Path) -> Path:
     return root
 
 
-BENCHMARKS = [download_vs_curl, extract_vs_gnu_tar]
+BENCHMARKS = [download_vs_curl, extract_vs_gnu_tar, hub_unreachable_vs_curl]

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.profiles import KIT_PATHS, profile_data
 from bench.run import best_alternating, entry
 from stage2_data import kit, layout
 from stage2_data.profile import Profile, parse_profile
@@ -34,7 +35,8 @@ CACHE_KEYS = [f"bench_cache_key_{i:02d}" for i in range(13)]
 def _byte_check_kit(work: Path) -> tuple[Profile, Path]:
     """A data root with N_FILES frames files of FILE_BYTES random bytes, and a kit naming them."""
     data_root, kit_root = work / "data", work / "kit"
-    (kit_root / "manifests").mkdir(parents=True)
+    sums_path, pairs_path = kit_root / KIT_PATHS["subset_checksums"], kit_root / KIT_PATHS["pair_manifest"]
+    sums_path.parent.mkdir(parents=True)
     rng = np.random.default_rng(4)
     rels: list[str] = []
     sums: list[str] = []
@@ -47,7 +49,7 @@ def _byte_check_kit(work: Path) -> tuple[Profile, Path]:
         path.write_bytes(data)
         rels.append(rel)
         sums.append(f"{hashlib.sha256(data).hexdigest()}  {rel}\n")
-    (kit_root / "manifests" / "SHA256SUMS").write_text("".join(sums))
+    sums_path.write_text("".join(sums))
     pairs = []
     for k in range(0, N_FILES, 2):
         a, b = rels[k], rels[k + 1] if k + 1 < N_FILES else rels[0]
@@ -62,29 +64,20 @@ def _byte_check_kit(work: Path) -> tuple[Profile, Path]:
                 "rejected_frames_path": b,
             }
         )
-    (kit_root / "manifests" / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    pairs_path.write_text("".join(json.dumps(p) + "\n" for p in pairs))
     profile = parse_profile(
-        {
-            "name": "bench_bytes",
-            "source": {"repo_id": "org/processed_datasets", "revision": "b" * 40},
-            "kit": {
-                "pair_manifest": "manifests/pairs.jsonl",
-                "subset_checksums": "manifests/SHA256SUMS",
-                "action_manifest_dir": "derived/action_manifests",
-                "sidecar_archive": "derived/sidecars.tar",
-                "sidecar_archive_sha256": "derived/sidecars.tar.sha256",
-            },
-            "archives": [{"path": f"{ck}.tar", "cache_key": ck} for ck in CACHE_KEYS],
-            "expected": {
+        profile_data(
+            "bench_bytes",
+            {"repo_id": "org/processed_datasets", "revision": "b" * 40},
+            [{"path": f"{ck}.tar", "cache_key": ck} for ck in CACHE_KEYS],
+            expected={
                 "cache_dirs": len(CACHE_KEYS),
                 "archives": len(CACHE_KEYS),
                 "trajectories": N_FILES,
                 "pair_rows": len(pairs),
                 "unique_frame_files": N_FILES,
-                "action_manifest_rows": 0,
-                "resolved_sidecars": 0,
             },
-        }
+        )
     ).with_kit_root(kit_root)
     return profile, data_root
 

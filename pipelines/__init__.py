@@ -8,6 +8,7 @@ Modules, each importing only those before it (no cycle, nothing built at import)
   ``definitions`` the Definitions (``defs``, built on first use, is what ``workspace.yaml`` loads)
   ``runner``      ``stage2 build``: every stage as Dagster runs in one process
   ``commands``    the ``stage2 build`` / ``stage2 demo`` commands (a plugin of the core CLI)
+  ``progress``    their progress display (rich; imported when a build runs)
   ``ui``          ``make ui``
 Asset names, stages and job names live in ``stage2_data.stages``; assets in ``stage2_assets``,
 resources in ``stage2_resources``.

@@ -22,7 +22,6 @@ from stage2_data.acquire import archive_state
 from stage2_data.commands.common import EXIT_FAILED, add_storage_option, eprint, print_json, storage_options
 from stage2_data.errors import HubError
 from stage2_data.profile import Profile, load_profile
-from stage2_data.progress import BuildProgress
 
 from .config import BuildConfig, demo_root
 
@@ -98,10 +97,11 @@ def _run_build(
     progress: bool,
 ) -> int:
     """Run the build with a progress display (unless --json) and print its summary; the exit code."""
+    from .progress import BuildProgress  # imports rich
     from .runner import build_all  # imports Dagster
 
     _quiet_runs(args.verbose)
-    bar = BuildProgress(profile) if progress and not args.json else None
+    bar = BuildProgress(profile, data_root=Path(config.data_root)) if progress and not args.json else None
     try:
         summary = build_all(config, concurrency=concurrency, on_run=bar.on_run if bar else None)
     finally:

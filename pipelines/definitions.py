@@ -60,23 +60,17 @@ JOB_DESCRIPTIONS = {
 
 def build_resources(config: BuildConfig, profile: Profile) -> dict[str, Any]:
     src = profile.source
-    hub: HubSourceResource
-    if config.hub_folder:
-        hub = LoopbackHubResource(
-            folder=config.hub_folder,
-            repo_id=src.repo_id,
-            repo_type=src.repo_type,
-            revision=src.revision,
-            token_env_var=config.token_env_var,
-        )
-    else:
-        hub = HubSourceResource(
-            repo_id=src.repo_id,
-            repo_type=src.repo_type,
-            revision=src.revision,
-            endpoint=config.endpoint,
-            token_env_var=config.token_env_var,
-        )
+    pin = {
+        "repo_id": src.repo_id,
+        "repo_type": src.repo_type,
+        "revision": src.revision,
+        "token_env_var": config.token_env_var,
+    }
+    hub: HubSourceResource = (
+        LoopbackHubResource(folder=config.hub_folder, **pin)
+        if config.hub_folder
+        else HubSourceResource(endpoint=config.endpoint, **pin)
+    )
     return {
         "profile": ProfileResource(profile_path=str(config.profile_path), kit_root=config.kit_root),
         "hub": hub,

@@ -11,7 +11,7 @@ import dagster as dg
 from pydantic import Field, PrivateAttr, field_validator
 
 from stage2_data.acquire import HubSource
-from stage2_data.layout import HEX40_RE
+from stage2_data.profile import check_full_commit
 
 REAL_HUB_ENDPOINT = "https://huggingface.co"
 
@@ -27,14 +27,7 @@ class HubSourceResource(dg.ConfigurableResource):
     endpoint: str = Field(default=REAL_HUB_ENDPOINT, description="hub base URL")
     token_env_var: str = Field(default="HF_TOKEN", description="environment variable holding the token")
 
-    @field_validator("revision")
-    @classmethod
-    def _full_commit(cls, v: str) -> str:
-        if not HEX40_RE.match(v):
-            raise ValueError(
-                f"revision {v!r} is not a full 40-hex commit (a branch or short hash is never a pin)"
-            )
-        return v
+    _revision = field_validator("revision")(lambda cls, v: check_full_commit(v))
 
     @field_validator("repo_type")
     @classmethod

@@ -4,7 +4,7 @@
 set -euo pipefail
 need=()
 # (blocks are added below by the features that need them)
-# tests/test_ops.py (browser test of the Dagster UI): headless Chromium and its WebDriver, from Debian.
+# tests/test_ui.py (browser test of the Dagster UI): headless Chromium and its WebDriver, from Debian.
 if [[ ! -x /usr/bin/chromium ]]; then need+=(chromium); fi
 if [[ ! -x /usr/bin/chromedriver ]]; then need+=(chromium-driver); fi
 # tests/test_scale.py (production instance): a real PostgreSQL server (initdb/postgres under

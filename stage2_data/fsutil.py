@@ -1,8 +1,6 @@
 """File-system helpers: free space, a full disk as a clear error, canonical JSON, ``human_bytes``.
 
-Atomic writes and publication live in :mod:`stage2_data.publish` (one temp-name format, owner
-liveness, ``renameat2``); the names below (``atomic_write_*``, ``fsync_dir``, ``staging_dir``,
-``publish_dir``, ``atomic_symlink``) are kept for today's callers and delegate there.
+Atomic writes, staging folders and publication live in :mod:`stage2_data.publish`.
 """
 
 from __future__ import annotations
@@ -16,43 +14,19 @@ from pathlib import Path
 from typing import Any
 
 from .errors import DiskSpaceError
-from .publish.atomic import (
-    atomic_symlink,
-    atomic_write_bytes,
-    atomic_write_json,
-    atomic_write_text,
-    fsync_dir,
-    publish_dir,
-    staging,
-)
 
 __all__ = [
     "DISK_FULL_ERRNOS",
-    "atomic_symlink",
-    "atomic_write_bytes",
-    "atomic_write_json",
-    "atomic_write_text",
     "canonical_json",
     "disk_full_as",
     "free_bytes",
-    "fsync_dir",
     "human_bytes",
-    "publish_dir",
     "require_free_space",
-    "staging_dir",
 ]
 
 
 def canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
-@contextlib.contextmanager
-def staging_dir(final: Path, *, keep_on_error: bool = False) -> Iterator[Path]:
-    """A temporary sibling folder of ``final`` (mode 0o700, as ``mkdtemp`` made it); removed on
-    error unless ``keep_on_error``. Use :func:`stage2_data.publish.staging` in new code."""
-    with staging(final, mode=0o700, keep_on_error=keep_on_error) as tmp:
-        yield tmp
 
 
 def free_bytes(path: Path) -> int:

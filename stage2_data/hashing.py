@@ -6,36 +6,63 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO
 
-# SHA256SUMS parsing lives in formats.sha256sums; re-exported here for today's callers.
-from .formats.sha256sums import ChecksumEntry, parse_sha256sums, read_single_sha256_file
-
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-BUF_SIZE = 8 * 1024 * 1024
+# A whole lower-case hex sha256 (``\Z``: ``$`` would also accept a trailing newline).
+SHA256_RE = re.compile(r"\A[0-9a-f]{64}\Z")
+BUF_SIZE = 8 * 1024 * 1024  # a block of a streamed read
+HASH_BLOCK = 4 * 1024 * 1024  # the per-thread read buffer of the file hashers
+_thread_state = threading.local()
 
 
 def sha256_bytes(data: bytes | bytearray | memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def sha256_file(path: str | os.PathLike[str], *, progress: Callable[[int], None] | None = None) -> str:
-    """sha256 of a file, read in 8 MiB blocks (hashlib releases the GIL, so threads scale)."""
-    h = hashlib.sha256()
-    with open(path, "rb", buffering=0) as f:
-        # A buffer sized to the file: allocating 8 MiB per small file costs more than hashing it.
-        buf = bytearray(max(1, min(BUF_SIZE, os.fstat(f.fileno()).st_size + 1)))
-        view = memoryview(buf)
-        while True:
-            n = f.readinto(buf)
-            if not n:
-                break
+def _hash_buffer() -> bytearray:
+    """This thread's read buffer, allocated once and reused for every file: a fresh buffer per file
+    costs page faults that, for small files, exceed the hashing itself."""
+    buf: bytearray | None = getattr(_thread_state, "buf", None)
+    if buf is None:
+        buf = _thread_state.buf = bytearray(HASH_BLOCK)
+    return buf
+
+
+def _feed_file(
+    h: hashlib._Hash, path: str | os.PathLike[str], progress: Callable[[int], None] | None = None
+) -> int:
+    """Feed a file's bytes into ``h``; returns how many there were."""
+    buf = _hash_buffer()
+    view = memoryview(buf)
+    size = 0
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        while n := os.readv(fd, [buf]):
             h.update(view[:n])
+            size += n
             if progress is not None:
                 progress(n)
-    return h.hexdigest()
+    finally:
+        os.close(fd)
+    return size
+
+
+def sha256_file_and_size(
+    path: str | os.PathLike[str], *, progress: Callable[[int], None] | None = None
+) -> tuple[str, int]:
+    """sha256 and size of a file, read in blocks into a per-thread buffer (hashlib releases the GIL
+    while it hashes, so threads hash in parallel). ``progress(n)`` is called after each block."""
+    h = hashlib.sha256()
+    size = _feed_file(h, path, progress)
+    return h.hexdigest(), size
+
+
+def sha256_file(path: str | os.PathLike[str], *, progress: Callable[[int], None] | None = None) -> str:
+    """sha256 of a file (see :func:`sha256_file_and_size`)."""
+    return sha256_file_and_size(path, progress=progress)[0]
 
 
 def sha256_files_parallel(
@@ -95,28 +122,19 @@ class HashingWriter:
 
 
 def hasher_of_prefix(path: str | os.PathLike[str]) -> tuple[hashlib._Hash, int]:
-    """A sha256 object fed with an existing partial file's bytes (used when resuming)."""
+    """A sha256 object fed with an existing partial file's bytes (used when resuming), and their count."""
     h = hashlib.sha256()
-    size = 0
-    with open(path, "rb", buffering=0) as f:
-        while True:
-            chunk = f.read(BUF_SIZE)
-            if not chunk:
-                break
-            h.update(chunk)
-            size += len(chunk)
-    return h, size
+    return h, _feed_file(h, path)
 
 
 __all__ = [
     "BUF_SIZE",
+    "HASH_BLOCK",
     "SHA256_RE",
-    "ChecksumEntry",
     "HashingWriter",
     "hasher_of_prefix",
-    "parse_sha256sums",
-    "read_single_sha256_file",
     "sha256_bytes",
     "sha256_file",
+    "sha256_file_and_size",
     "sha256_files_parallel",
 ]

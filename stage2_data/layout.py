@@ -39,7 +39,7 @@ FRAMES_PATH_RE = re.compile(r"^processed_datasets/(?P<cache_key>[^/]+)/frames/tr
 SPLIT_PART_RE = re.compile(r"^(?P<base>.+\.tar)\.part-(?P<suffix>[a-z]+)$")
 #: A pinned revision: a full 40-hex (lowercase) git commit id. The one spelling of that pattern.
 HEX40 = "[0-9a-f]{40}"
-HEX40_RE = re.compile(rf"^{HEX40}$")
+HEX40_RE = re.compile(rf"\A{HEX40}\Z")  # \Z: "$" would also accept a trailing newline
 #: The split names, in their order (pair manifest, join table, store). ``SPLIT_NAMES`` is the same tuple.
 SPLITS = ("train", "val", "test")
 SPLIT_NAMES = SPLITS

@@ -39,6 +39,16 @@ def check_relpath(value: str) -> str:
     return value
 
 
+def check_full_commit(value: str) -> str:
+    """A pinned revision: a full 40-hex commit (a pydantic validator; ValueError otherwise)."""
+    if not HEX40_RE.match(value):
+        raise ValueError(
+            f"{value!r} is not a full 40-hex commit; a branch name, tag or short hash is never a pin "
+            "(run `stage2 pin` against the commit you want)"
+        )
+    return value
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=False)
 
@@ -48,15 +58,7 @@ class SourceSpec(_Strict):
     repo_type: Annotated[str, Field(pattern=r"^(dataset|model|space)$")] = "dataset"
     revision: str
 
-    @field_validator("revision")
-    @classmethod
-    def _full_commit(cls, v: str) -> str:
-        if not HEX40_RE.match(v):
-            raise ValueError(
-                f"{v!r} is not a full 40-hex commit; a branch name, tag or short hash is never a pin "
-                "(run `stage2 pin` against the commit you want)"
-            )
-        return v
+    _revision = field_validator("revision")(lambda cls, v: check_full_commit(v))
 
 
 class KitSpec(_Strict):
@@ -94,6 +96,18 @@ class QuarantinedSpec(_Strict):
     reason: str = ""
 
     _p = field_validator("path")(lambda cls, v: check_relpath(v))
+
+
+#: The totals of every profile's ``[expected]`` table, in the order a profile file lists them.
+EXPECTED_TOTALS = (
+    "cache_dirs",
+    "archives",
+    "trajectories",
+    "pair_rows",
+    "unique_frame_files",
+    "action_manifest_rows",
+    "resolved_sidecars",
+)
 
 
 class ExpectedTotals(_Strict):
@@ -292,16 +306,7 @@ def dump_profile_toml(prof: Profile) -> str:
         lines += ["", "[[quarantined]]", f"path = {_tv(q.path)}", f"reason = {_tv(q.reason)}"]
     e = prof.expected
     lines += ["", "[expected]"]
-    for k in (
-        "cache_dirs",
-        "archives",
-        "trajectories",
-        "pair_rows",
-        "unique_frame_files",
-        "action_manifest_rows",
-        "resolved_sidecars",
-    ):
-        lines.append(f"{k} = {getattr(e, k)}")
+    lines += [f"{k} = {getattr(e, k)}" for k in EXPECTED_TOTALS]
     if e.sidecars_by_source:
         lines += ["", "[expected.sidecars_by_source]"]
         lines += [f"{k} = {v}" for k, v in sorted(e.sidecars_by_source.items())]

@@ -1,6 +1,6 @@
 """The asset graph's names and the stages of a build, in order: the one table that `stage2 build`
 (``stage2_pipelines.runner``), the schedules and sensors (``stage2_pipelines.rebuild``), the checks
-(``checks.py``) and the progress display (``progress.py``) read. Dagster-free; imports nothing.
+(``checks.py``) and the progress display (``stage2_pipelines.progress``) read. Dagster-free; imports nothing.
 
 A build goes through four stages. A stage materializes its assets in one run, or in one run per
 partition (per archive, per cache key), largest first. What runs next is decided here, once:

@@ -39,8 +39,8 @@ SYSTEM_FIXTURES = {
 }
 SLOW_FIXTURES = {
     "built",  # one whole `stage2 build` of the demo through Dagster
-    "prepared",  # tests/test_faults.py: the demo downloaded, extracted and built once through Dagster
-    "chain",  # tests/test_faults.py: three whole `stage2 build` processes, two of them killed
+    "prepared",  # tests/fixtures/faults.py: the demo downloaded, extracted and built once through Dagster
+    "chain",  # tests/test_faults_process.py: three whole `stage2 build` processes, two of them killed
     "refused_then_rebuilt",  # a whole rebuild through the printed command
     "ui_instance",  # a Dagster instance filled by a whole build
     "full_card_demo",  # the full-cardinality demo (53,765 trajectories, ~20 s), generated once

@@ -9,12 +9,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers.env import environ
 
 from stage2_data.demo import DemoPaths, generate_demo
 from stage2_data.demo.hubserver import HubServer
 
-# Test tiers (fast / slow / system) for `make test-fast`: see tests/_tiers.py.
-pytest_plugins = ["_tiers"]
+# Test tiers (fast / slow / system) for `make test-fast`: see tests/_tiers.py. Fixture plugins
+# (lerobot style): tests/fixtures/*.py, each a module of fixtures that every test can use.
+pytest_plugins = ["_tiers", "fixtures.faults"]
 
 
 @pytest.fixture(scope="session")
@@ -75,9 +77,7 @@ def built(demo_cache: DemoPaths, tmp_path_factory: pytest.TempPathFactory) -> di
 
     base = tmp_path_factory.mktemp("built")
     home = base / "dagster_home"
-    old = os.environ.get("DAGSTER_HOME")
-    os.environ["DAGSTER_HOME"] = str(home)
-    try:
+    with environ(DAGSTER_HOME=str(home)):
         with HubServer(demo_cache.upstream, repo_id=demo_cache.repo_id, revision=demo_cache.revision) as hub:
             config = BuildConfig(
                 profile_path=str(demo_cache.profile), data_root=str(base / "root"), endpoint=hub.url
@@ -85,9 +85,4 @@ def built(demo_cache: DemoPaths, tmp_path_factory: pytest.TempPathFactory) -> di
             summary = build_all(config, concurrency=2)
             requested = [p for (_, p, _) in hub.request_log]
         runs = len(dg.DagsterInstance.get().get_runs())
-    finally:
-        if old is None:
-            os.environ.pop("DAGSTER_HOME", None)
-        else:
-            os.environ["DAGSTER_HOME"] = old
     return {"summary": summary, "root": base / "root", "home": home, "requested": requested, "runs": runs}

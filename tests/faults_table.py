@@ -1,7 +1,9 @@
-"""Render the fault matrix of tests/test_faults.py (``FAULTS``) as the README's Markdown table.
+"""The fault matrix's rows (``FAULTS``), and their rendering as the README's Markdown table.
 
-``python tests/faults_table.py`` prints the block to paste between the README markers; a test in
-test_faults.py checks that README.md holds exactly this block, so the table cannot drift.
+Each row is one test of tests/test_faults_*.py: a test named ``test_fault_<id>``, or one case (pytest
+id ``<id>``) of a parametrized ``test_fault_…`` test; tests/test_faults_table.py checks both ways.
+``python tests/faults_table.py`` prints the block that goes between the README's markers, and
+tests/test_readme.py checks that README.md holds exactly this block, so the table cannot drift.
 """
 
 from __future__ import annotations
@@ -9,8 +11,8 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 BEGIN = "<!-- faults:begin -->"
 END = "<!-- faults:end -->"
@@ -24,13 +26,305 @@ CATEGORIES = {
 }
 
 
-class FaultRow(Protocol):
+@dataclass(frozen=True)
+class Fault:
     id: str
     category: str
     fault: str
     sees: str
     kept: str
     rerun: str
+
+
+FP = "fingerprint = clean build's; no GET of a verified archive"
+FAULTS: tuple[Fault, ...] = (
+    # ----- network and hub ---------------------------------------------------------------------
+    Fault(
+        "net_drop",
+        "network",
+        "the connection drops mid-file",
+        "nothing fails: a warning, then the download resumes with an HTTP Range request from the bytes already written (at most the client's last 10 MiB chunk is fetched again)",
+        "the partial file (archives/.partial/), resumed, then verified",
+        "(not needed: the run succeeds)",
+    ),
+    Fault(
+        "net_corrupt",
+        "network",
+        "the server sends right-length wrong bytes",
+        "check archive_sha256_matches_pin fails: sha256 mismatch for <archive>: expected, got; fix: re-run to download it again",
+        "nothing: the bad download is deleted; no archive, no record",
+        FP,
+    ),
+    Fault(
+        "net_404",
+        "network",
+        "404 for an archive",
+        "'<archive>' does not exist in <repo> at revision <commit>; fix: check the archive path, `stage2 pin`",
+        "nothing (no partial file)",
+        "the archive downloads; the cache key extracts",
+    ),
+    Fault(
+        "net_bad_revision",
+        "network",
+        "the pinned revision does not exist on the hub",
+        "revision <commit> of <repo> does not exist at <endpoint>; fix: set [source] revision to an existing commit",
+        "nothing",
+        "the archive downloads",
+    ),
+    Fault(
+        "net_branch",
+        "network",
+        "a branch name instead of a commit in the profile",
+        "`stage2 build` exits 2 before any request: key 'source.revision': 'main' is not a full 40-hex commit",
+        "nothing; the data root is not even created",
+        "the build starts",
+    ),
+    Fault(
+        "net_unreachable",
+        "network",
+        "the hub is unreachable",
+        "after 5 attempts with backoff: hub unreachable at <endpoint> (ConnectError); fix: check the network and --endpoint",
+        "nothing",
+        "not rerun here: nothing is kept to repair (the download itself is net_404's rerun)",
+    ),
+    # ----- archives ----------------------------------------------------------------------------
+    Fault(
+        "arc_truncated",
+        "archive",
+        "a truncated archive (pinned as such upstream)",
+        "archive <name> is truncated or corrupt: member <m> needs bytes up to N but the data ends at M",
+        "the verified download; nothing extracted",
+        FP + " (the repaired archive is downloaded again)",
+    ),
+    Fault(
+        "arc_missing_part",
+        "archive",
+        "a split archive missing a part (locally, or left out of the profile)",
+        "split part <base>.part-ab is missing; or: truncated or corrupt, 'the split parts (…part-aa) may be incomplete, missing or out of order'",
+        "the parts present; nothing extracted",
+        "the part downloads; the cache key extracts",
+    ),
+    Fault(
+        "arc_parts_order",
+        "archive",
+        "split parts out of order",
+        "listed out of order in the profile: nothing, parts are read in name order; contents swapped upstream: truncated or corrupt, 'may be … out of order'",
+        "the verified parts; nothing extracted",
+        "the repaired parts download again (the verified ones are not) and extract",
+    ),
+    Fault(
+        "arc_absolute",
+        "archive",
+        "a member with an absolute path",
+        "unsafe archive <name>: member '/…' has an absolute path. Nothing was extracted. Fix: … if it is the pinned upstream file, list it under [[quarantined]] and report it upstream",
+        "the verified download; no cache directory, no temp folder",
+        "the repaired archive (only it) downloads again; the cache key extracts",
+    ),
+    Fault(
+        "arc_dotdot",
+        "archive",
+        "a member with `..`",
+        "unsafe archive <name>: member '<key>/../../…' has a '..' path component",
+        "as above",
+        "the repaired archive (only it) downloads again; the cache key extracts",
+    ),
+    Fault(
+        "arc_link",
+        "archive",
+        "a symlink or a hard link pointing outside",
+        "member '…' is a symbolic link (-> '/etc/passwd'); links are refused (hard links likewise)",
+        "as above",
+        "the repaired archive (only it) downloads again; the cache key extracts",
+    ),
+    Fault(
+        "arc_device",
+        "archive",
+        "a device or FIFO member",
+        "member '…' is a character device / is a FIFO",
+        "as above",
+        "the repaired archive (only it) downloads again; the cache key extracts",
+    ),
+    Fault(
+        "arc_duplicate",
+        "archive",
+        "a duplicate member",
+        "member '…' is a duplicate: same path as the earlier member '…'",
+        "as above",
+        "the repaired archive (only it) downloads again; the cache key extracts",
+    ),
+    Fault(
+        "arc_extra_top",
+        "archive",
+        "an extra top-level folder that is not the cache key",
+        "member 'other_folder/…' is outside the cache directory: top-level entry 'other_folder' is neither <key> nor processed_datasets/<key>",
+        "as above",
+        "the repaired archive (only it) downloads again; the cache key extracts",
+    ),
+    Fault(
+        "arc_info_totals",
+        "archive",
+        "`dataset_info.json` totals disagree with the files",
+        "check cache_dir_counts_consistent fails: <key>: dataset_info.json total_trajectories=N+1 but N frame files; a later run of the final stage fails extraction_report the same way",
+        "the extracted folder (for inspection); no store",
+        "the repaired archive (only it) downloads again; the cache key extracts",
+    ),
+    # ----- kit ---------------------------------------------------------------------------------
+    Fault(
+        "kit_sidecar_tar_sha",
+        "kit",
+        "the sidecar tar's sha256 does not match its .sha256",
+        "check sidecar_tar_sha256_matches fails: sha256 mismatch for <tar>: expected, got; fix: re-copy it from the kit",
+        "the sidecars unpacked before; nothing downstream runs",
+        "every check before the store passes again",
+    ),
+    Fault(
+        "kit_bad_json",
+        "kit",
+        "a malformed JSON line",
+        "check join_has_no_problems fails: <pairs file>:<line>: malformed JSON (…)",
+        "no store",
+        FP,
+    ),
+    Fault(
+        "kit_dup_pair",
+        "kit",
+        "a duplicate pair id",
+        "<pairs file>:<line>: duplicate pair_id 'p…' (first on line N)",
+        "no store",
+        "every check before the store passes again",
+    ),
+    Fault(
+        "kit_leak",
+        "kit",
+        "a trajectory used in two splits",
+        "<pairs file>:<line>: leakage: trajectory <id> is used by a 'val' pair here and by a 'train' pair on line N",
+        "no store",
+        "every check before the store passes again",
+    ),
+    Fault(
+        "kit_missing_sidecar",
+        "kit",
+        "a recovered row whose sidecar is missing",
+        "<manifest>:<line>: trajectory <id> is 'recovered' but its sidecar <path> is missing",
+        "no store",
+        "every check before the store passes again",
+    ),
+    Fault(
+        "kit_unknown_sidecar",
+        "kit",
+        "a sidecar for an unknown trajectory",
+        "<path>: sidecar file for trajectory <id> that no action manifest row names",
+        "no store",
+        "every check before the store passes again",
+    ),
+    Fault(
+        "kit_sidecar_width",
+        "kit",
+        "a sidecar whose width contradicts its source",
+        "<sidecar> (trajectory <id>, <manifest>:<line>): raw action width 7 contradicts source 'roboarena' width 8",
+        "no store",
+        "every check before the store passes again",
+    ),
+    Fault(
+        "kit_sha256sums",
+        "kit",
+        "a `SHA256SUMS` digest that does not match",
+        "check subset_bytes_match_sha256sums fails: <frames file>: expected <digest>, actual <digest>",
+        "no store",
+        "every check before the store passes again",
+    ),
+    Fault(
+        "kit_frames_npz",
+        "kit",
+        "a frames `.npz` with the wrong dtype or shape (in the archive, with SHA256SUMS agreeing)",
+        "check store_opens_with_strict_reader fails: <frames file>: 'frames' has dtype float32; expected uint8 / has shape (T, H, W, 4); expected (T, H, W, 3)",
+        "no store, no staging folder",
+        FP + " (the repaired archive is downloaded again)",
+    ),
+    Fault(
+        "kit_npz_object",
+        "kit",
+        "an `.npz` holding object arrays (never unpickled)",
+        "<sidecar>: key(s) aligned_actions hold object (pickled) arrays; refused, not unpickled",
+        "no store; the pickle's payload never ran",
+        "every check before the store passes again",
+    ),
+    # ----- profile -----------------------------------------------------------------------------
+    Fault(
+        "prof_unknown_key",
+        "profile",
+        "an unknown key",
+        "`stage2 build` exits 2: invalid profile <file>: unknown key 'bogus'; remove it or check its spelling",
+        "nothing; the data root is not created",
+        "the build starts",
+    ),
+    Fault(
+        "prof_quarantined_active",
+        "profile",
+        "a quarantined path also listed as active",
+        "quarantined[0].path: '<file>' is also listed under [[archives]] … remove one of the two entries",
+        "nothing",
+        "the build starts",
+    ),
+    Fault(
+        "prof_dotdot",
+        "profile",
+        "a path with `..`",
+        "key 'archives[0].path': '../…' contains '..'; use a plain relative path (kit paths likewise)",
+        "nothing",
+        "the build starts",
+    ),
+    Fault(
+        "prof_totals",
+        "profile",
+        "expected totals that the data does not reach",
+        "check trajectories_match_expected fails: trajectories is N, expected N+1 (fix the data, or the profile's [expected] table)",
+        "no store",
+        "fingerprint = clean build's",
+    ),
+    # ----- process -----------------------------------------------------------------------------
+    Fault(
+        "proc_kill_extract",
+        "process",
+        "`stage2 build` killed with SIGKILL during extraction, while the 3rd cache key's temp folder is being filled (sent by the process to itself from an audit hook: the demo's keys extract in milliseconds, too fast to hit from outside)",
+        "the process dies (exit -9)",
+        "the keys already extracted; the half-written .<key>.tmp-<owner> folder (never read, removed by the rerun); no store",
+        FP + " (whole `stage2 build`)",
+    ),
+    Fault(
+        "proc_kill_store",
+        "process",
+        "`stage2 build` killed with SIGKILL while it writes the store (when the staging folder appears)",
+        "the process dies (exit -9)",
+        "everything up to the store; the staging folder .v1-….tmp-… (removed by the rerun); no `current`",
+        FP + " (whole `stage2 build`)",
+    ),
+    Fault(
+        "proc_two_builds",
+        "process",
+        "two builds started at once on one data root",
+        "the second exits 2 at once: data root <dir> is in use by another build: pid N …; fix: wait for it (or kill N)",
+        "the first build's work, untouched",
+        "the rerun of the row above completes (the second build changed nothing)",
+    ),
+    Fault(
+        "proc_disk_full",
+        "process",
+        "the disk runs out during a write (a real 64 MiB tmpfs mounted for the test, filled up while the download waits to retry; needs root, else skipped)",
+        "disk full while writing <partial file> (<archive>); fix: free disk space and re-run; the download resumes",
+        "the partial file",
+        "the download resumes (HTTP Range) and verifies",
+    ),
+    # ----- secrets -----------------------------------------------------------------------------
+    Fault(
+        "secret_token",
+        "secrets",
+        "a hub token given through the environment (--token-env)",
+        "never shown: not in stdout/stderr, the Dagster event log or metadata, error messages (404, 401), the lock file, the store's manifest, or any file of the data root",
+        "—",
+        "the builds above ran with it",
+    ),
+)
 
 
 _PLACEHOLDER_RE = re.compile(r"<([^<>\s][^<>]*)>")
@@ -42,7 +336,7 @@ def _cell(text: str) -> str:
     return _PLACEHOLDER_RE.sub(r"‹\1›", " ".join(text.split())).replace("|", "\\|")
 
 
-def render_faults_table(faults: Iterable[FaultRow]) -> str:
+def render_faults_table(faults: Iterable[Fault]) -> str:
     """The Markdown block (markers included): one table, rows grouped by category in table order."""
     rows = list(faults)
     lines = [
@@ -70,9 +364,6 @@ def readme_block(readme: Path) -> str | None:
 
 
 def main() -> int:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from test_faults import FAULTS
-
     sys.stdout.write(render_faults_table(FAULTS))
     return 0
 

@@ -6,13 +6,12 @@ that pages its tree listing."""
 from __future__ import annotations
 
 import io
-import json
 import secrets
 import shutil
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
+
+from helpers.cli import stage2
 
 from stage2_data.demo import DemoPaths
 from stage2_data.demo.hubserver import HubServer
@@ -20,8 +19,6 @@ from stage2_data.hashing import sha256_file
 from stage2_data.layout import split_base
 from stage2_data.profile import ArchiveSpec, KitSpec, Profile, SourceSpec, load_profile
 from stage2_data.store import VinOfflineStoreReader
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def _rewrite_tar(data: bytes, renames: dict[str, str], prefix: str) -> bytes:
@@ -115,32 +112,14 @@ def test_build_on_a_foreign_profile(demo: DemoPaths, tmp_path: Path, dagster_hom
     assert len(prof.archives) == prof.expected.cache_dirs + 2  # one tar in three parts
     with HubServer(upstream, repo_id=prof.source.repo_id, revision=prof.source.revision) as hub:
         hub.tree_page_size = 5  # a hub that pages its listings
-        out = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "stage2_data.cli",
-                "build",
-                "--profile",
-                str(profile_path),
-                "--kit-root",
-                str(kit),
-                "--data-root",
-                str(tmp_path / "root"),
-                "--endpoint",
-                hub.url,
-                "--json",
-                "--concurrency",
-                "2",
-            ],
-            capture_output=True,
-            text=True,
-            cwd=REPO,
+        out = stage2(
+            "build", "--profile", str(profile_path), "--kit-root", str(kit), "--data-root", str(tmp_path / "root"),
+            "--endpoint", hub.url, "--json", "--concurrency", "2",
             timeout=600,
-        )
+        )  # fmt: skip
         requested = {p.rsplit("/", 1)[-1] for (m, p, _) in hub.request_log if "/resolve/" in p}
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    summary = json.loads(out.stdout)
+    assert out.returncode == 0, out.tail()
+    summary = out.json()
     assert summary["ok"] and summary["profile"] == "someone_elses_profile"
     assert requested == set(prof.archive_paths())  # never the quarantined or unrelated files
     reader = VinOfflineStoreReader(Path(summary["store"]))

@@ -10,14 +10,12 @@ rather than read from the generated profile, so that the profile's [expected] ta
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers.cli import stage2
 
 from stage2_data import kit, layout
 from stage2_data.demo import DemoPaths
@@ -114,24 +112,12 @@ def test_byte_check_at_real_cardinality(full_card: FullCard) -> None:
 
 
 def test_stage2_verify_bytes_json(full_card: FullCard) -> None:
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "stage2_data.cli",
-            "verify",
-            str(full_card.demo.profile),
-            "--data-root",
-            str(full_card.data_root),
-            "--bytes",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
+    proc = stage2(
+        "verify", str(full_card.demo.profile), "--data-root", str(full_card.data_root), "--bytes", "--json",
         timeout=120,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    out = json.loads(proc.stdout)
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.tail(2000)
+    out = proc.json()
     assert out["ok"] is True and out["problems"] == []
     assert {t["name"]: (t["found"], t["expected"], t["ok"]) for t in out["totals"]} == {
         "pair_rows": (PAIR_ROWS, PAIR_ROWS, True),

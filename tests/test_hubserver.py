@@ -26,7 +26,7 @@ from huggingface_hub.errors import (
 from huggingface_hub.hf_api import RepoFile, RepoFolder
 from huggingface_hub.utils import get_session
 
-from stage2_data.demo.hubserver import HubFaults, HubServer
+from stage2_data.demo.hubserver import HubFaults, HubServer, handler
 
 REPO = "org/robot-data"
 REV = "1a8eb2d279c70964fadeaf8019a77c490c3abe02"
@@ -366,34 +366,56 @@ def test_main_serves_until_sigterm(upstream: Upstream) -> None:
             proc.wait()
 
 
-def test_serves_large_body_fast(tmp_path: Path) -> None:
+def test_serves_large_body(tmp_path: Path) -> None:
+    """How fast is measured in bench/ (bench_hub.hub_get_64mib_vs_http_server)."""
     data = os.urandom(64 * 1024 * 1024)
     (tmp_path / "big.bin").write_bytes(data)
-    with HubServer(tmp_path, repo_id=REPO, revision=REV) as server:
-        t0 = time.monotonic()
-        with get_session().stream("GET", _url(server, "big.bin")) as r:
-            h = hashlib.sha256()
-            n = 0
-            for chunk in r.iter_bytes(8 * 1024 * 1024):
-                h.update(chunk)
-                n += len(chunk)
-        dt = time.monotonic() - t0
+    with (
+        HubServer(tmp_path, repo_id=REPO, revision=REV) as server,
+        get_session().stream("GET", _url(server, "big.bin")) as r,
+    ):
+        h = hashlib.sha256()
+        n = 0
+        for chunk in r.iter_bytes(8 * 1024 * 1024):
+            h.update(chunk)
+            n += len(chunk)
     assert n == len(data) and h.hexdigest() == hashlib.sha256(data).hexdigest()
-    assert dt < 5, f"64 MiB took {dt:.1f}s"
 
 
-def test_paced_downloads_keep_to_the_rate(upstream: Upstream) -> None:
+class FakeClock:
+    """The handler's ``time``: ``sleep`` only moves the clock on, so a paced download takes no time
+    and the pauses it asks for add up to exactly what the rate requires."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.slept: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def test_paced_downloads_keep_to_the_rate(upstream: Upstream, monkeypatch: pytest.MonkeyPatch) -> None:
     """``HubFaults.rate`` paces each download as a CDN paces one connection (benchmarks use it for a
-    network-bound link); the bytes are unchanged."""
-    rate = 10e6  # ~0.3 s for the 3 MiB file: far above an unpaced loopback GET, even on a busy machine
+    network-bound link); the bytes are unchanged. The pauses are checked on a fake clock; the wall
+    time, paced against unpaced, is measured in bench/ (bench_hub.hub_unpaced_get_vs_paced)."""
+    clock = FakeClock()
+    monkeypatch.setattr(handler, "time", clock)
+    rate = 10e6
     with HubServer(upstream.folder, repo_id=REPO, revision=REV, faults=HubFaults(rate=rate)) as server:
         s = get_session()
-        t = time.perf_counter()
         body = s.get(_url(server, "a.tar")).content
-        paced = time.perf_counter() - t
         assert body == upstream["a.tar"]
-        assert paced >= (len(body) - 256 * 1024) / rate  # the last step is not waited for
+        # the last pause (after the last step) may still be under way when the client has the body
+        deadline = time.monotonic() + 10  # only stops a hang
+        while sum(clock.slept) < len(body) / rate * (1 - 1e-9) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sum(clock.slept) == pytest.approx(len(body) / rate)  # on the fake clock: exactly the rate
+        assert len(clock.slept) >= -(-len(body) // handler.RATE_STEP)  # a pause after every step
         server.faults.rate = None
-        t = time.perf_counter()
+        clock.slept.clear()
         assert s.get(_url(server, "a.tar")).content == upstream["a.tar"]
-        assert time.perf_counter() - t < paced
+        assert clock.slept == []  # unpaced: no pause at all

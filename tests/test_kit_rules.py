@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from bench.profiles import KIT_PATHS, profile_data
 from stage2_data import kit, layout
 from stage2_data.kit import manifests
 from stage2_data.profile import Profile, parse_profile
@@ -84,8 +85,8 @@ class Kit:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.pairs = root / "manifests" / "pairs.jsonl"
-        self.actions = root / "derived" / "action_manifests"
+        self.pairs = root / KIT_PATHS["pair_manifest"]
+        self.actions = root / KIT_PATHS["action_manifest_dir"]
         self.pairs.parent.mkdir(parents=True)
         self.actions.mkdir(parents=True)
         self.set_rows(self.pairs, CLEAN_PAIRS)
@@ -141,18 +142,11 @@ class Kit:
 
     def profile(self) -> Profile:
         return parse_profile(
-            {
-                "name": "rules",
-                "source": {"repo_id": "org/processed_datasets", "revision": "c" * 40},
-                "kit": {
-                    "pair_manifest": "manifests/pairs.jsonl",
-                    "subset_checksums": "manifests/SHA256SUMS",
-                    "action_manifest_dir": "derived/action_manifests",
-                    "sidecar_archive": "derived/sidecars.tar",
-                    "sidecar_archive_sha256": "derived/sidecars.tar.sha256",
-                },
-                "archives": [{"path": f"{CK}.tar", "cache_key": CK}],
-                "expected": {
+            profile_data(
+                "rules",
+                {"repo_id": "org/processed_datasets", "revision": "c" * 40},
+                [{"path": f"{CK}.tar", "cache_key": CK}],
+                expected={
                     "cache_dirs": 1,
                     "archives": 1,
                     "trajectories": 9,
@@ -161,7 +155,7 @@ class Kit:
                     "action_manifest_rows": 6,
                     "resolved_sidecars": 4,
                 },
-            }
+            )
         ).with_kit_root(self.root)
 
 

@@ -7,21 +7,15 @@ from __future__ import annotations
 import ast
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
+
+from helpers.cli import python
 
 import stage2_pipelines
 
 REPO = Path(__file__).resolve().parent.parent
 LAYER = ("dagster", "stage2_pipelines", "stage2_assets", "stage2_resources")
 PIPELINES = Path(stage2_pipelines.__file__).parent
-
-
-def _python(code: str, *, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
-    )
 
 
 def test_the_library_never_imports_the_dagster_layer(tmp_path: Path) -> None:
@@ -35,7 +29,7 @@ for name in names:
 loaded = sorted(m for m in sys.modules if m.split(".")[0] in {LAYER!r})
 print(json.dumps({{"modules": names, "loaded": loaded}}))
 """
-    out = _python(code, cwd=tmp_path)
+    out = python(code, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert "stage2_data.cli" in doc["modules"] and "stage2_data.steps.store" in doc["modules"]
@@ -91,16 +85,16 @@ def test_importing_the_definitions_reads_no_environment(tmp_path: Path) -> None:
     code = (
         "import stage2_pipelines.definitions as d, stage2_pipelines.runner, stage2_pipelines.ui; print('ok')"
     )
-    out = _python(code, cwd=tmp_path, env=env)
+    out = python(code, cwd=tmp_path, env=env)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
     # `defs` is built when asked for (what workspace.yaml's `attribute: defs` does)
-    out = _python("from stage2_pipelines.definitions import defs", cwd=tmp_path, env=env)
+    out = python("from stage2_pipelines.definitions import defs", cwd=tmp_path, env=env)
     assert out.returncode != 0 and "missing.toml" in out.stderr
 
 
 def test_the_layer_imports_from_any_directory(tmp_path: Path) -> None:
     code = "import stage2_pipelines, stage2_assets, stage2_resources, stage2_deploy; print(stage2_deploy.path('k8s/executor.yaml').is_file())"
-    out = _python(code, cwd=tmp_path)
+    out = python(code, cwd=tmp_path)
     assert out.returncode == 0 and out.stdout.strip() == "True", out.stderr
 
 
@@ -108,14 +102,12 @@ def test_without_the_pipeline_extra_build_says_what_to_install(tmp_path: Path) -
     """The core CLI without Dagster: `stage2 build` is one line and exit 2, and every core command
     still works."""
     block = "import sys; sys.modules['dagster'] = None; from stage2_data.cli import main; "
-    out = _python(
-        block + "sys.exit(main(['build', '--profile', 'p.toml', '--data-root', 'r']))", cwd=tmp_path
-    )
+    out = python(block + "sys.exit(main(['build', '--profile', 'p.toml', '--data-root', 'r']))", cwd=tmp_path)
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr and out.stdout == ""
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "pip install 'stage2-data[pipeline]'" in lines[0], out.stderr
-    out = _python(block + "sys.exit(main(['validate', 'no-such-store']))", cwd=tmp_path)
+    out = python(block + "sys.exit(main(['validate', 'no-such-store']))", cwd=tmp_path)
     assert out.returncode != 0 and "Traceback" not in out.stderr and "validate" in out.stderr
-    out = _python(block + "main(['--help'])", cwd=tmp_path)
+    out = python(block + "main(['--help'])", cwd=tmp_path)
     assert "build" in out.stdout and "not installed" in out.stdout and "validate" in out.stdout

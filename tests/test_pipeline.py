@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers.cli import REPO, python, stage2
 
 from stage2_data import checks as C
 from stage2_data import layout
@@ -19,8 +18,6 @@ from stage2_data.store import VinOfflineDataset, VinOfflineStoreReader, validate
 from stage2_pipelines.config import BuildConfig
 from stage2_pipelines.definitions import build_definitions
 from stage2_pipelines.runner import FINAL_STAGE, build_all, run_selection
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def _config(demo: DemoPaths, data_root: Path, url: str) -> BuildConfig:
@@ -51,16 +48,9 @@ def test_definitions_load_with_partitions_and_checks(demo_cache: DemoPaths) -> N
 
 def test_workspace_module_loads_the_real_profile(monkeypatch: pytest.MonkeyPatch) -> None:
     # What `dagster dev -w workspace.yaml` loads when no demo is configured: the real profile.
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "from stage2_pipelines.definitions import defs; "
-            "print(len(defs.resolve_assets_def('archive_file').partitions_def.get_partition_keys()))",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
+    out = python(
+        "from stage2_pipelines.definitions import defs; "
+        "print(len(defs.resolve_assets_def('archive_file').partitions_def.get_partition_keys()))",
         env={"PATH": "/usr/bin:/bin", "STAGE2_PROFILE": str(REPO / "manifests/stage2_core_v1.toml")},
     )
     assert out.returncode == 0, out.stderr
@@ -96,39 +86,18 @@ def test_same_inputs_in_another_root_same_fingerprint_via_cli(
     built: dict, demo_cache: DemoPaths, tmp_path: Path, dagster_home: Path
 ) -> None:
     with HubServer(demo_cache.upstream, repo_id=demo_cache.repo_id, revision=demo_cache.revision) as hub:
-        out = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "stage2_data.cli",
-                "build",
-                "--profile",
-                str(demo_cache.profile),
-                "--data-root",
-                str(tmp_path / "root2"),
-                "--endpoint",
-                hub.url,
-                "--json",
-                "--concurrency",
-                "1",
-            ],
-            capture_output=True,
-            text=True,
-            cwd=REPO,
+        out = stage2(
+            "build", "--profile", str(demo_cache.profile), "--data-root", str(tmp_path / "root2"),
+            "--endpoint", hub.url, "--json", "--concurrency", "1",
             timeout=600,
-        )
+        )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
-    summary = json.loads(out.stdout)
+    summary = out.json()
     assert summary["ok"] is True
     assert Path(summary["store"]).is_dir()
     assert summary["fingerprint"] == built["summary"]["fingerprint"]
     assert all({"asset", "check", "passed", "description"} <= set(c) for c in summary["checks"])
-    v = subprocess.run(
-        [sys.executable, "-m", "stage2_data.cli", "validate", summary["store"], "--deep"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-    )
+    v = stage2("validate", summary["store"], "--deep")
     assert v.returncode == 0, v.stdout + v.stderr
 
 
@@ -242,21 +211,7 @@ def test_materialize_single_assets_directly(
 def test_cli_bad_profile_is_one_line_error(tmp_path: Path) -> None:
     bad = tmp_path / "p.toml"
     bad.write_text('name = "x"\nbogus = 1\n')
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "stage2_data.cli",
-            "build",
-            "--profile",
-            str(bad),
-            "--data-root",
-            str(tmp_path / "r"),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-    )
+    out = stage2("build", "--profile", str(bad), "--data-root", str(tmp_path / "r"))
     assert out.returncode == 2
     assert "Traceback" not in out.stderr
     assert "bogus" in out.stderr and str(bad) in out.stderr

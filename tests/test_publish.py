@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from stage2_data import fsutil, layout, lock, publish
-from stage2_data.progress import BuildProgress  # noqa: F401 - progress imports the one human_bytes
+from stage2_data import fsutil, layout, publish
 from stage2_data.publish import atomic as patomic
 from stage2_data.publish import names, sweep
 from stage2_data.storage import CURRENT_OBJECT, FsspecLocation, LocalLocation, StoreLocation
@@ -174,7 +173,7 @@ def test_sweep_data_root(tmp_path: Path, live_child: subprocess.Popen[bytes]) ->
     live = make_temp(stores, "v1-abc", "tmp", live_child.pid, lstart)
     keep = [live, partial, root / ".hidden_user_file"]
     keep[-1].write_bytes(b"x")
-    assert set(lock.sweep_temp_dirs(root)) == removed_expected
+    assert set(publish.sweep_data_root(root)) == removed_expected
     assert not any(p.exists() for p in removed_expected)
     assert all(p.exists() for p in keep)
 
@@ -259,10 +258,10 @@ def test_staging(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError), publish.staging(final, keep_on_error=True) as kept:
         raise RuntimeError("boom")
     assert kept.exists()
-    with fsutil.staging_dir(tmp_path / "old_api") as s2:  # the old name: mkdtemp's 0700 kept
+    with publish.staging(tmp_path / "private", mode=0o700) as s2:  # mkdtemp's 0700, where asked for
         assert stat.S_IMODE(s2.stat().st_mode) == 0o700
-        fsutil.publish_dir(s2, tmp_path / "old_api")
-    assert (tmp_path / "old_api").is_dir()
+        publish.publish_dir(s2, tmp_path / "private")
+    assert (tmp_path / "private").is_dir()
 
 
 def test_atomic_symlink_and_writes(tmp_path: Path) -> None:
@@ -281,16 +280,12 @@ def test_atomic_symlink_and_writes(tmp_path: Path) -> None:
     assert p.read_bytes() == b"x"
     assert sorted(q.name for q in (tmp_path / "r").iterdir()) == ["x.json"]
     assert sorted(q.name for q in link.parent.iterdir()) == ["current"]
-    assert fsutil.atomic_write_json is publish.atomic_write_json  # the old names delegate
 
 
 def test_human_bytes_is_iec() -> None:
     assert [fsutil.human_bytes(n) for n in (0, 512, 1536, 5 * 2**20, 3 * 2**30, 2**42)] == [
         "0 B", "512 B", "1.5 KiB", "5.0 MiB", "3.0 GiB", "4.0 TiB",
     ]  # fmt: skip
-    import stage2_data.progress as progress
-
-    assert progress.human_bytes is fsutil.human_bytes
 
 
 # ----- the data-root lock across processes ---------------------------------------------------------
@@ -337,10 +332,6 @@ def test_lock_contention_across_processes(tmp_path: Path) -> None:
     finally:
         q.kill()
         q.wait(timeout=30)
-    assert (
-        lock.data_root_lock is publish.data_root_lock
-        and lock.DataRootLockedError is publish.DataRootLockedError
-    )
 
 
 # ----- StoreLocation: the hierarchy and the commit protocol -----------------------------------------

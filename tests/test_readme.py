@@ -7,6 +7,8 @@ import re
 import subprocess
 from pathlib import Path
 
+from faults_table import FAULTS, readme_block, render_faults_table
+
 from bench.run import render_table
 
 REPO = Path(__file__).resolve().parent.parent
@@ -44,3 +46,10 @@ def test_readme_two_setup_commands_exist_in_makefile() -> None:
     for t in ("demo:", "test:", "ui:", "bench:"):
         assert re.search(rf"^{t}", targets, re.M), t
     assert "make test" in (REPO / ".ci" / "run").read_text()
+
+
+def test_readme_fault_table_is_rendered_from_the_faults() -> None:
+    assert readme_block(REPO / "README.md") == render_faults_table(FAULTS), (
+        "README.md's fault table (between <!-- faults:begin --> and <!-- faults:end -->) differs from "
+        "tests/faults_table.py's FAULTS; paste the output of `python tests/faults_table.py` there"
+    )

@@ -6,17 +6,19 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import dagster as dg
 import pytest
 import yaml
+from helpers.cli import REPO, subprocess_env
+from helpers.env import environ, free_port
 
 from stage2_data import checks as C
 from stage2_data.demo import DemoPaths
@@ -25,15 +27,8 @@ from stage2_data.profile import load_profile
 from stage2_pipelines.config import BuildConfig
 from stage2_pipelines.runner import build_all
 
-REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
 PG_BINS = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _as_pg_user(cmd: list[str]) -> list[str]:
@@ -50,7 +45,7 @@ class Postgres:
                 "PostgreSQL is not installed: run `bash scripts/system-deps.sh` (Debian `postgresql`)"
             )
         self.bin = PG_BINS[-1].parent
-        self.port = _free_port()
+        self.port = free_port()
         self.user = "stage2"
         self.password = secrets.token_hex(12)
         self.dir = Path(tempfile.mkdtemp(prefix="stage2-pg-"))
@@ -176,23 +171,19 @@ def postgres() -> Iterator[Postgres]:
         pg.stop()
 
 
-def _use_instance(pg: Postgres, db: str, home: Path) -> dict[str, str | None]:
-    """DAGSTER_HOME with deploy/dagster.yaml, connected to database ``db``; returns the old env."""
+def _instance_env(pg: Postgres, db: str, home: Path) -> dict[str, str]:
+    """The environment of the instance in ``home`` (deploy/dagster.yaml), on database ``db``."""
+    return {**pg.env(db), "DAGSTER_HOME": str(home), "DAGSTER_COMPUTE_LOG_DIR": str(home / "logs")}
+
+
+@contextmanager
+def _use_instance(pg: Postgres, db: str, home: Path) -> Iterator[None]:
+    """For the block: DAGSTER_HOME with deploy/dagster.yaml, connected to a new database ``db``."""
     pg.create_database(db)
     home.mkdir(parents=True)
     shutil.copy(DEPLOY / "dagster.yaml", home / "dagster.yaml")
-    env = {**pg.env(db), "DAGSTER_HOME": str(home), "DAGSTER_COMPUTE_LOG_DIR": str(home / "logs")}
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    return old
-
-
-def _restore(old: dict[str, str | None]) -> None:
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    with environ(**_instance_env(pg, db, home)):
+        yield
 
 
 def _build(demo: DemoPaths, root: Path, **kw: object) -> dict:
@@ -205,8 +196,7 @@ def _build(demo: DemoPaths, root: Path, **kw: object) -> dict:
 def pg_build(postgres: Postgres, demo_cache: DemoPaths, tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The in-process build of the demo, recorded in the PostgreSQL instance of deploy/dagster.yaml."""
     base = tmp_path_factory.mktemp("pg-build")
-    old = _use_instance(postgres, "stage2_inprocess", base / "home")
-    try:
+    with _use_instance(postgres, "stage2_inprocess", base / "home"):
         summary = _build(demo_cache, base / "root")
         instance = dg.DagsterInstance.get()
         runs = instance.get_runs()
@@ -218,8 +208,6 @@ def pg_build(postgres: Postgres, demo_cache: DemoPaths, tmp_path_factory: pytest
         ]
         storage = type(instance.run_storage).__name__, type(instance.event_log_storage).__name__
         instance.dispose()
-    finally:
-        _restore(old)
     return {"summary": summary, "runs": runs, "checks": checks, "storage": storage, "db": "stage2_inprocess"}
 
 
@@ -266,14 +254,11 @@ def test_daemon_runs_schedules_and_sensors_on_postgres(
     home = tmp_path / "home"
     home.mkdir()
     shutil.copy(DEPLOY / "dagster.yaml", home / "dagster.yaml")
-    env = {
-        **os.environ,
-        **postgres.env(pg_build["db"]),
-        "DAGSTER_HOME": str(home),
-        "DAGSTER_COMPUTE_LOG_DIR": str(home / "logs"),
-        "STAGE2_PROFILE": str(demo_cache.profile),
-        "STAGE2_DATA_ROOT": str(tmp_path / "root"),
-    }
+    env = subprocess_env(
+        **_instance_env(postgres, pg_build["db"], home),
+        STAGE2_PROFILE=str(demo_cache.profile),
+        STAGE2_DATA_ROOT=str(tmp_path / "root"),
+    )
     daemon = subprocess.Popen(
         [str(Path(sys.executable).parent / "dagster-daemon"), "run", "-w", str(REPO / "workspace.yaml")],
         cwd=REPO,
@@ -284,8 +269,7 @@ def test_daemon_runs_schedules_and_sensors_on_postgres(
     want = {"SCHEDULER", "SENSOR", "QUEUED_RUN_COORDINATOR"}
     got: set[str] = set()
     try:
-        old = _use_instance_env(postgres, pg_build["db"], home)
-        try:
+        with environ(**_instance_env(postgres, pg_build["db"], home)):
             instance = dg.DagsterInstance.get()
             deadline = time.monotonic() + 90
             while time.monotonic() < deadline and daemon.poll() is None:
@@ -297,8 +281,6 @@ def test_daemon_runs_schedules_and_sensors_on_postgres(
                     break
                 time.sleep(0.5)
             instance.dispose()
-        finally:
-            _restore(old)
     finally:
         daemon.terminate()
         try:
@@ -318,13 +300,6 @@ def test_daemon_runs_schedules_and_sensors_on_postgres(
 DEFAULT_ON = 3  # sensors on by default: alert_on_failed_check, alert_on_failed_run, advance_rebuilds
 
 
-def _use_instance_env(pg: Postgres, db: str, home: Path) -> dict[str, str | None]:
-    env = {**pg.env(db), "DAGSTER_HOME": str(home), "DAGSTER_COMPUTE_LOG_DIR": str(home / "logs")}
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    return old
-
-
 def _sensor_ticks(pg: Postgres, db: str) -> list[tuple]:
     return pg.query(db, "SELECT selector_id, status FROM job_ticks WHERE type = 'SENSOR'")
 
@@ -334,8 +309,7 @@ def test_full_build_on_a_dask_cluster_of_worker_processes(
 ) -> None:
     from dask.distributed import Client, LocalCluster
 
-    old = _use_instance(postgres, "stage2_dask", tmp_path / "home")
-    try:
+    with _use_instance(postgres, "stage2_dask", tmp_path / "home"):
         with (
             LocalCluster(
                 n_workers=2, processes=True, threads_per_worker=1, host="127.0.0.1", dashboard_address=None
@@ -352,8 +326,6 @@ def test_full_build_on_a_dask_cluster_of_worker_processes(
                 step_pids.setdefault(e.step_key or "", set()).add(int(e.dagster_event.pid or 0))
         runs = instance.get_runs()
         instance.dispose()
-    finally:
-        _restore(old)
     assert s["ok"], ([c for c in s["checks"] if not c["passed"]], s["errors"])
     # the same store as the in-process build
     assert s["fingerprint"] == pg_build["summary"]["fingerprint"]
@@ -400,12 +372,8 @@ def test_kubernetes_configuration_validates_against_dagster_k8s(demo_cache: Demo
     # the instance: PostgreSQL storage and the K8sRunLauncher config, valid for dagster-k8s
     pg_env = {"DAGSTER_PG_HOST": "db", "DAGSTER_PG_PORT": "5432", "DAGSTER_PG_DB": "d"}
     pg_env |= {"DAGSTER_PG_USER": "u", "DAGSTER_PG_PASSWORD": "p"}
-    old = {k: os.environ.get(k) for k in pg_env}
-    os.environ.update(pg_env)
-    try:
+    with environ(**pg_env):
         inst_cfg, _ = dagster_instance_config(str(k8s))
-    finally:
-        _restore(old)
     assert "postgres" in inst_cfg["storage"]
     launcher = inst_cfg["run_launcher"]
     assert (launcher["module"], launcher["class"]) == ("dagster_k8s", "K8sRunLauncher")

@@ -62,6 +62,20 @@ def tid(i: int) -> str:
     return f"{i:08x}-0000-4000-8000-{i:012x}"
 
 
+def frames_npz(
+    path: Path, frames: np.ndarray, *, shape: Sequence[int] | None = None, num_frames: int | None = None
+) -> Path:
+    """A trajectory npz as upstream writes it (``frames``, ``shape``, ``num_frames``); ``shape`` and
+    ``num_frames`` are the frames' own unless given (a bad input)."""
+    np.savez_compressed(
+        path,
+        frames=frames,
+        shape=np.array(frames.shape if shape is None else shape, dtype=np.int64),
+        num_frames=np.int64(len(frames) if num_frames is None else num_frames),
+    )
+    return path
+
+
 def make_upstream(root: Path, ids: Sequence[int], *, seed: int = 0) -> Upstream:
     """Trajectory npz files (two resolutions, T in 1..32) and sidecars of widths 7 and 9 (some none)."""
     rng = np.random.default_rng(seed)
@@ -75,9 +89,7 @@ def make_upstream(root: Path, ids: Sequence[int], *, seed: int = 0) -> Upstream:
         source = "autoeval" if i % 2 else "racer"
         fpath = root / "processed_datasets" / f"cache_{source}" / "frames" / f"trajectory_{key}.npz"
         fpath.parent.mkdir(parents=True, exist_ok=True)
-        np.savez_compressed(
-            fpath, frames=fr, shape=np.array(fr.shape, dtype=np.int64), num_frames=np.int64(t)
-        )
+        frames_npz(fpath, fr)
         sidecar: Path | None = None
         act: np.ndarray | None = None
         if i % 4 != 0:
@@ -648,19 +660,9 @@ def test_corrupt_shard_index_is_refused(tmp_path: Path, store: Path) -> None:
 
 # ----- bad inputs ----------------------------------------------------------------------------------------
 def test_bad_inputs_are_gathered_and_named(tmp_path: Path, up: Upstream) -> None:
-    bad_dtype = tmp_path / "bad_dtype.npz"
-    np.savez_compressed(
-        bad_dtype,
-        frames=np.zeros((2, 4, 4, 3), np.float32),
-        shape=np.array([2, 4, 4, 3]),
-        num_frames=np.int64(2),
-    )
-    bad_shape = tmp_path / "bad_shape.npz"
-    np.savez_compressed(
-        bad_shape,
-        frames=np.zeros((2, 4, 4, 3), np.uint8),
-        shape=np.array([3, 4, 4, 3]),
-        num_frames=np.int64(3),
+    bad_dtype = frames_npz(tmp_path / "bad_dtype.npz", np.zeros((2, 4, 4, 3), np.float32))
+    bad_shape = frames_npz(
+        tmp_path / "bad_shape.npz", np.zeros((2, 4, 4, 3), np.uint8), shape=(3, 4, 4, 3), num_frames=3
     )
     obj = tmp_path / "object.npz"
     np.savez(obj, frames=np.array([object()], dtype=object), shape=np.array([1]), num_frames=np.int64(1))

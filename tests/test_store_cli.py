@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.cli import REPO, python_argv, run, stage2, subprocess_env
 from test_store import INPUTS, PROFILE, Upstream, build, make_upstream
 
 from stage2_data import layout
@@ -30,21 +31,7 @@ from stage2_data.store import (
     validate_vin_offline_store,
 )
 
-REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
-
-
-def run_cli(
-    *argv: str, env: dict[str, str] | None = None, timeout: float = 300
-) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "stage2_data.cli", *argv],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=env,
-        timeout=timeout,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -137,12 +124,12 @@ def test_version_refusal_small_store_json(small_store: Path, tmp_path: Path) -> 
     m = json.loads((s / "manifest.json").read_text())
     m["version"] = 999
     (s / "manifest.json").write_text(json.dumps(m))
-    r = run_cli("validate", str(s), "--json")
+    r = stage2("validate", str(s), "--json")
     assert r.returncode == 2
-    doc = json.loads(r.stdout)
+    doc = r.json()
     assert doc["message"] == "Unsupported VIN offline store version: 999. Expected 1."
     assert doc["fix"].endswith(rebuild_command(s, m))
-    r = run_cli("summary", str(s))
+    r = stage2("summary", str(s))
     assert r.returncode == 2 and r.stdout == ""
     assert "Unsupported VIN offline store version: 999. Expected 1." in r.stderr
 
@@ -163,7 +150,7 @@ def test_merge_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert VinOfflineStoreReader(out).manifest["fingerprint"] == doc["fingerprint"] == store_fingerprint(out)
     assert json.loads((base / "manifest.json").read_text())["fingerprint"] == base_fp
     # the output may not be an input: one line, exit 2, nothing changed
-    r = run_cli("merge", str(base), str(side), "--out", str(base))
+    r = stage2("merge", str(base), str(side), "--out", str(base))
     assert r.returncode == 2 and "immutable" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     # a sidecar that repeats base trajectories is refused, naming the overlap
     assert main(["merge", str(base), str(base), "--out", str(tmp_path / "m2")]) == 2
@@ -213,7 +200,7 @@ def test_sigkilled_build_leaves_previous_store_and_next_build_cleans_up(
         )
     )
     marker = tmp_path / "marker"
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(args), str(marker)], cwd=REPO)
+    child = subprocess.Popen(python_argv(CHILD, str(args), str(marker)), cwd=REPO)
     try:
         deadline = time.monotonic() + 60
         while not marker.exists():
@@ -266,20 +253,17 @@ def _start_time(pid: int) -> int:
 def _offline_env(tmp_path: Path) -> dict[str, str]:
     """The environment of a user's shell, with every proxy pointing at a closed port: any attempt to
     reach a hub (the default endpoint is the real one) fails, so a passing build proves none was made."""
-    env = {k: v for k, v in os.environ.items() if k.upper() not in ("NO_PROXY", "DAGSTER_HOME")}
-    env.update(
-        {
-            "PATH": f"{VENV_BIN}{os.pathsep}{env.get('PATH', '/usr/bin:/bin')}",
-            "HTTP_PROXY": "http://127.0.0.1:9",
-            "HTTPS_PROXY": "http://127.0.0.1:9",
-            "http_proxy": "http://127.0.0.1:9",
-            "https_proxy": "http://127.0.0.1:9",
-            "HF_HUB_DISABLE_TELEMETRY": "1",
-            "HOME": str(tmp_path / "home"),
-        }
+    closed = "http://127.0.0.1:9"
+    return subprocess_env(
+        drop=("NO_PROXY", "DAGSTER_HOME"),
+        PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
+        HTTP_PROXY=closed,
+        HTTPS_PROXY=closed,
+        http_proxy=closed,
+        https_proxy=closed,
+        HF_HUB_DISABLE_TELEMETRY="1",
+        HOME=str(tmp_path / "home"),
     )
-    env.pop("no_proxy", None)
-    return env
 
 
 @pytest.fixture(scope="module")
@@ -296,10 +280,10 @@ def refused_then_rebuilt(built: dict, demo_cache: Any, tmp_path_factory: pytest.
     m["version"] = 999
     mpath.write_text(json.dumps(m))
     env = _offline_env(tmp)
-    refusal = run_cli("validate", str(current), env=env)
+    refusal = stage2("validate", str(current), env=env)
     cmd = rebuild_command(current, m)
     t0 = time.monotonic()
-    rebuild = subprocess.run(shlex.split(cmd), capture_output=True, text=True, cwd=tmp, env=env, timeout=600)
+    rebuild = run(shlex.split(cmd), cwd=tmp, env=env, timeout=600)
     print(f"\nrebuild command took {time.monotonic() - t0:.1f} s: {cmd}")
     return {
         "root": root,
@@ -337,7 +321,7 @@ def test_version_refusal_prints_the_command_that_rebuilds(
 def test_the_printed_command_rebuilds_offline(refused_then_rebuilt: dict) -> None:
     r = refused_then_rebuilt
     b = r["rebuild"]
-    assert b.returncode == 0, (b.stdout[-3000:], b.stderr[-3000:])
+    assert b.returncode == 0, b.tail()
     reader = VinOfflineStoreReader(r["current"])  # the strict reader opens the rebuilt store
     assert reader.manifest["version"] == 1
     assert r["current"].resolve() == r["store"]  # same inputs: the same v<VERSION>-<inputs> folder

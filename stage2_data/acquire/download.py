@@ -21,7 +21,7 @@ from ..fsutil import require_free_space
 from ..profile import ArchiveSpec, Profile
 from ..publish import fsync_dir
 from .hub import HubSource
-from .state import _remaining_download_bytes, _verify_existing, _write_record, require_build_space
+from .state import _verify_existing, _write_record, remaining_download_bytes, require_build_space
 from .transport import DEFAULT_ATTEMPTS, DEFAULT_BACKOFF, fetch_partial
 
 PIN_FIX = "run `stage2 pin` to fill size and sha256 from the hub's listing at the pinned revision"
@@ -199,7 +199,7 @@ def download_archives(
     specs = list(specs)
     _raise_precheck(_precheck(source, specs, quarantined, listed))
     data_root = Path(data_root)
-    remaining = {s.path: _remaining_download_bytes(data_root, s) for s in specs}
+    remaining = {s.path: remaining_download_bytes(data_root, s) for s in specs}
     if check_space and specs:
         needed = sum(remaining.values())
         require_free_space(layout.archives_dir(data_root), needed, f"downloading {len(specs)} archive(s)")

@@ -92,7 +92,7 @@ def archive_state(data_root: Path, spec: ArchiveSpec) -> ArchiveState:
         return ArchiveState(spec.path, "missing", 0, spec.size, None)
 
 
-def _remaining_download_bytes(data_root: Path, spec: ArchiveSpec) -> int:
+def remaining_download_bytes(data_root: Path, spec: ArchiveSpec) -> int:
     st = archive_state(data_root, spec)
     size = spec.size or 0
     if st.state == "missing":
@@ -112,7 +112,7 @@ def _is_extracted(data_root: Path, cache_key: str) -> bool:
 def required_free_parts(profile: Profile, data_root: Path) -> tuple[int, int]:
     """(archive bytes still to download, bytes the extraction of every cache key not yet extracted
     will write: ``EXTRACTION_FACTOR`` x its archive bytes). An unpinned archive counts 0: pin first."""
-    remaining = sum(_remaining_download_bytes(data_root, a) for a in profile.archives)
+    remaining = sum(remaining_download_bytes(data_root, a) for a in profile.archives)
     extraction = 0
     for key, specs in profile.archives_by_cache_key().items():
         if not _is_extracted(data_root, key):

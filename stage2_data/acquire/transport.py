@@ -130,13 +130,7 @@ def fetch_partial(
                 f"download of {spec.path} cancelled; the partial file is kept.",
                 fix="re-run the download: it resumes from the partial file",
             ) from None
-        except OSError as e:
-            if not _is_transient(e):
-                if _is_client_error(e):
-                    raise _hub_error(e, source, what=what, path=spec.path) from e
-                raise
-            last = e
-        except Exception as e:
+        except Exception as e:  # OSError too: _is_transient decides what is retried
             if not _is_transient(e):
                 if _is_client_error(e):
                     raise _hub_error(e, source, what=what, path=spec.path) from e

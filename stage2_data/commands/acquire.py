@@ -22,10 +22,11 @@ from ..acquire import (
     required_free_parts,
 )
 from ..errors import HubError, ProfileError
-from ..fsutil import atomic_write_text, free_bytes, human_bytes
+from ..fsutil import free_bytes, human_bytes
 from ..layout import HEX40_RE
 from ..profile import Profile, load_profile, parse_profile
-from .common import EXIT_ERROR, EXIT_FAILED, eprint, print_json
+from ..publish import atomic_write_text
+from .common import EXIT_ERROR, EXIT_FAILED, eprint, finish_command, print_json
 
 
 def _token(env: str | None) -> str | None:
@@ -319,8 +320,7 @@ def register(sub: Any) -> None:
         "--write", action="store_true", help="write the pinned profile (atomically, comments kept)"
     )
     mode.add_argument("--check", action="store_true", help="exit 1 if anything would change; print no diff")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=cmd_pin)
+    finish_command(p, cmd_pin)
 
     p = sub.add_parser(
         "list",
@@ -335,5 +335,4 @@ def register(sub: Any) -> None:
     p.add_argument("--data-root", required=True, help="the data root of the build")
     p.add_argument("--endpoint", default=None, help="also compare with the hub's listing at this endpoint")
     p.add_argument("--token-env", default="HF_TOKEN", help="environment variable holding the hub token")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=cmd_list)
+    finish_command(p, cmd_list)

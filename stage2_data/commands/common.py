@@ -1,11 +1,12 @@
 """What every command shares (the core's and the plugins', e.g. ``stage2_pipelines.commands``):
-output helpers, exit codes, the ``--storage-option`` argument."""
+output helpers, exit codes, the ``--storage-option`` and ``--json`` arguments."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import StoreError
@@ -48,3 +49,18 @@ def add_storage_option(p: Any) -> None:
         help="an fsspec storage option for s3:// (or other URL) stores, repeatable; e.g. "
         "endpoint_url=http://127.0.0.1:9000 key=ID secret=SECRET",
     )
+
+
+def finish_command(
+    p: Any,
+    func: Callable[[argparse.Namespace], int],
+    *,
+    json_help: str = "print one JSON object",
+    storage_option: bool = False,
+) -> None:
+    """What a command's parser ends with: ``--json``, ``--storage-option`` (a command that opens a
+    store), and the function the command runs."""
+    p.add_argument("--json", action="store_true", help=json_help)
+    if storage_option:
+        add_storage_option(p)
+    p.set_defaults(func=func)

@@ -7,9 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import Stage2Error
-from .common import EXIT_FAILED, print_json
-
-TOTALS = ("pair_rows", "unique_frame_files", "action_manifest_rows", "resolved_sidecars")
+from .common import EXIT_FAILED, finish_command, print_json
 
 
 def verify(
@@ -23,7 +21,7 @@ def verify(
     """Run the link check (and, with ``check_bytes``, the byte check against SHA256SUMS) and return
     the report: ``ok``, ``totals`` and ``sidecars_by_source`` (name, found, expected, ok),
     ``problems`` (every one, naming file:line and id), ``link`` and ``bytes`` details."""
-    from ..kit import link_check, verify_subset_bytes
+    from ..kit import LINK_TOTALS, link_check, verify_subset_bytes
     from ..profile import load_profile
 
     profile = load_profile(profile_path, kit_root=kit_root)
@@ -42,7 +40,7 @@ def verify(
             "expected": getattr(e, n),
             "ok": getattr(link, n) == getattr(e, n),
         }
-        for n in TOTALS
+        for n in LINK_TOTALS
     ]
     by_source = []
     for source in sorted(set(e.sidecars_by_source) | set(link.sidecars_by_source)):
@@ -173,5 +171,4 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--workers", type=int, default=None, help="hashing threads for --bytes (default: one per core)"
     )
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    p.set_defaults(func=cmd_verify)
+    finish_command(p, cmd_verify, json_help="print one JSON object instead of the table")

@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from .common import EXIT_ERROR, EXIT_FAILED, add_storage_option, eprint, print_json, storage_options
+from .common import EXIT_ERROR, EXIT_FAILED, eprint, finish_command, print_json, storage_options
 
 STORE_EXAMPLE = ".demo/data/stores/stage2_core_v1_demo/current"
 
@@ -207,6 +207,9 @@ def cmd_merge(args: argparse.Namespace) -> int:
     return 0
 
 
+STORE_ARG_HELP = "the store folder (or the stores/<profile>/current link), or an s3:// URL"
+
+
 def register(sub: Any) -> None:
     raw = argparse.RawDescriptionHelpFormatter
     p = sub.add_parser(
@@ -218,7 +221,7 @@ def register(sub: Any) -> None:
         epilog=f"Example:\n  stage2 validate {STORE_EXAMPLE} --deep",
         formatter_class=raw,
     )
-    p.add_argument("store", help="the store folder (or the stores/<profile>/current link), or an s3:// URL")
+    p.add_argument("store", help=STORE_ARG_HELP)
     p.add_argument(
         "--deep", action="store_true", help="also re-hash every file and recompute the fingerprint"
     )
@@ -228,9 +231,7 @@ def register(sub: Any) -> None:
         help="also decode every sample as the reader does and check its frames against its "
         "frames_sha256, and the zero / NaN padding past its length and width",
     )
-    p.add_argument("--json", action="store_true", help="print one JSON object (ok, problems)")
-    add_storage_option(p)
-    p.set_defaults(func=cmd_validate)
+    finish_command(p, cmd_validate, json_help="print one JSON object (ok, problems)", storage_option=True)
     p = sub.add_parser(
         "summary",
         help="counts per split and source, pairs, frames per sample, bytes per block of a store",
@@ -239,10 +240,8 @@ def register(sub: Any) -> None:
         epilog=f"Example:\n  stage2 summary {STORE_EXAMPLE} --json",
         formatter_class=raw,
     )
-    p.add_argument("store", help="the store folder (or the stores/<profile>/current link), or an s3:// URL")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    add_storage_option(p)
-    p.set_defaults(func=cmd_summary)
+    p.add_argument("store", help=STORE_ARG_HELP)
+    finish_command(p, cmd_summary, storage_option=True)
     p = sub.add_parser(
         "merge",
         help="merge a sidecar store (new trajectories only) into a new store",
@@ -255,6 +254,4 @@ def register(sub: Any) -> None:
     p.add_argument("base", help="the existing store")
     p.add_argument("sidecar", help="a store of new trajectories only, built by the same writer")
     p.add_argument("--out", required=True, help="the new store's folder (not BASE or SIDECAR)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    add_storage_option(p)
-    p.set_defaults(func=cmd_merge)
+    finish_command(p, cmd_merge, storage_option=True)

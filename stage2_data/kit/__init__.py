@@ -12,7 +12,7 @@ Modules: :mod:`.manifests` (the pair and action manifests: rows and their one ru
 from __future__ import annotations
 
 from .join import JOIN_SCHEMA, PROCESSED_COLUMNS, JoinResult, build_join_table
-from .link import LinkReport, link_check
+from .link import LINK_TOTALS, LinkReport, link_check
 from .manifests import (
     ACTION_FIELDS,
     ACTION_OPTIONAL,
@@ -41,6 +41,7 @@ __all__ = [
     "ActionRow",
     "SidecarUnpackResult",
     "JoinResult",
+    "LINK_TOTALS",
     "LinkReport",
     "ByteReport",
     "load_pairs",

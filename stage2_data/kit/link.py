@@ -17,7 +17,11 @@ from .listing import sidecar_dirs
 from .manifests import RECOVERED, read_action_manifests, read_pair_manifest
 from .problems import missing_frames_problem, unnamed_sidecar_problem
 
-__all__ = ["LinkReport", "link_check"]
+__all__ = ["LINK_TOTALS", "LinkReport", "link_check"]
+
+
+# The totals of ``[expected]`` the link check counts (fields of LinkReport and of ExpectedTotals).
+LINK_TOTALS = ("pair_rows", "unique_frame_files", "action_manifest_rows", "resolved_sidecars")
 
 
 @dataclass

@@ -3,9 +3,7 @@ plus the frame files the pairs use that SHA256SUMS does not list."""
 
 from __future__ import annotations
 
-import hashlib
 import os
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -15,6 +13,7 @@ from typing import Any
 
 from ..errors import ProblemsError
 from ..formats.sha256sums import parse_sha256sums
+from ..hashing import sha256_file_and_size
 from ..profile import Profile
 from .manifests import load_pairs
 
@@ -55,30 +54,6 @@ def _plain_relpath(rel: str) -> bool:
     return bool(rel) and not rel.startswith("/") and all(p not in ("", ".", "..") for p in rel.split("/"))
 
 
-_HASH_BUFFER = 4 * 1024 * 1024
-_thread_state = threading.local()
-
-
-def _sha256_and_size(path: Path) -> tuple[str, int]:
-    """sha256 and size of a file, read into one buffer per thread, reused for every file: a fresh
-    buffer per file (``f.read()``) costs page faults that, for frame files, exceed the hashing
-    itself. hashlib releases the GIL while it hashes, so threads hash in parallel."""
-    buf: bytearray | None = getattr(_thread_state, "buf", None)
-    if buf is None:
-        buf = _thread_state.buf = bytearray(_HASH_BUFFER)
-    view = memoryview(buf)
-    h = hashlib.sha256()
-    size = 0
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    try:
-        while n := os.readv(fd, [buf]):
-            h.update(view[:n])
-            size += n
-    finally:
-        os.close(fd)
-    return h.hexdigest(), size
-
-
 def verify_subset_bytes(
     profile: Profile,
     data_root: Path,
@@ -116,7 +91,7 @@ def verify_subset_bytes(
         out: list[tuple[str, str | None, int]] = []
         for rel in rels:
             try:
-                out.append((rel, *_sha256_and_size(Path(root + rel))))
+                out.append((rel, *sha256_file_and_size(root + rel)))
             except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
                 out.append((rel, None, 0))
         return out

@@ -8,7 +8,7 @@
 * :mod:`.lock` -- the data root's lock (one build at a time).
 
 Object storage has no rename: its manifest-last protocol is on
-:class:`stage2_data.storage.StoreLocation` (``commit_bytes`` / ``publish_current``).
+:class:`stage2_data.storage.StoreLocation` (``commit`` / ``withdraw`` / ``publish_current``).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from typing import Any
 
 from .. import checks as C
 from ..checks import compare_totals, outcome
-from ..kit import build_join_table, link_check, unpack_sidecars, verify_subset_bytes
+from ..kit import LINK_TOTALS, build_join_table, link_check, unpack_sidecars, verify_subset_bytes
 from ..profile import Profile
 from .result import StepResult, rate
 
@@ -45,19 +45,8 @@ def step_sidecars(profile: Profile, data_root: Path) -> StepResult:
 
 def link_totals_problems(profile: Profile, rep: Any) -> list[str]:
     e = profile.expected
-    found = {
-        "pair_rows": rep.pair_rows,
-        "unique_frame_files": rep.unique_frame_files,
-        "action_manifest_rows": rep.action_manifest_rows,
-        "resolved_sidecars": rep.resolved_sidecars,
-    }
-    expected = {
-        "pair_rows": e.pair_rows,
-        "unique_frame_files": e.unique_frame_files,
-        "action_manifest_rows": e.action_manifest_rows,
-        "resolved_sidecars": e.resolved_sidecars,
-    }
-    probs = compare_totals(found, expected, "link check")
+    found = {n: getattr(rep, n) for n in LINK_TOTALS}
+    probs = compare_totals(found, {n: getattr(e, n) for n in LINK_TOTALS}, "link check")
     if e.sidecars_by_source:
         probs += compare_totals(
             dict(rep.sidecars_by_source), dict(e.sidecars_by_source), "resolved sidecars by source"

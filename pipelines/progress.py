@@ -1,0 +1,293 @@
+"""Progress of ``stage2 build`` / ``stage2 demo`` at run granularity, drawn with rich: for each stage,
+partitions done/total, bytes, rate, ETA and elapsed time.
+
+The per-partition runs happen in worker processes, so progress advances when a run finishes (the
+runner's ``on_run`` callback). Bytes come from the profile's pinned archive sizes, so rate and ETA are
+exact in bytes, not guesses: a finished ``archive_file[p]`` run has downloaded what ``p`` still missed
+when the build started (nothing, for an archive already on disk: a stage where nothing downloads shows
+no bytes and no ETA); a finished ``cache_dir[k]`` run has read the archives of ``k``.
+
+On a terminal (and not CI, not ``TERM=dumb``), rich draws one live line per stage as the stage starts
+(redrawn in place by rich's refresh thread, so elapsed time keeps moving) and prints failures above
+them; otherwise only plain lines are written: one per finished run. Imported only when a build runs
+(rich comes with the pipeline extra); the Dagster-free library has no progress display.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from rich.console import Console, RenderableType
+from rich.progress import BarColumn, Progress, ProgressColumn, Task, TaskID
+from rich.spinner import Spinner
+from rich.table import Column
+from rich.text import Text
+
+from stage2_data.acquire import remaining_download_bytes
+from stage2_data.fsutil import human_bytes
+from stage2_data.profile import Profile
+from stage2_data.stages import BY_ARCHIVE, BY_CACHE_KEY, STAGES, Stage, stage_of
+
+# Width of the live lines when they go to something that is not a terminal (live=True on a
+# StringIO): wide enough that no line is cut. On a terminal rich uses the terminal's width.
+_OFF_TERMINAL_WIDTH = 160
+
+
+def human_seconds(s: float) -> str:
+    s = max(0, int(round(s)))
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
+
+
+def _isatty(stream: IO[str]) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty and isatty())
+    except ValueError:  # closed
+        return False
+
+
+def interactive(stream: IO[str]) -> bool:
+    """True when live lines make sense: a terminal that understands cursor movement, and not CI."""
+    if os.environ.get("CI") or os.environ.get("TERM", "").lower() in ("dumb", "unknown"):
+        return False
+    return _isatty(stream)
+
+
+def partition_bytes(profile: Profile, data_root: Path | None = None) -> dict[str, dict[str, int]]:
+    """The bytes a finished run of each partition has moved, by how the stage is partitioned: an
+    archive's bytes still to download (its pinned size when ``data_root`` is None), a cache key's
+    archive sizes (what its extraction reads)."""
+    if data_root is None:
+        download = {a.path: int(a.size or 0) for a in profile.archives}
+    else:
+        download = {a.path: remaining_download_bytes(data_root, a) for a in profile.archives}
+    by_key = profile.archives_by_cache_key()
+    return {
+        BY_ARCHIVE: download,
+        BY_CACHE_KEY: {k: sum(int(a.size or 0) for a in specs) for k, specs in by_key.items()},
+    }
+
+
+@dataclass
+class _Stage:
+    index: int
+    stage: Stage
+    total: int  # runs: partitions, or 1
+    total_bytes: int
+    done: int = 0
+    failed: int = 0
+    bytes_done: int = 0
+    started: float | None = None
+    finished: float | None = None
+    task: TaskID | None = None
+
+
+class BuildProgress:
+    """Feed it every finished run summary (``runner.build_all(on_run=progress.on_run)``), then ``close()``.
+
+    ``live`` (default: :func:`interactive` of ``stream``) picks rich's live lines over plain lines;
+    ``tick`` is the seconds between redraws; ``data_root`` (where the build downloads to) makes the
+    download stage count only the bytes still to download."""
+
+    def __init__(
+        self,
+        profile: Profile,
+        stream: IO[str] | None = None,
+        *,
+        live: bool | None = None,
+        tick: float = 0.2,
+        data_root: Path | None = None,
+    ) -> None:
+        self.stream: IO[str] = stream if stream is not None else sys.stderr
+        self.live = interactive(self.stream) if live is None else live
+        self._bytes = partition_bytes(profile, data_root)
+        self.stages: dict[str, _Stage] = {}
+        for i, s in enumerate(STAGES, 1):
+            sizes = self._bytes.get(s.partitioned_by or "", {})
+            total = len(sizes) if s.partitioned_by else 1
+            self.stages[s.name] = _Stage(i, s, total, sum(sizes.values()))
+        self._progress: Progress | None = None
+        if self.live:
+            console = Console(
+                file=self.stream,
+                force_terminal=True,
+                width=None if _isatty(self.stream) else _OFF_TERMINAL_WIDTH,
+                highlight=False,
+                emoji=False,
+                markup=False,
+            )
+            self._progress = Progress(
+                _StateColumn(self),
+                BarColumn(bar_width=12, complete_style="cyan", finished_style="green", pulse_style="cyan"),
+                _LineColumn(self),  # takes the rest of the width; cut at its end (elapsed, ETA) first
+                console=console,
+                expand=True,
+                refresh_per_second=1 / tick,
+                redirect_stdout=False,
+                redirect_stderr=False,
+            )
+            self._progress.start()
+        self.t0 = time.monotonic()
+        self.current = STAGES[0].name
+        self._start(self.stages[self.current], self.t0)
+
+    # -- input ------------------------------------------------------------------------------------
+    def on_run(self, r: dict[str, Any]) -> None:
+        stage = stage_of(r.get("selection") or [])
+        st = self.stages[stage.name]
+        now = time.monotonic()
+        for earlier in self._order()[: st.index - 1]:  # a later stage runs: the earlier ones are over
+            if earlier.started is not None and earlier.finished is None:
+                self._finish(earlier, now)
+        if st.started is None:
+            self._start(st, now)
+        st.done += 1
+        if not r.get("success"):
+            st.failed += 1
+        part = r.get("partition")
+        if stage.partitioned_by and part:
+            st.bytes_done += self._bytes[stage.partitioned_by].get(part, 0)
+        self.current = stage.name
+        self._update(st)
+        if st.done >= st.total:  # the next stage starts now
+            self._finish(st, now)
+            if st.index < len(STAGES):
+                nxt = self._order()[st.index]
+                self._start(nxt, now)
+                self.current = nxt.stage.name
+        self._emit_run(r, st)
+        if self._progress is not None:
+            self._progress.refresh()  # every run shows at once, not at the next tick
+
+    def close(self) -> None:
+        """Stop the live lines (they stay on screen; a stage that never ran is left out)."""
+        if self._progress is None:
+            return
+        now = time.monotonic()
+        for st in self._order():
+            if st.task is not None and st.done == 0:
+                self._progress.remove_task(st.task)
+                st.task = None
+            elif st.started is not None and st.finished is None:
+                self._finish(st, now)
+        self._progress.stop()
+        self._progress = None
+        self.stream.flush()
+
+    # -- rendering --------------------------------------------------------------------------------
+    def status_line(self, name: str | None = None) -> str:
+        """The line of stage ``name`` (default: the current stage), as the live display shows it."""
+        st = self.stages[name or self.current]
+        return f"{self._label(st)}  {self.details(st)}"
+
+    def details(self, st: _Stage) -> str:
+        """Partitions done/total, bytes done/total, rate, ETA (while running), elapsed."""
+        now = time.monotonic()
+        end = st.finished if st.finished is not None else now
+        elapsed = end - (st.started if st.started is not None else end)
+        parts = []
+        if st.total > 1:
+            parts.append(f"{st.done}/{st.total} partitions" + (f" ({st.failed} failed)" if st.failed else ""))
+        if st.total_bytes:
+            parts.append(f"{human_bytes(st.bytes_done)}/{human_bytes(st.total_bytes)}")
+            if st.bytes_done and elapsed > 0:
+                rate = st.bytes_done / elapsed
+                parts.append(f"{human_bytes(rate)}/s")
+                if st.finished is None:
+                    parts.append(f"ETA {human_seconds((st.total_bytes - st.bytes_done) / rate)}")
+        parts.append(f"elapsed {human_seconds(elapsed)}")
+        return "  ".join(parts)
+
+    def _label(self, st: _Stage) -> str:
+        return f"[{st.index}/{len(STAGES)}] {st.stage.label}"
+
+    def _order(self) -> list[_Stage]:
+        return [self.stages[s.name] for s in STAGES]
+
+    def _start(self, st: _Stage, now: float) -> None:
+        st.started = now
+        if self._progress is not None and st.task is None:
+            total = st.total_bytes or (st.total if st.stage.partitioned_by else None)
+            st.task = self._progress.add_task(self._label(st), total=total, stage=st.stage.name)
+
+    def _finish(self, st: _Stage, now: float) -> None:
+        st.finished = now
+        self._update(st)
+        if self._progress is not None and st.task is not None:
+            self._progress.stop_task(st.task)
+
+    def _update(self, st: _Stage) -> None:
+        if self._progress is None or st.task is None:
+            return
+        if st.total_bytes:
+            self._progress.update(st.task, completed=st.bytes_done)
+        elif st.stage.partitioned_by:
+            self._progress.update(st.task, completed=st.done)
+        elif st.done:
+            self._progress.update(st.task, total=1, completed=1)
+
+    def _emit_run(self, r: dict[str, Any], st: _Stage) -> None:
+        what = ",".join(r.get("selection") or []) + (f"[{r['partition']}]" if r.get("partition") else "")
+        status = "ok" if r.get("success") else "FAILED"
+        count = f" ({st.done}/{st.total})" if st.total > 1 else ""
+        lines = []
+        if self._progress is not None:
+            if not r.get("success"):  # keep failures on screen; successes show in the stage's line
+                lines.append(f"  {what}: {status}")
+        else:
+            lines.append(f"  run {str(r.get('run_id', ''))[:8]} {what}: {status}{count}")
+        for c in r.get("checks", []):
+            if not c.get("passed"):
+                lines.append(f"    check {c['asset']}:{c['check']} failed: {_first(c.get('description'))}")
+        for e in r.get("errors", []):
+            msg = _first(e.get("message"))
+            if not any(msg == _first(c.get("description")) for c in r.get("checks", [])):
+                lines.append(f"    error in {e['step']}: {msg}")
+        if self._progress is not None:
+            for ln in lines:  # above the live lines
+                self._progress.console.print(ln, soft_wrap=True)
+        else:
+            for ln in lines:
+                self.stream.write(ln + "\n")
+            self.stream.flush()
+
+
+class _StateColumn(ProgressColumn):
+    """A spinner while the stage runs; then a tick, or a cross when a run of it failed."""
+
+    def __init__(self, bar: BuildProgress) -> None:
+        super().__init__(table_column=Column(no_wrap=True))
+        self._bar = bar
+        self._spinner = Spinner("dots")
+
+    def render(self, task: Task) -> RenderableType:
+        st = self._bar.stages[task.fields["stage"]]
+        if st.finished is None:
+            return self._spinner.render(task.get_time())
+        return Text("✗", style="red") if st.failed else Text("✓", style="green")
+
+
+class _LineColumn(ProgressColumn):
+    """The stage's label (padded: the details of every stage line up), then ``BuildProgress.details``."""
+
+    def __init__(self, bar: BuildProgress) -> None:
+        super().__init__(table_column=Column(no_wrap=True, overflow="ellipsis", ratio=1))
+        self._bar = bar
+        self._width = max(len(bar._label(st)) for st in bar.stages.values())
+
+    def render(self, task: Task) -> Text:
+        st = self._bar.stages[task.fields["stage"]]
+        line = f"{self._bar._label(st):<{self._width}}  {self._bar.details(st)}"
+        return Text(line, no_wrap=True, overflow="ellipsis")
+
+
+def _first(text: Any) -> str:
+    s = str(text or "").strip()
+    return s.splitlines()[0] if s else ""

@@ -1,0 +1,141 @@
+"""The fault matrix, network and hub rows: the download stage (``archive_file``) against a loopback
+HubServer that drops, corrupts, answers 404, knows no such revision, or is not there at all.
+
+The matrix: tests/faults_table.py (rows), tests/helpers/faults.py (what every row asserts).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers.faults import (
+    NOWHERE,
+    SMALL,
+    Prepared,
+    converge,
+    copy_root,
+    demo_hub,
+    fault_cases,
+    forget_archive,
+    hostile_archive,
+    member,
+    no_store,
+    outside,
+    refused,
+    resolve_gets,
+    run_cfg,
+    said,
+)
+
+from stage2_data import checks as C
+from stage2_data import layout
+from stage2_data.demo import DemoPaths
+from stage2_data.demo.hubserver import HubFaults
+from stage2_data.hashing import sha256_file
+from stage2_data.profile import load_profile
+from stage2_pipelines.runner import run_selection
+
+pytestmark = pytest.mark.usefixtures("fault_instance")
+
+
+def test_fault_net_drop(prepared: Prepared, demo: DemoPaths, tmp_path: Path) -> None:
+    # The client hands bytes over in 10 MiB chunks: a drop resumes from the last whole chunk, so
+    # the archive is padded (a 12 MiB member, re-pinned) for the drop to come after the first one.
+    pad = np.random.default_rng(7).integers(0, 256, 12 << 20, dtype=np.uint8).tobytes()
+    victim = hostile_archive(demo, SMALL, lambda ms, top: ms + [member(f"{top}/padding.bin", pad)])
+    root = copy_root(prepared, tmp_path / "root")
+    forget_archive(root, victim)
+    size = (demo.upstream / victim).stat().st_size
+    drop = 11 << 20
+    before = outside(tmp_path, root)
+    with demo_hub(demo, faults=HubFaults(drop_after={victim: drop})) as hub:
+        r = run_selection(run_cfg(demo, root, hub.url), ["archive_file"], victim)
+        assert r["success"], said(r)
+        gets = [rng for m, rng in hub.file_requests(victim) if m == "GET"]
+    # resumed from what was received (at most the client's last 10 MiB chunk again), not restarted
+    assert len(gets) == 2 and gets[0] is None and gets[1] is not None, gets
+    start = int(gets[1].removeprefix("bytes=").removesuffix("-"))
+    assert (10 << 20) <= start <= drop, gets
+    assert sha256_file(layout.archive_path(root, victim)) == load_profile(demo.profile).archive(victim).sha256
+    assert not layout.partial_path(root, victim).exists()
+    assert outside(tmp_path, root) == before
+    assert run_selection(run_cfg(demo, root), ["cache_dir"], SMALL)["success"]
+    assert size > drop
+
+
+@dataclass(frozen=True)
+class Served:
+    """A download the hub spoils: ``fault`` names the HubFaults set the archive is put in."""
+
+    fault: str
+    names: Callable[[DemoPaths], tuple[str, ...]]  # what the refusal names, besides the archive
+    check: str | None
+    converges: bool  # the rerun: the clean fingerprint, re-downloading only this archive; else it extracts
+
+
+@fault_cases(
+    net_corrupt=Served(
+        "corrupt",
+        lambda demo: ("sha256 mismatch", "Fix:", "download it again"),
+        C.ARCHIVE_SHA256_MATCHES_PIN,
+        converges=True,
+    ),
+    net_404=Served(
+        "missing", lambda demo: ("does not exist", demo.revision, "Fix:", "stage2 pin"), None, converges=False
+    ),
+)
+def test_fault_download_refused(prepared: Prepared, demo: DemoPaths, tmp_path: Path, case: Served) -> None:
+    root = copy_root(prepared, tmp_path / "root")
+    victim = f"{SMALL}.tar"
+    forget_archive(root, victim)
+    before = outside(tmp_path, root)
+    with demo_hub(demo, faults=HubFaults(**{case.fault: {victim}})) as hub:
+        cfg = run_cfg(demo, root, hub.url)
+        r = run_selection(cfg, ["archive_file"], victim)
+        refused(r, victim, *case.names(demo), check=case.check)
+        assert not layout.archive_path(root, victim).exists()
+        assert not layout.partial_path(root, victim).exists()
+        assert outside(tmp_path, root) == before
+        getattr(hub.faults, case.fault).clear()
+        if case.converges:
+            hub.clear_log()
+            converge(prepared, cfg, root, [("archive_file", victim), ("cache_dir", SMALL)])
+            assert resolve_gets(hub) == [victim]  # only the one that was not verified
+        else:
+            assert run_selection(cfg, ["archive_file"], victim)["success"]
+            assert run_selection(cfg, ["cache_dir"], SMALL)["success"]
+
+
+def test_fault_net_bad_revision(prepared: Prepared, demo: DemoPaths, tmp_path: Path) -> None:
+    root = copy_root(prepared, tmp_path / "root")
+    victim = f"{SMALL}.tar"
+    forget_archive(root, victim)
+    good = demo.profile.read_text()
+    absent = "0123456789abcdef0123456789abcdef01234567"
+    demo.profile.write_text(good.replace(demo.revision, absent))
+    before = outside(tmp_path, root)
+    with demo_hub(demo) as hub:
+        cfg = run_cfg(demo, root, hub.url)
+        r = run_selection(cfg, ["archive_file"], victim)
+        refused(r, absent, "does not exist", "Fix:", "[source] revision")
+        assert not layout.archive_path(root, victim).exists()
+        assert outside(tmp_path, root) == before
+        demo.profile.write_text(good)
+        assert run_selection(cfg, ["archive_file"], victim)["success"]
+
+
+def test_fault_net_unreachable(prepared: Prepared) -> None:
+    assert prepared.background is not None
+    out, err = prepared.background.communicate(timeout=120)
+    assert prepared.background.returncode == 0, err[-3000:]
+    r = json.loads(out.strip().splitlines()[-1])
+    refused(r, f"{SMALL}.tar", "unreachable", NOWHERE, "5 attempt", "Fix:", "--endpoint")
+    bg_root = prepared.home.parent / "unreachable_root"
+    assert not layout.archive_path(bg_root, f"{SMALL}.tar").exists()
+    assert not layout.partial_path(bg_root, f"{SMALL}.tar").exists()
+    no_store(bg_root)

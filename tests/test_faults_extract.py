@@ -1,0 +1,275 @@
+"""The fault matrix, archive rows: hostile or broken tars, written with ``tarfile`` into a private copy
+of the demo's upstream and re-pinned (so the failure is the intended one, not a sha mismatch), are
+refused by the extraction stage (``cache_dir``) by name, and nothing is extracted.
+
+The matrix: tests/faults_table.py (rows), tests/helpers/faults.py (what every row asserts).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tarfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.faults import (
+    SMALL,
+    SPLIT,
+    Member,
+    Prepared,
+    converge,
+    copy_root,
+    demo_hub,
+    download,
+    fault_cases,
+    forget_archive,
+    hostile_archive,
+    member,
+    no_store,
+    outside,
+    refused,
+    resolve_gets,
+    restore,
+    run_cfg,
+    said,
+    save,
+)
+
+from stage2_data import checks as C
+from stage2_data import layout
+from stage2_data.demo import DemoPaths, repin_profile
+from stage2_data.hashing import sha256_file
+from stage2_data.profile import load_profile
+from stage2_pipelines.runner import FINAL_STAGE, run_selection
+
+pytestmark = pytest.mark.usefixtures("fault_instance")
+
+
+def _extract_refused(
+    prepared: Prepared,
+    demo: DemoPaths,
+    tmp_path: Path,
+    key: str,
+    paths: list[str],
+    *names: str,
+    check: str | None = None,
+) -> tuple[dict[str, Any], Path, dict[str, Any]]:
+    """Download the (re-pinned) archive(s) of ``key`` and extract them: the extraction must be refused."""
+    root = copy_root(prepared, tmp_path / "root")
+    for p in paths:
+        forget_archive(root, p)
+    shutil.rmtree(layout.cache_dir(root, key))
+    before = outside(tmp_path, root)
+    download(demo, root, paths)
+    r = run_selection(run_cfg(demo, root), ["cache_dir"], key)
+    refused(r, *names, check=check)
+    assert outside(tmp_path, root) == before
+    no_store(root)
+    return r, root, run_cfg(demo, root)
+
+
+def _rerun_archive(demo: DemoPaths, root: Path, saved: dict[Path, bytes], paths: list[str], key: str) -> None:
+    """Put the upstream file(s) and the profile back: the repaired archive(s), and only they, are
+    downloaded again, and the cache key extracts."""
+    restore(saved)
+    with demo_hub(demo) as hub:
+        cfg = run_cfg(demo, root, hub.url)
+        for path in paths:
+            assert run_selection(cfg, ["archive_file"], path)["success"]
+        r = run_selection(cfg, ["cache_dir"], key)
+        assert r["success"] and all(c["passed"] for c in r["checks"]), said(r)
+        assert sorted(resolve_gets(hub)) == sorted(paths)
+
+
+@dataclass(frozen=True)
+class Unsafe:
+    """Members added to the small tar, and what the refusal names besides "unsafe archive <name>",
+    "Nothing was extracted" and the fix."""
+
+    members: Callable[[str, str], list[Member]]  # (the tar's top folder, an absolute path outside)
+    names: tuple[str, ...]  # "{evil}" stands for the repr of that absolute path
+
+
+@fault_cases(
+    arc_absolute=Unsafe(lambda top, evil: [member(evil)], ("{evil}", "has an absolute path")),
+    arc_dotdot=Unsafe(lambda top, evil: [member(f"{top}/../../evil")], ("/../../evil", "'..'")),
+    arc_link=Unsafe(
+        lambda top, evil: [
+            member(f"{top}/frames/evil", None, type=tarfile.SYMTYPE, linkname="/etc/passwd"),
+            member(f"{top}/evil_hard", None, type=tarfile.LNKTYPE, linkname="../../../etc/passwd"),
+        ],
+        ("is a symbolic link", "/etc/passwd", "is a hard link", "links are refused"),
+    ),
+    arc_device=Unsafe(
+        lambda top, evil: [
+            member(f"{top}/evil_dev", None, type=tarfile.CHRTYPE, devmajor=1, devminor=3),
+            member(f"{top}/evil_fifo", None, type=tarfile.FIFOTYPE),
+        ],
+        ("evil_dev", "is a character device", "evil_fifo", "is a FIFO"),
+    ),
+    arc_duplicate=Unsafe(
+        lambda top, evil: [member(f"{top}/dataset_info.json", b'{"total_trajectories": 1}')],
+        ("dataset_info.json", "is a duplicate"),
+    ),
+    arc_extra_top=Unsafe(
+        lambda top, evil: [
+            member("other_folder", None, type=tarfile.DIRTYPE),
+            member("other_folder/x.json", b"{}"),
+        ],
+        ("other_folder", "outside the cache directory", SMALL),
+    ),
+)
+def test_fault_arc_unsafe(prepared: Prepared, demo: DemoPaths, tmp_path: Path, case: Unsafe) -> None:
+    evil = str(tmp_path / "evil")
+    saved = save(demo.upstream / f"{SMALL}.tar", demo.profile)
+    path = hostile_archive(demo, SMALL, lambda ms, top: ms + case.members(top, evil))
+    _, root, cfg = _extract_refused(
+        prepared,
+        demo,
+        tmp_path,
+        SMALL,
+        [path],
+        f"unsafe archive {path}",
+        "Nothing was extracted",
+        "Fix:",
+        "[[quarantined]]",
+        *(n.format(evil=repr(evil)) for n in case.names),
+    )
+    proc = layout.processed_root(root)
+    assert not layout.cache_dir(root, SMALL).exists()
+    assert not [p.name for p in proc.iterdir() if p.name.startswith(".")]  # no temp folder left
+    # the files a hostile member aims at were never written
+    assert not (tmp_path / "evil").exists() and not (root / "evil").exists()
+    _rerun_archive(demo, root, saved, [path], SMALL)
+
+
+def test_fault_arc_truncated(prepared: Prepared, demo: DemoPaths, tmp_path: Path) -> None:
+    path = f"{SMALL}.tar"
+    f = demo.upstream / path
+    original = f.read_bytes()
+    f.write_bytes(original[: len(original) // 2 + 100])
+    repin_profile(demo)
+    _, root, _ = _extract_refused(
+        prepared, demo, tmp_path, SMALL, [path], path, "truncated or corrupt", "Fix:", "download it again"
+    )
+    assert not layout.cache_dir(root, SMALL).exists()
+    f.write_bytes(original)
+    repin_profile(demo)
+    with demo_hub(demo) as hub:
+        cfg = run_cfg(demo, root, hub.url)
+        converge(prepared, cfg, root, [("archive_file", path), ("cache_dir", SMALL)])
+        assert resolve_gets(hub) == [path]
+
+
+def _archive_block(profile_text: str, path: str) -> str:
+    """The profile's ``[[archives]]`` block of ``path`` (with the blank line after it)."""
+    i = profile_text.index(f'path = "{path}"') - len("[[archives]]\n")
+    return profile_text[i : profile_text.index("\n\n", i) + 2]
+
+
+def test_fault_arc_missing_part(prepared: Prepared, demo: DemoPaths, tmp_path: Path) -> None:
+    aa, ab = f"{SPLIT}.tar.part-aa", f"{SPLIT}.tar.part-ab"
+    root = copy_root(prepared, tmp_path / "root")
+    forget_archive(root, ab)
+    shutil.rmtree(layout.cache_dir(root, SPLIT))
+    before = outside(tmp_path, root)
+    r = run_selection(run_cfg(demo, root), ["cache_dir"], SPLIT)
+    refused(r, ab, "missing", "Fix:", "download it again")
+    # left out of the profile: the parts present are read as one (truncated) stream
+    good = demo.profile.read_text()
+    demo.profile.write_text(good.replace(_archive_block(good, ab), ""))
+    r = run_selection(run_cfg(demo, root), ["cache_dir"], SPLIT)
+    refused(r, f"{SPLIT}.tar", "truncated or corrupt", aa, "missing or out of order", "Fix:")
+    demo.profile.write_text(good)
+    assert not layout.cache_dir(root, SPLIT).exists()
+    assert outside(tmp_path, root) == {
+        **before,
+        "demo/kit/profile.toml": outside(tmp_path, root)["demo/kit/profile.toml"],
+    }
+    no_store(root)
+    with demo_hub(demo) as hub:
+        cfg = run_cfg(demo, root, hub.url)
+        assert run_selection(cfg, ["archive_file"], ab)["success"]
+        assert run_selection(cfg, ["cache_dir"], SPLIT)["success"]
+        assert resolve_gets(hub) == [ab]
+
+
+def test_fault_arc_parts_order(prepared: Prepared, demo: DemoPaths, tmp_path: Path) -> None:
+    aa, ab = f"{SPLIT}.tar.part-aa", f"{SPLIT}.tar.part-ab"
+    root = copy_root(prepared, tmp_path / "root")
+    # 1. listed out of order in the profile: name order is used, the extraction is the clean one
+    good = demo.profile.read_text()
+    blk_aa, blk_ab = _archive_block(good, aa), _archive_block(good, ab)
+    swapped = good.replace(blk_aa, "@@AA@@").replace(blk_ab, blk_aa).replace("@@AA@@", blk_ab)
+    demo.profile.write_text(swapped)
+    listed = [a.path for a in load_profile(demo.profile).archives]
+    assert listed.index(ab) < listed.index(aa)
+    r = run_selection(run_cfg(demo, root), ["cache_dir"], SPLIT)
+    assert r["success"], said(r)
+    clean = {p.name: sha256_file(p) for p in (layout.cache_dir(prepared.root, SPLIT) / "frames").iterdir()}
+    assert {p.name: sha256_file(p) for p in (layout.cache_dir(root, SPLIT) / "frames").iterdir()} == clean
+    demo.profile.write_text(good)
+    # 2. contents swapped upstream (each part holds the other's bytes), pinned as such
+    a_bytes, b_bytes = (demo.upstream / aa).read_bytes(), (demo.upstream / ab).read_bytes()
+    (demo.upstream / aa).write_bytes(b_bytes)
+    (demo.upstream / ab).write_bytes(a_bytes)
+    repin_profile(demo)
+    shutil.rmtree(root)
+    _, root, _ = _extract_refused(
+        prepared,
+        demo,
+        tmp_path,
+        SPLIT,
+        [aa, ab],
+        f"{SPLIT}.tar",
+        "truncated or corrupt",
+        "out of order",
+        "Fix:",
+    )
+    (demo.upstream / aa).write_bytes(a_bytes)
+    (demo.upstream / ab).write_bytes(b_bytes)
+    repin_profile(demo)
+    with demo_hub(demo) as hub:
+        cfg = run_cfg(demo, root, hub.url)
+        for asset, part in (("archive_file", aa), ("archive_file", ab), ("cache_dir", SPLIT)):
+            assert run_selection(cfg, [asset], part)["success"]
+        assert sorted(resolve_gets(hub)) == [aa, ab]
+
+
+def test_fault_arc_info_totals(prepared: Prepared, demo: DemoPaths, tmp_path: Path) -> None:
+    def bump(ms: list[Member], top: str) -> list[Member]:
+        out = []
+        for m, data in ms:
+            if m.name == f"{top}/dataset_info.json":
+                doc = json.loads(data or b"{}")
+                doc["total_trajectories"] += 1
+                data = json.dumps(doc).encode()
+                m.size = len(data)
+            out.append((m, data))
+        return out
+
+    saved = save(demo.upstream / f"{SMALL}.tar", demo.profile)
+    path = hostile_archive(demo, SMALL, bump)
+    n = len(load_profile(demo.profile).archives_by_cache_key()[SMALL])
+    assert n == 1
+    r, root, cfg = _extract_refused(
+        prepared,
+        demo,
+        tmp_path,
+        SMALL,
+        [path],
+        SMALL,
+        "dataset_info.json",
+        "total_trajectories",
+        check=C.CACHE_DIR_COUNTS_CONSISTENT,
+    )
+    # run on its own (as from the UI), the final stage refuses too: nothing is published
+    r = run_selection(cfg, FINAL_STAGE)
+    refused(r, SMALL, "dataset_info.json")
+    assert "vin_store" not in r["materialized"]
+    no_store(root)
+    _rerun_archive(demo, root, saved, [path], SMALL)

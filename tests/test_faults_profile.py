@@ -1,0 +1,97 @@
+"""The fault matrix, profile rows: a profile that does not load is refused by `stage2 build` before
+anything is written (one line, exit 2); expected totals the data does not reach fail a check of the
+final stage.
+
+The matrix: tests/faults_table.py (rows), tests/helpers/faults.py (what every row asserts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from helpers.cli import stage2
+from helpers.faults import NOWHERE, SMALL, Prepared, converge, fault_cases, final_refused, outside, run_cfg
+
+from stage2_data import checks as C
+from stage2_data.demo import DemoPaths
+from stage2_data.errors import ProfileError
+from stage2_data.profile import load_profile
+
+# A broken profile: each (profile text, what the one-line refusal names besides the file and "Fix:").
+Broken = Callable[[DemoPaths], list[tuple[str, tuple[str, ...]]]]
+
+
+def _branch(demo: DemoPaths) -> list[tuple[str, tuple[str, ...]]]:
+    text = demo.profile.read_text().replace(f'revision = "{demo.revision}"', 'revision = "main"')
+    return [(text, ("source.revision", "'main'", "40-hex"))]
+
+
+def _unknown_key(demo: DemoPaths) -> list[tuple[str, tuple[str, ...]]]:
+    text = "bogus = 1\n" + demo.profile.read_text()
+    return [(text, ("unknown key 'bogus'", "remove it or check its spelling"))]
+
+
+def _quarantined_active(demo: DemoPaths) -> list[tuple[str, tuple[str, ...]]]:
+    q = sorted(load_profile(demo.profile).quarantined_paths())[0]
+    text = demo.profile.read_text() + f'\n[[archives]]\npath = "{q}"\ncache_key = "quarantined_key"\n'
+    return [(text, (q, "also listed under [[archives]]", "remove one of the two entries"))]
+
+
+def _dotdot(demo: DemoPaths) -> list[tuple[str, tuple[str, ...]]]:
+    good = demo.profile.read_text()
+    victim = f"{SMALL}.tar"
+    kit = good.replace(load_profile(demo.profile).kit.pair_manifest, "../../etc/pairs.jsonl")
+    archive = good.replace(f'path = "{victim}"', f'path = "../{victim}"')
+    return [
+        (archive, (f"../{victim}", "contains '..'", "plain relative path")),
+        (kit, ("kit.pair_manifest", "contains '..'")),
+    ]
+
+
+@fault_cases(
+    net_branch=_branch,
+    prof_unknown_key=_unknown_key,
+    prof_quarantined_active=_quarantined_active,
+    prof_dotdot=_dotdot,
+)
+def test_fault_profile_refused(demo: DemoPaths, tmp_path: Path, dagster_home: Path, case: Broken) -> None:
+    """`stage2 build` on a broken profile: exit 2, one line naming the key and file, nothing written."""
+    from stage2_pipelines.config import BuildConfig
+    from stage2_pipelines.runner import build_all
+
+    good = demo.profile.read_text()
+    for bad_text, names in case(demo):
+        demo.profile.write_text(bad_text)
+        before = outside(tmp_path)
+        root = tmp_path / "root"
+        out = stage2("build", "--profile", str(demo.profile), "--data-root", str(root), "--endpoint", NOWHERE)
+        assert out.returncode == 2, out.stderr
+        assert "Traceback" not in out.stderr
+        for n in (str(demo.profile), "Fix:", *names):
+            assert n in out.stderr, f"{n!r} not in {out.stderr}"
+        assert not root.exists()
+        assert outside(tmp_path) == before
+        with pytest.raises(ProfileError):  # build_all itself refuses too, before it takes the lock
+            build_all(BuildConfig(str(demo.profile), str(root), endpoint=NOWHERE))
+        assert not root.exists()
+        demo.profile.write_text(good)
+        load_profile(demo.profile)
+
+
+@pytest.mark.usefixtures("fault_instance")
+def test_fault_prof_totals(prepared: Prepared, demo: DemoPaths, tmp_path: Path) -> None:
+    good = demo.profile.read_text()
+    n = load_profile(demo.profile).expected.trajectories
+    demo.profile.write_text(good.replace(f"trajectories = {n}\n", f"trajectories = {n + 1}\n"))
+    r, root = final_refused(
+        prepared,
+        demo,
+        tmp_path,
+        f"trajectories is {n}, expected {n + 1}",
+        "[expected]",
+        check=C.TRAJECTORIES_MATCH_EXPECTED,
+    )
+    demo.profile.write_text(good)
+    converge(prepared, run_cfg(demo, root), root, [])

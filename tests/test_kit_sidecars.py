@@ -1,0 +1,274 @@
+"""stage2_data.kit.sidecars: the sidecar tar (checksum, unsafe members, atomic unpack) and one
+sidecar npz (object arrays refused, container variants), on the tiny kit (tests/helpers/kit.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tarfile
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers.kit import (
+    TAR_REL,
+    A,
+    B,
+    build,
+    rows_by_id,
+    sidecar_npz,
+    sidecar_rel,
+    the_only_problem,
+    write_sha_file,
+    write_tar,
+)
+
+from stage2_data import kit
+from stage2_data.errors import ChecksumMismatchError, KitError, UnsafeArchiveError
+
+
+class Boom:
+    """Unpickling this creates a folder: proof that a loader unpickled the array."""
+
+    marker = ""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.mkdir, (self.marker,))
+
+
+def test_object_array_sidecar_is_refused_not_unpickled(tmp_path: Path) -> None:
+    marker = tmp_path / "unpickled"
+    Boom.marker = str(marker)
+    buf = io.BytesIO()
+    np.savez(
+        buf,
+        metadata_json=np.array(json.dumps({"raw_width": 7})),
+        raw_actions=np.array([Boom()], dtype=object),
+        aligned_actions=np.zeros((5, 7)),
+    )
+    data = buf.getvalue()
+    b = build(tmp_path / "root", lambda s: s.sidecars.__setitem__(sidecar_rel("autoeval", A[3]), data))
+    join = kit.build_join_table(b.profile, b.data_root)
+    the_only_problem(
+        join.problems,
+        [f"trajectory_{A[3]}.npz: key(s) raw_actions hold object (pickled) arrays", "not unpickled"],
+    )
+    assert not marker.exists()
+    row = rows_by_id(join.table_path)[A[3]]
+    assert row["sidecar_present"] is True and row["raw_width"] is None
+    # control: the file really does run code when unpickled
+    with np.load(b.data_root / "derived" / sidecar_rel("autoeval", A[3]), allow_pickle=True) as z:
+        z["raw_actions"]
+    assert marker.is_dir()
+
+
+# ------------------------------------------------------------------------------------------------
+# Sidecar archive safety
+# ------------------------------------------------------------------------------------------------
+def test_sidecar_tar_checksum_mismatch_unpacks_nothing(tmp_path: Path) -> None:
+    b = build(tmp_path, unpack=False)
+    tar = b.kit(TAR_REL)
+    expected = (tar.parent / (tar.name + ".sha256")).read_text().split()[0]
+    raw = bytearray(tar.read_bytes())
+    raw[3000] ^= 0xFF  # inside the first member's data
+    tar.write_bytes(bytes(raw))
+    with pytest.raises(ChecksumMismatchError) as ei:
+        kit.unpack_sidecars(b.profile, b.data_root)
+    err = ei.value
+    assert err.path == str(tar) and err.expected == expected
+    assert err.actual == hashlib.sha256(bytes(raw)).hexdigest() != expected
+    assert str(tar) in str(err) and err.fix and tar.name in err.fix
+    assert not (b.data_root / "derived").exists()
+
+
+def test_sidecar_sha_file_must_name_the_tar(tmp_path: Path) -> None:
+    b = build(tmp_path, unpack=False)
+    tar = b.kit(TAR_REL)
+    write_sha_file(tar, "other.tar")
+    with pytest.raises(KitError, match="names 'other.tar', not the archive"):
+        kit.unpack_sidecars(b.profile, b.data_root)
+    # a path prefix (sha256sum run from the kit root) is accepted
+    write_sha_file(tar, "derived/" + tar.name)
+    assert kit.unpack_sidecars(b.profile, b.data_root).files == 10
+
+
+def _bad_member(kind: str) -> tarfile.TarInfo:
+    ti = tarfile.TarInfo(
+        {
+            "symlink": f"action_sidecars/autoeval/trajectory_{A[0]}.npz",
+            "hardlink": f"action_sidecars/autoeval/trajectory_{A[0]}.npz",
+            "dotdot": "action_sidecars/../../evil.npz",
+            "absolute": "/tmp/evil.npz",
+            "fifo": "action_sidecars/autoeval/fifo",
+            "device": "action_sidecars/autoeval/dev",
+            "no source": "action_sidecars/loose.npz",
+            "outside": "elsewhere/trajectory_x.npz",
+            "nested": "action_sidecars/autoeval/sub/trajectory_x.npz",
+            "duplicate": sidecar_rel("roboarena", B[0]),
+        }[kind]
+    )
+    if kind == "symlink":
+        ti.type, ti.linkname = tarfile.SYMTYPE, "/etc/passwd"
+    elif kind == "hardlink":
+        ti.type, ti.linkname = tarfile.LNKTYPE, "/etc/passwd"
+    elif kind == "fifo":
+        ti.type = tarfile.FIFOTYPE
+    elif kind == "device":
+        ti.type = tarfile.CHRTYPE
+    return ti
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "symlink",
+        "hardlink",
+        "dotdot",
+        "absolute",
+        "fifo",
+        "device",
+        "no source",
+        "outside",
+        "nested",
+        "duplicate",
+    ],
+)
+def test_unsafe_sidecar_member_refused(tmp_path: Path, kind: str) -> None:
+    b = build(tmp_path, unpack=False)
+    tar = b.kit(TAR_REL)
+    bad = _bad_member(kind)
+    with tarfile.open(tar, "a") as tf:  # after the good members
+        if bad.isreg():
+            data = b"x" * 10
+            bad.size = len(data)
+            tf.addfile(bad, io.BytesIO(data))
+        else:
+            tf.addfile(bad)
+    write_sha_file(tar)
+    with pytest.raises(UnsafeArchiveError) as ei:
+        kit.unpack_sidecars(b.profile, b.data_root)
+    assert repr(bad.name) in str(ei.value)
+    assert not (b.data_root / "derived").exists()
+
+
+def test_refused_tar_leaves_previous_unpack_in_place(tmp_path: Path) -> None:
+    b = build(tmp_path)
+    before = sorted(p.name for p in (b.data_root / "derived" / "action_sidecars" / "autoeval").iterdir())
+    tar = b.kit(TAR_REL)
+    with tarfile.open(tar, "a") as tf:
+        tf.addfile(_bad_member("symlink"))
+    write_sha_file(tar)
+    with pytest.raises(UnsafeArchiveError):
+        kit.unpack_sidecars(b.profile, b.data_root)
+    after = sorted(p.name for p in (b.data_root / "derived" / "action_sidecars" / "autoeval").iterdir())
+    assert before == after and len(after) == 5
+    assert sorted(p.name for p in (b.data_root / "derived").iterdir()) == [
+        ".sidecars.json",
+        "action_sidecars",
+    ]
+
+
+def test_unpack_skips_when_already_done_and_redoes_on_change(tmp_path: Path) -> None:
+    b = build(tmp_path)
+    again = kit.unpack_sidecars(b.profile, b.data_root)
+    assert again.skipped and again.files == 10 and again.by_source == {"autoeval": 5, "roboarena": 5}
+    # a file removed from the unpacked tree: unpacked again
+    victim = b.data_root / "derived" / sidecar_rel("autoeval", A[0])
+    victim.unlink()
+    redo = kit.unpack_sidecars(b.profile, b.data_root)
+    assert not redo.skipped and victim.is_file()
+    # a new tar (new sha256 file): unpacked again, the old tree replaced
+    tar = b.kit(TAR_REL)
+    write_tar(tar, {sidecar_rel("autoeval", A[0]): b"new"})
+    write_sha_file(tar)
+    new = kit.unpack_sidecars(b.profile, b.data_root)
+    assert not new.skipped and new.files == 1
+    assert [p.name for p in (b.data_root / "derived" / "action_sidecars").iterdir()] == ["autoeval"]
+    assert victim.read_bytes() == b"new"
+
+
+# ------------------------------------------------------------------------------------------------
+# Sidecar container variants (the lean npz reader against numpy's own writer and other zips)
+# ------------------------------------------------------------------------------------------------
+def _rezip(
+    npz: bytes, *, replace: dict[str, bytes] | None = None, comment: bytes = b"", method: int = 8
+) -> bytes:
+    src = zipfile.ZipFile(io.BytesIO(npz))
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", compression=method) as dst:
+        for name in src.namelist():
+            dst.writestr(name, (replace or {}).get(name, src.read(name)))
+        dst.comment = comment
+    return out.getvalue()
+
+
+def _npy_with_header(header: str, data: bytes) -> bytes:
+    text = header.encode("latin1")
+    pad = 64 - (10 + len(text) + 1) % 64
+    text += b" " * pad + b"\n"
+    return b"\x93NUMPY\x01\x00" + len(text).to_bytes(2, "little") + text + data
+
+
+def _stored_npz(source: str, width: int, n: int, t: int) -> bytes:
+    return _rezip(sidecar_npz(source, width, n, t), method=zipfile.ZIP_STORED)
+
+
+def _structured_object_npz() -> bytes:
+    buf = io.BytesIO()
+    arr = np.zeros(2, dtype=[("a", "f4"), ("b", "O")])
+    np.savez(
+        buf, metadata_json=np.array('{"raw_width": 8}'), raw_actions=arr, aligned_actions=np.zeros((4, 8))
+    )
+    return buf.getvalue()
+
+
+VARIANTS: dict[str, tuple[Callable[[], bytes], int | None, str | None]] = {
+    # name: (bytes of the B[1] sidecar (num_frames 4), expected raw_width, expected problem substring)
+    "stored (np.savez)": (lambda: _stored_npz("roboarena", 8, 9, 4), 8, None),
+    "zip comment (zipfile fallback)": (
+        lambda: _rezip(sidecar_npz("roboarena", 8, 9, 4), comment=b"hi"),
+        8,
+        None,
+    ),
+    "reordered header keys (literal_eval)": (
+        lambda: _rezip(
+            sidecar_npz("roboarena", 8, 9, 4),
+            replace={
+                "raw_actions.npy": _npy_with_header(
+                    "{'shape': (9, 8), 'fortran_order': False, 'descr': '<f4'}", bytes(9 * 8 * 4)
+                )
+            },
+        ),
+        8,
+        None,
+    ),
+    "structured dtype with an object field": (_structured_object_npz, None, "hold object (pickled) arrays"),
+    "not a zip": (lambda: b"definitely not an npz file", None, "unreadable sidecar npz"),
+    "truncated": (lambda: sidecar_npz("roboarena", 8, 9, 4)[:-40], None, "unreadable sidecar npz"),
+    "corrupt metadata member": (
+        lambda: _rezip(sidecar_npz("roboarena", 8, 9, 4), replace={"metadata_json.npy": b"\x93NUMPY\x09"}),
+        8,
+        "metadata_json.npy",
+    ),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_sidecar_container_variants(tmp_path: Path, variant: str) -> None:
+    make, width, problem = VARIANTS[variant]
+    data = make()
+    b = build(tmp_path, lambda s: s.sidecars.__setitem__(sidecar_rel("roboarena", B[1]), data))
+    join = kit.build_join_table(b.profile, b.data_root)
+    row = rows_by_id(join.table_path)[B[1]]
+    assert row["raw_width"] == width
+    if problem is None:
+        assert join.problems == []
+        assert (row["aligned_length"], row["length_ok"], row["width_ok"]) == (4, True, True)
+    else:
+        the_only_problem(join.problems, [f"trajectory_{B[1]}.npz", problem])
+    assert row["sidecar_sha256_ok"] is True and row["sidecar_bytes"] == len(data)

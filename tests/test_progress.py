@@ -1,0 +1,248 @@
+"""The progress display of `stage2 build` (stage2_pipelines.progress, drawn with rich): live lines per
+stage on a real pseudo-terminal, plain lines when piped or in CI, no download bytes where nothing
+downloads, and no rich in the Dagster-free library."""
+
+from __future__ import annotations
+
+import fcntl
+import io
+import os
+import pty
+import re
+import select
+import struct
+import subprocess
+import termios
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.cli import python, python_argv, run, subprocess_env
+
+from stage2_data import fsutil, layout
+from stage2_data.demo import DemoPaths
+from stage2_data.profile import Profile, load_profile
+from stage2_data.stages import STAGES, Stage, stage_partitions
+from stage2_pipelines import progress
+from stage2_pipelines.progress import BuildProgress
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+LABELS = [f"[{i}/{len(STAGES)}] {s.label}" for i, s in enumerate(STAGES, 1)]
+
+# A child that feeds BuildProgress the runs of a whole build, in the runner's order (the stage table's
+# partitions, a run at a time), writing to its own stderr: a terminal or a pipe, as the test chooses.
+FEED = """
+import sys, time
+from stage2_data.profile import load_profile
+from stage2_data.stages import STAGES, stage_partitions
+from stage2_pipelines.progress import BuildProgress
+prof = load_profile(sys.argv[1])
+bar = BuildProgress(prof, tick=0.05)
+i = 0
+for stage in STAGES:
+    for p in stage_partitions(stage, prof):
+        i += 1
+        time.sleep(0.02)
+        bar.on_run({"run_id": f"{i:08x}-run", "success": True, "partition": p,
+                    "selection": list(stage.assets), "checks": [], "errors": []})
+bar.close()
+print("live" if bar.live else "plain", file=sys.stdout)
+"""
+
+
+def _env(**extra: str) -> dict[str, str]:
+    """This environment, without what would change rich's or our terminal detection."""
+    drop = ("CI", "COLUMNS", "LINES", "TERM", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "FORCE_COLOR")
+    return subprocess_env(drop=drop, TERM="xterm-256color", **extra)
+
+
+def _on_pty(args: list[str], env: dict[str, str], *, cols: int) -> str:
+    """Run ``args`` with stdin, stdout and stderr on a new pseudo-terminal of ``cols`` columns; what it
+    wrote (the terminal's output processing off: bytes as written, no \\n -> \\r\\n)."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, cols, 0, 0))
+    attrs = termios.tcgetattr(slave)
+    attrs[1] &= ~termios.OPOST
+    termios.tcsetattr(slave, termios.TCSANOW, attrs)
+    proc = subprocess.Popen(args, stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True)
+    os.close(slave)
+    out = bytearray()
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 1)
+            if not ready:
+                if proc.poll() is not None:
+                    break
+                continue
+            try:
+                data = os.read(master, 1 << 16)
+            except OSError:  # EIO: every writer closed the terminal
+                break
+            if not data:
+                break
+            out += data
+        assert proc.wait(timeout=30) == 0, out.decode(errors="replace")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    return out.decode()
+
+
+def _runs(prof: Profile, fail: str | None = None) -> list[dict[str, Any]]:
+    """The runs of a build in the runner's order; a run of partition ``fail`` fails its check, and what
+    depends on it does not run (stage_partitions, as the runner does)."""
+    runs: list[dict[str, Any]] = []
+    failed: list[tuple[Stage, str | None]] = []
+    for stage in STAGES:
+        for p in stage_partitions(stage, prof, failed):
+            ok = fail is None or p != fail
+            if not ok:
+                failed.append((stage, p))
+            checks = [] if ok else [{"asset": "archive_file", "check": "sha256", "passed": False,
+                                     "description": "sha256 mismatch\nsecond line"}]  # fmt: skip
+            runs.append({"run_id": f"{len(runs):08x}-run", "success": ok, "partition": p,
+                         "selection": list(stage.assets), "checks": checks, "errors": []})  # fmt: skip
+    return runs
+
+
+def test_live_lines_on_a_pseudo_terminal(demo_cache: DemoPaths) -> None:
+    """On a terminal: one line per stage (label, partitions, bytes, rate, ETA), redrawn in place and
+    cut to the terminal's width; no per-run lines."""
+    n = len(load_profile(demo_cache.profile).archive_paths())
+    out = _on_pty(python_argv(FEED, str(demo_cache.profile)), _env(), cols=100)
+    assert out.rstrip().endswith("live"), out[-500:]
+    assert "\r" in out and "\x1b[1A" in out and "\x1b[2K" in out  # redrawn in place (cursor up, erase line)
+    text = ANSI.sub("", out)
+    for label in LABELS:
+        assert label in text
+    assert f"0/{n} partitions" in text and f"{n}/{n} partitions" in text
+    assert "MiB/s" in text or "KiB/s" in text  # the rate, IEC units (fsutil.human_bytes)
+    assert "ETA " in text
+    assert " run " not in text and ": ok" not in text  # successes show in the stage lines only
+    lines = [ln for ln in re.split(r"[\r\n]", text) if ln.strip() and ln.strip() != "live"]
+    assert max(len(ln) for ln in lines) <= 100  # never wider than the terminal: no wrapped line
+    final = ANSI.sub("", out.rsplit("\x1b[2K", 1)[1]).splitlines()  # the last frame, after close()
+    rows = [ln for ln in final if ln.strip() and ln.strip() != "live"]
+    assert len(rows) == len(STAGES), final
+    for row, label in zip(rows, LABELS, strict=True):
+        assert row.startswith("✓ ") and label in row, row
+        assert "ETA" not in row  # a finished stage has no ETA
+
+
+@pytest.mark.parametrize("where", ["pipe", "CI"])
+def test_plain_lines_when_piped_or_in_ci(demo_cache: DemoPaths, where: str) -> None:
+    """Piped (or CI set, even on a terminal): one plain line per run, no escape sequence, no \\r."""
+    prof = load_profile(demo_cache.profile)
+    args = python_argv(FEED, str(demo_cache.profile))
+    if where == "pipe":
+        done = run(args, env=_env(), timeout=120)
+        assert done.returncode == 0, done.tail()
+        assert done.stdout.strip() == "plain"
+        err = done.stderr
+    else:
+        out = _on_pty(args, _env(CI="true"), cols=100)
+        assert out.rstrip().endswith("plain"), out[-500:]
+        err = out.rstrip()[: -len("plain")]
+    assert "\x1b" not in err and "\r" not in err
+    lines = err.splitlines()
+    assert len(lines) == len(_runs(prof))
+    assert all(re.fullmatch(r"  run [0-9a-f]{8} \S+: ok( \(\d+/\d+\))?", ln) for ln in lines), lines
+    n, k = len(prof.archive_paths()), len(prof.cache_keys())
+    assert sum(ln.endswith(f"/{n})") and "archive_file[" in ln for ln in lines) == n
+    assert lines[-1].endswith(": ok") and "vin_store" in lines[-1]
+    assert sum(ln.endswith(f": ok ({k}/{k})") for ln in lines) == 1
+
+
+def test_live_failures_stay_on_screen_and_a_stage_that_never_ran_is_left_out(demo_cache: DemoPaths) -> None:
+    prof = load_profile(demo_cache.profile)
+    bad = prof.archive_paths_largest_first()[-1]
+    stream = io.StringIO()
+    bar = BuildProgress(prof, stream, live=True, tick=60)  # frames drawn by each run, not by the ticker
+    for r in _runs(prof, fail=bad):
+        bar.on_run(r)
+    assert bar.status_line().startswith(LABELS[2])  # the build stops in the extract stage
+    bar.close()
+    out = stream.getvalue()
+    text = ANSI.sub("", out)
+    assert f"  archive_file[{bad}]: FAILED" in text
+    assert "    check archive_file:sha256 failed: sha256 mismatch" in text and "second line" not in text
+    final = [ln for ln in ANSI.sub("", out.rsplit("\x1b[2K", 1)[1]).splitlines() if ln.strip()]
+    n, k = len(prof.archive_paths()), len(prof.cache_keys())
+    assert len(final) == 3 and LABELS[3] not in text  # the store stage never ran: no line for it
+    assert final[1].startswith("✗ ") and f"{n}/{n} partitions (1 failed)" in final[1]
+    assert final[2].startswith("✓ ") and f"{k - 1}/{k} partitions" in final[2]  # its key was left out
+
+
+def test_plain_failure_lines(demo_cache: DemoPaths) -> None:
+    """Off a terminal a failed run is one FAILED line, then its failed checks and its other errors
+    (the first line of each)."""
+    run = {"run_id": "abcdef0123", "success": False, "partition": None, "selection": ["vin_store"],
+           "checks": [{"asset": "vin_store", "check": "counts", "passed": False, "description": "x\ny"}],
+           "errors": [{"step": "vin_store", "message": "x\ny"}, {"step": "vin_store", "message": "boom"}]}  # fmt: skip
+    stream = io.StringIO()
+    bar = BuildProgress(load_profile(demo_cache.profile), stream, live=False)
+    bar.on_run(run)
+    bar.close()
+    assert stream.getvalue().splitlines() == [
+        "  run abcdef01 vin_store: FAILED",
+        "    check vin_store:counts failed: x",
+        "    error in vin_store: boom",  # the error that only repeats the failed check is left out
+    ]
+
+
+def test_nothing_to_download_shows_no_download_bytes(demo_cache: DemoPaths, tmp_path: Path) -> None:
+    """The download stage counts the bytes still to download when the build starts: archives already on
+    disk count none (no `0 B/11 MiB ... ETA` while nothing downloads), a partial one its missing part.
+    The extract stage still counts the archive bytes it reads."""
+    prof = load_profile(demo_cache.profile)
+    total = sum(a.size or 0 for a in prof.archives)
+    runs = _runs(prof)
+    acquire = [r for r in runs if r["selection"] == ["archive_file"]]
+
+    fresh = BuildProgress(prof, io.StringIO(), live=False, data_root=tmp_path / "empty")
+    assert f"0 B/{fsutil.human_bytes(total)}" in fresh.status_line("acquire")
+
+    root = tmp_path / "root"
+    for a in prof.archives:  # every archive on disk (unverified: re-hashed locally, not downloaded)
+        dst = layout.archive_path(root, a.path)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.write_bytes(b"\0" * (a.size or 0))
+    bar = BuildProgress(prof, io.StringIO(), live=False, data_root=root)
+    for r in acquire[:3]:
+        bar.on_run(r)
+    line = bar.status_line("acquire")
+    assert f"3/{len(acquire)} partitions" in line and "B/" not in line and "ETA" not in line, line
+    for r in runs[len(acquire) + 1 :][:2]:
+        bar.on_run(r)
+    assert f"/{fsutil.human_bytes(total)}" in bar.status_line("extract")
+
+    part_of = prof.archives[0]
+    root2 = tmp_path / "root2"
+    partial = layout.partial_path(root2, part_of.path)
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    partial.write_bytes(b"\0" * 1000)
+    bar2 = BuildProgress(prof, io.StringIO(), live=False, data_root=root2)
+    assert f"/{fsutil.human_bytes(total - 1000)}" in bar2.status_line("acquire")
+
+
+def test_progress_uses_the_one_human_bytes_and_the_library_has_no_rich(tmp_path: Path) -> None:
+    assert progress.human_bytes is fsutil.human_bytes
+    code = """
+import importlib, pkgutil, sys
+import stage2_data
+from stage2_data.cli import main
+for m in pkgutil.walk_packages(stage2_data.__path__, "stage2_data."):
+    if not m.name.endswith(".__main__"):
+        importlib.import_module(m.name)
+try:
+    main(["--help"])  # builds every command's parser, the plugins' too
+except SystemExit:
+    pass
+print(sorted(m for m in sys.modules if m.split(".")[0] == "rich"))
+"""
+    out = python(code, cwd=tmp_path)
+    assert out.returncode == 0, out.tail()
+    assert out.stdout.strip().splitlines()[-1] == "[]"
