@@ -7,10 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 from stage2_data.profile import Profile
-from stage2_data.stages import VIN_STORE
+from stage2_data.stages import SUBSET_CHECKSUMS, TRAJECTORY_JOIN, VIN_STORE
 
+from ._common import WORKERS_TAG as WORKERS_TAG
 from .acquisition import build_acquisition_assets
-from .kit import build_kit_assets
+from .kit import build_kit_assets, build_kit_checks
 from .store import build_store_assets, build_store_checks
 
 
@@ -33,5 +34,7 @@ def build_assets(profile: Profile) -> list[Any]:
 
 def build_asset_checks(assets: list[Any]) -> list[Any]:
     """The checks that run on their own (over what is on disk), for the graph ``build_assets`` made."""
-    vin_store = next(a for a in assets if a.key.to_user_string() == VIN_STORE)
-    return build_store_checks(vin_store)
+    by_name = {a.key.to_user_string(): a for a in assets}
+    return build_kit_checks(by_name[TRAJECTORY_JOIN], by_name[SUBSET_CHECKSUMS]) + build_store_checks(
+        by_name[VIN_STORE]
+    )

@@ -1,14 +1,22 @@
-"""Shared glue: StepResult -> Dagster events. Nothing domain-specific lives here."""
+"""Shared glue: StepResult -> Dagster events, one partition or a range of them in one run.
+Nothing domain-specific lives here."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import hashlib
+import json
+import os
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any
 
 import dagster as dg
+from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetCheckEvaluation
 
 from stage2_data.checks import CHECK_DESCRIPTIONS, CHECKS_BY_ASSET, NON_BLOCKING
 from stage2_data.errors import Stage2Error
+from stage2_data.stages import PARTITIONS_TAG
 from stage2_data.steps import StepResult
 
 
@@ -22,17 +30,37 @@ def check_specs(asset: str) -> list[dg.AssetCheckSpec]:
     ]
 
 
+# The code version of every asset (Dagster marks an asset "code changed" when it differs from the
+# one its latest materialization recorded). Bump an asset's entry when its step starts writing
+# something else for the same inputs.
+CODE_VERSIONS: dict[str, str] = {name: "1" for name in CHECKS_BY_ASSET}
+
+# The tag `stage2 build` puts on a run: how many partitions to work on at once (and PARTITIONS_TAG).
+WORKERS_TAG = "stage2/workers"
+DATA_VERSION_TAG = "dagster/data_version"
+DATA_VERSION_IS_USER_PROVIDED_TAG = "dagster/data_version_is_user_provided"
+CODE_VERSION_TAG = "dagster/code_version"
+
+
 def stage_asset(name: str, *, group: str, description: str, kind: str, **asset_args: Any) -> Any:
     """``@dg.asset`` for the asset called ``name``: its checks are ``CHECKS_BY_ASSET[name]``
-    (:func:`check_specs`); ``asset_args`` (deps, partitions, pool) go to ``dg.asset`` as they are."""
-    return dg.asset(
-        name=name,
-        group_name=group,
-        check_specs=check_specs(name),
-        description=description,
-        kinds={kind},
-        **asset_args,
-    )
+    (:func:`check_specs`), its code version ``CODE_VERSIONS[name]``; ``asset_args`` (deps,
+    partitions, pool) go to ``dg.asset`` as they are. A partitioned asset runs a range of partitions
+    in one run (``BackfillPolicy.single_run``; :func:`run_partitions`)."""
+    if "partitions_def" in asset_args:
+        asset_args.setdefault("backfill_policy", dg.BackfillPolicy.single_run())
+        asset_args.setdefault("output_required", False)  # one materialization per partition that succeeded
+    with warnings.catch_warnings():  # backfill_policy is "beta" in Dagster 1.x (the version is pinned)
+        warnings.simplefilter("ignore", dg.BetaWarning)
+        return dg.asset(
+            name=name,
+            group_name=group,
+            check_specs=check_specs(name),
+            description=description,
+            kinds={kind},
+            code_version=CODE_VERSIONS[name],
+            **asset_args,
+        )
 
 
 def to_metadata(md: dict[str, Any]) -> dict[str, Any]:
@@ -51,16 +79,21 @@ def to_metadata(md: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def run_step(asset: str, step: Callable[[], StepResult]) -> Iterator[Any]:
+def run_step(
+    asset: str, step: Callable[[], StepResult], data_version: Callable[[StepResult], str | None] | None = None
+) -> Iterator[Any]:
     """Run a library step; on an expected failure, fail the asset's first check with the message
-    (so the UI and alerts show which check and why) and fail the step with the fix."""
+    (so the UI and alerts show which check and why) and fail the step with the fix. ``data_version``
+    names what the step produced (else Dagster derives one from the inputs' versions and the code's)."""
     try:
         res = step()
     except Stage2Error as err:
         first = CHECKS_BY_ASSET[asset][0]
         yield dg.AssetCheckResult(check_name=first, passed=False, description=str(err)[:4000])
         raise dg.Failure(description=str(err), metadata={"error": type(err).__name__}) from None
+    version = data_version(res) if data_version else None
     yield dg.MaterializeResult(
+        data_version=dg.DataVersion(version) if version else None,
         metadata=to_metadata(res.metadata),
         check_results=[
             dg.AssetCheckResult(
@@ -72,3 +105,147 @@ def run_step(asset: str, step: Callable[[], StepResult]) -> Iterator[Any]:
             for c in res.checks
         ],
     )
+
+
+def selected_partitions(context: dg.AssetExecutionContext, order: Sequence[str]) -> list[str]:
+    """The partitions this run works on, in ``order`` (largest first): the run's partition or range,
+    less the keys the run's ``stage2/partitions`` tag leaves out."""
+    keys = set(context.partition_keys)
+    wanted = context.run.tags.get(PARTITIONS_TAG)
+    if wanted:
+        keys &= set(json.loads(wanted))
+    return [k for k in order if k in keys]
+
+
+def partition_workers(context: dg.AssetExecutionContext, default: int) -> int:
+    """How many partitions a run works on at once: the ``stage2/workers`` tag, else ``default``."""
+    tag = context.run.tags.get(WORKERS_TAG)
+    return max(1, int(tag)) if tag and tag.isdigit() else max(1, default)
+
+
+def default_workers(kind: str) -> int:
+    """Partitions at once inside a run, sized for the machine: downloads wait on the network (4
+    threads); extraction and hashing use a core each (half the cores, at least one)."""
+    cpus = os.cpu_count() or 1
+    return 4 if kind == "download" else max(1, cpus // 2)
+
+
+def input_tags(instance: dg.DagsterInstance, deps: dict[str, Sequence[str | None]]) -> dict[str, str]:
+    """The provenance tags Dagster records on a materialization it makes itself (the data version
+    and latest event of each input), for a materialization logged per partition: ``deps`` maps each
+    upstream asset to the partitions it reads (None: unpartitioned). Without them the UI would call
+    every partition stale ("has a new dependency")."""
+    from dagster._core.definitions.data_version import extract_data_version_from_entry
+
+    tags: dict[str, str] = {}
+    for asset, parts in deps.items():
+        key = dg.AssetKey(asset)
+        ids: list[int] = []
+        versions: list[str] = []
+        for part in parts:
+            rec = instance.get_latest_data_version_record(key, False, part)
+            if rec is not None:
+                ids.append(rec.storage_id)
+                version = extract_data_version_from_entry(rec.event_log_entry)
+                versions.append(version.value if version else "INITIAL")
+        if len(versions) == 1:
+            version_tag = versions[0]
+        elif versions:
+            version_tag = hashlib.sha256("\n".join(versions).encode()).hexdigest()
+        else:
+            version_tag = "INITIAL"
+        tags[f"dagster/input_data_version/{asset}"] = version_tag
+        tags[f"dagster/input_event_pointer/{asset}"] = str(max(ids)) if ids else "NULL"
+    return tags
+
+
+def run_partitions(
+    context: dg.AssetExecutionContext,
+    asset: str,
+    keys: Sequence[str],
+    step: Callable[[str], StepResult],
+    data_version: Callable[[str, StepResult], str],
+    workers: int,
+    inputs: Callable[[str], dict[str, Sequence[str | None]]] = lambda _key: {},
+) -> Iterator[Any]:
+    """Run ``step`` for every partition in ``keys`` (``workers`` at once, threads) inside one run.
+
+    Each partition whose step returns is materialized on its own (its metadata, its data version),
+    and each check is recorded for its partition; a partition whose step raised a ``Stage2Error``
+    fails its first check with the message and is not materialized. Then one declared result per
+    check sums up the run (Dagster takes a check's declared result once per step; in a one-partition
+    run it is that partition's result), and the step fails when any partition raised, naming each:
+    the stages after it do not run, as when each partition had a run of its own. ``inputs(key)``
+    names the upstream partitions a partition reads (their versions are recorded with it)."""
+    asset_key = dg.AssetKey(asset)
+    names = CHECKS_BY_ASSET[asset]
+    raised: dict[str, str] = {}
+    results: dict[str, list[tuple[str, bool, str, dict[str, Any]]]] = {}
+    single = len(keys) == 1 and context.has_partition_key
+
+    def one(key: str) -> StepResult | Stage2Error:
+        try:
+            return step(key)
+        except Stage2Error as err:
+            return err
+
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(keys) or 1))) as pool:
+        futures = {pool.submit(one, k): k for k in keys}
+        for fut in as_completed(futures):
+            key = futures[fut]
+            res = fut.result()
+            outcomes: list[tuple[str, bool, str, dict[str, Any]]]
+            if isinstance(res, Stage2Error):
+                raised[key] = str(res)
+                outcomes = [(names[0], False, str(res)[:4000], {})]
+            else:
+                outcomes = [
+                    (c.name, c.passed, c.description[:4000], to_metadata(c.metadata)) for c in res.checks
+                ]
+            results[key] = outcomes
+            if not single:
+                for name, passed, desc, md in outcomes:
+                    context.log_event(
+                        AssetCheckEvaluation(
+                            asset_key=asset_key,
+                            check_name=name,
+                            passed=passed,
+                            metadata=md,
+                            description=desc,
+                            partition=key,
+                        )
+                    )
+            if isinstance(res, StepResult):
+                yield dg.AssetMaterialization(
+                    asset_key=asset_key,
+                    partition=key,
+                    metadata=to_metadata(res.metadata),
+                    tags={
+                        **input_tags(context.instance, inputs(key)),
+                        DATA_VERSION_TAG: data_version(key, res),
+                        DATA_VERSION_IS_USER_PROVIDED_TAG: "true",
+                        CODE_VERSION_TAG: CODE_VERSIONS[asset],
+                    },
+                )
+    for name in names:
+        got = [(k, o) for k in keys for o in results.get(k, []) if o[0] == name]
+        bad = [(k, o[2]) for k, o in got if not o[1]]
+        if single and got:
+            _, (_, passed, desc, md) = got[0]
+            yield dg.AssetCheckResult(check_name=name, passed=passed, description=desc, metadata=md)
+            continue
+        desc = f"{len(got) - len(bad)}/{len(got)} partitions passed" + "".join(f"\n{k}: {d}" for k, d in bad)
+        yield dg.AssetCheckResult(
+            check_name=name,
+            passed=not bad,
+            description=desc[:4000],
+            metadata={
+                "partitions": len(got),
+                "failed_partitions": dg.MetadataValue.json([k for k, _ in bad]),
+            },
+        )
+    if raised:
+        raise dg.Failure(
+            description="\n".join(f"{k}: {m}" for k, m in sorted(raised.items())),
+            metadata={"failed_partitions": dg.MetadataValue.json(raised)},
+        )

@@ -1,15 +1,31 @@
 """Pin and acquire: the profile, one archive per partition, one extracted cache dir per cache key."""
 
+import hashlib
 from typing import Any
 
 import dagster as dg
 
 from stage2_data import steps
 from stage2_data.profile import Profile
-from stage2_data.stages import ARCHIVE_FILE, CACHE_DIR, DOWNLOADS_POOL, EXTRACTION_REPORT, PINNED_PROFILE
+from stage2_data.stages import (
+    ARCHIVE_FILE,
+    CACHE_DIR,
+    DOWNLOADS_POOL,
+    EXTRACT,
+    EXTRACTION_REPORT,
+    PINNED_PROFILE,
+)
 from stage2_resources import DataRootResource, HubSourceResource, ProfileResource
 
-from ._common import run_step, stage_asset
+from ._common import (
+    CODE_VERSIONS,
+    default_workers,
+    partition_workers,
+    run_partitions,
+    run_step,
+    selected_partitions,
+    stage_asset,
+)
 from .partitions import archive_partitions, archive_to_cache_key, cache_key_partitions
 from .step_asset import step_asset
 
@@ -58,12 +74,16 @@ def build_acquisition_assets(profile: Profile) -> list[Any]:
         data_root: DataRootResource,
     ):
         prof = profile.load()
-        path = context.partition_key
-        yield from run_step(
+        source, root = hub.source(), data_root.root()
+        # an archive's data version is its sha256 (what the step verified against the pin)
+        yield from run_partitions(
+            context,
             ARCHIVE_FILE,
-            lambda: steps.step_download(
-                prof, hub.source(), data_root.root(), path, reverify=data_root.reverify
-            ),
+            selected_partitions(context, prof.archive_paths_largest_first()),
+            lambda path: steps.step_download(prof, source, root, path, reverify=data_root.reverify),
+            lambda path, res: str(res.metadata.get("sha256") or prof.archive(path).sha256),
+            partition_workers(context, default_workers("download")),
+            lambda _path: {PINNED_PROFILE: [None]},
         )
 
     @stage_asset(
@@ -76,8 +96,25 @@ def build_acquisition_assets(profile: Profile) -> list[Any]:
     )
     def cache_dir(context: dg.AssetExecutionContext, profile: ProfileResource, data_root: DataRootResource):
         prof = profile.load()
-        key = context.partition_key
-        yield from run_step(CACHE_DIR, lambda: steps.step_extract(prof, data_root.root(), key))
+        root = data_root.root()
+        by_key = prof.archives_by_cache_key()
+
+        def version(key: str, _res: Any) -> str:
+            """A cache dir's data version: its archives' sha256 and the extractor's code version."""
+            h = hashlib.sha256(f"extractor {CODE_VERSIONS[CACHE_DIR]}\n".encode())
+            for a in sorted(by_key[key], key=lambda a: a.path):
+                h.update(f"{a.path} {a.sha256}\n".encode())
+            return h.hexdigest()
+
+        yield from run_partitions(
+            context,
+            CACHE_DIR,
+            selected_partitions(context, prof.cache_keys_largest_first()),
+            lambda key: steps.step_extract(prof, root, key),
+            version,
+            partition_workers(context, min(default_workers("extract"), EXTRACT.max_parallel or 1)),
+            lambda key: {ARCHIVE_FILE: [a.path for a in by_key[key]]},
+        )
 
     extraction_report = step_asset(
         EXTRACTION_REPORT,

@@ -2,9 +2,15 @@
 
 from typing import Any
 
-from stage2_data import steps
-from stage2_data.stages import ACTION_SIDECARS, SUBSET_CHECKSUMS, TRAJECTORY_JOIN
+import dagster as dg
 
+from stage2_data import checks as C
+from stage2_data import steps
+from stage2_data.kit import link_check
+from stage2_data.stages import ACTION_SIDECARS, SUBSET_CHECKSUMS, TRAJECTORY_JOIN
+from stage2_resources import DataRootResource, ProfileResource
+
+from ._common import to_metadata
 from .step_asset import step_asset
 
 GROUP = "kit"
@@ -36,3 +42,48 @@ def build_kit_assets(extraction_report: Any, pinned_profile: Any) -> list[Any]:
         step=lambda prof, root: steps.step_verify_bytes(prof, root),
     )
     return [action_sidecars, trajectory_join, subset_checksums]
+
+
+def build_kit_checks(trajectory_join: Any, subset_checksums: Any) -> list[Any]:
+    """Checks that re-read the kit's data on disk and write nothing (the verify job runs them)."""
+
+    @dg.asset_check(
+        asset=trajectory_join,
+        name=C.LINKS_ON_DISK_MATCH_EXPECTED,
+        blocking=False,
+        description=C.CHECK_DESCRIPTIONS[C.LINKS_ON_DISK_MATCH_EXPECTED],
+    )
+    def links_on_disk_match_expected(
+        profile: ProfileResource, data_root: DataRootResource
+    ) -> dg.AssetCheckResult:
+        prof = profile.load()
+        rep = link_check(prof, data_root.root())
+        problems = list(rep.problems) + steps.link_totals_problems(prof, rep)
+        res = C.outcome(C.LINKS_ON_DISK_MATCH_EXPECTED, problems)
+        md = {
+            "pair_rows": rep.pair_rows,
+            "unique_frame_files": rep.unique_frame_files,
+            "resolved_sidecars": rep.resolved_sidecars,
+            "seconds": round(rep.seconds, 3),
+        }
+        return dg.AssetCheckResult(
+            passed=res.passed, description=res.description[:4000], metadata=to_metadata(md)
+        )
+
+    @dg.asset_check(
+        asset=subset_checksums,
+        name=C.SUBSET_BYTES_ON_DISK_MATCH,
+        blocking=False,
+        description=C.CHECK_DESCRIPTIONS[C.SUBSET_BYTES_ON_DISK_MATCH],
+    )
+    def subset_bytes_on_disk_match(
+        profile: ProfileResource, data_root: DataRootResource
+    ) -> dg.AssetCheckResult:
+        res = steps.step_verify_bytes(profile.load(), data_root.root())
+        failed = [c for c in res.checks if not c.passed]
+        desc = "; ".join(c.description for c in failed) if failed else res.checks[0].description
+        return dg.AssetCheckResult(
+            passed=not failed, description=desc[:4000], metadata=to_metadata(res.metadata)
+        )
+
+    return [links_on_disk_match_expected, subset_bytes_on_disk_match]

@@ -37,6 +37,8 @@ def build_store_assets(trajectory_join: Any, subset_checksums: Any) -> list[Any]
                 store_url=store_target.url,
                 storage_options=store_target.storage_options,
             ),
+            # the store's data version: its folder name, a digest of its inputs
+            lambda res: str(res.metadata.get("store") or "").rstrip("/").rsplit("/", 1)[-1] or None,
         )
 
     return [vin_store]

@@ -10,6 +10,7 @@ CLI starts (every ``stage2`` command builds the parser, and importing Dagster ta
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import socket
 import time
@@ -18,12 +19,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from stage2_data import layout
 from stage2_data.acquire import archive_state
 from stage2_data.commands.common import EXIT_FAILED, add_storage_option, eprint, print_json, storage_options
 from stage2_data.errors import HubError
 from stage2_data.profile import Profile, load_profile
 
 from .config import BuildConfig, demo_root
+from .stops import stop_guard
 
 if find_spec("dagster") is None:  # the pipeline extra is not installed: the core CLI says so
     raise ModuleNotFoundError("No module named 'dagster'", name="dagster")
@@ -101,12 +104,21 @@ def _run_build(
     from .runner import build_all  # imports Dagster
 
     _quiet_runs(args.verbose)
-    bar = BuildProgress(profile, data_root=Path(config.data_root)) if progress and not args.json else None
-    try:
-        summary = build_all(config, concurrency=concurrency, on_run=bar.on_run if bar else None)
-    finally:
-        if bar:
-            bar.close()
+    # SIGTERM/SIGINT stop the build from any stage, workers included, and publish nothing (stops.py)
+    current = None if config.store_url else layout.current_store_path(Path(config.data_root), profile.name)
+    with stop_guard(watch=current) as stop:
+        bar = BuildProgress(profile, data_root=Path(config.data_root)) if progress and not args.json else None
+        try:
+            summary = build_all(
+                config, concurrency=concurrency, on_run=stop.on_run(bar.on_run if bar else None)
+            )
+        finally:
+            if bar:
+                with contextlib.suppress(Exception):
+                    bar.close()
+    if stop.stopped:
+        eprint(stop.message())
+        return stop.exit_code
     if args.json:
         print_json(summary)
     else:

@@ -21,7 +21,7 @@ from stage2_data.stages import (
     EXTRACT_JOB,
     JOB_ASSETS,
     KIT_AND_STORE_JOB,
-    STORE,
+    PROFILE_JOB,
     VERIFY_JOB,
 )
 from stage2_resources import (
@@ -42,6 +42,7 @@ __all__ = [
     "ACQUIRE_JOB",
     "EXTRACT_JOB",
     "KIT_AND_STORE_JOB",
+    "PROFILE_JOB",
     "VERIFY_JOB",
     "build_definitions",
     "build_job",
@@ -50,11 +51,13 @@ __all__ = [
 ]
 
 JOB_DESCRIPTIONS = {
+    PROFILE_JOB: "Check the pinned profile: pins complete, counts match, room for the build.",
     ACQUIRE_JOB: "Download and verify archive partitions.",
     EXTRACT_JOB: "Extract cache-key partitions.",
     KIT_AND_STORE_JOB: "Check extraction, unpack sidecars, join, verify bytes, build the store.",
-    VERIFY_JOB: "Re-check existing data on disk without downloading or rebuilding: counts, join, link "
-    "totals, subset bytes, and the published store (every file re-hashed, every sample decoded).",
+    VERIFY_JOB: "Re-check existing data on disk without downloading, rebuilding or materializing anything "
+    "(asset checks only): link totals, subset bytes, and the published store (every file re-hashed, "
+    "every sample decoded).",
 }
 
 
@@ -82,23 +85,35 @@ def build_resources(config: BuildConfig, profile: Profile) -> dict[str, Any]:
     }
 
 
-def build_jobs(checks: list[Any]) -> dict[str, dg.UnresolvedAssetJobDefinition]:
-    """Every job of ``JOB_ASSETS`` by name; the verify job also runs the standalone ``checks``."""
+def build_jobs(
+    checks: list[Any], executor: dg.ExecutorDefinition | None = None, tags: dict[str, str] | None = None
+) -> dict[str, dg.UnresolvedAssetJobDefinition]:
+    """Every job of ``JOB_ASSETS`` by name. The verify job is the standalone ``checks`` only: it
+    materializes nothing, so it never makes an asset stale. ``executor`` and ``tags`` (``stage2
+    build``'s runs) override the Definitions' executor."""
     jobs = {}
     for name, assets in JOB_ASSETS.items():
-        selection: dg.AssetSelection = dg.AssetSelection.assets(*assets)
-        if name == VERIFY_JOB:
-            selection = selection | dg.AssetSelection.checks(*checks)
-        jobs[name] = dg.define_asset_job(name, selection=selection, description=JOB_DESCRIPTIONS[name])
+        # the standalone checks re-read what a build's own checks just verified: the verify job only
+        selection: dg.AssetSelection = (
+            dg.AssetSelection.checks(*checks)
+            if name == VERIFY_JOB
+            else dg.AssetSelection.assets(*assets) - dg.AssetSelection.checks(*checks)
+        )
+        jobs[name] = dg.define_asset_job(
+            name, selection=selection, description=JOB_DESCRIPTIONS[name], executor_def=executor, tags=tags
+        )
     return jobs
 
 
-def build_definitions(config: BuildConfig | None = None) -> dg.Definitions:
+def build_definitions(
+    config: BuildConfig | None = None, *, job_executor: dg.ExecutorDefinition | None = None
+) -> dg.Definitions:
     config = config or BuildConfig.from_env()
     profile = load_profile(config.profile_path, kit_root=config.kit_root)
     assets = build_assets(profile)
     checks = build_asset_checks(assets)
-    jobs = build_jobs(checks)
+    tags = {"stage2/executor": config.executor} if job_executor is not None else None
+    jobs = build_jobs(checks, job_executor, tags)
     return dg.Definitions(
         assets=assets,
         asset_checks=checks,
@@ -123,21 +138,11 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-# ----- one run of a selection on another executor (stage2 build) -----------------------------------
-def job_name(selection: list[str]) -> str:
-    return "build_kit_and_store" if tuple(selection) == STORE.assets else "build_" + "__".join(selection)
-
-
-def build_job(config: dict[str, Any], selection: list[str]) -> dg.JobDefinition:
-    """Reconstructor (module-level, importable in every worker): the asset job for ``selection``
-    with the executor named by ``config["executor"]`` and the build's resources."""
+# ----- one run of a stage's job (stage2 build) ----------------------------------------------------
+def build_job(config: dict[str, Any], job_name: str, call: str = "") -> dg.JobDefinition:
+    """Reconstructor (module-level, importable in every worker): the named job ``job_name`` of the
+    Definitions, with the executor named by ``config["executor"]`` (the run config configures it).
+    ``call`` (unused) tells runs apart: Dagster caches a reconstructed job by its arguments, and a
+    run must see the profile as it is now."""
     cfg = BuildConfig(**config)
-    base = build_definitions(cfg)
-    job = dg.define_asset_job(
-        job_name(selection),
-        selection=dg.AssetSelection.assets(*selection),
-        executor_def=executor_def(cfg.executor),
-        tags={"stage2/executor": cfg.executor},
-    )
-    defs = dg.Definitions(assets=list(base.assets or []), resources=dict(base.resources or {}), jobs=[job])
-    return defs.resolve_job_def(job.name)
+    return build_definitions(cfg, job_executor=executor_def(cfg.executor)).resolve_job_def(job_name)

@@ -1,6 +1,6 @@
 """Where a build's steps execute: Dagster's own executors, chosen by ``BuildConfig.executor``.
 
-- ``in_process`` (default): every step in the run's own process (``dg.materialize``).
+- ``in_process`` (default): every step in the run's own process.
 - ``multiprocess``: Dagster's multiprocess executor, one child process per step.
 - ``dask``: the dagster-dask executor on a ``dask.distributed`` cluster, one Dask task per step.
   ``BuildConfig.dask_address`` names the scheduler (``tcp://host:8786``); without it ``build_all``
@@ -10,11 +10,10 @@
   ``stage2_deploy``); for runs launched in a cluster by the daemon or the UI, not by
   ``stage2 build`` on a workstation.
 
-Runs stay one per partition whatever the executor, exactly as in the in-process build and as the
-UI, schedules, sensors and backfills launch them: every partition's materialization and check
-results are recorded by its own run, and blocking checks keep their meaning. The executor only
-decides where each run's steps execute. ``build_all`` submits partition runs concurrently, so on
-Dask every archive partition is its own task on the one shared cluster, spread over its workers.
+A stage is one run of its named job whatever the executor (``stage2 build`` and the UI's
+single-run backfills alike): a partitioned stage is one step over its partition range, which works
+on several partitions at once in threads, and records each partition's materialization and check
+results. The executor decides where each step executes (another process, a Dask worker, a pod).
 
 dagster-dask names a Dask task ``<job>.<step>``: the same key for every partition run of one job.
 Dask treats equal keys as one task, so two partition runs in flight on a shared cluster would be

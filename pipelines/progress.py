@@ -7,6 +7,14 @@ exact in bytes, not guesses: a finished ``archive_file[p]`` run has downloaded w
 when the build started (nothing, for an archive already on disk: a stage where nothing downloads shows
 no bytes and no ETA); a finished ``cache_dir[k]`` run has read the archives of ``k``.
 
+With ``data_root``, a stage is "up to date" when its runs succeeded and wrote nothing: the stats
+(inode, size, mtime) of what it writes (archives and their ``.verified.json`` records, extraction
+records and cache directories, the extraction report, the sidecars' record, the join table, the
+stores' folder and the ``current`` link) are the same after it as when the build started. Its line then says so, in
+place of partitions and bytes; off a terminal the runs of a stage expected to be up to date are held
+back and the stage prints one ``up to date`` line instead (the held-back lines, if it was not). The
+extract stage counts the archive bytes of the cache keys that are not up to date only.
+
 On a terminal (and not CI, not ``TERM=dumb``), rich draws one live line per stage as the stage starts
 (redrawn in place by rich's refresh thread, so elapsed time keeps moving) and prints failures above
 them; otherwise only plain lines are written: one per finished run. Imported only when a build runs
@@ -18,7 +26,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -28,10 +36,24 @@ from rich.spinner import Spinner
 from rich.table import Column
 from rich.text import Text
 
-from stage2_data.acquire import remaining_download_bytes
+from stage2_data import layout
+from stage2_data.acquire import archive_state, remaining_download_bytes
+from stage2_data.extract import check_extraction
 from stage2_data.fsutil import human_bytes
+from stage2_data.kit.sidecars import SIDECAR_MARKER
 from stage2_data.profile import Profile
-from stage2_data.stages import BY_ARCHIVE, BY_CACHE_KEY, STAGES, Stage, stage_of
+from stage2_data.stages import (
+    ACQUIRE,
+    BY_ARCHIVE,
+    BY_CACHE_KEY,
+    EXTRACT,
+    PROFILE,
+    STAGES,
+    STORE,
+    Stage,
+    stage_of,
+)
+from stage2_data.steps.acquire import verified_sha256s
 
 # Width of the live lines when they go to something that is not a terminal (live=True on a
 # StringIO): wide enough that no line is cut. On a terminal rich uses the terminal's width.
@@ -60,19 +82,84 @@ def interactive(stream: IO[str]) -> bool:
     return _isatty(stream)
 
 
-def partition_bytes(profile: Profile, data_root: Path | None = None) -> dict[str, dict[str, int]]:
+def extracted_keys(profile: Profile, data_root: Path) -> set[str]:
+    """The cache keys whose extraction is up to date (stats only: ``check_extraction``)."""
+    return {
+        k
+        for k in profile.cache_keys()
+        if check_extraction(data_root, k, verified_sha256s(profile, data_root, k))[1] is None
+    }
+
+
+def partition_bytes(
+    profile: Profile, data_root: Path | None = None, up_to_date_keys: set[str] | None = None
+) -> dict[str, dict[str, int]]:
     """The bytes a finished run of each partition has moved, by how the stage is partitioned: an
     archive's bytes still to download (its pinned size when ``data_root`` is None), a cache key's
-    archive sizes (what its extraction reads)."""
+    archive sizes (what its extraction reads; 0 for a key in ``up_to_date_keys``, default: those of
+    :func:`extracted_keys` with ``data_root``, none without)."""
     if data_root is None:
         download = {a.path: int(a.size or 0) for a in profile.archives}
+        done_keys = up_to_date_keys or set()
     else:
         download = {a.path: remaining_download_bytes(data_root, a) for a in profile.archives}
+        done_keys = extracted_keys(profile, data_root) if up_to_date_keys is None else up_to_date_keys
     by_key = profile.archives_by_cache_key()
     return {
         BY_ARCHIVE: download,
-        BY_CACHE_KEY: {k: sum(int(a.size or 0) for a in specs) for k, specs in by_key.items()},
+        BY_CACHE_KEY: {
+            k: 0 if k in done_keys else sum(int(a.size or 0) for a in specs) for k, specs in by_key.items()
+        },
     }
+
+
+def _stat(p: Path) -> tuple[int, int, int] | None:
+    try:
+        st = os.lstat(p)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def stage_outputs(profile: Profile, data_root: Path) -> dict[str, Any]:
+    """Per stage, the stats of everything it writes under ``data_root`` (no file is read): equal
+    before and after a stage when it wrote nothing. The profile stage writes nothing."""
+    archives = [
+        (_stat(layout.archive_path(data_root, a.path)), _stat(layout.verified_record_path(data_root, a.path)))
+        for a in profile.archives
+    ]
+    keys = [
+        (_stat(layout.extraction_record_path(data_root, k)), _stat(layout.cache_dir(data_root, k)))
+        for k in profile.cache_keys()
+    ]
+    link = layout.current_store_path(data_root, profile.name)
+    try:
+        target: str | None = os.readlink(link)
+    except OSError:
+        target = None
+    derived = layout.derived_root(data_root)
+    store = [
+        _stat(layout.extraction_report_path(data_root)),
+        _stat(derived / SIDECAR_MARKER),
+        _stat(derived / layout.SIDECARS_DIR),
+        _stat(layout.join_table_path(data_root)),
+        _stat(link),
+        target,
+        _stat(layout.stores_root(data_root, profile.name)),  # a store added or removed
+    ]
+    return {PROFILE.name: (), ACQUIRE.name: archives, EXTRACT.name: keys, STORE.name: store}
+
+
+def expected_up_to_date(profile: Profile, data_root: Path, up_to_date_keys: set[str]) -> dict[str, bool]:
+    """Which stages should have nothing to do (stats only), to hold back their run lines off a
+    terminal: every archive verified; every cache key extracted; a store published (and the rest
+    of the build up to date). Whether a stage was up to date is decided after it, by its outputs."""
+    acquire = all(archive_state(data_root, a).state == "verified" for a in profile.archives)
+    extract = set(profile.cache_keys()) <= up_to_date_keys
+    store = (layout.current_store_path(data_root, profile.name) / "manifest.json").is_file() and all(
+        p.is_file() for p in (layout.extraction_report_path(data_root), layout.join_table_path(data_root))
+    )
+    return {PROFILE.name: acquire, ACQUIRE.name: acquire, EXTRACT.name: extract, STORE.name: store}
 
 
 @dataclass
@@ -87,6 +174,9 @@ class _Stage:
     started: float | None = None
     finished: float | None = None
     task: TaskID | None = None
+    up_to_date: bool = False  # finished, every run succeeded, and it wrote nothing
+    expected: bool = False  # expected up to date: off a terminal its run lines wait for its end
+    held: list[str] = field(default_factory=list)
 
 
 class BuildProgress:
@@ -94,7 +184,8 @@ class BuildProgress:
 
     ``live`` (default: :func:`interactive` of ``stream``) picks rich's live lines over plain lines;
     ``tick`` is the seconds between redraws; ``data_root`` (where the build downloads to) makes the
-    download stage count only the bytes still to download."""
+    download stage count only the bytes still to download, the extract stage only the archives of
+    cache keys not up to date, and a stage that wrote nothing say "up to date"."""
 
     def __init__(
         self,
@@ -107,12 +198,21 @@ class BuildProgress:
     ) -> None:
         self.stream: IO[str] = stream if stream is not None else sys.stderr
         self.live = interactive(self.stream) if live is None else live
-        self._bytes = partition_bytes(profile, data_root)
+        self._profile = profile
+        self._data_root = Path(data_root) if data_root is not None else None
+        done_keys = extracted_keys(profile, self._data_root) if self._data_root is not None else set()
+        self._bytes = partition_bytes(profile, data_root, done_keys)
+        self._outputs = stage_outputs(profile, self._data_root) if self._data_root is not None else None
+        expect = expected_up_to_date(profile, self._data_root, done_keys) if self._data_root else {}
         self.stages: dict[str, _Stage] = {}
         for i, s in enumerate(STAGES, 1):
             sizes = self._bytes.get(s.partitioned_by or "", {})
             total = len(sizes) if s.partitioned_by else 1
             self.stages[s.name] = _Stage(i, s, total, sum(sizes.values()))
+        if expect:  # the profile stage (it writes nothing) is up to date with the rest of the build
+            expect[PROFILE.name] = all(expect.values())
+            for name, st in self.stages.items():
+                st.expected = expect.get(name, False)
         self._progress: Progress | None = None
         if self.live:
             console = Console(
@@ -148,15 +248,19 @@ class BuildProgress:
                 self._finish(earlier, now)
         if st.started is None:
             self._start(st, now)
-        st.done += 1
+        # a run's entry per partition (the runner's partition_runs), or a run over several
+        parts = [r["partition"]] if r.get("partition") else list(r.get("partitions") or [])
+        if stage.partitioned_by and not parts:  # one run of the whole stage
+            parts = list(self._bytes[stage.partitioned_by])
+        n = max(1, len(parts)) if stage.partitioned_by else 1
+        st.done += n
         if not r.get("success"):
-            st.failed += 1
-        part = r.get("partition")
-        if stage.partitioned_by and part:
-            st.bytes_done += self._bytes[stage.partitioned_by].get(part, 0)
+            st.failed += n
+        if stage.partitioned_by:
+            st.bytes_done += sum(self._bytes[stage.partitioned_by].get(p, 0) for p in parts)
         self.current = stage.name
         self._update(st)
-        if st.done >= st.total:  # the next stage starts now
+        if st.done >= st.total and st.finished is None:  # the next stage starts now
             self._finish(st, now)
             if st.index < len(STAGES):
                 nxt = self._order()[st.index]
@@ -192,6 +296,8 @@ class BuildProgress:
         now = time.monotonic()
         end = st.finished if st.finished is not None else now
         elapsed = end - (st.started if st.started is not None else end)
+        if st.up_to_date:
+            return f"up to date  elapsed {human_seconds(elapsed)}"
         parts = []
         if st.total > 1:
             parts.append(f"{st.done}/{st.total} partitions" + (f" ({st.failed} failed)" if st.failed else ""))
@@ -219,9 +325,20 @@ class BuildProgress:
 
     def _finish(self, st: _Stage, now: float) -> None:
         st.finished = now
+        if self._outputs is not None and self._data_root is not None and st.done and not st.failed:
+            after = stage_outputs(self._profile, self._data_root)[st.stage.name]
+            st.up_to_date = after == self._outputs[st.stage.name]
+            if st.stage.name == PROFILE.name:
+                st.up_to_date = st.expected
         self._update(st)
         if self._progress is not None and st.task is not None:
             self._progress.stop_task(st.task)
+        if self._progress is None and (st.held or st.expected):
+            lines = [f"{self._label(st)}: up to date"] if st.up_to_date else st.held
+            st.held = []
+            for ln in lines:
+                self.stream.write(ln + "\n")
+            self.stream.flush()
 
     def _update(self, st: _Stage) -> None:
         if self._progress is None or st.task is None:
@@ -253,9 +370,13 @@ class BuildProgress:
         if self._progress is not None:
             for ln in lines:  # above the live lines
                 self._progress.console.print(ln, soft_wrap=True)
+        elif st.expected and r.get("success") and (st.finished is None or st.up_to_date):
+            if st.finished is None:
+                st.held += lines  # printed at the stage's end unless it was up to date
         else:
-            for ln in lines:
+            for ln in st.held + lines:
                 self.stream.write(ln + "\n")
+            st.held = []
             self.stream.flush()
 
 

@@ -1,14 +1,23 @@
 """A rebuild as Dagster runs, stage by stage: the stages of `stage2 build` (``stage2_data.stages``),
-sequenced by the same rules (``next_stage``, ``stage_partitions``).
+sequenced by the same rules (``next_stage``, ``stage_partitions``), one run per stage.
 
 The weekly schedule and the profile-change sensor start a rebuild at ``REBUILD_FIRST_STAGE``: one
-``acquire_archives`` run per archive partition, tagged ``stage2/rebuild=<id>`` and
-``stage2/stage=acquire``. The ``advance_rebuilds`` sensor follows the runs: once every partition of
-a rebuild's stage has a successful run, it requests the next stage's runs (one ``extract_cache_dirs``
-run per cache key, then one ``verify_kit_and_build_store`` run). A failed run stops its rebuild at
-that stage (the alert sensors report it); re-executing the failed run from the UI keeps its tags,
-so the rebuild goes on from there. Run keys make every request idempotent: a stage is requested
-once per rebuild however many ticks see it complete.
+``check_profile`` run, tagged ``stage2/rebuild=<id>`` and ``stage2/stage=profile``. The
+``advance_rebuilds`` sensor follows the runs: once a rebuild's stage run has succeeded, it requests
+the next stage's one run (``acquire_archives`` over every archive partition, a single-run backfill
+over the partition range; then ``extract_cache_dirs`` over every cache key; then
+``verify_kit_and_build_store``). A failed run
+stops its rebuild at that stage (the alert sensors report it, per partition); re-executing the
+failed run from the UI keeps its tags, so the rebuild goes on from there. Run keys make every
+request idempotent: a stage is requested once per rebuild however many ticks see it complete.
+
+Why a sensor of our own and not declarative automation (``AutomationCondition.eager()`` /
+``on_cron``): those conditions react to every materialization, including `stage2 build`'s own runs.
+Measured on the demo (Dagster 1.13, ``dg.evaluate_automation_conditions``): right after the CLI's
+``acquire_archives`` run, ``eager()`` requests all 13 ``cache_dir`` partitions, so the daemon would
+extract them while the CLI, holding the data root's lock, extracts them too. And a schedule cannot
+launch an asset backfill in 1.13 (only a sensor, through a private constructor). This sensor follows
+only runs tagged ``stage2/rebuild``.
 """
 
 from __future__ import annotations
@@ -19,11 +28,13 @@ from collections.abc import Iterator
 import dagster as dg
 
 from stage2_data.profile import Profile
-from stage2_data.stages import STAGES, Stage, next_stage, stage_partitions
+from stage2_data.stages import BY_ARCHIVE, PARTITIONS_TAG, STAGES, Stage, next_stage, stage_partitions
 
 REBUILD_TAG = "stage2/rebuild"
 STAGE_TAG = "stage2/stage"
 PARTITION_TAG = "dagster/partition"
+RANGE_START_TAG = "dagster/asset_partition_range_start"
+RANGE_END_TAG = "dagster/asset_partition_range_end"
 
 WINDOW = 300.0  # seconds of finished runs re-listed each tick (their ids are in the cursor)
 FINISHED = [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
@@ -70,35 +81,41 @@ class FinishedRuns:
 
 def job_of(stage: Stage) -> str:
     """The job a rebuild launches for ``stage``."""
-    if stage.job is None:
-        raise ValueError(f"stage {stage.name!r} has no job of its own; a rebuild cannot request it")
     return stage.job
 
 
+def partition_tags(profile: Profile, stage: Stage, keys: list[str]) -> dict[str, str]:
+    """The tags of one run of ``stage`` over ``keys``: one partition, or the range holding them all
+    (a single-run backfill; ``stage2/partitions`` names the keys when the range holds others too)."""
+    if len(keys) == 1:
+        return {PARTITION_TAG: keys[0]}
+    if not keys:
+        return {}
+    order = profile.archive_paths() if stage.partitioned_by == BY_ARCHIVE else profile.cache_keys()
+    idx = sorted(order.index(k) for k in keys)
+    tags = {RANGE_START_TAG: order[idx[0]], RANGE_END_TAG: order[idx[-1]]}
+    if len(keys) != idx[-1] - idx[0] + 1:
+        tags[PARTITIONS_TAG] = json.dumps(sorted(keys))
+    return tags
+
+
 def stage_requests(rebuild_id: str, stage: Stage, profile: Profile) -> list[dg.RunRequest]:
-    """The runs of one stage of rebuild ``rebuild_id`` (its job, once per partition, largest first:
-    runs are dequeued in the order requested), tagged so that ``advance_rebuilds`` follows them."""
-    tags = {REBUILD_TAG: rebuild_id, STAGE_TAG: stage.name}
-    return [
-        dg.RunRequest(
-            run_key=f"{rebuild_id}-{stage.name}" + (f"-{p}" if p is not None else ""),
-            job_name=job_of(stage),
-            partition_key=p,
-            tags=tags,
-        )
-        for p in stage_partitions(stage, profile)
-    ]
+    """The one run of one stage of rebuild ``rebuild_id``: its job over every partition of the stage
+    (one run: ``BackfillPolicy.single_run``), tagged so that ``advance_rebuilds`` follows it."""
+    keys = [p for p in stage_partitions(stage, profile) if p is not None]
+    tags = {REBUILD_TAG: rebuild_id, STAGE_TAG: stage.name, **partition_tags(profile, stage, keys)}
+    return [dg.RunRequest(run_key=f"{rebuild_id}-{stage.name}", job_name=job_of(stage), tags=tags)]
 
 
 def stage_complete(instance: dg.DagsterInstance, rebuild_id: str, stage: Stage, profile: Profile) -> bool:
-    """True when every partition of ``stage`` of the rebuild has a successful run."""
+    """True when the stage's run of the rebuild succeeded (or its re-execution did: same tags)."""
     records = instance.get_run_records(
         dg.RunsFilter(
             tags={REBUILD_TAG: rebuild_id, STAGE_TAG: stage.name}, statuses=[dg.DagsterRunStatus.SUCCESS]
-        )
+        ),
+        limit=1,
     )
-    done = {r.dagster_run.tags.get(PARTITION_TAG) for r in records}
-    return all(p in done for p in stage_partitions(stage, profile))
+    return bool(records)
 
 
 def advance_rebuilds(

@@ -1,12 +1,16 @@
 """One command builds everything: every asset and every partition, recorded in the Dagster instance.
 
 The stages and the rule for what runs next are the table in ``stage2_data.stages`` (the rebuild
-sensor follows the same table); here they run as real Dagster runs on the instance at DAGSTER_HOME:
-  1. profile: pinned_profile
-  2. acquire: archive_file, one run per archive partition, several at once (processes)
-  3. extract: cache_dir, one run per cache-key partition whose archives all verified
-  4. store: extraction_report, action_sidecars, trajectory_join, subset_checksums, vin_store (one run)
-A stage whose checks fail stops the stages after it; every failed check and error is reported.
+sensor follows the same table); here each stage is ONE run of its named job (``JOB_ASSETS``) on the
+instance at DAGSTER_HOME, whatever the executor:
+  1. profile (check_profile): pinned_profile
+  2. acquire (acquire_archives): archive_file, every archive partition in one run (a single-run
+     backfill over the partition range), several downloads at once (threads in the step)
+  3. extract (extract_cache_dirs): cache_dir, every cache key whose archives all verified, one run
+  4. store (verify_kit_and_build_store): extraction_report, action_sidecars, trajectory_join,
+     subset_checksums, vin_store
+Each partition keeps its own materialization, data version and check results. A stage whose
+checks fail stops the stages after it; every failed check and error is reported with its partition.
 """
 
 from __future__ import annotations
@@ -14,23 +18,35 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import multiprocessing as mp
 import os
+import uuid
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
+from stage2_assets import WORKERS_TAG
 from stage2_data import layout
-from stage2_data.profile import load_profile
+from stage2_data.checks import CHECKS_BY_ASSET
+from stage2_data.profile import Profile, load_profile
 from stage2_data.publish import data_root_lock, sweep_data_root
-from stage2_data.stages import DOWNLOADS_POOL, STAGES, STORE, VIN_STORE, Stage, next_stage, stage_partitions
+from stage2_data.stages import (
+    DOWNLOADS_POOL,
+    JOB_ASSETS,
+    STAGES,
+    STORE,
+    VIN_STORE,
+    Stage,
+    next_stage,
+    stage_of,
+    stage_partitions,
+)
 
 from .config import BuildConfig
-from .definitions import build_definitions, build_job
+from .definitions import build_job
 from .executors import executor_run_config, local_dask_cluster
+from .rebuild import partition_tags
 
 FINAL_STAGE = list(STORE.assets)  # the last stage's one run (tests and tools run it on its own)
 
@@ -72,40 +88,60 @@ def ensure_instance(data_root: Path) -> Path:
     return home
 
 
+def job_for(selection: list[str]) -> str:
+    """The named job a run of ``selection`` belongs to: its stage's job (``stages.JOB_ASSETS``)."""
+    stage = stage_of(selection)
+    if set(selection) <= set(JOB_ASSETS[stage.job]):
+        return stage.job
+    for name, assets in JOB_ASSETS.items():
+        if set(selection) <= set(assets):
+            return name
+    raise ValueError(f"no job holds the assets {selection}; see stage2_data.stages.JOB_ASSETS")
+
+
+def run_tags(
+    profile: Profile, selection: list[str], keys: list[str], workers: int | None = None
+) -> dict[str, str]:
+    """The tags of one run over ``keys``: one partition, or a range of them (``rebuild.partition_tags``)."""
+    tags = {"stage2/cli": "build", **partition_tags(profile, stage_of(selection), keys)}
+    if workers:
+        tags[WORKERS_TAG] = str(workers)
+    return tags
+
+
 def run_selection(
-    config: dict[str, Any], selection: list[str], partition_key: str | None = None
+    config: dict[str, Any],
+    selection: list[str],
+    partition_key: str | None = None,
+    *,
+    partition_keys: list[str] | None = None,
+    workers: int | None = None,
 ) -> dict[str, Any]:
-    """Materialize ``selection`` (and their checks) in one run; returns a picklable summary."""
+    """Materialize ``selection`` (and their checks) in one run of its stage's named job, on the
+    configured executor: one partition (``partition_key``), several (``partition_keys``, one run over
+    their range), or none. Returns a picklable summary, with the outcome of each partition."""
     cfg = BuildConfig(**config)
-    defs = build_definitions(cfg)
-    assets: list[Any] = list(defs.assets or [])
-    resources = dict(defs.resources or {})
+    profile = load_profile(cfg.profile_path, kit_root=cfg.kit_root)
+    keys = [partition_key] if partition_key is not None else list(partition_keys or [])
     instance = dg.DagsterInstance.get()
-    sel = dg.AssetSelection.assets(*selection)
     # STAGE2_RUN_LOG_LEVEL (set by `stage2 build` unless --verbose) quiets the run's console log; the
     # events are recorded in the instance either way.
     level = os.environ.get("STAGE2_RUN_LOG_LEVEL")
     if level:
         logging.getLogger("stage2_data").setLevel(level)
-    if cfg.executor != "in_process":  # steps elsewhere (subprocesses, Dask workers): executors.py
-        result: Any = execute_selection(config, selection, partition_key, instance, log_level=level)
-    else:
-        result = dg.materialize(
-            assets,
-            selection=sel,
-            resources=resources,
-            instance=instance,
-            partition_key=partition_key,
-            raise_on_error=False,
-            tags={"stage2/cli": "build"},
-            run_config={"loggers": {"console": {"config": {"log_level": level}}}} if level else None,
-        )
+    result = execute_selection(
+        config, selection, run_tags(profile, selection, keys, workers), instance, log_level=level
+    )
+    evals = list(result.get_asset_check_evaluations())
+    per_partition = {(e.asset_key, e.check_name) for e in evals if e.partition is not None}
     checks = []
-    for ev in result.get_asset_check_evaluations():
+    for ev in evals:
+        if ev.partition is None and (ev.asset_key, ev.check_name) in per_partition:
+            continue  # the run's summary of a check also recorded per partition
         checks.append(
             {
                 "asset": ev.asset_key.to_user_string() if ev.asset_key else "",
-                "partition": partition_key,
+                "partition": ev.partition,
                 "check": ev.check_name,
                 "passed": bool(ev.passed),
                 "description": ev.description or "",
@@ -115,22 +151,36 @@ def run_selection(
     for fev in result.get_step_failure_events():
         data = fev.event_specific_data
         err = getattr(data, "error", None)
+        user = getattr(data, "user_failure_data", None)
+        by_partition = getattr((user.metadata if user else {}).get("failed_partitions"), "value", None)
+        if isinstance(by_partition, dict) and by_partition:
+            errors += [
+                {"step": fev.step_key, "partition": k, "message": m} for k, m in sorted(by_partition.items())
+            ]
+            continue
         msg = err.message.strip() if err is not None else "step failed"
         msg = msg.removeprefix("dagster._core.definitions.events.Failure: ")
-        errors.append({"step": fev.step_key, "partition": partition_key, "message": msg})
-    materialized = sorted(
-        {e.asset_key.to_user_string() for e in result.get_asset_materialization_events() if e.asset_key}
-    )
+        errors.append(
+            {"step": fev.step_key, "partition": keys[0] if len(keys) == 1 else None, "message": msg}
+        )
+    mevs = [e for e in result.get_asset_materialization_events() if e.asset_key]
+    materialized = sorted({e.asset_key.to_user_string() for e in mevs if e.asset_key})
+    done: dict[str, set[str]] = {}
+    for e in mevs:
+        if e.partition is not None and e.asset_key:
+            done.setdefault(e.partition, set()).add(e.asset_key.to_user_string())
     store_md: dict[str, Any] = {}
-    for mev in result.get_asset_materialization_events():
+    for mev in mevs:
         if mev.asset_key and mev.asset_key.to_user_string() == VIN_STORE:
             md = mev.materialization.metadata
             store_md = {k: getattr(md[k], "value", md[k]) for k in ("store", "fingerprint") if k in md}
     return {
         "store_metadata": store_md,
         "run_id": result.run_id,
+        "job": result.job_def.name,
         "success": bool(result.success),
-        "partition": partition_key,
+        "partition": keys[0] if len(keys) == 1 else None,
+        "partitions": {k: sorted(done.get(k, ())) for k in keys},
         "selection": selection,
         "checks": checks,
         "errors": errors,
@@ -141,60 +191,47 @@ def run_selection(
 def execute_selection(
     config: dict[str, Any],
     selection: list[str],
-    partition_key: str | None,
+    tags: dict[str, str],
     instance: dg.DagsterInstance,
     *,
     log_level: str | None = None,
 ) -> Any:
-    """One run of ``selection`` (one partition) on the configured executor, recorded in ``instance``:
-    the job is rebuilt in every process that executes a step (``definitions.build_job``)."""
+    """One run of ``selection`` in its stage's named job on the configured executor, recorded in
+    ``instance``: the job is rebuilt in every process that executes a step (``definitions.build_job``)."""
     recon = dg.build_reconstructable_job(
         build_job.__module__,
         build_job.__name__,
-        reconstructable_kwargs={"config": dict(config), "selection": list(selection)},
+        reconstructable_kwargs={
+            "config": dict(config),
+            "job_name": job_for(selection),
+            "call": uuid.uuid4().hex,
+        },
         reconstructor_working_directory=os.getcwd(),
     )
-    tags = {"stage2/cli": "build"}
-    if partition_key is not None:
-        tags["dagster/partition"] = partition_key
     run_config = executor_run_config(config)
     if log_level:
         run_config["loggers"] = {"console": {"config": {"log_level": log_level}}}
+    # the whole job, unless asked for part of it: then those assets and their own checks (not the
+    # standalone checks of the verify job)
+    if set(selection) != set(JOB_ASSETS[job_for(selection)]):
+        recon = recon.get_subset(
+            asset_selection={dg.AssetKey(a) for a in selection},
+            asset_check_selection={
+                dg.AssetCheckKey(dg.AssetKey(a), n) for a in selection for n in CHECKS_BY_ASSET[a]
+            },
+        )
     return dg.execute_job(recon, instance, run_config=run_config, tags=tags, raise_on_error=False)
 
 
-def _pool_run(args: tuple[dict[str, Any], list[str], str | None]) -> dict[str, Any]:
-    return run_selection(*args)
-
-
-def run_partitions(
-    config: dict[str, Any],
-    selection: list[str],
-    keys: list[str],
-    concurrency: int,
-    on_done: Callable[[dict[str, Any]], None] | None = None,
-) -> list[dict[str, Any]]:
-    """One run of ``selection`` per partition key, ``concurrency`` at once (spawned processes)."""
-    if not keys:
-        return []
-    out: list[dict[str, Any]] = []
-    if concurrency <= 1 or len(keys) == 1:
-        for k in keys:
-            out.append(run_selection(config, selection, k))
-            if on_done:
-                on_done(out[-1])
-        return out
-    ctx = mp.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(concurrency, len(keys)), mp_context=ctx) as pool:
-        for res in pool.map(_pool_run, [(config, selection, k) for k in keys]):
-            out.append(res)
-            if on_done:
-                on_done(res)
-    return out
-
-
-def default_concurrency() -> int:
-    return max(2, min(4, (os.cpu_count() or 2) * 2))
+def partition_runs(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """One entry per partition of a run over several (the progress display's unit), else the run."""
+    parts = run.get("partitions") or {}
+    if len(parts) <= 1:
+        return [run]
+    return [
+        {**run, "partition": k, "success": set(run["selection"]) <= set(done), "materialized": done}
+        for k, done in parts.items()
+    ]
 
 
 def build_all(
@@ -221,17 +258,16 @@ def _run_stage(
     cfg: dict[str, Any],
     stage: Stage,
     partitions: list[str | None],
-    concurrency: int,
+    concurrency: int | None,
     record: Callable[[dict[str, Any]], None],
-) -> list[dict[str, Any]]:
-    """The runs of one stage: one per partition (at most ``stage.max_parallel`` at once), or one."""
+) -> dict[str, Any]:
+    """The one run of a stage: all its partitions in one run (a single-run backfill), or its run."""
     selection = list(stage.assets)
-    if stage.partitioned_by is None:
-        runs = [run_selection(cfg, selection)]
-        record(runs[0])
-        return runs
     keys = [p for p in partitions if p is not None]
-    return run_partitions(cfg, selection, keys, min(concurrency, stage.max_parallel or concurrency), record)
+    workers = min(concurrency, stage.max_parallel or concurrency) if concurrency else None
+    run = run_selection(cfg, selection, partition_keys=keys, workers=workers)
+    record(run)
+    return run
 
 
 def _build_all(
@@ -247,13 +283,13 @@ def _build_all(
     home = ensure_instance(data_root)
     cfg = config.to_dict()
     cfg["data_root"] = str(data_root)
-    conc = concurrency or default_concurrency()
     runs: list[dict[str, Any]] = []
 
     def record(r: dict[str, Any]) -> None:
         runs.append(r)
         if on_run:
-            on_run(r)
+            for part in partition_runs(r):
+                on_run(part)
 
     failed: list[tuple[Stage, str | None]] = []
     stage: Stage | None = STAGES[0]
@@ -261,9 +297,11 @@ def _build_all(
         partitions = stage_partitions(stage, profile, failed)
         if not partitions:
             break
-        for r in _run_stage(cfg, stage, partitions, conc, record):
-            if not r["success"]:
-                failed.append((stage, r["partition"]))
+        run = _run_stage(cfg, stage, partitions, concurrency, record)
+        if stage.partitioned_by is None:
+            failed += [] if run["success"] else [(stage, None)]
+        else:
+            failed += [(stage, p["partition"]) for p in partition_runs(run) if not p["success"]]
         stage = next_stage(stage)
     # the stage the build stopped after: the first that failed, unless nothing came after it
     first_failed = failed[0][0] if failed else None
@@ -292,7 +330,11 @@ def _build_all(
         "fingerprint": fingerprint,
         "stopped_after": stopped_at,
         "runs": [
-            {k: r[k] for k in ("run_id", "success", "partition", "selection", "materialized")} for r in runs
+            {
+                k: r[k]
+                for k in ("run_id", "job", "success", "partition", "partitions", "selection", "materialized")
+            }
+            for r in runs
         ],
         "checks": checks,
         "errors": errors,

@@ -24,9 +24,9 @@ def build_schedules(profile: Profile, jobs: dict[str, Any]) -> list[dg.ScheduleD
         job=jobs[job_of(REBUILD_FIRST_STAGE)],
         cron_schedule="0 3 * * 0",
         default_status=dg.DefaultScheduleStatus.STOPPED,
-        description="Rebuild: re-verify every archive partition against its pin (downloading only what "
-        "is missing or fails its pin), then (advance_rebuilds) extract every cache key, then verify "
-        "the kit and build the store.",
+        description="Rebuild, one run per stage: check the profile, then (advance_rebuilds) re-verify "
+        "every archive partition against its pin (downloading only what is missing or fails its pin), "
+        "extract every cache key, verify the kit and build the store.",
     )
     def weekly_rebuild(context: dg.ScheduleEvaluationContext):
         stamp = (

@@ -92,8 +92,8 @@ def build_sensors(profile: Profile, jobs: dict[str, Any]) -> list[dg.SensorDefin
         jobs=[jobs[job_of(REBUILD_FIRST_STAGE)]],
         minimum_interval_seconds=60,
         default_status=dg.DefaultSensorStatus.STOPPED,
-        description="Starts a rebuild (every archive partition, then extraction and the store: see "
-        "advance_rebuilds) when the profile (pinned revision, archives) or a kit file changes.",
+        description="Starts a rebuild (the profile, then every archive partition, extraction and the "
+        "store: see advance_rebuilds) when the profile (pinned revision, archives) or a kit file changes.",
     )
     def rebuild_on_profile_change(context: dg.SensorEvaluationContext):
         h = hashlib.sha256()
@@ -118,8 +118,8 @@ def build_sensors(profile: Profile, jobs: dict[str, Any]) -> list[dg.SensorDefin
         minimum_interval_seconds=30,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description="Carries a rebuild (runs tagged stage2/rebuild, as weekly_rebuild and "
-        "rebuild_on_profile_change start them) through its stages: when every archive partition has "
-        "succeeded, extract every cache key; when those have, verify the kit and build the store.",
+        "rebuild_on_profile_change start them) through its stages, one run each: when a stage's run "
+        "has succeeded, it requests the next (archives, cache keys, then the kit and the store).",
     )
     def advance_rebuilds_sensor(context: dg.SensorEvaluationContext):
         return advance_rebuilds(context, profile)

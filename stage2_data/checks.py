@@ -56,8 +56,15 @@ CHECKS_BY_ASSET: dict[str, tuple[str, ...]] = {
 
 # Checks that run on their own (not while the asset is materialized): the nightly verify job runs
 # them over what is already on disk; `stage2 build` does the same work while it builds.
+# They read, never write: the verify job is checks only (no materialization, nothing goes stale).
 STORE_BYTES_MATCH_MANIFEST = "store_bytes_match_manifest"
-STANDALONE_CHECKS: dict[str, tuple[str, ...]] = {VIN_STORE: (STORE_BYTES_MATCH_MANIFEST,)}
+LINKS_ON_DISK_MATCH_EXPECTED = "links_on_disk_match_expected"
+SUBSET_BYTES_ON_DISK_MATCH = "subset_bytes_on_disk_match_sha256sums"
+STANDALONE_CHECKS: dict[str, tuple[str, ...]] = {
+    TRAJECTORY_JOIN: (LINKS_ON_DISK_MATCH_EXPECTED,),
+    SUBSET_CHECKSUMS: (SUBSET_BYTES_ON_DISK_MATCH,),
+    VIN_STORE: (STORE_BYTES_MATCH_MANIFEST,),
+}
 ALL_CHECKS_BY_ASSET: dict[str, tuple[str, ...]] = {
     a: names + STANDALONE_CHECKS.get(a, ()) for a, names in CHECKS_BY_ASSET.items()
 }
@@ -84,6 +91,9 @@ CHECK_DESCRIPTIONS: dict[str, str] = {
     STORE_VALIDATES: "manifest, shapes, dtypes, shards, splits and pairs validate; a new store is also "
     "decoded sample by sample against its frames_sha256 and padding before it becomes current",
     STORE_COUNTS_MATCH_EXPECTED: "samples == expected.unique_frame_files and pairs == expected.pair_rows",
+    LINKS_ON_DISK_MATCH_EXPECTED: "the link check re-run over what is on disk: every pair's frames file and every "
+    "recovered row's sidecar exist; pair rows, frame files, action rows, resolved sidecars == expected",
+    SUBSET_BYTES_ON_DISK_MATCH: "every subset frame file on disk re-hashed: its bytes match SHA256SUMS",
     STORE_BYTES_MATCH_MANIFEST: "the current store, re-read from disk: every file's sha256 equals its manifest "
     "entry, the fingerprint recomputes, and every sample decodes to its frames_sha256 (bit rot, tampering)",
 }

@@ -2,8 +2,9 @@
 (``stage2_pipelines.runner``), the schedules and sensors (``stage2_pipelines.rebuild``), the checks
 (``checks.py``) and the progress display (``stage2_pipelines.progress``) read. Dagster-free; imports nothing.
 
-A build goes through four stages. A stage materializes its assets in one run, or in one run per
-partition (per archive, per cache key), largest first. What runs next is decided here, once:
+A build goes through four stages. A stage materializes its assets in one run of its named job; a
+partitioned stage (per archive, per cache key) runs all its partitions in that one run (a
+single-run backfill), largest first. What runs next is decided here, once:
 
 - :func:`next_stage`: the stage after a given one (None after the last);
 - :func:`stage_partitions`: the partitions of a stage that may run, given the runs that failed
@@ -12,8 +13,7 @@ partition (per archive, per cache key), largest first. What runs next is decided
 
 `stage2 build` walks the stages in one process; a scheduled rebuild walks the same stages as Dagster
 runs, one stage at a time (the ``advance_rebuilds`` sensor asks :func:`next_stage` when a stage is
-complete). A rebuild has no profile stage of its own: it starts at ``acquire``, and the store
-stage's job materializes ``pinned_profile`` again with the kit and the store (``JOB_ASSETS``).
+complete), starting at the profile stage like the build.
 
 To add a stage: add its assets below, a :class:`Stage` to ``STAGES`` at its place, and the assets
 in ``stage2_assets``; the CLI, the rebuild sensor and the progress display follow the table.
@@ -53,25 +53,29 @@ BY_ARCHIVE = "archive"
 BY_CACHE_KEY = "cache_key"
 
 # ----- jobs: what the schedules, the sensors and the UI launch ----------------------------------------
+PROFILE_JOB = "check_profile"
 ACQUIRE_JOB = "acquire_archives"
 EXTRACT_JOB = "extract_cache_dirs"
 KIT_AND_STORE_JOB = "verify_kit_and_build_store"
 VERIFY_JOB = "verify_existing_data"
 
 DOWNLOADS_POOL = "downloads"  # the concurrency pool of archive_file's runs
+# the tag of a run over a range of partitions naming the keys it runs (a range may hold keys whose
+# upstream failed: they are left out); the assets read it, the build runner and the rebuild set it
+PARTITIONS_TAG = "stage2/partitions"
 
 
 @dataclass(frozen=True)
 class Stage:
     name: str  # also the `stage2/stage` tag of a scheduled rebuild's runs
     label: str  # what the progress display calls it
-    assets: tuple[str, ...]  # what one run of the stage materializes (with their checks)
-    partitioned_by: str | None  # BY_ARCHIVE | BY_CACHE_KEY | None: one run
-    job: str | None  # the job a scheduled rebuild launches for it; None: not a stage of a rebuild
-    max_parallel: int | None = None  # at most this many runs at once (None: the build's concurrency)
+    assets: tuple[str, ...]  # what the stage's run materializes (with their checks)
+    partitioned_by: str | None  # BY_ARCHIVE | BY_CACHE_KEY | None: unpartitioned
+    job: str  # the named job a run of the stage belongs to (what `stage2 build` and a rebuild launch)
+    max_parallel: int | None = None  # at most this many partitions at once in its run (None: the build's)
 
 
-PROFILE = Stage("profile", "profile", (PINNED_PROFILE,), None, None)
+PROFILE = Stage("profile", "profile", (PINNED_PROFILE,), None, PROFILE_JOB)
 ACQUIRE = Stage("acquire", "download+verify archives", (ARCHIVE_FILE,), BY_ARCHIVE, ACQUIRE_JOB)
 EXTRACT = Stage("extract", "extract cache dirs", (CACHE_DIR,), BY_CACHE_KEY, EXTRACT_JOB, max_parallel=2)
 STORE = Stage(
@@ -82,15 +86,17 @@ STORE = Stage(
     KIT_AND_STORE_JOB,
 )
 STAGES: tuple[Stage, ...] = (PROFILE, ACQUIRE, EXTRACT, STORE)
-REBUILD_FIRST_STAGE = ACQUIRE  # where a scheduled rebuild starts (the first stage with a job)
+REBUILD_FIRST_STAGE = PROFILE  # where a scheduled rebuild starts: the same stages as `stage2 build`
 
-# The asset selection of every job. The store stage's job also re-materializes pinned_profile (a
-# rebuild has no profile stage of its own); the verify job re-checks what is on disk, no download.
+# The asset selection of every job: one job per stage (a run of `stage2 build` and of a rebuild is a
+# run of its stage's job); the verify job materializes nothing: it runs the standalone checks
+# (checks.STANDALONE_CHECKS) over what is on disk, so a verify leaves every asset as it was.
 JOB_ASSETS: dict[str, tuple[str, ...]] = {
+    PROFILE_JOB: PROFILE.assets,
     ACQUIRE_JOB: ACQUIRE.assets,
     EXTRACT_JOB: EXTRACT.assets,
-    KIT_AND_STORE_JOB: PROFILE.assets + STORE.assets,
-    VERIFY_JOB: (EXTRACTION_REPORT, TRAJECTORY_JOIN, SUBSET_CHECKSUMS),
+    KIT_AND_STORE_JOB: STORE.assets,
+    VERIFY_JOB: (),
 }
 
 

@@ -44,6 +44,7 @@ SLOW_FIXTURES = {
     "refused_then_rebuilt",  # a whole rebuild through the printed command
     "ui_instance",  # a Dagster instance filled by a whole build
     "full_card_demo",  # the full-cardinality demo (53,765 trajectories, ~20 s), generated once
+    "noop_rebuilt",  # tests/test_noop_rebuild.py: the demo built twice on one data root (CLI)
 }
 
 # Parametrized ids that need a service (tests/test_store_backends.py: backend = local | s3).
@@ -54,6 +55,7 @@ SYSTEM_PARAM_IDS = {"s3"}
 SLOW_TESTS = {
     "test_foreign_profile.py::test_build_on_a_foreign_profile",  # a whole `stage2 build` (~25 s)
     "test_pipeline.py::test_wrong_archive_sha256_fails_its_check",  # build_all, then a repaired rebuild
+    "test_stops.py::test_stop",  # a `stage2 build` stopped by a signal, then a whole rebuild (per case)
 }
 
 

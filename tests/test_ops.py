@@ -21,7 +21,7 @@ from stage2_data import checks as C
 from stage2_data.demo import DemoPaths
 from stage2_data.demo.hubserver import HubServer
 from stage2_data.profile import load_profile
-from stage2_data.stages import ACQUIRE_JOB, EXTRACT_JOB, KIT_AND_STORE_JOB, VERIFY_JOB
+from stage2_data.stages import ACQUIRE_JOB, EXTRACT_JOB, KIT_AND_STORE_JOB, PROFILE_JOB, VERIFY_JOB
 from stage2_pipelines.config import BuildConfig
 from stage2_pipelines.definitions import build_definitions
 from stage2_pipelines.rebuild import REBUILD_TAG, STAGE_TAG
@@ -40,7 +40,6 @@ def test_schedules_are_off_by_default_and_request_the_right_runs(
     demo_cache: DemoPaths, tmp_path: Path
 ) -> None:
     defs = _defs(demo_cache, tmp_path / "root")
-    prof = load_profile(demo_cache.profile)
     nightly = defs.resolve_schedule_def("nightly_verify")
     weekly = defs.resolve_schedule_def("weekly_rebuild")
     for s in (nightly, weekly):
@@ -55,10 +54,9 @@ def test_schedules_are_off_by_default_and_request_the_right_runs(
         ctx = dg.build_schedule_context(instance=instance, scheduled_execution_time=when, repository_def=repo)
         data = weekly.evaluate_tick(ctx)
     reqs = data.run_requests or []
-    assert weekly.job_name == ACQUIRE_JOB
-    assert sorted(r.partition_key for r in reqs) == sorted(prof.archive_paths())
-    assert len({r.run_key for r in reqs}) == len(reqs) and all("20261129" in r.run_key for r in reqs)
-    assert {(r.tags[REBUILD_TAG], r.tags[STAGE_TAG]) for r in reqs} == {("weekly-20261129", "acquire")}
+    assert weekly.job_name == PROFILE_JOB  # a rebuild starts as `stage2 build` does: one run per stage
+    assert len(reqs) == 1 and "20261129" in (reqs[0].run_key or "")
+    assert {(r.tags[REBUILD_TAG], r.tags[STAGE_TAG]) for r in reqs} == {("weekly-20261129", "profile")}
     # the verify job re-checks data on disk: it never downloads
     verify = defs.resolve_job_def(VERIFY_JOB)
     assert "archive_file" not in {k.to_user_string() for k in verify.asset_layer.executable_asset_keys}
@@ -201,20 +199,20 @@ def test_rebuild_sensor_records_skips_then_requests(demo: DemoPaths, tmp_path: P
         )
     reqs = t3.run_requests or []
     assert t3.cursor != t2.cursor
-    # the first stage of a rebuild: every archive partition; advance_rebuilds does the rest
-    assert {r.job_name for r in reqs} == {ACQUIRE_JOB}
-    assert sorted(r.partition_key for r in reqs) == sorted(prof.archive_paths())
+    # the first stage of a rebuild: the profile; advance_rebuilds does the rest
+    assert [r.job_name for r in reqs] == [PROFILE_JOB]
     assert {(r.tags[REBUILD_TAG], r.tags[STAGE_TAG]) for r in reqs} == {
-        (f"change-{t3.cursor[:16]}", "acquire")
+        (f"change-{t3.cursor[:16]}", "profile")
     }
 
 
 def test_a_rebuild_goes_through_every_stage_in_real_runs(
     demo: DemoPaths, tmp_path: Path, dagster_home: Path, built: dict
 ) -> None:
-    """weekly_rebuild starts a rebuild; advance_rebuilds requests extraction once every archive
-    partition succeeded, then the store once every cache key did: the result is the store
-    `stage2 build` makes. A failed partition holds its rebuild at that stage until it is re-run."""
+    """weekly_rebuild starts a rebuild; advance_rebuilds requests each next stage, one run each (a
+    partitioned stage is one run over its partition range), once the stage's run succeeded: the
+    result is the store `stage2 build` makes. A failed run (one archive failed) holds its rebuild at
+    that stage until it is re-executed (same tags)."""
     prof = load_profile(demo.profile)
     instance = dg.DagsterInstance.get()
     with HubServer(demo.upstream, repo_id=demo.repo_id, revision=demo.revision) as hub:
@@ -246,22 +244,28 @@ def test_a_rebuild_goes_through_every_stage_in_real_runs(
                 instance=instance, scheduled_execution_time=when, repository_def=defs.get_repository_def()
             )
         )
-        acquire = list(weekly.run_requests or [])
-        victim = acquire[0]
-        hub.faults.missing.add(victim.partition_key)  # one archive fails: the rebuild waits
-        assert run(acquire) == [False] + [True] * (len(acquire) - 1)
-        reqs, cursor = tick(None)
-        assert reqs == []
-        hub.faults.missing.clear()
-        assert run([victim]) == [True]  # re-run of the failed partition, same tags
-        extract, cursor = tick(cursor)
-        assert {r.job_name for r in extract} == {EXTRACT_JOB}
-        assert sorted(r.partition_key for r in extract) == sorted(prof.cache_keys())
-        assert all(
-            r.tags[STAGE_TAG] == "extract" and r.tags[REBUILD_TAG] == "weekly-20261129" for r in extract
+        profile_runs = list(weekly.run_requests or [])
+        assert run(profile_runs) == [True]
+        acquire, cursor = tick(None)
+        assert [r.job_name for r in acquire] == [ACQUIRE_JOB]
+        tags = acquire[0].tags
+        order = prof.archive_paths()
+        assert (tags["dagster/asset_partition_range_start"], tags["dagster/asset_partition_range_end"]) == (
+            order[0],
+            order[-1],
         )
+        victim = prof.archive_paths_largest_first()[0]
+        hub.faults.missing.add(victim)  # one archive fails: the run fails, the rebuild waits
+        assert run(acquire) == [False]
+        assert tick(cursor)[0] == []
+        hub.faults.missing.clear()
+        assert run(acquire) == [True]  # the failed run again (a re-execution keeps its tags)
+        extract, cursor = tick(cursor)
+        assert [(r.job_name, r.tags[STAGE_TAG], r.tags[REBUILD_TAG]) for r in extract] == [
+            (EXTRACT_JOB, "extract", "weekly-20261129")
+        ]
         assert tick(cursor)[0] == []  # nothing new finished: nothing requested again
-        assert all(run(extract))
+        assert run(extract) == [True]
         store, cursor = tick(cursor)
         assert [(r.job_name, r.partition_key, r.tags[STAGE_TAG]) for r in store] == [
             (KIT_AND_STORE_JOB, None, "store")
@@ -269,7 +273,10 @@ def test_a_rebuild_goes_through_every_stage_in_real_runs(
         assert run(store) == [True]
         assert tick(cursor)[0] == []  # the last stage: the rebuild is done
     done = instance.get_run_records(dg.RunsFilter(tags={REBUILD_TAG: "weekly-20261129"}))
-    assert len(done) == len(acquire) + 1 + len(extract) + 1
+    assert len(done) == 1 + 2 + 1 + 1  # profile, acquire (failed, then again), extract, store
+    # every archive partition has its own materialization from the range run
+    for path in prof.archive_paths():
+        assert instance.get_latest_data_version_record(dg.AssetKey("archive_file"), False, path) is not None
     from stage2_data import layout
     from stage2_data.store import VinOfflineStoreReader
 

@@ -24,6 +24,7 @@ from stage2_data import checks as C
 from stage2_data.demo import DemoPaths
 from stage2_data.demo.hubserver import HubServer
 from stage2_data.profile import load_profile
+from stage2_data.stages import ACQUIRE_JOB, ARCHIVE_FILE, CACHE_DIR, STAGES
 from stage2_pipelines.config import BuildConfig
 from stage2_pipelines.runner import build_all
 
@@ -218,33 +219,41 @@ def test_build_records_runs_and_checks_in_postgres(
     assert s["ok"], ([c for c in s["checks"] if not c["passed"]], s["errors"])
     assert pg_build["storage"] == ("PostgresRunStorage", "PostgresEventLogStorage")
     prof = load_profile(demo_cache.profile)
-    # read back through the instance: every run of the build, succeeded, one per partition
+    # read back through the instance: every run of the build, succeeded, one per stage (a stage's
+    # partitions in one run over their range), each a run of its stage's named job
     runs = pg_build["runs"]
     assert {r.run_id for r in runs} == {r["run_id"] for r in s["runs"]}
     assert all(r.status == dg.DagsterRunStatus.SUCCESS for r in runs)
-    parts = sorted(r.tags["dagster/partition"] for r in runs if "dagster/partition" in r.tags)
-    assert parts == sorted(prof.archive_paths() + prof.cache_keys())
-    # every check of every asset (and of every partition) was recorded as passed
+    assert sorted(r.job_name for r in runs) == sorted(st.job for st in STAGES)
+    # every check of every asset, and of every partition, was recorded as passed (a range run also
+    # records one summary result per check of a partitioned asset: partition None)
     evals = pg_build["checks"]
-    assert len(evals) == len(s["checks"])
     assert all(e.passed for e in evals)
+    per_partition = [e for e in evals if e.partition is not None]
+    assert sorted(
+        e.partition for e in per_partition if e.check_name == C.ARCHIVE_SHA256_MATCHES_PIN
+    ) == sorted(prof.archive_paths())
+    assert len(per_partition) + len([e for e in evals if e.partition is None]) == len(evals)
     assert {(e.asset_key.to_user_string(), e.check_name) for e in evals} == {
         (a, n) for a, names in C.CHECKS_BY_ASSET.items() for n in names
     }
-    # and straight from PostgreSQL
+    summaries = len(C.CHECKS_BY_ASSET[ARCHIVE_FILE]) + len(C.CHECKS_BY_ASSET[CACHE_DIR])
+    assert len(evals) == len(s["checks"]) + summaries
+    # and straight from PostgreSQL: one materialization per partition
     db = pg_build["db"]
     [(n_runs,)] = postgres.query(db, "SELECT count(*) FROM runs WHERE status = 'SUCCESS'")
-    assert n_runs == len(s["runs"])
+    assert n_runs == len(s["runs"]) == len(STAGES)
     counts = dict(postgres.query(db, "SELECT dagster_event_type, count(*) FROM event_logs GROUP BY 1"))
-    assert counts["ASSET_CHECK_EVALUATION"] == len(s["checks"])
-    assert counts["ASSET_MATERIALIZATION"] == sum(len(r["materialized"]) for r in s["runs"])
+    assert counts["ASSET_CHECK_EVALUATION"] == len(evals)
+    assert counts["ASSET_MATERIALIZATION"] == sum(
+        sum(len(d) for d in r["partitions"].values()) if r["partitions"] else len(r["materialized"])
+        for r in s["runs"]
+    )
     rows = postgres.query(
         db,
-        "SELECT r.partition, e.execution_status FROM asset_check_executions e JOIN runs r USING (run_id) "
-        f"WHERE e.check_name = '{C.ARCHIVE_SHA256_MATCHES_PIN}'",
+        f"SELECT execution_status FROM asset_check_executions WHERE check_name = '{C.ARCHIVE_SHA256_MATCHES_PIN}'",
     )
-    assert sorted(p for p, _ in rows) == sorted(prof.archive_paths())
-    assert {st for _, st in rows} == {"SUCCEEDED"}
+    assert {st for (st,) in rows} == {"SUCCEEDED"}
 
 
 def test_daemon_runs_schedules_and_sensors_on_postgres(
@@ -331,14 +340,15 @@ def test_full_build_on_a_dask_cluster_of_worker_processes(
     assert s["fingerprint"] == pg_build["summary"]["fingerprint"]
     prof = load_profile(demo_cache.profile)
     assert len(worker_pids) == 2 and os.getpid() not in worker_pids
-    # every step ran in a Dask worker process, never in this one, and in more than one worker
+    # every step ran in a Dask worker process, never in this one
     all_pids = set().union(*step_pids.values())
     assert all_pids <= worker_pids, (all_pids, worker_pids)
-    assert len(step_pids["archive_file"]) >= 2
-    # one run (one Dask task) per archive partition, each with its own materialization and checks
-    archive_runs = [r for r in runs if r.job_name == "build_archive_file"]
-    assert sorted(r.tags["dagster/partition"] for r in archive_runs) == sorted(prof.archive_paths())
-    assert all(r.tags.get("stage2/executor") == "dask" for r in archive_runs)
+    # one run of each stage's named job; the archive partitions in one run (one Dask task, its
+    # downloads in threads), each partition with its own materialization and checks
+    assert sorted(r.job_name for r in runs) == sorted(st.job for st in STAGES)
+    assert all(r.tags.get("stage2/executor") == "dask" for r in runs)
+    archive_run = next(r for r in s["runs"] if r["job"] == ACQUIRE_JOB)
+    assert set(archive_run["partitions"]) == set(prof.archive_paths())
     sha_checks = [c for c in s["checks"] if c["check"] == C.ARCHIVE_SHA256_MATCHES_PIN]
     assert sorted(c["partition"] for c in sha_checks) == sorted(prof.archive_paths())
     assert all(c["passed"] for c in sha_checks)

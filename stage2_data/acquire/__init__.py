@@ -32,7 +32,7 @@ from .state import (
     required_free_bytes,
     required_free_parts,
 )
-from .transport import DEFAULT_ATTEMPTS, DEFAULT_BACKOFF, DownloadCancelled
+from .transport import DEFAULT_ATTEMPTS, DEFAULT_BACKOFF, DownloadCancelled, cancel_downloads
 
 __all__ = [
     "DEFAULT_ATTEMPTS",
@@ -41,6 +41,7 @@ __all__ = [
     "EXTRACTION_FACTOR",
     "ArchiveState",
     "DownloadCancelled",
+    "cancel_downloads",
     "DownloadResult",
     "DownloadsFailedError",
     "HubSource",

@@ -69,6 +69,54 @@ class _Cancelled(Exception):
     """Raised from inside the writer when a batch is being interrupted."""
 
 
+# Every download of this process stops when this is set (cancel_downloads: the whole process is
+# stopping, e.g. `stage2 build` on SIGTERM); a call's own ``cancel`` event stops that call only.
+_PROCESS_CANCEL = threading.Event()
+_LIVE_SOCKETS: set[socket.socket] = set()  # sockets a body is being read from (woken on cancel)
+_LIVE_LOCK = threading.Lock()
+
+
+def cancel_downloads(cancel: bool = True) -> None:
+    """Stop every download of this process now (``cancel=False``: allow downloads again). A read
+    blocked on the network is woken by shutting its socket down; each download ends with
+    DownloadCancelled and keeps its partial file (the next download resumes it)."""
+    if not cancel:
+        _PROCESS_CANCEL.clear()
+        return
+    _PROCESS_CANCEL.set()
+    with _LIVE_LOCK:
+        live = list(_LIVE_SOCKETS)
+    for sock in live:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+def _cancelled(cancel: threading.Event | None) -> bool:
+    return _PROCESS_CANCEL.is_set() or (cancel is not None and cancel.is_set())
+
+
+@contextlib.contextmanager
+def _live_socket(sock: socket.socket) -> Iterator[None]:
+    """Register ``sock`` for :func:`cancel_downloads` while a body is read from it."""
+    with _LIVE_LOCK:
+        _LIVE_SOCKETS.add(sock)
+    try:
+        if _PROCESS_CANCEL.is_set():  # cancelled before it was registered
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        yield
+    finally:
+        with _LIVE_LOCK:
+            _LIVE_SOCKETS.discard(sock)
+
+
+def _cancelled_error(spec: ArchiveSpec) -> DownloadCancelled:
+    return DownloadCancelled(
+        f"download of {spec.path} cancelled; the partial file is kept.",
+        fix="re-run the download: it resumes from the partial file",
+    )
+
+
 @dataclass
 class _Progress:
     received: int = 0
@@ -113,6 +161,8 @@ def fetch_partial(
     last: BaseException | None = None
     for attempt in range(1, attempts + 1):
         made = attempt
+        if _cancelled(cancel):
+            raise _cancelled_error(spec)
         try:
             if not meta_checked:
                 _check_metadata(source, spec, url)
@@ -126,10 +176,7 @@ def fetch_partial(
         except Stage2Error:
             raise
         except _Cancelled:
-            raise DownloadCancelled(
-                f"download of {spec.path} cancelled; the partial file is kept.",
-                fix="re-run the download: it resumes from the partial file",
-            ) from None
+            raise _cancelled_error(spec) from None
         except Exception as e:  # OSError too: _is_transient decides what is retried
             if not _is_transient(e):
                 if _is_client_error(e):
@@ -153,13 +200,11 @@ def fetch_partial(
             source.redact(_first_line(f"{type(last).__name__}: {last}")),
             wait,
         )
-        time.sleep(wait)
+        if _PROCESS_CANCEL.wait(wait):  # the process is stopping: no more waiting
+            raise _cancelled_error(spec)
     assert digest is not None  # the loop either broke with a digest or raised
-    if cancel is not None and cancel.is_set():  # cancelled as the last bytes arrived: publish nothing
-        raise DownloadCancelled(
-            f"download of {spec.path} cancelled; the partial file is kept.",
-            fix="re-run the download: it resumes from the partial file",
-        )
+    if _cancelled(cancel):  # cancelled as the last bytes arrived: publish nothing
+        raise _cancelled_error(spec)
     return Fetched(digest, state.received, state.resumed_from or 0, made)
 
 
@@ -350,7 +395,7 @@ def _get_into(
             got += len(first)
             report(sink.feed(first))
             report(sink.flush())
-            with _waitall(sock, hf_constants.HF_HUB_DOWNLOAD_TIMEOUT) as flags:
+            with _live_socket(sock), _waitall(sock, hf_constants.HF_HUB_DOWNLOAD_TIMEOUT) as flags:
                 while got < want:
                     buf = sink.take()
                     ask = min(len(buf), want - got)
@@ -418,7 +463,7 @@ def _attempt(
                         progress(n)
                 else:
                     progress(n)
-        if not quiet and cancel is not None and cancel.is_set():
+        if not quiet and _cancelled(cancel):
             raise _Cancelled()
 
     fd = os.open(part, os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
@@ -435,6 +480,8 @@ def _attempt(
             if resume == spec.size and state.resumed_from is None:
                 state.resumed_from = resume
             while sink.received < spec.size:
+                if _cancelled(cancel):
+                    raise _Cancelled()
                 before = sink.received
                 try:
                     _get_into(source, spec, url, sink, state, report)

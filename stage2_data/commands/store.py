@@ -1,4 +1,4 @@
-"""validate, summary, merge: read-only and derived operations on a VIN offline store.
+"""validate, summary, merge, gc: read-only and derived operations on a VIN offline store, and retention.
 
 Every command opens the store with the strict reader first: a store of another format/version is
 refused in one line (found vs expected, and the command that rebuilds it), exit 2.
@@ -207,6 +207,72 @@ def cmd_merge(args: argparse.Namespace) -> int:
     return 0
 
 
+# ----- gc ------------------------------------------------------------------------------------------
+def _non_negative(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of stores (an integer >= 0)")
+    return n
+
+
+def _gc_data_root(target: Path) -> Path | None:
+    """The data root ``target`` (``<root>/stores`` or ``<root>/stores/<profile>``) lies in, if any."""
+    from .. import layout
+
+    p = target.absolute()
+    if p.name == layout.STORES_DIR:
+        return p.parent
+    if p.parent.name == layout.STORES_DIR:
+        return p.parent.parent
+    return None
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    import contextlib
+
+    from ..publish import data_root_lock
+    from ..store.retention import KEEP_ENV, collect_stores, default_keep, profile_roots
+
+    target = _target(args.stores)
+    opts = storage_options(args)
+    keep = args.keep if args.keep is not None else default_keep()
+    if keep is None:
+        msg = f"{KEEP_ENV}=all: every store is kept; nothing removed (pass --keep N to remove old stores)"
+        if args.json:
+            print_json({"ok": True, "keep": "all", "dry_run": args.dry_run, "roots": [], "freed_bytes": 0})
+        else:
+            print(msg)
+        return 0
+    roots = profile_roots(target, opts)
+    data_root = _gc_data_root(target) if isinstance(target, Path) else None
+    # a build writes stores under its data root's lock: gc takes it too (not for a dry run), so it
+    # never judges a store a running build has just written and not yet published.
+    guard = (
+        data_root_lock(data_root) if data_root is not None and not args.dry_run else contextlib.nullcontext()
+    )
+    with guard:
+        reports = [collect_stores(r, keep, dry_run=args.dry_run) for r in roots]
+    freed = sum(r.freed_bytes for r in reports)
+    if args.json:
+        print_json(
+            {
+                "ok": True,
+                "keep": keep,
+                "dry_run": args.dry_run,
+                "roots": [r.to_dict() for r in reports],
+                "freed_bytes": freed,
+            }
+        )
+    else:
+        for r in reports:
+            for line in r.lines():
+                print(line)
+    return 0
+
+
 STORE_ARG_HELP = "the store folder (or the stores/<profile>/current link), or an s3:// URL"
 
 
@@ -255,3 +321,33 @@ def register(sub: Any) -> None:
     p.add_argument("sidecar", help="a store of new trajectories only, built by the same writer")
     p.add_argument("--out", required=True, help="the new store's folder (not BASE or SIDECAR)")
     finish_command(p, cmd_merge, storage_option=True)
+    p = sub.add_parser(
+        "gc",
+        help="remove old stores: keep current, the N previous ones and every store a reader holds",
+        description="Apply the retention policy to a profile's stores folder (or to every profile of a "
+        "stores folder): `current` is never removed, nor the N most recent previous stores (--keep, "
+        "default STAGE2_KEEP_STORES or 1), nor a store a live reader holds (reported as kept: in use by "
+        "pid X), nor anything that is not a complete store of this format; temps of dead writers are "
+        "swept. One line per store (removed or kept, with its size). On object storage readers hold no "
+        "lease: only --keep protects them. Takes the data root's lock (refused while a build runs).",
+        epilog="Example:\n  stage2 gc .demo/data/stores --dry-run\n"
+        "  stage2 gc /data/stage2/stores/stage2_core_v1 --keep 2 --json",
+        formatter_class=raw,
+    )
+    p.add_argument(
+        "stores", help="STORES_DIR (<data_root>/stores) or one profile's (<data_root>/stores/<profile>)"
+    )
+    p.add_argument(
+        "--keep",
+        type=_non_negative,
+        default=None,
+        metavar="N",
+        help="previous stores kept besides current (default: STAGE2_KEEP_STORES, else 1)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="say what would be removed; remove nothing")
+    finish_command(
+        p,
+        cmd_gc,
+        json_help="print one JSON object (per profile: every store, its action)",
+        storage_option=True,
+    )

@@ -8,15 +8,21 @@ and inspection of an extracted cache directory.
 - :mod:`.safety`: every member checked before anything is written (an
   :class:`~stage2_data.errors.UnsafeArchiveError` lists every refused member);
 - :mod:`.extract`: the all-or-nothing extraction (``copy_file_range`` into a temporary folder, then
-  renamed into place) and its records;
+  renamed into place) and its records; :func:`check_extraction` says whether a cache directory is
+  still what its record says (by stats only), or why it must be re-extracted;
 - :mod:`.inspect`: what an extracted cache directory holds (counts cross-checked, its rows).
 """
 
 from .extract import (
+    EXTRACTOR_VERSION,
     ExtractionRecord,
+    TreeStat,
+    check_extraction,
     extract_cache_dir,
     load_extraction_record,
+    scan_tree,
     write_extraction_report,
+    write_json_if_changed,
 )
 from .inspect import CacheDirInfo, inspect_cache_dir, read_processed_rows, stray_entries
 from .multipart import MultiPartReader
@@ -24,15 +30,20 @@ from .safety import REDOWNLOAD_FIX
 from .tar import open_archive_parts
 
 __all__ = [
+    "EXTRACTOR_VERSION",
     "REDOWNLOAD_FIX",
     "CacheDirInfo",
     "ExtractionRecord",
     "MultiPartReader",
+    "TreeStat",
+    "check_extraction",
     "extract_cache_dir",
     "inspect_cache_dir",
     "load_extraction_record",
     "open_archive_parts",
     "read_processed_rows",
+    "scan_tree",
     "stray_entries",
     "write_extraction_report",
+    "write_json_if_changed",
 ]

@@ -10,15 +10,23 @@
    cache key whose owner process is gone.
 
 Member data is never held in memory: only the member headers (``TarInfo``) are.
+
+The record (``reports/extraction/<cache_key>.json``) says what the extraction was made from (every
+archive's verified sha256, :data:`EXTRACTOR_VERSION`) and what it left in place (file count, bytes,
+and a digest of every file's path, size and mtime). :func:`check_extraction` compares it with the
+archives' sha256 now and with one ``os.scandir`` walk of the cache directory (stats only, nothing is
+read or hashed): an unchanged cache directory is neither re-extracted nor re-hashed, and anything
+else is re-extracted with the reason.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,10 +34,49 @@ from typing import Any
 from .. import layout
 from ..errors import ArchiveError
 from ..fsutil import disk_full_as, require_free_space
-from ..publish import atomic_write_json, current_umask, publish_dir, remove_stale, staging
+from ..publish import atomic_write_bytes, atomic_write_json, current_umask, publish_dir, remove_stale, staging
 from .inspect import inspect_cache_dir
 from .safety import REDOWNLOAD_FIX, _check_cache_key, _Plan, _plan_members, _unsafe_error
 from .tar import _PartsTarFile, open_archive_parts
+
+EXTRACTOR_VERSION = 1
+"""Bump when extraction would leave different files for the same archive (names, bytes, modes,
+times): every cache directory recorded by another version is then re-extracted."""
+
+
+@dataclass(frozen=True)
+class TreeStat:
+    """What a folder holds, from one ``os.scandir`` walk (stats only): entries that are not
+    folders, their total size, and a sha256 of every such entry's (path, size, mtime_ns)."""
+
+    files: int
+    bytes: int
+    digest: str
+
+
+def scan_tree(root: Path) -> TreeStat | None:
+    """:class:`TreeStat` of ``root`` (None when it is not a folder). Symbolic links are counted as
+    files and not followed; temp names are counted too (a cache directory holds none)."""
+    entries: list[tuple[str, int, int]] = []
+    stack = [(os.fspath(root), "")]
+    try:
+        while stack:
+            path, rel = stack.pop()
+            with os.scandir(path) as it:
+                for e in it:
+                    name = f"{rel}{e.name}"
+                    if e.is_dir(follow_symlinks=False):
+                        stack.append((e.path, name + "/"))
+                    else:
+                        st = e.stat(follow_symlinks=False)
+                        entries.append((name, st.st_size, st.st_mtime_ns))
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    entries.sort()
+    h = hashlib.sha256()
+    for name, size, mtime in entries:
+        h.update(f"{name}\0{size}\0{mtime}\n".encode("utf-8", "surrogateescape"))
+    return TreeStat(len(entries), sum(e[1] for e in entries), h.hexdigest())
 
 
 @dataclass
@@ -44,6 +91,10 @@ class ExtractionRecord:
     seconds: float
     layout: str
     problems: list[str] = field(default_factory=list)
+    # what the extraction was made from and with (absent from records of older versions)
+    archive_sha256: dict[str, str] = field(default_factory=dict)  # archive path -> verified sha256
+    extractor_version: int = 0
+    tree_digest: str = ""  # TreeStat.digest of the cache directory as extracted
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -61,6 +112,9 @@ class ExtractionRecord:
             seconds=float(d["seconds"]),
             layout=str(d["layout"]),
             problems=[str(p) for p in d.get("problems", [])],
+            archive_sha256={str(k): str(v) for k, v in dict(d.get("archive_sha256") or {}).items()},
+            extractor_version=int(d.get("extractor_version") or 0),
+            tree_digest=str(d.get("tree_digest") or ""),
         )
 
 
@@ -136,11 +190,14 @@ def extract_cache_dir(
     data_root: Path,
     *,
     progress: Callable[[int], None] | None = None,
+    archive_sha256: Mapping[str, str | None] | None = None,
 ) -> ExtractionRecord:
     """Extract one cache directory's archive (a whole tar or all its split parts) into
     ``<data_root>/processed_datasets/<cache_key>/``, replacing an existing one atomically.
 
     ``progress`` is called with the number of member bytes just written (increments).
+    ``archive_sha256`` (archive path -> its verified sha256, None if not verified) goes into the
+    record, for :func:`check_extraction`.
     Raises ArchiveError (missing part, truncated/corrupt stream), UnsafeArchiveError (a refused
     member; nothing is written) or DiskSpaceError. Count mismatches are not errors here: they
     are in the returned record's ``problems`` (see :func:`inspect_cache_dir`).
@@ -176,6 +233,7 @@ def extract_cache_dir(
             publish_dir(tmp, final)
         archives = [p.name for p in tar.archive_parts]
     info = inspect_cache_dir(final)
+    tree = scan_tree(final)
     record = ExtractionRecord(
         cache_key=cache_key,
         archives=archives,
@@ -187,9 +245,57 @@ def extract_cache_dir(
         seconds=round(time.monotonic() - t0, 3),
         layout=plan.layout,
         problems=list(info.problems),
+        archive_sha256={k: v or "" for k, v in sorted((archive_sha256 or {}).items())},
+        extractor_version=EXTRACTOR_VERSION,
+        tree_digest=tree.digest if tree is not None else "",
     )
     atomic_write_json(record_path, record.to_dict())
     return record
+
+
+def check_extraction(
+    data_root: Path, cache_key: str, archive_sha256: Mapping[str, str | None]
+) -> tuple[ExtractionRecord | None, str | None]:
+    """(the record, None) when ``processed_datasets/<cache_key>/`` is what its record says and the
+    record was made by this extractor from the archives ``archive_sha256`` names (archive path ->
+    its verified sha256 now; None: not verified); else (the record or None, why it must be
+    re-extracted). Costs a stat of the record and one ``os.scandir`` walk of the cache directory:
+    nothing is read or hashed."""
+    record = load_extraction_record(data_root, cache_key)
+    if record is None:
+        exists = layout.extraction_record_path(data_root, cache_key).exists()
+        return None, "its extraction record is unreadable" if exists else "not extracted yet"
+    if record.cache_key != cache_key:
+        return record, f"its extraction record names cache key {record.cache_key!r}"
+    if record.extractor_version != EXTRACTOR_VERSION:
+        return record, (
+            f"extracted by extractor version {record.extractor_version}, this is version {EXTRACTOR_VERSION}"
+        )
+    for path, sha in sorted(archive_sha256.items()):
+        had = record.archive_sha256.get(path)
+        if sha is None:
+            return record, f"archive {path} is not verified (no matching .verified.json record)"
+        if had is None:
+            return record, f"archive {path} was not part of the last extraction"
+        if had != sha:
+            return (
+                record,
+                f"archive {path} changed: sha256 {sha}, extracted from {had or 'an unverified file'}",
+            )
+    gone = sorted(set(record.archive_sha256) - set(archive_sha256))
+    if gone:
+        return record, f"archive(s) {', '.join(gone)} no longer belong to this cache key"
+    final = layout.cache_dir(data_root, cache_key)
+    tree = scan_tree(final)
+    if tree is None:
+        return record, f"{final} is missing"
+    if tree.files != record.files:
+        return record, f"{final} holds {tree.files} files, its extraction record says {record.files}"
+    if tree.bytes != record.bytes:
+        return record, f"{final} holds {tree.bytes} bytes, its extraction record says {record.bytes}"
+    if tree.digest != record.tree_digest:
+        return record, f"{final}: a file was replaced, renamed or modified since it was extracted"
+    return record, None
 
 
 def load_extraction_record(data_root: Path, cache_key: str) -> ExtractionRecord | None:
@@ -234,5 +340,18 @@ def write_extraction_report(data_root: Path, records: Sequence[ExtractionRecord]
         },
     }
     path = layout.extraction_report_path(data_root)
-    atomic_write_json(path, report)
+    write_json_if_changed(path, report)
     return path
+
+
+def write_json_if_changed(path: Path, obj: Any) -> bool:
+    """Write ``obj`` as :func:`~stage2_data.publish.atomic_write_json` does, unless ``path`` already
+    holds exactly those bytes (then nothing is written: its mtime stays). True when written."""
+    data = (json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8")
+    try:
+        if path.stat().st_size == len(data) and path.read_bytes() == data:
+            return False
+    except OSError:
+        pass
+    atomic_write_bytes(path, data)
+    return True

@@ -92,9 +92,17 @@ class JoinResult:
 
 
 def _write_parquet_atomic(table: pa.Table, path: Path) -> None:
+    """Write the table atomically, unless ``path`` already holds exactly these bytes (a rebuild of
+    unchanged inputs leaves the file, and its mtime, alone)."""
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="zstd", write_statistics=True)
-    atomic_write_bytes(path, sink.getvalue().to_pybytes(), mode=UMASK_MODE)
+    data = sink.getvalue().to_pybytes()
+    try:
+        if path.stat().st_size == len(data) and path.read_bytes() == data:
+            return
+    except OSError:
+        pass
+    atomic_write_bytes(path, data, mode=UMASK_MODE)
 
 
 def _first_action_rows(rows: Sequence[ActionRow]) -> dict[str, ActionRow]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from ..acquire import archive_state, download_archive, require_build_space
 from ..checks import compare_totals, outcome
 from ..extract import (
     ExtractionRecord,
+    check_extraction,
     extract_cache_dir,
     inspect_cache_dir,
     stray_entries,
@@ -19,6 +21,8 @@ from ..extract import (
 )
 from ..profile import Profile
 from .result import StepResult, rate
+
+log = logging.getLogger(__name__)
 
 
 def step_download(
@@ -57,10 +61,33 @@ def step_download(
     )
 
 
-def step_extract(profile: Profile, data_root: Path, cache_key: str, *, progress: Any = None) -> StepResult:
+def verified_sha256s(profile: Profile, data_root: Path, cache_key: str) -> dict[str, str | None]:
+    """archive path -> its pinned sha256 when its ``.verified.json`` record matches the file (a stat
+    and a small read; nothing hashed), else None; for the archives of ``cache_key``."""
+    return {
+        a.path: (a.sha256 if archive_state(data_root, a).state == "verified" else None)
+        for a in profile.archives_by_cache_key()[cache_key]
+    }
+
+
+def step_extract(
+    profile: Profile, data_root: Path, cache_key: str, *, progress: Any = None, force: bool = False
+) -> StepResult:
+    """Extract one cache key, unless it is up to date: its extraction record was made by this
+    extractor from the archives' verified sha256 and the cache directory still holds what the
+    record says (:func:`~stage2_data.extract.check_extraction`: stats only). Then nothing is read,
+    written or hashed, and the metadata is the recorded extraction's, with ``up_to_date`` true.
+    Otherwise the metadata's ``extracted_because`` says why it was (re-)extracted."""
     specs = profile.archives_by_cache_key()[cache_key]
     files = [layout.archive_path(data_root, a.path) for a in specs]
-    rec = extract_cache_dir(cache_key, files, data_root, progress=progress)
+    shas = verified_sha256s(profile, data_root, cache_key)
+    found, reason = (None, "forced") if force else check_extraction(data_root, cache_key, shas)
+    if found is not None and reason is None:
+        rec = found
+        log.info("cache_dir[%s]: up to date (%d files, %d bytes)", cache_key, rec.files, rec.bytes)
+    else:
+        log.info("cache_dir[%s]: extracting: %s", cache_key, reason)
+        rec = extract_cache_dir(cache_key, files, data_root, progress=progress, archive_sha256=shas)
     problems = list(getattr(rec, "problems", []) or [])
     if not (rec.frame_files == rec.rows == rec.total_trajectories):
         problems.insert(
@@ -80,6 +107,8 @@ def step_extract(profile: Profile, data_root: Path, cache_key: str, *, progress:
         "MB/s": rate(rec.bytes, rec.seconds),
         "layout": rec.layout,
         "path": str(layout.cache_dir(data_root, cache_key)),
+        "up_to_date": reason is None,
+        "extracted_because": reason,
     }
     return StepResult(md, [outcome(C.CACHE_DIR_COUNTS_CONSISTENT, problems)], rec)
 

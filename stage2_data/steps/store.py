@@ -24,10 +24,11 @@ from ..store import (
     PairSpec,
     SampleSpec,
     VinOfflineStoreReader,
-    VinOfflineWriter,
     collect_vin_offline_dataset_stats,
     validate_vin_offline_store,
 )
+from ..store.extend import write_or_extend
+from ..store.retention import retention_after_publish
 from .result import StepResult, kv_table, rate
 
 
@@ -64,6 +65,7 @@ def step_store(
     progress: Any = None,
     store_url: str | None = None,
     storage_options: dict[str, Any] | None = None,
+    keep_stores: int | str | None = None,
 ) -> StepResult:
     """Build (or reuse, for an unchanged input set) the store ``v<VERSION>-<inputs16>`` under
     ``<data_root>/stores/<profile>/`` or, with ``store_url`` (``s3://bucket/prefix``), under
@@ -77,6 +79,7 @@ def step_store(
     out = root_loc.child(name)
     t0 = time.perf_counter()
     rebuilt = True
+    update = f"reused {name} (same inputs)"
     problems: list[str] = []
     if out.is_file(out.root / "manifest.json") and not validate_vin_offline_store(out):
         rebuilt = False  # same inputs, valid store: nothing to rebuild (and nothing left to validate)
@@ -110,8 +113,13 @@ def step_store(
             PairSpec(p.pair_id, p.split, p.task, p.chosen_trajectory_id, p.rejected_trajectory_id)
             for p in pairs_rows
         ]
-        VinOfflineWriter(
+        # a sidecar store of the new trajectories merged into the published store when the new
+        # inputs only add trajectories (stage2_data/store/extend.py), else a full build; one line says which
+        update = write_or_extend(
             out,
+            root_loc.current(),
+            samples,
+            pairs,
             profile=profile.identity(),
             inputs=inputs,
             rows_per_shard=rows_per_shard,
@@ -119,7 +127,8 @@ def step_store(
             profile_path=profile.profile_path,
             data_root=data_root,
             kit_root=profile.kit_root,
-        ).write(samples, pairs)
+            actions_input=f"kit/{profile.kit.sidecar_archive}",
+        )
     seconds = time.perf_counter() - t0
     # A new store is decoded sample by sample (through zarr, not through our writer) and compared
     # with the frames_sha256 the writer recorded, before it becomes current: a store that does not
@@ -143,6 +152,10 @@ def step_store(
         problems=problems,
         validate_seconds=validate_seconds,
     )
+    result.metadata["update"] = update
+    if not problems:  # published: old stores go by the retention policy (``keep_stores``: None reads
+        # STAGE2_KEEP_STORES, default 1; "all" keeps every one); never current, never a leased one
+        result.metadata["retention"] = retention_after_publish(root_loc, keep_stores)
     if problems and rebuilt:  # never published, and never reused by a rerun (which would not decode it)
         out.delete_tree()
     return result

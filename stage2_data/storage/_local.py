@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from collections.abc import Sequence
@@ -100,7 +101,11 @@ class LocalLocation(StoreLocation, backend="local"):
         fsync_dir(p.parent)
 
     def publish_current(self, name: str) -> None:
-        atomic_symlink(name, self.root / layout.CURRENT_LINK)
+        link = self.root / layout.CURRENT_LINK
+        with contextlib.suppress(OSError):
+            if os.readlink(link) == name:
+                return  # already current: the link (and its mtime) stays as it is
+        atomic_symlink(name, link)
 
     def current(self) -> StoreLocation | None:
         link = self.root / layout.CURRENT_LINK

@@ -1,4 +1,9 @@
-"""A map-style dataset over one split of a store (usable as a PyTorch dataset)."""
+"""A map-style dataset over one split of a store (usable as a PyTorch dataset).
+
+Like its reader, a dataset owns its store: ``stores/<profile>/current`` is resolved once, at open, and
+a rebuild that moves ``current`` later changes nothing for it (nor for its pickled copies in
+DataLoader workers, which carry the resolved store).
+"""
 
 from __future__ import annotations
 
@@ -20,6 +25,9 @@ class VinOfflineDataset:
     ``ds[i]`` is a dict: ``frames`` uint8 (T, H, W, 3), ``actions`` float32 (T, W) (``(T, 0)`` when
     the sample has no actions, so every item has the same keys and types), ``num_frames``,
     ``action_width`` and the sample-index metadata (sample_index, sample_key, split, task, ...).
+
+    ``path`` / ``resolved`` / ``fingerprint`` name the store it reads (resolved at open); ``close()``
+    (or ``with``) releases the reader's lease on it.
     """
 
     def __init__(
@@ -31,6 +39,27 @@ class VinOfflineDataset:
         self.reader = VinOfflineStoreReader(path, storage_options)
         self.split = split
         self.indices = self.reader.split(split if split is not None else "all")
+
+    @property
+    def path(self) -> Any:
+        return self.reader.path
+
+    @property
+    def resolved(self) -> str:
+        return self.reader.resolved
+
+    @property
+    def fingerprint(self) -> str | None:
+        return self.reader.fingerprint
+
+    def close(self) -> None:
+        self.reader.close()
+
+    def __enter__(self) -> VinOfflineDataset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def __len__(self) -> int:
         return int(self.indices.shape[0])

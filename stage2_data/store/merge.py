@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 from collections import defaultdict
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from ..errors import StoreError
 from ..publish import make_staging_dir, publish_dir
 from ..storage import StoreLocation
 from .commit import finish_manifest
-from .format import MANIFEST_NAME, StoreInputError, shard_dir_name
+from .format import MANIFEST_NAME, PairSpec, StoreInputError, shard_dir_name
 from .reader import VinOfflineStoreReader
 from .target import check_out_dir, check_remote_out
 from .validate import raise_if_invalid
@@ -31,6 +32,12 @@ def merge_vin_offline_stores(
     sidecar: str | os.PathLike[str] | StoreLocation,
     out: str | os.PathLike[str] | StoreLocation,
     storage_options: dict[str, Any] | None = None,
+    *,
+    pairs: Sequence[PairSpec] | None = None,
+    profile: dict[str, Any] | None = None,
+    inputs: dict[str, str] | None = None,
+    local: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A new store at ``out`` = ``base`` + ``sidecar`` (a store of NEW trajectories from the same writer).
 
@@ -43,11 +50,15 @@ def merge_vin_offline_stores(
     Any of the three may be an object-storage URL (``storage_options`` apply to all of them): shard
     objects are then copied whole (streamed, sha256 verified), and on object storage the output is
     written in place under its prefix with ``manifest.json`` last (the commit marker).
+
+    An extension (:mod:`.extend`) gives what a fresh build of the bigger input set would record:
+    ``pairs`` (by trajectory id; they may join a base sample to a sidecar sample) replace the two
+    stores' own pairs; ``profile``, ``inputs`` and ``local`` replace the base's; ``extra`` is added to
+    the manifest (beside ``merged_from``).
     """
     base_l = StoreLocation.parse(base, storage_options)
     side_l = StoreLocation.parse(sidecar, storage_options)
     out_l = StoreLocation.parse(out, storage_options)
-    base_p, side_p, out_p = base_l.root, side_l.root, out_l.root
 
     def _same(a: StoreLocation, b: StoreLocation) -> bool:
         if a.is_local and b.is_local:
@@ -59,7 +70,25 @@ def merge_vin_offline_stores(
             f"merge output {out_l.url} is one of its inputs; stores are immutable.",
             fix="write the merged store to a new folder",
         )
-    rb, rs = VinOfflineStoreReader(base_l), VinOfflineStoreReader(side_l)  # strict: format/version
+    # strict (format/version); each reader resolves its store once (a `current` link: the store it
+    # names now) and holds a lease on it (retention) until the merge is done
+    with VinOfflineStoreReader(base_l) as rb, VinOfflineStoreReader(side_l) as rs:
+        return _merge(rb, rs, rb.location, rs.location, out_l, pairs, profile, inputs, local, extra)
+
+
+def _merge(
+    rb: VinOfflineStoreReader,
+    rs: VinOfflineStoreReader,
+    base_l: StoreLocation,
+    side_l: StoreLocation,
+    out_l: StoreLocation,
+    pairs: Sequence[PairSpec] | None,
+    profile: dict[str, Any] | None,
+    inputs: dict[str, str] | None,
+    local: dict[str, Any] | None,
+    extra: dict[str, Any] | None,
+) -> dict[str, Any]:
+    base_p, side_p, out_p = base_l.root, side_l.root, out_l.root
     for loc in (base_l, side_l):
         raise_if_invalid(loc, deep=False)
     mb, ms = rb.manifest, rs.manifest
@@ -82,22 +111,26 @@ def merge_vin_offline_stores(
             f"{len(overlap)} sample keys are in both stores (a sidecar holds NEW trajectories only): "
             f"{overlap[:10]}{' ...' if len(overlap) > 10 else ''}"
         )
-    pair_overlap = sorted({p["pair_id"] for p in rb.pairs()} & {p["pair_id"] for p in rs.pairs()})
-    if pair_overlap:
-        problems.append(f"{len(pair_overlap)} pair ids are in both stores: {pair_overlap[:10]}")
+    if pairs is None:
+        pair_overlap = sorted({p["pair_id"] for p in rb.pairs()} & {p["pair_id"] for p in rs.pairs()})
+        if pair_overlap:
+            problems.append(f"{len(pair_overlap)} pair ids are in both stores: {pair_overlap[:10]}")
     nb = len(base_rows)
     nsh = len(mb["shards"])
     index_rows = [dict(r) for r in base_rows] + [
         {**r, "sample_index": r["sample_index"] + nb, "shard_id": r["shard_id"] + nsh} for r in side_rows
     ]
-    pairs_rows = [dict(p) for p in rb.pairs()] + [
-        {
-            **p,
-            "chosen_sample_index": p["chosen_sample_index"] + nb,
-            "rejected_sample_index": p["rejected_sample_index"] + nb,
-        }
-        for p in rs.pairs()
-    ]
+    if pairs is None:
+        pairs_rows = [dict(p) for p in rb.pairs()] + [
+            {
+                **p,
+                "chosen_sample_index": p["chosen_sample_index"] + nb,
+                "rejected_sample_index": p["rejected_sample_index"] + nb,
+            }
+            for p in rs.pairs()
+        ]
+    else:
+        pairs_rows = _pairs_by_key(pairs, index_rows, problems)
     splits_by_key: dict[str, set[str]] = defaultdict(set)
     for pr in pairs_rows:
         for role in ("chosen_sample_index", "rejected_sample_index"):
@@ -159,22 +192,24 @@ def merge_vin_offline_stores(
         else:
             with ThreadPoolExecutor(max_workers=8) as pool:
                 list(pool.map(lambda j: _copy(*j), jobs))
-        inputs = dict(mb["inputs"])
-        for k, v in ms["inputs"].items():
-            if inputs.get(k, v) == v:
-                inputs[k] = v
-            else:
-                inputs[f"sidecar/{k}"] = v
+        if inputs is None:
+            inputs = dict(mb["inputs"])
+            for k, v in ms["inputs"].items():
+                if inputs.get(k, v) == v:
+                    inputs[k] = v
+                else:
+                    inputs[f"sidecar/{k}"] = v
         manifest = finish_manifest(
             target,
-            profile=mb["profile"],
+            profile=mb["profile"] if profile is None else profile,
             inputs=inputs,
             options=dict(ob),
             shard_entries=shard_entries,
             index_rows=index_rows,
             pairs_rows=pairs_rows,
-            local=mb.get("local") or {"profile_path": None, "data_root": None},
+            local=(mb.get("local") or {"profile_path": None, "data_root": None}) if local is None else local,
             extra={
+                **(extra or {}),
                 "merged_from": [
                     {
                         "role": "base",
@@ -188,7 +223,7 @@ def merge_vin_offline_stores(
                         "profile": ms["profile"],
                         "samples": len(side_rows),
                     },
-                ]
+                ],
             },
         )
         if target.is_local:
@@ -201,3 +236,31 @@ def merge_vin_offline_stores(
                 out_l.withdraw(MANIFEST_NAME)
         raise
     return manifest
+
+
+def _pairs_by_key(
+    pairs: Sequence[PairSpec], index_rows: list[dict[str, Any]], problems: list[str]
+) -> list[dict[str, Any]]:
+    """Pair rows for ``pairs`` (given by trajectory id) against the merged sample index."""
+    at = {r["sample_key"]: r["sample_index"] for r in index_rows}
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for p in pairs:
+        if p.pair_id in seen:
+            problems.append(f"pair {p.pair_id!r} is given twice")
+            continue
+        seen.add(p.pair_id)
+        missing = [k for k in (p.chosen_key, p.rejected_key) if k not in at]
+        if missing:
+            problems.append(f"pair {p.pair_id!r}: trajectories {missing} are in neither store")
+            continue
+        out.append(
+            {
+                "pair_id": p.pair_id,
+                "split": p.split,
+                "task": p.task,
+                "chosen_sample_index": at[p.chosen_key],
+                "rejected_sample_index": at[p.rejected_key],
+            }
+        )
+    return out

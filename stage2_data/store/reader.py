@@ -1,9 +1,16 @@
 """The strict reader of a store (local or object storage): manifest, sample index, pairs, splits, and
 one sample's frames and actions.
+
+A reader owns its store: the path it is given is resolved ONCE, at open (a local path through
+``os.path.realpath``, so ``stores/<profile>/current`` becomes the store folder it points at; on object
+storage the ``CURRENT`` object is read once), and only that store is read for the reader's life,
+whatever a rebuild publishes meanwhile. A local reader holds a lease on its store
+(:mod:`.retention`) until :meth:`VinOfflineStoreReader.close`, so ``stage2 gc`` never removes it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import os
 from pathlib import Path
@@ -12,16 +19,58 @@ from typing import Any
 import numpy as np
 import zarr
 
-from ..errors import StoreError
+from .. import layout
+from ..errors import StoreError, StoreNotFoundError
+from ..publish import is_temp_name
 from ..storage import StoreLocation
-from .format import BLOCK_ACTIONS, BLOCK_FRAMES, PAIRS_NAME, SAMPLE_INDEX_NAME, SPLIT_FILES, SPLITS_DIR
+from .format import (
+    BLOCK_ACTIONS,
+    BLOCK_FRAMES,
+    MANIFEST_NAME,
+    PAIRS_NAME,
+    SAMPLE_INDEX_NAME,
+    SPLIT_FILES,
+    SPLITS_DIR,
+)
 from .manifest import load_manifest_strict, rebuild_command
+from .retention import StoreLease, acquire_lease
 from .shard_io import MISSING, DirectArray, direct_array
 from .tables import read_jsonl, read_npy
 
 
+def resolve_store(
+    path: str | os.PathLike[str] | StoreLocation, storage_options: dict[str, Any] | None = None
+) -> StoreLocation:
+    """The store ``path`` names, resolved now: a local path through ``os.path.realpath`` (so
+    ``stores/<profile>/current`` becomes the folder it points at); on object storage a prefix without
+    a manifest that is ``<profile>/current`` or ``<profile>`` itself is the folder named by the
+    profile's ``CURRENT`` object (read once)."""
+    loc = StoreLocation.parse(path, storage_options)
+    if loc.is_local:
+        return StoreLocation.parse(os.path.realpath(loc.root))
+    if loc.is_file(loc.root / MANIFEST_NAME):
+        return loc
+    candidates = [loc]
+    if loc.root.name == layout.CURRENT_LINK:
+        parent = loc.root.parent
+        candidates.insert(
+            0, dataclasses.replace(loc, root=parent, url=f"{loc.protocol}://{parent.as_posix()}")
+        )
+    for c in candidates:
+        cur = c.current()
+        if cur is not None:
+            return cur
+    return loc
+
+
 class VinOfflineStoreReader:
     """Strict reader: refuses a store without ``manifest.json`` or of another format/version.
+
+    The store is resolved once, at open (:func:`resolve_store`): ``.path`` / ``.resolved`` name it,
+    ``.opened_as`` what was given (e.g. ``.../current``), ``.fingerprint`` its fingerprint. A local
+    reader holds a lease on it (``.lease``) until :meth:`close` (also on ``with``, and when the reader
+    is garbage-collected); a pickled reader (DataLoader workers, spawn) carries the resolved store and
+    takes its own lease where it is unpickled.
 
     Shard groups are opened lazily (one ``zarr.open_group`` per shard on first use, then cached).
     Arrays with the layout this module writes are read directly: the shard index once per shard
@@ -32,10 +81,26 @@ class VinOfflineStoreReader:
     def __init__(
         self, path: str | os.PathLike[str] | StoreLocation, storage_options: dict[str, Any] | None = None
     ) -> None:
-        self.location = StoreLocation.parse(path, storage_options)
-        #: the local folder, or ``bucket/prefix`` on object storage (``location.url`` names it)
+        given = StoreLocation.parse(path, storage_options)
+        #: what the reader was opened on (``.../current`` stays that here; ``resolved`` is the store)
+        self.opened_as: str = given.url
+        self.lease: StoreLease | None = None
+        for attempt in range(3):
+            self.location = resolve_store(given)
+            self.lease = self._take_lease()
+            try:
+                self.manifest: dict[str, Any] = load_manifest_strict(self.location)
+                break
+            except StoreNotFoundError:
+                self.close()
+                # removed between resolving and leasing (a rebuild moved current, then gc): resolve again
+                if attempt == 2 or resolve_store(given).url == self.location.url:
+                    raise
+            except BaseException:
+                self.close()
+                raise
+        #: the store's folder, or ``bucket/prefix`` on object storage (``location.url`` names it)
         self.path = self.location.root
-        self.manifest: dict[str, Any] = load_manifest_strict(self.location)
         self._shards: list[dict[str, Any]] = list(self.manifest.get("shards", []))
         self._sample_index: list[dict[str, Any]] | None = None
         self._pairs: list[dict[str, Any]] | None = None
@@ -45,17 +110,64 @@ class VinOfflineStoreReader:
         self._direct_cache: dict[tuple[int, str], DirectArray | None] = {}
         self._pid = os.getpid()
 
-    # pickling (DataLoader workers): drop open zarr handles, reopen lazily in the worker.
+    def _take_lease(self) -> StoreLease | None:
+        """A lease on a local store of a profile's stores folder (one with a ``current`` link: the
+        stores retention removes); None on object storage (no leases there), for a staging folder,
+        a store elsewhere, or no store (refused next)."""
+        loc = self.location
+        if not loc.is_local or is_temp_name(loc.root.name) or not (loc.root / MANIFEST_NAME).is_file():
+            return None
+        if not (loc.root.parent / layout.CURRENT_LINK).is_symlink():
+            return None
+        return acquire_lease(loc.root)
+
+    @property
+    def resolved(self) -> str:
+        """The store this reader reads (``current`` resolved at open): a folder, or a URL."""
+        return self.location.url
+
+    @property
+    def fingerprint(self) -> str | None:
+        fp = self.manifest.get("fingerprint")
+        return fp if isinstance(fp, str) else None
+
+    def close(self) -> None:
+        """Release the lease (the store may be removed by ``stage2 gc`` from then on)."""
+        lease, self.lease = self.lease, None
+        if lease is not None:
+            lease.release()
+
+    def __enter__(self) -> VinOfflineStoreReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        lease = getattr(self, "lease", None)
+        if lease is not None:
+            lease.release()
+
+    # pickling (DataLoader workers): drop open zarr handles and the lease; reopen lazily in the worker,
+    # which takes its own lease on the same (resolved) store.
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_groups"] = {}
         state["_arrays"] = {}
         state["_direct_cache"] = {}
+        state["lease"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._pid = os.getpid()
+        self.lease = self._take_lease()
+        if self.location.is_local and not (self.location.root / MANIFEST_NAME).is_file():
+            self.close()
+            raise StoreNotFoundError(
+                f"{self.location.url}: the store this reader was opened on is gone (removed since).",
+                fix=f"open the published store again (e.g. {self.opened_as})",
+            )
 
     @property
     def num_samples(self) -> int:

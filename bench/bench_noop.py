@@ -1,0 +1,218 @@
+"""Rebuilds and whole builds, as a user runs them: `stage2 build` (a subprocess) against the loopback
+hub (a subprocess too, ``python -m stage2_data.demo.hubserver``).
+
+- ``noop_rebuild_vs_first_build``: on the demo, a second `stage2 build` of unchanged inputs on the
+  same data root (nothing downloaded, extracted, re-hashed or written; one "up to date" line per
+  stage) against the first build of a fresh data root and instance. Best of ``ROUNDS`` each.
+- ``whole_build_vs_shell_way`` (~400 MB) and ``whole_build_vs_shell_way_4gb`` (~4 GB): a first
+  `stage2 build` of a bigger demo (the full-cardinality demo, its frames scaled up: same kit, same
+  trajectories, bigger frame files) against the shell way over the same files: ``hf download`` (the
+  huggingface_hub CLI, through ``HF_ENDPOINT``) of the archives at the pinned revision, then
+  ``cat parts | tar -x`` per cache directory, then ``sha256sum -c`` of the archives' pins and of the
+  kit's subset ``SHA256SUMS``. The shell way builds no store: the ratio is what the product costs
+  over fetching, unpacking and checking the bytes by hand. Once each (a first build is once).
+  The ~4 GB variant runs with ``--only whole_4gb_build_vs_shell_way``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from bench.run import drop_caches, entry
+
+REPO = Path(__file__).resolve().parents[1]
+ROUNDS = int(os.environ.get("STAGE2_BENCH_NOOP_ROUNDS", "2"))
+HF = str(Path(sys.executable).parent / "hf")
+
+# The frame scale (height and width multiplied by it) of the full-cardinality demo for a ~400 MB and
+# a ~4 GB profile (unscaled: ~121 MB of archives, ~6.4 MB of them frame data; 53,765 trajectories; x6.5: 383 MB).
+SCALE_400MB = 6.5
+SCALE_4GB = 24.7
+
+
+@contextmanager
+def _hub(demo: Any) -> Iterator[str]:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "stage2_data.demo.hubserver",
+            str(demo.upstream),
+            "--repo-id",
+            demo.repo_id,
+            "--revision",
+            demo.revision,
+        ],  # fmt: skip
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        if not url.startswith("http"):
+            raise RuntimeError(f"hub server did not start: {url!r}")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "HF_TOKEN")}
+    env.update(HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_PROGRESS_BARS="1", **extra)
+    return env
+
+
+def _stage2_build(demo: Any, root: Path, url: str) -> tuple[float, str]:
+    """Wall seconds of one `stage2 build` (stderr piped: plain progress lines), and its stderr."""
+    argv = [sys.executable, "-m", "stage2_data.cli", "build", "--profile", str(demo.profile),
+            "--data-root", str(root), "--endpoint", url]  # fmt: skip
+    drop_caches()
+    t = time.perf_counter()
+    p = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=_env())
+    took = time.perf_counter() - t
+    if p.returncode != 0:
+        raise RuntimeError(f"stage2 build failed ({p.returncode}): {p.stdout[-2000:]}{p.stderr[-2000:]}")
+    return took, p.stderr
+
+
+def noop_rebuild_vs_first_build(work: Path) -> dict[str, Any]:
+    from stage2_data.demo import generate_demo
+
+    demo = generate_demo(work / "demo")
+    firsts: list[float] = []
+    noops: list[float] = []
+    up_to_date = 0
+    with _hub(demo) as url:
+        for i in range(ROUNDS):
+            root = work / f"root-{i}"
+            firsts.append(_stage2_build(demo, root, url)[0])
+            took, err = _stage2_build(demo, root, url)
+            noops.append(took)
+            up_to_date = sum(ln.endswith(": up to date") for ln in err.splitlines())
+            shutil.rmtree(root)
+    return entry(
+        "noop_rebuild_vs_first_build",
+        min(noops),
+        "first `stage2 build` of the demo (fresh data root and instance)",
+        min(firsts),
+        0.25,
+        ours_all_s=[round(x, 2) for x in noops],
+        baseline_all_s=[round(x, 2) for x in firsts],
+        up_to_date_lines=up_to_date,
+    )
+
+
+# ----- whole build vs the shell way ------------------------------------------------------------------
+def scaled_demo(out: Path, scale: float) -> Any:
+    """The full-cardinality demo with every frame ``scale`` x taller and wider (the kit's checksums
+    follow: the generator hashes what it writes). Generated in this process."""
+    from stage2_data.demo import archives, generate_demo
+
+    original = archives.frame_npz_bytes
+
+    def bigger(tid: str, t: int, h: int, w: int) -> bytes:
+        return original(tid, t, round(h * scale), round(w * scale))
+
+    archives.frame_npz_bytes = bigger  # type: ignore[assignment]
+    try:
+        return generate_demo(out, full_cardinality=True)
+    finally:
+        archives.frame_npz_bytes = original  # type: ignore[assignment]
+
+
+def _shell_way(demo: Any, url: str, dest: Path) -> float:
+    """``hf download`` of the archives + ``cat parts | tar -x`` per cache key + ``sha256sum -c`` (the
+    archives' pins, then the kit's subset SHA256SUMS relative to the extracted tree)."""
+    from stage2_data.profile import load_profile
+
+    prof = load_profile(demo.profile)
+    dl = dest / "archives"
+    tree = dest / "tree"
+    (tree / "processed_datasets").mkdir(parents=True)
+    pins = dest / "archives.sha256"
+    pins.write_text("".join(f"{a.sha256}  {a.path}\n" for a in prof.archives))
+    # Where each tar goes (a user who knows the layout: some tars hold processed_datasets/<key>/,
+    # others <key>/), decided before the clock starts.
+    into: dict[str, Path] = {}
+    for key, specs in prof.archives_by_cache_key().items():
+        first = sorted(specs, key=lambda a: a.path)[0]
+        with tarfile.open(demo.upstream / first.path, "r|") as tf:
+            top = next(iter(tf)).name
+        into[key] = tree if top.startswith("processed_datasets") else tree / "processed_datasets"
+    drop_caches()
+    t = time.perf_counter()
+    subprocess.run(
+        [
+            HF,
+            "download",
+            "--repo-type",
+            "dataset",
+            demo.repo_id,
+            *[a.path for a in prof.archives],
+            "--revision",
+            demo.revision,
+            "--local-dir",
+            str(dl),
+            "--quiet",
+        ],  # fmt: skip
+        check=True,
+        env=_env(HF_ENDPOINT=url),
+        stdout=subprocess.DEVNULL,  # fmt: skip
+    )
+    for key, specs in prof.archives_by_cache_key().items():
+        files = sorted(str(dl / a.path) for a in specs)
+        cat = subprocess.Popen(["cat", *files], stdout=subprocess.PIPE)
+        subprocess.run(["tar", "-x", "-C", str(into[key])], stdin=cat.stdout, check=True)
+        assert cat.stdout is not None
+        cat.stdout.close()
+        if cat.wait() != 0:
+            raise RuntimeError("cat failed")
+    subprocess.run(["sha256sum", "--quiet", "-c", str(pins)], cwd=dl, check=True)
+    subprocess.run(
+        ["sha256sum", "--quiet", "-c", str(prof.kit_file("subset_checksums"))], cwd=tree, check=True
+    )
+    return time.perf_counter() - t
+
+
+def _whole_build(work: Path, name: str, scale: float, target: float) -> dict[str, Any]:
+    demo = scaled_demo(work / "demo", scale)
+    archive_bytes = sum(f.stat().st_size for f in demo.upstream.rglob("*") if f.is_file())
+    for leftover in ("shell", "root"):  # a kept --workdir: the demo is reused, never a built root
+        shutil.rmtree(work / leftover, ignore_errors=True)
+    with _hub(demo) as url:
+        shell_s = _shell_way(demo, url, work / "shell")
+        shutil.rmtree(work / "shell")
+        ours_s, _ = _stage2_build(demo, work / "root", url)
+    return entry(
+        name,
+        ours_s,
+        "hf download + cat parts | tar -x + sha256sum -c (archives and subset)",
+        shell_s,
+        target,
+        archive_bytes=archive_bytes,
+        frame_scale=scale,
+        cpus=os.cpu_count(),
+        demo=f"full-cardinality, frames x{scale} in height and width",
+    )
+
+
+def whole_build_vs_shell_way(work: Path) -> dict[str, Any]:
+    return _whole_build(work, "whole_build_vs_shell_way", SCALE_400MB, 1.5)
+
+
+def whole_4gb_build_vs_shell_way(work: Path) -> dict[str, Any]:
+    """Not a substring match of ``--only whole_build_vs_shell_way``: run it by this name."""
+    return _whole_build(work, "whole_build_vs_shell_way_4gb", SCALE_4GB, 1.0)
+
+
+BENCHMARKS = [noop_rebuild_vs_first_build, whole_build_vs_shell_way, whole_4gb_build_vs_shell_way]

@@ -1,0 +1,140 @@
+"""Whether a stage of a build has anything to do, by stats only, so that an orchestrator can skip the
+whole run of a stage that is up to date (a run costs seconds of fixed cost even when every step
+skips its work).
+
+- ``acquire``: every archive has a ``.verified.json`` record matching its file (no request, no hash);
+- ``extract``: every cache key passes :func:`~stage2_data.extract.check_extraction` (its record
+  names the archives' verified sha256 and this extractor; one ``scandir`` walk matches it);
+- ``store``: the fingerprint of the stage's inputs and outputs (:func:`store_stage_fingerprint`:
+  the stats of every kit file and of the profile, every extraction record's digests, the archive
+  pins, the stats of the extraction report, the sidecars' record, the join table, the stores'
+  folder and the ``current`` link, the versions and the settings) equals the one recorded by
+  :func:`record_store_stage` after the last successful store stage;
+- ``profile`` writes nothing: it is up to date when the rest of the build is.
+
+:func:`build_status` returns ``{stage: None | why it must run}``. Nothing here writes, except
+:func:`record_store_stage` (and only when the fingerprint changed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from .. import __version__, layout
+from ..acquire import archive_state
+from ..extract import EXTRACTOR_VERSION, check_extraction, load_extraction_record, write_json_if_changed
+from ..fsutil import canonical_json
+from ..kit.sidecars import SIDECAR_MARKER
+from ..profile import Profile
+from ..stages import ACQUIRE, EXTRACT, PROFILE, STORE
+from ..store import OFFLINE_DATASET_VERSION
+from .acquire import verified_sha256s
+
+STORE_STAGE_RECORD = "store_stage.json"
+
+
+def store_stage_record_path(data_root: Path) -> Path:
+    return layout.reports_dir(data_root) / STORE_STAGE_RECORD
+
+
+def _stat(p: Path) -> list[int] | None:
+    try:
+        st = os.lstat(p)
+    except OSError:
+        return None
+    return [st.st_ino, st.st_size, st.st_mtime_ns]
+
+
+def acquire_status(profile: Profile, data_root: Path) -> str | None:
+    todo = [a.path for a in profile.archives if archive_state(data_root, a).state != "verified"]
+    if not todo:
+        return None
+    return f"{len(todo)} archive(s) to download or verify ({todo[0]}{', ...' if len(todo) > 1 else ''})"
+
+
+def extract_status(profile: Profile, data_root: Path) -> str | None:
+    for key in profile.cache_keys():
+        _, reason = check_extraction(data_root, key, verified_sha256s(profile, data_root, key))
+        if reason is not None:
+            return f"cache_dir[{key}]: {reason}"
+    return None
+
+
+def store_stage_fingerprint(profile: Profile, data_root: Path, settings: dict[str, Any] | None = None) -> str:
+    """sha256 of what the store stage reads and writes, by stats (no data file is read)."""
+    kit: dict[str, Any] = {"profile": _stat(profile.profile_path)} if profile.profile_path else {}
+    for key in ("pair_manifest", "subset_checksums", "sidecar_archive", "sidecar_archive_sha256"):
+        kit[key] = _stat(profile.kit_file(key))
+    adir = profile.kit_file("action_manifest_dir")
+    kit["action_manifests"] = (
+        {f.name: _stat(f) for f in sorted(adir.glob("*.jsonl"))} if adir.is_dir() else None
+    )
+    records = {}
+    for key in profile.cache_keys():
+        rec = load_extraction_record(data_root, key)
+        records[key] = None if rec is None else [rec.tree_digest, rec.archive_sha256, rec.files, rec.bytes]
+    derived = layout.derived_root(data_root)
+    link = layout.current_store_path(data_root, profile.name)
+    try:
+        current: str | None = os.readlink(link)
+    except OSError:
+        current = None
+    blob = {
+        "versions": [__version__, EXTRACTOR_VERSION, OFFLINE_DATASET_VERSION],
+        "settings": settings or {},
+        "profile": profile.identity(),
+        "pins": {a.path: [a.sha256, a.size] for a in profile.archives},
+        "kit": kit,
+        "extraction_records": records,
+        "outputs": {
+            "extraction_report": _stat(layout.extraction_report_path(data_root)),
+            "sidecar_marker": _stat(derived / SIDECAR_MARKER),
+            "sidecars": _stat(derived / layout.SIDECARS_DIR),
+            "join": _stat(layout.join_table_path(data_root)),
+            "stores": _stat(layout.stores_root(data_root, profile.name)),
+            "current": [current, _stat(link)],
+        },
+    }
+    return hashlib.sha256(canonical_json(blob).encode()).hexdigest()
+
+
+def store_status(profile: Profile, data_root: Path, settings: dict[str, Any] | None = None) -> str | None:
+    path = store_stage_record_path(data_root)
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8")).get("fingerprint")
+    except (OSError, ValueError, AttributeError):
+        return "no record of a successful store stage"
+    if not (layout.current_store_path(data_root, profile.name) / "manifest.json").is_file():
+        return "no store is published"
+    if recorded != store_stage_fingerprint(profile, data_root, settings):
+        return "the kit, the extracted data or the stage's outputs changed since the last store stage"
+    return None
+
+
+def record_store_stage(profile: Profile, data_root: Path, settings: dict[str, Any] | None = None) -> bool:
+    """After a successful store stage: record its fingerprint (written only when it changed; the
+    record is not one of the stats the fingerprint covers). True when written."""
+    return write_json_if_changed(
+        store_stage_record_path(data_root),
+        {"fingerprint": store_stage_fingerprint(profile, data_root, settings)},
+    )
+
+
+def build_status(
+    profile: Profile, data_root: Path, settings: dict[str, Any] | None = None
+) -> dict[str, str | None]:
+    """``{stage name: None (up to date) | why it must run}`` for the four stages, in order. A stage
+    after one that must run must run too (what it reads will change)."""
+    data_root = Path(data_root)
+    out: dict[str, str | None] = {ACQUIRE.name: acquire_status(profile, data_root)}
+    out[EXTRACT.name] = extract_status(profile, data_root) if out[ACQUIRE.name] is None else "archives change"
+    if out[EXTRACT.name] is None:
+        out[STORE.name] = store_status(profile, data_root, settings)
+    else:
+        out[STORE.name] = "cache directories change"
+    later = [v for v in out.values() if v is not None]
+    return {PROFILE.name: later[0] if later else None, **out}

@@ -1,0 +1,473 @@
+"""Which stores stay: readers' leases, and the retention policy that removes old stores (``stage2 gc``).
+
+**Leases (local stores).** A reader of a store in a profile's stores folder (a folder with a
+``current`` link: the stores retention removes) holds a shared ``flock`` on
+``<profile folder>/.leases/<store>.lock`` (the store's *gate*, next to the store folder, never inside
+it: a store stays immutable) for as long as it is open. Removing a store takes the gate exclusively without waiting (``LOCK_EX | LOCK_NB``): while
+any reader holds it the store is kept and reported as "in use by pid X" (the holders are read from
+``/proc/locks``). While the remover holds it no reader can start; it renames the store to a
+``.old-`` temp (:mod:`stage2_data.publish`), unlinks the gate, releases it and deletes the temp. A
+reader that was waiting then finds its gate unlinked or the store gone and says so; it never reads a
+half-deleted store. The kernel releases a ``flock`` when its holder exits, however it exits
+(SIGKILL included): a crashed reader never blocks removal. A process forked from a reader (a
+DataLoader worker) inherits the lease; a reader unpickled in a spawned process takes its own. Where
+the gate cannot be created (a read-only mount) a reader reads without a lease.
+
+**Object storage** has no locks: readers there hold no lease, and ``gc`` keeps the ``keep`` most
+recent previous stores and removes the rest, saying that a reader still reading a removed store
+would fail (choose ``keep`` above the number of stores readers may still be reading).
+
+**Retention.** :func:`collect_stores` over one profile's stores folder (``stores/<profile>/``, or
+``<url>/<profile>/``): the published store (``current``) is never removed, nor the ``keep`` most
+recent previous stores (by ``created_at``; default 1: :data:`DEFAULT_KEEP`, or
+``STAGE2_KEEP_STORES``), nor a leased store, nor anything that is not a complete store of this
+format (its ``manifest.json`` says so); the temps that dead writers left there are swept.
+Without a published store nothing is removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import shutil
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import layout
+from ..errors import Stage2Error, StoreError
+from ..fsutil import human_bytes
+from ..publish import remove_stale, stale_temps, temp_path
+from ..storage import CURRENT_OBJECT, StoreLocation
+from .format import MANIFEST_NAME, STORE_FORMAT
+from .manifest import load_manifest
+
+__all__ = [
+    "DEFAULT_KEEP",
+    "KEEP_ENV",
+    "LEASES_DIR",
+    "GcReport",
+    "StoreLease",
+    "StoreVerdict",
+    "acquire_lease",
+    "collect_stores",
+    "default_keep",
+    "lease_holders",
+    "lease_path",
+    "profile_roots",
+    "resolve_keep",
+    "retention_after_publish",
+]
+
+#: the folder, next to the store folders, holding one gate file per store (``<store>.lock``)
+LEASES_DIR = ".leases"
+#: how many stores besides ``current`` a build keeps when nothing says otherwise
+DEFAULT_KEEP = 1
+#: the environment variable a build reads its ``keep`` from (an integer >= 0, or ``all``: never remove)
+KEEP_ENV = "STAGE2_KEEP_STORES"
+
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+# ----- leases ---------------------------------------------------------------------------------------
+def lease_path(store: Path) -> Path:
+    """The gate file of a local store folder: ``<parent>/.leases/<name>.lock``."""
+    return store.parent / LEASES_DIR / f"{store.name}.lock"
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        a, b = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+class StoreLease:
+    """A reader's shared lock on one local store's gate, held until :meth:`release`."""
+
+    def __init__(self, store: Path, gate: Path, fd: int) -> None:
+        self.store = store
+        self.gate = gate
+        self._fd: int | None = fd
+        self._pid = os.getpid()
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def release(self) -> None:
+        """Close the gate (no ``LOCK_UN``: a process forked from this one keeps its inherited lease)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def __repr__(self) -> str:
+        return f"StoreLease({str(self.store)!r}, held={self.held})"
+
+
+def acquire_lease(store: Path) -> StoreLease | None:
+    """Take a shared lease on the local store folder ``store`` (see the module doc).
+
+    Waits only while a remover holds the gate (a rename). None when the gate cannot be created
+    here (a read-only mount, no permission): the caller reads without a lease."""
+    gate = lease_path(store)
+    for _ in range(50):
+        try:
+            gate.parent.mkdir(exist_ok=True)
+            fd = os.open(gate, os.O_RDONLY | os.O_CREAT | _CLOEXEC, 0o666)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        except OSError:
+            os.close(fd)
+            return None
+        if _same_file(fd, gate):
+            return StoreLease(store, gate, fd)
+        os.close(fd)  # a remover unlinked this gate while we waited: take the new one
+    raise StoreError(f"{store}: could not take a reader's lease on {gate}.", fix="try again")
+
+
+def _proc_locks() -> list[tuple[int, int, int, int]]:
+    """(pid, major, minor, inode) of every held lock in ``/proc/locks`` (Linux; [] elsewhere)."""
+    out: list[tuple[int, int, int, int]] = []
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        parts = line.split()
+        if len(parts) < 6 or parts[1] == "->":  # "->": a waiter, not a holder
+            continue
+        try:
+            maj, mnr, ino = parts[5].split(":")
+            out.append((int(parts[4]), int(maj, 16), int(mnr, 16), int(ino)))
+        except ValueError:
+            continue
+    return out
+
+
+def lease_holders(store: Path) -> list[int]:
+    """The pids holding a lock on ``store``'s gate, as far as ``/proc/locks`` shows them."""
+    try:
+        st = os.stat(lease_path(store))
+    except OSError:
+        return []
+    key = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+    return sorted({pid for pid, *rest in _proc_locks() if tuple(rest) == key})
+
+
+def _in_use(store: Path) -> str:
+    pids = lease_holders(store)
+    if pids:
+        return f"in use by pid {', '.join(str(p) for p in pids)}"
+    return "in use by a reader (its lease is held)"
+
+
+# ----- the report -------------------------------------------------------------------------------------
+@dataclass
+class StoreVerdict:
+    """What retention did (or would do) with one entry of a profile's stores folder."""
+
+    name: str
+    action: str  # "removed", "would remove", "kept", "left alone"
+    reason: str
+    bytes: int | None = None
+    created_at: str | None = None
+    #: bytes removing it frees (its files not hard-linked into another store, as merged stores are)
+    freed: int | None = None
+
+    def line(self) -> str:
+        size = human_bytes(self.bytes) if self.bytes is not None else "-"
+        return f"{self.action:<12} {self.name}  {size}  {self.reason}".rstrip()
+
+
+@dataclass
+class GcReport:
+    """One profile's stores folder after retention."""
+
+    root: str
+    keep: int
+    dry_run: bool
+    current: str | None = None
+    entries: list[StoreVerdict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def freed_bytes(self) -> int:
+        return sum(
+            (e.bytes or 0) if e.freed is None else e.freed
+            for e in self.entries
+            if e.action in ("removed", "would remove")
+        )
+
+    def lines(self) -> list[str]:
+        head = f"{self.root}: keep {self.keep} previous store(s) besides current"
+        head += f" ({self.current})" if self.current else " (none published)"
+        if self.dry_run:
+            head += "; dry run, nothing removed"
+        out = [head] + [f"  {e.line()}" for e in self.entries] + [f"  note: {n}" for n in self.notes]
+        verb = "would free" if self.dry_run else "freed"
+        out.append(f"  {verb} {human_bytes(self.freed_bytes)}")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "root": self.root,
+            "keep": self.keep,
+            "dry_run": self.dry_run,
+            "current": self.current,
+            "stores": [asdict(e) for e in self.entries],
+            "notes": list(self.notes),
+            "freed_bytes": self.freed_bytes,
+        }
+
+
+# ----- retention --------------------------------------------------------------------------------------
+def default_keep(env: Mapping[str, str] | None = None) -> int | None:
+    """``keep`` from ``STAGE2_KEEP_STORES`` (an integer >= 0; ``all``: None, never remove), else
+    :data:`DEFAULT_KEEP`. Raises Stage2Error for anything else."""
+    raw = (os.environ if env is None else env).get(KEEP_ENV, "").strip()
+    return DEFAULT_KEEP if not raw else resolve_keep(raw, source=KEEP_ENV)
+
+
+def resolve_keep(value: int | str | None, *, source: str = "keep_stores") -> int | None:
+    """A ``keep`` setting as retention takes it: None -> :func:`default_keep` (the environment, else
+    :data:`DEFAULT_KEEP`); an integer >= 0 (or its text); ``"all"`` -> None (never remove).
+    Raises Stage2Error for anything else."""
+    if value is None:
+        return default_keep()
+    if isinstance(value, str) and value.strip().lower() == "all":
+        return None
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        n = -1
+    if n < 0:
+        raise Stage2Error(
+            f"{source}={value!r} is not a number of stores.",
+            fix=f"set {source} to an integer >= 0 (stores kept besides current), or 'all'",
+        )
+    return n
+
+
+def _local_size(p: Path, *, unique: bool = False) -> int:
+    """Bytes of the files under ``p`` (``unique``: only files with no other hard link)."""
+    total = 0
+    for dirpath, _dirs, files in os.walk(p):
+        for n in files:
+            with contextlib.suppress(OSError):
+                st = os.lstat(os.path.join(dirpath, n))
+                if not unique or st.st_nlink <= 1:
+                    total += st.st_size
+    return total
+
+
+def _our_manifest(loc: StoreLocation) -> dict[str, Any] | None:
+    m = load_manifest(loc).manifest
+    return m if m is not None and m.get("format") == STORE_FORMAT else None
+
+
+def _remove_local(store: Path, current: Path | None, dry_run: bool) -> tuple[str, str]:
+    """Remove one local store unless a reader holds its gate; (action, reason)."""
+    gate = lease_path(store)
+    if dry_run:
+        if not gate.exists():
+            return "would remove", ""
+        fd = os.open(gate, os.O_RDONLY | _CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            return "kept", _in_use(store)
+        finally:
+            os.close(fd)
+        return "would remove", ""
+    gate.parent.mkdir(exist_ok=True)
+    fd = os.open(gate, os.O_RDONLY | os.O_CREAT | _CLOEXEC, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            return "kept", _in_use(store)
+        if not _same_file(fd, gate):
+            return "kept", "its lease changed while it was checked (run gc again)"
+        if current is not None and os.path.realpath(current) == str(store):
+            return "kept", "current"
+        old = temp_path(store, "old")
+        os.rename(store, old)  # from here no reader can open it (and none holds it)
+        gate.unlink(missing_ok=True)
+    finally:
+        os.close(fd)
+    shutil.rmtree(old, ignore_errors=True)
+    return "removed", ""
+
+
+def _orphan_gates(root: Path, dry_run: bool) -> None:
+    """Remove gate files whose store is gone and that no reader holds."""
+    leases = root / LEASES_DIR
+    if dry_run or not leases.is_dir():
+        return
+    for gate in sorted(leases.glob("*.lock")):
+        if (root / gate.name[: -len(".lock")]).exists():
+            continue
+        try:
+            fd = os.open(gate, os.O_RDONLY | _CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if _same_file(fd, gate):
+                gate.unlink(missing_ok=True)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
+def collect_stores(
+    target: str | os.PathLike[str] | StoreLocation,
+    keep: int = DEFAULT_KEEP,
+    *,
+    dry_run: bool = False,
+    storage_options: dict[str, Any] | None = None,
+) -> GcReport:
+    """Apply the retention policy to one profile's stores folder (``stores/<profile>/`` or
+    ``<url>/<profile>/``): keep ``current``, the ``keep`` most recent previous stores and every
+    leased store; remove the other complete stores of this format; sweep dead writers' temps.
+    ``dry_run`` removes nothing and reports what would go."""
+    if keep < 0:
+        raise Stage2Error(f"keep must be >= 0, got {keep}.", fix="keep 0 or more previous stores")
+    loc = StoreLocation.parse(target, storage_options)
+    if loc.is_local:  # compared with the realpath of ``current`` below
+        loc = StoreLocation.parse(os.path.realpath(loc.root))
+    report = GcReport(root=loc.url, keep=keep, dry_run=dry_run)
+    if loc.is_local:
+        root = loc.root
+        link = root / layout.CURRENT_LINK
+        current_path = Path(os.path.realpath(link)) if link.exists() else None
+        names = sorted(
+            e.name for e in os.scandir(root) if e.is_dir(follow_symlinks=False) and not e.name.startswith(".")
+        )
+    else:
+        report.notes.append(
+            "object storage: readers hold no lease there; a reader still reading a removed store fails "
+            "(keep more stores if readers may still be on them)"
+        )
+        cur = loc.current()
+        current_path = cur.root if cur is not None else None
+        names = sorted(
+            n for n in loc.listdir_names(loc.root) if n != CURRENT_OBJECT and not n.startswith(".")
+        )
+    if current_path is not None:
+        report.current = current_path.name
+    stores: list[tuple[str, str, StoreLocation]] = []  # (created_at, name, loc)
+    for name in names:
+        child = loc.child(name)
+        if loc.is_local and child.root == current_path:
+            report.entries.append(StoreVerdict(name, "kept", "current", _local_size(child.root)))
+            continue
+        if not loc.is_local and current_path is not None and child.root == current_path:
+            report.entries.append(StoreVerdict(name, "kept", "current", sum(child.file_sizes().values())))
+            continue
+        m = _our_manifest(child)
+        if m is None:
+            why = "no manifest.json" if not child.is_file(child.root / MANIFEST_NAME) else "another format"
+            report.entries.append(StoreVerdict(name, "left alone", f"not a complete store of ours ({why})"))
+            continue
+        stores.append((str(m.get("created_at") or ""), name, child))
+    if current_path is None:
+        report.notes.append("no store is published (no current): nothing removed")
+        for _, name, _child in sorted(stores, reverse=True):
+            report.entries.append(StoreVerdict(name, "kept", "no current store to judge it against"))
+        return report
+    stores.sort(reverse=True)  # newest first
+    for i, (created, name, child) in enumerate(stores):
+        size = _local_size(child.root) if loc.is_local else sum(child.file_sizes().values())
+        freed = _local_size(child.root, unique=True) if loc.is_local else None
+        if i < keep:
+            report.entries.append(
+                StoreVerdict(name, "kept", f"previous ({i + 1} of {keep} kept)", size, created)
+            )
+            continue
+        if loc.is_local:
+            action, reason = _remove_local(child.root, loc.root / layout.CURRENT_LINK, dry_run)
+        elif dry_run:
+            action, reason = "would remove", ""
+        else:
+            child.withdraw(MANIFEST_NAME)
+            action, reason = "removed", ""
+        report.entries.append(StoreVerdict(name, action, reason, size, created, freed))
+    if loc.is_local:
+        temps = stale_temps(loc.root) if dry_run else remove_stale(loc.root)
+        for t in temps:
+            report.entries.append(
+                StoreVerdict(t.name, "would remove" if dry_run else "removed", "a temp its dead writer left")
+            )
+        _orphan_gates(loc.root, dry_run)
+    return report
+
+
+def profile_roots(
+    target: str | os.PathLike[str], storage_options: dict[str, Any] | None = None
+) -> list[StoreLocation]:
+    """The profile stores folders ``target`` names: itself when it is one (it has ``current`` /
+    ``CURRENT`` or a store folder), else each of its sub-folders that is one (a ``stores/`` folder).
+    Raises StoreError when it names none."""
+    loc = StoreLocation.parse(target, storage_options)
+
+    def is_profile_root(x: StoreLocation) -> bool:
+        if x.is_local:
+            if (x.root / layout.CURRENT_LINK).is_symlink():
+                return True
+        elif x.is_file(x.root / CURRENT_OBJECT):
+            return True
+        for n in x.listdir_names(x.root):
+            if not n.startswith(".") and x.is_file(x.root / n / MANIFEST_NAME):
+                return True
+        return False
+
+    if not loc.is_dir(loc.root):
+        raise StoreError(
+            f"{loc.url}: no such folder.",
+            fix="name a stores folder (<data_root>/stores) or one profile's (<data_root>/stores/<profile>)",
+        )
+    if is_profile_root(loc):
+        return [loc]
+    roots = [loc.child(n) for n in sorted(loc.listdir_names(loc.root)) if not n.startswith(".")]
+    roots = [r for r in roots if r.is_dir(r.root) and is_profile_root(r)]
+    if not roots:
+        raise StoreError(
+            f"{loc.url} holds no stores (no current link, no store folder, no profile folder with them).",
+            fix="name a stores folder (<data_root>/stores) or one profile's (<data_root>/stores/<profile>)",
+        )
+    return roots
+
+
+def retention_after_publish(root: StoreLocation, keep: int | str | None = None) -> dict[str, Any]:
+    """What a build runs after it published a store: :func:`collect_stores` with ``keep`` (see
+    :func:`resolve_keep`: None reads ``STAGE2_KEEP_STORES``, default 1; ``"all"`` never removes).
+    Never raises: a failure (a bad setting too) is reported in the returned summary."""
+    try:
+        n = resolve_keep(keep)
+        if n is None:
+            return {"keep": "all", "removed": [], "kept": [], "freed_bytes": 0}
+        rep = collect_stores(root, n)
+    except Exception as e:  # retention never fails a build that already published its store
+        return {"keep": keep, "error": f"{type(e).__name__}: {e}"}
+    return {
+        "keep": n,
+        "removed": [e.name for e in rep.entries if e.action == "removed"],
+        "kept": [f"{e.name} ({e.reason})" for e in rep.entries if e.action == "kept"],
+        "freed_bytes": rep.freed_bytes,
+        **({"notes": rep.notes} if rep.notes else {}),
+    }

@@ -1,0 +1,302 @@
+"""Skip what has not changed, provably: the extraction record's check (stats only) and the no-op
+rebuild (a second `stage2 build` of unchanged inputs writes nothing, sends no GET, says "up to date").
+
+The unit tests extract one cache key of the demo and change one thing at a time (an archive's
+sha256, the extractor version, a file deleted, added, resized or modified); the slow tests build the
+demo twice on one data root through the CLI, against the loopback hub."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.cli import stage2, subprocess_env
+
+from stage2_data import layout
+from stage2_data.acquire.state import _write_record
+from stage2_data.demo import DemoPaths
+from stage2_data.demo.hubserver import HubServer
+from stage2_data.extract import check_extraction, extract_cache_dir, load_extraction_record, scan_tree
+from stage2_data.extract import extract as extract_mod
+from stage2_data.profile import Profile, load_profile
+from stage2_data.stages import STAGES
+from stage2_data.steps import step_extract
+from stage2_data.steps.status import build_status, record_store_stage
+
+FINGERPRINT = "0e9f62dee5fb4ec141ce8b873bc47c49a4189c289e6daa9f8a75092a676a4f99"
+
+
+# --------------------------------------------------------------------------------------------------
+# the extraction record's check
+# --------------------------------------------------------------------------------------------------
+def _one_key(demo: DemoPaths) -> tuple[Profile, str]:
+    prof = load_profile(demo.profile)
+    key = next(k for k, specs in prof.archives_by_cache_key().items() if len(specs) == 1)
+    return prof, key
+
+
+def _verified_root(demo: DemoPaths, root: Path, prof: Profile, key: str) -> None:
+    """The archives of ``key`` in ``root/archives/`` with their .verified.json records (as a
+    download leaves them)."""
+    for a in prof.archives_by_cache_key()[key]:
+        dst = layout.archive_path(root, a.path)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(demo.upstream / a.path, dst)
+        assert a.sha256
+        _write_record(root, a, dst, a.sha256, demo.revision)
+
+
+def _extracted(demo_cache: DemoPaths, root: Path) -> tuple[str, dict[str, str | None], Path]:
+    prof, key = _one_key(demo_cache)
+    specs = prof.archives_by_cache_key()[key]
+    shas: dict[str, str | None] = {a.path: a.sha256 for a in specs}
+    extract_cache_dir(key, [demo_cache.upstream / a.path for a in specs], root, archive_sha256=shas)
+    return key, shas, layout.cache_dir(root, key)
+
+
+def _a_file(cdir: Path) -> Path:
+    return sorted((cdir / layout.FRAMES_SUBDIR).iterdir())[0]
+
+
+def test_an_unchanged_extraction_is_up_to_date(demo_cache: DemoPaths, tmp_path: Path) -> None:
+    key, shas, cdir = _extracted(demo_cache, tmp_path)
+    rec, reason = check_extraction(tmp_path, key, shas)
+    assert reason is None and rec is not None
+    tree = scan_tree(cdir)
+    assert tree is not None
+    assert (rec.files, rec.bytes, rec.tree_digest) == (tree.files, tree.bytes, tree.digest)
+    assert rec.extractor_version == extract_mod.EXTRACTOR_VERSION and rec.archive_sha256 == shas
+
+
+@pytest.mark.parametrize(
+    "change, because",
+    [
+        ("sha256", r"archive \S+ changed: sha256 0{64}, extracted from [0-9a-f]{64}"),
+        ("unverified", r"archive \S+ is not verified"),
+        ("version", r"extracted by extractor version \d+, this is version 999"),
+        ("deleted", r"holds (\d+) files, its extraction record says (?!\1)\d+"),
+        ("added", r"holds (\d+) files, its extraction record says (?!\1)\d+"),
+        ("resized", r"holds \d+ bytes, its extraction record says \d+"),
+        ("modified", r"a file was replaced, renamed or modified since it was extracted"),
+        ("no record", r"not extracted yet"),
+        ("no cache dir", r"is missing"),
+    ],
+)
+def test_a_change_is_named(
+    demo_cache: DemoPaths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str, because: str
+) -> None:
+    """Each change makes check_extraction return why the cache directory must be re-extracted."""
+    key, shas, cdir = _extracted(demo_cache, tmp_path)
+    path = next(iter(shas))
+    f = _a_file(cdir)
+    if change == "sha256":
+        shas = {path: "0" * 64}
+    elif change == "unverified":
+        shas = {path: None}
+    elif change == "version":
+        monkeypatch.setattr(extract_mod, "EXTRACTOR_VERSION", 999)
+    elif change == "deleted":
+        f.unlink()
+    elif change == "added":
+        (cdir / "stray.txt").write_bytes(b"")  # zero bytes: only the count tells
+    elif change == "resized":
+        with open(f, "ab") as out:
+            out.write(b"\0")
+    elif change == "modified":  # same size, new bytes: its mtime tells (nothing is hashed)
+        data = bytearray(f.read_bytes())
+        data[-1] ^= 0xFF
+        f.write_bytes(bytes(data))
+    elif change == "no record":
+        layout.extraction_record_path(tmp_path, key).unlink()
+    elif change == "no cache dir":
+        shutil.rmtree(cdir)
+    _, reason = check_extraction(tmp_path, key, shas)
+    assert reason is not None and re.search(because, reason), reason
+
+
+def test_step_extract_skips_an_unchanged_cache_dir_and_reextracts_a_changed_one(
+    demo_cache: DemoPaths, tmp_path: Path
+) -> None:
+    """step_extract: the first call extracts; the second leaves every file (inode, mtime) and the
+    record alone and returns the same metadata, up to date; a deleted file is re-extracted, saying why."""
+    prof, key = _one_key(demo_cache)
+    _verified_root(demo_cache, tmp_path, prof, key)
+    first = step_extract(prof, tmp_path, key)
+    assert first.ok and first.metadata["up_to_date"] is False
+    assert first.metadata["extracted_because"] == "not extracted yet"
+    cdir = layout.cache_dir(tmp_path, key)
+    record = layout.extraction_record_path(tmp_path, key)
+    before = _stats(cdir) | _stats(record.parent)
+
+    second = step_extract(prof, tmp_path, key)
+    assert (
+        second.ok and second.metadata["up_to_date"] is True and second.metadata["extracted_because"] is None
+    )
+    assert {k: v for k, v in second.metadata.items() if k not in ("up_to_date", "extracted_because")} == {
+        k: v for k, v in first.metadata.items() if k not in ("up_to_date", "extracted_because")
+    }
+    assert _stats(cdir) | _stats(record.parent) == before
+
+    _a_file(cdir).unlink()
+    third = step_extract(prof, tmp_path, key)
+    assert third.ok and third.metadata["up_to_date"] is False
+    assert "its extraction record says" in third.metadata["extracted_because"]
+    assert scan_tree(cdir) is not None and load_extraction_record(tmp_path, key) is not None
+    assert (
+        check_extraction(tmp_path, key, {a.path: a.sha256 for a in prof.archives_by_cache_key()[key]})[1]
+        is None
+    )
+
+
+def test_an_older_record_is_reextracted(demo_cache: DemoPaths, tmp_path: Path) -> None:
+    """A record written before the check existed (no extractor version, no archive sha256) is not
+    trusted: the cache directory is extracted again."""
+    key, shas, _ = _extracted(demo_cache, tmp_path)
+    path = layout.extraction_record_path(tmp_path, key)
+    old = json.loads(path.read_text())
+    for k in ("extractor_version", "archive_sha256", "tree_digest"):
+        del old[k]
+    path.write_text(json.dumps(old))
+    _, reason = check_extraction(tmp_path, key, shas)
+    assert reason == f"extracted by extractor version 0, this is version {extract_mod.EXTRACTOR_VERSION}"
+
+
+# --------------------------------------------------------------------------------------------------
+# the no-op rebuild (slow: three whole builds through the CLI)
+# --------------------------------------------------------------------------------------------------
+Stats = dict[str, tuple[int, int, int]]
+
+
+def _stats(root: Path, *, skip: tuple[str, ...] = ()) -> Stats:
+    """(inode, mtime_ns, size) of every entry under ``root`` (folders too), by relative path."""
+    out: Stats = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel_dir = os.path.relpath(dirpath, root)
+        dirnames[:] = [d for d in dirnames if os.path.normpath(os.path.join(rel_dir, d)) not in skip]
+        for name in dirnames + filenames:
+            rel = os.path.normpath(os.path.join(rel_dir, name))
+            if rel in skip:
+                continue
+            st = os.lstat(os.path.join(dirpath, name))
+            out[rel] = (st.st_ino, st.st_mtime_ns, st.st_size)
+    return out
+
+
+def _build(demo: DemoPaths, root: Path, hub: HubServer) -> Any:
+    # not --json: the progress display (plain lines, stderr is a pipe) is part of what is checked
+    env = subprocess_env(drop=("DAGSTER_HOME", "CI"))
+    out = stage2(
+        "build", "--profile", str(demo.profile), "--data-root", str(root), "--endpoint", hub.url, env=env
+    )
+    assert out.returncode == 0, out.tail()
+    m = re.search(r"^fingerprint:\s+([0-9a-f]{64})$", out.stdout, re.M)
+    assert m, out.stdout
+    return out, m.group(1)
+
+
+# What a build may change under the data root: the Dagster instance (DAGSTER_HOME defaults to
+# <data_root>/.dagster) and the lock file, where the lock's holder writes who it is.
+INSTANCE = (".dagster", layout.LOCK_FILE)
+
+
+@pytest.fixture(scope="module")
+def noop_rebuilt(demo_cache: DemoPaths, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """The demo built twice on one data root; what changed and what was asked of the hub."""
+    root = tmp_path_factory.mktemp("noop") / "root"
+    with HubServer(demo_cache.upstream, repo_id=demo_cache.repo_id, revision=demo_cache.revision) as hub:
+        first, fp1 = _build(demo_cache, root, hub)
+        first_gets = [r for r in hub.log_snapshot() if r[0] == "GET"]
+        before = _stats(root, skip=INSTANCE)
+        hub.clear_log()
+        second, fp2 = _build(demo_cache, root, hub)
+        after = _stats(root, skip=INSTANCE)
+        yield {
+            "root": root,
+            "hub": hub,
+            "demo": demo_cache,
+            "first": first,
+            "second": second,
+            "fingerprints": (fp1, fp2),
+            "first_gets": first_gets,
+            "gets": [r for r in hub.log_snapshot() if r[0] == "GET"],
+            "before": before,
+            "after": after,
+        }
+
+
+def test_noop_rebuild_writes_nothing_and_asks_nothing(noop_rebuilt: dict[str, Any]) -> None:
+    r = noop_rebuilt
+    assert r["fingerprints"] == (FINGERPRINT, FINGERPRINT)
+    assert r["first_gets"] and r["gets"] == []  # the first build downloaded; the second sent no GET
+    before, after = r["before"], r["after"]
+    assert set(after) == set(before), set(after) ^ set(before)
+    changed = sorted(p for p in after if after[p] != before[p])
+    assert changed == []  # nothing under the data root but the instance (and the lock's holder line)
+    extracted = [p for p in before if p.startswith((layout.PROCESSED_DIR + "/", layout.DERIVED_DIR + "/"))]
+    assert len(extracted) > 100  # every extracted file (and folder) kept its inode and mtime
+
+
+def test_noop_rebuild_says_up_to_date_per_stage(noop_rebuilt: dict[str, Any]) -> None:
+    lines = [ln for ln in noop_rebuilt["second"].stderr.splitlines() if ln.startswith("[")]
+    assert lines == [f"[{i}/{len(STAGES)}] {s.label}: up to date" for i, s in enumerate(STAGES, 1)]
+    first = noop_rebuilt["first"].stderr
+    assert "up to date" not in first and "cache_dir[" in first  # the first build shows its runs
+
+
+def test_build_status_names_what_must_run(noop_rebuilt: dict[str, Any]) -> None:
+    """build_status (stats only): nothing to do after the builds (once the store stage is recorded);
+    a touched extracted file or kit file names the stage that must run, and every stage after it."""
+    root: Path = noop_rebuilt["root"]
+    prof = load_profile(noop_rebuilt["demo"].profile)
+    status = build_status(prof, root)
+    assert status["acquire"] is None and status["extract"] is None
+    record_store_stage(prof, root)
+    assert build_status(prof, root) == {s.name: None for s in STAGES}
+    assert record_store_stage(prof, root) is False  # unchanged: not written again
+
+    def touched(p: Path) -> dict[str, str | None]:
+        st = p.stat()
+        os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+        try:
+            return build_status(prof, root)
+        finally:
+            os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+    key = sorted(prof.cache_keys())[0]
+    got = touched(_a_file(layout.cache_dir(root, key)))
+    assert got["acquire"] is None and got["store"] == "cache directories change"
+    assert got["extract"] == (
+        f"cache_dir[{key}]: {layout.cache_dir(root, key)}: a file was replaced, renamed or modified since it "
+        "was extracted"
+    )
+    assert got["profile"] == got["extract"]
+    got = touched(prof.kit_file("pair_manifest"))
+    assert got["extract"] is None and got["store"] is not None and "kit" in got["store"]
+    assert build_status(prof, root) == {s.name: None for s in STAGES}
+
+
+def test_a_changed_cache_dir_alone_is_reextracted(noop_rebuilt: dict[str, Any]) -> None:
+    """After the no-op: one extracted file deleted; the next build re-extracts that cache directory
+    only (the others keep every inode), downloads nothing, and the store is the same."""
+    root: Path = noop_rebuilt["root"]
+    hub: HubServer = noop_rebuilt["hub"]
+    keys = sorted(p.name for p in layout.processed_root(root).iterdir())
+    victim = keys[0]
+    gone = _a_file(layout.cache_dir(root, victim))
+    gone.unlink()
+    before = {k: _stats(layout.cache_dir(root, k)) for k in keys}
+    hub.clear_log()
+    out, fp = _build(noop_rebuilt["demo"], root, hub)
+    assert fp == FINGERPRINT
+    assert [r for r in hub.log_snapshot() if r[0] == "GET"] == []
+    after = {k: _stats(layout.cache_dir(root, k)) for k in keys}
+    assert gone.is_file() and after[victim] != before[victim]
+    assert all(after[k] == before[k] for k in keys if k != victim)
+    assert "[3/4] extract cache dirs: up to date" not in out.stderr
+    assert f"cache_dir[{victim}]: ok" in out.stderr

@@ -1,0 +1,419 @@
+"""Readers own their store; old stores go by the retention policy, never from under a live reader.
+
+Real stores made by the writer (tests/test_store.py's helpers), real processes for the leases.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.cli import python_argv, stage2, subprocess_env
+from test_store import Upstream, build, make_upstream
+
+from stage2_data.cli import main
+from stage2_data.errors import Stage2Error, StoreNotFoundError
+from stage2_data.publish import owned_name
+from stage2_data.storage import StoreLocation
+from stage2_data.store import VinOfflineDataset, VinOfflineStoreReader
+from stage2_data.store.retention import (
+    KEEP_ENV,
+    LEASES_DIR,
+    collect_stores,
+    default_keep,
+    lease_path,
+    profile_roots,
+    retention_after_publish,
+)
+
+PROFILE = "demo_v1"
+
+
+@pytest.fixture(scope="module")
+def ups(tmp_path_factory: pytest.TempPathFactory) -> tuple[Upstream, Upstream]:
+    """Two input sets with different content (the store before and after a rebuild)."""
+    root = tmp_path_factory.mktemp("upstream")
+    return make_upstream(root / "a", range(1, 11), seed=1), make_upstream(root / "b", range(3, 15), seed=2)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory, ups: tuple[Upstream, Upstream]) -> tuple[Path, Path]:
+    """Store A and store B, built once; tests copy them into a stores folder."""
+    root = tmp_path_factory.mktemp("built")
+    a, b = root / "a", root / "b"
+    build(a, ups[0])
+    build(b, ups[1])
+    return a, b
+
+
+def publish(profile_root: Path, src: Path, name: str) -> Path:
+    """A store copied to ``stores/<profile>/<name>`` and published as ``current`` (the build's way)."""
+    dst = profile_root / name
+    shutil.copytree(src, dst)
+    StoreLocation.parse(profile_root).publish_current(name)
+    return dst
+
+
+def everything(reader: VinOfflineStoreReader) -> list[tuple[bytes, bytes | None]]:
+    """Every sample's frames and actions, as bytes."""
+    out = []
+    for i in range(len(reader)):
+        a = reader.read_actions(i)
+        out.append((reader.read_frames(i).tobytes(), None if a is None else a.tobytes()))
+    return out
+
+
+def digest(reader: VinOfflineStoreReader) -> str:
+    h = hashlib.sha256()
+    for f, a in everything(reader):
+        h.update(f)
+        h.update(a or b"-")
+    return h.hexdigest()
+
+
+def actions_of(report: Any) -> dict[str, tuple[str, str]]:
+    return {e.name: (e.action, e.reason) for e in report.entries}
+
+
+# ----- a reader pins its store --------------------------------------------------------------------------
+def test_reader_on_current_reads_its_own_store_after_swap_and_gc(
+    tmp_path: Path, built: tuple[Path, Path]
+) -> None:
+    profile_root = tmp_path / "stores" / PROFILE
+    profile_root.mkdir(parents=True)
+    a = publish(profile_root, built[0], "v1-0001")
+    current = profile_root / "current"
+    reader = VinOfflineStoreReader(current)
+    ds = VinOfflineDataset(current, split="train")
+    assert reader.path == a.resolve() and reader.resolved == str(a.resolve()) and ds.path == a.resolve()
+    assert reader.opened_as == str(current) and reader.fingerprint == reader.manifest["fingerprint"]
+    reference = everything(reader)
+    ref_items = [(x["frames"].tobytes(), x["actions"].tobytes(), x["sample_key"]) for x in ds]
+    pickled = pickle.dumps(ds)  # a DataLoader worker's copy, made before the rebuild
+
+    b = publish(profile_root, built[1], "v1-0002")  # the rebuild: current moves to B
+    assert current.resolve() == b.resolve()
+    assert everything(reader) == reference  # byte-exact, sample by sample, after the swap
+    assert [(x["frames"].tobytes(), x["actions"].tobytes(), x["sample_key"]) for x in ds] == ref_items
+    clone = pickle.loads(pickled)  # unpickled after the swap: still A
+    assert clone.resolved == str(a.resolve())
+    assert [(x["frames"].tobytes(), x["actions"].tobytes(), x["sample_key"]) for x in clone] == ref_items
+
+    rep = collect_stores(profile_root, keep=0)  # A is leased: kept, whatever keep says
+    got = actions_of(rep)
+    assert got["v1-0002"] == ("kept", "current")
+    assert got["v1-0001"][0] == "kept" and got["v1-0001"][1].startswith("in use by pid ")
+    assert str(os.getpid()) in got["v1-0001"][1]
+    assert a.is_dir()
+    assert everything(reader) == reference  # and after gc
+
+    reader.close()
+    ds.close()
+    assert collect_stores(profile_root, keep=0).entries[0].action == "kept"  # the clone still holds A
+    clone.close()
+    rep = collect_stores(profile_root, keep=0)
+    assert actions_of(rep)["v1-0001"][0] == "removed" and not a.exists()
+    assert not lease_path(a).exists()  # its gate went with it
+    assert sorted(p.name for p in profile_root.iterdir()) == [LEASES_DIR, "current", "v1-0002"]
+    with VinOfflineStoreReader(current) as fresh:
+        assert fresh.path == b.resolve() and fresh.fingerprint != reader.fingerprint
+
+
+def test_lease_across_processes_and_after_kill_9(tmp_path: Path, built: tuple[Path, Path]) -> None:
+    profile_root = tmp_path / "stores" / PROFILE
+    profile_root.mkdir(parents=True)
+    a = publish(profile_root, built[0], "v1-0001")
+    with VinOfflineStoreReader(a) as r:
+        reference = digest(r)
+    code = f"""
+import sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from test_retention import digest
+from stage2_data.store import VinOfflineStoreReader
+reader = VinOfflineStoreReader(sys.argv[1])
+print(reader.resolved, flush=True)
+for line in sys.stdin:  # one digest of every sample per line received
+    print(digest(reader), flush=True)
+"""
+    child = subprocess.Popen(
+        python_argv(code, str(profile_root / "current")),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(),
+    )
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        assert child.stdout.readline().strip() == str(a.resolve())
+        publish(profile_root, built[1], "v1-0002")
+        rep = collect_stores(profile_root, keep=0)
+        assert actions_of(rep)["v1-0001"] == ("kept", f"in use by pid {child.pid}")
+        child.stdin.write("read\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == reference  # the child read its own store after swap + gc
+        os.kill(child.pid, signal.SIGKILL)  # a crashed reader: its lease must not block gc
+        assert child.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    rep = collect_stores(profile_root, keep=0)
+    assert actions_of(rep)["v1-0001"] == ("removed", "") and not a.exists()
+
+
+def test_pickled_reader_takes_its_own_lease(tmp_path: Path, built: tuple[Path, Path]) -> None:
+    profile_root = tmp_path / "stores" / PROFILE
+    profile_root.mkdir(parents=True)
+    a = publish(profile_root, built[0], "v1-0001")
+    reader = VinOfflineStoreReader(profile_root / "current")
+    state = pickle.dumps(reader)
+    assert reader.lease is not None and reader.lease.held
+    reader.close()
+    clone = pickle.loads(state)
+    assert clone.lease is not None and clone.lease.held and clone.path == a.resolve()
+    publish(profile_root, built[1], "v1-0002")
+    assert actions_of(collect_stores(profile_root, keep=0))["v1-0001"][0] == "kept"
+    clone.close()
+    assert actions_of(collect_stores(profile_root, keep=0))["v1-0001"][0] == "removed"
+    with pytest.raises(StoreNotFoundError, match="gone"):
+        pickle.loads(state)  # the store it was opened on is gone: one clear error, never another store
+
+
+_WORKER_DS: VinOfflineDataset | None = None
+
+
+def _worker_init(ds: VinOfflineDataset) -> None:
+    global _WORKER_DS
+    _WORKER_DS = ds
+
+
+def _worker_read(_: int) -> tuple[int, str, str]:
+    assert _WORKER_DS is not None
+    h = hashlib.sha256()
+    for x in _WORKER_DS:
+        h.update(x["frames"].tobytes())
+        h.update(x["actions"].tobytes())
+    return os.getpid(), _WORKER_DS.resolved, h.hexdigest()
+
+
+def test_dataset_in_a_spawned_worker_keeps_its_store(tmp_path: Path, built: tuple[Path, Path]) -> None:
+    """A DataLoader-style worker (spawn: the dataset is pickled) reads the store the dataset was opened
+    on, after a rebuild and a gc; its own lease keeps the store while the worker lives."""
+    import multiprocessing
+
+    profile_root = tmp_path / "stores" / PROFILE
+    profile_root.mkdir(parents=True)
+    a = publish(profile_root, built[0], "v1-0001")
+    ds = VinOfflineDataset(profile_root / "current", split="train")
+    _worker_init(ds)
+    _, _, reference = _worker_read(0)
+    with multiprocessing.get_context("spawn").Pool(1, initializer=_worker_init, initargs=(ds,)) as pool:
+        pid, resolved, got = pool.apply(_worker_read, (0,))
+        assert resolved == str(a.resolve()) and got == reference
+        publish(profile_root, built[1], "v1-0002")
+        ds.close()
+        _worker_init(None)  # type: ignore[arg-type]
+        assert actions_of(collect_stores(profile_root, keep=0))["v1-0001"] == ("kept", f"in use by pid {pid}")
+        assert pool.apply(_worker_read, (0,)) == (pid, str(a.resolve()), reference)
+        pool.terminate()
+        pool.join()
+    assert actions_of(collect_stores(profile_root, keep=0))["v1-0001"][0] == "removed"
+
+
+def test_reader_resolves_current_on_object_storage(tmp_path: Path, built: tuple[Path, Path]) -> None:
+    """On object storage ``CURRENT`` is read once, at open (fsspec's memory file system)."""
+    fsspec = pytest.importorskip("fsspec")
+    url = f"memory://bucket/t{os.getpid()}/stores/{PROFILE}"
+    root = StoreLocation.parse(url)
+    try:
+        for name, src in (("v1-0001", built[0]), ("v1-0002", built[1])):
+            dst = root.child(name)
+            for rel in StoreLocation.parse(src).tree_files(src):
+                dst.put_file(src / rel, dst.root / rel)
+        root.publish_current("v1-0001")
+        reader = VinOfflineStoreReader(f"{url}/current")
+        assert reader.resolved == f"{root.url}/v1-0001"
+        with VinOfflineStoreReader(built[0]) as local:
+            reference = everything(local)
+        root.publish_current("v1-0002")
+        assert everything(reader) == reference
+        assert VinOfflineStoreReader(url).resolved == f"{root.url}/v1-0002"
+        assert [r.url for r in profile_roots(url)] == [root.url]
+        assert [r.url for r in profile_roots(url.rsplit("/", 1)[0])] == [root.url]
+        rep = collect_stores(url, keep=0)
+        assert actions_of(rep)["v1-0001"] == ("removed", "") and "no lease" in rep.notes[0]
+        assert actions_of(rep)["v1-0002"] == ("kept", "current")
+    finally:
+        fsspec.filesystem("memory").rm(f"/bucket/t{os.getpid()}", recursive=True)
+
+
+# ----- the policy ---------------------------------------------------------------------------------------
+def four_stores(tmp_path: Path, src: Path) -> Path:
+    """stores/<profile>/ with v1-0001..v1-0004 (oldest first), current -> v1-0004."""
+    profile_root = tmp_path / "stores" / PROFILE
+    profile_root.mkdir(parents=True)
+    for i in range(1, 5):
+        publish(profile_root, src, f"v1-000{i}")
+    return profile_root
+
+
+@pytest.mark.parametrize(
+    ("keep", "kept"),
+    [(0, ["v1-0004"]), (1, ["v1-0003", "v1-0004"]), (2, ["v1-0002", "v1-0003", "v1-0004"])],
+)
+def test_keep_n_previous_never_current(
+    tmp_path: Path, built: tuple[Path, Path], keep: int, kept: list[str]
+) -> None:
+    profile_root = four_stores(tmp_path, built[0])
+    before = sorted(p.name for p in profile_root.iterdir())
+    dry = collect_stores(profile_root, keep=keep, dry_run=True)
+    assert sorted(p.name for p in profile_root.iterdir()) == before  # a dry run removes nothing
+    assert sorted(e.name for e in dry.entries if e.action == "would remove") == sorted(
+        {"v1-0001", "v1-0002", "v1-0003"} - set(kept)
+    )
+    rep = collect_stores(profile_root, keep=keep)
+    assert sorted(e.name for e in rep.entries if e.action == "kept") == kept
+    assert actions_of(rep)["v1-0004"] == ("kept", "current")
+    assert sorted(p.name for p in profile_root.iterdir() if p.name.startswith("v1-")) == kept
+    assert rep.freed_bytes == dry.freed_bytes > 0
+    with VinOfflineStoreReader(profile_root / "current") as r:
+        assert r.path.name == "v1-0004"
+
+
+def test_gc_leaves_what_is_not_ours_and_sweeps_dead_temps(tmp_path: Path, built: tuple[Path, Path]) -> None:
+    profile_root = four_stores(tmp_path, built[0])
+    (profile_root / "notes").mkdir()
+    (profile_root / "notes" / "todo.txt").write_text("mine")
+    foreign = profile_root / "other-format"
+    foreign.mkdir()
+    (foreign / "manifest.json").write_text('{"format": "something-else"}')
+    half = profile_root / "v1-half"  # an interrupted store: no manifest
+    shutil.copytree(built[0] / "shards", half / "shards")
+    dead = profile_root / ".v1-0005.tmp-999999999-1-00000000-abc"  # another host: never judged
+    dead.mkdir()
+    mine = profile_root / owned_name("v1-0006")  # a live writer (this process): kept
+    mine.mkdir()
+    gone = profile_root / ".v1-0007.tmp-4194999"  # pid-only legacy name whose pid does not exist
+    gone.mkdir()
+    rep = collect_stores(profile_root, keep=0)
+    got = actions_of(rep)
+    for name in ("notes", "other-format", "v1-half"):
+        assert got[name][0] == "left alone" and (profile_root / name).is_dir()
+    assert "no manifest.json" in got["notes"][1] and "another format" in got["other-format"][1]
+    assert got[gone.name] == ("removed", "a temp its dead writer left") and not gone.exists()
+    assert dead.exists() and mine.exists()
+    assert {n for n, (act, _) in got.items() if act == "removed"} == {
+        "v1-0001",
+        "v1-0002",
+        "v1-0003",
+        gone.name,
+    }
+
+
+def test_without_current_nothing_is_removed(tmp_path: Path, built: tuple[Path, Path]) -> None:
+    profile_root = four_stores(tmp_path, built[0])
+    (profile_root / "current").unlink()
+    rep = collect_stores(profile_root, keep=0)
+    assert all(e.action == "kept" for e in rep.entries) and len(rep.entries) == 4
+    assert "nothing removed" in rep.notes[0]
+
+
+def test_keep_setting_and_the_build_hook(
+    tmp_path: Path, built: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert default_keep({}) == 1
+    assert default_keep({KEEP_ENV: "3"}) == 3
+    assert default_keep({KEEP_ENV: "all"}) is None
+    for bad in ("-1", "two"):
+        with pytest.raises(Stage2Error, match=KEEP_ENV):
+            default_keep({KEEP_ENV: bad})
+    profile_root = four_stores(tmp_path, built[0])
+    loc = StoreLocation.parse(profile_root)
+    assert retention_after_publish(loc, "all")["removed"] == []
+    monkeypatch.setenv(KEEP_ENV, "all")
+    assert retention_after_publish(loc)["removed"] == []  # None: the environment says
+    monkeypatch.setenv(KEEP_ENV, "-2")
+    assert KEEP_ENV in retention_after_publish(loc)["error"] and len(list(profile_root.glob("v1-*"))) == 4
+    monkeypatch.delenv(KEEP_ENV)
+    got = retention_after_publish(loc)  # the default: keep 1
+    assert got["removed"] == ["v1-0002", "v1-0001"] and got["freed_bytes"] > 0
+    assert sorted(p.name for p in profile_root.iterdir() if p.name.startswith("v1-")) == [
+        "v1-0003",
+        "v1-0004",
+    ]
+    assert "error" in retention_after_publish(StoreLocation.parse(tmp_path / "nowhere"), 1)
+
+
+def test_profile_roots(tmp_path: Path, built: tuple[Path, Path]) -> None:
+    profile_root = four_stores(tmp_path, built[0])
+    other = tmp_path / "stores" / "other"
+    other.mkdir()
+    publish(other, built[1], "v1-0001")
+    (tmp_path / "stores" / "empty").mkdir()
+    assert [r.root for r in profile_roots(tmp_path / "stores")] == [profile_root, other]
+    assert [r.root for r in profile_roots(profile_root)] == [profile_root]
+    with pytest.raises(Stage2Error, match="holds no stores"):
+        profile_roots(tmp_path / "stores" / "empty")
+
+
+# ----- the command --------------------------------------------------------------------------------------
+def test_gc_command(tmp_path: Path, built: tuple[Path, Path]) -> None:
+    profile_root = four_stores(tmp_path, built[0])
+    stores = tmp_path / "stores"
+    r = stage2("gc", str(stores), "--dry-run")
+    assert r.returncode == 0, r.tail()
+    lines = r.stdout.splitlines()
+    assert "dry run, nothing removed" in lines[0]
+    assert any(ln.split()[:3] == ["would", "remove", "v1-0001"] and "KiB" in ln for ln in lines)
+    assert any(ln.split()[:2] == ["kept", "v1-0004"] and ln.endswith("current") for ln in lines)
+    assert len(list(profile_root.glob("v1-*"))) == 4
+    r = stage2("gc", str(stores), "--json", env=subprocess_env(**{KEEP_ENV: "2"}))
+    assert r.returncode == 0, r.tail()
+    doc = r.json()
+    assert doc["keep"] == 2 and not doc["dry_run"] and doc["freed_bytes"] > 0
+    (root,) = doc["roots"]
+    assert [s["name"] for s in root["stores"] if s["action"] == "removed"] == ["v1-0001"]
+    r = stage2("gc", str(profile_root), "--keep", "0")
+    assert r.returncode == 0, r.tail()
+    assert sum(ln.split()[0] == "removed" for ln in r.stdout.splitlines()) == 2
+    assert sorted(p.name for p in profile_root.glob("v1-*")) == ["v1-0004"]
+
+
+def test_gc_command_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    r = stage2("gc", str(tmp_path / "missing"))  # the real command, once
+    assert r.returncode == 2 and r.stdout == ""
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("stage2 gc: error: ") and "no such folder" in line and "Fix:" in line
+    capsys.readouterr()
+    (tmp_path / "empty").mkdir()
+    assert main(["gc", str(tmp_path / "empty")]) == 2
+    err = capsys.readouterr().err
+    assert "holds no stores" in err and len(err.strip().splitlines()) == 1
+    with pytest.raises(SystemExit) as exc:
+        main(["gc", str(tmp_path), "--keep", "-1"])
+    assert exc.value.code == 2 and "not a number of stores" in capsys.readouterr().err
+    monkeypatch.setenv(KEEP_ENV, "lots")
+    assert main(["gc", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert KEEP_ENV in err and len(err.strip().splitlines()) == 1
+
+
+def test_gc_command_refused_while_a_build_holds_the_data_root(
+    tmp_path: Path, built: tuple[Path, Path]
+) -> None:
+    from stage2_data.publish import data_root_lock
+
+    profile_root = four_stores(tmp_path, built[0])
+    with data_root_lock(tmp_path):
+        r = stage2("gc", str(profile_root), "--keep", "0")
+    assert r.returncode == 2 and "in use by another build" in r.stderr, r.tail()
+    assert sorted(p.name for p in profile_root.glob("v1-*")) == [f"v1-000{i}" for i in range(1, 5)]

@@ -1,0 +1,328 @@
+"""Clean stops (pipelines/stops.py): SIGTERM and SIGINT stop a real `stage2 build` process from any
+stage, in the background (SIGINT ignored, its own session: cron, nohup, a pod) or the foreground,
+with the in-process executor and with worker processes. Every case asserts the exit code (143 for
+SIGTERM, 130 for SIGINT) within a bounded wait, the one-line message and no traceback, that nothing
+was published, that no process of the build's session is left, and that a rerun resumes (partial
+downloads kept) and completes with the demo's fingerprint, leaving no temp folder.
+
+The download stage is slowed by the loopback hub's pacing (``HubFaults.rate``); extraction and the
+store write by an audit hook (a ``sitecustomize`` on the build's PYTHONPATH, so worker processes
+have it too) that sleeps once a temp folder of that stage has something in it: the demo's stages
+otherwise finish in milliseconds. The signal is sent when the data root shows the stage started (a
+partial download with bytes; the stage's temp folder).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from helpers.cli import REPO, STAGE2, Ran, stage2, subprocess_env
+
+from stage2_data import layout
+from stage2_data.demo import DemoPaths
+from stage2_data.demo.hubserver import HubFaults, HubServer
+from stage2_data.profile import load_profile
+from stage2_pipelines.runner import write_instance_yaml
+
+DEMO_FINGERPRINT = "0e9f62dee5fb4ec141ce8b873bc47c49a4189c289e6daa9f8a75092a676a4f99"
+STOP_WAIT = 90.0  # polling deadline that stops a hang (the stop itself takes seconds)
+
+# Sleeps (long: the build would not end by itself within STOP_WAIT) at the first write inside a temp
+# folder of the stage named by STAGE2_TEST_SLOW_AT (a regex over paths).
+_SITECUSTOMIZE = r"""
+import os, re, sys, time
+_pat = os.environ.get("STAGE2_TEST_SLOW_AT")
+if _pat:
+    _rx = re.compile(_pat)
+    def _slow(event, args):
+        if event in ("os.mkdir", "open") and args and isinstance(args[0], (str, bytes, os.PathLike)):
+            if _rx.search(os.fsdecode(args[0])):
+                time.sleep(600)
+    sys.addaudithook(_slow)
+"""
+
+SLOW_AT = {
+    "extract": r"/processed_datasets/\.[^/]+\.tmp-[^/]+/.",
+    "store": r"/stores/[^/]+/\.[^/]*\.tmp-[^/]+/.",
+}
+
+
+@dataclass
+class Stopped:
+    ran: Ran
+    pid: int
+    leftover: list[str]  # processes of the build's session still alive after it exited
+    partials: list[str]  # archives/.partial files (with bytes) after the stop
+
+
+def _session_processes(sid: int) -> list[str]:
+    """Live (not zombie) processes whose session is ``sid``: what the build left running."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            stat = Path(f"/proc/{name}/stat").read_text()
+            fields = stat[stat.rindex(")") + 2 :].split()  # state, ppid, pgrp, session, ...
+            if int(fields[3]) == sid and fields[0] != "Z":
+                out.append(
+                    f"{name}: {Path(f'/proc/{name}/cmdline').read_bytes().replace(bytes(1), b' ')[:200]!r}"
+                )
+    return out
+
+
+# A terminal's Ctrl-C reaches every process of the foreground group: Dagster's compute-log helper
+# (`watch_orphans.py`, started next to the `tail` echoing a step's output) dies of it with a
+# traceback of its own. Every other traceback is a failure.
+_DAGSTER_HELPER = "dagster/_core/execution/scripts/watch_orphans.py"
+
+
+def _tracebacks(text: str) -> list[str]:
+    """The tracebacks in ``text`` but those of Dagster's compute-log helper process."""
+    blocks = text.split("Traceback (most recent call last):")[1:]
+    return [b[:500] for b in blocks if _DAGSTER_HELPER not in b[:300]]
+
+
+def _stage_started(root: Path, stage: str, profile_name: str) -> bool:
+    if stage == "download":
+        part = root / "archives" / ".partial"
+        with contextlib.suppress(OSError):
+            return any(f.is_file() and f.stat().st_size > 0 for f in part.iterdir())
+        return False
+    where = layout.processed_root(root) if stage == "extract" else layout.stores_root(root, profile_name)
+    with contextlib.suppress(OSError):
+        return any(".tmp-" in p.name for p in where.iterdir() if p.is_dir())
+    return False
+
+
+def _build_args(demo: DemoPaths, root: Path, url: str, extra: list[str]) -> list[str]:
+    return ["build", "--profile", str(demo.profile), "--data-root", str(root), "--endpoint", url, *extra]
+
+
+def _stop_build(
+    demo: DemoPaths,
+    root: Path,
+    env: dict[str, str],
+    *,
+    stage: str,
+    sig: int,
+    background: bool,
+    extra: list[str],
+) -> Stopped:
+    """Start a build, wait until ``stage`` started, send ``sig`` (to the build alone in the
+    background, to its process group as a terminal's Ctrl-C does in the foreground)."""
+    env = dict(env)
+    if stage in SLOW_AT:
+        env["STAGE2_TEST_SLOW_AT"] = SLOW_AT[stage]
+    faults = HubFaults(rate=60_000 if stage == "download" else None)
+    name = load_profile(demo.profile).name
+    logs = root.parent / "logs"
+    logs.mkdir(exist_ok=True)
+    with (
+        HubServer(demo.upstream, repo_id=demo.repo_id, revision=demo.revision, faults=faults) as hub,
+        open(logs / "out", "w+") as out,
+        open(logs / "err", "w+") as err,
+    ):
+
+        def ignore_sigint() -> None:  # what a background shell does to what it starts
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+        p = subprocess.Popen(
+            [*STAGE2, *_build_args(demo, root, hub.url, extra)],
+            stdout=out,
+            stderr=err,
+            text=True,
+            cwd=REPO,
+            env=env,
+            start_new_session=True,
+            preexec_fn=ignore_sigint if background else None,
+        )
+        try:
+            deadline = time.monotonic() + 300
+            while not _stage_started(root, stage, name):
+                assert p.poll() is None, f"the build ended before {stage} started"
+                assert time.monotonic() < deadline, f"{stage} never started"
+                time.sleep(0.02)
+            time.sleep(0.3)  # well inside the stage
+            if background:
+                os.kill(p.pid, sig)
+            else:
+                os.killpg(p.pid, sig)
+            p.wait(timeout=STOP_WAIT)
+        finally:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        leftover: list[str] = []
+        deadline = time.monotonic() + 10  # the resource tracker ends once its parent is gone
+        while (leftover := _session_processes(p.pid)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        out.seek(0)
+        err.seek(0)
+        ran = Ran(p.args, p.returncode, out.read(), err.read())
+    part = root / "archives" / ".partial"
+    partials = sorted(f.name for f in part.iterdir() if f.stat().st_size > 0) if part.is_dir() else []
+    return Stopped(ran, p.pid, leftover, partials)
+
+
+CASES = {
+    # id: (stage, signal, background, extra build arguments)
+    "download-sigterm-bg-in-process": ("download", signal.SIGTERM, True, ["--concurrency", "1"]),
+    "download-sigterm-bg-workers": ("download", signal.SIGTERM, True, ["--executor", "multiprocess", "--concurrency", "2"]),
+    "extract-sigterm-bg-in-process": ("extract", signal.SIGTERM, True, ["--concurrency", "1"]),
+    "extract-sigint-fg-workers": ("extract", signal.SIGINT, False, ["--executor", "multiprocess", "--concurrency", "2"]),
+    "store-sigterm-bg-workers": ("store", signal.SIGTERM, True, ["--executor", "multiprocess", "--concurrency", "2"]),
+    "store-sigint-fg-in-process": ("store", signal.SIGINT, False, ["--concurrency", "1"]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_stop(case: str, demo: DemoPaths, tmp_path: Path) -> None:
+    stage, sig, background, extra = CASES[case]
+    root = tmp_path / "root"
+    home = tmp_path / "home"
+    write_instance_yaml(home)
+    sitedir = tmp_path / "site"
+    sitedir.mkdir()
+    (sitedir / "sitecustomize.py").write_text(_SITECUSTOMIZE)
+    env = subprocess_env(
+        drop=("HF_TOKEN", "STAGE2_TEST_SLOW_AT"), DAGSTER_HOME=str(home), PYTHONPATH=f"{sitedir}:{REPO}"
+    )
+    name = load_profile(demo.profile).name
+
+    s = _stop_build(demo, root, env, stage=stage, sig=sig, background=background, extra=extra)
+
+    want = 143 if sig == signal.SIGTERM else 130
+    said = s.ran.stdout + s.ran.stderr
+    assert s.ran.returncode == want, s.ran.tail()
+    name_ = "SIGTERM" if sig == signal.SIGTERM else "SIGINT"
+    assert (
+        f"stopped by {name_}: nothing was published; rerun to resume (partial downloads kept)" in s.ran.stderr
+    )
+    assert _tracebacks(said) == [], s.ran.tail()
+    assert s.leftover == [], s.leftover
+    # nothing published: no `current`, no store folder (a temp folder of the stopped build may stay:
+    # the next build sweeps it)
+    stores = layout.stores_root(root, name)
+    assert not layout.current_store_path(root, name).exists()
+    published = [p.name for p in stores.iterdir() if ".tmp-" not in p.name] if stores.is_dir() else []
+    assert published == [], published
+    if stage == "download":
+        assert s.partials, "the partial downloads were not kept"
+
+    # the rerun resumes and completes: the demo's fingerprint, no temp folder left anywhere
+    with HubServer(demo.upstream, repo_id=demo.repo_id, revision=demo.revision) as hub:
+        env.pop("STAGE2_TEST_SLOW_AT", None)
+        r = stage2(*_build_args(demo, root, hub.url, ["--json"]), env=env, timeout=600)
+    assert r.returncode == 0, r.tail()
+    assert r.json()["fingerprint"] == DEMO_FINGERPRINT
+    leftovers = [str(p) for p in root.rglob(".*") if ".tmp" in p.name or ".old-" in p.name]
+    assert leftovers == [], leftovers
+    assert not (root / "archives" / ".partial").is_dir() or not any(
+        (root / "archives" / ".partial").iterdir()
+    )
+    shutil.rmtree(root, ignore_errors=True)
+
+
+# ----- fast: the pieces, without a build -----------------------------------------------------------
+def test_cancel_downloads_wakes_a_blocked_read_and_keeps_the_partial(demo: DemoPaths, tmp_path: Path) -> None:
+    """``cancel_downloads`` (what a stop calls) ends a download blocked on a slow hub with
+    DownloadCancelled, keeps its partial file, and the next download resumes and verifies it."""
+    import threading
+
+    from stage2_data.acquire import DownloadCancelled, HubSource, cancel_downloads, download_archive
+
+    profile = load_profile(demo.profile)
+    spec = max(profile.archives, key=lambda a: a.size or 0)
+    root = tmp_path / "root"
+    part = layout.partial_path(root, spec.path)
+    got: list[BaseException | None] = []
+    with HubServer(
+        demo.upstream, repo_id=demo.repo_id, revision=demo.revision, faults=HubFaults(rate=20_000)
+    ) as hub:
+        source = HubSource.from_profile(profile, endpoint=hub.url)
+
+        def run() -> None:
+            try:
+                download_archive(source, spec, root)
+                got.append(None)
+            except BaseException as e:
+                got.append(e)
+
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        deadline = time.monotonic() + 60
+        while not (part.is_file() and part.stat().st_size > 0):
+            assert t.is_alive() and time.monotonic() < deadline, got
+            time.sleep(0.02)
+        try:
+            cancel_downloads()
+            t.join(timeout=30)
+        finally:
+            cancel_downloads(False)
+        assert not t.is_alive(), "the download did not stop"
+        assert len(got) == 1 and isinstance(got[0], DownloadCancelled), got
+        kept = part.stat().st_size
+        assert 0 < kept < (spec.size or 0)
+        hub.faults.rate = None
+        res = download_archive(source, spec, root)
+    assert res.sha256 == spec.sha256 and res.resumed_from == kept
+
+
+_GUARDED = r"""
+import os, signal, subprocess, sys, time
+from stage2_pipelines.stops import stop_guard
+child = None
+with stop_guard(grace=1.0) as stop:
+    child = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+    print(child.pid, flush=True)
+    time.sleep(600)
+print(stop.message(), file=sys.stderr)
+sys.exit(stop.exit_code)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_stop_guard_background_process(sig: int) -> None:
+    """The guard alone, in a process started as a background shell starts it (SIGINT ignored, its own
+    session): the signal interrupts the main thread, a worker that ignores SIGTERM is killed after
+    the grace period, and the process exits 143/130 with the one line."""
+    from helpers.cli import python_argv
+
+    def ignore_sigint() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    p = subprocess.Popen(
+        python_argv(_GUARDED),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=subprocess_env(PYTHONPATH=str(REPO)),
+        start_new_session=True,
+        preexec_fn=ignore_sigint,
+    )
+    try:
+        assert p.stdout is not None
+        child = int(p.stdout.readline())
+        os.kill(p.pid, sig)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert p.returncode == (143 if sig == signal.SIGTERM else 130), err
+    assert f"stopped by {signal.Signals(sig).name}: nothing was published" in err
+    assert "Traceback" not in err, err
+    assert (
+        not Path(f"/proc/{child}").exists()
+        or Path(f"/proc/{child}/stat").read_text().split(") ")[1][0] == "Z"
+    )
