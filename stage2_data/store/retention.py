@@ -274,6 +274,17 @@ def _our_manifest(loc: StoreLocation) -> dict[str, Any] | None:
     return m if m is not None and m.get("format") == STORE_FORMAT else None
 
 
+def _lock_exclusive(fd: int) -> bool:
+    """Take ``fd``'s flock exclusively without waiting: False when a reader holds it shared."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise
+        return False
+    return True
+
+
 def _remove_local(store: Path, current: Path | None, dry_run: bool) -> tuple[str, str]:
     """Remove one local store unless a reader holds its gate; (action, reason)."""
     gate = lease_path(store)
@@ -282,22 +293,14 @@ def _remove_local(store: Path, current: Path | None, dry_run: bool) -> tuple[str
             return "would remove", ""
         fd = os.open(gate, os.O_RDONLY | _CLOEXEC)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise
-            return "kept", _in_use(store)
+            held = not _lock_exclusive(fd)
         finally:
             os.close(fd)
-        return "would remove", ""
+        return ("kept", _in_use(store)) if held else ("would remove", "")
     gate.parent.mkdir(exist_ok=True)
     fd = os.open(gate, os.O_RDONLY | os.O_CREAT | _CLOEXEC, 0o666)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise
+        if not _lock_exclusive(fd):
             return "kept", _in_use(store)
         if not _same_file(fd, gate):
             return "kept", "its lease changed while it was checked (run gc again)"
