@@ -16,6 +16,7 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetC
 
 from stage2_data.checks import CHECK_DESCRIPTIONS, CHECKS_BY_ASSET, NON_BLOCKING
 from stage2_data.errors import Stage2Error
+from stage2_data.extract import cancel_extractions
 from stage2_data.stages import PARTITIONS_TAG
 from stage2_data.steps import StepResult
 
@@ -189,7 +190,8 @@ def run_partitions(
         except Stage2Error as err:
             return err
 
-    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(keys) or 1))) as pool:
+    pool = ThreadPoolExecutor(max_workers=max(1, min(workers, len(keys) or 1)))
+    try:
         futures = {pool.submit(one, k): k for k in keys}
         for fut in as_completed(futures):
             key = futures[fut]
@@ -227,6 +229,16 @@ def run_partitions(
                         CODE_VERSION_TAG: CODE_VERSIONS[asset],
                     },
                 )
+    except BaseException as exc:
+        # An interrupt (a stop: Dagster's interrupt or KeyboardInterrupt in this thread) does not
+        # reach the partitions' threads: queued partitions are dropped, running extractions are told
+        # to stop (they raise at their next cancellation point; their staging folders are removed),
+        # and the step ends now instead of waiting for them.
+        if not isinstance(exc, (Exception, GeneratorExit)):
+            cancel_extractions()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
     for name in names:
         got = [(k, o) for k in keys for o in results.get(k, []) if o[0] == name]
         bad = [(k, o[2]) for k, o in got if not o[1]]

@@ -242,6 +242,7 @@ class BuildProgress:
     def on_run(self, r: dict[str, Any]) -> None:
         stage = stage_of(r.get("selection") or [])
         st = self.stages[stage.name]
+        st.expected = st.expected or bool(r.get("up_to_date"))  # not run: the runner found nothing to do
         now = time.monotonic()
         for earlier in self._order()[: st.index - 1]:  # a later stage runs: the earlier ones are over
             if earlier.started is not None and earlier.finished is None:

@@ -42,6 +42,7 @@ from stage2_data.stages import (
     stage_of,
     stage_partitions,
 )
+from stage2_data.steps.status import build_status, record_store_stage
 
 from .config import BuildConfig
 from .definitions import build_job
@@ -270,6 +271,30 @@ def _run_stage(
     return run
 
 
+def store_stage_settings(config: BuildConfig) -> dict[str, Any]:
+    """What, besides the profile, the kit and the data root, changes the store stage's result."""
+    return {"kit_root": config.kit_root, "store_url": config.store_url}
+
+
+def up_to_date_summary(stage: Stage) -> dict[str, Any]:
+    """A stage not run because it had nothing to do, as a run's summary (no run id): the progress
+    display counts it as the whole stage and says "up to date"; the build's summary lists it under
+    ``up_to_date``, not under ``runs`` (the Dagster runs that ran)."""
+    return {
+        "store_metadata": {},
+        "run_id": None,
+        "job": stage.job,
+        "success": True,
+        "partition": None,
+        "partitions": {},
+        "selection": list(stage.assets),
+        "checks": [],
+        "errors": [],
+        "materialized": [],
+        "up_to_date": True,
+    }
+
+
 def _build_all(
     config: BuildConfig,
     *,
@@ -284,20 +309,38 @@ def _build_all(
     cfg = config.to_dict()
     cfg["data_root"] = str(data_root)
     runs: list[dict[str, Any]] = []
+    up_to_date: list[str] = []  # the stages not run: nothing to do (steps.status.build_status)
 
     def record(r: dict[str, Any]) -> None:
-        runs.append(r)
+        if r.get("up_to_date"):
+            up_to_date.append(stage_of(r["selection"]).name)
+        else:
+            runs.append(r)
         if on_run:
             for part in partition_runs(r):
                 on_run(part)
 
+    # What each stage has to do, by stats, once before the first: a stage with nothing to do is not
+    # run (a Dagster run costs seconds even when every step skips its work). The stages after the
+    # acquire or extract stage when it runs always run. Never skipped: anything under --reverify; the
+    # store stage on object storage.
+    settings = store_stage_settings(config)
+    status = {} if config.reverify else build_status(profile, data_root, settings)
     failed: list[tuple[Stage, str | None]] = []
     stage: Stage | None = STAGES[0]
     while stage is not None:
         partitions = stage_partitions(stage, profile, failed)
         if not partitions:
             break
+        skip = stage.name in status and status[stage.name] is None
+        if skip and not (stage is STORE and config.store_url):
+            record(up_to_date_summary(stage))
+            stage = next_stage(stage)
+            continue
         run = _run_stage(cfg, stage, partitions, concurrency, record)
+        passed = run["success"] and not run["errors"] and all(c["passed"] for c in run["checks"])
+        if stage is STORE and passed and not config.store_url:  # a failed check: not up to date next time
+            record_store_stage(profile, data_root, settings)
         if stage.partitioned_by is None:
             failed += [] if run["success"] else [(stage, None)]
         else:
@@ -336,6 +379,7 @@ def _build_all(
             }
             for r in runs
         ],
+        "up_to_date": up_to_date,  # stages with nothing to do: not run, not in "runs"
         "checks": checks,
         "errors": errors,
     }

@@ -19,13 +19,17 @@ the build would go on with the next stage.
   handler raises its interrupt in the step; :meth:`Stop.on_run` raises ``KeyboardInterrupt`` after
   any run that finished once a stop was asked (the build does not go on to the next run or stage);
 - stops this process's downloads at once (``stage2_data.acquire.cancel_downloads``: a read blocked
-  on the network is woken; the partial files are kept): a run's downloads run in threads, which an
-  interrupt of the main thread does not stop;
+  on the network is woken; the partial files are kept) and its extractions
+  (``stage2_data.extract.cancel_extractions``: checked between members and copy chunks; the staging
+  folder is removed): a run's partitions run in threads, which an interrupt of the main thread does
+  not stop (``assets._common.run_partitions`` drops the queued ones and does not wait for the rest;
+  a worker process's own extractions are cancelled there when its step is interrupted);
 - terminates the worker processes (every descendant: Dagster's multiprocess children, a local Dask
   cluster, a process pool) with SIGTERM at once and SIGKILL after ``grace`` seconds; a second signal
   kills at once;
-- after ``hard_deadline`` seconds the process exits whatever its main thread is doing (the last
-  resort: a main thread waiting for a thread that does not stop, e.g. an extraction in progress).
+- after ``hard_deadline`` seconds the process exits whatever its main thread is doing, also after
+  the guard, while the interpreter waits for its threads at exit (the last resort: a thread that
+  does not stop); it prints a line starting with ``HARD_EXIT_MARK``.
 
 Nothing is published by a stop: the store is written under a temp folder and published by an atomic
 rename at the very end (``stage2_data.publish``), a download keeps its ``archives/.partial`` file
@@ -49,10 +53,12 @@ from types import FrameType
 from typing import Any
 
 from stage2_data.acquire import cancel_downloads
+from stage2_data.extract import cancel_extractions
 
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
 GRACE = 3.0  # seconds between SIGTERM and SIGKILL for worker processes
 HARD_DEADLINE = 10.0  # seconds after the first signal: the process exits whatever it is doing
+HARD_EXIT_MARK = "stage2: hard exit:"  # starts the line the last resort prints (tests look for it)
 
 _RESOURCE_TRACKER = "multiprocessing.resource_tracker"  # exits on its own when its parent does
 
@@ -152,9 +158,10 @@ class Stop:
                         self._note(b, counted=True)
             if self.signum is None:
                 continue
-            if not self._cancelled:  # downloads in this process's threads stop at once, partials kept
+            if not self._cancelled:  # downloads (partials kept) and extractions in threads stop at once
                 self._cancelled = True
                 cancel_downloads()
+                cancel_extractions()
             if self.count > 1:  # a second signal: no more waiting
                 self.terminate_workers(kill=True)
             else:
@@ -162,14 +169,31 @@ class Stop:
             if self.at is not None and time.monotonic() - self.at > self.hard_deadline:
                 self._hard_exit()
 
-    def _hard_exit(self) -> None:
+    def _hard_exit(self, *, said: bool = False) -> None:
+        """The last resort (``said``: the command printed its line already)."""
         with contextlib.suppress(Exception):
             self.terminate_workers(kill=True)
         with contextlib.suppress(Exception):
             # to the stderr the build started with: during a step Dagster points fd 2 at the step's
             # compute log (echoed by a `tail` that was just killed); no lock: the main thread may hold it
-            os.write(self._stderr_fd, (self.message() + "\n").encode())
+            lines = [] if said else [self.message()]
+            lines.append(f"{HARD_EXIT_MARK} a thread did not stop within {self.hard_deadline:g} s")
+            os.write(self._stderr_fd, "".join(f"{line}\n" for line in lines).encode())
         os._exit(self.exit_code or 1)
+
+    def _exit_by_deadline(self) -> None:
+        """After the guard (a stopping process): the interpreter's exit waits for non-daemon threads
+        (a partition's thread that did not stop); exit at the hard deadline anyway."""
+        fd = 2
+        with contextlib.suppress(OSError):
+            fd = os.dup(self._stderr_fd)  # the guard closes its own copy
+
+        def wait() -> None:
+            time.sleep(max(0.0, (self.at or time.monotonic()) + self.hard_deadline - time.monotonic()))
+            self._stderr_fd = fd
+            self._hard_exit(said=True)
+
+        threading.Thread(target=wait, name="stage2-hard-exit", daemon=True).start()
 
     def terminate_workers(self, *, kill: bool = False) -> list[int]:
         """SIGTERM every descendant not yet sent one; SIGKILL those sent one ``grace`` seconds ago
@@ -287,6 +311,10 @@ def stop_guard(
         stop._done.set()
         watcher.join(timeout=1.0)
         cancel_downloads(False)
+        if stop.stopped:
+            stop._exit_by_deadline()  # the extractions stay cancelled: this process is stopping
+        else:
+            cancel_extractions(False)
         signal.set_wakeup_fd(old_fd)
         for s, h in old.items():
             # a disposition set outside Python (None) cannot be restored: back to the default

@@ -262,7 +262,7 @@ def test_fault_secret_token(
     # the Dagster event log, event by event (metadata included)
     instance = dg.DagsterInstance.from_config(str(chain.home))
     runs = instance.get_runs()
-    assert len(runs) >= 8  # three builds (two killed), one run per stage
+    assert len(runs) >= 5  # three builds (two killed); a stage with nothing to do is not run
     for run in runs:
         for ev in instance.all_logs(run.run_id):
             assert SECRET not in repr(ev)

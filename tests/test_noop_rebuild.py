@@ -25,7 +25,7 @@ from stage2_data.demo.hubserver import HubServer
 from stage2_data.extract import check_extraction, extract_cache_dir, load_extraction_record, scan_tree
 from stage2_data.extract import extract as extract_mod
 from stage2_data.profile import Profile, load_profile
-from stage2_data.stages import STAGES
+from stage2_data.stages import STAGES, STORE
 from stage2_data.steps import step_extract
 from stage2_data.steps.status import build_status, record_store_stage
 
@@ -188,16 +188,41 @@ def _stats(root: Path, *, skip: tuple[str, ...] = ()) -> Stats:
     return out
 
 
-def _build(demo: DemoPaths, root: Path, hub: HubServer) -> Any:
+def _build(demo: DemoPaths, root: Path, hub: HubServer, *extra: str) -> Any:
     # not --json: the progress display (plain lines, stderr is a pipe) is part of what is checked
     env = subprocess_env(drop=("DAGSTER_HOME", "CI"))
     out = stage2(
-        "build", "--profile", str(demo.profile), "--data-root", str(root), "--endpoint", hub.url, env=env
+        "build",
+        "--profile",
+        str(demo.profile),
+        "--data-root",
+        str(root),
+        "--endpoint",
+        hub.url,
+        *extra,
+        env=env,
     )
     assert out.returncode == 0, out.tail()
     m = re.search(r"^fingerprint:\s+([0-9a-f]{64})$", out.stdout, re.M)
     assert m, out.stdout
     return out, m.group(1)
+
+
+def _dagster_runs(root: Path) -> int:
+    """How many runs the build's instance (``<data_root>/.dagster``) holds."""
+    return len(_dagster_jobs(root))
+
+
+def _dagster_jobs(root: Path) -> list[str]:
+    """The job of every run the build's instance holds, newest first."""
+    import dagster as dg
+
+    with dg.DagsterInstance.from_config(str(root / ".dagster")) as instance:
+        return [r.job_name for r in instance.get_runs()]
+
+
+def _stage_lines(out: Any) -> list[str]:
+    return [ln for ln in out.stderr.splitlines() if ln.startswith("[")]
 
 
 # What a build may change under the data root: the Dagster instance (DAGSTER_HOME defaults to
@@ -213,6 +238,7 @@ def noop_rebuilt(demo_cache: DemoPaths, tmp_path_factory: pytest.TempPathFactory
         first, fp1 = _build(demo_cache, root, hub)
         first_gets = [r for r in hub.log_snapshot() if r[0] == "GET"]
         before = _stats(root, skip=INSTANCE)
+        runs_before = _dagster_runs(root)
         hub.clear_log()
         second, fp2 = _build(demo_cache, root, hub)
         after = _stats(root, skip=INSTANCE)
@@ -227,6 +253,7 @@ def noop_rebuilt(demo_cache: DemoPaths, tmp_path_factory: pytest.TempPathFactory
             "gets": [r for r in hub.log_snapshot() if r[0] == "GET"],
             "before": before,
             "after": after,
+            "runs": (runs_before, _dagster_runs(root)),
         }
 
 
@@ -242,8 +269,15 @@ def test_noop_rebuild_writes_nothing_and_asks_nothing(noop_rebuilt: dict[str, An
     assert len(extracted) > 100  # every extracted file (and folder) kept its inode and mtime
 
 
+def test_noop_rebuild_launches_no_run(noop_rebuilt: dict[str, Any]) -> None:
+    """Every stage is up to date: the second build launches no Dagster run at all."""
+    before, after = noop_rebuilt["runs"]
+    assert before >= len(STAGES) and after == before
+    assert re.search(r"^runs:\s+0 ", noop_rebuilt["second"].stdout, re.M), noop_rebuilt["second"].stdout
+
+
 def test_noop_rebuild_says_up_to_date_per_stage(noop_rebuilt: dict[str, Any]) -> None:
-    lines = [ln for ln in noop_rebuilt["second"].stderr.splitlines() if ln.startswith("[")]
+    lines = _stage_lines(noop_rebuilt["second"])
     assert lines == [f"[{i}/{len(STAGES)}] {s.label}: up to date" for i, s in enumerate(STAGES, 1)]
     first = noop_rebuilt["first"].stderr
     assert "up to date" not in first and "cache_dir[" in first  # the first build shows its runs
@@ -300,3 +334,73 @@ def test_a_changed_cache_dir_alone_is_reextracted(noop_rebuilt: dict[str, Any]) 
     assert all(after[k] == before[k] for k in keys if k != victim)
     assert "[3/4] extract cache dirs: up to date" not in out.stderr
     assert f"cache_dir[{victim}]: ok" in out.stderr
+
+
+def _up_to_date(out: Any) -> list[str]:
+    """The names of the stages the build says are up to date."""
+    return [
+        s.name for i, s in enumerate(STAGES, 1) if f"[{i}/{len(STAGES)}] {s.label}: up to date" in out.stderr
+    ]
+
+
+def test_a_store_modified_in_place_makes_the_store_stage_run(noop_rebuilt: dict[str, Any]) -> None:
+    """The store stage's fingerprint covers every file of the published store by stats: a manifest
+    edited, a file deleted or a shard touched makes the store stage (only it) run again (it writes
+    nothing new, so its line may still say "up to date"); the build after that launches no run."""
+    root: Path = noop_rebuilt["root"]
+    hub: HubServer = noop_rebuilt["hub"]
+    demo: DemoPaths = noop_rebuilt["demo"]
+    prof = load_profile(demo.profile)
+    out, _ = _build(demo, root, hub)  # after the earlier tests: whatever they left is rebuilt
+    assert _up_to_date(_build(demo, root, hub)[0]) == [s.name for s in STAGES]
+    store = layout.current_store_path(root, prof.name).resolve()
+    manifest = store / "manifest.json"
+
+    # status only (no build): an edited manifest, a deleted file
+    text = manifest.read_bytes()
+    st = manifest.stat()
+    assert json.loads(text)["fingerprint"] == FINGERPRINT
+    manifest.write_bytes(text.replace(FINGERPRINT.encode(), b"0" * 64))  # same size, same inode
+    os.utime(manifest, ns=(st.st_atime_ns, st.st_mtime_ns))  # its mtime set back: its ctime tells
+    try:
+        assert build_status(prof, root)["store"] is not None
+    finally:
+        manifest.write_bytes(text)
+    shard = sorted(p for p in store.rglob("*") if p.is_file() and p.name != "manifest.json")[-1]
+    kept = shard.read_bytes()
+    shard.unlink()
+    try:
+        assert build_status(prof, root)["store"] is not None
+    finally:
+        shard.write_bytes(kept)
+
+    # a shard touched in place (same bytes, new mtime): the store stage runs, the others do not
+    out, _ = _build(demo, root, hub)  # the restored files have new inodes and mtimes: run once
+    runs = _dagster_runs(root)
+    st = shard.stat()
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    out, fp = _build(demo, root, hub)
+    assert fp == FINGERPRINT
+    jobs = _dagster_jobs(root)
+    assert len(jobs) == runs + 1 and jobs[0] == STORE.job  # one run: the store stage's
+    assert _up_to_date(out)[:3] == [s.name for s in STAGES if s is not STORE]
+    assert re.search(r"^runs:\s+1 ", out.stdout, re.M), out.stdout
+    runs = _dagster_runs(root)
+    out, fp = _build(demo, root, hub)  # recorded: the next build runs nothing
+    assert fp == FINGERPRINT and _up_to_date(out) == [s.name for s in STAGES]
+    assert _dagster_runs(root) == runs
+
+
+def test_reverify_runs_every_stage(noop_rebuilt: dict[str, Any]) -> None:
+    """--reverify bypasses the status: every stage runs (one Dagster run each), nothing downloaded."""
+    root: Path = noop_rebuilt["root"]
+    hub: HubServer = noop_rebuilt["hub"]
+    demo: DemoPaths = noop_rebuilt["demo"]
+    _build(demo, root, hub)
+    runs = _dagster_runs(root)
+    hub.clear_log()
+    out, fp = _build(demo, root, hub, "--reverify")
+    assert fp == FINGERPRINT
+    assert _dagster_runs(root) == runs + len(STAGES)
+    assert re.search(rf"^runs:\s+{len(STAGES)} ", out.stdout, re.M), out.stdout
+    assert [r for r in hub.log_snapshot() if r[0] == "GET"] == []

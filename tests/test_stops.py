@@ -31,21 +31,30 @@ from stage2_data.demo import DemoPaths
 from stage2_data.demo.hubserver import HubFaults, HubServer
 from stage2_data.profile import load_profile
 from stage2_pipelines.runner import write_instance_yaml
+from stage2_pipelines.stops import HARD_EXIT_MARK
 
 DEMO_FINGERPRINT = "0e9f62dee5fb4ec141ce8b873bc47c49a4189c289e6daa9f8a75092a676a4f99"
 STOP_WAIT = 90.0  # polling deadline that stops a hang (the stop itself takes seconds)
 
-# Sleeps (long: the build would not end by itself within STOP_WAIT) at the first write inside a temp
-# folder of the stage named by STAGE2_TEST_SLOW_AT (a regex over paths).
+# Sleeps (long: the build would not end by itself within STOP_WAIT) at every write inside a temp
+# folder of the stage named by STAGE2_TEST_SLOW_AT (a regex over paths), as a slow disk would; an
+# extraction's sleep ends once extractions are cancelled (what a real extraction's copy does between
+# chunks), so a stop during extraction must take the cancellation path, not the hard exit.
 _SITECUSTOMIZE = r"""
 import os, re, sys, time
 _pat = os.environ.get("STAGE2_TEST_SLOW_AT")
 if _pat:
     _rx = re.compile(_pat)
+    def _cancelled():
+        ext = sys.modules.get("stage2_data.extract.extract")
+        return ext is not None and ext._CANCEL.is_set()
     def _slow(event, args):
         if event in ("os.mkdir", "open") and args and isinstance(args[0], (str, bytes, os.PathLike)):
-            if _rx.search(os.fsdecode(args[0])):
-                time.sleep(600)
+            path = os.fsdecode(args[0])
+            if _rx.search(path):
+                end = time.monotonic() + 600
+                while time.monotonic() < end and not ("/processed_datasets/" in path and _cancelled()):
+                    time.sleep(0.05)
     sys.addaudithook(_slow)
 """
 
@@ -88,7 +97,9 @@ _DAGSTER_HELPER = "dagster/_core/execution/scripts/watch_orphans.py"
 def _tracebacks(text: str) -> list[str]:
     """The tracebacks in ``text`` but those of Dagster's compute-log helper process."""
     blocks = text.split("Traceback (most recent call last):")[1:]
-    return [b[:500] for b in blocks if _DAGSTER_HELPER not in b[:300]]
+    # the helper's two processes (stdout's and stderr's) may print at once: a header right after
+    # another one leaves an empty block
+    return [b[:500] for b in blocks if b.strip() and _DAGSTER_HELPER not in b[:300]]
 
 
 def _stage_started(root: Path, stage: str, profile_name: str) -> bool:
@@ -208,6 +219,8 @@ def test_stop(case: str, demo: DemoPaths, tmp_path: Path) -> None:
         f"stopped by {name_}: nothing was published; rerun to resume (partial downloads kept)" in s.ran.stderr
     )
     assert _tracebacks(said) == [], s.ran.tail()
+    # the stop path: every thread stopped (downloads and extractions cancelled), not the last resort
+    assert HARD_EXIT_MARK not in said, s.ran.tail()
     assert s.leftover == [], s.leftover
     # nothing published: no `current`, no store folder (a temp folder of the stopped build may stay:
     # the next build sweeps it)
@@ -326,3 +339,37 @@ def test_stop_guard_background_process(sig: int) -> None:
         not Path(f"/proc/{child}").exists()
         or Path(f"/proc/{child}/stat").read_text().split(") ")[1][0] == "Z"
     )
+
+
+def test_cancel_extractions_stops_an_extraction_and_publishes_nothing(tmp_path: Path) -> None:
+    """``cancel_extractions`` (what a stop calls) ends an extraction at its next copy chunk with
+    ExtractionCancelled: no cache directory, no record, no staging folder left; once cleared, the
+    same extraction completes."""
+    import io
+    import tarfile
+
+    from stage2_data.extract import ExtractionCancelled, cancel_extractions, extract_cache_dir
+
+    key = "cache_cancel"
+    archive = tmp_path / f"{key}.tar"
+    with tarfile.open(archive, "w") as tf:
+        for i in range(3):
+            data = bytes(1000)
+            ti = tarfile.TarInfo(f"{key}/f{i}.bin")
+            ti.size = len(data)
+            tf.addfile(ti, io.BytesIO(data))
+    root = tmp_path / "root"
+
+    def cancel_on_first_chunk(_n: int) -> None:
+        cancel_extractions()
+
+    try:
+        with pytest.raises(ExtractionCancelled):
+            extract_cache_dir(key, [archive], root, progress=cancel_on_first_chunk)
+    finally:
+        cancel_extractions(False)
+    assert not layout.cache_dir(root, key).exists()
+    assert not layout.extraction_record_path(root, key).exists()
+    assert [p.name for p in layout.processed_root(root).iterdir()] == []
+    record = extract_cache_dir(key, [archive], root)
+    assert record.files == 3 and layout.cache_dir(root, key).is_dir()

@@ -15,8 +15,10 @@ and inspection of an extracted cache directory.
 
 from .extract import (
     EXTRACTOR_VERSION,
+    ExtractionCancelled,
     ExtractionRecord,
     TreeStat,
+    cancel_extractions,
     check_extraction,
     extract_cache_dir,
     load_extraction_record,
@@ -33,9 +35,11 @@ __all__ = [
     "EXTRACTOR_VERSION",
     "REDOWNLOAD_FIX",
     "CacheDirInfo",
+    "ExtractionCancelled",
     "ExtractionRecord",
     "MultiPartReader",
     "TreeStat",
+    "cancel_extractions",
     "check_extraction",
     "extract_cache_dir",
     "inspect_cache_dir",

@@ -25,6 +25,7 @@ import contextlib
 import hashlib
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import layout
-from ..errors import ArchiveError
+from ..errors import ArchiveError, Stage2Error
 from ..fsutil import disk_full_as, require_free_space
 from ..publish import atomic_write_bytes, atomic_write_json, current_umask, publish_dir, remove_stale, staging
 from .inspect import inspect_cache_dir
@@ -42,6 +43,33 @@ from .tar import _PartsTarFile, open_archive_parts
 EXTRACTOR_VERSION = 1
 """Bump when extraction would leave different files for the same archive (names, bytes, modes,
 times): every cache directory recorded by another version is then re-extracted."""
+
+_CANCEL = threading.Event()  # set by cancel_extractions(): every extraction in this process stops
+
+
+class ExtractionCancelled(Stage2Error):
+    """The extraction was cancelled (:func:`cancel_extractions`, e.g. on a stop); nothing was
+    published and its staging folder was removed."""
+
+
+def cancel_extractions(cancel: bool = True) -> None:
+    """Stop every extraction running in this process (``cancel=False`` lets extractions run again).
+
+    An extraction checks this between members and between copy chunks, and raises
+    :class:`ExtractionCancelled`: its staging folder is removed and nothing is published. Like
+    ``stage2_data.acquire.cancel_downloads``: a stop calls it, because the main thread's interrupt
+    does not reach the threads extractions run in."""
+    if cancel:
+        _CANCEL.set()
+    else:
+        _CANCEL.clear()
+
+
+def _check_cancel(archive: str) -> None:
+    if _CANCEL.is_set():
+        raise ExtractionCancelled(
+            f"the extraction of {archive} was cancelled (a stop); nothing was published"
+        )
 
 
 @dataclass(frozen=True)
@@ -129,6 +157,13 @@ def _write_members(
     use_dir_fd = os.open in os.supports_dir_fd
     use_utime_fd = os.utime in os.supports_fd
     umask = current_umask()
+    archive = tar.archive_name
+
+    def step(n: int) -> None:  # between copy chunks: a cancellation point
+        _check_cancel(archive)
+        if progress is not None:
+            progress(n)
+
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
 
     def ensure_dir(rel: str) -> None:
@@ -155,6 +190,7 @@ def _write_members(
             ensure_dir(rel)
         # Archive order = ascending offsets: the archive is read sequentially.
         for rel, m in plan.files:
+            _check_cancel(archive)  # between members
             parent, _, base = rel.rpartition("/")
             ensure_dir(parent)
             mode = m.mode & 0o755 | 0o600  # tarfile 'data' filter semantics
@@ -166,7 +202,7 @@ def _write_members(
                 fd = os.open(tmp / rel, flags, mode)
             try:
                 if m.size:
-                    reader.copy_range_to(fd, m.offset_data, m.size, progress=progress)
+                    reader.copy_range_to(fd, m.offset_data, m.size, progress=step)
                 if mode & umask:
                     os.fchmod(fd, mode)
                 if use_utime_fd:
@@ -225,6 +261,7 @@ def extract_cache_dir(
                     fix="free disk space or choose another --data-root, then re-run",
                 ):
                     _write_members(tar, plan, tmp, progress)
+                _check_cancel(archive)  # the last point before the publish
             except EOFError as e:
                 raise ArchiveError(
                     f"archive {archive} ended early while extracting: {e}.", fix=REDOWNLOAD_FIX

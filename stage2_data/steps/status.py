@@ -8,9 +8,12 @@ skips its work).
 - ``store``: the fingerprint of the stage's inputs and outputs (:func:`store_stage_fingerprint`:
   the stats of every kit file and of the profile, every extraction record's digests, the archive
   pins, the stats of the extraction report, the sidecars' record, the join table, the stores'
-  folder and the ``current`` link, the versions and the settings) equals the one recorded by
-  :func:`record_store_stage` after the last successful store stage;
-- ``profile`` writes nothing: it is up to date when the rest of the build is.
+  folder, the ``current`` link and every file of the store it points at, the versions and the
+  settings) equals the one recorded by :func:`record_store_stage` after the last successful store
+  stage;
+- ``profile`` writes nothing: it is up to date when the acquire and extract stages are and the
+  profile and the kit are those the last successful store stage recorded (a store modified in
+  place makes the store stage alone run).
 
 :func:`build_status` returns ``{stage: None | why it must run}``. Nothing here writes, except
 :func:`record_store_stage` (and only when the fingerprint changed).
@@ -64,8 +67,45 @@ def extract_status(profile: Profile, data_root: Path) -> str | None:
     return None
 
 
+def published_store_stats(link: Path) -> dict[str, list[int]] | None:
+    """(inode, size, mtime_ns, ctime_ns) of every entry under the store ``link`` points at, by
+    relative path (one walk, no file read): a store modified in place (a byte flipped in a shard, the
+    manifest edited, a file deleted; ctime: even with its mtime set back) changes it. None when
+    nothing is published there."""
+    try:
+        target = link.resolve(strict=True)
+    except OSError:
+        return None
+    if not target.is_dir():
+        return None
+    out: dict[str, list[int]] = {}
+    stack = [(str(target), "")]
+    while stack:
+        path, rel = stack.pop()
+        with os.scandir(path) as it:
+            for e in it:
+                name = f"{rel}{e.name}"
+                st = e.stat(follow_symlinks=False)
+                out[name] = [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+                if e.is_dir(follow_symlinks=False):
+                    stack.append((e.path, name + "/"))
+    return out
+
+
 def store_stage_fingerprint(profile: Profile, data_root: Path, settings: dict[str, Any] | None = None) -> str:
     """sha256 of what the store stage reads and writes, by stats (no data file is read)."""
+    return _fingerprints(profile, data_root, settings)[0]
+
+
+def kit_fingerprint(profile: Profile) -> str:
+    """sha256 of the profile and the kit (what the profile stage checks), by stats."""
+    return _fingerprints(profile, None, None)[1]
+
+
+def _fingerprints(
+    profile: Profile, data_root: Path | None, settings: dict[str, Any] | None
+) -> tuple[str, str]:
+    """(the store stage's fingerprint (needs ``data_root``), the kit's)."""
     kit: dict[str, Any] = {"profile": _stat(profile.profile_path)} if profile.profile_path else {}
     for key in ("pair_manifest", "subset_checksums", "sidecar_archive", "sidecar_archive_sha256"):
         kit[key] = _stat(profile.kit_file(key))
@@ -73,6 +113,15 @@ def store_stage_fingerprint(profile: Profile, data_root: Path, settings: dict[st
     kit["action_manifests"] = (
         {f.name: _stat(f) for f in sorted(adir.glob("*.jsonl"))} if adir.is_dir() else None
     )
+    kit_blob = {
+        "versions": [__version__, EXTRACTOR_VERSION, OFFLINE_DATASET_VERSION],
+        "profile": profile.identity(),
+        "pins": {a.path: [a.sha256, a.size] for a in profile.archives},
+        "kit": kit,
+    }
+    kit_fp = hashlib.sha256(canonical_json(kit_blob).encode()).hexdigest()
+    if data_root is None:
+        return "", kit_fp
     records = {}
     for key in profile.cache_keys():
         rec = load_extraction_record(data_root, key)
@@ -97,9 +146,10 @@ def store_stage_fingerprint(profile: Profile, data_root: Path, settings: dict[st
             "join": _stat(layout.join_table_path(data_root)),
             "stores": _stat(layout.stores_root(data_root, profile.name)),
             "current": [current, _stat(link)],
+            "published": published_store_stats(link),
         },
     }
-    return hashlib.sha256(canonical_json(blob).encode()).hexdigest()
+    return hashlib.sha256(canonical_json(blob).encode()).hexdigest(), kit_fp
 
 
 def store_status(profile: Profile, data_root: Path, settings: dict[str, Any] | None = None) -> str | None:
@@ -118,17 +168,30 @@ def store_status(profile: Profile, data_root: Path, settings: dict[str, Any] | N
 def record_store_stage(profile: Profile, data_root: Path, settings: dict[str, Any] | None = None) -> bool:
     """After a successful store stage: record its fingerprint (written only when it changed; the
     record is not one of the stats the fingerprint covers). True when written."""
+    fingerprint, kit_fp = _fingerprints(profile, data_root, settings)
     return write_json_if_changed(
-        store_stage_record_path(data_root),
-        {"fingerprint": store_stage_fingerprint(profile, data_root, settings)},
+        store_stage_record_path(data_root), {"fingerprint": fingerprint, "kit": kit_fp}
     )
+
+
+def profile_status(profile: Profile, data_root: Path) -> str | None:
+    """The profile stage (it writes nothing) is up to date when the profile and the kit are those of
+    the last successful store stage (the store's own files may have changed: only the store runs)."""
+    try:
+        recorded = json.loads(store_stage_record_path(data_root).read_text(encoding="utf-8")).get("kit")
+    except (OSError, ValueError, AttributeError):
+        return "no record of a successful store stage"
+    if recorded != kit_fingerprint(profile):
+        return "the profile or the kit changed since the last store stage"
+    return None
 
 
 def build_status(
     profile: Profile, data_root: Path, settings: dict[str, Any] | None = None
 ) -> dict[str, str | None]:
     """``{stage name: None (up to date) | why it must run}`` for the four stages, in order. A stage
-    after one that must run must run too (what it reads will change)."""
+    after one that must run must run too (what it reads will change); the profile stage runs when
+    the acquire or extract stage does, or when the kit changed."""
     data_root = Path(data_root)
     out: dict[str, str | None] = {ACQUIRE.name: acquire_status(profile, data_root)}
     out[EXTRACT.name] = extract_status(profile, data_root) if out[ACQUIRE.name] is None else "archives change"
@@ -136,5 +199,6 @@ def build_status(
         out[STORE.name] = store_status(profile, data_root, settings)
     else:
         out[STORE.name] = "cache directories change"
-    later = [v for v in out.values() if v is not None]
-    return {PROFILE.name: later[0] if later else None, **out}
+    later = [v for v in (out[ACQUIRE.name], out[EXTRACT.name]) if v is not None]
+    first = later[0] if later else profile_status(profile, data_root)
+    return {PROFILE.name: first, **out}
