@@ -1,11 +1,11 @@
 """The full build of a multi-archive profile (the demo: 14 archive partitions, 13 cache keys) with
 Dagster's in-process, multiprocess and Dask executors, as ratios to the in-process executor.
 
-Every variant is the same ``build_all`` (29 runs: one per partition, as the UI records them) from a
+Every variant is the same ``build_all`` (one run per stage under the stage's named job) from a
 fresh data root and a fresh Dagster instance (SQLite, written by ``ensure_instance``), over the same
 loopback hub, with the same number of concurrent runs (``STAGE2_BENCH_SCALE_CONCURRENCY``, default 2):
 
-- ``in_process`` (baseline): each run's steps in the run's own process (``dg.materialize``);
+- ``in_process`` (baseline): each run's steps in the run's own process (the in-process executor);
 - ``multiprocess``: Dagster's multiprocess executor, each step in a child process of its run;
 - ``dask``: the dagster-dask executor on a ``dask.distributed`` LocalCluster (scheduler + 2 worker
   processes on 127.0.0.1, started once per build and included in the time), each step a Dask task.
