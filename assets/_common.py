@@ -80,6 +80,23 @@ def to_metadata(md: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+#: the longest check description kept (the UI shows a description whole; a long problem list is cut)
+MAX_DESCRIPTION = 4000
+
+
+def check_result(
+    passed: bool, description: str, metadata: dict[str, Any] | None = None, *, check_name: str | None = None
+) -> dg.AssetCheckResult:
+    """An asset check's result as every check here reports one: the description cut to
+    :data:`MAX_DESCRIPTION`, the metadata through :func:`to_metadata`."""
+    return dg.AssetCheckResult(
+        check_name=check_name,
+        passed=passed,
+        description=description[:MAX_DESCRIPTION],
+        metadata=to_metadata(metadata or {}),
+    )
+
+
 def run_step(
     asset: str, step: Callable[[], StepResult], data_version: Callable[[StepResult], str | None] | None = None
 ) -> Iterator[Any]:
@@ -90,20 +107,14 @@ def run_step(
         res = step()
     except Stage2Error as err:
         first = CHECKS_BY_ASSET[asset][0]
-        yield dg.AssetCheckResult(check_name=first, passed=False, description=str(err)[:4000])
+        yield check_result(False, str(err), check_name=first)
         raise dg.Failure(description=str(err), metadata={"error": type(err).__name__}) from None
     version = data_version(res) if data_version else None
     yield dg.MaterializeResult(
         data_version=dg.DataVersion(version) if version else None,
         metadata=to_metadata(res.metadata),
         check_results=[
-            dg.AssetCheckResult(
-                check_name=c.name,
-                passed=c.passed,
-                description=c.description[:4000],
-                metadata=to_metadata(c.metadata),
-            )
-            for c in res.checks
+            check_result(c.passed, c.description, c.metadata, check_name=c.name) for c in res.checks
         ],
     )
 
@@ -199,10 +210,11 @@ def run_partitions(
             outcomes: list[tuple[str, bool, str, dict[str, Any]]]
             if isinstance(res, Stage2Error):
                 raised[key] = str(res)
-                outcomes = [(names[0], False, str(res)[:4000], {})]
+                outcomes = [(names[0], False, str(res)[:MAX_DESCRIPTION], {})]
             else:
                 outcomes = [
-                    (c.name, c.passed, c.description[:4000], to_metadata(c.metadata)) for c in res.checks
+                    (c.name, c.passed, c.description[:MAX_DESCRIPTION], to_metadata(c.metadata))
+                    for c in res.checks
                 ]
             results[key] = outcomes
             if not single:
@@ -247,14 +259,11 @@ def run_partitions(
             yield dg.AssetCheckResult(check_name=name, passed=passed, description=desc, metadata=md)
             continue
         desc = f"{len(got) - len(bad)}/{len(got)} partitions passed" + "".join(f"\n{k}: {d}" for k, d in bad)
-        yield dg.AssetCheckResult(
+        yield check_result(
+            not bad,
+            desc,
+            {"partitions": len(got), "failed_partitions": [k for k, _ in bad]},
             check_name=name,
-            passed=not bad,
-            description=desc[:4000],
-            metadata={
-                "partitions": len(got),
-                "failed_partitions": dg.MetadataValue.json([k for k, _ in bad]),
-            },
         )
     if raised:
         raise dg.Failure(

@@ -10,7 +10,7 @@ from stage2_data.kit import link_check
 from stage2_data.stages import ACTION_SIDECARS, SUBSET_CHECKSUMS, TRAJECTORY_JOIN
 from stage2_resources import DataRootResource, ProfileResource
 
-from ._common import to_metadata
+from ._common import check_result
 from .step_asset import step_asset
 
 GROUP = "kit"
@@ -66,9 +66,7 @@ def build_kit_checks(trajectory_join: Any, subset_checksums: Any) -> list[Any]:
             "resolved_sidecars": rep.resolved_sidecars,
             "seconds": round(rep.seconds, 3),
         }
-        return dg.AssetCheckResult(
-            passed=res.passed, description=res.description[:4000], metadata=to_metadata(md)
-        )
+        return check_result(res.passed, res.description, md)
 
     @dg.asset_check(
         asset=subset_checksums,
@@ -82,8 +80,6 @@ def build_kit_checks(trajectory_join: Any, subset_checksums: Any) -> list[Any]:
         res = steps.step_verify_bytes(profile.load(), data_root.root())
         failed = [c for c in res.checks if not c.passed]
         desc = "; ".join(c.description for c in failed) if failed else res.checks[0].description
-        return dg.AssetCheckResult(
-            passed=not failed, description=desc[:4000], metadata=to_metadata(res.metadata)
-        )
+        return check_result(not failed, desc, res.metadata)
 
     return [links_on_disk_match_expected, subset_bytes_on_disk_match]

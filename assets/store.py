@@ -9,7 +9,7 @@ from stage2_data import steps
 from stage2_data.stages import VIN_STORE
 from stage2_resources import DataRootResource, ProfileResource, StoreTargetResource
 
-from ._common import run_step, stage_asset, to_metadata
+from ._common import check_result, run_step, stage_asset
 
 GROUP = "store"
 
@@ -63,8 +63,6 @@ def build_store_checks(vin_store: Any) -> list[Any]:
             store_url=store_target.url,
             storage_options=store_target.storage_options,
         )
-        return dg.AssetCheckResult(
-            passed=res.passed, description=res.description[:4000], metadata=to_metadata(res.metadata)
-        )
+        return check_result(res.passed, res.description, res.metadata)
 
     return [store_bytes_match_manifest]
