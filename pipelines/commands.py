@@ -14,6 +14,7 @@ import contextlib
 import os
 import socket
 import time
+from collections.abc import Callable
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
@@ -24,9 +25,12 @@ from stage2_data.acquire import archive_state
 from stage2_data.commands.common import EXIT_FAILED, add_storage_option, eprint, print_json, storage_options
 from stage2_data.errors import HubError
 from stage2_data.profile import Profile, load_profile
+from stage2_data.publish import data_root_lock, sweep_data_root
+from stage2_data.stages import STAGES
 
 from .config import BuildConfig, demo_root
 from .stops import stop_guard
+from .uptodate import up_to_date_build, up_to_date_summary
 
 if find_spec("dagster") is None:  # the pipeline extra is not installed: the core CLI says so
     raise ModuleNotFoundError("No module named 'dagster'", name="dagster")
@@ -101,17 +105,15 @@ def _run_build(
 ) -> int:
     """Run the build with a progress display (unless --json) and print its summary; the exit code."""
     from .progress import BuildProgress  # imports rich
-    from .runner import build_all  # imports Dagster
 
     _quiet_runs(args.verbose)
     # SIGTERM/SIGINT stop the build from any stage, workers included, and publish nothing (stops.py)
     current = None if config.store_url else layout.current_store_path(Path(config.data_root), profile.name)
     with stop_guard(watch=current) as stop:
         bar = BuildProgress(profile, data_root=Path(config.data_root)) if progress and not args.json else None
+        on_run = stop.on_run(bar.on_run if bar else None)
         try:
-            summary = build_all(
-                config, concurrency=concurrency, on_run=stop.on_run(bar.on_run if bar else None)
-            )
+            summary = _build_or_no_op(config, profile, concurrency=concurrency, on_run=on_run)
         finally:
             if bar:
                 with contextlib.suppress(Exception):
@@ -124,6 +126,31 @@ def _run_build(
     else:
         print_build_summary(summary)
     return 0 if summary["ok"] else EXIT_FAILED
+
+
+def _build_or_no_op(
+    config: BuildConfig,
+    profile: Profile,
+    *,
+    concurrency: int | None,
+    on_run: Callable[[dict[str, Any]], None],
+) -> dict[str, Any]:
+    """The build's summary. Under the data root's lock, a build with every stage up to date is
+    answered before Dagster is imported (``uptodate``: a no-op costs a scandir walk, not an instance);
+    otherwise the runner runs the stages (the lock is re-entrant: it stays held throughout)."""
+    with contextlib.ExitStack() as held:
+        if not config.store_url:
+            data_root = Path(config.data_root).resolve()
+            held.enter_context(data_root_lock(data_root))
+            sweep_data_root(data_root)
+            summary = up_to_date_build(config, profile)
+            if summary is not None:
+                for stage in STAGES:
+                    on_run(up_to_date_summary(stage))
+                return summary
+        from .runner import build_all  # imports Dagster
+
+        return build_all(config, concurrency=concurrency, on_run=on_run)
 
 
 def print_build_summary(s: dict[str, Any]) -> None:

@@ -16,7 +16,6 @@ checks fail stops the stages after it; every failed check and error is reported 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import uuid
@@ -27,7 +26,6 @@ from typing import Any
 import dagster as dg
 
 from stage2_assets import WORKERS_TAG
-from stage2_data import layout
 from stage2_data.checks import CHECKS_BY_ASSET
 from stage2_data.profile import Profile, load_profile
 from stage2_data.publish import data_root_lock, sweep_data_root
@@ -48,6 +46,7 @@ from .config import BuildConfig
 from .definitions import build_job
 from .executors import executor_run_config, local_dask_cluster
 from .rebuild import partition_tags
+from .uptodate import instance_home, published_store, store_stage_settings, up_to_date_summary
 
 FINAL_STAGE = list(STORE.assets)  # the last stage's one run (tests and tools run it on its own)
 
@@ -75,7 +74,7 @@ def write_instance_yaml(home: Path) -> None:
 
 def ensure_instance(data_root: Path) -> Path:
     """DAGSTER_HOME if set, else <data_root>/.dagster; created with a dagster.yaml (telemetry off)."""
-    home = Path(os.environ.get("DAGSTER_HOME") or (data_root / ".dagster")).resolve()
+    home = instance_home(data_root)
     home.mkdir(parents=True, exist_ok=True)
     write_instance_yaml(home)
     os.environ["DAGSTER_HOME"] = str(home)
@@ -271,30 +270,6 @@ def _run_stage(
     return run
 
 
-def store_stage_settings(config: BuildConfig) -> dict[str, Any]:
-    """What, besides the profile, the kit and the data root, changes the store stage's result."""
-    return {"kit_root": config.kit_root, "store_url": config.store_url}
-
-
-def up_to_date_summary(stage: Stage) -> dict[str, Any]:
-    """A stage not run because it had nothing to do, as a run's summary (no run id): the progress
-    display counts it as the whole stage and says "up to date"; the build's summary lists it under
-    ``up_to_date``, not under ``runs`` (the Dagster runs that ran)."""
-    return {
-        "store_metadata": {},
-        "run_id": None,
-        "job": stage.job,
-        "success": True,
-        "partition": None,
-        "partitions": {},
-        "selection": list(stage.assets),
-        "checks": [],
-        "errors": [],
-        "materialized": [],
-        "up_to_date": True,
-    }
-
-
 def _build_all(
     config: BuildConfig,
     *,
@@ -355,15 +330,12 @@ def _build_all(
     checks = [c for r in runs for c in r["checks"]]
     errors = [e for r in runs for e in r["errors"]]
     ok = all(r["success"] for r in runs) and all(c["passed"] for c in checks) and stopped_at is None
-    store = None
-    fingerprint = None
-    current = layout.current_store_path(data_root, profile.name)
+    store = fingerprint = None
     if ok and config.store_url:  # object storage: what the store asset recorded
         md: dict[str, Any] = next((r["store_metadata"] for r in runs if r.get("store_metadata")), {})
         store, fingerprint = md.get("store"), md.get("fingerprint")
-    elif ok and (current / "manifest.json").is_file():
-        store = str(current.resolve())
-        fingerprint = json.loads((current / "manifest.json").read_text()).get("fingerprint")
+    elif ok:
+        store, fingerprint = published_store(data_root, profile)
     return {
         "ok": ok,
         "profile": profile.name,

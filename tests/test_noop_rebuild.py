@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.cli import stage2, subprocess_env
+from helpers.cli import python, stage2, subprocess_env
 
 from stage2_data import layout
 from stage2_data.acquire.state import _write_record
@@ -281,6 +281,21 @@ def test_noop_rebuild_says_up_to_date_per_stage(noop_rebuilt: dict[str, Any]) ->
     assert lines == [f"[{i}/{len(STAGES)}] {s.label}: up to date" for i, s in enumerate(STAGES, 1)]
     first = noop_rebuilt["first"].stderr
     assert "up to date" not in first and "cache_dir[" in first  # the first build shows its runs
+
+
+def test_noop_rebuild_is_decided_before_dagster_is_imported(noop_rebuilt: dict[str, Any]) -> None:
+    """A no-op costs a scandir walk, not a Dagster import and an instance: the CLI answers it from the
+    library's stats (pipelines/uptodate.py) and never imports ``dagster``."""
+    r = noop_rebuilt
+    code = (
+        "import sys; from stage2_data.cli import main; rc = main(sys.argv[1:]); "
+        "print('dagster imported:', 'dagster' in sys.modules); sys.exit(rc)"
+    )
+    argv = ["build", "--profile", str(r["demo"].profile), "--data-root", str(r["root"])]
+    out = python(code, *argv, "--endpoint", r["hub"].url, env=subprocess_env(drop=("DAGSTER_HOME", "CI")))
+    assert out.returncode == 0, out.tail()
+    assert "dagster imported: False" in out.stdout and f"fingerprint:  {FINGERPRINT}" in out.stdout
+    assert re.search(r"^runs:\s+0 ", out.stdout, re.M) and out.stderr.count(": up to date") == len(STAGES)
 
 
 def test_build_status_names_what_must_run(noop_rebuilt: dict[str, Any]) -> None:

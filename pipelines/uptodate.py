@@ -1,0 +1,98 @@
+"""The no-op build, decided before Dagster is imported.
+
+A second ``stage2 build`` of unchanged inputs has nothing to run: every stage is up to date by
+stats alone (``stage2_data.steps.status.build_status``). Deciding that costs a scandir walk and a
+few ``stat`` calls; importing Dagster and opening the instance costs over a second. So the CLI asks
+this module first (under the data root's lock) and imports the runner only when a stage has work.
+
+Nothing here imports Dagster (``tests/test_layering.py`` checks it); the runner uses the same
+summary shapes, so a no-op answers exactly as a build whose stages all skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from stage2_data import layout
+from stage2_data.profile import Profile
+from stage2_data.stages import STAGES, Stage
+from stage2_data.steps.status import build_status
+
+from .config import BuildConfig
+
+
+def instance_home(data_root: Path) -> Path:
+    """The Dagster instance a build of ``data_root`` records into: DAGSTER_HOME if set, else
+    ``<data_root>/.dagster``."""
+    return Path(os.environ.get("DAGSTER_HOME") or (Path(data_root) / ".dagster")).resolve()
+
+
+def store_stage_settings(config: BuildConfig) -> dict[str, Any]:
+    """What, besides the profile, the kit and the data root, changes the store stage's result."""
+    return {"kit_root": config.kit_root, "store_url": config.store_url}
+
+
+def up_to_date_summary(stage: Stage) -> dict[str, Any]:
+    """A stage not run because it had nothing to do, as a run's summary (no run id): the progress
+    display counts it as the whole stage and says "up to date"; the build's summary lists it under
+    ``up_to_date``, not under ``runs`` (the Dagster runs that ran)."""
+    return {
+        "store_metadata": {},
+        "run_id": None,
+        "job": stage.job,
+        "success": True,
+        "partition": None,
+        "partitions": {},
+        "selection": list(stage.assets),
+        "checks": [],
+        "errors": [],
+        "materialized": [],
+        "up_to_date": True,
+    }
+
+
+def published_store(data_root: Path, profile: Profile) -> tuple[str | None, str | None]:
+    """The store ``current`` points at (resolved) and its fingerprint; ``(None, None)`` if none."""
+    current = layout.current_store_path(data_root, profile.name)
+    manifest = current / "manifest.json"
+    if not manifest.is_file():
+        return None, None
+    try:
+        fingerprint = json.loads(manifest.read_text()).get("fingerprint")
+    except (OSError, ValueError):
+        return None, None
+    return str(current.resolve()), fingerprint
+
+
+def up_to_date_build(config: BuildConfig, profile: Profile) -> dict[str, Any] | None:
+    """The build's summary when every stage is up to date, else None (the build must run).
+
+    Call it holding the data root's lock. Never a no-op: ``--reverify`` (everything runs), a store
+    on object storage (its stage always runs), a data root without a published store."""
+    if config.reverify or config.store_url:
+        return None
+    data_root = Path(config.data_root).resolve()
+    if not data_root.is_dir():
+        return None
+    status = build_status(profile, data_root, store_stage_settings(config))
+    if set(status) != {s.name for s in STAGES} or any(why is not None for why in status.values()):
+        return None
+    store, fingerprint = published_store(data_root, profile)
+    if store is None:
+        return None
+    return {
+        "ok": True,
+        "profile": profile.name,
+        "data_root": str(data_root),
+        "dagster_home": str(instance_home(data_root)),
+        "store": store,
+        "fingerprint": fingerprint,
+        "stopped_after": None,
+        "runs": [],
+        "up_to_date": [s.name for s in STAGES],
+        "checks": [],
+        "errors": [],
+    }
