@@ -6,6 +6,9 @@ Modules, each importing only those before it (no cycle, nothing built at import)
   ``rebuild``     a rebuild as Dagster runs, stage by stage (``stage2_data.stages``)
   ``schedules``, ``sensors``
   ``definitions`` the Definitions (``defs``, built on first use, is what ``workspace.yaml`` loads)
+  ``uptodate``    the no-op build, answered before Dagster is imported
+  ``watch``       a stage's run followed partition by partition (progress inside the run)
+  ``computelogs`` step logs of a build's local instance (files; the terminal under --verbose)
   ``runner``      ``stage2 build``: every stage as Dagster runs in one process
   ``commands``    the ``stage2 build`` / ``stage2 demo`` commands (a plugin of the core CLI)
   ``progress``    their progress display (rich; imported when a build runs)

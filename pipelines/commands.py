@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import os
 import socket
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 from urllib.parse import urlsplit
 
 from stage2_data import layout
@@ -109,8 +111,13 @@ def _run_build(
     _quiet_runs(args.verbose)
     # SIGTERM/SIGINT stop the build from any stage, workers included, and publish nothing (stops.py)
     current = None if config.store_url else layout.current_store_path(Path(config.data_root), profile.name)
-    with stop_guard(watch=current) as stop:
-        bar = BuildProgress(profile, data_root=Path(config.data_root)) if progress and not args.json else None
+    with stop_guard(watch=current) as stop, contextlib.ExitStack() as held:
+        show = progress and not args.json
+        bar = (
+            BuildProgress(profile, stream=held.enter_context(_terminal()), data_root=Path(config.data_root))
+            if show
+            else None
+        )
         on_run = stop.on_run(bar.on_run if bar else None)
         try:
             summary = _build_or_no_op(config, profile, concurrency=concurrency, on_run=on_run)
@@ -126,6 +133,20 @@ def _run_build(
     else:
         print_build_summary(summary)
     return 0 if summary["ok"] else EXIT_FAILED
+
+
+@contextlib.contextmanager
+def _terminal() -> Iterator[IO[str]]:
+    """stderr as it is now, for the progress display: Dagster swaps file descriptor 2 for a step's
+    log file while the step runs (step logs, pipelines/computelogs.py), and the display must reach
+    the terminal, not the step's log."""
+    try:
+        fd = os.dup(sys.stderr.fileno())
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):  # not a real file: as is
+        yield sys.stderr
+        return
+    with os.fdopen(fd, "w", buffering=1, encoding=sys.stderr.encoding or "utf-8", errors="replace") as f:
+        yield f
 
 
 def _build_or_no_op(

@@ -1,8 +1,9 @@
 """Progress of ``stage2 build`` / ``stage2 demo`` at run granularity, drawn with rich: for each stage,
 partitions done/total, bytes, rate, ETA and elapsed time.
 
-The per-partition runs happen in worker processes, so progress advances when a run finishes (the
-runner's ``on_run`` callback). Bytes come from the profile's pinned archive sizes, so rate and ETA are
+A stage is one run over its partitions; progress advances as that run materializes each partition
+(the runner's ``on_run`` callback, fed while the run goes on by ``watch.RunWatcher``, which reads the
+run's events from the instance), and for the rest when the run ends. Bytes come from the profile's pinned archive sizes, so rate and ETA are
 exact in bytes, not guesses: a finished ``archive_file[p]`` run has downloaded what ``p`` still missed
 when the build started (nothing, for an archive already on disk: a stage where nothing downloads shows
 no bytes and no ETA); a finished ``cache_dir[k]`` run has read the archives of ``k``.

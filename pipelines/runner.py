@@ -15,6 +15,7 @@ checks fail stops the stages after it; every failed check and error is reported 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -47,6 +48,7 @@ from .definitions import build_job
 from .executors import executor_run_config, local_dask_cluster
 from .rebuild import partition_tags
 from .uptodate import instance_home, published_store, store_stage_settings, up_to_date_summary
+from .watch import RunWatcher
 
 FINAL_STAGE = list(STORE.assets)  # the last stage's one run (tests and tools run it on its own)
 
@@ -61,6 +63,13 @@ event_log_storage:
   class: ConsolidatedSqliteEventLogStorage
   config:
     base_dir: {home}/history
+# Step logs to files (the UI shows them); mirrored to the terminal only under --verbose, without
+# Dagster's two helper processes per step (pipelines/computelogs.py).
+compute_logs:
+  module: stage2_pipelines.computelogs
+  class: StepLogsToFiles
+  config:
+    base_dir: {home}/storage
 """
 
 
@@ -116,10 +125,15 @@ def run_selection(
     *,
     partition_keys: list[str] | None = None,
     workers: int | None = None,
+    on_partition: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Materialize ``selection`` (and their checks) in one run of its stage's named job, on the
     configured executor: one partition (``partition_key``), several (``partition_keys``, one run over
-    their range), or none. Returns a picklable summary, with the outcome of each partition."""
+    their range), or none. Returns a picklable summary, with the outcome of each partition.
+
+    ``on_partition`` is called (from a watcher thread, ``watch.RunWatcher``) with a partition's
+    entry (as ``partition_runs`` makes them) as soon as the run has materialized the selection for
+    that partition; the summary lists those under ``reported``."""
     cfg = BuildConfig(**config)
     profile = load_profile(cfg.profile_path, kit_root=cfg.kit_root)
     keys = [partition_key] if partition_key is not None else list(partition_keys or [])
@@ -129,9 +143,15 @@ def run_selection(
     level = os.environ.get("STAGE2_RUN_LOG_LEVEL")
     if level:
         logging.getLogger("stage2_data").setLevel(level)
-    result = execute_selection(
-        config, selection, run_tags(profile, selection, keys, workers), instance, log_level=level
-    )
+    tags = run_tags(profile, selection, keys, workers)
+
+    def partition_done(run_id: str, partition: str, done: list[str]) -> None:
+        if on_partition is not None:
+            on_partition(partition_entry(run_id, job_for(selection), selection, partition, done))
+
+    watcher = RunWatcher(instance, selection, partition_done)
+    with watcher if on_partition is not None and len(keys) > 1 else contextlib.nullcontext():
+        result = execute_selection(config, selection, {**tags, **watcher.tags}, instance, log_level=level)
     evals = list(result.get_asset_check_evaluations())
     per_partition = {(e.asset_key, e.check_name) for e in evals if e.partition is not None}
     checks = []
@@ -185,6 +205,25 @@ def run_selection(
         "checks": checks,
         "errors": errors,
         "materialized": materialized,
+        "reported": sorted(watcher.reported),  # partitions on_partition already had
+    }
+
+
+def partition_entry(
+    run_id: str, job: str, selection: list[str], partition: str, done: list[str]
+) -> dict[str, Any]:
+    """The entry of one partition of a run over several (the progress display's unit)."""
+    return {
+        "store_metadata": {},
+        "run_id": run_id,
+        "job": job,
+        "success": set(selection) <= set(done),
+        "partition": partition,
+        "partitions": {},
+        "selection": selection,
+        "checks": [],
+        "errors": [],
+        "materialized": done,
     }
 
 
@@ -260,12 +299,14 @@ def _run_stage(
     partitions: list[str | None],
     concurrency: int | None,
     record: Callable[[dict[str, Any]], None],
+    report: Callable[[dict[str, Any]], None],
 ) -> dict[str, Any]:
-    """The one run of a stage: all its partitions in one run (a single-run backfill), or its run."""
+    """The one run of a stage: all its partitions in one run (a single-run backfill), or its run.
+    ``report`` has each partition as it finishes; ``record`` the run when it is over."""
     selection = list(stage.assets)
     keys = [p for p in partitions if p is not None]
     workers = min(concurrency, stage.max_parallel or concurrency) if concurrency else None
-    run = run_selection(cfg, selection, partition_keys=keys, workers=workers)
+    run = run_selection(cfg, selection, partition_keys=keys, workers=workers, on_partition=report)
     record(run)
     return run
 
@@ -292,8 +333,14 @@ def _build_all(
         else:
             runs.append(r)
         if on_run:
+            early = set(r.get("reported") or ())  # shown while the run went on (report)
             for part in partition_runs(r):
-                on_run(part)
+                if part.get("partition") not in early or not part["success"]:
+                    on_run(part)
+
+    def report(part: dict[str, Any]) -> None:
+        if on_run:
+            on_run(part)
 
     # What each stage has to do, by stats, once before the first: a stage with nothing to do is not
     # run (a Dagster run costs seconds even when every step skips its work). The stages after the
@@ -312,7 +359,7 @@ def _build_all(
             record(up_to_date_summary(stage))
             stage = next_stage(stage)
             continue
-        run = _run_stage(cfg, stage, partitions, concurrency, record)
+        run = _run_stage(cfg, stage, partitions, concurrency, record, report)
         passed = run["success"] and not run["errors"] and all(c["passed"] for c in run["checks"])
         if stage is STORE and passed and not config.store_url:  # a failed check: not up to date next time
             record_store_stage(profile, data_root, settings)

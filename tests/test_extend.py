@@ -401,3 +401,35 @@ def test_store_step_extends_the_demo_store_when_its_profile_gains_a_cache_dir(
     assert fresh.metadata["update"] == "rebuilt: no store is published for this profile"
     assert Path(fresh.metadata["store"]).name == new.name
     assert content(aside) == content(Path(fresh.metadata["store"]))
+
+
+def test_retention_after_an_extension_leaves_the_extended_store_whole(
+    tmp_path: Path, dirs: list[CacheDir]
+) -> None:
+    """An extended store hard-links its base's shards: removing the base (retention, once no reader
+    holds it) frees only what the base alone had, and the extended store still validates, deep and
+    decoded, and reads the same bytes. A reader of the base keeps it until it closes."""
+    from stage2_data.store.retention import collect_stores
+
+    stores = tmp_path / "stores"
+    first = step(stores, dirs[:3])
+    base_reader = VinOfflineStoreReader(stores / "current")  # pins the base and holds its lease
+    base_content = content(first.store)
+    second = step(stores, dirs)
+    assert second.update.startswith(f"extended {first.name} ")
+    linked = shard_files(first.store)
+    assert {rel: shard_files(second.store)[rel] for rel in linked} == linked  # the same inodes
+    extended = content(second.store)
+
+    report = collect_stores(stores, keep=0)  # the base is leased: kept
+    assert {e.name: e.action for e in report.entries}.get(first.name) == "kept"
+    assert first.store.is_dir() and content(first.store) == base_content
+    base_reader.close()
+
+    report = collect_stores(stores, keep=0)
+    gone = {e.name: e for e in report.entries}[first.name]
+    assert gone.action == "removed" and not first.store.exists()
+    assert gone.freed is not None and gone.bytes is not None and gone.freed < gone.bytes  # shared shards stay
+    assert validate_vin_offline_store(second.store, deep=True, decode=True) == []
+    assert content(second.store) == extended
+    assert report.current == second.name

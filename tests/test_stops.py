@@ -88,18 +88,11 @@ def _session_processes(sid: int) -> list[str]:
     return out
 
 
-# A terminal's Ctrl-C reaches every process of the foreground group: Dagster's compute-log helper
-# (`watch_orphans.py`, started next to the `tail` echoing a step's output) dies of it with a
-# traceback of its own. Every other traceback is a failure.
-_DAGSTER_HELPER = "dagster/_core/execution/scripts/watch_orphans.py"
-
-
 def _tracebacks(text: str) -> list[str]:
-    """The tracebacks in ``text`` but those of Dagster's compute-log helper process."""
-    blocks = text.split("Traceback (most recent call last):")[1:]
-    # the helper's two processes (stdout's and stderr's) may print at once: a header right after
-    # another one leaves an empty block
-    return [b[:500] for b in blocks if b.strip() and _DAGSTER_HELPER not in b[:300]]
+    """The tracebacks in ``text``. A terminal's Ctrl-C reaches every process of the foreground group;
+    Dagster's compute-log helpers (``watch_orphans.py``) printed their own tracebacks of it until the
+    build's instance stopped starting them (pipelines/computelogs.py): none is allowed now."""
+    return [b[:500] for b in text.split("Traceback (most recent call last):")[1:]]
 
 
 def _stage_started(root: Path, stage: str, profile_name: str) -> bool:
