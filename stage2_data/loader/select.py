@@ -1,0 +1,126 @@
+"""Which samples a training run reads: :class:`Selection`, a map-style dataset over a store's samples
+chosen by split, source, task and resolution, with an optional per-sample transform.
+
+It is a :class:`~stage2_data.store.VinOfflineDataset` (the strict reader, its store pinned at open and
+leased, pickled into DataLoader workers under fork and spawn) narrowed to the chosen samples.
+Choosing reads only the sample index, never a frame; ``resolutions``, ``lengths``, ``sources`` and
+``sample_keys`` describe every selected position without reading a frame either, for samplers such
+as :class:`~stage2_data.loader.ResolutionBatches`.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+from collections.abc import Callable, Collection
+from typing import Any
+
+import numpy as np
+
+from ..errors import LoaderError
+from ..storage import StoreLocation
+from ..store import VinOfflineDataset
+
+Transform = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+class Selection:
+    """The samples of the store at ``path`` in ``split`` (None: every split) whose source is one of
+    ``sources``, task one of ``tasks`` and (H, W) one of ``resolutions`` (None: any).
+
+    ``sel[i]`` is the dataset item of the ``i``-th selected sample (``frames``, ``actions``,
+    ``num_frames``, ``action_width`` and the sample-index metadata; see
+    :class:`~stage2_data.store.VinOfflineDataset`), passed through ``transform`` when one is given
+    (in the worker that loads it; under spawn it must be picklable: a module-level function). A
+    name in ``sources`` / ``tasks`` that the split does not hold, or a selection of no sample, is a
+    :class:`~stage2_data.errors.LoaderError` naming what the split holds.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | StoreLocation,
+        split: str | None = None,
+        *,
+        sources: Collection[str] | None = None,
+        tasks: Collection[str] | None = None,
+        resolutions: Collection[tuple[int, int]] | None = None,
+        transform: Transform | None = None,
+        storage_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.dataset = VinOfflineDataset(path, split, storage_options)
+        self.split = split
+        self.transform = transform
+        try:
+            rows = self.dataset.reader.sample_index
+            idx = self.dataset.indices.tolist()
+            wanted = {
+                "source": None if sources is None else set(sources),
+                "task": None if tasks is None else set(tasks),
+            }
+            for field, names in wanted.items():
+                held = {rows[i][field] for i in idx}
+                if names is not None and names - held:
+                    raise LoaderError(
+                        f"{self.dataset.resolved}: split {split or 'all'} has no {field} "
+                        f"{', '.join(sorted(map(repr, names - held)))}; it has {', '.join(sorted(map(repr, held)))}.",
+                        fix=f"choose {field}s among those",
+                    )
+            res = None if resolutions is None else {(int(h), int(w)) for h, w in resolutions}
+
+            def chosen(row: dict[str, Any]) -> bool:
+                return all(names is None or row[f] in names for f, names in wanted.items()) and (
+                    res is None or (int(row["frame_height"]), int(row["frame_width"])) in res
+                )
+
+            keep = [pos for pos, i in enumerate(idx) if chosen(rows[i])]
+            if not keep:
+                raise LoaderError(
+                    f"{self.dataset.resolved}: no sample of split {split or 'all'} matches "
+                    f"sources={sources}, tasks={tasks}, resolutions={resolutions}.",
+                    fix="widen the selection",
+                )
+        except BaseException:
+            self.close()
+            raise
+        #: positions in the split's dataset (``self.dataset``) of the selected samples, in store order
+        self.positions = np.asarray(keep, dtype=np.int64)
+        picked = [rows[idx[p]] for p in keep]
+        #: per selected sample: (H, W) of its frames, its number of frames, source, sample key
+        self.resolutions: list[tuple[int, int]] = [
+            (int(r["frame_height"]), int(r["frame_width"])) for r in picked
+        ]
+        self.lengths = np.asarray([int(r["num_frames"]) for r in picked], dtype=np.int64)
+        self.sources: list[str] = [str(r["source"]) for r in picked]
+        self.sample_keys: list[str] = [str(r["sample_key"]) for r in picked]
+
+    # the store it reads (resolved at open), and its lease
+    @property
+    def resolved(self) -> str:
+        return self.dataset.resolved
+
+    @property
+    def fingerprint(self) -> str | None:
+        return self.dataset.fingerprint
+
+    def close(self) -> None:
+        """Release the reader's lease on its store."""
+        self.dataset.close()
+
+    def __enter__(self) -> Selection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __len__(self) -> int:
+        return int(self.positions.shape[0])
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        i = operator.index(i)
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"index {i} out of range for a selection of {n} samples")
+        item = self.dataset[int(self.positions[i])]
+        return self.transform(item) if self.transform is not None else item
