@@ -17,6 +17,7 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetC
 from stage2_data.checks import CHECK_DESCRIPTIONS, CHECKS_BY_ASSET, NON_BLOCKING
 from stage2_data.errors import Stage2Error
 from stage2_data.extract import cancel_extractions
+from stage2_data.fsutil import human_bytes
 from stage2_data.stages import PARTITIONS_TAG
 from stage2_data.steps import StepResult
 
@@ -64,7 +65,59 @@ def stage_asset(name: str, *, group: str, description: str, kind: str, **asset_a
         )
 
 
+def is_bytes_key(key: str) -> bool:
+    """A metadata key that holds a byte count (``bytes``, ``bytes_on_disk``, ``archive_bytes``, ...)."""
+    return key == "bytes" or key.startswith("bytes_") or key.endswith("_bytes")
+
+
+def _cell(key: str, v: Any, in_bytes: bool = False) -> str:
+    """One value in a Markdown table cell: a byte count as ``1.5 MiB (1,572,864 B)``, a list
+    joined, nothing as ``-``; ``|`` escaped."""
+    if v is None or v == []:
+        text = "-"
+    elif not isinstance(v, bool) and isinstance(v, int) and (in_bytes or is_bytes_key(key)):
+        text = f"{human_bytes(v)} ({v:,} B)"
+    elif isinstance(v, list):
+        text = ", ".join(_cell(key, x, in_bytes) for x in v)
+    elif isinstance(v, dict):
+        text = ", ".join(f"{k}: {_cell(str(k), x, in_bytes)}" for k, x in v.items())
+    else:
+        text = str(v)
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def md_table(key: str, v: list[Any] | dict[str, Any]) -> str:
+    """A list or dict of metadata as a Markdown table people read (never a JSON blob): a dict of
+    records (or a list of them) one row each, a dict of values one row per key, a list one row per
+    item. Byte counts are shown in IEC units (``fsutil.human_bytes``) with the exact count."""
+    in_bytes = is_bytes_key(key)
+    records: list[tuple[str, dict[str, Any]]] = []
+    if isinstance(v, dict) and v and all(isinstance(x, dict) for x in v.values()):
+        records = [(str(k), x) for k, x in v.items()]
+    elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+        records = [("", x) for x in v]
+    if records:
+        cols = list(dict.fromkeys(c for _, r in records for c in r))
+        first = [key] if any(name for name, _ in records) else []
+        head = "| " + " | ".join([*first, *cols]) + " |\n|" + "---|" * (len(first) + len(cols)) + "\n"
+        return head + "\n".join(
+            "| "
+            + " | ".join([*([name] if first else []), *(_cell(c, r.get(c), in_bytes) for c in cols)])
+            + " |"
+            for name, r in records
+        )
+    if isinstance(v, dict):
+        return f"| {key} | value |\n|---|---|\n" + "\n".join(
+            f"| {k} | {_cell(str(k), x, in_bytes)} |" for k, x in v.items()
+        )
+    return f"| {key} |\n|---|\n" + "\n".join(f"| {_cell(key, x, in_bytes)} |" for x in v)
+
+
 def to_metadata(md: dict[str, Any]) -> dict[str, Any]:
+    """A step's metadata as Dagster metadata people read: ``{"__markdown__": text}`` as Markdown,
+    lists and dicts as Markdown tables (:func:`md_table`), paths as paths, and next to every byte
+    count (kept as a number, which the UI plots) its size in IEC units (``bytes`` -> ``size``,
+    ``bytes_on_disk`` -> ``size_on_disk``: ``fsutil.human_bytes``)."""
     out: dict[str, Any] = {}
     for k, v in md.items():
         if v is None:
@@ -72,11 +125,13 @@ def to_metadata(md: dict[str, Any]) -> dict[str, Any]:
         if isinstance(v, dict) and "__markdown__" in v:
             out[k] = dg.MetadataValue.md(v["__markdown__"])
         elif isinstance(v, list | dict):
-            out[k] = dg.MetadataValue.json(v)
+            out[k] = dg.MetadataValue.md(md_table(k, v)) if v else dg.MetadataValue.text("none")
         elif isinstance(v, str) and (k.endswith("path") or k in ("store", "table", "report", "tar")):
             out[k] = dg.MetadataValue.path(v)
         else:
             out[k] = v
+            if is_bytes_key(k) and isinstance(v, int) and not isinstance(v, bool):
+                out[k.replace("bytes", "size")] = dg.MetadataValue.text(human_bytes(v))
     return out
 
 

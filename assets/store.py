@@ -1,17 +1,47 @@
 """The immutable VIN offline store."""
 
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
 from stage2_data import checks as C
-from stage2_data import steps
+from stage2_data import layout, preview, steps
+from stage2_data.errors import Stage2Error
 from stage2_data.stages import VIN_STORE
+from stage2_data.store import VinOfflineStoreReader
 from stage2_resources import DataRootResource, ProfileResource, StoreTargetResource
 
 from ._common import check_result, run_step, stage_asset
 
 GROUP = "store"
+
+
+def published_path(prof: Any, root: Path, store_url: str | None) -> str:
+    """Where readers open the published store: ``stores/<profile>/current`` under the data root, or
+    ``<store_url>/<profile>/current`` on object storage (the reader resolves it once, at open)."""
+    if store_url:
+        return f"{store_url.rstrip('/')}/{prof.name}/{layout.CURRENT_LINK}"
+    return str(layout.current_store_path(root, prof.name))
+
+
+def with_preview(
+    res: steps.StepResult, published: str, storage_options: dict[str, Any] | None
+) -> steps.StepResult:
+    """The store step's result with what people read on the materialization: where the store is
+    published and the three lines that open it (``open``), the length histogram and a contact sheet
+    per source (``stage2_data.preview``: a few trajectories decoded, never the whole store). Only for
+    a published store; a preview that cannot be drawn is said in one line and fails nothing."""
+    if not res.ok or not res.metadata.get("store"):
+        return res
+    store = str(res.metadata["store"])
+    res.metadata["open"] = {"__markdown__": preview.open_markdown(published, store, bool(storage_options))}
+    try:
+        with VinOfflineStoreReader(store, storage_options) as reader:
+            res.metadata.update(preview.preview_metadata(reader))
+    except (Stage2Error, OSError, ValueError) as err:
+        res.metadata["preview"] = f"not drawn: {err}"
+    return res
 
 
 def build_store_assets(trajectory_join: Any, subset_checksums: Any) -> list[Any]:
@@ -31,11 +61,15 @@ def build_store_assets(trajectory_join: Any, subset_checksums: Any) -> list[Any]
         prof = profile.load()
         yield from run_step(
             VIN_STORE,
-            lambda: steps.step_store(
-                prof,
-                data_root.root(),
-                store_url=store_target.url,
-                storage_options=store_target.storage_options,
+            lambda: with_preview(
+                steps.step_store(
+                    prof,
+                    data_root.root(),
+                    store_url=store_target.url,
+                    storage_options=store_target.storage_options,
+                ),
+                published_path(prof, data_root.root(), store_target.url),
+                store_target.storage_options,
             ),
             # the store's data version: its folder name, a digest of its inputs
             lambda res: str(res.metadata.get("store") or "").rstrip("/").rsplit("/", 1)[-1] or None,

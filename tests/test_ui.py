@@ -5,6 +5,7 @@ reported."""
 from __future__ import annotations
 
 import contextlib
+import html
 import io
 import json
 import os
@@ -189,6 +190,7 @@ def test_webserver_graphql_lists_assets_partitions_checks(webserver: str, demo_c
         "pinned_profile": {"archives": "IntMetadataEntry", "archives_pinned": "MarkdownMetadataEntry"},
         "archive_file": {
             "bytes": "IntMetadataEntry",
+            "size": "TextMetadataEntry",
             "MB/s": "FloatMetadataEntry",
             "sha256": "TextMetadataEntry",
         },
@@ -200,13 +202,21 @@ def test_webserver_graphql_lists_assets_partitions_checks(webserver: str, demo_c
         "vin_store": {
             "fingerprint": "TextMetadataEntry",
             "bytes_on_disk": "IntMetadataEntry",
+            "size_on_disk": "TextMetadataEntry",  # the same count for people (IEC: fsutil.human_bytes)
+            "bytes_on_disk_per_block": "MarkdownMetadataEntry",  # a table, not a JSON blob
             "per_split": "MarkdownMetadataEntry",
             "per_source": "MarkdownMetadataEntry",
+            "open": "MarkdownMetadataEntry",  # where it is published, and the 3 lines that open it
+            "length_histogram": "MarkdownMetadataEntry",  # images (data:image/png;base64)
+            "contact_sheets": "MarkdownMetadataEntry",
         },
     }
     for asset, labels in want.items():
         for label, typename in labels.items():
             assert entries[asset].get(label) == typename, (asset, label, entries[asset])
+    # people read tables, not JSON blobs
+    blobs = {(a, k) for a, e in entries.items() for k, t in e.items() if t == "JsonMetadataEntry"}
+    assert blobs == set()
 
 
 @pytest.fixture(scope="session")
@@ -361,6 +371,75 @@ def test_browser_shows_assets_partitions_and_checks(
         browser, webserver + "/assets/vin_store", ["fingerprint", "per_split", "per_source"]
     )
     assert "train" in text
+
+
+def _shown(imgs: dict[str, tuple[bool, int, int]], alt: str) -> bool:
+    loaded, w, h = imgs.get(alt, (False, 0, 0))
+    return loaded and w > 0 and h > 0
+
+
+def _images(driver: Any) -> dict[str, tuple[bool, int, int]]:
+    """Every <img> on the page by its alt text: (loaded, naturalWidth, naturalHeight)."""
+    got = driver.execute_script(
+        "return Array.from(document.images).map(i => [i.alt, i.complete, i.naturalWidth, i.naturalHeight])"
+    )
+    return {alt: (bool(done), int(w), int(h)) for alt, done, w, h in got}
+
+
+def test_browser_shows_the_stores_frames_and_how_to_open_it(
+    webserver: str, browser: Any, ui_instance: dict[str, Any], demo_cache: DemoPaths
+) -> None:
+    """The vin_store materialization shows where the store is published with the lines that open it,
+    sizes for people, and a contact sheet per source and the length histogram as images the UI
+    really renders (loaded, non-zero size). The UI shows a long Markdown value (an image is one)
+    behind its "[Show Markdown]" link, in a dialog; a screenshot of it is kept in tests/artifacts/."""
+    from stage2_data.preview import known_sources
+    from stage2_data.store import VinOfflineStoreReader
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    prof = load_profile(demo_cache.profile)
+    current = ui_instance["root"] / "stores" / prof.name / "current"
+    with VinOfflineStoreReader(current) as reader:
+        sources = known_sources(reader.sample_index)
+    text = _page_text_with(
+        browser,
+        webserver + "/assets/vin_store",
+        ["contact_sheets", "length_histogram", "size_on_disk", "VinOfflineDataset", str(current)],
+    )
+    assert "MiB" in text or "KiB" in text  # sizes for people
+    # the visible text, or the page's HTML when a long value is shown shortened (quotes escaped there)
+    assert f'VinOfflineDataset("{current}", split="train")' in html.unescape(text)
+
+    def open_dialog(label: str, alts: list[str], shot: str) -> None:
+        _click_when_clear(
+            browser, f"//tr[td[normalize-space()='{label}']]//a[normalize-space()='[Show Markdown]']"
+        )
+        deadline = time.monotonic() + 30
+        imgs = _images(browser)
+        while time.monotonic() < deadline and not all(_shown(imgs, a) for a in alts):
+            time.sleep(0.3)
+            imgs = _images(browser)
+        time.sleep(0.3)
+        browser.save_screenshot(str(ARTIFACTS / shot))
+        assert [a for a in alts if not _shown(imgs, a)] == [], imgs
+        first = browser.find_element(XPATH, f"//img[@alt='{alts[0]}']")
+        assert first.is_displayed() and first.size["width"] > 0 and first.size["height"] > 0
+        _click_when_clear(browser, "//div[@role='dialog']//button[normalize-space()='Close']")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and alts[0] in _images(browser):
+            time.sleep(0.2)
+        assert alts[0] not in _images(browser), "the dialog did not close"
+
+    open_dialog(
+        "contact_sheets", [f"contact sheet of {s}" for s in sources], "ui-vin-store-contact-sheets.png"
+    )
+    open_dialog("length_histogram", ["frames per sample"], "ui-vin-store-length-histogram.png")
+    # the screenshot shows pictures, not a blank page
+    from PIL import Image
+
+    with Image.open(ARTIFACTS / "ui-vin-store-contact-sheets.png") as shot:
+        low, high = shot.convert("L").getextrema()
+    assert high - low > 100
 
 
 def test_build_progress_reports_stages_partitions_bytes(

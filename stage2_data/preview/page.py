@@ -1,0 +1,119 @@
+"""A store's preview page (what ``stage2 preview`` writes): a title band, the length histogram, then
+one contact sheet per source (or the one asked for); and writing it as a PNG, whole or not at all."""
+
+from __future__ import annotations
+
+import errno
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from PIL import Image, ImageDraw
+
+from ..errors import PreviewError
+from ..publish import UMASK_MODE, atomic_write_bytes
+from ._draw import BACKGROUND, INK, MUTED, RULE, fit, font, png_bytes, stack
+from .histogram import length_histogram
+from .sheet import DEFAULT_N, THUMB_HEIGHT, Cell, Sheet, check_n, check_source, contact_sheet, known_sources
+
+TITLE_HEIGHT = 52
+GAP = 8
+
+
+@dataclass
+class Preview:
+    """A store's preview: the page, its parts, and the PNG bytes of the page (deterministic)."""
+
+    store: str
+    fingerprint: str | None
+    image: Image.Image
+    histogram: Image.Image
+    sheets: list[Sheet] = field(default_factory=list)
+    #: the top of each sheet on the page (px)
+    offsets: list[int] = field(default_factory=list)
+
+    @property
+    def sources(self) -> list[str]:
+        return [s.source for s in self.sheets]
+
+    def cells(self) -> list[Cell]:
+        """Where every frame is drawn on the page (each sheet's cells, moved to its place)."""
+        return [
+            Cell(c.sample_index, c.frame, (c.box[0], c.box[1] + top, c.box[2], c.box[3] + top))
+            for sheet, top in zip(self.sheets, self.offsets, strict=True)
+            for c in sheet.cells
+        ]
+
+    def png(self) -> bytes:
+        return png_bytes(self.image)
+
+
+def store_preview(
+    reader: Any, source: str | None = None, n: int = DEFAULT_N, *, thumb_height: int = THUMB_HEIGHT
+) -> Preview:
+    """The preview of the store ``reader`` reads: every source's contact sheet (``n`` trajectories
+    each), or only ``source``'s; the histogram covers the same samples. Raises PreviewError for an
+    unknown source or ``n`` < 1 (before any frame is read)."""
+    rows = reader.sample_index
+    check_n(n)
+    sources = [check_source(rows, source)] if source is not None else known_sources(rows)
+    lengths = [int(r["num_frames"]) for r in rows if source is None or r["source"] == source]
+    hist = length_histogram(lengths, label=source or "all sources")
+    sheets = [contact_sheet(reader, s, n, thumb_height=thumb_height) for s in sources]
+    name = Path(str(reader.resolved).rstrip("/")).name
+    fp = reader.fingerprint
+    width = max([hist.width, *(s.image.width for s in sheets)])
+    band = Image.new("RGB", (width, TITLE_HEIGHT), BACKGROUND)
+    draw = ImageDraw.Draw(band)
+    title, small = font(18), font(12)
+    head = f"{name} · {len(rows)} samples · {len(known_sources(rows))} sources"
+    draw.text((10, 8), fit(draw, head, title, width - 20), fill=INK, font=title)
+    sub = f"fingerprint {fp[:16] if fp else '-'} · {reader.resolved}"
+    draw.text((10, 32), fit(draw, sub, small, width - 20), fill=MUTED, font=small)
+    draw.line([(0, TITLE_HEIGHT - 1), (width, TITLE_HEIGHT - 1)], fill=RULE, width=1)
+    parts = [band, hist, *(s.image for s in sheets)]
+    page = stack(parts, gap=GAP)
+    tops = [sum(im.height + GAP for im in parts[:k]) for k in range(2, len(parts))]
+    return Preview(str(reader.resolved), fp, page, hist, sheets, tops)
+
+
+def default_out(reader: Any, source: str | None = None) -> Path:
+    """Where ``stage2 preview`` writes without ``--out``: ``stage2-preview-<store>[-<source>].png`` in
+    the working directory (never inside the store: a store is immutable)."""
+    name = Path(str(reader.resolved).rstrip("/")).name or "store"
+    tail = f"-{_safe(source)}" if source else ""
+    return Path(f"stage2-preview-{_safe(name)}{tail}.png")
+
+
+def _safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
+
+
+def resolve_out(out: str | os.PathLike[str] | None, reader: Any, source: str | None = None) -> Path:
+    """The file to write: ``out``; inside ``out`` (with the default name) when it is a folder; the
+    default name in the working directory when None. Raises PreviewError when it cannot be written
+    (its folder missing or not a folder, or not writable), before anything is drawn."""
+    path = default_out(reader, source) if out is None else Path(out)
+    if path.is_dir():
+        path = path / default_out(reader, source).name
+    parent = path.parent if str(path.parent) else Path(".")
+    fix = "pass --out a file in an existing, writable folder (e.g. --out ./sheet.png)"
+    if not parent.is_dir():
+        what = "is not a folder" if parent.exists() else "does not exist"
+        raise PreviewError(f"--out {path}: cannot write there: {parent} {what}.", fix=fix)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PreviewError(f"--out {path}: cannot write there: {parent} is not writable.", fix=fix)
+    return path
+
+
+def write_png(path: Path, data: bytes) -> Path:
+    """``data`` written to ``path`` atomically (a temp next to it, renamed); PreviewError when the
+    system refuses (permissions, a full disk, a read-only file system)."""
+    try:
+        atomic_write_bytes(path, data, mode=UMASK_MODE)
+    except OSError as err:
+        reason = os.strerror(err.errno) if err.errno else str(err)
+        fix = "free some disk there" if err.errno == errno.ENOSPC else "choose another --out"
+        raise PreviewError(f"--out {path}: cannot write it: {reason}.", fix=fix) from None
+    return path
