@@ -33,10 +33,16 @@ JOIN_TABLE = "trajectory_join.parquet"
 LOCK_FILE = ".stage2.lock"
 
 FRAMES_SUBDIR = "frames"
-FRAME_FILE_RE = re.compile(r"^trajectory_(?P<id>[^/]+)\.npz$")
-SIDECAR_PATH_RE = re.compile(r"^action_sidecars/(?P<source>[^/]+)/trajectory_(?P<id>[^/]+)\.npz$")
-FRAMES_PATH_RE = re.compile(r"^processed_datasets/(?P<cache_key>[^/]+)/frames/trajectory_(?P<id>[^/]+)\.npz$")
-SPLIT_PART_RE = re.compile(r"^(?P<base>.+\.tar)\.part-(?P<suffix>[a-z]+)$")
+# Every pattern is anchored with \A and \Z: "$" would also match before a trailing newline, so a
+# name ending in "\n" would pass for one without it.
+FRAME_FILE_RE = re.compile(r"\Atrajectory_(?P<id>[^/]+)\.npz\Z")
+SIDECAR_PATH_RE = re.compile(r"\Aaction_sidecars/(?P<source>[^/]+)/trajectory_(?P<id>[^/]+)\.npz\Z")
+FRAMES_PATH_RE = re.compile(
+    r"\Aprocessed_datasets/(?P<cache_key>[^/]+)/frames/trajectory_(?P<id>[^/]+)\.npz\Z"
+)
+#: A split part of one tar stream: ``<base>.tar.part-aa`` or ``<base>.tar.partaa`` (upstream's own
+#: untar script accepts both spellings); ``sep`` is ``-`` or empty, ``suffix`` GNU split's suffix.
+SPLIT_PART_RE = re.compile(r"\A(?P<base>.+\.tar)\.part(?P<sep>-?)(?P<suffix>[a-z]+)\Z")
 #: A pinned revision: a full 40-hex (lowercase) git commit id. The one spelling of that pattern.
 HEX40 = "[0-9a-f]{40}"
 HEX40_RE = re.compile(rf"\A{HEX40}\Z")  # \Z: "$" would also accept a trailing newline
@@ -106,6 +112,6 @@ def current_store_path(data_root: Path, profile_name: str) -> Path:
 
 
 def split_base(path: str) -> str:
-    """``x.tar.part-ab`` -> ``x.tar``; a whole tar is its own base."""
+    """``x.tar.part-ab`` (or ``x.tar.partab``) -> ``x.tar``; a whole tar is its own base."""
     m = SPLIT_PART_RE.match(path)
     return m.group("base") if m else path

@@ -1,5 +1,6 @@
 """The fault matrix, network and hub rows: the download stage (``archive_file``) against a loopback
-HubServer that drops, corrupts, answers 404, knows no such revision, or is not there at all.
+HubServer that drops, corrupts, answers 404, knows no such revision, asks to retry later, or is not
+there at all; `stage2 pin` through transient errors and ``HF_ENDPOINT``; ``HF_HUB_OFFLINE``.
 
 The matrix: tests/faults_table.py (rows), tests/helpers/faults.py (what every row asserts).
 """
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers.cli import stage2, subprocess_env
 from helpers.faults import (
     NOWHERE,
     SMALL,
@@ -35,7 +37,7 @@ from helpers.faults import (
 from stage2_data import checks as C
 from stage2_data import layout
 from stage2_data.demo import DemoPaths
-from stage2_data.demo.hubserver import HubFaults
+from stage2_data.demo.hubserver import INFO, TREE, HubFaults, Reject
 from stage2_data.hashing import sha256_file
 from stage2_data.profile import load_profile
 from stage2_pipelines.runner import run_selection
@@ -139,3 +141,109 @@ def test_fault_net_unreachable(prepared: Prepared) -> None:
     assert not layout.archive_path(bg_root, f"{SMALL}.tar").exists()
     assert not layout.partial_path(bg_root, f"{SMALL}.tar").exists()
     no_store(bg_root)
+
+
+def test_fault_net_retry_after(prepared: Prepared, demo: DemoPaths, tmp_path: Path) -> None:
+    root = copy_root(prepared, tmp_path / "root")
+    victim = f"{SMALL}.tar"
+    forget_archive(root, victim)
+    before = outside(tmp_path, root)
+    with demo_hub(demo) as hub:
+        cfg = run_cfg(demo, root, hub.url)
+        # beyond the cap (300 s): refused at once, saying when to retry; one GET, no retry
+        hub.faults.reject[victim] = Reject(1, 429, retry_after=3600)
+        r = run_selection(cfg, ["archive_file"], victim)
+        refused(r, victim, "HTTP 429", "asks to retry after 3600 s", "Fix:", "re-run after")
+        assert resolve_gets(hub) == [victim]
+        assert not layout.archive_path(root, victim).exists()
+        assert outside(tmp_path, root) == before
+        # within the cap, both forms: waited for (backoff alone would retry after 1 s), then downloaded
+        for retry_after, http_date in ((2, False), (3, True)):
+            hub.clear_log()
+            hub.faults.reject[victim] = Reject(1, 503 if http_date else 429, retry_after, http_date)
+            r = run_selection(cfg, ["archive_file"], victim)
+            assert r["success"], said(r)
+            t = [t for t, m, p, _ in hub.timed_log() if m == "GET" and p.endswith(victim)]
+            assert len(t) == 2 and t[1] - t[0] >= 1.9, t
+            forget_archive(root, victim)
+        assert run_selection(cfg, ["archive_file"], victim)["success"]
+    assert run_selection(run_cfg(demo, root), ["cache_dir"], SMALL)["success"]
+
+
+def _unpinned_copy(demo: DemoPaths, dst: Path) -> Path:
+    """The demo's profile without its pins (what `stage2 pin --write` fills in)."""
+    text = "".join(
+        line
+        for line in demo.profile.read_text().splitlines(keepends=True)
+        if not line.startswith(("size = ", "sha256 = "))
+    )
+    dst.write_text(text)
+    return dst
+
+
+def test_fault_net_pin_transient(demo: DemoPaths, tmp_path: Path) -> None:
+    prof = _unpinned_copy(demo, tmp_path / "profile.toml")
+    with demo_hub(demo) as hub:
+        hub.faults.reject[INFO] = Reject(1, 500)
+        hub.faults.reject[TREE] = Reject(1, 503)
+        out = stage2(
+            "pin", str(prof), "--endpoint", hub.url, "--write", env=subprocess_env(drop=("HF_ENDPOINT",))
+        )
+        assert out.returncode == 0, out.tail()
+        assert hub.faults.reject == {}  # both failures happened, and were retried
+    pinned = load_profile(prof)
+    assert [(a.path, a.size, a.sha256) for a in pinned.archives] == [
+        (a.path, a.size, a.sha256) for a in load_profile(demo.profile).archives
+    ]
+
+
+def test_fault_net_hf_endpoint(demo: DemoPaths, tmp_path: Path) -> None:
+    prof = _unpinned_copy(demo, tmp_path / "profile.toml")
+    with demo_hub(demo) as hub:
+        out = stage2("pin", str(prof), "--check", env=subprocess_env(HF_ENDPOINT=hub.url))
+        assert out.returncode == 1, out.tail()  # unpinned: it would change
+        assert "not pinned yet" in out.stdout
+        assert [p for _, p, _ in hub.log_snapshot() if "/tree/" in p]  # the listing came from HF_ENDPOINT
+        # an explicit --endpoint wins over HF_ENDPOINT
+        out = stage2(
+            "pin", str(prof), "--check", "--endpoint", hub.url, env=subprocess_env(HF_ENDPOINT=NOWHERE)
+        )
+        assert out.returncode == 1, out.tail()
+    out = stage2("pin", str(prof), "--check", env=subprocess_env(HF_ENDPOINT=NOWHERE))
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert NOWHERE in out.stderr and "HF_ENDPOINT" in out.stderr, out.stderr
+    # `stage2 build` without --endpoint talks to HF_ENDPOINT too: nothing on disk, an unreachable
+    # HF_ENDPOINT is named before anything starts
+    root = tmp_path / "root"
+    out = stage2(
+        "build",
+        "--profile",
+        str(demo.profile),
+        "--data-root",
+        str(root),
+        env=subprocess_env(HF_ENDPOINT=NOWHERE),
+    )
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.tail()
+    assert f"hub unreachable at {NOWHERE}" in out.stderr, out.stderr
+
+
+def test_fault_net_offline(
+    prepared: Prepared, demo: DemoPaths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = copy_root(prepared, tmp_path / "root")
+    victim = f"{SMALL}.tar"
+    before = outside(tmp_path, root)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with demo_hub(demo) as hub:
+        cfg = run_cfg(demo, root, hub.url)
+        assert run_selection(cfg, ["archive_file"], victim)["success"]  # verified on disk: no request
+        forget_archive(root, victim)
+        r = run_selection(cfg, ["archive_file"], victim)
+        refused(r, "HF_HUB_OFFLINE", str(layout.archive_path(root, victim)), "nothing was requested", "Fix:")
+        out = stage2("pin", str(demo.profile), "--endpoint", hub.url, env=subprocess_env(HF_HUB_OFFLINE="1"))
+        assert out.returncode == 2 and "HF_HUB_OFFLINE is set" in out.stderr, out.tail()
+        assert hub.log_snapshot() == []  # nothing reached the hub
+        assert outside(tmp_path, root) == before
+        monkeypatch.delenv("HF_HUB_OFFLINE")
+        assert run_selection(cfg, ["archive_file"], victim)["success"]
+    assert run_selection(run_cfg(demo, root), ["cache_dir"], SMALL)["success"]

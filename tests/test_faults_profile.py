@@ -12,12 +12,26 @@ from pathlib import Path
 
 import pytest
 from helpers.cli import stage2
-from helpers.faults import NOWHERE, SMALL, Prepared, converge, fault_cases, final_refused, outside, run_cfg
+from helpers.faults import (
+    NOWHERE,
+    SMALL,
+    Prepared,
+    converge,
+    copy_root,
+    demo_hub,
+    fault_cases,
+    final_refused,
+    forget_archive,
+    outside,
+    refused,
+    run_cfg,
+)
 
 from stage2_data import checks as C
 from stage2_data.demo import DemoPaths
 from stage2_data.errors import ProfileError
 from stage2_data.profile import load_profile
+from stage2_pipelines.runner import run_selection
 
 # A broken profile: each (profile text, what the one-line refusal names besides the file and "Fix:").
 Broken = Callable[[DemoPaths], list[tuple[str, tuple[str, ...]]]]
@@ -95,3 +109,40 @@ def test_fault_prof_totals(prepared: Prepared, demo: DemoPaths, tmp_path: Path) 
     )
     demo.profile.write_text(good)
     converge(prepared, run_cfg(demo, root), root, [])
+
+
+@pytest.mark.usefixtures("fault_instance")
+def test_fault_prof_unknown_archive(prepared: Prepared, demo: DemoPaths, tmp_path: Path) -> None:
+    """An entry whose upstream name is not known: nothing is requested under the guess; `stage2 pin`
+    names the closest upstream archives; once named, it pins and downloads."""
+    good = demo.profile.read_text()
+    real = f"{SMALL}.tar"
+    guess = f"{SMALL}_rfm_libero10.tar"
+    spec = load_profile(demo.profile).archive(real)
+    table = f'path = "{real}"\ncache_key = "{SMALL}"\nsize = {spec.size}\nsha256 = "{spec.sha256}"\n'
+    assert table in good
+    demo.profile.write_text(good.replace(table, f'path = "{guess}"\ncache_key = "{SMALL}"\nunknown = true\n'))
+    root = copy_root(prepared, tmp_path / "root")
+    forget_archive(root, real)
+    before = outside(tmp_path, root)
+    with demo_hub(demo) as hub:
+        out = stage2("pin", str(demo.profile), "--endpoint", hub.url)
+        assert out.returncode == 1, out.tail()
+        assert f"{guess} (unknown): closest upstream: {real}" in out.stderr, out.stderr
+        assert "Fix:" in out.stderr and "delete its `unknown = true` line" in out.stderr
+        cfg = run_cfg(demo, root, hub.url)
+        r = run_selection(cfg, ["archive_file"], guess)
+        refused(r, guess, "marked unknown = true", "stage2 pin")
+        # `stage2 build` refuses the profile up front: one line naming the entry, exit 2
+        out = stage2("build", "--profile", str(demo.profile), "--data-root", str(root), "--endpoint", hub.url)
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.tail()
+        assert "archives[" in out.stderr and f"({guess})" in out.stderr and "stage2 pin" in out.stderr
+        assert not [p for _, p, _ in hub.log_snapshot() if guess in p]  # never requested
+        assert outside(tmp_path, root) == before
+        # named from pin's suggestion, `unknown` deleted: pin fills it in, and it downloads
+        demo.profile.write_text(good.replace(table, f'path = "{real}"\ncache_key = "{SMALL}"\n'))
+        out = stage2("pin", str(demo.profile), "--endpoint", hub.url, "--write")
+        assert out.returncode == 0, out.tail()
+        assert load_profile(demo.profile).archive(real) == spec
+        assert run_selection(cfg, ["archive_file"], real)["success"]
+    demo.profile.write_text(good)

@@ -419,3 +419,35 @@ def test_paced_downloads_keep_to_the_rate(upstream: Upstream, monkeypatch: pytes
         clock.slept.clear()
         assert s.get(_url(server, "a.tar")).content == upstream["a.tar"]
         assert clock.slept == []  # unpaced: no pause at all
+
+
+def test_reject_with_retry_after(hub: HubServer) -> None:
+    """``HubFaults.reject``: an error status on a file's GET, the repo info or the listing, with a
+    ``Retry-After`` in delta-seconds or HTTP-date form; consumed as it fires."""
+    from email.utils import parsedate_to_datetime
+
+    from stage2_data.demo.hubserver import INFO, TREE, Reject
+
+    s = get_session()
+    hub.faults.reject.update(
+        {
+            INFO: Reject(2, 429, retry_after=30),
+            TREE: Reject(1, 500),
+            "a.tar": Reject(1, 503, retry_after=60, http_date=True),
+        }
+    )
+    info_url = f"{hub.url}/api/datasets/{REPO}/revision/{REV}"
+    for _ in range(2):
+        r = s.get(info_url)
+        assert (r.status_code, r.headers["retry-after"]) == (429, "30")
+    assert s.get(info_url).status_code == 200  # consumed
+    r = s.get(f"{hub.url}/api/datasets/{REPO}/tree/{REV}")
+    assert r.status_code == 500 and "retry-after" not in r.headers
+    url = hf_hub_url(REPO, "a.tar", repo_type="dataset", revision=REV, endpoint=hub.url)
+    assert s.head(url).status_code == 200  # a file's rejection is for its GETs
+    r = s.get(url)
+    assert r.status_code == 503
+    wait = parsedate_to_datetime(r.headers["retry-after"]).timestamp() - time.time()
+    assert 50 <= wait <= 60
+    assert s.get(url).status_code == 200
+    assert hub.faults.reject == {}

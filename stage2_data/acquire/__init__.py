@@ -1,7 +1,10 @@
 """Pinned, verified, resumable downloads through the real ``huggingface_hub`` client.
 
-- :mod:`.hub`: the pinned source (``HubSource``), the hub's listing and revision check, client errors
-  mapped to a ``HubError`` that names the repo, revision, endpoint and fix;
+- :mod:`.hub`: the pinned source (``HubSource``), the environment (``HF_ENDPOINT``,
+  ``HF_HUB_OFFLINE``), client errors mapped to a ``HubError`` that names the repo, revision,
+  endpoint and fix;
+- :mod:`.retry`: the one retry policy of every request (backoff, ``Retry-After`` bounded);
+- :mod:`.listing`: the hub's listing at the pinned revision and the revision check;
 - :mod:`.transport`: one archive's bytes into ``archives/.partial/<path>.part`` (GET, resume with
   ``Range``, retries with backoff, raw socket reads);
 - :mod:`.sink`: the received buffers written (``O_DIRECT`` where possible) and hashed at once;
@@ -21,8 +24,25 @@ from .download import (
     download_archives,
     download_profile,
 )
-from .hub import DEFAULT_ENDPOINT, HubSource, RemoteFile, check_revision, list_remote_files
+from .hub import (
+    DEFAULT_ENDPOINT,
+    HubOfflineError,
+    HubSource,
+    RemoteFile,
+    hub_offline,
+    resolve_endpoint,
+)
+from .listing import check_revision, closest_files, list_remote_files
 from .pin import PinError, pin_profile
+from .retry import (
+    DEFAULT_ATTEMPTS,
+    DEFAULT_BACKOFF,
+    MAX_RETRY_AFTER,
+    RetryAfterTooLongError,
+    RetryPolicy,
+    parse_retry_after,
+    with_retries,
+)
 from .state import (
     EXTRACTION_FACTOR,
     ArchiveState,
@@ -32,13 +52,22 @@ from .state import (
     required_free_bytes,
     required_free_parts,
 )
-from .transport import DEFAULT_ATTEMPTS, DEFAULT_BACKOFF, DownloadCancelled, cancel_downloads
+from .transport import DownloadCancelled, cancel_downloads
 
 __all__ = [
     "DEFAULT_ATTEMPTS",
     "DEFAULT_BACKOFF",
     "DEFAULT_ENDPOINT",
     "EXTRACTION_FACTOR",
+    "MAX_RETRY_AFTER",
+    "HubOfflineError",
+    "RetryAfterTooLongError",
+    "RetryPolicy",
+    "closest_files",
+    "hub_offline",
+    "parse_retry_after",
+    "resolve_endpoint",
+    "with_retries",
     "ArchiveState",
     "DownloadCancelled",
     "cancel_downloads",

@@ -20,9 +20,16 @@ from ..errors import ChecksumMismatchError, HubError, ProblemsError, ProfileErro
 from ..fsutil import require_free_space
 from ..profile import ArchiveSpec, Profile
 from ..publish import fsync_dir
-from .hub import HubSource
-from .state import _verify_existing, _write_record, remaining_download_bytes, require_build_space
-from .transport import DEFAULT_ATTEMPTS, DEFAULT_BACKOFF, fetch_partial
+from .hub import HubOfflineError, HubSource, hub_offline
+from .retry import DEFAULT_ATTEMPTS, DEFAULT_BACKOFF
+from .state import (
+    _verify_existing,
+    _write_record,
+    archive_state,
+    remaining_download_bytes,
+    require_build_space,
+)
+from .transport import fetch_partial
 
 PIN_FIX = "run `stage2 pin` to fill size and sha256 from the hub's listing at the pinned revision"
 MISMATCH_FIX = (
@@ -82,6 +89,11 @@ def _precheck(
             problems.append(f"{spec.path} is quarantined: it is never downloaded")
         elif listed is not None and spec.path not in listed:
             problems.append(f"{spec.path} is not listed under [[archives]] of the profile")
+        elif spec.unknown:
+            problems.append(
+                f"{spec.path} is marked unknown = true (a guessed name, never requested); run `stage2 pin` "
+                "to see the closest upstream names, set path and cache_key, and delete `unknown = true`"
+            )
         elif not spec.pinned:
             problems.append(f"{spec.path} is not pinned (no size/sha256 in the profile); {PIN_FIX}")
     return problems
@@ -110,12 +122,14 @@ def download_archive(
 ) -> DownloadResult:
     """Download one pinned archive into ``archives/<path>`` and verify it against its pin.
 
-    Refused before any request (ProfileError): an unpinned or quarantined archive, one not in
-    ``listed`` (when given), a revision that is not a full commit. Skipped without any request: a
-    final file whose verification record matches (size, mtime_ns, pinned sha256), unless
-    ``reverify``. A final file without a matching record is re-hashed and kept if it matches.
-    Transient failures are retried ``attempts`` times (backoff ``backoff`` x 2^n seconds), each
-    retry resuming from the partial file. A sha256 mismatch deletes the partial and raises
+    Refused before any request (ProfileError): an unpinned, unknown (``unknown = true``) or
+    quarantined archive, one not in ``listed`` (when given), a revision that is not a full commit.
+    Skipped without any request: a final file whose verification record matches (size, mtime_ns,
+    pinned sha256), unless ``reverify``. A final file without a matching record is re-hashed and
+    kept if it matches. Offline (``HF_HUB_OFFLINE``), anything else is HubOfflineError, with no
+    request. Transient failures are retried by the one retry policy (``retry.py``: ``attempts`` in
+    all, backoff ``backoff`` x 2^n seconds, or the hub's ``Retry-After``, bounded), each retry
+    resuming from the partial file. A sha256 mismatch deletes the partial and raises
     ChecksumMismatchError.
     """
     _raise_precheck(_precheck(source, [spec], quarantined, listed))
@@ -129,6 +143,8 @@ def download_archive(
             return DownloadResult(
                 spec.path, final, spec.size, digest, time.monotonic() - t0, 0, 0, skipped=True, attempts=0
             )
+    if hub_offline():
+        raise _offline_error(data_root, [spec.path])
     return _download(source, spec, data_root, progress, max(1, attempts), backoff, cancel, t0)
 
 
@@ -169,6 +185,17 @@ def _download(
     )
 
 
+def _offline_error(data_root: Path, missing: list[str]) -> HubOfflineError:
+    where = ", ".join(str(layout.archive_path(data_root, p)) for p in missing)
+    return HubOfflineError(
+        f"HF_HUB_OFFLINE is set and {len(missing)} archive(s) are not verified on disk: {where}; "
+        "nothing was requested.",
+        fix="unset HF_HUB_OFFLINE to download them, or put the verified files there (a file whose "
+        "sha256 equals its pin is accepted) and re-run",
+        missing=missing,
+    )
+
+
 # ----- many downloads -----------------------------------------------------------------------------
 def default_workers(n: int) -> int:
     return max(1, min(4, n))
@@ -199,6 +226,12 @@ def download_archives(
     specs = list(specs)
     _raise_precheck(_precheck(source, specs, quarantined, listed))
     data_root = Path(data_root)
+    if hub_offline():
+        missing = [s.path for s in specs if archive_state(data_root, s).state != "verified"]
+        if missing:  # a file without its record is re-hashed below; only absent ones are refused here
+            absent = [p for p in missing if not layout.archive_path(data_root, p).is_file()]
+            if absent:
+                raise _offline_error(data_root, absent)
     remaining = {s.path: remaining_download_bytes(data_root, s) for s in specs}
     if check_space and specs:
         needed = sum(remaining.values())
@@ -271,6 +304,7 @@ def download_profile(
             f"[source] {src.repo_type}:{src.repo_id}@{src.revision}.",
             fix="build the source from the profile (HubSource.from_profile)",
         )
+    profile.require_known()
     _raise_precheck(_precheck(source, profile.archives, profile.quarantined_paths(), profile.archive_paths()))
     require_build_space(profile, Path(data_root))
     return download_archives(

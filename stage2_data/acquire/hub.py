@@ -1,4 +1,4 @@
-"""The hub: a pinned source, its listing and revision check, and the mapping of client errors.
+"""The hub: a pinned source, the environment it honours, and the mapping of client errors.
 
 Everything that talks to the hub goes through the client's own functions (``HfApi``,
 ``get_hf_file_metadata``, ``hf_hub_url``, ``build_hf_headers``, ``http_stream_backoff``,
@@ -6,6 +6,11 @@ Everything that talks to the hub goes through the client's own functions (``HfAp
 https://huggingface.co or to the loopback hub (``stage2_data.demo``'s hub server) by changing only
 ``HubSource.endpoint``. The token is never logged, never put in an exception message, a repr or a
 record.
+
+The environment is honoured as ``huggingface_hub`` documents it, but read when a call is made (the
+client itself reads it once, at import): ``HF_ENDPOINT`` is the endpoint when none is given
+(``--endpoint`` wins), ``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) means use what is on disk
+and request nothing (:func:`hub_offline`, :class:`HubOfflineError`).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import os
 from dataclasses import dataclass, field
 
 from huggingface_hub import HfApi, hf_hub_url
+from huggingface_hub import constants as hf_constants
 from huggingface_hub.errors import (
     GatedRepoError,
     HfHubHTTPError,
@@ -22,7 +28,6 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
-from huggingface_hub.hf_api import RepoFile
 
 from ..errors import HubError, ProfileError
 from ..profile import Profile
@@ -34,6 +39,40 @@ except ImportError:  # pragma: no cover - depends on the installed client
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+_TRUE = {"1", "on", "yes", "true"}
+
+
+# ----- the environment ----------------------------------------------------------------------------
+def resolve_endpoint(explicit: str | None = None) -> str:
+    """The endpoint to use: ``explicit`` (``--endpoint``), else ``HF_ENDPOINT`` (read now), else the
+    real hub."""
+    return (explicit or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+
+
+def hub_offline() -> bool:
+    """``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) is set to a true value, now or when the client
+    was imported: use what is on disk, request nothing."""
+    raw = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
+    return raw.strip().lower() in _TRUE or bool(hf_constants.HF_HUB_OFFLINE)
+
+
+class HubOfflineError(HubError):
+    """Offline mode (``HF_HUB_OFFLINE``) is on and something not on disk was needed; ``missing``
+    names it. Nothing was requested."""
+
+    def __init__(self, message: str, *, fix: str | None = None, missing: list[str] | None = None) -> None:
+        self.missing = list(missing or [])
+        super().__init__(message, fix=fix)
+
+
+def require_online(source: HubSource, what: str) -> None:
+    """Raise HubOfflineError when offline mode is on: ``what`` needs the hub."""
+    if hub_offline():
+        raise HubOfflineError(
+            f"{what} needs the hub ({source.label} at {source.api_endpoint}), and HF_HUB_OFFLINE is set: "
+            "nothing was requested.",
+            fix="unset HF_HUB_OFFLINE (or set it to 0) and re-run",
+        )
 
 
 # ----- the source ---------------------------------------------------------------------------------
@@ -66,7 +105,7 @@ class HubSource:
     @property
     def api_endpoint(self) -> str:
         """The endpoint actually used: the explicit one, else ``HF_ENDPOINT`` (read now), else the real hub."""
-        return (self.endpoint or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+        return resolve_endpoint(self.endpoint)
 
     @property
     def label(self) -> str:
@@ -149,7 +188,7 @@ def _hub_error(
             fix = "retry later; if it persists, check the hub's status page"
     elif isinstance(e, OfflineModeIsEnabled):
         msg = f"{what}: huggingface_hub offline mode is on (HF_HUB_OFFLINE), {ep} was not contacted."
-        fix = "unset HF_HUB_OFFLINE"
+        fix = "unset HF_HUB_OFFLINE (or set it to 0) and re-run"
     elif isinstance(e, _httpx.HTTPError):
         msg = f"{what}: hub unreachable at {ep} ({type(e).__name__}: {_first_line(str(e)) or 'no detail'})."
         fix = (
@@ -160,53 +199,3 @@ def _hub_error(
         msg = f"{what}: {type(e).__name__}: {_first_line(str(e))} ({ep})."
         fix = "retry; if it persists, check the hub and the network"
     return HubError(source.redact(msg + note), fix=fix)
-
-
-# ----- listing and revision -----------------------------------------------------------------------
-def check_revision(source: HubSource) -> str:
-    """Resolve ``source.revision`` on the hub; return the commit. Raises HubError when it does not
-    exist, or when the hub resolves it to another commit (a branch name or tag is never a pin)."""
-    try:
-        info = source.api().repo_info(source.repo_id, repo_type=source.repo_type, revision=source.revision)
-    except Exception as e:
-        if _is_client_error(e):
-            raise _hub_error(e, source, what=f"resolving revision {source.revision}") from e
-        raise
-    sha = getattr(info, "sha", None)
-    if not sha:
-        raise HubError(
-            f"the hub at {source.api_endpoint} gave no commit for revision {source.revision} of {source.label}.",
-            fix="check the endpoint (--endpoint / HF_ENDPOINT)",
-        )
-    if sha != source.revision:
-        raise HubError(
-            f"revision {source.revision!r} of {source.label} resolves to commit {sha} at {source.api_endpoint}, "
-            f"not to the pinned {source.revision!r}; a branch name, tag or short hash is never a pin.",
-            fix=f"set [source] revision = {sha!r} in the profile (after checking that commit), then run `stage2 pin`",
-        )
-    return str(sha)
-
-
-def list_remote_files(source: HubSource) -> dict[str, RemoteFile]:
-    """Every file of the repository at the pinned revision: {path: RemoteFile(path, size, sha256)}."""
-    check_revision(source)  # fails fast (no client retries) when the hub is unreachable
-    try:
-        entries = list(
-            source.api().list_repo_tree(
-                source.repo_id, recursive=True, revision=source.revision, repo_type=source.repo_type
-            )
-        )
-    except Exception as e:
-        if _is_client_error(e):
-            raise _hub_error(e, source, what=f"listing {source.label} at {source.revision}") from e
-        raise
-    out: dict[str, RemoteFile] = {}
-    for entry in entries:
-        if not isinstance(entry, RepoFile):  # a folder
-            continue
-        lfs = entry.lfs
-        if lfs is not None:
-            out[entry.path] = RemoteFile(entry.path, int(lfs.size), str(lfs.sha256))
-        else:
-            out[entry.path] = RemoteFile(entry.path, int(entry.size), None)
-    return dict(sorted(out.items()))

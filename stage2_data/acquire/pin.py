@@ -1,26 +1,61 @@
-"""``stage2 pin``: fill a profile's sizes and sha256 from the hub's listing at the pinned revision."""
+"""``stage2 pin``: fill a profile's sizes and sha256 from the hub's listing at the pinned revision,
+and name the closest upstream files for every entry missing upstream or marked unknown."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from .. import layout
 from ..errors import ProblemsError, ProfileError
 from ..profile import ArchiveSpec, Profile
-from .hub import HubSource, list_remote_files
+from .hub import HubSource, RemoteFile
+from .listing import closest_files, list_remote_files
 
 
 class PinError(ProblemsError, ProfileError):
     """``pin`` refused: the profile disagrees with the hub's listing."""
 
 
-def pin_profile(profile: Profile, source: HubSource) -> tuple[Profile, list[str]]:
-    """Fill every missing size/sha256 from the hub's listing at the pinned revision.
+@dataclass(frozen=True)
+class UnknownEntry:
+    """An ``[[archives]]`` entry marked ``unknown = true``, with the closest upstream archives."""
+
+    index: int
+    path: str  # the guess
+    closest: list[str]
+
+    def line(self) -> str:
+        near = "; ".join(self.closest) if self.closest else "no archive upstream"
+        return f"archives[{self.index}] {self.path} (unknown): closest upstream: {near}"
+
+
+def unknown_entries(profile: Profile, remote: dict[str, RemoteFile]) -> list[UnknownEntry]:
+    """Every entry marked unknown, with the closest archives of the listing not already in the profile."""
+    taken = {a.path for a in profile.archives if not a.unknown} | profile.quarantined_paths()
+    return [
+        UnknownEntry(i, a.path, closest_files(a.path, remote, exclude=taken))
+        for i, a in profile.unknown_archives()
+    ]
+
+
+def pin_profile(
+    profile: Profile,
+    source: HubSource,
+    *,
+    remote: dict[str, RemoteFile] | None = None,
+    unknown_out: list[UnknownEntry] | None = None,
+) -> tuple[Profile, list[str]]:
+    """Fill every missing size/sha256 from the hub's listing at the pinned revision (``remote``:
+    that listing, when the caller already has it). Entries marked ``unknown`` are left as they are;
+    nothing is ever requested under their guessed names; ``unknown_out`` (when given) receives
+    each, with the closest upstream archives (:func:`unknown_entries`).
 
     Refuses (PinError, a ProfileError listing every problem) when an archive is missing
-    upstream, a pinned size or sha256 differs from the listing, an upstream file has no sha256
-    (not an LFS file), a quarantined file is listed under [[archives]], or ``source`` names another
-    repository or revision than the profile. A revision that is not a full commit, or that does not
-    exist, is refused before or by the hub (ProfileError / HubError). Returns the new profile and
-    one human-readable line per change.
+    upstream (naming the closest upstream files), a pinned size or sha256 differs from the listing,
+    an upstream file has no sha256 (not an LFS file), a quarantined file is listed under
+    [[archives]], or ``source`` names another repository or revision than the profile. A revision
+    that is not a full commit, or that does not exist, is refused before or by the hub
+    (ProfileError / HubError). Returns the new profile and one human-readable line per change.
     """
     problems: list[str] = []
     src = profile.source
@@ -49,14 +84,23 @@ def pin_profile(profile: Profile, source: HubSource) -> tuple[Profile, list[str]
             fix="correct the profile, then run `stage2 pin` again",
         )
 
-    remote = list_remote_files(source)
+    if remote is None:
+        remote = list_remote_files(source)
+    if unknown_out is not None:
+        unknown_out.extend(unknown_entries(profile, remote))
+    taken = {a.path for a in profile.archives if not a.unknown} | quarantined
     changes: list[str] = []
     new_archives: list[ArchiveSpec] = []
     for i, a in enumerate(profile.archives):
+        if a.unknown:
+            new_archives.append(a)
+            continue
         r = remote.get(a.path)
         if r is None:
+            near = closest_files(a.path, remote, exclude=taken)
             problems.append(
                 f"archives[{i}] {a.path}: not found upstream in {source.label} at revision {source.revision}"
+                + (f" (closest upstream: {'; '.join(near)})" if near else "")
             )
             new_archives.append(a)
             continue

@@ -10,8 +10,8 @@ chunk) cost ~5 s/GiB of CPU; this costs curl's receive + write plus the sha256 i
 ~1.25 GB/s per core with SHA-NI, costs about twice curl's receive + write).
 
 A connection that drops after bytes arrived is resumed at once; a timeout, a drop before any byte,
-or a 5xx is retried with exponential backoff; each retry resumes from the partial file with a
-``Range`` request.
+a 429 or a 5xx is retried by the one retry policy (``retry.py``: exponential backoff, or the hub's
+``Retry-After``, bounded); each retry resumes from the partial file with a ``Range`` request.
 """
 
 from __future__ import annotations
@@ -35,18 +35,16 @@ from huggingface_hub import constants as hf_constants
 from huggingface_hub import get_hf_file_metadata
 from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_stream_backoff
 
-from ..errors import HubError, Stage2Error
+from ..errors import HubError
 from ..fsutil import disk_full_as, human_bytes
 from ..hashing import SHA256_RE, hasher_of_prefix
 from ..profile import ArchiveSpec
-from .hub import HubSource, _first_line, _httpx, _hub_error, _is_client_error, _is_transient
+from .hub import HubSource, _first_line, _httpx
+from .retry import PROCESS_CANCEL, RetryPolicy, with_retries
 from .sink import ALIGN, _BlockSink
 
 log = logging.getLogger(__name__)
 
-DEFAULT_ATTEMPTS = 5
-DEFAULT_BACKOFF = 1.0  # seconds before the first retry; doubled on each further retry
-MAX_BACKOFF = 30.0
 USE_WAITALL = True
 """Fill a whole receive buffer per system call on a plain socket (``MSG_WAITALL``, see ``_waitall``)."""
 DIRECT_IO = True
@@ -71,7 +69,7 @@ class _Cancelled(Exception):
 
 # Every download of this process stops when this is set (cancel_downloads: the whole process is
 # stopping, e.g. `stage2 build` on SIGTERM); a call's own ``cancel`` event stops that call only.
-_PROCESS_CANCEL = threading.Event()
+_PROCESS_CANCEL = PROCESS_CANCEL  # retry.py's: its waits end too
 _LIVE_SOCKETS: set[socket.socket] = set()  # sockets a body is being read from (woken on cancel)
 _LIVE_LOCK = threading.Lock()
 
@@ -143,66 +141,54 @@ def fetch_partial(
     attempts: int,
     backoff: float,
     cancel: threading.Event | None,
+    policy: RetryPolicy | None = None,
 ) -> Fetched:
     """Bring ``part`` to the pinned size of ``spec`` (resuming from what it holds) and hash it.
 
     The hub's metadata for the file is checked once (commit, size, sha256) before the first GET.
-    Transient failures are retried ``attempts`` times (backoff ``backoff`` x 2^n seconds, at most
-    ``MAX_BACKOFF``), each retry resuming from the partial file. Raises DownloadCancelled when
-    ``cancel`` is set (the partial file is kept), a HubError naming the failure otherwise.
+    Transient failures are retried by the one retry policy (``retry.py``: ``attempts`` in all,
+    backoff ``backoff`` x 2^n seconds, or the hub's ``Retry-After``, bounded), each retry resuming
+    from the partial file. Raises DownloadCancelled when ``cancel`` is set (the partial file is
+    kept), a HubError naming the failure otherwise.
     """
     assert spec.size is not None and spec.sha256 is not None
+    size = spec.size
     url = source.file_url(spec.path)
-    what = f"downloading {spec.path}"
     state = _Progress()
     meta_checked = False
-    made = 0
-    digest: str | None = None
-    last: BaseException | None = None
-    for attempt in range(1, attempts + 1):
-        made = attempt
+    if policy is None:
+        policy = RetryPolicy(attempts=attempts, backoff=backoff)
+
+    def one_attempt(attempt: int) -> str:
+        nonlocal meta_checked
         if _cancelled(cancel):
-            raise _cancelled_error(spec)
-        try:
-            if not meta_checked:
-                _check_metadata(source, spec, url)
-                meta_checked = True
-            with disk_full_as(
-                f"disk full while writing {part} ({spec.path}, {human_bytes(spec.size)}).",
-                fix="free disk space (see `stage2 list`) and re-run; the download resumes",
-            ):
-                digest = _attempt(source, spec, url, part, state, progress, cancel, backoff)
-            break
-        except Stage2Error:
-            raise
-        except _Cancelled:
-            raise _cancelled_error(spec) from None
-        except Exception as e:  # OSError too: _is_transient decides what is retried
-            if not _is_transient(e):
-                if _is_client_error(e):
-                    raise _hub_error(e, source, what=what, path=spec.path) from e
-                raise
-            last = e
-        assert last is not None
-        if attempt == attempts:
-            note = ""
-            with contextlib.suppress(OSError):
-                note = f" The partial file ({human_bytes(part.stat().st_size)}) is kept: re-running resumes."
-            raise _hub_error(
-                last, source, what=f"{what} (gave up after {attempts} attempt(s))", path=spec.path, note=note
-            ) from last
-        wait = min(backoff * 2 ** (attempt - 1), MAX_BACKOFF)
-        log.warning(
-            "%s: attempt %d/%d failed (%s); retrying in %.1fs",
-            spec.path,
-            attempt,
-            attempts,
-            source.redact(_first_line(f"{type(last).__name__}: {last}")),
-            wait,
+            raise _Cancelled()
+        if not meta_checked:
+            _check_metadata(source, spec, url)
+            meta_checked = True
+        with disk_full_as(
+            f"disk full while writing {part} ({spec.path}, {human_bytes(size)}).",
+            fix="free disk space (see `stage2 list`) and re-run; the download resumes",
+        ):
+            return _attempt(source, spec, url, part, state, progress, cancel, policy.backoff)
+
+    def kept() -> str:
+        with contextlib.suppress(OSError):
+            return f" The partial file ({human_bytes(part.stat().st_size)}) is kept: re-running resumes."
+        return ""
+
+    try:
+        digest, made = with_retries(
+            one_attempt,
+            source,
+            what=f"downloading {spec.path}",
+            path=spec.path,
+            policy=policy,
+            cancelled=lambda: _cancelled_error(spec),
+            give_up_note=kept,
         )
-        if _PROCESS_CANCEL.wait(wait):  # the process is stopping: no more waiting
-            raise _cancelled_error(spec)
-    assert digest is not None  # the loop either broke with a digest or raised
+    except _Cancelled:
+        raise _cancelled_error(spec) from None
     if _cancelled(cancel):  # cancelled as the last bytes arrived: publish nothing
         raise _cancelled_error(spec)
     return Fetched(digest, state.received, state.resumed_from or 0, made)

@@ -1,7 +1,8 @@
 """Split parts of one tar stream, read in place: their order and a seekable view over them.
 
 An upstream cache directory arrives as one uncompressed tar (``<cache_key>.tar``) or as split parts
-of one tar stream (``<cache_key>.tar.part-aa``, ``-ab``, ...). The parts are ordered and checked for
+of one tar stream (``<cache_key>.tar.part-aa``, ``-ab``, ..., or spelled ``.tar.partaa``, ``partab``,
+...: upstream's own untar script accepts both; one archive uses one spelling). The parts are ordered and checked for
 gaps (:func:`_order_parts`) and read through :class:`MultiPartReader`, a seekable view over the
 concatenated parts, so no joined copy is written.
 """
@@ -270,6 +271,13 @@ def _order_parts(paths: Sequence[Path]) -> list[Path]:
             f"archive files {[p.name for p in plist]} mix a whole tar ({', '.join(whole)}) with split parts.",
             fix="pass either one whole tar or all the split parts (<name>.tar.part-aa, -ab, ...) of one tar",
         )
+    seps = sorted({m.group("sep") for m in matches if m is not None})
+    if len(seps) > 1:
+        raise ArchiveError(
+            f"split parts {[p.name for p in plist]} mix the spellings .tar.part-aa and .tar.partaa.",
+            fix="pass the parts of one archive in one spelling (as the hub lists them); "
+            "correct the [[archives]] paths of the profile to the hub's names",
+        )
     bases = sorted({m.group("base") for m in matches if m is not None})
     if len(bases) > 1:
         raise ArchiveError(
@@ -284,14 +292,15 @@ def _order_parts(paths: Sequence[Path]) -> list[Path]:
             f"archive {base}: part(s) {', '.join(dups)} given twice ({[str(p) for p in plist]}).",
             fix="pass each split part once",
         )
+    sep = seps[0]
     for i, m in enumerate(matches):
         assert m is not None
         expected = _gnu_split_suffix(i)
         if m.group("suffix") != expected:
             raise ArchiveError(
-                f"archive {base}: split part {base}.part-{expected} is missing "
+                f"archive {base}: split part {base}.part{sep}{expected} is missing "
                 f"(parts given: {', '.join(names)}).",
-                fix=f"download {base}.part-{expected} (re-run the build to download the missing part), "
+                fix=f"download {base}.part{sep}{expected} (re-run the build to download the missing part), "
                 "then extract again",
             )
     return plist

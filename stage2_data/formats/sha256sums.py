@@ -9,10 +9,12 @@ One line per file, any of:
   ``\\r`` a carriage return), as ``sha256sum`` writes names holding those characters.
 
 The digest may be upper or lower case (entries hold it in lower case). Lines end at ``\\n``; one
-``\\r`` before it (a CRLF file) is dropped. Blank lines and ``#`` comment lines are skipped.
-Names are kept as written (a ``./`` prefix included): what a name may be is the caller's rule.
-Every malformed line and every duplicate name is gathered and reported at once, with its line
-number (a :class:`~stage2_data.errors.ProblemsError`).
+``\\r`` before it (a CRLF file) is dropped. A file holding NUL bytes is ``sha256sum -z`` output:
+records end at NUL and names are not escaped. Blank lines and ``#`` comment lines are skipped.
+Names are kept as written (a ``./`` prefix included): what a name may be, and which file it names,
+is the caller's rule. A line repeated with the same digest (as ``cat a.sums b.sums`` gives) is
+kept once; every malformed line and every name listed again with another digest is gathered and
+reported at once, with its line number (a :class:`~stage2_data.errors.ProblemsError`).
 """
 
 from __future__ import annotations
@@ -62,10 +64,11 @@ def _unescape(name: str) -> str | None:
     return "".join(out)
 
 
-def _parse_line(line: str) -> tuple[str, str] | None:
-    """(digest, name) of one line, or None when it is not a sha256sum line."""
+def _parse_line(line: str, *, zero: bool = False) -> tuple[str, str] | None:
+    """(digest, name) of one line, or None when it is not a sha256sum line (``zero``: a record of
+    ``sha256sum -z`` output, whose names are never escaped)."""
     s = line.lstrip(" \t")
-    escaped = s.startswith("\\")
+    escaped = not zero and s.startswith("\\")
     if escaped:
         s = s[1:]
     m = _TAG_RE.match(s) or _GNU_RE.match(s)
@@ -86,24 +89,30 @@ def parse_sha256sums_text(text: str, where: str) -> list[ChecksumEntry]:
     """Parse the text of a checksum file; ``where`` names it in problems (``<where>:<line>: ...``)."""
     entries: list[ChecksumEntry] = []
     problems: list[str] = []
-    seen: dict[str, int] = {}
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
+    seen: dict[str, ChecksumEntry] = {}
+    zero = "\0" in text
+    lines = text.split("\0" if zero else "\n")
+    if lines and lines[-1] in ("", "\n"):
         lines.pop()
     for lineno, raw in enumerate(lines, start=1):
-        line = raw[:-1] if raw.endswith("\r") else raw
+        line = raw[:-1] if raw.endswith("\r") and not zero else raw
         if not line.strip() or line.startswith("#"):
             continue
-        parsed = _parse_line(line)
+        parsed = _parse_line(line, zero=zero)
         if parsed is None:
             problems.append(f"{where}:{lineno}: not '<64 hex>  <path>': {line[:80]!r}")
             continue
         digest, rel = parsed
-        if rel in seen:
-            problems.append(f"{where}:{lineno}: duplicate path {rel} (first on line {seen[rel]})")
-            continue
-        seen[rel] = lineno
-        entries.append(ChecksumEntry(digest, rel, lineno))
+        first = seen.get(rel)
+        if first is not None:
+            if first.digest != digest:
+                problems.append(
+                    f"{where}:{lineno}: {rel} listed again with another sha256 {digest} "
+                    f"(line {first.line} says {first.digest})"
+                )
+            continue  # the same line again: sha256sum -c checks it twice; once is enough
+        seen[rel] = entry = ChecksumEntry(digest, rel, lineno)
+        entries.append(entry)
     if problems:
         raise ProblemsError(
             f"malformed checksum file {where}",

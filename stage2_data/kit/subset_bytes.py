@@ -1,9 +1,21 @@
 """The byte check: every file the kit's subset SHA256SUMS lists, hashed in parallel and compared;
-plus the frame files the pairs use that SHA256SUMS does not list."""
+plus the frame files the pairs use that SHA256SUMS does not list.
+
+Which file a listed name stands for (:func:`listed_relpath`): the checksum file may have been
+written from another folder than the data root, so a name is matched to a data-root path by these
+rules, in order: ``.`` segments and repeated ``/`` are dropped (``./processed_datasets/...``); a
+name holding ``processed_datasets/<cache_key>/frames/trajectory_<ID>.npz`` stands for that path
+whatever precedes it (``/data/stage2/processed_datasets/...``, ``stage2/processed_datasets/...``);
+``<cache_key>/frames/trajectory_<ID>.npz`` of a cache key of the profile (written from inside
+``processed_datasets/``) stands for ``processed_datasets/<cache_key>/frames/...``; any other
+plain relative path is relative to the data root. Anything else (absolute, ``..``) is reported,
+not checked. Two names for one file are one entry (a second digest for it is a problem).
+"""
 
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -11,8 +23,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import layout
 from ..errors import ProblemsError
-from ..formats.sha256sums import parse_sha256sums
+from ..formats.sha256sums import ChecksumEntry, parse_sha256sums
 from ..hashing import sha256_file_and_size
 from ..profile import Profile
 from .manifests import load_pairs
@@ -50,8 +63,54 @@ class ByteReport:
         return d
 
 
+_FRAMES_TAIL_RE = re.compile(
+    rf"(?:\A|/)(?P<rel>{layout.PROCESSED_DIR}/[^/]+/{layout.FRAMES_SUBDIR}/trajectory_[^/]+\.npz)\Z"
+)
+
+
 def _plain_relpath(rel: str) -> bool:
     return bool(rel) and not rel.startswith("/") and all(p not in ("", ".", "..") for p in rel.split("/"))
+
+
+def listed_relpath(name: str, cache_keys: frozenset[str] | set[str]) -> str | None:
+    """The data-root relative path a name of the checksum file stands for (the rules in the
+    module's docstring), or None when it stands for none."""
+    absolute = name.startswith("/")
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    norm = "/".join(parts)
+    m = _FRAMES_TAIL_RE.search(norm)
+    if m is not None:
+        return m.group("rel")
+    if absolute or not _plain_relpath(norm):
+        return None
+    if len(parts) == 3 and parts[0] in cache_keys and parts[1] == layout.FRAMES_SUBDIR:
+        candidate = f"{layout.PROCESSED_DIR}/{norm}"
+        if layout.FRAMES_PATH_RE.match(candidate):
+            return candidate
+    return norm
+
+
+def _matched_entries(
+    entries: list[ChecksumEntry], cache_keys: set[str], sums_path: Path, problems: list[str]
+) -> list[ChecksumEntry]:
+    """The entries with their names replaced by the data-root paths they stand for; one per path."""
+    out: dict[str, ChecksumEntry] = {}
+    for ent in entries:
+        rel = listed_relpath(ent.path, cache_keys)
+        if rel is None:
+            problems.append(
+                f"{sums_path}:{ent.line}: path {ent.path!r} is not a plain relative path; not checked"
+            )
+            continue
+        first = out.get(rel)
+        if first is None:
+            out[rel] = ChecksumEntry(ent.digest, rel, ent.line)
+        elif first.digest != ent.digest:
+            problems.append(
+                f"{sums_path}:{ent.line}: {ent.path!r} names {rel} again with another sha256 "
+                f"{ent.digest} (line {first.line} says {first.digest})"
+            )
+    return list(out.values())
 
 
 def verify_subset_bytes(
@@ -76,14 +135,7 @@ def verify_subset_bytes(
     except ProblemsError as err:
         entries = []
         problems.extend(err.problems)
-    todo = []
-    for ent in entries:
-        if not _plain_relpath(ent.path):
-            problems.append(
-                f"{sums_path}:{ent.line}: path {ent.path!r} is not a plain relative path; not checked"
-            )
-            continue
-        todo.append(ent)
+    todo = _matched_entries(entries, set(profile.cache_keys()), sums_path, problems)
 
     root = os.fspath(data_root) + os.sep
 
@@ -130,7 +182,7 @@ def verify_subset_bytes(
             details.append(
                 f"{sums_path}:{ent.line}: {data_root / ent.path} has sha256 {actual}, expected {ent.digest}"
             )
-    listed = {ent.path for ent in entries}
+    listed = {ent.path for ent in todo}
     pairs_path = profile.kit_file("pair_manifest")
     pairs, pair_problems = load_pairs(pairs_path)
     first_line: dict[str, int] = {}
@@ -145,7 +197,7 @@ def verify_subset_bytes(
     if not pairs and pair_problems:
         problems.extend(pair_problems)
     return ByteReport(
-        files=len(entries),
+        files=len(todo),
         bytes=total_bytes,
         matched=ok,
         mismatched=mismatched,

@@ -7,6 +7,10 @@ the tree listing carries its size and sha256 (``lfs.oid``), a ``HEAD`` on ``reso
 ``Range``. Errors carry the hub's ``X-Error-Code`` header (``RepoNotFound``, ``RevisionNotFound``,
 ``EntryNotFound``) so that ``huggingface_hub`` maps them to its own exception classes.
 
+Faults (``HubFaults``, changeable while it runs): dropped connections, corrupt bytes, missing files,
+ignored ``Range``, transient 503s, pacing, and ``reject``: any status (429, 500, 503) on a file's GET,
+the repo info or the listing, with ``Retry-After`` in delta-seconds or HTTP-date form.
+
 Endpoints (``{t}`` is ``models``, ``datasets`` or ``spaces``; resolve URLs of datasets and spaces
 are prefixed by ``datasets/`` and ``spaces/``, models have no prefix)::
 
@@ -25,7 +29,7 @@ prints the URL on one line and serves until SIGTERM/SIGINT.
 
 from __future__ import annotations
 
-from .repository import HubFaults
+from .repository import INFO, TREE, HubFaults, Reject
 from .server import HubServer, main
 
-__all__ = ["HubFaults", "HubServer", "main"]
+__all__ = ["INFO", "TREE", "HubFaults", "HubServer", "Reject", "main"]

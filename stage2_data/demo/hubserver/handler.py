@@ -14,13 +14,14 @@ import socket
 import sys
 import threading
 import time
+from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import PurePosixPath
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from ...hashing import BUF_SIZE
-from .repository import RESOLVE_PREFIX, TREE_PAGE_SIZE_EXPAND, HubRepository
+from .repository import INFO, RESOLVE_PREFIX, TREE, TREE_PAGE_SIZE_EXPAND, HubRepository
 
 RATE_STEP = 256 * 1024  # bytes sent between two pauses of a paced download (``HubFaults.rate``)
 
@@ -67,13 +68,20 @@ class _Reply(Exception):
     """An error answer (raised inside the endpoints, written by ``_Handler._dispatch``)."""
 
     def __init__(
-        self, status: int, message: str, code: str | None = None, *, size: int | None = None
+        self,
+        status: int,
+        message: str,
+        code: str | None = None,
+        *,
+        size: int | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.code = code
         self.size = size
+        self.headers = headers or {}
 
 
 class _Dropped(Exception):
@@ -159,6 +167,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("X-Error-Message", r.message)
         if r.status == 416:
             self.send_header("Content-Range", f"bytes */{r.size or 0}")
+        for k, v in r.headers.items():
+            self.send_header(k, v)
         self.end_headers()
         if method != "HEAD":
             self.wfile.write(payload)
@@ -180,12 +190,14 @@ class _Handler(BaseHTTPRequestHandler):
         if not segs or (segs[0] == "revision" and len(segs) == 2):
             if method not in ("GET", "HEAD"):
                 raise _Reply(405, f"method {method} not allowed")
+            self._reject(INFO)
             rev = self._resolve_rev(unquote(segs[1]) if segs else "main")
             blobs = _flag(query, "blobs")
             self._send_json(method, self._repo_info(rev, blobs=blobs))
         elif segs[0] == "tree" and len(segs) >= 2:
             if method not in ("GET", "HEAD"):
                 raise _Reply(405, f"method {method} not allowed")
+            self._reject(TREE)
             rev = self._resolve_rev(unquote(segs[1]))
             sub = unquote("/".join(segs[2:])).strip("/")
             self._tree(method, rev, sub, query)
@@ -196,6 +208,21 @@ class _Handler(BaseHTTPRequestHandler):
             self._paths_info(rev, self.headers.get("Content-Type", ""), body)
         else:
             raise _Reply(404, "Not found")
+
+    def _reject(self, target: str) -> None:
+        """Answer with the injected error status of ``target``, if any (``HubFaults.reject``)."""
+        r = self.hub.take_reject(target)
+        if r is None:
+            return
+        headers = {}
+        if r.retry_after is not None:
+            headers["Retry-After"] = (
+                formatdate(time.time() + r.retry_after, usegmt=True)
+                if r.http_date
+                else str(int(r.retry_after))
+            )
+        text = {429: "Too Many Requests", 500: "Internal Server Error", 503: "Service Unavailable"}
+        raise _Reply(r.status, text.get(r.status, f"HTTP {r.status}"), headers=headers)
 
     def _repo_info(self, commit: str, *, blobs: bool) -> dict[str, Any]:
         hub = self.hub
@@ -298,6 +325,7 @@ class _Handler(BaseHTTPRequestHandler):
         drop_at: int | None = None
         corrupt = False
         if method == "GET":
+            self._reject(rel)
             faults = hub.take_get_faults(rel)
             if faults.fail:
                 raise _Reply(503, "Service temporarily unavailable")

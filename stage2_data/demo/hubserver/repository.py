@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
@@ -22,6 +23,24 @@ RESOLVE_PREFIX = {"model": "", "dataset": "datasets/", "space": "spaces/"}
 SKIP_DIRS = {".git"}
 TREE_PAGE_SIZE = 1000  # the real hub's page size (50 with expand=True)
 TREE_PAGE_SIZE_EXPAND = 50
+
+
+INFO = "@info"
+"""``HubFaults.reject`` key of the repo info endpoint (``HfApi.repo_info``: the revision check)."""
+TREE = "@tree"
+"""``HubFaults.reject`` key of the tree listing endpoint (each page)."""
+
+
+@dataclass
+class Reject:
+    """Answer ``status`` to the next ``count`` requests of one target, optionally with ``Retry-After``."""
+
+    count: int = 1
+    status: int = 503
+    retry_after: float | None = None
+    """seconds the answer asks the client to wait (None: no ``Retry-After`` header)."""
+    http_date: bool = False
+    """``Retry-After`` as an HTTP-date (now + ``retry_after``) instead of delta-seconds."""
 
 
 @dataclass
@@ -46,6 +65,10 @@ class HubFaults:
     rate: float | None = None
     """bytes per second per file download (paced as a CDN paces one connection); None: as fast as
     the loopback goes."""
+    reject: dict[str, Reject] = field(default_factory=dict)
+    """target -> answer its next requests with an error status (429, 500, 503, ...), optionally with
+    ``Retry-After``; a target is a repo file path (its GETs), ``INFO`` (repo info) or ``TREE`` (the
+    listing). Consumed like ``fail_first``."""
 
 
 @dataclass(frozen=True)
@@ -128,6 +151,7 @@ class HubRepository:
         self._token = token
         self.tree_page_size = TREE_PAGE_SIZE
         self.request_log: list[tuple[str, str, str | None]] = []
+        self.request_times: list[float] = []  # time.monotonic() of each request_log entry
         self._log_lock = threading.Lock()
         self._fault_lock = threading.Lock()
         self._cache: dict[str, FileEntry] = {}
@@ -180,10 +204,28 @@ class HubRepository:
                 fail=False, drop_at=drop_at, corrupt=rel in self.faults.corrupt, ignore_range=ignore_range
             )
 
+    def take_reject(self, target: str) -> Reject | None:
+        """The rejection of one request of ``target`` (see ``HubFaults.reject``), consuming it."""
+        with self._fault_lock:
+            r = self.faults.reject.get(target)
+            if r is None or r.count <= 0:
+                return None
+            if r.count == 1:
+                del self.faults.reject[target]
+            else:
+                self.faults.reject[target] = Reject(r.count - 1, r.status, r.retry_after, r.http_date)
+            return r
+
     # ----- request log -----------------------------------------------------------------------
     def log_request(self, method: str, path: str, rng: str | None) -> None:
         with self._log_lock:
             self.request_log.append((method, path, rng))
+            self.request_times.append(time.monotonic())
+
+    def timed_log(self) -> list[tuple[float, str, str, str | None]]:
+        """(monotonic time, method, path, range) of every request so far."""
+        with self._log_lock:
+            return [(t, *r) for t, r in zip(self.request_times, self.request_log, strict=True)]
 
     def log_snapshot(self) -> list[tuple[str, str, str | None]]:
         with self._log_lock:
@@ -192,6 +234,7 @@ class HubRepository:
     def clear_log(self) -> None:
         with self._log_lock:
             self.request_log.clear()
+            self.request_times.clear()
 
     def file_requests(self, path: str) -> list[tuple[str, str | None]]:
         """(method, range) of every ``resolve`` request made for the repo file ``path``."""
