@@ -1,5 +1,10 @@
 """The ``stage2`` command. Expected failures print one line (what is wrong, and the fix) and exit non-zero.
 
+No traceback reaches a user: an error of the family (``Stage2Error``) is its one line and exit 2; an
+``OSError`` that escaped a guard (a read-only or full disk, permission denied, a file where a folder
+should be) is named as a ``FileSystemError`` (exit 2); anything else is a bug, reported in one line
+with how to see its traceback (``STAGE2_TRACEBACK=1``), exit 3.
+
 The core's commands live in ``stage2_data/commands/``, one module per group, each with
 ``register(subparsers)``; they need only the core install. Commands that need an extra are plugins:
 entry points of the ``stage2.commands`` group, one per command, each naming its
@@ -11,6 +16,7 @@ one line saying what to install, and exits 2.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
@@ -19,9 +25,12 @@ from typing import Any
 from .commands import COMMAND_MODULES
 from .commands.common import EXIT_ERROR, eprint
 from .errors import Stage2Error
+from .oserrors import fs_error
 
 PLUGIN_GROUP = "stage2.commands"
 PLUGIN_INSTALL = "pip install 'stage2-data[pipeline]'"  # the extra that provides the plugins
+EXIT_BUG = 3  # an exception outside the family escaped: a bug (one line; STAGE2_TRACEBACK=1 shows it)
+TRACEBACK_ENV = "STAGE2_TRACEBACK"
 
 
 def _missing_extra(name: str, err: ModuleNotFoundError) -> Callable[[Any], None]:
@@ -82,6 +91,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         eprint("interrupted")
         return 130
+    except OSError as err:  # an environment fault no guard named: named here
+        if os.environ.get(TRACEBACK_ENV):
+            raise
+        eprint(f"stage2 {args.command}: error: {fs_error(err, f'stage2 {args.command}')}")
+        return EXIT_ERROR
+    except Exception as err:  # noqa: BLE001 - the last guard: one line, never a traceback
+        if os.environ.get(TRACEBACK_ENV):
+            raise
+        what = " ".join(f"{type(err).__name__}: {err}".split())[:500]
+        eprint(
+            f"stage2 {args.command}: internal error: {what}. This is a bug. "
+            f"Fix: re-run with {TRACEBACK_ENV}=1 to see the traceback, and report it"
+        )
+        return EXIT_BUG
 
 
 if __name__ == "__main__":

@@ -724,3 +724,19 @@ def test_stray_entries(tmp_path: Path) -> None:
         "notes.txt",
         "unexpected_key",
     ]
+
+
+def test_names_with_a_trailing_newline_are_not_plain(tmp_path: Path) -> None:
+    """The cache-key and plain-name patterns match whole names: ``re.match`` with ``$`` accepted a
+    trailing newline ("key\\n"), which must be refused (a cache key) or go through tarfile's data
+    filter (a member name)."""
+    from stage2_data.extract.safety import _PLAIN_NAME_RE, CACHE_KEY_RE, _check_cache_key
+
+    assert CACHE_KEY_RE.fullmatch("key") and not CACHE_KEY_RE.fullmatch("key\n")
+    assert _PLAIN_NAME_RE.fullmatch("key/frames/a.npz") and not _PLAIN_NAME_RE.fullmatch("key/frames/a.npz\n")
+    with pytest.raises(ArchiveError, match="invalid cache key 'key\\\\n'"):
+        _check_cache_key("key\n")
+    a = tmp_path / "key.tar"
+    a.write_bytes(b"")
+    with pytest.raises(ArchiveError, match="invalid cache key"):
+        extract_cache_dir("key\n", [a], tmp_path / "root")

@@ -7,6 +7,7 @@ The matrix: tests/faults_table.py (rows), tests/helpers/faults.py (what every ro
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 import tarfile
@@ -153,9 +154,11 @@ def test_fault_arc_truncated(prepared: Prepared, demo: DemoPaths, tmp_path: Path
     original = f.read_bytes()
     f.write_bytes(original[: len(original) // 2 + 100])
     repin_profile(demo)
-    _, root, _ = _extract_refused(
-        prepared, demo, tmp_path, SMALL, [path], path, "truncated or corrupt", "Fix:", "download it again"
-    )
+    r, root, _ = _extract_refused(
+        prepared, demo, tmp_path, SMALL, [path], path, "truncated or corrupt", "Fix:", "sha256 matches the pin",
+        "[[quarantined]]",
+    )  # fmt: skip
+    assert "download it again" not in said(r)  # verified: the same bytes would come again
     assert not layout.cache_dir(root, SMALL).exists()
     f.write_bytes(original)
     repin_profile(demo)
@@ -163,6 +166,59 @@ def test_fault_arc_truncated(prepared: Prepared, demo: DemoPaths, tmp_path: Path
         cfg = run_cfg(demo, root, hub.url)
         converge(prepared, cfg, root, [("archive_file", path), ("cache_dir", SMALL)])
         assert resolve_gets(hub) == [path]
+
+
+def test_fault_arc_compressed(prepared: Prepared, demo: DemoPaths, tmp_path: Path) -> None:
+    """A `.tar` that is gzip-compressed upstream, pinned as such: the compression is named, and the
+    fix is the profile (an uncompressed tar, or quarantine), never "download it again"."""
+    path = f"{SMALL}.tar"
+    f = demo.upstream / path
+    original = f.read_bytes()
+    f.write_bytes(gzip.compress(original, mtime=0))
+    repin_profile(demo)
+    r, root, _ = _extract_refused(
+        prepared, demo, tmp_path, SMALL, [path], f"archive {path} is not a tar: its bytes are gzip-compressed",
+        "Fix:", "uncompressed tar", "[[quarantined]]",
+    )  # fmt: skip
+    assert "download it again" not in said(r) and "Traceback" not in said(r)
+    assert not layout.cache_dir(root, SMALL).exists()
+    f.write_bytes(original)
+    repin_profile(demo)
+    with demo_hub(demo) as hub:
+        cfg = run_cfg(demo, root, hub.url)
+        converge(prepared, cfg, root, [("archive_file", path), ("cache_dir", SMALL)])
+        assert resolve_gets(hub) == [path]
+
+
+def test_fault_arc_wrong_cache_key(prepared: Prepared, demo: DemoPaths, tmp_path: Path) -> None:
+    """A profile entry whose cache_key is not the folder its (verified) archive holds: the fix is the
+    profile's cache_key; nothing is extracted, nothing downloaded again."""
+    path = f"{SMALL}.tar"
+    good = demo.profile.read_text()
+    block = _archive_block(good, path)
+    demo.profile.write_text(
+        good.replace(block, block.replace(f'cache_key = "{SMALL}"', 'cache_key = "renamed_key"'))
+    )
+    root = copy_root(prepared, tmp_path / "root")
+    shutil.rmtree(layout.cache_dir(root, SMALL))
+    before = outside(tmp_path, root)
+    r = run_selection(run_cfg(demo, root), ["cache_dir"], "renamed_key")
+    text = refused(
+        r, f"archive {path} holds the cache directory {SMALL!r}, but the profile lists it for cache_key 'renamed_key'",
+        f'set cache_key = "{SMALL}"', "Nothing was extracted",
+    )  # fmt: skip
+    assert "download it again" not in text.split("; downloading it again gives the same bytes")[0]
+    assert "quarantined" not in text
+    assert not layout.cache_dir(root, "renamed_key").exists()
+    assert outside(tmp_path, root) == {
+        **before,
+        "demo/kit/profile.toml": outside(tmp_path, root)["demo/kit/profile.toml"],
+    }
+    demo.profile.write_text(good)
+    with demo_hub(demo) as hub:
+        cfg = run_cfg(demo, root, hub.url)
+        converge(prepared, cfg, root, [("cache_dir", SMALL)])
+        assert resolve_gets(hub) == []
 
 
 def _archive_block(profile_text: str, path: str) -> str:
@@ -273,3 +329,37 @@ def test_fault_arc_info_totals(prepared: Prepared, demo: DemoPaths, tmp_path: Pa
     assert "vin_store" not in r["materialized"]
     no_store(root)
     _rerun_archive(demo, root, saved, [path], SMALL)
+
+
+def _tree(folder: Path) -> dict[str, str]:
+    return {
+        p.relative_to(folder).as_posix(): sha256_file(p) for p in sorted(folder.rglob("*")) if p.is_file()
+    }
+
+
+def test_fault_arc_part_spelling(prepared: Prepared, demo: DemoPaths, tmp_path: Path) -> None:
+    """Upstream's other spelling of split parts (``.tar.partaa``): downloaded, ordered and extracted
+    as ``.tar.part-aa`` is; mixing the two spellings in one archive is refused by name."""
+    from stage2_data.errors import ArchiveError
+    from stage2_data.extract.multipart import _order_parts
+
+    old = [f"{SPLIT}.tar.part-aa", f"{SPLIT}.tar.part-ab"]
+    new = [f"{SPLIT}.tar.partaa", f"{SPLIT}.tar.partab"]
+    for o, n in zip(old, new, strict=True):
+        (demo.upstream / o).rename(demo.upstream / n)
+    demo.profile.write_text(demo.profile.read_text().replace(".tar.part-a", ".tar.parta"))
+    assert [a.path for a in load_profile(demo.profile).archives_by_cache_key()[SPLIT]] == new
+    root = copy_root(prepared, tmp_path / "root")
+    clean = _tree(layout.cache_dir(root, SPLIT))
+    for p in old:
+        forget_archive(root, p)
+    shutil.rmtree(layout.cache_dir(root, SPLIT))
+    assert sorted(download(demo, root, new)) == new
+    r = run_selection(run_cfg(demo, root), ["cache_dir"], SPLIT)
+    assert r["success"], said(r)
+    assert _tree(layout.cache_dir(root, SPLIT)) == clean
+    mixed = [layout.archive_path(root, new[0]), tmp_path / old[1]]
+    with pytest.raises(ArchiveError, match=r"mix the spellings \.tar\.part-aa and \.tar\.partaa"):
+        _order_parts(mixed)
+    with pytest.raises(ArchiveError, match=rf"split part {SPLIT}\.tar\.partab is missing"):
+        _order_parts([layout.archive_path(root, new[0]), tmp_path / f"{SPLIT}.tar.partac"])

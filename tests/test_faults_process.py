@@ -335,3 +335,41 @@ def test_fault_proc_disk_full(prepared: Prepared, demo: DemoPaths, tmp_path: Pat
         )
     finally:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_fault_proc_read_only(prepared: Prepared, tmp_path: Path) -> None:
+    """A read-only data root (a read-only tmpfs as root, whom permissions do not stop; a folder
+    without write permission otherwise), and a file where the data root should be: `stage2 build`
+    exits 2 with one line naming the folder and the fix, and writes nothing."""
+    demo = prepared.demo
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    if os.geteuid() == 0:
+        mount = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)], capture_output=True
+        )
+        if mount.returncode != 0:
+            pytest.skip(f"cannot mount a read-only tmpfs here: {mount.stderr.decode().strip()}")
+    else:
+        ro.chmod(0o555)
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a folder")
+    try:
+        for root, said_ in ((ro, "read-only"), (a_file, "a file stands where a folder is needed")):
+            before = outside(tmp_path, tmp_path / "nothing")
+            out = stage2(
+                "build", "--profile", str(demo.profile), "--data-root", str(root), "--hub-folder", str(demo.upstream),
+                timeout=120,
+            )  # fmt: skip
+            err = out.stderr.strip()
+            assert out.returncode == 2 and "Traceback" not in out.stdout + err, out.tail()
+            assert len(err.splitlines()) == 1 and str(root) in err and "Fix:" in err, err
+            assert said_ in err.lower() or (said_ == "read-only" and "access" in err), err
+            assert outside(tmp_path, tmp_path / "nothing") == before  # nothing written anywhere
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["umount", "-l", str(ro)], capture_output=True)
+        else:
+            ro.chmod(0o755)
+    with data_root_lock(tmp_path / "writable"):  # a writable data root: the build can start
+        pass

@@ -12,6 +12,7 @@ import io
 import json
 import shutil
 import subprocess
+import tarfile
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -182,8 +183,9 @@ def test_npz_refusals(tmp_path: Path) -> None:
     m = npz.npz_members(good)["a"]
     bad = bytearray(good)
     bad[m.offset + 30 + len("a.npy") + 5] ^= 0xFF
-    with pytest.raises((FormatError, Exception)):
-        npz.member_bytes(bytes(bad), m)
+    with pytest.raises(FormatError, match="a.npy") as ei:  # corrupt deflate data or a bad CRC: named
+        npz.member_bytes(bytes(bad), m, file="x.npz")
+    assert ei.value.member == "a.npy" and ei.value.file == "x.npz"
     with pytest.raises(FormatError, match="bad local header") as ei:
         npz.member_bytes(good, m._replace(offset=1), file="x.npz")
     assert ei.value.member == "a.npy" and ei.value.file == "x.npz"
@@ -192,6 +194,80 @@ def test_npz_refusals(tmp_path: Path) -> None:
     np.savez(p, o=np.array([1, "x"], dtype=object))
     with zipfile.ZipFile(p) as zf, pytest.raises(FormatError, match="object"):
         npz.read_small_member(zf, "o.npy")
+
+
+def test_a_corrupt_deflate_stream_is_a_format_error_on_every_path(tmp_path: Path) -> None:
+    """The zip directory intact, the deflate data of frames.npy corrupt (not the CRC: the stream
+    itself): in memory, through zipfile and through read_npz, a FormatError naming the file and
+    member, never ``zlib.error``."""
+    raw = npz.npy_bytes(np.arange(4000, dtype=np.int64))
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("frames.npy", raw)
+    data = bytearray(buf.getvalue())
+    m = npz.npz_members(bytes(data))["frames"]
+    start = m.offset + 30 + len("frames.npy")
+    data[start : start + 8] = b"\xff" * 8  # an invalid block type at the very start
+    p = tmp_path / "t.npz"
+    p.write_bytes(bytes(data))
+    with pytest.raises(FormatError, match="corrupt deflate data") as ei:
+        npz.member_bytes(bytes(data), m, file=p.name)
+    assert ei.value.member == "frames.npy"
+    with pytest.raises(FormatError, match="corrupt deflate data"):
+        npz.member_header(bytes(data), m, file=p.name)
+    with (
+        zipfile.ZipFile(p) as zf,
+        pytest.raises(FormatError, match=r"t.npz: member 'frames.npy': unreadable \(error"),
+    ):
+        npz.read_member_header(zf, "frames.npy")
+    with pytest.raises(FormatError, match="frames.npy"):
+        npz.read_npz(p)
+
+
+def test_a_file_that_is_not_an_npz_says_what_it_is(tmp_path: Path) -> None:
+    from stage2_data.errors import FileTypeError
+
+    cases = {
+        "gzip": __import__("gzip").compress(b"x" * 100, mtime=0),
+        "a plain .npy": npz.npy_bytes(np.arange(3)),
+        "an HTML page": b"<!DOCTYPE html><html>Sign in</html>",
+    }
+    for words, data in cases.items():
+        p = tmp_path / "t.npz"
+        p.write_bytes(data)
+        with pytest.raises(
+            FileTypeError, match=f"t.npz: is not an .npz \\(zip\\) file: its bytes are {words}"
+        ):
+            npz.read_npz(p)
+        with pytest.raises(FileTypeError):
+            npz.npz_members(data, file="t.npz")
+
+
+def test_sniff_names_magic_bytes() -> None:
+    from stage2_data.formats.sniff import sniff
+
+    tar = io.BytesIO()
+    with tarfile.open(fileobj=tar, mode="w") as tf:
+        ti = tarfile.TarInfo("PK\x03\x04-looking name")  # a member name that starts like a zip
+        tf.addfile(ti, io.BytesIO(b""))
+    assert sniff(tar.getvalue()) == "tar"
+    assert sniff(b"\x1f\x8b\x08\x00") == "gzip" and sniff(b"\x28\xb5\x2f\xfd....") == "zstd"
+    assert sniff(b"BZh91AY") == "bzip2" and sniff(b"\xfd7zXZ\x00\x00") == "xz"
+    assert (
+        sniff(b"PK\x03\x04") == "zip" and sniff(b"ARROW1\x00\x00") == "arrow" and sniff(b"PAR1") == "parquet"
+    )
+    assert sniff(b"  <!doctype HTML>") == "html" and sniff(b"") == "empty" and sniff(b"\x00\x01\x02") is None
+
+
+def test_jsonl_bytes_that_are_not_utf8_are_a_format_error(tmp_path: Path) -> None:
+    data = b'{"a": 1}\n{"b": "\xff"}\n'
+    with pytest.raises(FormatError, match="line 2: not UTF-8 text"):
+        list(jsonl.iter_json_lines(data))
+    p = tmp_path / "x.jsonl"
+    p.write_bytes(data)
+    with pytest.raises(FormatError, match="x.jsonl: line 2: not UTF-8 text"):
+        list(jsonl.read_json_lines(p))
+    assert [jl.utf8 for jl in jsonl.iter_json_lines(data, utf8_errors="line")] == [True, False]
 
 
 # ================================================================================================
@@ -334,6 +410,8 @@ H2 = hashlib.sha256(b"two").hexdigest()
         (f"{H1.upper()}  A\r\n\r\n{H2}  ./b\r\n", [(H1, "A", 1), (H2, "./b", 3)]),  # upper hex, CRLF, ./ kept
         (f"# comment\n\n{H1}  x", [(H1, "x", 3)]),  # comment, blank, no final newline
         (f"{H1}  trailing space \n", [(H1, "trailing space ", 1)]),
+        (f"{H1}  a\n{H2}  b\n{H1}  a\n", [(H1, "a", 1), (H2, "b", 2)]),  # a line repeated: kept once
+        (f"{H1}  new\nline\0{H2} *b\\c\0", [(H1, "new\nline", 1), (H2, "b\\c", 2)]),  # sha256sum -z
     ],
 )
 def test_sha256sums_spellings(tmp_path: Path, text: str, expected: list[tuple[str, str, int]]) -> None:
@@ -351,7 +429,7 @@ def test_sha256sums_problems_name_file_and_line(tmp_path: Path) -> None:
         sha256sums.parse_sha256sums(p)
     assert ei.value.problems == [
         f"{p}:2: not '<64 hex>  <path>': 'not a line'",
-        f"{p}:3: duplicate path a (first on line 1)",
+        f"{p}:3: a listed again with another sha256 {H2} (line 1 says {H1})",
         f"{p}:4: not '<64 hex>  <path>': {H1[:-1] + '  short'!r}",
         f"{p}:5: not '<64 hex>  <path>': {'MD5 (x) = ' + H1!r}",
         f"{p}:6: not '<64 hex>  <path>': {bad_escape!r}",

@@ -35,9 +35,19 @@ from typing import Any
 from .. import layout
 from ..errors import ArchiveError, Stage2Error
 from ..fsutil import disk_full_as, require_free_space
+from ..oserrors import fs_guard
 from ..publish import atomic_write_bytes, atomic_write_json, current_umask, publish_dir, remove_stale, staging
 from .inspect import inspect_cache_dir
-from .safety import REDOWNLOAD_FIX, _check_cache_key, _Plan, _plan_members, _unsafe_error
+from .safety import (
+    REDOWNLOAD_FIX,
+    _check_cache_key,
+    _Plan,
+    _plan_members,
+    _unsafe_error,
+    other_cache_key,
+    profile_mismatch_error,
+    quarantine_fix,
+)
 from .tar import _PartsTarFile, open_archive_parts
 
 EXTRACTOR_VERSION = 1
@@ -233,24 +243,45 @@ def extract_cache_dir(
 
     ``progress`` is called with the number of member bytes just written (increments).
     ``archive_sha256`` (archive path -> its verified sha256, None if not verified) goes into the
-    record, for :func:`check_extraction`.
-    Raises ArchiveError (missing part, truncated/corrupt stream), UnsafeArchiveError (a refused
-    member; nothing is written) or DiskSpaceError. Count mismatches are not errors here: they
-    are in the returned record's ``problems`` (see :func:`inspect_cache_dir`).
+    record, for :func:`check_extraction`, and chooses the fixes: an archive whose every part is
+    verified is never "downloaded again" (its bytes would be the same).
+    Raises ArchiveError (missing part, truncated/corrupt stream, an archive that holds another cache
+    directory than the profile says), FileTypeError (not a tar: gzip, zstd, ...), UnsafeArchiveError
+    (a refused member; nothing is written), DiskSpaceError or FileSystemError (read-only, permission
+    denied, a file where a folder should be). Count mismatches are not errors here: they are in the
+    returned record's ``problems`` (see :func:`inspect_cache_dir`).
     """
     _check_cache_key(cache_key)
+    shas = list((archive_sha256 or {}).values())
+    verified = all(shas) if shas else None
+    with fs_guard(f"extracting {cache_key}", where=str(data_root)):
+        return _extract(cache_key, archive_files, data_root, progress, archive_sha256, verified)
+
+
+def _extract(
+    cache_key: str,
+    archive_files: Sequence[Path],
+    data_root: Path,
+    progress: Callable[[int], None] | None,
+    archive_sha256: Mapping[str, str | None] | None,
+    verified: bool | None,
+) -> ExtractionRecord:
     t0 = time.monotonic()
     proc_root = layout.processed_root(data_root)
     final = layout.cache_dir(data_root, cache_key)
     record_path = layout.extraction_record_path(data_root, cache_key)
     remove_stale(proc_root, final=cache_key)  # a rerun after a failure or kill starts clean
-    tar = open_archive_parts(archive_files)
+    tar = open_archive_parts(archive_files, verified=verified)
     assert isinstance(tar, _PartsTarFile)
     with tar:
         archive = tar.archive_name
         plan = _plan_members(tar.getmembers(), cache_key)
         if plan.problems:
-            raise _unsafe_error(archive, plan.problems)
+            if all("is outside the cache directory" in r for _, r in plan.problems):
+                found = other_cache_key(tar.getmembers(), cache_key)
+                if found is not None:
+                    raise profile_mismatch_error(archive, found, cache_key)
+            raise _unsafe_error(archive, plan.problems, verified=verified)
         total_bytes = sum(m.size for _, m in plan.files)
         proc_root.mkdir(parents=True, exist_ok=True)
         require_free_space(proc_root, total_bytes, f"extracting {archive} ({len(plan.files)} files)")
@@ -264,7 +295,8 @@ def extract_cache_dir(
                 _check_cancel(archive)  # the last point before the publish
             except EOFError as e:
                 raise ArchiveError(
-                    f"archive {archive} ended early while extracting: {e}.", fix=REDOWNLOAD_FIX
+                    f"archive {archive} ended early while extracting: {e}.",
+                    fix=quarantine_fix(archive) if verified else REDOWNLOAD_FIX,
                 ) from e
             record_path.unlink(missing_ok=True)  # a record only ever describes what is in place
             publish_dir(tmp, final)

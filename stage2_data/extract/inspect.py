@@ -95,8 +95,10 @@ def inspect_cache_dir(cache_dir: Path) -> CacheDirInfo:
                     if col.null_count:
                         problems.append(f"{key}: {rel} has {col.null_count} row(s) with a null id")
                     row_ids.extend(str(v) for v in col.to_pylist() if v is not None)
-        except (OSError, pa.ArrowException) as e:
-            problems.append(f"{key}: {rel} is not a readable Arrow IPC file: {e}")
+        except FormatError as e:
+            problems.append(f"{key}: {rel}: {e.detail}")
+        except OSError as e:
+            problems.append(f"{key}: {rel} cannot be read: {e.strerror or e}")
 
     rows = len(row_ids)
     counts: dict[str, int] = {}

@@ -2,7 +2,13 @@
 
 Headers are parsed by a fast path for the common header (:class:`_FastTarInfo`); a truncated or
 corrupt stream (tarfile stops listing silently on a bad header) is an
-:class:`~stage2_data.errors.ArchiveError` naming the archive.
+:class:`~stage2_data.errors.ArchiveError` naming the archive, whatever tarfile raised. A file that
+is not a tar at all (gzip, zstd, zip, an HTML page, ...: its magic bytes say so) is a
+:class:`~stage2_data.errors.FileTypeError` saying what it is.
+
+The fix depends on whether the archive is the verified pinned file (``verified``): its bytes are
+then exactly the upstream's, so "download it again" cannot help and is never offered; the fix is
+the profile (a part it does not list, a file it should quarantine).
 """
 
 from __future__ import annotations
@@ -15,8 +21,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from ..errors import ArchiveError
+from ..errors import ArchiveError, FileTypeError, Stage2Error
+from ..formats.sniff import COMPRESSIONS, describe, sniff
 from .multipart import MultiPartReader, _archive_label, _order_parts
+from .safety import quarantine_fix
 
 _HEADER = struct.Struct("100s8s8s8s12s12s8s1s100s8x32s32s8s8s155s")  # ustar/GNU header up to byte 500
 _CHKSUM = slice(148, 156)
@@ -92,13 +100,38 @@ class _PartsTarFile(tarfile.TarFile):
                 self.reader.close()
 
 
-def open_archive_parts(paths: Sequence[Path]) -> tarfile.TarFile:
+def _not_a_tar(name: str, head: bytes, kind: str, verified: bool | None) -> FileTypeError:
+    what = describe(kind)
+    starts = f" (it starts with {head[:6].hex(' ')})" if head else ""
+    msg = f"archive {name} is not a tar: its bytes are {what}{starts}; stage2 extracts uncompressed tars."
+    if verified:
+        if kind in COMPRESSIONS:
+            fix = (
+                f"{name} is the pinned upstream file (its sha256 matches the pin) and it is {what}, so "
+                "downloading it again gives the same bytes: pin the upstream's uncompressed tar instead, "
+                "or list this file under [[quarantined]] in the profile and report it upstream"
+            )
+        else:
+            fix = quarantine_fix(name)
+    elif verified is False:
+        fix = f"the file on disk is not the verified pinned one: delete {name} and re-run the build to download it again"
+    else:
+        fix = (
+            f"if {name} is the pinned upstream file, pin an uncompressed tar or list it under "
+            "[[quarantined]] in the profile; if not, delete it and re-run the build to download it again"
+        )
+    return FileTypeError(msg, found=kind, fix=fix)
+
+
+def open_archive_parts(paths: Sequence[Path], *, verified: bool | None = None) -> tarfile.TarFile:
     """Open a whole tar, or the split parts of one tar (sorted by name, checked for gaps), in
     random-access mode over a :class:`MultiPartReader`, and read every member header.
 
     The returned TarFile has all its members loaded (``getmembers()`` is free) and has been checked
     to end with an end-of-archive block: a truncated or corrupt stream raises ArchiveError naming
-    the archive. Closing the TarFile closes the part files.
+    the archive (whatever tarfile raised), a file that is another format (gzip, zstd, zip, ...)
+    FileTypeError. ``verified`` (every part's sha256 matched its pin; None: not known) chooses the
+    fix: a verified archive is never "download it again". Closing the TarFile closes the part files.
     """
     plist = _order_parts(paths)
     name, split = _archive_label(plist)
@@ -121,6 +154,13 @@ def open_archive_parts(paths: Sequence[Path]) -> tarfile.TarFile:
         if split
         else f"delete {name} and re-run the build to download it again"
     )
+    if verified and split:
+        corrupt_fix = (
+            f"check that the profile lists every part of {name} ({plist[0].name} and the ones after it; "
+            "`stage2 pin` lists the hub's files), in one sequence; if it does, " + quarantine_fix(name)
+        )
+    elif verified:
+        corrupt_fix = quarantine_fix(name)
     hint = (
         f" The split parts ({', '.join(p.name for p in plist)}) may be incomplete, missing or out of order."
         if split
@@ -128,6 +168,11 @@ def open_archive_parts(paths: Sequence[Path]) -> tarfile.TarFile:
     )
     tar: _PartsTarFile | None = None
     try:
+        head = reader.read(tarfile.BLOCKSIZE)
+        reader.seek(0)
+        kind = sniff(head)
+        if kind not in (None, "tar", "empty"):  # an empty file is a truncated tar
+            raise _not_a_tar(name, head, kind, verified)
         try:
             tar = _PartsTarFile.open(fileobj=reader, mode="r:")  # type: ignore[assignment]
             assert isinstance(tar, _PartsTarFile)
@@ -135,9 +180,11 @@ def open_archive_parts(paths: Sequence[Path]) -> tarfile.TarFile:
             tar.archive_name = name
             tar.archive_parts = plist
             members = tar.getmembers()
-        except (tarfile.TarError, EOFError, OSError) as e:
+        except Stage2Error:
+            raise
+        except Exception as e:  # noqa: BLE001 - tarfile raises TarError, EOFError, ValueError, ... on odd bytes
             raise ArchiveError(
-                f"archive {name} is truncated or corrupt ({reader.size} bytes): {e}.{hint}",
+                f"archive {name} is truncated or corrupt ({reader.size} bytes): {type(e).__name__}: {e}.{hint}",
                 fix=corrupt_fix,
             ) from e
         problem = _check_end_of_archive(reader, tar.offset, members)

@@ -3,7 +3,8 @@
 * :mod:`.npz` -- ``.npy`` headers, npz (zip) members, the deterministic npy/npz writer;
 * :mod:`.arrow` -- the ``processed_dataset/*.arrow`` files of a cache directory;
 * :mod:`.jsonl` -- line-exact JSON Lines reading and canonical writing;
-* :mod:`.sha256sums` -- ``sha256sum`` checksum files, every spelling.
+* :mod:`.sha256sums` -- ``sha256sum`` checksum files, every spelling;
+* :mod:`.sniff` -- what a file's first bytes (magic) say it is, for "not what its name says" errors.
 
 Import the submodule you need (``from stage2_data.formats.npz import npz_members``): the package
 itself imports neither numpy nor pyarrow. Parse errors are :class:`FormatError` (a ``ValueError``
@@ -14,4 +15,4 @@ from __future__ import annotations
 
 from ..errors import FormatError
 
-__all__ = ["FormatError", "arrow", "jsonl", "npz", "sha256sums"]
+__all__ = ["FormatError", "arrow", "jsonl", "npz", "sha256sums", "sniff"]

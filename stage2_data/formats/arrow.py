@@ -15,6 +15,10 @@ One policy parameter decides what a missing column means, ``missing``:
 
 The result keeps the asked column order and the shards' schema metadata. Errors are FormatError
 (a ``ValueError``) with one spelling; callers wrap them in their own error with their own fix.
+Whatever the bytes, nothing else escapes a read: every batch is validated in full before it is
+handed out (a corrupt offset never reaches a reader of the values), pyarrow's errors become
+FormatError, and a file that is another format (Parquet, gzip, JSON, ...) is a
+:class:`~stage2_data.errors.FileTypeError` saying which.
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ from typing import Literal
 import pyarrow as pa
 import pyarrow.ipc as pa_ipc
 
-from ..errors import FormatError
+from ..errors import FileTypeError, FormatError, Stage2Error
+from .sniff import describe, sniff
 
 __all__ = [
     "PROCESSED_SUBDIR",
@@ -52,26 +57,60 @@ def list_shards(cache_dir: Path) -> list[Path]:
     return sorted((p for p in d.iterdir() if p.suffix == ".arrow" and p.is_file()), key=lambda p: p.name)
 
 
+def _unreadable(path: Path, e: BaseException) -> FormatError:
+    return FormatError(f"not a readable Arrow IPC file ({type(e).__name__}: {str(e)[:300]})", file=str(path))
+
+
+def _validated(path: Path, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The batches, each validated in full (offsets, lengths, UTF-8) before it is yielded; any error
+    while reading or validating one is FormatError naming the file."""
+    while True:
+        try:
+            batch = next(batches)
+            batch.validate(full=True)
+        except StopIteration:
+            return
+        except Stage2Error:
+            raise
+        except Exception as e:  # noqa: BLE001 - pyarrow raises ArrowInvalid, OSError, ValueError, ...
+            raise _unreadable(path, e) from None
+        yield batch
+
+
 @contextlib.contextmanager
 def arrow_batches(path: Path) -> Iterator[tuple[pa.Schema, Iterator[pa.RecordBatch]]]:
     """``(schema, batches)`` of one Arrow IPC file, stream or file format, memory-mapped; the
-    batches are read one at a time while the block runs. Raises OSError / ``pa.ArrowException``."""
+    batches are read one at a time while the block runs, each validated in full. Raises OSError
+    (the file cannot be opened), FileTypeError (it is another format) or FormatError (unreadable)."""
     with pa.memory_map(str(path), "r") as source:
-        magic = source.read(len(_FILE_MAGIC))
+        head = source.read(512)
         source.seek(0)
-        if magic == _FILE_MAGIC:
-            freader = pa_ipc.open_file(source)
-            yield freader.schema, (freader.get_batch(i) for i in range(freader.num_record_batches))
-        else:
-            sreader = pa_ipc.open_stream(source)
-            yield sreader.schema, iter(sreader)
+        try:
+            if head.startswith(_FILE_MAGIC):
+                freader = pa_ipc.open_file(source)
+                schema = freader.schema
+                batches: Iterator[pa.RecordBatch] = (
+                    freader.get_batch(i) for i in range(freader.num_record_batches)
+                )
+            else:
+                sreader = pa_ipc.open_stream(source)
+                schema, batches = sreader.schema, iter(sreader)
+        except Exception as e:  # noqa: BLE001 - whatever pyarrow raises on odd bytes
+            kind = sniff(head)
+            if kind not in (None, "arrow"):
+                raise FileTypeError(
+                    f"is not an Arrow IPC file: its bytes are {describe(kind)}", found=kind, file=str(path)
+                ) from None
+            raise _unreadable(path, e) from None
+        yield schema, _validated(path, batches)
 
 
 def read_shard(
     path: Path, columns: Sequence[str] | None = None, *, missing: MissingPolicy = "error"
 ) -> pa.Table:
     """One shard as a table: every column, or only ``columns`` (in that order; see ``missing``).
-    Raises FormatError naming the file when it is unreadable or (``missing="error"``) lacks a column."""
+    Raises FormatError naming the file when it is unreadable or (``missing="error"``) lacks a column;
+    OSError when it cannot be opened."""
     try:
         with arrow_batches(path) as (schema, batches):
             if columns is None:
@@ -88,8 +127,10 @@ def read_shard(
                 pa.RecordBatch.from_arrays([b.column(c) for c in cols], schema=out_schema) for b in batches
             ]
             return pa.Table.from_batches(selected, schema=out_schema)
-    except (OSError, pa.ArrowException) as e:
-        raise FormatError(f"not a readable Arrow IPC file ({e})", file=str(path)) from e
+    except Stage2Error:
+        raise
+    except Exception as e:  # noqa: BLE001 - pyarrow's errors on odd bytes (OSError: cannot open)
+        raise _unreadable(path, e) from e
 
 
 def read_processed_table(

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from ..errors import FormatError
+
 __all__ = [
     "JsonLine",
     "Newlines",
@@ -119,8 +121,8 @@ def iter_json_lines(
 ) -> Iterator[JsonLine]:
     """Every line of ``data`` decoded on its own. Blank lines (whitespace only) are skipped unless
     ``skip_blank`` is False (then they are lines with the error "Expecting value"). Bytes that are
-    not UTF-8 raise UnicodeDecodeError, or with ``utf8_errors="line"`` make their line a
-    :class:`JsonLine` with ``utf8=False`` (the other lines are read as usual)."""
+    not UTF-8 raise FormatError (naming the line and byte), or with ``utf8_errors="line"`` make their
+    line a :class:`JsonLine` with ``utf8=False`` (the other lines are read as usual)."""
     if utf8_errors == "line" and isinstance(data, bytes | bytearray):
         for lineno, raw_bytes in enumerate(_split_bytes(bytes(data), newlines), start=1):
             try:
@@ -130,7 +132,12 @@ def iter_json_lines(
                 continue
             yield from _decode_line(lineno, raw, strip, skip_blank)
         return
-    for lineno, raw in enumerate(split_lines(data, newlines=newlines), start=1):
+    try:
+        lines = split_lines(data, newlines=newlines)
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1 if isinstance(data, bytes | bytearray) else 1
+        raise FormatError(f"line {line}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    for lineno, raw in enumerate(lines, start=1):
         yield from _decode_line(lineno, raw, strip, skip_blank)
 
 
@@ -150,14 +157,19 @@ def read_json_lines(
     skip_blank: bool = True,
     utf8_errors: Utf8Errors = "raise",
 ) -> Iterator[JsonLine]:
-    """:func:`iter_json_lines` over a file's bytes (UTF-8; see ``utf8_errors``)."""
-    return iter_json_lines(
+    """:func:`iter_json_lines` over a file's bytes (UTF-8; see ``utf8_errors``). Raises OSError,
+    or FormatError naming the file."""
+    lines = iter_json_lines(
         Path(path).read_bytes(),
         newlines=newlines,
         strip=strip,
         skip_blank=skip_blank,
         utf8_errors=utf8_errors,
     )
+    try:
+        yield from lines
+    except FormatError as e:
+        raise FormatError(e.detail, file=os.fspath(path)) from None
 
 
 def dumps_line(obj: Any, *, compact: bool = True) -> str:

@@ -18,24 +18,31 @@ every machine: numpy's own ``.npy`` bytes (C order), and a zip as ``numpy.savez_
 out but with a fixed timestamp (:data:`ZIP_DATE_TIME`), fixed attributes and no zip64 fields.
 
 Every parse error is a :class:`~stage2_data.formats.FormatError` (a ``ValueError``) naming the
-member (and the file, when the caller passes ``file=``).
+member (and the file, when the caller passes ``file=``): whatever the bytes (a corrupt deflate
+stream, a bad local header, an odd header value), nothing else escapes from a read (``zlib.error``,
+``struct.error``, ``zipfile.BadZipFile``, ... are turned into it). Bytes that are not a zip at all
+are a :class:`~stage2_data.errors.FileTypeError` saying what they are (gzip, a plain ``.npy``, ...).
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
+import errno
 import io
+import math
 import os
 import re
 import struct
 import zipfile
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..errors import FormatError
+from ..errors import FileTypeError, FormatError, Stage2Error
+from .sniff import describe, sniff
 
 __all__ = [
     "NPY_HEADER_READ",
@@ -49,9 +56,11 @@ __all__ = [
     "npy_bytes",
     "npz_bytes",
     "npz_members",
+    "open_npz",
     "parse_npy_header",
     "read_member_header",
     "read_npy_file_header",
+    "read_npz",
     "read_small_member",
     "zip_members",
 ]
@@ -105,11 +114,17 @@ def _parse_npy_header(raw: bytes, *, file: str | None, member: str | None) -> tu
         raise bad(f"unsupported or truncated .npy header (version {major})")
     if hlen > NPY_MAX_HEADER or len(raw) < start + hlen:
         raise bad(f"truncated or oversized .npy header ({hlen} bytes)")
-    text = raw[start : start + hlen].decode(enc)
-    m = _NPY_DICT_RE.match(text)
+    try:
+        text = raw[start : start + hlen].decode(enc)
+    except UnicodeDecodeError as e:
+        raise bad(f".npy header is not {enc} text ({e.reason} at byte {start + e.start})") from None
+    m = _NPY_DICT_RE.fullmatch(text)
     if m is not None:
-        dtype = np.dtype(m.group("descr"))
-        shape = tuple(int(x) for x in m.group("shape").replace(" ", "").split(",") if x)
+        dtype = _dtype(m.group("descr"), bad)
+        try:
+            shape = tuple(int(x) for x in m.group("shape").replace(" ", "").split(",") if x)
+        except ValueError:  # more digits than int() takes
+            raise bad(f".npy header shape is not a tuple of ints: {m.group('shape')[:80]!r}") from None
         fortran = m.group("fortran") == "True"
     else:
         try:
@@ -119,12 +134,27 @@ def _parse_npy_header(raw: bytes, *, file: str | None, member: str | None) -> tu
         if not isinstance(d, dict) or not {"descr", "shape", "fortran_order"} <= set(d):
             raise bad(f".npy header is not a numpy header dict: {text[:80]!r}")
         shape_v = d["shape"]
-        if not isinstance(shape_v, tuple) or not all(isinstance(x, int) for x in shape_v):
-            raise bad(f".npy header shape is not a tuple of ints: {shape_v!r}")
-        dtype = np.lib.format.descr_to_dtype(d["descr"])
+        if not isinstance(shape_v, tuple) or not all(
+            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in shape_v
+        ):
+            raise bad(f".npy header shape is not a tuple of non-negative ints: {str(shape_v)[:80]}")
+        dtype = _dtype(d["descr"], bad)
         shape = shape_v
-        fortran = bool(d["fortran_order"])
+        if not isinstance(d["fortran_order"], bool):
+            raise bad(f".npy header fortran_order is not a bool: {str(d['fortran_order'])[:40]}")
+        fortran = d["fortran_order"]
     return NpyHeader(shape, dtype, start + hlen), fortran
+
+
+def _dtype(descr: Any, bad: Any) -> np.dtype[Any]:
+    """The dtype an npy header's ``descr`` names, or FormatError (numpy raises TypeError,
+    ValueError, KeyError, ... for a descr it does not know)."""
+    try:
+        if isinstance(descr, str):
+            return np.dtype(descr)
+        return np.lib.format.descr_to_dtype(descr)  # type: ignore[no-any-return]
+    except Exception as e:  # noqa: BLE001 - a foreign parser's any error is "not a dtype"
+        raise bad(f".npy header descr {str(descr)[:60]!r} is not a dtype ({type(e).__name__})") from None
 
 
 # ----- zip members of an npz held in memory -------------------------------------------------------
@@ -163,7 +193,10 @@ def _zip_members_fast(data: bytes) -> list[ZipMember] | None:
         if f[0] != b"PK\x01\x02" or 0xFFFFFFFF in (f[8], f[9], f[16]):
             return None
         nlen, xlen, clen = f[10], f[11], f[12]
-        name = data[pos + 46 : pos + 46 + nlen].decode("utf-8" if f[3] & 0x800 else "cp437")
+        try:
+            name = data[pos + 46 : pos + 46 + nlen].decode("utf-8" if f[3] & 0x800 else "cp437")
+        except UnicodeDecodeError:
+            return None
         out.append(ZipMember(name, f[3], f[4], f[7], f[8], f[9], f[16]))
         pos += 46 + nlen + xlen + clen
     return out
@@ -175,6 +208,7 @@ def zip_members(data: bytes, *, file: str | None = None) -> list[ZipMember]:
     members = _zip_members_fast(data)
     if members is not None:
         return members
+    _not_a_zip(data[:512], file)
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as zf:
             return [
@@ -189,8 +223,22 @@ def zip_members(data: bytes, *, file: str | None = None) -> list[ZipMember]:
                 )
                 for zi in zf.infolist()
             ]
-    except zipfile.BadZipFile as e:
-        raise FormatError(f"not a readable zip ({e})", file=file) from None
+    except Exception as e:  # noqa: BLE001 - zipfile raises many kinds on odd bytes
+        raise FormatError(f"not a readable zip ({_why(e)})", file=file) from None
+
+
+def _why(e: BaseException) -> str:
+    text = str(e)[:200]
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def _not_a_zip(head: bytes, file: str | None) -> None:
+    """FileTypeError when the first bytes say another format than zip (an npz is a zip)."""
+    kind = sniff(head)
+    if kind is not None and kind != "zip":
+        raise FileTypeError(
+            f"is not an .npz (zip) file: its bytes are {describe(kind)}", found=kind, file=file
+        )
 
 
 def npz_members(data: bytes, *, file: str | None = None) -> dict[str, ZipMember]:
@@ -214,10 +262,10 @@ def npz_members(data: bytes, *, file: str | None = None) -> dict[str, ZipMember]
 
 def member_bytes(data: bytes, m: ZipMember, limit: int | None = None, *, file: str | None = None) -> bytes:
     """The (decompressed) bytes of one member: all of them (size and CRC checked), or at most
-    ``limit``. Raises FormatError for a bad local header, a truncated member or a bad CRC
-    (``zlib.error`` for a corrupt deflate stream)."""
+    ``limit``. Raises FormatError for a bad local header, a truncated member, a corrupt deflate
+    stream or a bad CRC."""
     off = m.offset
-    if data[off : off + 4] != b"PK\x03\x04":
+    if off < 0 or off + 30 > len(data) or data[off : off + 4] != b"PK\x03\x04":
         raise FormatError("bad local header", file=file, member=m.name)
     n, x = struct.unpack_from("<HH", data, off + 26)
     start = off + 30 + n + x
@@ -228,7 +276,10 @@ def member_bytes(data: bytes, m: ZipMember, limit: int | None = None, *, file: s
         out = bytes(comp if limit is None else comp[:limit])
     else:
         dec = zlib.decompressobj(-15)
-        out = dec.decompress(comp) + dec.flush() if limit is None else dec.decompress(comp, limit)
+        try:
+            out = dec.decompress(comp) + dec.flush() if limit is None else dec.decompress(comp, limit)
+        except zlib.error as e:
+            raise FormatError(f"corrupt deflate data ({e})", file=file, member=m.name) from None
     if limit is None and (len(out) != m.usize or zlib.crc32(out) != m.crc):
         raise FormatError("corrupt (size or CRC)", file=file, member=m.name)
     return out
@@ -256,20 +307,72 @@ def _read_header_from(f: Any, *, file: str | None, member: str | None) -> NpyHea
     return parse_npy_header(head + f.read(NPY_HEADER_READ - len(head)), file=file, member=member)
 
 
+@contextlib.contextmanager
+def _zip_read(zf: zipfile.ZipFile, name: str) -> Iterator[None]:
+    """Whatever ``zipfile`` raises while reading member ``name`` (a corrupt deflate stream:
+    ``zlib.error``; a bad local header or CRC: ``BadZipFile``; an unknown compression method:
+    ``NotImplementedError``; encryption: ``RuntimeError``; a cut stream: ``EOFError``; ...) as
+    FormatError naming the file and member. KeyError (no such member) and OSError pass, but for
+    EINVAL: a seek to a negative offset an odd header value asked for."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno != errno.EINVAL:
+            raise
+        raise FormatError(f"unreadable ({_why(e)})", file=zf.filename, member=name) from None
+    except (KeyError, Stage2Error):
+        raise
+    except Exception as e:  # noqa: BLE001 - any error of a foreign parser on odd bytes
+        raise FormatError(f"unreadable ({_why(e)})", file=zf.filename, member=name) from None
+
+
 def read_member_header(zf: zipfile.ZipFile, name: str) -> NpyHeader:
     """The npy header of member ``name`` (e.g. ``frames.npy``) of an open zip; only the header is
-    inflated. Raises KeyError (no such member), zipfile.BadZipFile, or FormatError."""
-    with zf.open(name) as f:
+    inflated. Raises KeyError (no such member), OSError, or FormatError."""
+    with _zip_read(zf, name), zf.open(name) as f:
         return _read_header_from(f, file=zf.filename, member=name)
 
 
 def read_small_member(zf: zipfile.ZipFile, name: str) -> np.ndarray[Any, Any]:
     """The whole array of member ``name`` of an open zip (for small keys: ``shape``, ``num_frames``).
     Object (pickled) arrays are refused with FormatError, never unpickled; so is a short member."""
-    with zf.open(name) as f:
-        body = f.read()
-    hdr, fortran = _parse_npy_header(body, file=zf.filename, member=name)
-    return _array_from(body, hdr, fortran, file=zf.filename, member=name)
+    with _zip_read(zf, name):
+        with zf.open(name) as f:
+            body = f.read()
+        hdr, fortran = _parse_npy_header(body, file=zf.filename, member=name)
+        return _array_from(body, hdr, fortran, file=zf.filename, member=name)
+
+
+def open_npz(path: str | os.PathLike[str]) -> zipfile.ZipFile:
+    """An npz file opened as a zip. Raises OSError, FileTypeError (the bytes are another format:
+    gzip, a plain ``.npy``, ...) or FormatError (not a readable zip)."""
+    file = os.fspath(path)
+    try:
+        return zipfile.ZipFile(file)
+    except OSError as e:
+        if e.errno != errno.EINVAL:  # EINVAL: a seek to a negative offset the bytes asked for
+            raise
+        raise FormatError(f"not a readable zip ({_why(e)})", file=file) from None
+    except Exception as e:  # noqa: BLE001 - BadZipFile, struct.error, ValueError, ... on odd bytes
+        with open(file, "rb") as f:
+            _not_a_zip(f.read(512), file)
+        raise FormatError(f"not a readable zip ({_why(e)})", file=file) from None
+
+
+def read_npz(
+    path: str | os.PathLike[str], keys: Iterable[str] | None = None
+) -> dict[str, np.ndarray[Any, Any]]:
+    """The arrays of an npz file by key (every ``<key>.npy`` member, or only ``keys``), each read
+    and checked like :func:`read_small_member`: any problem of the bytes is a FormatError naming the
+    file and member (a missing key too), never ``zlib.error``, never a pickle. Raises OSError."""
+    with open_npz(path) as zf:
+        names = {n[:-4]: n for n in zf.namelist() if n.endswith(".npy")}
+        out: dict[str, np.ndarray[Any, Any]] = {}
+        for key in names if keys is None else keys:
+            if key not in names:
+                raise FormatError(f"has no key {key!r} (keys: {', '.join(sorted(names))})", file=zf.filename)
+            out[key] = read_small_member(zf, names[key])
+        return out
 
 
 def _array_from(
@@ -277,7 +380,7 @@ def _array_from(
 ) -> np.ndarray[Any, Any]:
     if hdr.dtype.hasobject:
         raise FormatError("holds an object (pickled) array; refused, not unpickled", file=file, member=member)
-    count = int(np.prod(hdr.shape, dtype=np.int64)) if hdr.shape else 1
+    count = math.prod(hdr.shape)  # Python ints: a huge shape cannot overflow
     if len(body) - hdr.offset < count * hdr.dtype.itemsize:
         raise FormatError(
             f"holds {len(body) - hdr.offset} data bytes, fewer than its shape {hdr.shape} needs",

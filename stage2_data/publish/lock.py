@@ -31,6 +31,7 @@ from typing import Any
 
 from .. import layout
 from ..errors import Stage2Error
+from ..oserrors import fs_error
 
 __all__ = ["DataRootLockedError", "data_root_lock", "lock_path", "read_holder"]
 
@@ -86,13 +87,19 @@ def data_root_lock(data_root: Path, *, timeout: float = 0.0, poll: float = 0.2) 
     """Hold ``<data_root>/.stage2.lock`` exclusively for the duration of the block.
 
     ``timeout`` 0 (the default) refuses at once when another process holds it; a positive
-    ``timeout`` waits up to that many seconds. Raises DataRootLockedError naming the holder.
+    ``timeout`` waits up to that many seconds. Raises DataRootLockedError naming the holder, or a
+    FileSystemError (read-only, permission denied, a file where the data root should be) naming
+    the path and the fix.
     The data root is created if needed. Re-entrant in the thread that holds it (a build that
     calls ``build_all`` again for the same data root); any other thread or process is refused.
     """
     root = Path(data_root)
-    root.mkdir(parents=True, exist_ok=True)
     path = lock_path(root)
+    doing = f"cannot lock the data root {root} ({path.name})"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise fs_error(e, doing, where=str(root)) from None
     key = root.resolve()
     me = threading.get_ident()
     with _HELD_LOCK:
@@ -106,7 +113,10 @@ def data_root_lock(data_root: Path, *, timeout: float = 0.0, poll: float = 0.2) 
             with _HELD_LOCK:
                 _HELD[key] = (me, _HELD[key][1] - 1)
         return
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    except OSError as e:
+        raise fs_error(e, doing, where=str(root)) from None
     try:
         t0 = time.monotonic()
         while True:
@@ -115,7 +125,7 @@ def data_root_lock(data_root: Path, *, timeout: float = 0.0, poll: float = 0.2) 
                 break
             except OSError as e:
                 if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise
+                    raise fs_error(e, doing, where=str(root)) from None
                 waited = time.monotonic() - t0
                 if waited >= timeout:
                     raise _locked_error(root, round(waited, 1) if timeout > 0 else 0.0) from None

@@ -1,0 +1,77 @@
+"""An ``OSError`` from the file system as a named error: what was being done, the path, and a fix
+that works.
+
+The file system refuses in a handful of ways a user can fix: a read-only file system, permission
+denied, no space left, a file where a folder should be (or a folder where a file should be), a
+name too long, too many open files. :func:`fs_error` turns one ``OSError`` into a
+:class:`~stage2_data.errors.FileSystemError` (or a :class:`~stage2_data.errors.DiskSpaceError` for
+a full disk) naming the path and the fix; :func:`fs_guard` does it for a block. Errors of the
+family that are also ``OSError`` (``DiskSpaceError``, ``StoreNotFoundError``) pass through as they
+are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+from collections.abc import Iterator
+
+from .errors import DiskSpaceError, FileSystemError, Stage2Error
+
+__all__ = ["fs_error", "fs_guard"]
+
+_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
+
+
+def _paths(e: OSError) -> str:
+    names = [n for n in (e.filename, e.filename2) if n is not None]
+    return " -> ".join(str(n) for n in names)
+
+
+def fs_error(e: OSError, doing: str, *, where: str | None = None) -> Stage2Error:
+    """``e`` as one line: ``<doing>: <path>: <what the system said>.`` and the fix. ``where`` names
+    the folder to change (e.g. the data root) when the fix is "choose another one"."""
+    if isinstance(e, Stage2Error):
+        return e
+    path = _paths(e) or (where or "")
+    code = e.errno
+    reason = e.strerror or str(e) or type(e).__name__
+    at = f" {path}:" if path else ""
+    msg = f"{doing}:{at} {reason}."
+    other = f" (or choose another folder than {where})" if where else ""
+    if code in _FULL:
+        return DiskSpaceError(
+            f"{doing}: the disk is full{f' at {path}' if path else ''}.", fix="free disk space, then re-run"
+        )
+    if code == errno.EROFS:
+        fix = f"remount the file system read-write{other}, then re-run"
+    elif code in (errno.EACCES, errno.EPERM):
+        fix = f"give this user write (and read) access to {path or 'that path'}{other}, then re-run"
+    elif code in (errno.ENOTDIR, errno.EEXIST):
+        fix = (
+            f"a file stands where a folder is needed on the path {path or ''}: move or delete that file"
+            f"{other}, then re-run"
+        )
+    elif code == errno.EISDIR:
+        fix = f"a folder stands where a file is needed ({path}): move or delete that folder, then re-run"
+    elif code == errno.ENOENT:
+        fix = f"create the missing folder{other}, then re-run"
+    elif code == errno.ENAMETOOLONG:
+        fix = "use a shorter path (e.g. a data root closer to /)"
+    elif code in (errno.EMFILE, errno.ENFILE):
+        fix = "raise the open-files limit (`ulimit -n 65536`), then re-run"
+    else:
+        fix = f"check the file system at {path or where or 'that path'}, then re-run"
+    return FileSystemError(msg, fix=fix)
+
+
+@contextlib.contextmanager
+def fs_guard(doing: str, *, where: str | None = None) -> Iterator[None]:
+    """Run the block; an ``OSError`` that is not already of the family leaves it as
+    :func:`fs_error` names it."""
+    try:
+        yield
+    except Stage2Error:
+        raise
+    except OSError as e:
+        raise fs_error(e, doing, where=where) from e
