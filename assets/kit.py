@@ -7,6 +7,7 @@ import dagster as dg
 from stage2_data import checks as C
 from stage2_data import steps
 from stage2_data.kit import link_check
+from stage2_data.kit.sidecars import check_sidecars_on_disk
 from stage2_data.stages import ACTION_SIDECARS, SUBSET_CHECKSUMS, TRAJECTORY_JOIN
 from stage2_resources import DataRootResource, ProfileResource
 
@@ -69,6 +70,19 @@ def build_kit_checks(trajectory_join: Any, subset_checksums: Any) -> list[Any]:
         return check_result(res.passed, res.description, md)
 
     @dg.asset_check(
+        asset=trajectory_join,
+        name=C.SIDECARS_ON_DISK_SANE,
+        blocking=False,
+        description=C.CHECK_DESCRIPTIONS[C.SIDECARS_ON_DISK_SANE],
+    )
+    def sidecars_on_disk_sane(data_root: DataRootResource) -> dg.AssetCheckResult:
+        rep = check_sidecars_on_disk(data_root.root())
+        res = C.outcome(C.SIDECARS_ON_DISK_SANE, rep.problems)
+        return check_result(
+            res.passed, res.description, {"sidecars": rep.files, "seconds": round(rep.seconds, 3)}
+        )
+
+    @dg.asset_check(
         asset=subset_checksums,
         name=C.SUBSET_BYTES_ON_DISK_MATCH,
         blocking=False,
@@ -82,4 +96,4 @@ def build_kit_checks(trajectory_join: Any, subset_checksums: Any) -> list[Any]:
         desc = "; ".join(c.description for c in failed) if failed else res.checks[0].description
         return check_result(not failed, desc, res.metadata)
 
-    return [links_on_disk_match_expected, subset_bytes_on_disk_match]
+    return [links_on_disk_match_expected, sidecars_on_disk_sane, subset_bytes_on_disk_match]

@@ -59,9 +59,10 @@ CHECKS_BY_ASSET: dict[str, tuple[str, ...]] = {
 # They read, never write: the verify job is checks only (no materialization, nothing goes stale).
 STORE_BYTES_MATCH_MANIFEST = "store_bytes_match_manifest"
 LINKS_ON_DISK_MATCH_EXPECTED = "links_on_disk_match_expected"
+SIDECARS_ON_DISK_SANE = "sidecars_on_disk_finite_and_consistent"
 SUBSET_BYTES_ON_DISK_MATCH = "subset_bytes_on_disk_match_sha256sums"
 STANDALONE_CHECKS: dict[str, tuple[str, ...]] = {
-    TRAJECTORY_JOIN: (LINKS_ON_DISK_MATCH_EXPECTED,),
+    TRAJECTORY_JOIN: (LINKS_ON_DISK_MATCH_EXPECTED, SIDECARS_ON_DISK_SANE),
     SUBSET_CHECKSUMS: (SUBSET_BYTES_ON_DISK_MATCH,),
     VIN_STORE: (STORE_BYTES_MATCH_MANIFEST,),
 }
@@ -84,18 +85,24 @@ CHECK_DESCRIPTIONS: dict[str, str] = {
     NO_STRAY_ENTRIES: "nothing in processed_datasets/ outside the expected cache directories",
     SIDECAR_TAR_SHA256_MATCHES: "the sidecar tar's sha256 equals its .sha256 file",
     SIDECARS_BY_SOURCE_MATCH_EXPECTED: "unpacked sidecars per source == expected.sidecars_by_source",
-    JOIN_HAS_NO_PROBLEMS: "join by trajectory id: no duplicate, missing, unknown, leaking or mis-shaped row",
+    JOIN_HAS_NO_PROBLEMS: "join by trajectory id: no duplicate, missing, unknown, leaking or mis-shaped row; "
+    "every sidecar sane (actions finite, alignment indices within its raw actions, aligned rows equal to "
+    "the raw rows they index)",
     LINK_TOTALS_MATCH_EXPECTED: "pair rows, unique frame files, action rows, resolved sidecars == expected",
     SUBSET_BYTES_MATCH_SHA256SUMS: "every subset frame file's bytes match SHA256SUMS",
     STORE_OPENS_STRICT: "the store re-opens with the strict reader (format, version, manifest)",
-    STORE_VALIDATES: "manifest, shapes, dtypes, shards, splits and pairs validate; a new store is also "
-    "decoded sample by sample against its frames_sha256 and padding before it becomes current",
+    STORE_VALIDATES: "manifest, shapes, dtypes, shards, splits and pairs validate; num_frames within "
+    "max_frames, padding within its bound; every chunk's crc32c; a new store is also decoded sample by "
+    "sample against its frames_sha256, padding and finite actions before it becomes current",
     STORE_COUNTS_MATCH_EXPECTED: "samples == expected.unique_frame_files and pairs == expected.pair_rows",
     LINKS_ON_DISK_MATCH_EXPECTED: "the link check re-run over what is on disk: every pair's frames file and every "
     "recovered row's sidecar exist; pair rows, frame files, action rows, resolved sidecars == expected",
     SUBSET_BYTES_ON_DISK_MATCH: "every subset frame file on disk re-hashed: its bytes match SHA256SUMS",
+    SIDECARS_ON_DISK_SANE: "every unpacked sidecar re-read: actions finite, alignment indices within its raw "
+    "actions, each aligned row equal to the raw row it indexes, one source index per raw row",
     STORE_BYTES_MATCH_MANIFEST: "the current store, re-read from disk: every file's sha256 equals its manifest "
-    "entry, the fingerprint recomputes, and every sample decodes to its frames_sha256 (bit rot, tampering)",
+    "entry, the fingerprint recomputes, every chunk passes its crc32c, and every sample decodes to its "
+    "frames_sha256 with finite actions (bit rot, tampering)",
 }
 
 

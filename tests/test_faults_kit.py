@@ -11,6 +11,8 @@ import hashlib
 import io
 import json
 import re
+import shutil
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -200,6 +202,40 @@ def _sidecar_width(demo: DemoPaths) -> tuple[str, ...]:
     return row["stage2_trajectory_id"], "raw action width 7 contradicts source 'roboarena' width 8"
 
 
+def _sidecar_nonfinite(demo: DemoPaths) -> tuple[str, ...]:
+    def poisoned(a: dict[str, np.ndarray]) -> bytes:
+        aligned = a["aligned_actions"].copy()
+        aligned[1, 0] = np.nan
+        aligned[2, 1] = np.inf
+        return _npz(**{**a, "aligned_actions": aligned})
+
+    row = _replace_sidecar(demo, "autoeval", poisoned)
+    name = row["sidecar_path"].rsplit("/", 1)[-1]
+    return name, "aligned_actions holds 2 non-finite value(s)", "first at row 1, column 0"
+
+
+def _sidecar_alignment(demo: DemoPaths) -> tuple[str, ...]:
+    def misaligned(a: dict[str, np.ndarray]) -> bytes:
+        aligned = a["aligned_actions"].copy()
+        aligned[0] = aligned[0] + np.float32(0.5)  # no longer the raw row it indexes
+        idx = a["alignment_indices"].copy()
+        idx[-1] = len(a["raw_actions"]) + 3  # outside the raw actions
+        return _npz(**{**a, "aligned_actions": aligned, "alignment_indices": idx})
+
+    row = _replace_sidecar(demo, "roboarena", misaligned)
+    other = _replace_sidecar(
+        demo,
+        "racer",
+        lambda a: _npz(**{**a, "aligned_actions": a["aligned_actions"] + np.float32(0.25)}),
+    )
+    return (
+        row["sidecar_path"].rsplit("/", 1)[-1],
+        "is outside raw_actions'",
+        other["sidecar_path"].rsplit("/", 1)[-1],
+        "aligned_actions row 0 differs from raw_actions row",
+    )
+
+
 def _sha256sums(demo: DemoPaths) -> tuple[str, ...]:
     sums = load_profile(demo.profile).kit_file("subset_checksums")
     lines = sums.read_text().splitlines()
@@ -226,6 +262,8 @@ class Broken:
     kit_unknown_sidecar=Broken(_unknown_sidecar, C.JOIN_HAS_NO_PROBLEMS),
     kit_sidecar_width=Broken(_sidecar_width, C.JOIN_HAS_NO_PROBLEMS),
     kit_sha256sums=Broken(_sha256sums, C.SUBSET_BYTES_MATCH_SHA256SUMS),
+    kit_sidecar_nonfinite=Broken(_sidecar_nonfinite, C.JOIN_HAS_NO_PROBLEMS),
+    kit_sidecar_alignment=Broken(_sidecar_alignment, C.JOIN_HAS_NO_PROBLEMS),
 )
 def test_fault_kit_refused(prepared: Prepared, demo: DemoPaths, tmp_path: Path, case: Broken) -> None:
     saved = save(*_kit_files(demo))
@@ -343,3 +381,72 @@ def test_fault_kit_frames_npz(prepared: Prepared, demo: DemoPaths, tmp_path: Pat
         hub.clear_log()
         converge(prepared, cfg, root, [("archive_file", path), ("cache_dir", SMALL)])
         assert resolve_gets(hub) == [path]
+
+
+def test_fault_kit_path_newline(prepared: Prepared, demo: DemoPaths, tmp_path: Path) -> None:
+    """A frames path ending in a newline is a malformed path (every layout pattern is anchored with
+    ``\\Z``), not a frames file reported missing under a name with a newline in it."""
+    saved = save(*_kit_files(demo))
+    p, rows = _pair_rows(demo)
+    bad = rows[5]["chosen_frames_path"] + "\n"
+    rows[5]["chosen_frames_path"] = bad
+    _write_rows(p, rows)
+    root = copy_root(prepared, tmp_path / "root")
+    r = run_selection(run_cfg(demo, root), CHECK_STAGES)
+    text = refused(
+        r,
+        f"{p}:6:",
+        f"chosen_frames_path {bad!r} is not processed_datasets/<cache_key>/frames/trajectory_<ID>.npz",
+        check=C.JOIN_HAS_NO_PROBLEMS,
+    )
+    assert "is missing" not in text, text
+    _restore_and_converge(prepared, demo, root, saved)
+
+
+def _sha256sum(args: list[str], cwd: Path, names: list[str]) -> bytes:
+    return subprocess.run(["sha256sum", *args, *names], cwd=cwd, capture_output=True, check=True).stdout
+
+
+@pytest.mark.skipif(shutil.which("sha256sum") is None, reason="coreutils sha256sum not installed")
+def test_fault_kit_sums_spellings(prepared: Prepared, demo: DemoPaths, tmp_path: Path) -> None:
+    """The subset SHA256SUMS as `sha256sum` writes it from other folders or with other flags, and as
+    `sha256sum -c` accepts it: every listed file is found and checked; nothing is "not listed"."""
+    from stage2_data.kit import verify_subset_bytes
+
+    prof = load_profile(demo.profile)
+    sums = prof.kit_file("subset_checksums")
+    saved = save(sums)
+    root = copy_root(prepared, tmp_path / "root")
+    rels = [line.split("  ", 1)[1] for line in sums.read_text().splitlines()]
+    pd = layout.processed_root(root)
+    plain = _sha256sum([], root, rels)
+    variants = {
+        "./ paths": _sha256sum([], root, ["./" + r for r in rels]),
+        "absolute paths": _sha256sum([], root, [str(root / r) for r in rels]),
+        "from the parent folder": _sha256sum([], root.parent, [f"{root.name}/{r}" for r in rels]),
+        "from processed_datasets/": _sha256sum([], pd, [r.split("/", 1)[1] for r in rels]),
+        "--tag": _sha256sum(["--tag"], root, rels),
+        "--binary": _sha256sum(["--binary"], root, rels),
+        "-z": _sha256sum(["-z"], root, rels),
+        "escaped lines": b"".join(b"\\" + line + b"\n" for line in plain.splitlines()),
+        "upper-case hex": b"".join(x[:64].upper() + x[64:] + b"\n" for x in plain.splitlines()),
+        "CRLF": plain.replace(b"\n", b"\r\n"),
+        "repeated lines": plain + plain,
+    }
+    for name, text in variants.items():
+        sums.write_bytes(text)
+        rep = verify_subset_bytes(prof, root, workers=2)
+        assert rep.ok and (rep.files, rep.matched) == (len(rels), len(rels)), (name, rep.details[:3])
+    # the whole check stage, on one of them
+    sums.write_bytes(variants["./ paths"])
+    r = run_selection(run_cfg(demo, root), CHECK_STAGES)
+    assert r["success"] and all(c["passed"] for c in r["checks"]), said(r)
+    # one file named twice (two spellings) with two digests: named, with both lines
+    first = plain.splitlines()[0]
+    sums.write_bytes(plain + b"0" * 64 + b"  ./" + first[66:] + b"\n")
+    rep = verify_subset_bytes(prof, root, workers=2)
+    assert not rep.ok
+    assert any(f"names {first[66:].decode()} again with another sha256" in p for p in rep.problems), (
+        rep.problems
+    )
+    restore(saved)

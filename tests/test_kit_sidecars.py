@@ -218,6 +218,13 @@ def _stored_npz(source: str, width: int, n: int, t: int) -> bytes:
     return _rezip(sidecar_npz(source, width, n, t), method=zipfile.ZIP_STORED)
 
 
+def _raw_bytes(source: str, width: int, n: int, t: int) -> bytes:
+    """The raw actions of ``sidecar_npz(...)`` as bare little-endian bytes (the data its aligned
+    rows are checked against)."""
+    with np.load(io.BytesIO(sidecar_npz(source, width, n, t)), allow_pickle=False) as z:
+        return np.ascontiguousarray(z["raw_actions"], dtype="<f4").tobytes()
+
+
 def _structured_object_npz() -> bytes:
     buf = io.BytesIO()
     arr = np.zeros(2, dtype=[("a", "f4"), ("b", "O")])
@@ -225,6 +232,31 @@ def _structured_object_npz() -> bytes:
         buf, metadata_json=np.array('{"raw_width": 8}'), raw_actions=arr, aligned_actions=np.zeros((4, 8))
     )
     return buf.getvalue()
+
+
+def _edited(edit: Callable[[dict[str, np.ndarray]], None]) -> bytes:
+    """The B[1] sidecar (roboarena, width 8, 9 raw rows, 4 aligned) with ``edit`` applied to its
+    arrays (the data checks: tests/test_faults_kit.py has the end-to-end rows)."""
+    with np.load(io.BytesIO(sidecar_npz("roboarena", 8, 9, 4)), allow_pickle=False) as z:
+        arrays = {k: z[k].copy() for k in z.files}
+    edit(arrays)
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)  # type: ignore[arg-type]
+    return buf.getvalue()
+
+
+def _set(key: str, value: Callable[[np.ndarray], np.ndarray]) -> Callable[[dict[str, np.ndarray]], None]:
+    return lambda a: a.__setitem__(key, value(a[key]))
+
+
+def _with_item(arr: np.ndarray, at: tuple[int, ...], value: float) -> np.ndarray:
+    arr[at] = value
+    return arr
+
+
+def _float64_raw(a: dict[str, np.ndarray]) -> None:
+    a["raw_actions"] = a["raw_actions"].astype(np.float64) + 1e-9  # float32(aligned) == float32(raw)
+    a["aligned_actions"] = a["raw_actions"][a["alignment_indices"]].astype(np.float32)
 
 
 VARIANTS: dict[str, tuple[Callable[[], bytes], int | None, str | None]] = {
@@ -240,7 +272,8 @@ VARIANTS: dict[str, tuple[Callable[[], bytes], int | None, str | None]] = {
             sidecar_npz("roboarena", 8, 9, 4),
             replace={
                 "raw_actions.npy": _npy_with_header(
-                    "{'shape': (9, 8), 'fortran_order': False, 'descr': '<f4'}", bytes(9 * 8 * 4)
+                    "{'shape': (9, 8), 'fortran_order': False, 'descr': '<f4'}",
+                    _raw_bytes("roboarena", 8, 9, 4),
                 )
             },
         ),
@@ -248,6 +281,42 @@ VARIANTS: dict[str, tuple[Callable[[], bytes], int | None, str | None]] = {
         None,
     ),
     "structured dtype with an object field": (_structured_object_npz, None, "hold object (pickled) arrays"),
+    "aligned NaN": (
+        lambda: _edited(_set("aligned_actions", lambda x: _with_item(x, (1, 2), np.nan))),
+        8,
+        "aligned_actions holds 1 non-finite value(s) (NaN or inf; first at row 1, column 2)",
+    ),
+    "aligned -inf": (
+        lambda: _edited(_set("aligned_actions", lambda x: _with_item(x, (3, 0), -np.inf))),
+        8,
+        "non-finite value(s) (NaN or inf; first at row 3, column 0)",
+    ),
+    "alignment index outside the raw actions": (
+        lambda: _edited(_set("alignment_indices", lambda x: _with_item(x, (3,), 9))),
+        8,
+        "alignment_indices[3] = 9 is outside raw_actions' 9 rows",
+    ),
+    "negative alignment index": (
+        lambda: _edited(_set("alignment_indices", lambda x: _with_item(x, (0,), -1))),
+        8,
+        "alignment_indices[0] = -1 is outside raw_actions' 9 rows",
+    ),
+    "aligned row that is not the raw row it indexes": (
+        lambda: _edited(_set("aligned_actions", lambda x: _with_item(x, (2, 5), x[2, 5] + 1))),
+        8,
+        "aligned_actions row 2 differs from raw_actions row",
+    ),
+    "alignment indices of the wrong length": (
+        lambda: _edited(_set("alignment_indices", lambda x: x[:3])),
+        8,
+        "alignment_indices is int64 (3,); expected (4,) integers, one per aligned_actions row",
+    ),
+    "source indices of the wrong length": (
+        lambda: _edited(_set("source_indices", lambda x: x[:-1])),
+        8,
+        "source_indices is int64 (8,); expected (9,) integers, one per raw_actions row",
+    ),
+    "float32 aligned copy of float64 raw (consistent)": (lambda: _edited(_float64_raw), 8, None),
     "not a zip": (lambda: b"definitely not an npz file", None, "unreadable sidecar npz"),
     "truncated": (lambda: sidecar_npz("roboarena", 8, 9, 4)[:-40], None, "unreadable sidecar npz"),
     "corrupt metadata member": (

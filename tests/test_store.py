@@ -38,6 +38,7 @@ from stage2_data.store import (
     collect_vin_offline_dataset_stats,
     estimate_store_bytes,
     merge_vin_offline_stores,
+    pad_slack,
     raise_if_invalid,
     rebuild_command,
     store_fingerprint,
@@ -228,9 +229,11 @@ def test_round_trip_bytes_and_padding(store: Path, up: Upstream) -> None:
 def test_layout_one_resolution_per_shard_and_order(store: Path, up: Upstream) -> None:
     reader = VinOfflineStoreReader(store)
     rows = reader.sample_index
-    order = [((r["frame_height"], r["frame_width"]), r["sample_key"]) for r in rows]
+    # by resolution, then by length (shards group similar lengths), then by key
+    order = [((r["frame_height"], r["frame_width"]), r["num_frames"], r["sample_key"]) for r in rows]
     assert order == sorted(order)
     sizes_by_res: dict[tuple[int, int], list[int]] = {}
+    lengths_by_res: dict[tuple[int, int], list[list[int]]] = {}
     for sh in reader.manifest["shards"]:
         mine = rows[sh["row_start"] : sh["row_start"] + sh["num_rows"]]
         res = {(r["frame_height"], r["frame_width"]) for r in mine}
@@ -241,9 +244,17 @@ def test_layout_one_resolution_per_shard_and_order(store: Path, up: Upstream) ->
         sizes_by_res.setdefault(hw, []).append(sh["num_rows"])
         g = zarr.open_group(store / sh["dir"], mode="r")
         assert g["frames"].shape == (sh["num_rows"], *sh["frame_shape"])
+        # padding is bounded: no short sample is padded to a much longer one
+        ts = [r["num_frames"] for r in mine]
+        assert max(ts) - min(ts) <= pad_slack(min(ts))
+        lengths_by_res.setdefault(hw, []).append(ts)
     assert set(sizes_by_res) == {RES_A, RES_B}
-    for sizes in sizes_by_res.values():
-        assert all(s == 3 for s in sizes[:-1]) and 1 <= sizes[-1] <= 3
+    for hw, sizes in sizes_by_res.items():
+        assert all(1 <= s <= 3 for s in sizes)
+        # a shard ends full, or where the next sample would break the padding bound
+        shards_ts = lengths_by_res[hw]
+        for cur, nxt in zip(shards_ts, shards_ts[1:], strict=False):
+            assert len(cur) == 3 or nxt[0] > cur[0] + pad_slack(cur[0])
     assert {b["name"]: b["materialized"] for b in reader.manifest["blocks"]} == {
         "frames": True,
         "num_frames": True,
@@ -296,7 +307,7 @@ def test_version_refused_with_rebuild_command(tmp_path: Path, store: Path) -> No
     with pytest.raises(StoreVersionError) as ei:
         VinOfflineStoreReader(s)
     msg = str(ei.value)
-    assert "Unsupported VIN offline store version: 999. Expected 1." in msg
+    assert f"Unsupported VIN offline store version: 999. Expected {OFFLINE_DATASET_VERSION}." in msg
     cmd = rebuild_command(s, m)
     assert cmd in msg and ei.value.fix is not None and cmd in ei.value.fix
     assert cmd.split()[:2] == ["stage2", "build"]
@@ -352,13 +363,16 @@ def test_validate_gathers_all_problems(tmp_path: Path, store: Path) -> None:
     assert not (s / "splits" / "val.npy").exists()
 
 
-def test_deep_validation_finds_flipped_byte(tmp_path: Path, store: Path) -> None:
+def test_validation_finds_flipped_byte(tmp_path: Path, store: Path) -> None:
     s = copy_store(store, tmp_path / "s")
     shard_file = s / "shards" / "shard-000001" / "frames" / "c" / "0" / "0" / "0" / "0" / "0"
     data = bytearray(shard_file.read_bytes())
     data[len(data) // 3] ^= 0x01
     shard_file.write_bytes(bytes(data))
-    assert validate_vin_offline_store(s) == []  # same size: only the deep check can see it
+    # same size: the chunk's crc32c sees it (plain validation; tests/test_store_integrity.py), and so
+    # does the deep check's sha256
+    plain = validate_vin_offline_store(s)
+    assert len(plain) == 1 and str(shard_file) in plain[0] and "crc32c" in plain[0], plain
     deep = validate_vin_offline_store(s, deep=True)
     assert any(str(shard_file) in p and "sha256" in p for p in deep)
     assert any("fingerprint" in p for p in deep)
@@ -484,7 +498,7 @@ def test_merge_refusals(tmp_path: Path) -> None:
     # another version
     side3 = copy_store(side2, tmp_path / "side3")
     m = json.loads((side3 / "manifest.json").read_text())
-    m["version"] = 2
+    m["version"] = OFFLINE_DATASET_VERSION + 1
     (side3 / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(StoreVersionError):
         merge_vin_offline_stores(base, side3, tmp_path / "m")
@@ -718,12 +732,37 @@ def test_without_actions(tmp_path: Path, up: Upstream) -> None:
     out = tmp_path / "noact"
     m = build(out, up, include_actions=False, rows_per_shard=64)
     assert {b["name"]: b["materialized"] for b in m["blocks"]}["actions/aligned"] is False
-    assert m["options"] == {"include_actions": False, "rows_per_shard": 64}
+    assert m["options"] == {"include_actions": False, "rows_per_shard": 64, "max_frames": 32}
     per_res = [sum(1 for f in up.frames.values() if f.shape[1:3] == r) for r in (RES_B, RES_A)]
-    assert [sh["num_rows"] for sh in m["shards"]] == per_res  # (6, 12) sorts before (8, 10)
+    by_res: dict[tuple[int, ...], int] = {}
+    for sh in m["shards"]:  # shards of one resolution split by length only (64 rows fit)
+        by_res[tuple(sh["frame_shape"][1:3])] = by_res.get(tuple(sh["frame_shape"][1:3]), 0) + sh["num_rows"]
+    assert list(by_res) == [RES_B, RES_A]  # (6, 12) sorts before (8, 10)
+    assert list(by_res.values()) == per_res
     assert not list(out.rglob("aligned"))
     reader = VinOfflineStoreReader(out)
     assert all(reader.read_actions(i) is None for i in range(reader.num_samples))
     assert validate_vin_offline_store(out, deep=True) == []
     # a stored store directory has no leftover temporary folders
     assert sorted(os.listdir(tmp_path)) == ["noact"]
+
+
+def test_a_corrupt_deflate_stream_is_a_named_problem(tmp_path: Path, up: Upstream) -> None:
+    """A frames npz whose zip directory and npy header are intact but whose deflate data is not:
+    the header inspection passes, loading the frames fails; a named problem, never zlib.error."""
+    import zipfile
+
+    src = up.samples[0].frames_path
+    bad = tmp_path / "corrupt.npz"
+    data = bytearray(Path(src).read_bytes())
+    with zipfile.ZipFile(src) as z:
+        info = z.getinfo("frames.npy")
+    start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)
+    for i in range(start + info.compress_size // 2, start + info.compress_size - 8):
+        data[i] ^= 0x5A  # the back half of the stream: the npy header inflates, the frames do not
+    bad.write_bytes(bytes(data))
+    samples = [replace(up.samples[0], frames_path=bad), *up.samples[1:]]
+    with pytest.raises(StoreInputError) as ei:
+        VinOfflineWriter(tmp_path / "out", profile=PROFILE, inputs=INPUTS).write(samples, up.pairs)
+    assert f"{bad}: unreadable frames npz (" in str(ei.value), str(ei.value)
+    assert not (tmp_path / "out").exists()

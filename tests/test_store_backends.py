@@ -160,22 +160,35 @@ def test_decode_validation_checks_every_sample(backend: Backend, up: Upstream) -
     assert validate_vin_offline_store(loc) == []
     problems = validate_vin_offline_store(loc, decode=True)
     assert len(problems) == 1 and "frames_sha256" in problems[0] and victim["sample_key"] in problems[0]
-    # 2. padding that is not zero / not NaN, written through zarr into shard 0
-    sh = m["shards"][0]
-    tmax = sh["frame_shape"][0]
-    short = next(j for j in range(sh["num_rows"]) if rows[j]["num_frames"] < tmax)
-    g = zarr.open_group(store=loc.zarr_store(loc.root / sh["dir"], read_only=False), mode="r+", zarr_format=3)
-    g["frames"][short, rows[short]["num_frames"]] = 7
-    with_actions = [j for j in range(sh["num_rows"]) if 0 < rows[j]["action_width"] < sh["action_width_max"]]
-    assert "actions/aligned" in sh["arrays"] and with_actions  # the upstream has narrow rows in shard 0
-    narrow = with_actions[0]
-    g["actions/aligned"][narrow, 0, sh["action_width_max"] - 1] = 0.0  # past the row's width
+
+    # 2. padding that is not zero / not NaN, written through zarr: a row shorter than its shard's
+    # Tmax, and a row narrower than its shard's action width (shards are cut by length: any shard)
+    def groups(sh: dict) -> Any:
+        return zarr.open_group(
+            store=loc.zarr_store(loc.root / sh["dir"], read_only=False), mode="r+", zarr_format=3
+        )
+
+    def rows_of(sh: dict) -> list[tuple[int, dict]]:
+        return [(j, rows[sh["row_start"] + j]) for j in range(sh["num_rows"])]
+
+    sh, short, srow = next(
+        (sh, j, r) for sh in m["shards"] for j, r in rows_of(sh) if r["num_frames"] < sh["frame_shape"][0]
+    )
+    groups(sh)["frames"][short, srow["num_frames"]] = 7
+    ash, narrow, nrow = next(
+        (sh, j, r)
+        for sh in m["shards"]
+        if "actions/aligned" in sh["arrays"]
+        for j, r in rows_of(sh)
+        if 0 < r["action_width"] < sh["action_width_max"]
+    )  # the upstream has narrow rows
+    groups(ash)["actions/aligned"][narrow, 0, ash["action_width_max"] - 1] = 0.0  # past the row's width
     loc.invalidate()
     problems = validate_vin_offline_store(loc, decode=True)
     pad = [p for p in problems if "past num_frames" in p]
-    assert len(pad) == 1 and sh["dir"] in pad[0] and rows[short]["sample_key"] in pad[0], problems
+    assert len(pad) == 1 and sh["dir"] in pad[0] and srow["sample_key"] in pad[0], problems
     nan = [p for p in problems if "NaN padding" in p]
-    assert len(nan) == 1 and rows[narrow]["sample_key"] in nan[0], problems
+    assert len(nan) == 1 and nrow["sample_key"] in nan[0], problems
 
 
 def test_stats(backend: Backend, up: Upstream) -> None:
@@ -194,9 +207,9 @@ def test_strict_version_and_missing_manifest(backend: Backend, up: Upstream) -> 
     loc = backend.loc("s")
     mpath = loc.root / MANIFEST_NAME
     manifest = json.loads(loc.read_bytes(mpath))
-    loc.write_bytes(mpath, json.dumps({**manifest, "version": 2}).encode())
+    loc.write_bytes(mpath, json.dumps({**manifest, "version": 999}).encode())
     loc.invalidate()
-    with pytest.raises(StoreVersionError, match="Unsupported VIN offline store version: 2. Expected 1"):
+    with pytest.raises(StoreVersionError, match="Unsupported VIN offline store version: 999. Expected 2"):
         VinOfflineStoreReader(loc)
     loc.delete(mpath)
     loc.invalidate()

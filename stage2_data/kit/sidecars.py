@@ -1,10 +1,14 @@
 """Action sidecars: the kit's sidecar tar, verified and unpacked safely into the data root, and the
-reading of one sidecar ``.npz`` (its shapes and metadata, from the ``.npy`` headers only)."""
+reading of one sidecar ``.npz``: its shapes and metadata (``.npy`` headers), and its data's sanity
+(recovered actions finite; alignment indices within the raw actions; each aligned row equal to the
+raw row it indexes; one source index per raw row), never unpickling anything."""
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import math
 import os
 import shutil
 import tarfile
@@ -28,9 +32,17 @@ from ..fsutil import require_free_space
 from ..hashing import sha256_file
 from ..profile import Profile
 from ..publish import atomic_write_json, publish_dir, staging
-from .listing import count_sidecar_files
+from .listing import count_sidecar_files, sidecar_dirs
+from .sidecar_data import DATA_KEYS, check_sidecar_arrays
 
-__all__ = ["SIDECAR_MARKER", "SIDECAR_KEYS", "SidecarUnpackResult", "unpack_sidecars"]
+__all__ = [
+    "SIDECAR_MARKER",
+    "SIDECAR_KEYS",
+    "SidecarDataCheck",
+    "SidecarUnpackResult",
+    "check_sidecars_on_disk",
+    "unpack_sidecars",
+]
 
 SIDECAR_MARKER = ".sidecars.json"
 SIDECAR_KEYS = ("metadata_json", "raw_actions", "aligned_actions", "source_indices", "alignment_indices")
@@ -328,6 +340,21 @@ def _read_sidecar(path: str | Path, want_sha: bool) -> _SidecarInfo:
                     info.problems.append(f"{label}: metadata_json has no integer raw_width")
             elif meta is not None:
                 info.problems.append(f"{label}: metadata_json is not a JSON object")
+        arrays: dict[str, np.ndarray[Any, Any]] = {}
+        for k in DATA_KEYS:
+            if k not in headers:
+                continue
+            shape, dtype, offset = headers[k]
+            need = offset + math.prod(shape) * dtype.itemsize  # Python ints: no overflow
+            if need != members[k].usize or need > _SIDECAR_READ_LIMIT:
+                info.problems.append(
+                    f"{label}: member {members[k].name}: its shape {shape} needs {need} bytes, it holds "
+                    f"{members[k].usize}{' (too large for an action sidecar)' if need > _SIDECAR_READ_LIMIT else ''}"
+                )
+                continue
+            npy = io.BytesIO(npz.member_bytes(data, members[k], file=label))
+            arrays[k] = np.lib.format.read_array(npy, allow_pickle=False)
+        check_sidecar_arrays(label, arrays, info.problems)
     except (
         OSError,
         ValueError,
@@ -340,6 +367,32 @@ def _read_sidecar(path: str | Path, want_sha: bool) -> _SidecarInfo:
     ) as e:
         info.problems.append(f"{label}: unreadable sidecar npz ({type(e).__name__}: {e})")
     return info
+
+
+@dataclass
+class SidecarDataCheck:
+    """The standalone re-check of the unpacked sidecars (``check_sidecars_on_disk``)."""
+
+    files: int
+    problems: list[str]
+    seconds: float
+
+
+def check_sidecars_on_disk(data_root: Path, *, workers: int | None = None) -> SidecarDataCheck:
+    """Every unpacked sidecar under ``derived/action_sidecars/`` read again: its keys, shapes and
+    metadata, and its data (:func:`.sidecar_data.check_sidecar_arrays`). Reads only."""
+    t0 = time.perf_counter()
+    derived = layout.derived_root(Path(data_root))
+    base = derived / layout.SIDECARS_DIR
+    paths = [
+        str(base / source / name)
+        for source, names in sorted(sidecar_dirs(derived).items())
+        for name in sorted(names)
+        if name.endswith(".npz")
+    ]
+    infos = _read_sidecars(paths, False, workers)
+    problems = [p for info in infos for p in info.problems]
+    return SidecarDataCheck(len(paths), problems, time.perf_counter() - t0)
 
 
 def _read_sidecars(paths: Sequence[str], want_sha: bool, workers: int | None) -> list[_SidecarInfo]:

@@ -1,4 +1,4 @@
-"""The immutable VIN offline store (format v1): writer, strict reader, dataset, validation, stats, merge.
+"""The immutable VIN offline store (format v2): writer, strict reader, dataset, validation, stats, merge.
 
 The contract is ``docs/spec/vin-store.md``. In short::
 
@@ -25,6 +25,12 @@ Modules, in the order a build uses them:
 
 Design choices recorded in the manifest where they matter:
 
+* Padding is told from data by separate lengths, never by value: a row's frames and actions are
+  valid up to its ``num_frames`` (and its actions up to ``actions/width``); past them frames are 0
+  and actions NaN. Inside them actions are always finite (the writer refuses NaN and inf, and
+  ``validate --decode`` checks it), so a NaN is never data.
+* Every stored chunk carries its crc32c (after Blosc); every read checks it
+  (:class:`StoreChecksumError` names the store, shard, array and sample).
 * ``actions/width`` (int16) is always present (0 where a trajectory has no sidecar, or when the
   store is built with ``include_actions=False``). ``actions/aligned`` is optional: present in a shard
   only when at least one of its rows has actions (``action_width_max > 0`` in the shard entry); the
@@ -45,7 +51,9 @@ from .format import (
     BLOCK_NUM_FRAMES,
     BLOCK_ROW_SHAPES,
     BLOCK_WIDTH,
+    CHECKSUM_DESC,
     COMPRESSOR_DESC,
+    DEFAULT_MAX_FRAMES,
     FINGERPRINT_EXCLUDED,
     MANIFEST_NAME,
     MANIFEST_TYPES,
@@ -64,8 +72,10 @@ from .format import (
     WRITER_PACKAGE,
     PairSpec,
     SampleSpec,
+    StoreChecksumError,
     StoreInputError,
     frames_sha256,
+    pad_slack,
     shard_dir_name,
 )
 from .manifest import rebuild_command, store_fingerprint
@@ -85,7 +95,9 @@ __all__ = [
     "BLOCK_NUM_FRAMES",
     "BLOCK_ROW_SHAPES",
     "BLOCK_WIDTH",
+    "CHECKSUM_DESC",
     "COMPRESSOR_DESC",
+    "DEFAULT_MAX_FRAMES",
     "FINGERPRINT_EXCLUDED",
     "MANIFEST_NAME",
     "MANIFEST_TYPES",
@@ -104,6 +116,7 @@ __all__ = [
     "WRITER_PACKAGE",
     "PairSpec",
     "SampleSpec",
+    "StoreChecksumError",
     "StoreInputError",
     "VinOfflineDataset",
     "VinOfflineStoreReader",
@@ -113,6 +126,7 @@ __all__ = [
     "estimate_store_bytes",
     "frames_sha256",
     "merge_vin_offline_stores",
+    "pad_slack",
     "raise_if_invalid",
     "rebuild_command",
     "remove_stale_temp_dirs",

@@ -5,10 +5,11 @@ rebuilding; otherwise say why a rebuild is needed.
 An extension is taken only when its result equals a fresh build of the new inputs in content (same
 samples with the same frames, actions and metadata per trajectory id, same pairs, same splits); the
 order of the rows, the shard layout and so the fingerprint differ (the fingerprint covers the layout).
-:func:`decide_extension` checks, without touching a frame:
+:func:`decide_extension` checks, without decoding a frame:
 
 * the published store opens strictly (format and version of this writer) with the same writer options
-  and codec, for the same source repo;
+  and codec, for the same source repo, and validates (every stored chunk's crc32c too: its shards are
+  copied as they are, so a damaged one is rebuilt, not carried into every later store);
 * every input of the old store under ``archive_prefix`` (the archives its frames came from) is in the
   new inputs with the same sha256: an old trajectory's frames cannot have changed;
 * the old trajectories are a strict subset of the new ones, each with the same metadata (cache key,
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import shutil
 import zipfile
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,11 +35,12 @@ import numpy as np
 from ..errors import StoreError
 from ..publish import make_staging_dir
 from ..storage import StoreLocation
-from .format import PairSpec, SampleSpec, codec_record
+from .format import DEFAULT_MAX_FRAMES, PairSpec, SampleSpec, StoreChecksumError, codec_record
 from .manifest import load_manifest_strict
 from .merge import merge_vin_offline_stores
 from .plan import _assign_splits, dedupe_samples
 from .reader import VinOfflineStoreReader
+from .validate import validate_vin_offline_store
 from .writer import VinOfflineWriter
 
 #: sample-index fields an old trajectory must keep, and the SampleSpec attribute each comes from
@@ -114,7 +117,7 @@ def decide_extension(
     actions_input: str | None = None,
 ) -> ExtendDecision:
     """Can the published store ``base`` be extended into the store of ``samples`` and ``pairs``
-    (built with writer ``options``: ``rows_per_shard``, ``include_actions``)? See the module doc."""
+    (built with writer ``options``: ``rows_per_shard``, ``include_actions``, ``max_frames``)? See the module doc."""
     if base is None:
         return _no("no store is published for this profile")
     try:
@@ -142,8 +145,16 @@ def decide_extension(
     split_of, kept = _assign_splits(by_key, pairs, problems)
     if problems:
         return _no(f"the new inputs do not plan ({len(problems)} problems, first: {problems[0]})")
-    with VinOfflineStoreReader(base) as reader:  # its lease keeps retention off it meanwhile
-        return _decide(reader, m, by_key, split_of, kept, inputs, options, actions_input)
+    # its shards are copied as they are: a damaged byte (crc32c) would make every later extension
+    # fail its decoding check; such a store is rebuilt instead
+    damaged = validate_vin_offline_store(base)
+    if damaged:
+        return _no(f"the published store {base.root.name} does not validate ({damaged[0]})")
+    try:
+        with VinOfflineStoreReader(base) as reader:  # its lease keeps retention off it meanwhile
+            return _decide(reader, m, by_key, split_of, kept, inputs, options, actions_input)
+    except StoreChecksumError as e:  # a damaged published store is rebuilt, never extended
+        return _no(f"the published store {base.root.name} is damaged ({e.message})")
 
 
 def _decide(
@@ -212,7 +223,7 @@ def _changed_actions(
             try:
                 with np.load(Path(s.sidecar_path), allow_pickle=False) as z:
                     new = np.asarray(z["aligned_actions"]).astype(np.float32)
-            except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError):
+            except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError, zlib.error):
                 bad.append(r["sample_key"])
                 continue
         if (old is None) != (new is None) or (
@@ -230,6 +241,7 @@ def extend_store(
     inputs: dict[str, str],
     rows_per_shard: int,
     include_actions: bool = True,
+    max_frames: int = DEFAULT_MAX_FRAMES,
     progress: Callable[[int], None] | None = None,
     profile_path: Path | None = None,
     data_root: Path | None = None,
@@ -244,6 +256,7 @@ def extend_store(
         "inputs": inputs,
         "rows_per_shard": rows_per_shard,
         "include_actions": include_actions,
+        "max_frames": max_frames,
         "profile_path": profile_path,
         "data_root": data_root,
         "kit_root": kit_root,
@@ -294,6 +307,7 @@ def write_or_extend(
     inputs: dict[str, str],
     rows_per_shard: int,
     include_actions: bool = True,
+    max_frames: int = DEFAULT_MAX_FRAMES,
     progress: Callable[[int], None] | None = None,
     profile_path: Path | None = None,
     data_root: Path | None = None,
@@ -320,7 +334,11 @@ def write_or_extend(
             pairs,
             profile=profile,
             inputs=inputs,
-            options={"include_actions": include_actions, "rows_per_shard": rows_per_shard},
+            options={
+                "include_actions": include_actions,
+                "rows_per_shard": rows_per_shard,
+                "max_frames": max_frames,
+            },
             actions_input=actions_input,
         )
     if decision.extension is not None:
@@ -332,6 +350,7 @@ def write_or_extend(
                 inputs=inputs,
                 rows_per_shard=rows_per_shard,
                 include_actions=include_actions,
+                max_frames=max_frames,
                 **kw,
             )
         except StoreError as e:  # e.g. the published store's files fail validation: build it whole
@@ -344,6 +363,7 @@ def write_or_extend(
         inputs=inputs,
         rows_per_shard=rows_per_shard,
         include_actions=include_actions,
+        max_frames=max_frames,
         **kw,
     ).write(samples, pairs)
     return f"rebuilt: {decision.reason}"

@@ -1,4 +1,4 @@
-"""The store format (v1): names, blocks, dtypes, codecs, the build's input records, the frames digest.
+"""The store format (v2): names, blocks, dtypes, codecs, the build's input records, the frames digest.
 
 Everything another module needs to agree on to write or read a store is declared here once; the
 contract is ``docs/spec/vin-store.md``.
@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from zarr.codecs import BloscCodec
+from zarr.codecs import BloscCodec, Crc32cCodec
 
 from ..errors import ProblemsError, StoreError
 from ..hashing import sha256_bytes
 from ..layout import SPLIT_NAMES
+from ..profile import DEFAULT_MAX_FRAMES as PROFILE_DEFAULT_MAX_FRAMES
 
-OFFLINE_DATASET_VERSION: int = 1
+OFFLINE_DATASET_VERSION: int = 2
 STORE_FORMAT = "stage2-vin-offline-store"
 WRITER_PACKAGE = "stage2-data"
 
@@ -49,7 +50,15 @@ BLOCK_ROW_SHAPES: dict[str, list[Any]] = {
 OPTIONAL_BLOCKS = frozenset({BLOCK_ACTIONS})
 
 COMPRESSOR_DESC = "blosc lz4 clevel 5; no shuffle for uint8 frames, byte shuffle for the other blocks"
+CHECKSUM_DESC = "crc32c of every compressed inner chunk (appended to it) and of every shard index"
 MAX_ACTION_WIDTH = int(np.iinfo(np.int16).max)
+#: the frame bound of a build when none is given: the profile's default ``max_frames``
+#: (docs/spec/profile.md; upstream's current preprocessing keeps at most 32 frames, older sets 64)
+DEFAULT_MAX_FRAMES = PROFILE_DEFAULT_MAX_FRAMES
+#: padding bound of a shard (the shard plan, validation): its Tmax exceeds no row's ``num_frames`` by
+#: more than ``max(PAD_SLACK_FRAMES, num_frames // PAD_SLACK_DIVISOR)`` of its shortest row
+PAD_SLACK_FRAMES = 8
+PAD_SLACK_DIVISOR = 4
 
 SAMPLE_INDEX_FIELDS = (
     "sample_index",
@@ -94,6 +103,16 @@ class StoreInputError(ProblemsError, StoreError):
     """The inputs of a store build (samples, pairs, frame files, sidecars) have problems."""
 
 
+class StoreChecksumError(StoreError):
+    """Stored bytes fail their crc32c (a flipped bit, a damaged copy): the message names the store,
+    the shard, the array and the sample."""
+
+
+def pad_slack(shortest: int) -> int:
+    """How far a shard's Tmax may exceed its shortest row's ``num_frames`` (the padding bound)."""
+    return max(PAD_SLACK_FRAMES, shortest // PAD_SLACK_DIVISOR)
+
+
 # ----- the inputs of a build ----------------------------------------------------------------------
 @dataclass(frozen=True)
 class SampleSpec:
@@ -111,6 +130,7 @@ class SampleSpec:
     # already-decoded .npy holding frames alone (read with a plain copy: no inflate)
     sidecar_path: Path | None  # the action sidecar .npz (aligned_actions float (T,W)), or None
     action_status: str | None
+    num_frames: int | None = None  # T as the processed_dataset row declares it: must equal the file's
 
 
 @dataclass(frozen=True)
@@ -134,6 +154,12 @@ def compressor(dtype: np.dtype[Any]) -> BloscCodec:
     return BloscCodec(cname="lz4", clevel=5, shuffle="noshuffle" if dtype.itemsize == 1 else "shuffle")
 
 
+def compressors(dtype: np.dtype[Any]) -> tuple[BloscCodec, Crc32cCodec]:
+    """The bytes-to-bytes codecs of every inner chunk: Blosc (:func:`compressor`), then crc32c of the
+    compressed bytes, so a chunk is verified before it is decompressed (and without decompressing)."""
+    return compressor(dtype), Crc32cCodec()
+
+
 def codec_record() -> dict[str, Any]:
     return {
         "zarr_format": 3,
@@ -146,6 +172,7 @@ def codec_record() -> dict[str, Any]:
             BLOCK_WIDTH: ["R"],
         },
         "compressor": COMPRESSOR_DESC,
+        "checksum": CHECKSUM_DESC,
         "write_empty_chunks": True,
         "consolidated_metadata": False,
     }

@@ -102,6 +102,10 @@ def _merge(
         problems.append(
             f"include_actions differs: base {ob.get('include_actions')!r}, sidecar {os_.get('include_actions')!r}"
         )
+    if ob.get("max_frames") != os_.get("max_frames"):
+        problems.append(
+            f"max_frames differs: base {ob.get('max_frames')!r}, sidecar {os_.get('max_frames')!r}"
+        )
     if mb.get("codec") != ms.get("codec"):
         problems.append("codec differs between base and sidecar")
     base_rows, side_rows = rb.sample_index, rs.sample_index

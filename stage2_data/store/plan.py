@@ -2,10 +2,15 @@
 cut them into shards; the size estimate and the free-space check that come before writing.
 
 Sample order: rows are grouped by frame resolution (H, W) (groups in ascending (H, W)), then sorted
-by ``sample_key`` inside a group. Shards hold ``rows_per_shard`` rows of ONE resolution (the last
-shard of a group may be smaller); ``Tmax`` of a shard is the longest sample in it. A sample's split
-is the split of the pairs that use it (two splits = leakage = error); a sample no pair uses keeps its
-declared ``SampleSpec.split``; a declared split that contradicts its pairs is an error.
+by (``num_frames``, ``sample_key``) inside a group. A shard holds rows of ONE resolution and of
+similar lengths: it takes at most ``rows_per_shard`` rows, and a row whose ``num_frames`` exceeds the
+shard's first (shortest) row's by more than :func:`.format.pad_slack` starts a new shard, so no short
+sample is ever padded to a rare long one (``Tmax`` of a shard is the longest sample in it; padding
+per row is at most ``max(8, shortest // 4)`` frames). A sample over ``max_frames`` (the profile's
+frame bound) is an error, and so is a frames file whose length contradicts the ``num_frames`` its
+processed_dataset row declares (``SampleSpec.num_frames``). A sample's split is the split of the
+pairs that use it (two splits = leakage = error); a sample no pair uses keeps its declared
+``SampleSpec.split``; a declared split that contradicts its pairs is an error.
 """
 
 from __future__ import annotations
@@ -25,10 +30,12 @@ from .format import (
     BLOCK_NAMES,
     BLOCK_NUM_FRAMES,
     BLOCK_WIDTH,
+    DEFAULT_MAX_FRAMES,
     SPLIT_NAMES,
     PairSpec,
     SampleSpec,
     StoreInputError,
+    pad_slack,
 )
 from .inputs import inspect_frames_npz, inspect_sidecar_npz
 
@@ -150,10 +157,51 @@ def _check_spec_fields(s: SampleSpec, problems: list[str]) -> None:
         )
     if not isinstance(s.is_robot, bool | np.bool_):
         problems.append(f"sample {s.sample_key!r}: is_robot must be a bool")
+    if s.num_frames is not None and (
+        not isinstance(s.num_frames, int | np.integer) or isinstance(s.num_frames, bool)
+    ):
+        problems.append(f"sample {s.sample_key!r}: num_frames {s.num_frames!r} must be an integer or None")
+
+
+def check_length(s: SampleSpec, num_frames: int, max_frames: int, problems: list[str]) -> None:
+    """A sample's length against the frame bound and against its processed_dataset row."""
+    if num_frames > max_frames:
+        problems.append(
+            f"{s.frames_path}: trajectory {s.sample_key} has {num_frames} frames, more than max_frames "
+            f"{max_frames} (the profile's frame bound; upstream's preprocessing keeps at most 32, older "
+            "sets 64): repair or drop the trajectory, or raise max_frames in the profile if this set "
+            "was preprocessed with a larger bound"
+        )
+    if s.num_frames is not None and int(s.num_frames) != num_frames:
+        problems.append(
+            f"{s.frames_path}: trajectory {s.sample_key} holds {num_frames} frames but its "
+            f"processed_dataset row says num_frames {int(s.num_frames)}"
+        )
+
+
+def cut_shards(rows: list[Row], rows_per_shard: int) -> list[list[Row]]:
+    """Rows of one resolution, sorted by (num_frames, key), cut into shards of at most
+    ``rows_per_shard`` rows whose longest row exceeds the shortest by at most ``pad_slack``."""
+    out: list[list[Row]] = []
+    for r in rows:
+        cur = out[-1] if out else None
+        if (
+            cur is None
+            or len(cur) >= rows_per_shard
+            or r.num_frames > cur[0].num_frames + pad_slack(cur[0].num_frames)
+        ):
+            out.append([r])
+        else:
+            cur.append(r)
+    return out
 
 
 def plan_shards(
-    samples: Sequence[SampleSpec], pairs: Sequence[PairSpec], include_actions: bool, rows_per_shard: int
+    samples: Sequence[SampleSpec],
+    pairs: Sequence[PairSpec],
+    include_actions: bool,
+    rows_per_shard: int,
+    max_frames: int = DEFAULT_MAX_FRAMES,
 ) -> tuple[list[ShardPlan], list[Row], list[PairSpec]]:
     problems: list[str] = []
     by_key = dedupe_samples(samples, problems)
@@ -165,6 +213,8 @@ def plan_shards(
         s = by_key[key]
         _check_spec_fields(s, problems)
         info = inspect_frames_npz(Path(s.frames_path), problems)
+        if info is not None:
+            check_length(s, info.num_frames, max_frames, problems)
         width = 0
         if include_actions and s.sidecar_path is not None:
             w = inspect_sidecar_npz(Path(s.sidecar_path), info.num_frames if info else None, problems)
@@ -183,9 +233,8 @@ def plan_shards(
     shards: list[ShardPlan] = []
     ordered: list[Row] = []
     for hw in sorted(groups):
-        grp = sorted(groups[hw], key=lambda r: r.spec.sample_key)
-        for start in range(0, len(grp), rows_per_shard):
-            chunk = grp[start : start + rows_per_shard]
+        grp = sorted(groups[hw], key=lambda r: (r.num_frames, r.spec.sample_key))
+        for chunk in cut_shards(grp, rows_per_shard):
             plan = ShardPlan(len(shards), len(ordered), chunk)
             for j, r in enumerate(chunk):
                 r.sample_index = len(ordered)

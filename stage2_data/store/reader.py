@@ -10,9 +10,13 @@ whatever a rebuild publishes meanwhile. A local reader holds a lease on its stor
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import mmap
 import operator
 import os
+import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +35,15 @@ from .format import (
     SAMPLE_INDEX_NAME,
     SPLIT_FILES,
     SPLITS_DIR,
+    StoreChecksumError,
 )
 from .manifest import load_manifest_strict, rebuild_command
 from .retention import StoreLease, acquire_lease
-from .shard_io import MISSING, DirectArray, direct_array
+from .shard_io import CRC_BYTES, MISSING, DirectArray, chunk_intact, decode_chunk, direct_array
 from .tables import read_jsonl, read_npy
+
+#: shard files a local reader keeps mapped (least recently used unmapped first)
+_MAX_MAPPED_FILES = 64
 
 
 def resolve_store(
@@ -75,7 +83,14 @@ class VinOfflineStoreReader:
     Shard groups are opened lazily (one ``zarr.open_group`` per shard on first use, then cached).
     Arrays with the layout this module writes are read directly: the shard index once per shard
     (checked against its crc32c, then cached), then ONE ranged read of the sample's own inner chunk,
-    decoded with Blosc into a fresh array; anything else is read through zarr.
+    checked against its crc32c and decoded with Blosc into a fresh array; anything else is read
+    through zarr (whose crc32c codec checks the same bytes). Bytes that fail their crc32c raise
+    :class:`StoreChecksumError` naming the store, the shard, the array and the sample.
+
+    A local shard file is mapped read-only once (``mmap``, kept for the reader's life, at most
+    ``_MAX_MAPPED_FILES`` at once): a read is then no system call and no copy, the checksum and
+    Blosc read the page cache in place. Store files are never rewritten in place (a rebuild
+    publishes a new folder; gc unlinks, which a mapping survives), so a mapping stays valid.
     """
 
     def __init__(
@@ -108,6 +123,8 @@ class VinOfflineStoreReader:
         self._groups: dict[int, Any] = {}
         self._arrays: dict[tuple[int, str], Any] = {}
         self._direct_cache: dict[tuple[int, str], DirectArray | None] = {}
+        self._maps: OrderedDict[Path, mmap.mmap] = OrderedDict()
+        self._maps_lock = threading.Lock()
         self._pid = os.getpid()
 
     def _take_lease(self) -> StoreLease | None:
@@ -132,10 +149,22 @@ class VinOfflineStoreReader:
         return fp if isinstance(fp, str) else None
 
     def close(self) -> None:
-        """Release the lease (the store may be removed by ``stage2 gc`` from then on)."""
+        """Release the lease (the store may be removed by ``stage2 gc`` from then on) and close the
+        shard files this reader has mapped."""
+        self._close_files()
         lease, self.lease = self.lease, None
         if lease is not None:
             lease.release()
+
+    def _close_files(self) -> None:
+        maps = getattr(self, "_maps", None)
+        if not maps:
+            return
+        with self._maps_lock:
+            while maps:
+                _, m = maps.popitem()
+                with contextlib.suppress(BufferError, OSError):  # a view still alive: unmapped by GC
+                    m.close()
 
     def __enter__(self) -> VinOfflineStoreReader:
         return self
@@ -144,6 +173,8 @@ class VinOfflineStoreReader:
         self.close()
 
     def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # (also at interpreter exit, when modules are gone)
+            self._close_files()
         lease = getattr(self, "lease", None)
         if lease is not None:
             lease.release()
@@ -155,11 +186,14 @@ class VinOfflineStoreReader:
         state["_groups"] = {}
         state["_arrays"] = {}
         state["_direct_cache"] = {}
+        state["_maps"] = OrderedDict()
+        state["_maps_lock"] = None
         state["lease"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self._maps_lock = threading.Lock()
         self._pid = os.getpid()
         self.lease = self._take_lease()
         if self.location.is_local and not (self.location.root / MANIFEST_NAME).is_file():
@@ -207,12 +241,17 @@ class VinOfflineStoreReader:
         """The zarr store of one shard folder (a hook: tests wrap it to count reads)."""
         return self.location.zarr_store(shard_dir, read_only=True)
 
-    def _group(self, shard_id: int) -> Any:
-        if self._pid != os.getpid():  # forked: zarr handles of the parent are not reused
+    def _check_fork(self) -> None:
+        if self._pid != os.getpid():  # forked: zarr handles and files of the parent are not reused
             self._groups = {}
             self._arrays = {}
             self._direct_cache = {}
+            self._maps = OrderedDict()  # the parent's mappings: dropped here, unmapped in this child only
+            self._maps_lock = threading.Lock()
             self._pid = os.getpid()
+
+    def _group(self, shard_id: int) -> Any:
+        self._check_fork()
         g = self._groups.get(shard_id)
         if g is None:
             entry = self._shards[shard_id]
@@ -234,9 +273,40 @@ class VinOfflineStoreReader:
         return a
 
     # -- direct shard reads ------------------------------------------------------------------------
-    def _read_range(self, path: Path, offset: int, length: int) -> bytes:
-        """``length`` bytes of ``path`` at ``offset`` (a hook: tests wrap it to count reads)."""
-        data = self.location.read_range(path, offset, length)
+    def _view(self, path: Path, offset: int, length: int) -> memoryview:
+        """``length`` bytes at ``offset`` of a local shard file, as a view of its read-only mapping
+        (mapped once; taken under the lock, so an eviction never closes a mapping being read)."""
+        with self._maps_lock:
+            m = self._maps.get(path)
+            if m is None:
+                with open(path, "rb") as f:
+                    if os.fstat(f.fileno()).st_size == 0:
+                        return memoryview(b"")
+                    m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                self._maps[path] = m
+                if len(self._maps) > _MAX_MAPPED_FILES:
+                    _, old = self._maps.popitem(last=False)
+                    with contextlib.suppress(BufferError):  # still being read: unmapped by GC
+                        old.close()
+            else:
+                self._maps.move_to_end(path)
+            return memoryview(m)[offset : offset + length]
+
+    def _read_range(self, path: Path, offset: int, length: int) -> bytes | memoryview:
+        """``length`` bytes of ``path`` at ``offset`` (a hook: tests wrap it to count reads); for a
+        local store a view of the mapped file (no copy)."""
+        self._check_fork()
+        data: bytes | memoryview
+        if self.location.is_local:
+            try:
+                data = self._view(path, offset, length)
+            except FileNotFoundError:
+                raise StoreNotFoundError(
+                    f"{path}: missing (the store is incomplete or was removed).",
+                    fix=f"validate the store and rebuild it: {rebuild_command(self.path, self.manifest)}",
+                ) from None
+        else:
+            data = self.location.read_range(path, offset, length)
         if len(data) != length:
             raise StoreError(
                 f"{path}: truncated ({len(data)} of {length} bytes at offset {offset}).",
@@ -257,24 +327,61 @@ class VinOfflineStoreReader:
         self._direct_cache[key] = d
         return d
 
+    def _corrupt(self, shard_id: int, name: str, row: int | None, detail: str) -> StoreChecksumError:
+        """The error for bytes of (``shard_id``, ``name``) that fail their crc32c: it names the store,
+        the shard, the array and the sample (index and key) when one row is concerned."""
+        entry = self._shards[shard_id]
+        what = f"shard {entry['dir']}, array {name}"
+        if row is not None:
+            i = int(entry["row_start"]) + row
+            key = ""
+            with contextlib.suppress(StoreError, IndexError, KeyError, OSError, ValueError):
+                key = f" ({self.sample_index[i]['sample_key']})"
+            what += f", sample {i}{key} (row {row})"
+        return StoreChecksumError(
+            f"VIN offline store {self.location.url}: {what}: {detail}.",
+            fix=f"the store is damaged; rebuild it: {rebuild_command(self.path, self.manifest)}",
+        )
+
     def _read_row(self, shard_id: int, name: str, row: int) -> np.ndarray[Any, Any] | None:
-        d = self._direct(shard_id, name)
+        try:
+            d = self._direct(shard_id, name)
+        except StoreChecksumError as e:
+            raise self._corrupt(
+                shard_id, name, row, f"the shard index fails its crc32c ({e.message})"
+            ) from None
         if d is None:
             return None
-        off, nbytes = (int(x) for x in d.index[row])
+        off, nbytes = d.entries[row]
         out = np.empty(d.inner, dtype=d.dtype)
         if off == MISSING and nbytes == MISSING:  # an empty chunk (never written by this module)
             out[...] = d.fill
             return out[0]
-        d.codec.decode(self._read_range(d.path, off, nbytes), out=out)
+        raw = self._read_range(d.path, off, nbytes)
+        if not chunk_intact(raw):
+            raise self._corrupt(shard_id, name, row, f"{nbytes} bytes at offset {off} fail their crc32c")
+        try:
+            decode_chunk(d.codec, memoryview(raw)[:-CRC_BYTES], out)
+        except (RuntimeError, ValueError) as e:  # intact bytes that Blosc refuses: not our writer's
+            raise self._corrupt(shard_id, name, row, f"cannot be decompressed ({e})") from None
         return out[0]
+
+    def _zarr_read(self, shard_id: int, name: str, sel: Any) -> np.ndarray[Any, Any]:
+        """``array[sel]`` through zarr; bytes failing zarr's crc32c codec raise StoreChecksumError."""
+        try:
+            return np.asarray(self._array(shard_id, name)[sel])
+        except ValueError as e:
+            if "checksum" not in str(e):
+                raise
+            row = sel[0] if isinstance(sel, tuple) and isinstance(sel[0], int) else None
+            raise self._corrupt(shard_id, name, row, f"fails its crc32c ({e})") from None
 
     def _padded_row(self, shard_id: int, name: str, row: int) -> np.ndarray[Any, Any]:
         """One whole row of an array (padding included), decoded as :meth:`read_frames` decodes it."""
         direct = self._read_row(shard_id, name, row)
         if direct is not None:
             return direct
-        return np.asarray(self._array(shard_id, name)[row])
+        return self._zarr_read(shard_id, name, (row,))
 
     def _row(self, i: int) -> dict[str, Any]:
         i = operator.index(i)
@@ -289,8 +396,7 @@ class VinOfflineStoreReader:
         direct = self._read_row(shard_id, BLOCK_FRAMES, row)
         if direct is not None:
             return direct[:t]
-        out: np.ndarray[Any, Any] = self._array(shard_id, BLOCK_FRAMES)[row, :t]
-        return out
+        return self._zarr_read(shard_id, BLOCK_FRAMES, (row, slice(0, t)))
 
     def read_actions(self, i: int) -> np.ndarray[Any, Any] | None:
         meta = self._row(i)
@@ -302,8 +408,7 @@ class VinOfflineStoreReader:
         direct = self._read_row(shard_id, BLOCK_ACTIONS, row)
         if direct is not None:
             return direct[:t, :width]
-        out: np.ndarray[Any, Any] = self._array(shard_id, BLOCK_ACTIONS)[row, :t, :width]
-        return out
+        return self._zarr_read(shard_id, BLOCK_ACTIONS, (row, slice(0, t), slice(0, width)))
 
     def sample(self, i: int) -> dict[str, Any]:
         meta = self._row(i)

@@ -33,6 +33,7 @@ from .format import (
     SPLIT_NAMES,
     SPLITS_DIR,
     STORE_FORMAT,
+    pad_slack,
     shard_dir_name,
 )
 from .manifest import load_manifest, rebuild_command, store_fingerprint
@@ -51,12 +52,14 @@ def validate_vin_offline_store(
 
     Checks manifest fields, format/version, row counts, shard count, split files (sorted, disjoint,
     union == all, counts), unique sample keys, pairs (valid indices, matching split), required
-    blocks and per-shard array shapes/dtypes (array metadata), the small per-row arrays against the
-    sample index, and every listed file's size. ``deep`` also hashes every file against the manifest
-    and recomputes the fingerprint. ``decode`` also decodes every sample as the reader does (a row
-    at a time on a few threads: memory stays bounded by a few rows) and checks its frames against
-    its ``frames_sha256``, the zero padding past ``num_frames`` and the NaN padding of actions past
-    the row's length and width.
+    blocks and per-shard array shapes/dtypes (array metadata), every sample's ``num_frames`` within
+    the store's ``max_frames`` and every shard's padding within its bound, the small per-row arrays
+    against the sample index, every listed file's size, and the crc32c of every stored chunk (read,
+    never decompressed). ``deep`` also hashes every file against the manifest and recomputes the
+    fingerprint. ``decode`` also decodes every sample as the reader does (a row at a time on a few
+    threads: memory stays bounded by a few rows; every chunk's crc32c is checked on the way) and
+    checks its frames against its ``frames_sha256``, the zero padding past ``num_frames``, actions
+    finite inside the row's length and width, and NaN past them.
     """
     loc = StoreLocation.parse(path, storage_options)
     root = loc.root
@@ -68,9 +71,13 @@ def validate_vin_offline_store(
     return validate_store(loc, got.manifest, deep, decode=decode)
 
 
-def validate_store(loc: StoreLocation, m: dict[str, Any], deep: bool, *, decode: bool = False) -> list[str]:
+def validate_store(
+    loc: StoreLocation, m: dict[str, Any], deep: bool, *, decode: bool = False, checksums: bool = True
+) -> list[str]:
     """Every problem of the store at ``loc`` whose manifest is ``m`` (already read, or about to be
-    written: the writer checks its result with this before it commits the manifest)."""
+    written: the writer checks its result with this before it commits the manifest, without
+    ``checksums``: it has just computed them). ``checksums``: read every stored chunk and check its
+    crc32c (done by the decoding itself when ``decode``)."""
     root = loc.root
     mpath = loc.display(root / MANIFEST_NAME)
     problems: list[str] = []
@@ -89,7 +96,7 @@ def validate_store(loc: StoreLocation, m: dict[str, Any], deep: bool, *, decode:
     rows = _validate_index(loc, m, shards, problems)
     _validate_splits(loc, m, rows, problems)
     _validate_pairs(loc, m, rows, problems)
-    validate_arrays(loc, shards, rows, problems, decode=decode)
+    validate_arrays(loc, shards, rows, problems, decode=decode, checksums=checksums and not decode)
     validate_files(loc, m, shards, deep, problems)
     if deep and isinstance(m.get("fingerprint"), str):
         try:
@@ -174,6 +181,14 @@ def _validate_manifest_fields(m: dict[str, Any], problems: list[str], where: str
         extra = sorted(set(by_name) - set(BLOCK_NAMES), key=str)
         if extra:
             problems.append(f"{where}: unknown blocks {extra}")
+    opts = m.get("options")
+    if isinstance(opts, dict):
+        for k, typ in (("include_actions", bool), ("rows_per_shard", int), ("max_frames", int)):
+            v = opts.get(k)
+            if not isinstance(v, typ) or (typ is int and (isinstance(v, bool) or v <= 0)):
+                problems.append(
+                    f"{where}: options.{k} {v!r} is not a {'bool' if typ is bool else 'positive integer'}"
+                )
     fp = m.get("fingerprint")
     if isinstance(fp, str) and not SHA256_RE.match(fp):
         problems.append(f"{where}: fingerprint is not a sha256")
@@ -259,6 +274,9 @@ def _validate_index(
     if dups:
         problems.append(f"{ipath}: duplicate sample keys {dups[:10]}{' ...' if len(dups) > 10 else ''}")
     by_id = {int(s["id"]): s for s in shards}
+    opts = m.get("options")
+    max_frames = opts.get("max_frames") if isinstance(opts, dict) else None
+    lengths: dict[int, list[int]] = {}
     for pos, r in enumerate(rows):
         tag = f"{ipath}:{pos + 1}"
         if r["sample_index"] != pos:
@@ -276,12 +294,29 @@ def _validate_index(
             problems.append(f"{tag}: row {r['row']!r} of shard {sh['id']} does not hold sample {pos}")
         if not _is_int(r["num_frames"]) or not 1 <= r["num_frames"] <= tmax:
             problems.append(f"{tag}: num_frames {r['num_frames']!r} outside 1..{tmax} (shard Tmax)")
+        else:
+            lengths.setdefault(int(sh["id"]), []).append(int(r["num_frames"]))
+            if _is_int(max_frames) and r["num_frames"] > max_frames:
+                problems.append(
+                    f"{tag}: sample {r['sample_key']} has {r['num_frames']} frames, more than the store's "
+                    f"max_frames {max_frames}"
+                )
         if (r["frame_height"], r["frame_width"]) != (h, w):
             problems.append(
                 f"{tag}: resolution {r['frame_height']}x{r['frame_width']} differs from shard {sh['id']} ({h}x{w})"
             )
         if not _is_int(r["action_width"]) or not 0 <= r["action_width"] <= sh["action_width_max"]:
             problems.append(f"{tag}: action_width {r['action_width']!r} outside 0..{sh['action_width_max']}")
+    for sid, ts in sorted(lengths.items()):
+        sh = by_id[sid]
+        tag = f"{loc.display(root / MANIFEST_NAME)}: shard {sid}"
+        if len(ts) == int(sh["num_rows"]) and sh["frame_shape"][0] != max(ts):
+            problems.append(f"{tag}: Tmax {sh['frame_shape'][0]} but its longest sample has {max(ts)} frames")
+        if max(ts) - min(ts) > pad_slack(min(ts)):
+            problems.append(
+                f"{tag}: pads samples of {min(ts)} frames to {max(ts)} (more than {pad_slack(min(ts))} "
+                "frames of padding: shards group samples of similar lengths)"
+            )
     return rows
 
 

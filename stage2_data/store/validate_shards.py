@@ -1,6 +1,7 @@
-"""Validation of the shard folders and the files: array metadata (shapes, dtypes), the small per-row
-arrays against the sample index, optionally every sample decoded as the reader decodes it, and
-every listed file (present, its size, deep: its sha256; nothing unlisted under ``shards/``).
+"""Validation of the shard folders and the files: array metadata (shapes, dtypes, the store's
+layout), the crc32c of every stored chunk (read, not decompressed), the small per-row arrays against
+the sample index, optionally every sample decoded as the reader decodes it, and every listed file
+(present, its size, deep: its sha256; nothing unlisted under ``shards/``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from .format import (
     frames_sha256,
 )
 from .reader import VinOfflineStoreReader
+from .shard_io import corrupt_chunks, shard_layout
 
 
 def validate_arrays(
@@ -39,9 +41,11 @@ def validate_arrays(
     problems: list[str],
     *,
     decode: bool = False,
+    checksums: bool = True,
 ) -> None:
     root = loc.root
     reader: VinOfflineStoreReader | None = None
+    chunk_jobs: list[tuple[Path, str, Any, int]] = []
     if decode:
         try:
             reader = VinOfflineStoreReader(loc)
@@ -76,6 +80,8 @@ def validate_arrays(
                 problems.append(f"{sdir}/{name}: dtype {arr.dtype}; expected {BLOCK_DTYPES[name]}")
             else:
                 arrays[name] = arr
+            if checksums:
+                chunk_jobs.append((sdir_p, name, arr, int(sh["row_start"])))
         if wmax == 0 and loc.exists(sdir_p / "actions" / "aligned"):
             problems.append(f"{sdir}/{BLOCK_ACTIONS}: present but the manifest says action_width_max 0")
         mine = rows[int(sh["row_start"]) : int(sh["row_start"]) + rr]
@@ -95,6 +101,10 @@ def validate_arrays(
                 )
         if reader is not None and len(mine) == rr and BLOCK_FRAMES in arrays:
             _validate_decoded(reader, int(sh["id"]), sdir, wmax, mine, problems)
+    if chunk_jobs:  # reading and crc32c release the GIL: a few arrays at once
+        with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+            found = pool.map(lambda j: _check_chunks(loc, j[0], j[1], j[2], j[3], rows), chunk_jobs)
+            problems.extend(p for ps in found for p in ps)
 
 
 def _validate_decoded(
@@ -130,6 +140,8 @@ def _validate_decoded(
             bad.append("padding")
         if actions is not None and not (np.isnan(actions[n:]).all() and np.isnan(actions[:n, w:]).all()):
             bad.append("actions")
+        if actions is not None and not np.isfinite(actions[:n, :w]).all():
+            bad.append("nonfinite")
         return bad
 
     with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
@@ -138,6 +150,7 @@ def _validate_decoded(
         "frames_sha256": f"{BLOCK_FRAMES}: decoded frames disagree with sample_index.jsonl's frames_sha256",
         "padding": f"{BLOCK_FRAMES}: non-zero frames past num_frames",
         "actions": f"{BLOCK_ACTIONS}: values where NaN padding belongs (past the row's length or width)",
+        "nonfinite": f"{BLOCK_ACTIONS}: non-finite values (NaN or inf) inside the row's length and width",
     }
     for key in [*what, *sorted({k for ks in found for k in ks} - set(what))]:
         rows = [j for j, ks in enumerate(found) if key in ks]
@@ -146,6 +159,42 @@ def _validate_decoded(
             problems.append(
                 f"{sdir}/{what.get(key, key)} in {len(rows)} row(s) (first rows {rows[:3]}: {keys})"
             )
+
+
+def _check_chunks(
+    loc: StoreLocation, sdir_p: Path, name: str, arr: Any, row_start: int, rows: list[dict[str, Any]]
+) -> list[str]:
+    """Every inner chunk of one array's shard object against its crc32c (read, never decompressed);
+    a bad chunk is reported with the samples it holds."""
+    sdir = loc.display(sdir_p)
+    layout = shard_layout(arr)
+    if layout is None:
+        return [
+            f"{sdir}/{name}: not in the store's layout (one shard; codecs bytes, blosc, crc32c; "
+            "index bytes, crc32c)"
+        ]
+    path = sdir_p / name / layout.key
+    try:
+        if loc.is_local:
+            with open(path, "rb", buffering=0) as f:
+                size = os.fstat(f.fileno()).st_size
+                bad = corrupt_chunks(lambda off, n: os.pread(f.fileno(), n, off), size, layout.nchunks, path)
+        else:
+            blob = loc.read_bytes(path)
+            bad = corrupt_chunks(lambda off, n: blob[off : off + n], len(blob), layout.nchunks, path)
+    except FileNotFoundError:
+        return []  # reported with the listed files
+    except (OSError, StoreError) as e:
+        return [f"{loc.display(path)}: {e}"]
+    if not bad:
+        return []
+    step = layout.inner[0]
+    first = [row_start + k * step for k in bad[:3]]
+    keys = ", ".join(str(rows[i]["sample_key"]) for i in first if 0 <= i < len(rows))
+    return [
+        f"{loc.display(path)}: {len(bad)} chunk(s) fail their crc32c (corrupt bytes), holding "
+        f"samples {first}{' ...' if len(bad) > 3 else ''} ({keys})"
+    ]
 
 
 def validate_files(

@@ -13,6 +13,7 @@ import re
 import shutil
 import tempfile
 import zipfile
+import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -26,7 +27,15 @@ from ..hashing import SHA256_RE, sha256_files_parallel
 from ..publish import make_staging_dir, publish_dir
 from ..storage import StoreLocation
 from .commit import finish_manifest
-from .format import MANIFEST_NAME, PairSpec, SampleSpec, StoreInputError, frames_sha256, shard_dir_name
+from .format import (
+    DEFAULT_MAX_FRAMES,
+    MANIFEST_NAME,
+    PairSpec,
+    SampleSpec,
+    StoreInputError,
+    frames_sha256,
+    shard_dir_name,
+)
 from .inputs import check_actions_meta, check_frames_meta
 from .plan import Row, ShardPlan, check_free_space_for_store, plan_shards
 from .shard_io import write_shard_group
@@ -70,7 +79,8 @@ class _LoadedShard:
 class VinOfflineWriter:
     """Build a store at ``out_dir`` from samples and pairs, shard by shard, publish atomically.
 
-    ``progress`` is called after each shard with the number of rows that shard wrote.
+    ``progress`` is called after each shard with the number of rows that shard wrote. ``max_frames``
+    is the frame bound (the profile's): a longer trajectory is refused before anything is decoded.
     ``profile_path`` and ``data_root`` (optional) are recorded under ``manifest["local"]`` for
     :func:`rebuild_command`; they never enter the fingerprint.
     """
@@ -83,6 +93,7 @@ class VinOfflineWriter:
         inputs: dict[str, str],
         rows_per_shard: int = 64,
         include_actions: bool = True,
+        max_frames: int = DEFAULT_MAX_FRAMES,
         progress: Callable[[int], None] | None = None,
         profile_path: Path | None = None,
         data_root: Path | None = None,
@@ -95,6 +106,8 @@ class VinOfflineWriter:
             problems.append(f"rows_per_shard must be a positive integer, got {rows_per_shard!r}")
         if not isinstance(include_actions, bool):
             problems.append(f"include_actions must be a bool, got {include_actions!r}")
+        if not isinstance(max_frames, int) or isinstance(max_frames, bool) or max_frames <= 0:
+            problems.append(f"max_frames must be a positive integer, got {max_frames!r}")
         if progress is not None and not callable(progress):
             problems.append("progress must be callable or None")
         _check_profile(profile, problems)
@@ -116,6 +129,7 @@ class VinOfflineWriter:
         self.inputs = dict(inputs)
         self.rows_per_shard = rows_per_shard
         self.include_actions = include_actions
+        self.max_frames = max_frames
         self.progress = progress
         self.local = {
             "profile_path": str(Path(profile_path).absolute()) if profile_path is not None else None,
@@ -143,8 +157,11 @@ class VinOfflineWriter:
                     f = z["frames"]
                     shape_arr = z["shape"]
                     nf_arr = z["num_frames"]
-        except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as e:
-            return None, [f"{fp}: cannot load ({e}); object/pickled arrays are not allowed"]
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError, zlib.error) as e:
+            # zlib.error: a deflate stream corrupt behind an intact zip directory
+            return None, [
+                f"{fp}: unreadable frames npz ({type(e).__name__}: {e}); object/pickled arrays are not allowed"
+            ]
         info = check_frames_meta(fp, tuple(f.shape), f.dtype, shape_arr, nf_arr, problems)
         if info is None:
             return None, problems
@@ -157,14 +174,24 @@ class VinOfflineWriter:
             try:
                 with np.load(sp, allow_pickle=False) as z:
                     a = z["aligned_actions"]
-            except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as e:
-                return None, [f"{sp}: cannot load ({e})"]
+            except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError, zlib.error) as e:
+                return None, [f"{sp}: unreadable sidecar npz ({type(e).__name__}: {e})"]
             w = check_actions_meta(sp, tuple(a.shape), a.dtype, r.num_frames, problems)
             if w is None:
                 return None, problems
             if w != r.action_width:
                 return None, [f"{sp}: changed while the store was being built (width {w})"]
-            actions[j, : r.num_frames, :w] = a.astype(np.float32)
+            with np.errstate(over="ignore"):  # beyond float32: inf, refused next
+                a32 = a.astype(np.float32)
+            bad = np.argwhere(~np.isfinite(a32))
+            if bad.size:
+                t0, c0 = (int(x) for x in bad[0])
+                return None, [
+                    f"{sp}: trajectory {r.spec.sample_key}: aligned_actions holds {len(bad)} non-finite "
+                    f"value(s) (NaN or inf, or beyond float32; first at row {t0}, column {c0}): actions "
+                    "must be finite numbers (repair the sidecar, or mark the row as not recovered)"
+                ]
+            actions[j, : r.num_frames, :w] = a32
         return digest, []
 
     def _load_shard(self, plan: ShardPlan, pool: ThreadPoolExecutor) -> _LoadedShard:
@@ -216,7 +243,9 @@ class VinOfflineWriter:
 
     def write(self, samples: Sequence[SampleSpec], pairs: Sequence[PairSpec]) -> dict[str, Any]:
         """Build and publish the store; returns its manifest."""
-        shards, rows, kept_pairs = plan_shards(samples, pairs, self.include_actions, self.rows_per_shard)
+        shards, rows, kept_pairs = plan_shards(
+            samples, pairs, self.include_actions, self.rows_per_shard, self.max_frames
+        )
         payload = sum(
             r.num_frames * r.height * r.width * 3 + r.num_frames * r.action_width * 4 + 6 for r in rows
         )
@@ -278,7 +307,11 @@ class VinOfflineWriter:
                 self.location if remote else StoreLocation.parse(staging),
                 profile=self.profile,
                 inputs=self.inputs,
-                options={"include_actions": self.include_actions, "rows_per_shard": self.rows_per_shard},
+                options={
+                    "include_actions": self.include_actions,
+                    "rows_per_shard": self.rows_per_shard,
+                    "max_frames": self.max_frames,
+                },
                 shard_entries=shard_entries,
                 index_rows=index_rows,
                 pairs_rows=pairs_rows,

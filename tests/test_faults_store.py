@@ -1,0 +1,108 @@
+"""The fault matrix, store rows: a frames file over the profile's frame bound is refused before the
+store; a flipped byte in a published store is named at read time and by plain `stage2 validate`, and
+the next build replaces the store; a rare long trajectory is not allowed to pad its shard.
+
+The matrix: tests/faults_table.py (rows), tests/helpers/faults.py (what every row asserts).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers.cli import stage2
+from helpers.faults import Prepared, converge, copy_root, final_refused, restore, run_cfg, said, save
+
+from stage2_data import checks as C
+from stage2_data import layout
+from stage2_data.demo import DemoPaths
+from stage2_data.store import (
+    PairSpec,
+    SampleSpec,
+    StoreChecksumError,
+    VinOfflineStoreReader,
+    VinOfflineWriter,
+)
+from stage2_pipelines.runner import FINAL_STAGE, run_selection
+
+# the rows that run the final stage use the matrix's instance; store_rare_long is a library test
+dagster_rows = pytest.mark.usefixtures("fault_instance")
+
+
+@dagster_rows
+def test_fault_store_max_frames(prepared: Prepared, demo: DemoPaths, tmp_path: Path) -> None:
+    """The profile's frame bound below the demo's lengths: the store step refuses, naming each frames
+    file and trajectory over it; nothing is published. The bound back: the clean fingerprint."""
+    saved = save(demo.profile)
+    text = demo.profile.read_text()
+    assert "max_frames" not in text  # the default, 32
+    demo.profile.write_text(text.replace("\n[source]", "max_frames = 3\n\n[source]", 1))
+    r, root = final_refused(
+        prepared, demo, tmp_path, "frames, more than max_frames 3", "trajectory ", check=C.STORE_OPENS_STRICT
+    )
+    assert "raise max_frames in the profile" in said(r)
+    restore(saved)
+    converge(prepared, run_cfg(demo, root), root, [])
+
+
+@dagster_rows
+def test_fault_store_flipped_byte(prepared: Prepared, demo: DemoPaths, tmp_path: Path) -> None:
+    """One byte of a published shard flipped (bit rot: same size, same mtime class): every read of
+    the sample raises StoreChecksumError naming the store, shard and sample; plain `stage2 validate`
+    exits 1 naming the file and the sample; the next build replaces the store (the clean one)."""
+    root = copy_root(prepared, tmp_path / "root")
+    cfg = run_cfg(demo, root)
+    r = run_selection(cfg, FINAL_STAGE)
+    assert r["success"], said(r)
+    current = layout.current_store_path(root, prepared.profile_name).resolve()
+    manifest = json.loads((current / "manifest.json").read_text())
+    assert manifest["fingerprint"] == prepared.fingerprint
+    sh = manifest["shards"][-1]
+    frames = next(f["path"] for f in sh["files"] if f["path"].startswith(f"{sh['dir']}/frames/c/"))
+    data = bytearray((current / frames).read_bytes())
+    data[20] ^= 0x01  # inside the shard's first row's chunk
+    (current / frames).write_bytes(bytes(data))
+    first = int(sh["row_start"])
+    with VinOfflineStoreReader(layout.current_store_path(root, prepared.profile_name)) as reader:
+        key = reader.sample_index[first]["sample_key"]
+        with pytest.raises(StoreChecksumError) as ei:
+            reader.sample(first)
+    msg = str(ei.value)
+    for part in (str(current), sh["dir"], f"sample {first} ({key})", "crc32c", "rebuild it: stage2 build"):
+        assert part in msg, (part, msg)
+    v = stage2("validate", str(layout.current_store_path(root, prepared.profile_name)))
+    assert v.returncode == 1, v.tail()
+    assert (
+        "INVALID" in v.stdout and frames in v.stdout and "fail their crc32c" in v.stdout and key in v.stdout
+    )
+    assert "Traceback" not in v.stdout + v.stderr
+    converge(prepared, cfg, root, [])  # the damaged store is rebuilt: the clean fingerprint
+
+
+def test_fault_store_rare_long(tmp_path: Path) -> None:
+    """A rare long trajectory among short ones (within the frame bound): it gets a shard of its own,
+    so the short ones keep their own Tmax (their reads decode no padding up to it)."""
+    samples = []
+    for i, t in enumerate([3, 4, 3, 5, 4, 3, 32, 4, 5, 3]):
+        key = f"{i:08x}-0000-4000-8000-{i:012x}"
+        f = tmp_path / "up" / f"trajectory_{key}.npz"
+        f.parent.mkdir(parents=True, exist_ok=True)
+        fr = np.full((t, 6, 8, 3), i, dtype=np.uint8)
+        np.savez_compressed(f, frames=fr, shape=np.array(fr.shape), num_frames=np.int64(t))
+        samples.append(SampleSpec(key, "c", "s", "t", "successful", None, True, "train", f, None, None))
+    pairs = [
+        PairSpec(f"p{i}", "train", "t", a.sample_key, b.sample_key)
+        for i, (a, b) in enumerate(zip(samples, samples[1:], strict=False))
+    ]
+    m = VinOfflineWriter(
+        tmp_path / "store",
+        profile={"name": "p", "repo_id": "o/r", "revision": "a" * 40},
+        inputs={"k": "1" * 64},
+        rows_per_shard=64,
+    ).write(samples, pairs)
+    assert [(sh["num_rows"], sh["frame_shape"][0]) for sh in m["shards"]] == [(9, 5), (1, 32)]
+    with VinOfflineStoreReader(tmp_path / "store") as reader:
+        short = next(i for i, r in enumerate(reader.sample_index) if r["num_frames"] == 3)
+        assert reader._padded_row(0, "frames", reader.sample_index[short]["row"]).shape[0] == 5

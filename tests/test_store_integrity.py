@@ -1,0 +1,343 @@
+"""No bad number in a store, no silent corruption at read time (docs/spec/vin-store.md, format v2).
+
+* every stored chunk carries its crc32c: a flipped byte raises StoreChecksumError at read time,
+  naming the store, the shard, the array and the sample, and plain validation finds it;
+* actions are finite inside a row's length and width (the writer refuses NaN and inf; validate
+  --decode finds them in a store), so a NaN is always padding;
+* the frame bound ``max_frames`` refuses a trajectory before it is decoded; a frames file must hold
+  the ``num_frames`` its processed_dataset row declares;
+* shards group samples of similar lengths: no short sample is padded to a rare long one.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zarr
+from test_store import (
+    INPUTS,
+    PROFILE,
+    Upstream,
+    build,
+    copy_store,
+    frames_npz,
+    make_upstream,
+    tid,
+)
+
+from stage2_data.errors import StoreError
+from stage2_data.store import (
+    PairSpec,
+    SampleSpec,
+    StoreChecksumError,
+    StoreInputError,
+    VinOfflineDataset,
+    VinOfflineStoreReader,
+    VinOfflineWriter,
+    pad_slack,
+    validate_vin_offline_store,
+)
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory: pytest.TempPathFactory) -> Upstream:
+    return make_upstream(tmp_path_factory.mktemp("upstream"), range(1, 15))
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory, up: Upstream) -> Path:
+    out = tmp_path_factory.mktemp("built") / "store"
+    build(out, up)
+    return out
+
+
+def _flip(path: Path, at: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _shard_object(store: Path, shard: int, array: str) -> Path:
+    d = store / "shards" / f"shard-{shard:06d}" / array / "c"
+    (obj,) = [p for p in d.rglob("*") if p.is_file()]
+    return obj
+
+
+# ----- checksums ----------------------------------------------------------------------------------
+def test_every_array_carries_crc32c_inside_the_shard(store: Path) -> None:
+    m = json.loads((store / "manifest.json").read_text())
+    assert "crc32c" in m["codec"]["checksum"]
+    for sh in m["shards"]:
+        g = zarr.open_group(store / sh["dir"], mode="r")
+        for name in sh["arrays"]:
+            sharding = json.loads((store / sh["dir"] / name / "zarr.json").read_text())["codecs"][0]
+            cfg = sharding["configuration"]
+            assert [c["name"] for c in cfg["codecs"]] == ["bytes", "blosc", "crc32c"], name
+            assert [c["name"] for c in cfg["index_codecs"]] == ["bytes", "crc32c"], name
+            g[name][...]  # plain zarr reads (and checks) the same bytes
+
+
+def test_a_flipped_byte_is_named_at_read_time_and_by_plain_validate(
+    tmp_path: Path, store: Path, up: Upstream
+) -> None:
+    s = copy_store(store, tmp_path / "s")
+    m = json.loads((s / "manifest.json").read_text())
+    sh = m["shards"][1]
+    obj = _shard_object(s, 1, "frames")
+    _flip(obj, 40)  # inside the first row's chunk
+    reader = VinOfflineStoreReader(s)
+    first = int(sh["row_start"])
+    key = reader.sample_index[first]["sample_key"]
+    with pytest.raises(StoreChecksumError) as ei:
+        reader.read_frames(first)
+    msg = str(ei.value)
+    for part in (str(s), "shards/shard-000001", "array frames", f"sample {first} ({key})", "crc32c", "Fix:"):
+        assert part in msg, (part, msg)
+    assert isinstance(ei.value, StoreError)
+    with pytest.raises(StoreChecksumError):
+        reader.sample(first)
+    # the other rows of the shard read as written
+    for i in range(first + 1, first + int(sh["num_rows"])):
+        assert np.array_equal(reader.read_frames(i), up.frames[reader.sample_index[i]["sample_key"]])
+    reader.close()
+    ds = VinOfflineDataset(s)
+    pos = int(np.nonzero(ds.indices == first)[0][0])
+    with pytest.raises(StoreChecksumError):
+        ds[pos]
+    ds.close()
+    problems = validate_vin_offline_store(s)  # plain: no --deep, no --decode
+    assert len(problems) == 1, problems
+    assert str(obj) in problems[0] and "crc32c" in problems[0] and key in problems[0]
+    decoded = validate_vin_offline_store(s, decode=True)
+    assert any("StoreChecksumError" in p and key in p for p in decoded), decoded
+
+
+def test_a_flipped_byte_in_a_shard_index_or_a_small_array(tmp_path: Path, store: Path) -> None:
+    s = copy_store(store, tmp_path / "s")
+    frames = _shard_object(s, 0, "frames")
+    _flip(frames, frames.stat().st_size - 7)  # inside the index at the end
+    nf = _shard_object(s, 2, "num_frames")
+    _flip(nf, 2)
+    reader = VinOfflineStoreReader(s)
+    with pytest.raises(StoreChecksumError, match="shard index fails its crc32c") as ei:
+        reader.read_frames(0)
+    assert "shards/shard-000000" in str(ei.value) and "sample 0" in str(ei.value)
+    problems = validate_vin_offline_store(s)
+    assert any(str(frames) in p and "shard index fails its crc32c" in p for p in problems), problems
+    assert any(str(nf) in p and "crc32c" in p for p in problems), problems
+    with pytest.raises(ValueError, match="checksum"):  # any Zarr v3 reader sees it too
+        zarr.open_array(s / "shards" / "shard-000002" / "num_frames", mode="r")[...]
+
+
+def test_a_reader_maps_each_shard_file_once(store: Path, up: Upstream) -> None:
+    """The direct path maps a shard file once (no per-read open, no copy); close() unmaps them; a
+    reader used again after close() maps them again."""
+    reader = VinOfflineStoreReader(store)
+    for i in range(reader.num_samples):
+        reader.read_frames(i)
+        reader.read_actions(i)
+    held = dict(reader._maps)
+    n_files = sum(len(sh["arrays"]) for sh in reader.manifest["shards"]) - 2 * len(reader.manifest["shards"])
+    assert held and len(held) == n_files  # frames and actions/aligned: num_frames, width go through zarr
+    assert all(p.is_file() for p in held)
+    reader.close()
+    assert reader._maps == {} and all(m.closed for m in held.values())
+    key = reader.sample_index[0]["sample_key"]
+    assert np.array_equal(reader.read_frames(0), up.frames[key])
+
+
+# ----- bad numbers --------------------------------------------------------------------------------
+def _with_actions(up: Upstream, tmp_path: Path, poison: Any) -> tuple[Upstream, SampleSpec]:
+    """A copy of ``up`` whose first sample with a sidecar gets ``poison`` at aligned_actions[1, 2]."""
+    victim = next(
+        s for s in up.samples if s.sidecar_path is not None and up.frames[s.sample_key].shape[0] > 1
+    )
+    assert victim.sidecar_path is not None
+    with np.load(victim.sidecar_path) as z:
+        arrays = {k: z[k] for k in z.files}
+    arrays["aligned_actions"] = arrays["aligned_actions"].copy()
+    arrays["aligned_actions"][1, 2] = poison
+    new = tmp_path / "poisoned" / victim.sidecar_path.name
+    new.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(new, **arrays)
+    samples = [SampleSpec(**{**s.__dict__, "sidecar_path": new}) if s is victim else s for s in up.samples]
+    return Upstream(samples, up.pairs, up.frames, up.actions), victim
+
+
+@pytest.mark.parametrize("poison", [np.nan, np.inf, -np.inf, 1e300])
+def test_non_finite_actions_are_refused(tmp_path: Path, up: Upstream, poison: float) -> None:
+    bad, victim = _with_actions(up, tmp_path, poison)
+    out = tmp_path / "store"
+    with pytest.raises(StoreInputError) as ei:
+        build(out, bad)
+    msg = str(ei.value)
+    assert f"trajectory {victim.sample_key}" in msg and "poisoned" in msg, msg
+    assert "non-finite" in msg and "first at row 1, column 2" in msg, msg
+    assert not out.exists()
+
+
+def test_validate_decode_finds_non_finite_actions_in_a_store(tmp_path: Path, store: Path) -> None:
+    s = copy_store(store, tmp_path / "s")
+    reader = VinOfflineStoreReader(s)
+    i = next(r["sample_index"] for r in reader.sample_index if r["action_width"] > 0 and r["num_frames"] > 1)
+    row = reader.sample_index[i]
+    reader.close()
+    arr = zarr.open_array(s / "shards" / f"shard-{row['shard_id']:06d}" / "actions" / "aligned", mode="r+")
+    block = arr[row["row"]]
+    block[0, 0] = np.inf  # written through zarr: a valid chunk (its crc32c matches), a bad number
+    arr[row["row"]] = block
+    problems = validate_vin_offline_store(s, decode=True)
+    assert any("non-finite values (NaN or inf)" in p and row["sample_key"] in p for p in problems), problems
+
+
+# ----- the frame bound -----------------------------------------------------------------------------
+def _one_sample(root: Path, i: int, t: int, *, hw: tuple[int, int] = (4, 4), **kw: Any) -> SampleSpec:
+    key = tid(i)
+    f = root / f"trajectory_{key}.npz"
+    f.parent.mkdir(parents=True, exist_ok=True)
+    frames_npz(f, np.full((t, *hw, 3), i % 251, dtype=np.uint8))
+    return SampleSpec(key, "cache", "src", "task", "successful", None, True, "train", f, None, None, **kw)
+
+
+def _pairs(samples: list[SampleSpec]) -> list[PairSpec]:
+    return [
+        PairSpec(f"p{k:04d}", "train", "task", a.sample_key, b.sample_key)
+        for k, (a, b) in enumerate(zip(samples, samples[1:], strict=False))
+    ]
+
+
+def _write(
+    out: Path, samples: list[SampleSpec], pairs: list[PairSpec] | None = None, **kw: Any
+) -> dict[str, Any]:
+    pairs = _pairs(samples) if pairs is None else pairs
+    return VinOfflineWriter(out, profile=PROFILE, inputs=INPUTS, **kw).write(samples, pairs)
+
+
+def test_max_frames_refuses_a_long_trajectory_before_decoding_it(tmp_path: Path) -> None:
+    samples = [_one_sample(tmp_path / "up", i, 5) for i in range(1, 4)]
+    # a few KB that would inflate to T=20000 (the issue's 38 KB npz): refused from its header
+    bomb = _one_sample(tmp_path / "up", 9, 20000)
+    assert bomb.frames_path.stat().st_size < 100_000
+    t0 = time.process_time()
+    with pytest.raises(StoreInputError) as ei:
+        _write(tmp_path / "store", [*samples, bomb])
+    assert time.process_time() - t0 < 5  # (not a timing claim: 20000 frames were never decoded)
+    msg = str(ei.value)
+    assert str(bomb.frames_path) in msg and f"trajectory {bomb.sample_key}" in msg, msg
+    assert "20000 frames, more than max_frames 32" in msg and "raise max_frames in the profile" in msg
+    assert not (tmp_path / "store").exists()
+    # a set preprocessed with 64 frames: the profile says so, and the store records it
+    long64 = _one_sample(tmp_path / "up", 10, 64)
+    with pytest.raises(StoreInputError, match="more than max_frames 32"):
+        _write(tmp_path / "store", [*samples, long64])
+    m = _write(tmp_path / "store64", [*samples, long64], max_frames=64)
+    assert m["options"]["max_frames"] == 64
+    assert validate_vin_offline_store(tmp_path / "store64") == []
+    # validation checks the bound the store records
+    mpath = tmp_path / "store64" / "manifest.json"
+    doc = json.loads(mpath.read_text())
+    doc["options"]["max_frames"] = 32
+    mpath.write_text(json.dumps(doc))
+    assert any(
+        f"sample {long64.sample_key} has 64 frames, more than the store's max_frames 32" in p
+        for p in validate_vin_offline_store(tmp_path / "store64")
+    )
+
+
+def test_num_frames_must_agree_with_the_processed_dataset_row(tmp_path: Path) -> None:
+    ok = [_one_sample(tmp_path / "up", i, 5, num_frames=5) for i in range(1, 4)]
+    liar = _one_sample(tmp_path / "up", 7, 6, num_frames=9)
+    with pytest.raises(StoreInputError) as ei:
+        _write(tmp_path / "store", [*ok, liar])
+    msg = str(ei.value)
+    assert (
+        str(liar.frames_path) in msg
+        and "holds 6 frames but its processed_dataset row says num_frames 9" in msg
+    )
+    assert _write(tmp_path / "store2", ok)["stats"]["samples"] == 3
+
+
+# ----- padding -------------------------------------------------------------------------------------
+def test_shards_never_pad_short_samples_to_a_rare_long_one(tmp_path: Path) -> None:
+    lengths = [2, 3, 3, 4, 5, 6, 2, 30, 4, 3, 12, 14]
+    samples = [_one_sample(tmp_path / "up", i + 1, t) for i, t in enumerate(lengths)]
+    m = _write(tmp_path / "store", samples, rows_per_shard=64)
+    reader = VinOfflineStoreReader(tmp_path / "store")
+    rows = reader.sample_index
+    tmaxes = []
+    for sh in m["shards"]:
+        ts = [r["num_frames"] for r in rows[sh["row_start"] : sh["row_start"] + sh["num_rows"]]]
+        assert sh["frame_shape"][0] == max(ts)
+        assert max(ts) - min(ts) <= pad_slack(min(ts))
+        tmaxes.append(sh["frame_shape"][0])
+    assert tmaxes == [6, 14, 30]  # the long one alone; the short ones not padded to it
+    assert [r["num_frames"] for r in rows] == sorted(lengths)
+    # the same inputs give the same layout (and fingerprint), whatever their order
+    m2 = _write(tmp_path / "store2", list(reversed(samples)), _pairs(samples), rows_per_shard=64)
+    assert m2["fingerprint"] == m["fingerprint"]
+    # a store whose shard breaks the bound does not validate
+    bad = tmp_path / "bad"
+    shutil.copytree(tmp_path / "store", bad)
+    doc = json.loads((bad / "sample_index.jsonl").read_text().splitlines()[0])
+    assert doc["num_frames"] == 2
+    lines = (bad / "sample_index.jsonl").read_text().splitlines()
+    lines[0] = json.dumps({**doc, "num_frames": 1})
+    (bad / "sample_index.jsonl").write_text("\n".join(lines) + "\n")
+    mdoc = json.loads((bad / "manifest.json").read_text())
+    mdoc["shards"][0]["frame_shape"][0] = 40
+    (bad / "manifest.json").write_text(json.dumps(mdoc))
+    found = validate_vin_offline_store(bad)
+    assert any("pads samples of 1 frames to" in p or "Tmax 40 but its longest sample" in p for p in found), (
+        found
+    )
+
+
+# ----- the profile's frame bound -------------------------------------------------------------------
+def test_profile_max_frames_is_optional_strict_and_written_back_only_when_set() -> None:
+    import tomllib
+
+    from stage2_data.errors import ProfileError
+    from stage2_data.profile import DEFAULT_MAX_FRAMES, parse_profile
+
+    repo = Path(__file__).resolve().parent.parent
+    data = tomllib.loads((repo / "manifests" / "stage2_core_v1.toml").read_text())
+    data.pop("max_frames", None)
+    prof = parse_profile(data, source="p.toml")
+    assert prof.max_frames == DEFAULT_MAX_FRAMES == 32
+    assert "max_frames" not in prof.to_toml()
+    older = parse_profile({**data, "max_frames": 64}, source="p.toml")
+    assert older.max_frames == 64 and "max_frames = 64\n" in older.to_toml()
+    assert parse_profile(tomllib.loads(older.to_toml()), source="p.toml").max_frames == 64
+    for bad in (0, -1, "32", 32.0, True):
+        with pytest.raises(ProfileError, match="max_frames"):
+            parse_profile({**data, "max_frames": bad}, source="p.toml")
+
+
+def test_a_damaged_published_store_is_rebuilt_not_extended(tmp_path: Path, up: Upstream) -> None:
+    """Extension copies the published store's shards as they are: a damaged one (a flipped byte) is
+    rebuilt instead, so the damage is not carried into every later store."""
+    from stage2_data.storage import StoreLocation
+    from stage2_data.store.extend import write_or_extend
+
+    old = [s for s in up.samples if s.sample_key != up.samples[-1].sample_key]
+    old_pairs = [p for p in up.pairs if up.samples[-1].sample_key not in (p.chosen_key, p.rejected_key)]
+    stores = tmp_path / "stores"
+    base = stores / "old"
+    VinOfflineWriter(base, profile=PROFILE, inputs=INPUTS, rows_per_shard=3).write(old, old_pairs)
+    kw: dict[str, Any] = {"profile": PROFILE, "inputs": INPUTS, "rows_per_shard": 3}
+    fine = write_or_extend(
+        StoreLocation.parse(stores / "new1"), StoreLocation.parse(base), up.samples, up.pairs, **kw
+    )
+    assert fine.startswith("extended old by 1 samples"), fine
+    _flip(_shard_object(base, 0, "frames"), 30)
+    update = write_or_extend(
+        StoreLocation.parse(stores / "new2"), StoreLocation.parse(base), up.samples, up.pairs, **kw
+    )
+    assert update.startswith("rebuilt: the published store old does not validate") and "crc32c" in update
+    assert validate_vin_offline_store(stores / "new2", decode=True) == []
