@@ -23,7 +23,7 @@ from typing import IO, Any
 from urllib.parse import urlsplit
 
 from stage2_data import layout
-from stage2_data.acquire import archive_state
+from stage2_data.acquire import archive_state, hub_offline, resolve_endpoint
 from stage2_data.commands.common import EXIT_FAILED, add_storage_option, eprint, print_json, storage_options
 from stage2_data.errors import HubError
 from stage2_data.profile import Profile, load_profile
@@ -54,7 +54,7 @@ def _preflight_endpoint(profile: Profile, data_root: Path, endpoint: str) -> Non
     # missing or partial archives need the hub; verified ones and unverified files on disk (re-hashed
     # locally) do not
     todo = [a.path for a in profile.archives if archive_state(data_root, a).state in ("missing", "partial")]
-    if not todo:
+    if not todo or hub_offline():  # offline: the download step names what is missing, asking nothing
         return
     u = urlsplit(endpoint)
     if not u.hostname:
@@ -78,13 +78,15 @@ def _preflight_endpoint(profile: Profile, data_root: Path, endpoint: str) -> Non
 
 def cmd_build(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile, kit_root=args.kit_root)  # fail fast on a bad profile
+    profile.require_known()  # nothing is ever requested under a guessed name
     data_root = Path(args.data_root).resolve()
+    endpoint = resolve_endpoint(args.endpoint)  # --endpoint, else $HF_ENDPOINT, else the real hub
     if not args.hub_folder:
-        _preflight_endpoint(profile, data_root, args.endpoint)
+        _preflight_endpoint(profile, data_root, endpoint)
     config = BuildConfig(
         profile_path=str(Path(args.profile).resolve()),
         data_root=str(data_root),
-        endpoint=args.endpoint,
+        endpoint=endpoint,
         kit_root=str(Path(args.kit_root).resolve()) if args.kit_root else None,
         hub_folder=str(Path(args.hub_folder).resolve()) if args.hub_folder else None,
         token_env_var=args.token_env,
@@ -235,7 +237,9 @@ def _add_build_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-root", required=True, help="where archives, extracted data and the store go")
     p.add_argument("--kit-root", help="kit root (default: the folder holding the profile)")
     p.add_argument(
-        "--endpoint", default="https://huggingface.co", help="hub endpoint (default: the real hub)"
+        "--endpoint",
+        default=None,
+        help="hub endpoint (default: $HF_ENDPOINT if set, else https://huggingface.co)",
     )
     p.add_argument(
         "--hub-folder", help="serve this local folder on loopback as the hub instead of --endpoint"

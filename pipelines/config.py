@@ -79,10 +79,12 @@ class BuildConfig:
 
     @classmethod
     def from_env(cls) -> BuildConfig:
+        from stage2_data.acquire import resolve_endpoint  # $HF_ENDPOINT, read now (not at import)
+
         return cls(
             profile_path=str(_path("STAGE2_PROFILE", default_profile())),
             data_root=str(_path("STAGE2_DATA_ROOT", demo_root() / "data")),
-            endpoint=os.environ.get("STAGE2_HUB_ENDPOINT", "https://huggingface.co"),
+            endpoint=os.environ.get("STAGE2_HUB_ENDPOINT") or resolve_endpoint(),
             kit_root=os.environ.get("STAGE2_KIT_ROOT") or None,
             hub_folder=os.environ.get("STAGE2_HUB_FOLDER") or None,
             token_env_var=os.environ.get("STAGE2_TOKEN_ENV", "HF_TOKEN"),

@@ -27,6 +27,15 @@ class ProfileError(Stage2Error, ValueError):
     """A profile file is malformed: unknown/missing key, wrong form, unsafe path."""
 
 
+class UnknownArchivesError(ProfileError):
+    """A profile has ``[[archives]]`` entries marked ``unknown = true``: nothing may be requested
+    under a guessed name (``entries``: their guessed paths)."""
+
+    def __init__(self, message: str, *, fix: str | None = None, entries: list[str] | None = None) -> None:
+        self.entries = list(entries or [])
+        super().__init__(message, fix=fix)
+
+
 class HubError(Stage2Error):
     """The hub (or the loopback hub) refused or failed a request."""
 
@@ -51,6 +60,11 @@ class ArchiveError(Stage2Error):
 
 class DiskSpaceError(Stage2Error, OSError):
     """Not enough free disk for what is about to be written."""
+
+
+class FileSystemError(Stage2Error, OSError):
+    """The file system refused an operation: a read-only file system, permission denied, a file
+    where a folder should be (``stage2_data/oserrors.py`` names the path and the fix)."""
 
 
 class ProblemsError(Stage2Error):
@@ -83,6 +97,18 @@ class StoreValidationError(ProblemsError, StoreError):
     """Validation of a store found problems."""
 
 
+class LoaderError(Stage2Error, ValueError):
+    """The training loader (``stage2_data.loader``) was given something it cannot batch or select."""
+
+
+class MixedResolutionError(LoaderError):
+    """A batch holds frames of more than one (H, W): group batches by resolution instead."""
+
+
+class PreviewError(Stage2Error, ValueError):
+    """A preview cannot be drawn or written: an unknown source, ``n`` < 1, an unwritable output."""
+
+
 class FormatError(Stage2Error, ValueError):
     """A file, or a member of an archive, does not parse as its format.
 
@@ -99,6 +125,24 @@ class FormatError(Stage2Error, ValueError):
         self.member = member
         where = [p for p in (file, None if member is None else f"member {member!r}") if p]
         super().__init__(": ".join([*where, detail]), fix=fix)
+
+
+class FileTypeError(FormatError):
+    """A file is not what its name says: its first bytes (magic) say another format, e.g. a ``.tar``
+    that is gzip- or zstd-compressed, an ``.npz`` that is not a zip, an HTML page saved in place of
+    a file (``stage2_data/formats/sniff.py``). ``found`` is what the bytes say."""
+
+    def __init__(
+        self,
+        detail: str,
+        *,
+        found: str,
+        file: str | None = None,
+        member: str | None = None,
+        fix: str | None = None,
+    ) -> None:
+        self.found = found
+        super().__init__(detail, file=file, member=member, fix=fix)
 
 
 def join_problems(problems: Iterable[str]) -> str:

@@ -13,9 +13,12 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .errors import ProfileError
+from .errors import ProfileError, UnknownArchivesError
 from .hashing import SHA256_RE
 from .layout import HEX40_RE, split_base
+
+#: the default frame bound (upstream's current preprocessing keeps at most 32 frames; older sets 64)
+DEFAULT_MAX_FRAMES = 32
 
 KIT_KEYS = (
     "pair_manifest",
@@ -76,6 +79,9 @@ class ArchiveSpec(_Strict):
     cache_key: Annotated[str, Field(pattern=r"^[A-Za-z0-9][\w.\-]*$")]
     size: Annotated[int, Field(gt=0)] | None = None
     sha256: str | None = None
+    # The upstream name of this entry is not known: ``path`` and ``cache_key`` are a guess, used only
+    # by `stage2 pin` to name the closest existing files; never requested, downloaded or extracted.
+    unknown: bool = False
 
     _p = field_validator("path")(lambda cls, v: check_relpath(v))
 
@@ -86,9 +92,18 @@ class ArchiveSpec(_Strict):
             raise ValueError(f"{v!r} is not a 64-hex lowercase sha256")
         return v
 
+    @model_validator(mode="after")
+    def _unknown_unpinned(self) -> ArchiveSpec:
+        if self.unknown and (self.size is not None or self.sha256 is not None):
+            raise ValueError(
+                f"{self.path!r} is marked unknown = true and also has a size/sha256; an unknown name "
+                "is never pinned: set path and cache_key to the upstream name, remove unknown, then run `stage2 pin`"
+            )
+        return self
+
     @property
     def pinned(self) -> bool:
-        return self.size is not None and self.sha256 is not None
+        return not self.unknown and self.size is not None and self.sha256 is not None
 
 
 class QuarantinedSpec(_Strict):
@@ -126,6 +141,8 @@ class ExpectedTotals(_Strict):
 class Profile(_Strict):
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][\w.\-]*$")]
     description: str = ""
+    # the frame bound: a trajectory of more frames is refused (docs/spec/profile.md; 32 upstream)
+    max_frames: Annotated[int, Field(gt=0, strict=True)] = DEFAULT_MAX_FRAMES
     source: SourceSpec
     kit: KitSpec
     archives: Annotated[list[ArchiveSpec], Field(min_length=1)]
@@ -215,6 +232,26 @@ class Profile(_Strict):
     def unpinned(self) -> list[str]:
         return [a.path for a in self.archives if not a.pinned]
 
+    def unknown_archives(self) -> list[tuple[int, ArchiveSpec]]:
+        """(index, entry) of every ``[[archives]]`` entry marked ``unknown = true``."""
+        return [(i, a) for i, a in enumerate(self.archives) if a.unknown]
+
+    def require_known(self) -> None:
+        """Raise UnknownArchivesError (before anything is requested) when an entry is marked unknown."""
+        unknown = self.unknown_archives()
+        if unknown:
+            raise UnknownArchivesError(
+                f"profile {self.profile_path or self.name}: {len(unknown)} [[archives]] "
+                f"entr{'y is' if len(unknown) == 1 else 'ies are'} marked unknown = true (their upstream "
+                "names are not known, and nothing is ever requested under a guessed name): "
+                + ", ".join(f"archives[{i}] ({a.path})" for i, a in unknown)
+                + ".",
+                fix=f"run `stage2 pin {self.profile_path or '<profile>'}`: it names the closest files "
+                "in the hub's listing for each; set that entry's path and cache_key to the right one, "
+                "delete its `unknown = true` line, and run `stage2 pin --write`",
+                entries=[a.path for _, a in unknown],
+            )
+
     def with_kit_root(self, kit_root: Path | None) -> Profile:
         if kit_root is None:
             return self
@@ -269,11 +306,25 @@ def parse_profile(data: dict[str, Any], *, source: str = "<profile>", path: Path
 def load_profile(path: str | Path, *, kit_root: str | Path | None = None) -> Profile:
     p = Path(path).resolve()
     if not p.is_file():
-        raise ProfileError(f"profile file {p} does not exist.", fix="pass the path of a profile .toml")
+        what = "is a folder, not a profile file" if p.is_dir() else "does not exist"
+        raise ProfileError(f"profile file {p} {what}.", fix="pass the path of a profile .toml")
     try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ProfileError(
+            f"profile {p} is not UTF-8 text ({e.reason} at byte {e.start}).", fix="save the profile as UTF-8"
+        ) from None
+    except OSError as e:
+        raise ProfileError(
+            f"profile {p} cannot be read: {e.strerror or e}.",
+            fix="give this user read access to the profile (or pass another --profile)",
+        ) from None
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ProfileError(f"profile {p} is not valid TOML: {e}.", fix="correct the TOML syntax") from None
+    except RecursionError:
+        raise ProfileError(f"profile {p} is nested too deeply.", fix="correct the TOML") from None
     prof = parse_profile(data, source=str(p), path=p)
     return prof.with_kit_root(Path(kit_root).resolve() if kit_root else None)
 
@@ -290,7 +341,10 @@ def _tv(v: Any) -> str:
 
 
 def dump_profile_toml(prof: Profile) -> str:
-    lines = [f"name = {_tv(prof.name)}", f"description = {_tv(prof.description)}", "", "[source]"]
+    lines = [f"name = {_tv(prof.name)}", f"description = {_tv(prof.description)}"]
+    if prof.max_frames != DEFAULT_MAX_FRAMES:
+        lines.append(f"max_frames = {prof.max_frames}")
+    lines += ["", "[source]"]
     for k in ("repo_id", "repo_type", "revision"):
         lines.append(f"{k} = {_tv(getattr(prof.source, k))}")
     lines += ["", "[kit]"]
@@ -302,6 +356,8 @@ def dump_profile_toml(prof: Profile) -> str:
             lines.append(f"size = {a.size}")
         if a.sha256 is not None:
             lines.append(f"sha256 = {_tv(a.sha256)}")
+        if a.unknown:
+            lines.append("unknown = true")
     for q in prof.quarantined:
         lines += ["", "[[quarantined]]", f"path = {_tv(q.path)}", f"reason = {_tv(q.reason)}"]
     e = prof.expected

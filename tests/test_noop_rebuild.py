@@ -29,7 +29,7 @@ from stage2_data.stages import STAGES, STORE
 from stage2_data.steps import step_extract
 from stage2_data.steps.status import build_status, record_store_stage
 
-FINGERPRINT = "0e9f62dee5fb4ec141ce8b873bc47c49a4189c289e6daa9f8a75092a676a4f99"
+FINGERPRINT = "08cec2259da8ff99655f79369ff7e425d70ce1919dfee17627493128c8249c8f"
 
 
 # --------------------------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from stage2_data.profile import load_profile
 from stage2_pipelines.runner import write_instance_yaml
 from stage2_pipelines.stops import HARD_EXIT_MARK
 
-DEMO_FINGERPRINT = "0e9f62dee5fb4ec141ce8b873bc47c49a4189c289e6daa9f8a75092a676a4f99"
+DEMO_FINGERPRINT = "08cec2259da8ff99655f79369ff7e425d70ce1919dfee17627493128c8249c8f"
 STOP_WAIT = 90.0  # polling deadline that stops a hang (the stop itself takes seconds)
 
 # Sleeps (long: the build would not end by itself within STOP_WAIT) at every write inside a temp

@@ -24,6 +24,7 @@ from stage2_data.cli import main
 from stage2_data.errors import StoreNotFoundError
 from stage2_data.profile import load_profile
 from stage2_data.store import (
+    OFFLINE_DATASET_VERSION,
     VinOfflineStoreReader,
     rebuild_command,
     stale_temp_dirs,
@@ -100,8 +101,10 @@ def test_validate_valid_invalid_and_deep(
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0x40
     victim.write_bytes(bytes(data))
-    assert main(["validate", str(s)]) == 0  # same size: only --deep can see it
-    capsys.readouterr()
+    # same size: the chunk's crc32c sees it (plain validate names the file), and --deep's sha256 too
+    assert main(["validate", str(s)]) == 1
+    out = capsys.readouterr().out
+    assert "INVALID" in out and str(victim) in out and "fail their crc32c" in out
     assert main(["validate", str(s), "--deep", "--json"]) == 1
     doc = json.loads(capsys.readouterr().out)
     assert doc["ok"] is False and doc["opened"] is True
@@ -127,11 +130,13 @@ def test_version_refusal_small_store_json(small_store: Path, tmp_path: Path) -> 
     r = stage2("validate", str(s), "--json")
     assert r.returncode == 2
     doc = r.json()
-    assert doc["message"] == "Unsupported VIN offline store version: 999. Expected 1."
+    assert (
+        doc["message"] == f"Unsupported VIN offline store version: 999. Expected {OFFLINE_DATASET_VERSION}."
+    )
     assert doc["fix"].endswith(rebuild_command(s, m))
     r = stage2("summary", str(s))
     assert r.returncode == 2 and r.stdout == ""
-    assert "Unsupported VIN offline store version: 999. Expected 1." in r.stderr
+    assert f"Unsupported VIN offline store version: 999. Expected {OFFLINE_DATASET_VERSION}." in r.stderr
 
 
 # ----- merge -----------------------------------------------------------------------------------------
@@ -305,7 +310,7 @@ def test_version_refusal_prints_the_command_that_rebuilds(
     assert ref.returncode == 2 and ref.stdout == ""
     lines = ref.stderr.strip().splitlines()
     assert len(lines) == 1, ref.stderr
-    assert "Unsupported VIN offline store version: 999. Expected 1." in lines[0]
+    assert f"Unsupported VIN offline store version: 999. Expected {OFFLINE_DATASET_VERSION}." in lines[0]
     assert lines[0].endswith(r["cmd"])
     # the command names this data root (where the store lives) and the profile it was built from
     assert shlex.split(r["cmd"]) == [
@@ -323,7 +328,7 @@ def test_the_printed_command_rebuilds_offline(refused_then_rebuilt: dict) -> Non
     b = r["rebuild"]
     assert b.returncode == 0, b.tail()
     reader = VinOfflineStoreReader(r["current"])  # the strict reader opens the rebuilt store
-    assert reader.manifest["version"] == 1
+    assert reader.manifest["version"] == OFFLINE_DATASET_VERSION
     assert r["current"].resolve() == r["store"]  # same inputs: the same v<VERSION>-<inputs> folder
     assert reader.manifest["fingerprint"] == r["fingerprint"]  # content-only: identical to the first build
     assert validate_vin_offline_store(r["current"], deep=True) == []
@@ -359,7 +364,8 @@ def test_store_metadata_and_unchanged_inputs_do_not_rebuild(
     e = r["profile"].expected
     for md in (first, second):
         assert md["samples"] == e.unique_frame_files and md["pairs"] == e.pair_rows
-        assert md["version"] == 1 and md["shards"] >= 1
+        assert md["version"] == OFFLINE_DATASET_VERSION and md["shards"] >= 1
         total = sum(p.stat().st_size for p in r["store"].rglob("*") if p.is_file())
         assert md["bytes_on_disk"] == total
-        assert md["bytes_on_disk_per_block"]["frames"] > 0
+        assert "| frames | " in md["bytes_on_disk_per_block"]  # a Markdown table, sizes in IEC units
+        assert md["size_on_disk"].endswith(("KiB", "MiB", "GiB"))

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-DEMO_FINGERPRINT = "0e9f62dee5fb4ec141ce8b873bc47c49a4189c289e6daa9f8a75092a676a4f99"
+DEMO_FINGERPRINT = "08cec2259da8ff99655f79369ff7e425d70ce1919dfee17627493128c8249c8f"
 # Never copied into the build: local state, caches and build output.
 NOT_SOURCE = shutil.ignore_patterns(
     ".git",

@@ -8,6 +8,6 @@ CLI (``stage2_data/cli.py``) loads them, or says what to install when their extr
 
 from __future__ import annotations
 
-from . import acquire, hub, kit, store
+from . import acquire, hub, kit, preview, store
 
-COMMAND_MODULES = [hub, store, kit, acquire]
+COMMAND_MODULES = [hub, store, preview, kit, acquire]

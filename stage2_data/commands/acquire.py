@@ -20,7 +20,9 @@ from ..acquire import (
     list_remote_files,
     pin_profile,
     required_free_parts,
+    resolve_endpoint,
 )
+from ..acquire.pin import UnknownEntry
 from ..errors import HubError, ProfileError
 from ..fsutil import free_bytes, human_bytes
 from ..layout import HEX40_RE
@@ -129,12 +131,14 @@ def rewrite_pins(text: str, pinned: Profile) -> str:
 def cmd_pin(args: argparse.Namespace) -> int:
     path = Path(args.profile).resolve()
     token = _token(args.token_env)
+    endpoint = resolve_endpoint(args.endpoint)
     if path.is_file():
-        _refuse_floating_revision(path, args.endpoint, token)
+        _refuse_floating_revision(path, endpoint, token)
     profile = load_profile(path)
-    source = HubSource.from_profile(profile, endpoint=args.endpoint, token=token)
+    source = HubSource.from_profile(profile, endpoint=endpoint, token=token)
+    unknown: list[UnknownEntry] = []
     try:
-        pinned, changes = pin_profile(profile, source)
+        pinned, changes = pin_profile(profile, source, unknown_out=unknown)
     except PinError as e:
         eprint(
             f"stage2 pin: error: {path}: {e.message.splitlines()[0]} "
@@ -165,7 +169,12 @@ def cmd_pin(args: argparse.Namespace) -> int:
                 "written": written,
                 "changes": changes,
                 "archives": [{"path": a.path, "size": a.size, "sha256": a.sha256} for a in pinned.archives],
+                "unknown": [{"index": u.index, "path": u.path, "closest": u.closest} for u in unknown],
             }
+        )
+    elif not changed and unknown:
+        print(
+            f"{path}: {len(pinned.archives) - len(unknown)} archive(s) pinned and matching the hub's listing"
         )
     elif not changed:
         print(f"{path}: all {len(pinned.archives)} archive(s) pinned and matching the hub's listing")
@@ -180,7 +189,19 @@ def cmd_pin(args: argparse.Namespace) -> int:
     else:
         print(diff, end="")
         eprint(f"{path} would change ({len(changes)} archive(s)); re-run with --write to write it")
-    if changed and not written:
+    if unknown:
+        eprint(
+            f"{path}: {len(unknown)} [[archives]] entr{'y is' if len(unknown) == 1 else 'ies are'} marked "
+            "unknown = true (never requested):"
+        )
+        for u in unknown:
+            eprint(f"  {u.line()}")
+        eprint(
+            "  Fix: set each entry's path and cache_key to the right upstream archive (every part of a split "
+            "one: one [[archives]] entry per part), delete its `unknown = true` line, then run "
+            f"`stage2 pin {args.profile} --write`"
+        )
+    if (changed and not written) or unknown:
         return EXIT_FAILED
     return 0
 
@@ -207,13 +228,16 @@ def cmd_list(args: argparse.Namespace) -> int:
             "size": a.size,
             "sha256": a.sha256,
             "pinned": a.pinned,
+            "unknown": a.unknown,
             "state": st.state,
             "bytes_local": st.bytes_local,
         }
         if remote is not None:
             up = remote.get(a.path)
             row["upstream"] = (
-                "missing"
+                "unknown name"
+                if a.unknown
+                else "missing"
                 if up is None
                 else "matches"
                 if (up.size, up.sha256) == (a.size, a.sha256)
@@ -274,7 +298,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             state = f"partial {human_bytes(r['bytes_local'])}{pct}"
         elif state == "unverified":
             state = "present, not verified"
-        size = human_bytes(r["size"]) if r["size"] else "unpinned"
+        size = human_bytes(r["size"]) if r["size"] else "unknown" if r["unknown"] else "unpinned"
         line = f"{r['path']:<{w}}  {size:>10}  {_short(r['sha256']):<13}  {state}"
         if remote is not None:
             line = f"{line:<{w + 55}}  {r['upstream']}"
@@ -306,14 +330,19 @@ def register(sub: Any) -> None:
         help="fill or check each archive's size and sha256 from the hub's listing at the pinned revision",
         description="Read the hub's own file listing at the profile's pinned revision and fill in (or check) "
         "every [[archives]] entry's size and sha256 (the LFS oid). Without --write, print the diff and exit 1 "
-        "if the profile would change. Refuses (exit 2) when an archive is missing upstream, a pinned value "
-        "disagrees with the listing, a quarantined file is listed under [[archives]], or the revision is a "
-        "branch name, tag or short hash.",
+        "if the profile would change. Entries marked unknown = true are never requested: pin names the "
+        "closest upstream archives for each and exits 1. Refuses (exit 2) when an archive is missing upstream "
+        "(naming the closest upstream files), a pinned value disagrees with the listing, a quarantined file is "
+        "listed under [[archives]], or the revision is a branch name, tag or short hash.",
         epilog="Example: stage2 pin manifests/stage2_core_v1.toml --write   "
         "(CI: stage2 pin manifests/stage2_core_v1.toml --check)",
     )
     p.add_argument("profile", help="profile .toml")
-    p.add_argument("--endpoint", default=DEFAULT_ENDPOINT, help=f"hub endpoint (default {DEFAULT_ENDPOINT})")
+    p.add_argument(
+        "--endpoint",
+        default=None,
+        help=f"hub endpoint (default: $HF_ENDPOINT if set, else {DEFAULT_ENDPOINT})",
+    )
     p.add_argument("--token-env", default="HF_TOKEN", help="environment variable holding the hub token")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument(

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import Stage2Error
+from ..fsutil import human_bytes
 from .common import EXIT_FAILED, finish_command, print_json
 
 
@@ -125,7 +126,7 @@ def print_report(r: dict[str, Any]) -> None:
     b = r["bytes"]
     if b is not None:
         print(
-            f"byte check: {b['files']} files, {b['bytes']} bytes, {b['matched']} matched, {b['mismatched']} "
+            f"byte check: {b['files']} files, {human_bytes(b['bytes'])}, {b['matched']} matched, {b['mismatched']} "
             f"mismatched, {b['missing']} missing, {b['unlisted']} unlisted; {b['seconds']} s ({b['mb_per_s']} MB/s)"
         )
     else:

@@ -16,14 +16,10 @@ STORE_EXAMPLE = ".demo/data/stores/stage2_core_v1_demo/current"
 
 
 def _human(n: Any) -> str:
-    if not isinstance(n, int | float):
-        return "-"
-    x = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(x) < 1024 or unit == "TiB":
-            return f"{int(x)} B" if unit == "B" else f"{x:.1f} {unit}"
-        x /= 1024
-    return f"{x:.1f} TiB"  # pragma: no cover
+    """A size for people (``fsutil.human_bytes``, IEC units); ``-`` when there is none."""
+    from ..fsutil import human_bytes
+
+    return human_bytes(n) if isinstance(n, int | float) else "-"
 
 
 def _table(header: list[str], rows: list[list[Any]], right: set[int] | None = None) -> list[str]:
@@ -282,7 +278,7 @@ def register(sub: Any) -> None:
         "validate",
         help="strict, read-only validation of a store",
         description="Open the store with the strict reader (another format/version is refused with the "
-        "command that rebuilds it, exit 2), then check manifest, shards, arrays, splits, pairs and file sizes; "
+        "command that rebuilds it, exit 2), then check manifest, shards, arrays, splits, pairs, file sizes and every stored chunk's crc32c; "
         "every problem is listed (exit 1).",
         epilog=f"Example:\n  stage2 validate {STORE_EXAMPLE} --deep",
         formatter_class=raw,
@@ -295,7 +291,7 @@ def register(sub: Any) -> None:
         "--decode",
         action="store_true",
         help="also decode every sample as the reader does and check its frames against its "
-        "frames_sha256, and the zero / NaN padding past its length and width",
+        "frames_sha256, its actions finite, and the zero / NaN padding past its length and width",
     )
     finish_command(p, cmd_validate, json_help="print one JSON object (ok, problems)", storage_option=True)
     p = sub.add_parser(

@@ -7,6 +7,7 @@ from pathlib import Path
 from .. import checks as C
 from ..acquire import require_build_space
 from ..checks import compare_totals, outcome
+from ..fsutil import human_bytes
 from ..profile import Profile
 from .result import StepResult
 
@@ -17,7 +18,14 @@ def step_profile(profile: Profile, data_root: Path | None = None) -> StepResult:
     if data_root is not None and not profile.unpinned():
         require_build_space(profile, data_root)
     unpinned = profile.unpinned()
-    pin_problems = [f"{profile.profile_path}: archive {p!r} has no size/sha256" for p in unpinned]
+    unknown = {a.path for _, a in profile.unknown_archives()}
+    pin_problems = [
+        f"{profile.profile_path}: archive {p!r} is marked unknown = true (a guessed name, never requested); "
+        "`stage2 pin` names the closest upstream files"
+        if p in unknown
+        else f"{profile.profile_path}: archive {p!r} has no size/sha256"
+        for p in unpinned
+    ]
     pin_fix = f"run `stage2 pin {profile.profile_path}` to fill them from the hub's listing"
     if pin_problems:
         pin_problems.append(pin_fix)
@@ -36,8 +44,11 @@ def step_profile(profile: Profile, data_root: Path | None = None) -> StepResult:
         "quarantined": len(profile.quarantined),
         "archive_bytes": profile.total_archive_bytes(),
         "archives_pinned": {
-            "__markdown__": "| archive | cache key | bytes | sha256 |\n|---|---|---:|---|\n"
-            + "\n".join(f"| {a.path} | {a.cache_key} | {a.size} | `{a.sha256}` |" for a in profile.archives)
+            "__markdown__": "| archive | cache key | size | sha256 |\n|---|---|---:|---|\n"
+            + "\n".join(
+                f"| {a.path} | {a.cache_key} | {'-' if a.size is None else human_bytes(a.size)} | `{a.sha256}` |"
+                for a in profile.archives
+            )
         },
     }
     return StepResult(

@@ -72,7 +72,7 @@ def step_store(
     ``<store_url>/<profile>/``; then point ``current`` at it (a symlink locally, a ``CURRENT`` object
     holding the folder name on object storage, written after the store's manifest)."""
     inputs = kit_inputs(profile)
-    settings = {"rows_per_shard": rows_per_shard, "include_actions": True}
+    settings = {"rows_per_shard": rows_per_shard, "include_actions": True, "max_frames": profile.max_frames}
     key = store_input_key(profile, inputs, settings)
     name = f"v{OFFLINE_DATASET_VERSION}-{key[:16]}"
     root_loc = stores_location(profile, data_root, store_url=store_url, storage_options=storage_options)
@@ -106,6 +106,7 @@ def step_store(
                     frames_path=data_root / r["frames_path"],
                     sidecar_path=sidecar,
                     action_status=r.get("action_status"),
+                    num_frames=r.get("num_frames"),  # the processed_dataset row's: must equal the file's
                 )
             )
         pairs_rows, _ = load_pairs(profile.kit_file("pair_manifest"))
@@ -123,6 +124,7 @@ def step_store(
             profile=profile.identity(),
             inputs=inputs,
             rows_per_shard=rows_per_shard,
+            max_frames=profile.max_frames,
             progress=progress,
             profile_path=profile.profile_path,
             data_root=data_root,
