@@ -160,12 +160,7 @@ def test_fault_arc_truncated(prepared: Prepared, demo: DemoPaths, tmp_path: Path
     )  # fmt: skip
     assert "download it again" not in said(r)  # verified: the same bytes would come again
     assert not layout.cache_dir(root, SMALL).exists()
-    f.write_bytes(original)
-    repin_profile(demo)
-    with demo_hub(demo) as hub:
-        cfg = run_cfg(demo, root, hub.url)
-        converge(prepared, cfg, root, [("archive_file", path), ("cache_dir", SMALL)])
-        assert resolve_gets(hub) == [path]
+    _restore_and_converge(prepared, demo, root, f, original)
 
 
 def test_fault_arc_compressed(prepared: Prepared, demo: DemoPaths, tmp_path: Path) -> None:
@@ -182,12 +177,7 @@ def test_fault_arc_compressed(prepared: Prepared, demo: DemoPaths, tmp_path: Pat
     )  # fmt: skip
     assert "download it again" not in said(r) and "Traceback" not in said(r)
     assert not layout.cache_dir(root, SMALL).exists()
-    f.write_bytes(original)
-    repin_profile(demo)
-    with demo_hub(demo) as hub:
-        cfg = run_cfg(demo, root, hub.url)
-        converge(prepared, cfg, root, [("archive_file", path), ("cache_dir", SMALL)])
-        assert resolve_gets(hub) == [path]
+    _restore_and_converge(prepared, demo, root, f, original)
 
 
 def test_fault_arc_wrong_cache_key(prepared: Prepared, demo: DemoPaths, tmp_path: Path) -> None:
@@ -363,3 +353,15 @@ def test_fault_arc_part_spelling(prepared: Prepared, demo: DemoPaths, tmp_path: 
         _order_parts(mixed)
     with pytest.raises(ArchiveError, match=rf"split part {SPLIT}\.tar\.partab is missing"):
         _order_parts([layout.archive_path(root, new[0]), tmp_path / f"{SPLIT}.tar.partac"])
+
+
+def _restore_and_converge(prepared: Prepared, demo: DemoPaths, root: Path, f: Path, original: bytes) -> None:
+    """The upstream archive ``f`` back as it was and re-pinned: the next build downloads it again
+    (its pin changed) and extracts it; the data root converges."""
+    path = f.relative_to(demo.upstream).as_posix()
+    f.write_bytes(original)
+    repin_profile(demo)
+    with demo_hub(demo) as hub:
+        cfg = run_cfg(demo, root, hub.url)
+        converge(prepared, cfg, root, [("archive_file", path), ("cache_dir", SMALL)])
+        assert resolve_gets(hub) == [path]

@@ -10,7 +10,6 @@ as :class:`~stage2_data.loader.ResolutionBatches`.
 
 from __future__ import annotations
 
-import operator
 import os
 from collections.abc import Callable, Collection
 from typing import Any
@@ -20,6 +19,7 @@ import numpy as np
 from ..errors import LoaderError
 from ..storage import StoreLocation
 from ..store import VinOfflineDataset
+from ..store.dataset import checked_index
 
 Transform = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -116,11 +116,6 @@ class Selection:
         return int(self.positions.shape[0])
 
     def __getitem__(self, i: int) -> dict[str, Any]:
-        i = operator.index(i)
-        n = len(self)
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError(f"index {i} out of range for a selection of {n} samples")
+        i = checked_index(i, len(self), "a selection")
         item = self.dataset[int(self.positions[i])]
         return self.transform(item) if self.transform is not None else item

@@ -19,6 +19,16 @@ from .format import SAMPLE_INDEX_FIELDS
 from .reader import VinOfflineStoreReader
 
 
+def checked_index(i: Any, n: int, what: str) -> int:
+    """``i`` as a position in ``range(n)`` (negative counts from the end), or IndexError naming ``what``."""
+    i = operator.index(i)
+    if i < 0:
+        i += n
+    if not 0 <= i < n:
+        raise IndexError(f"index {i} out of range for {what} of {n} samples")
+    return i
+
+
 class VinOfflineDataset:
     """Map-style dataset over one split (or all samples); usable as a PyTorch dataset.
 
@@ -65,12 +75,7 @@ class VinOfflineDataset:
         return int(self.indices.shape[0])
 
     def __getitem__(self, i: int) -> dict[str, Any]:
-        i = operator.index(i)
-        n = len(self)
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError(f"index {i} out of range for a dataset of {n} samples")
+        i = checked_index(i, len(self), "a dataset")
         s = self.reader.sample(int(self.indices[i]))
         meta = s["meta"]
         actions = s["actions"]
