@@ -766,3 +766,30 @@ def test_a_corrupt_deflate_stream_is_a_named_problem(tmp_path: Path, up: Upstrea
         VinOfflineWriter(tmp_path / "out", profile=PROFILE, inputs=INPUTS).write(samples, up.pairs)
     assert f"{bad}: unreadable frames npz (" in str(ei.value), str(ei.value)
     assert not (tmp_path / "out").exists()
+
+
+def test_fingerprint_does_not_depend_on_blosc_threads(tmp_path: Path) -> None:
+    """Blosc's output for a compressible chunk depends on its thread count when it compresses with
+    its own threads (``numcodecs.blosc.use_threads``, ``set_nthreads``: process-wide settings another
+    library may change). The writer compresses single-threaded whatever they say, so the same
+    inputs give the same bytes on a machine with any number of cores."""
+    import numcodecs.blosc
+
+    rng = np.random.default_rng(3)
+    up = make_upstream(tmp_path / "up", range(6))
+    samples = []
+    for s in up.samples:  # compressible frames of 1 MiB+ a chunk (Blosc splits them into blocks)
+        t = len(up.frames[s.sample_key])  # the sidecars' length
+        fr = rng.integers(0, 4, size=(t, 96, 128, 3), dtype=np.uint8)
+        samples.append(replace(s, frames_path=frames_npz(tmp_path / f"{s.sample_key}.npz", fr)))
+    up = Upstream(samples, up.pairs, {}, up.actions)
+    saved = (numcodecs.blosc.use_threads, numcodecs.blosc.get_nthreads())
+    try:
+        numcodecs.blosc.use_threads, _ = False, numcodecs.blosc.set_nthreads(1)
+        one = build(tmp_path / "one", up)["fingerprint"]
+        numcodecs.blosc.use_threads, _ = True, numcodecs.blosc.set_nthreads(4)
+        four = build(tmp_path / "four", up)["fingerprint"]
+    finally:
+        numcodecs.blosc.use_threads = saved[0]
+        numcodecs.blosc.set_nthreads(saved[1])
+    assert one == four

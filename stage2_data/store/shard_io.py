@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import crc32c
+import numcodecs.blosc
 import numpy as np
 import zarr
 from zarr.codecs import BloscCodec
@@ -194,8 +195,19 @@ def _write_array(
     )
     written = _write_shard_blob(store, arr, data, inner, pool)
     if written is None:
+        single_threaded_blosc()
         arr[...] = data  # the whole shard in one call (zarr's own, slower, path)
     return written
+
+
+def single_threaded_blosc() -> None:
+    """Blosc compresses a chunk with its own threads when called from the main thread with
+    ``numcodecs.blosc.use_threads`` not False, and then its output depends on its thread count
+    (``min(8, cores)`` by default): the same chunk gives other bytes on another machine, or after
+    another library changed the setting, and so another fingerprint. zarr sets it False when it is
+    imported; a store's bytes must not depend on that, so every write asks for it again (chunks
+    are compressed in parallel on our own threads instead)."""
+    numcodecs.blosc.use_threads = False  # type: ignore[attr-defined]
 
 
 def _write_shard_blob(
@@ -215,6 +227,7 @@ def _write_shard_blob(
     if layout is None or layout.inner != tuple(inner):
         return None
     codec, step, n = layout.codec, layout.inner[0], layout.nchunks
+    single_threaded_blosc()
 
     def enc(k: int) -> bytes:
         b = bytes(codec.encode(np.ascontiguousarray(data[k * step : (k + 1) * step])))
