@@ -222,7 +222,10 @@ def test_dataset_in_a_spawned_worker_keeps_its_store(tmp_path: Path, built: tupl
         _worker_init(None)  # type: ignore[arg-type]
         assert actions_of(collect_stores(profile_root, keep=0))["v1-0001"] == ("kept", f"in use by pid {pid}")
         assert pool.apply(_worker_read, (0,)) == (pid, str(a.resolve()), reference)
-        pool.terminate()
+        # the worker ends (and its lease with it); close, not terminate: terminate ends workers with
+        # SIGTERM, which a process started with SIGTERM ignored (nohup, some CI runners) never gets,
+        # and then waits for them forever
+        pool.close()
         pool.join()
     assert actions_of(collect_stores(profile_root, keep=0))["v1-0001"][0] == "removed"
 
