@@ -233,41 +233,19 @@ def _changed_actions(
     return bad
 
 
-def extend_store(
-    ext: Extension,
-    out: Path,
-    *,
-    profile: dict[str, Any],
-    inputs: dict[str, str],
-    rows_per_shard: int,
-    include_actions: bool = True,
-    max_frames: int = DEFAULT_MAX_FRAMES,
-    progress: Callable[[int], None] | None = None,
-    profile_path: Path | None = None,
-    data_root: Path | None = None,
-    kit_root: Path | None = None,
-) -> ExtendReport:
-    """Write the sidecar store of ``ext.new_samples`` (the same writer and options, in a staging folder
-    next to ``out``), merge it with the published store into ``out`` (published atomically), delete
-    the sidecar. The merged manifest records ``extended_from`` (the old store's folder name,
-    fingerprint, samples and shards) beside ``merged_from``."""
-    writer_kw: dict[str, Any] = {
-        "profile": profile,
-        "inputs": inputs,
-        "rows_per_shard": rows_per_shard,
-        "include_actions": include_actions,
-        "max_frames": max_frames,
-        "profile_path": profile_path,
-        "data_root": data_root,
-        "kit_root": kit_root,
-    }
+def extend_store(ext: Extension, out: Path, **writer_kw: Any) -> ExtendReport:
+    """Write the sidecar store of ``ext.new_samples`` (the same writer and options, ``writer_kw``:
+    :class:`VinOfflineWriter`'s keywords, in a staging folder next to ``out``), merge it with the
+    published store into ``out`` (published atomically), delete the sidecar. The merged manifest
+    records ``extended_from`` (the old store's folder name, fingerprint, samples and shards) beside
+    ``merged_from``."""
     bm = ext.base_manifest
     with VinOfflineStoreReader(ext.base) as base_reader:
         old_samples, old_pairs = len(base_reader.sample_index), len(base_reader.pairs())
     scratch = make_staging_dir(Path(out))
     try:
         side = scratch / "sidecar"
-        writer = VinOfflineWriter(side, progress=progress, **writer_kw)
+        writer = VinOfflineWriter(side, **writer_kw)
         sm = writer.write(ext.new_samples, ext.sidecar_pairs)
         extended_from = {
             "store": ext.base_name,
@@ -281,7 +259,7 @@ def extend_store(
             out,
             pairs=ext.pairs,
             profile=dict(writer.profile),
-            inputs=inputs,
+            inputs=writer_kw["inputs"],
             local=dict(writer.local),
             extra={"extended_from": extended_from},
         )
@@ -317,7 +295,12 @@ def write_or_extend(
     """Write the store of ``samples`` and ``pairs`` at ``out``: by extending the published store
     ``base`` when :func:`decide_extension` allows it, else with the writer. Returns one line for the
     step's metadata: ``extended <old> by N samples ...`` or ``rebuilt: <reason>``."""
-    kw: dict[str, Any] = {
+    writer_kw: dict[str, Any] = {
+        "profile": profile,
+        "inputs": inputs,
+        "rows_per_shard": rows_per_shard,
+        "include_actions": include_actions,
+        "max_frames": max_frames,
         "profile_path": profile_path,
         "data_root": data_root,
         "kit_root": kit_root,
@@ -343,27 +326,10 @@ def write_or_extend(
         )
     if decision.extension is not None:
         try:
-            report = extend_store(
-                decision.extension,
-                out.root,
-                profile=profile,
-                inputs=inputs,
-                rows_per_shard=rows_per_shard,
-                include_actions=include_actions,
-                max_frames=max_frames,
-                **kw,
-            )
+            report = extend_store(decision.extension, out.root, **writer_kw)
         except StoreError as e:  # e.g. the published store's files fail validation: build it whole
             decision = _no(f"extending {decision.extension.base_name} failed ({e})")
         else:
             return report.summary
-    VinOfflineWriter(
-        out,
-        profile=profile,
-        inputs=inputs,
-        rows_per_shard=rows_per_shard,
-        include_actions=include_actions,
-        max_frames=max_frames,
-        **kw,
-    ).write(samples, pairs)
+    VinOfflineWriter(out, **writer_kw).write(samples, pairs)
     return f"rebuilt: {decision.reason}"
