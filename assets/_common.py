@@ -139,6 +139,12 @@ def to_metadata(md: dict[str, Any]) -> dict[str, Any]:
 MAX_DESCRIPTION = 4000
 
 
+def standalone_check(asset: Any, name: str) -> Any:
+    """The decorator of a check that runs on its own over what is on disk (the verify job runs it;
+    the UI can execute it any time): never blocking, described by ``checks.CHECK_DESCRIPTIONS``."""
+    return dg.asset_check(asset=asset, name=name, blocking=False, description=CHECK_DESCRIPTIONS[name])
+
+
 def check_result(
     passed: bool, description: str, metadata: dict[str, Any] | None = None, *, check_name: str | None = None
 ) -> dg.AssetCheckResult:

@@ -11,7 +11,7 @@ from stage2_data.kit.sidecars import check_sidecars_on_disk
 from stage2_data.stages import ACTION_SIDECARS, SUBSET_CHECKSUMS, TRAJECTORY_JOIN
 from stage2_resources import DataRootResource, ProfileResource
 
-from ._common import check_result
+from ._common import check_result, standalone_check
 from .step_asset import step_asset
 
 GROUP = "kit"
@@ -48,12 +48,7 @@ def build_kit_assets(extraction_report: Any, pinned_profile: Any) -> list[Any]:
 def build_kit_checks(trajectory_join: Any, subset_checksums: Any) -> list[Any]:
     """Checks that re-read the kit's data on disk and write nothing (the verify job runs them)."""
 
-    @dg.asset_check(
-        asset=trajectory_join,
-        name=C.LINKS_ON_DISK_MATCH_EXPECTED,
-        blocking=False,
-        description=C.CHECK_DESCRIPTIONS[C.LINKS_ON_DISK_MATCH_EXPECTED],
-    )
+    @standalone_check(trajectory_join, C.LINKS_ON_DISK_MATCH_EXPECTED)
     def links_on_disk_match_expected(
         profile: ProfileResource, data_root: DataRootResource
     ) -> dg.AssetCheckResult:
@@ -69,12 +64,7 @@ def build_kit_checks(trajectory_join: Any, subset_checksums: Any) -> list[Any]:
         }
         return check_result(res.passed, res.description, md)
 
-    @dg.asset_check(
-        asset=trajectory_join,
-        name=C.SIDECARS_ON_DISK_SANE,
-        blocking=False,
-        description=C.CHECK_DESCRIPTIONS[C.SIDECARS_ON_DISK_SANE],
-    )
+    @standalone_check(trajectory_join, C.SIDECARS_ON_DISK_SANE)
     def sidecars_on_disk_sane(data_root: DataRootResource) -> dg.AssetCheckResult:
         rep = check_sidecars_on_disk(data_root.root())
         res = C.outcome(C.SIDECARS_ON_DISK_SANE, rep.problems)
@@ -82,12 +72,7 @@ def build_kit_checks(trajectory_join: Any, subset_checksums: Any) -> list[Any]:
             res.passed, res.description, {"sidecars": rep.files, "seconds": round(rep.seconds, 3)}
         )
 
-    @dg.asset_check(
-        asset=subset_checksums,
-        name=C.SUBSET_BYTES_ON_DISK_MATCH,
-        blocking=False,
-        description=C.CHECK_DESCRIPTIONS[C.SUBSET_BYTES_ON_DISK_MATCH],
-    )
+    @standalone_check(subset_checksums, C.SUBSET_BYTES_ON_DISK_MATCH)
     def subset_bytes_on_disk_match(
         profile: ProfileResource, data_root: DataRootResource
     ) -> dg.AssetCheckResult:

@@ -12,7 +12,7 @@ from stage2_data.stages import VIN_STORE
 from stage2_data.store import VinOfflineStoreReader
 from stage2_resources import DataRootResource, ProfileResource, StoreTargetResource
 
-from ._common import check_result, run_step, stage_asset
+from ._common import check_result, run_step, stage_asset, standalone_check
 
 GROUP = "store"
 
@@ -82,12 +82,7 @@ def build_store_checks(vin_store: Any) -> list[Any]:
     """Checks that run on their own over the published store (the nightly verify job runs them;
     the UI's Checks tab can execute them at any time); nothing is rebuilt."""
 
-    @dg.asset_check(
-        asset=vin_store,
-        name=C.STORE_BYTES_MATCH_MANIFEST,
-        blocking=False,
-        description=C.CHECK_DESCRIPTIONS[C.STORE_BYTES_MATCH_MANIFEST],
-    )
+    @standalone_check(vin_store, C.STORE_BYTES_MATCH_MANIFEST)
     def store_bytes_match_manifest(
         profile: ProfileResource, data_root: DataRootResource, store_target: StoreTargetResource
     ) -> dg.AssetCheckResult:
