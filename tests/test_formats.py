@@ -112,6 +112,9 @@ def test_npz_members_headers_and_bytes(tmp_path: Path, writer: str) -> None:
         body = npz.member_bytes(data, m)
         assert offset == len(body) - a.nbytes
         assert npz.member_bytes(data, m, 64) == body[:64]
+        whole = npz.member_array(data, m)
+        assert whole.dtype == a.dtype and np.array_equal(whole, a), key
+        assert npz.member_npy(data, m)[0] == hdr and np.array_equal(npz.member_npy(data, m)[1], a), key
     # the same through an open ZipFile (a file on disk): header only / small members whole
     p = tmp_path / "x.npz"
     p.write_bytes(data)
@@ -121,6 +124,42 @@ def test_npz_members_headers_and_bytes(tmp_path: Path, writer: str) -> None:
             assert (hdr.shape, hdr.dtype) == (a.shape, a.dtype)
             arr = npz.read_small_member(zf, key + ".npy")
             assert arr.dtype == a.dtype and np.array_equal(arr, a), key
+
+
+def test_member_npy_whole_arrays_and_what_it_leaves_to_the_caller() -> None:
+    """member_npy inflates a member once: its header and array (Fortran order read as numpy reads
+    it); an object array or data longer than the shape needs gives no array (never unpickled; the
+    caller names the problem); bytes that do not inflate are a FormatError naming the member."""
+    f = np.asfortranarray(np.arange(12, dtype="<f4").reshape(3, 4))
+    data = savez_compressed_bytes({"f": f, "o": np.array([{"a": 1}], dtype=object)})
+    members = npz.npz_members(data)
+    hdr, arr = npz.member_npy(data, members["f"])
+    assert hdr.shape == (3, 4) and arr is not None and np.array_equal(arr, f)
+    assert npz.member_npy(data, members["o"]) == (npz.member_header(data, members["o"]), None)
+    long = npz.npy_bytes(np.arange(4, dtype="<i8")) + b"\0" * 8
+    data2 = _zip_of({"x.npy": long})
+    hdr2, arr2 = npz.member_npy(data2, npz.npz_members(data2)["x"])
+    assert hdr2.shape == (4,) and arr2 is None
+    bad = bytearray(savez_compressed_bytes({"y": np.arange(1000)}))
+    m = npz.npz_members(bytes(bad))["y"]
+    start = m.offset + 30 + len("y.npy")
+    bad[start + 20 : start + 40] = b"\xff" * 20
+    with pytest.raises(FormatError, match="y.npy"):
+        npz.member_npy(bytes(bad), m, file="s.npz")
+
+
+def _zip_of(members: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for name, body in members.items():
+            zf.writestr(name, body)
+    return buf.getvalue()
+
+
+def savez_compressed_bytes(arrays: dict[str, Any]) -> bytes:
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **arrays)
+    return buf.getvalue()
 
 
 def test_npy_file_header(tmp_path: Path) -> None:

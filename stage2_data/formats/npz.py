@@ -51,8 +51,10 @@ __all__ = [
     "ZIP_DATE_TIME",
     "NpyHeader",
     "ZipMember",
+    "member_array",
     "member_bytes",
     "member_header",
+    "member_npy",
     "npy_bytes",
     "npz_bytes",
     "npz_members",
@@ -294,6 +296,29 @@ def member_header(data: bytes, m: ZipMember, *, file: str | None = None) -> NpyH
         if len(head) < _FIRST_READ:
             raise
     return parse_npy_header(member_bytes(data, m, NPY_HEADER_READ, file=file), file=file, member=m.name)
+
+
+def member_array(data: bytes, m: ZipMember, *, file: str | None = None) -> np.ndarray[Any, Any]:
+    """The whole array of one member of an in-memory npz, inflated once, its header parsed by
+    :func:`parse_npy_header` (numpy's ``read_array`` parses it again with ``ast.literal_eval``:
+    about half the cost of a small member). Object arrays are refused, never unpickled; any
+    problem of the bytes is a FormatError naming the file and member."""
+    body = member_bytes(data, m, file=file)
+    hdr, fortran = _parse_npy_header(body, file=file, member=m.name)
+    return _array_from(body, hdr, fortran, file=file, member=m.name)
+
+
+def member_npy(
+    data: bytes, m: ZipMember, *, file: str | None = None
+) -> tuple[NpyHeader, np.ndarray[Any, Any] | None]:
+    """The header of one member and its whole array, inflated once; the array is None when its
+    dtype holds objects (never unpickled) or its data is not exactly what the shape needs (the
+    caller names that). Raises FormatError for bytes that do not inflate or parse."""
+    body = member_bytes(data, m, file=file)
+    hdr, fortran = _parse_npy_header(body, file=file, member=m.name)
+    if hdr.dtype.hasobject or len(body) != hdr.offset + math.prod(hdr.shape) * hdr.dtype.itemsize:
+        return hdr, None
+    return hdr, _array_from(body, hdr, fortran, file=file, member=m.name)
 
 
 # ----- through zipfile / from files on disk -------------------------------------------------------

@@ -6,7 +6,6 @@ raw row it indexes; one source index per raw row), never unpickling anything."""
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import math
 import os
@@ -288,11 +287,15 @@ def _read_sidecar(path: str | Path, want_sha: bool) -> _SidecarInfo:
             info.sha256 = hashlib.sha256(data).hexdigest()
         members = npz.npz_members(data)
         headers: dict[str, npz.NpyHeader] = {}
+        bodies: dict[str, np.ndarray[Any, Any] | None] = {}  # data keys: inflated once, whole
         for key, zi in members.items():
             if not zi.name.endswith(".npy"):
                 continue
             try:
-                headers[key] = npz.member_header(data, zi)
+                if key in DATA_KEYS and zi.usize <= _SIDECAR_READ_LIMIT:
+                    headers[key], bodies[key] = npz.member_npy(data, zi, file=label)
+                else:
+                    headers[key] = npz.member_header(data, zi)
             except (ValueError, SyntaxError, TypeError, MemoryError, zipfile.BadZipFile, zlib.error) as e:
                 why = e.detail if isinstance(e, FormatError) else e  # the member is named already
                 info.problems.append(
@@ -352,8 +355,8 @@ def _read_sidecar(path: str | Path, want_sha: bool) -> _SidecarInfo:
                     f"{members[k].usize}{' (too large for an action sidecar)' if need > _SIDECAR_READ_LIMIT else ''}"
                 )
                 continue
-            npy = io.BytesIO(npz.member_bytes(data, members[k], file=label))
-            arrays[k] = np.lib.format.read_array(npy, allow_pickle=False)
+            body = bodies.get(k)
+            arrays[k] = body if body is not None else npz.member_array(data, members[k], file=label)
         check_sidecar_arrays(label, arrays, info.problems)
     except (
         OSError,
