@@ -355,8 +355,8 @@ def _read_sidecar(path: str | Path, want_sha: bool) -> _SidecarInfo:
                     f"{members[k].usize}{' (too large for an action sidecar)' if need > _SIDECAR_READ_LIMIT else ''}"
                 )
                 continue
-            body = bodies.get(k)
-            arrays[k] = body if body is not None else npz.member_array(data, members[k], file=label)
+            whole = bodies.get(k)
+            arrays[k] = whole if whole is not None else npz.member_array(data, members[k], file=label)
         check_sidecar_arrays(label, arrays, info.problems)
     except (
         OSError,
