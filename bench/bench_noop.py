@@ -11,7 +11,8 @@ hub (a subprocess too, ``python -m stage2_data.demo.hubserver``).
   ``cat parts | tar -x`` per cache directory, then ``sha256sum -c`` of the archives' pins and of the
   kit's subset ``SHA256SUMS``. The shell way builds no store: the ratio is what the product costs
   over fetching, unpacking and checking the bytes by hand. Once each (a first build is once).
-  The ~4 GB variant runs with ``--only whole_4gb_build_vs_shell_way``.
+  The ~4 GB variant runs with ``--only whole_4gb_build_vs_shell_way``. ``ours_steps_s``: where the
+  build's time went, seconds per Dagster step (summed over partitions) and the runs' total.
 """
 
 from __future__ import annotations
@@ -83,6 +84,23 @@ def _stage2_build(demo: Any, root: Path, url: str) -> tuple[float, str]:
     if p.returncode != 0:
         raise RuntimeError(f"stage2 build failed ({p.returncode}): {p.stdout[-2000:]}{p.stderr[-2000:]}")
     return took, p.stderr
+
+
+def _step_seconds(root: Path) -> dict[str, float]:
+    """Where a build's time went: seconds per step (summed over a step's partitions) read from the
+    build's Dagster instance (``<root>/.dagster``), and ``runs`` (their start-to-end sum)."""
+    import dagster as dg
+    from dagster._core.instance.ref import InstanceRef
+
+    out: dict[str, float] = {}
+    with dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(root / ".dagster"))) as inst:
+        for run in inst.get_runs():
+            st = inst.get_run_stats(run.run_id)
+            out["runs"] = out.get("runs", 0.0) + (st.end_time or 0.0) - (st.start_time or 0.0)
+            for step in inst.get_run_step_stats(run.run_id):
+                took = (step.end_time or 0.0) - (step.start_time or 0.0)
+                out[step.step_key] = out.get(step.step_key, 0.0) + took
+    return {k: round(v, 2) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
 
 
 def noop_rebuild_vs_first_build(work: Path) -> dict[str, Any]:
@@ -193,6 +211,7 @@ def _whole_build(work: Path, name: str, scale: float, target: float) -> dict[str
         shell_s = _shell_way(demo, url, work / "shell")
         shutil.rmtree(work / "shell")
         ours_s, _ = _stage2_build(demo, work / "root", url)
+    steps = _step_seconds(work / "root")
     return entry(
         name,
         ours_s,
@@ -203,6 +222,7 @@ def _whole_build(work: Path, name: str, scale: float, target: float) -> dict[str
         frame_scale=scale,
         cpus=os.cpu_count(),
         demo=f"full-cardinality, frames x{scale} in height and width",
+        ours_steps_s=steps,
     )
 
 
