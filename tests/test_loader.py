@@ -15,6 +15,7 @@ from test_store import Upstream, build, make_upstream
 
 from stage2_data.errors import LoaderError, MixedResolutionError
 from stage2_data.loader import PoolLoader, ResolutionBatches, SeededOrder, Selection, collate, permutation
+from stage2_data.loader.select import DeferredFrames
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +100,34 @@ def test_collate_pads_frames_and_actions_with_masks(store: Path, up: Upstream) -
     assert batch["sample_index"].dtype == np.int64 and batch["is_robot"].dtype == bool
     assert batch["source"] == [it["source"] for it in items]
     assert None in batch["partial_success"] and isinstance(batch["partial_success"], list)
+
+
+def test_deferred_frames_collate_straight_into_the_batch(store: Path, up: Upstream) -> None:
+    """Selection.item(i, defer_frames=True): the same item, its frames decoded later (by collate,
+    into their slot of the batch, or by np.asarray); a batch of them, or of them mixed with decoded
+    items, is the batch of decoded items."""
+    sel = Selection(store, resolutions=[(8, 10)])
+    plain = [sel[i] for i in range(len(sel))]
+    deferred = [sel.item(i, defer_frames=True) for i in range(len(sel))]
+    for p, d in zip(plain, deferred, strict=True):
+        assert isinstance(d["frames"], DeferredFrames) and d["frames"].shape == p["frames"].shape
+        assert d.keys() == p.keys() and np.array_equal(np.asarray(d["frames"]), p["frames"])
+        assert all(np.array_equal(d[k], p[k]) for k in ("actions", "num_frames", "sample_key"))
+    want = collate(plain, to_torch=False)
+    mixed = [d if k % 2 else p for k, (p, d) in enumerate(zip(plain, deferred, strict=True))]
+    for items, ref in ((deferred, want), (mixed, want), (deferred[::-1], collate(plain[::-1]))):
+        got = collate(items, to_torch=False)
+        assert got.keys() == ref.keys()
+        for k, v in got.items():
+            same = np.array_equal(v, ref[k]) if isinstance(v, np.ndarray) else v == ref[k]
+            assert same, k
+    _check_batch(collate(deferred, to_torch=False), up, sel.sample_keys)
+    with pytest.raises(MixedResolutionError):  # shapes come from the index: refused before decoding
+        collate([deferred[0], Selection(store, resolutions=[(6, 12)]).item(0, defer_frames=True)])
+    # a transform needs the frames: with one, the item is decoded as sel[i]
+    assert isinstance(
+        Selection(store, transform=first_frames).item(0, defer_frames=True)["frames"], np.ndarray
+    )
 
 
 def test_collate_refuses_a_batch_of_two_resolutions(store: Path) -> None:
@@ -209,6 +238,32 @@ def test_pool_loader_two_workers(store: Path, up: Upstream, context: str) -> Non
     # in this process (workers=0) the same batches
     inline = list(PoolLoader(sel, ResolutionBatches(sel.resolutions, 3, seed=11), workers=0))
     assert all(np.array_equal(a["frames"], b["frames"]) for a, b in zip(inline, got, strict=True))
+
+
+def test_pool_loader_persistent_workers_serve_every_epoch(store: Path, up: Upstream) -> None:
+    """persistent_workers: one pool and one /dev/shm folder for every epoch (an abandoned one too)
+    until close(); each epoch's batches are right; close() ends the workers and removes the folder."""
+    sel = Selection(store, "train")
+    order = ResolutionBatches(sel.resolutions, 2, seed=4)
+    ref = ResolutionBatches(sel.resolutions, 2, seed=4)
+    with PoolLoader(sel, order, workers=2, context="fork", persistent_workers=True) as loader:
+        epochs = [list(loader)]
+        pool, folder = loader._pool, loader._folder
+        assert pool is not None
+        pids = set(pool._processes)
+        epochs.append(list(loader))
+        it = iter(loader)
+        first = next(it)
+        _check_batch(first, up, list(first["sample_key"]))
+        it.close()  # left early: the workers stay
+        epochs.append(list(loader))
+        assert loader._pool is pool and set(pool._processes) == pids and loader._folder == folder
+    assert loader._pool is None and (folder is None or not Path(folder).exists())
+    for batches in epochs:
+        assert sorted(k for b in batches for k in b["sample_key"]) == sorted(sel.sample_keys)
+        for batch in batches:
+            _check_batch(batch, up, list(batch["sample_key"]))  # still right: their files were not reused
+    assert [list(b["sample_key"]) for b in epochs[0]] == [[sel.sample_keys[p] for p in b] for b in ref]
 
 
 def test_pool_loader_reports_a_failing_batch(store: Path) -> None:

@@ -152,6 +152,98 @@ def test_a_reader_maps_each_shard_file_once(store: Path, up: Upstream) -> None:
     assert np.array_equal(reader.read_frames(0), up.frames[key])
 
 
+def test_read_frames_into_a_batch_slot_decodes_only_the_sample_and_zeros_the_rest(
+    store: Path, up: Upstream
+) -> None:
+    """read_frames_into: the sample's frames into out[:T] and zeros past them, for a slot exactly
+    T long, one as long as the shard's rows and a longer one; chunks Blosc stored uncompressed
+    (full rows of noise) and compressed (rows with padding) alike; read_frames gives the same, as an
+    array of its own. A wrong out is a named error."""
+    from stage2_data.errors import LoaderError
+    from stage2_data.store.shard_io import CRC_BYTES, memcpyed_data
+
+    reader = VinOfflineStoreReader(store)
+    kinds = set()
+    for i in range(reader.num_samples):
+        meta = reader.sample_index[i]
+        want = up.frames[meta["sample_key"]]
+        t, tmax = len(want), int(reader.manifest["shards"][meta["shard_id"]]["frame_shape"][0])
+        d = reader._direct(meta["shard_id"], "frames")
+        assert d is not None
+        off, nbytes = d.entries[meta["row"]]
+        payload = reader._read_range(d.path, off, nbytes)[:-CRC_BYTES]
+        kinds.add(memcpyed_data(payload, d.inner[1] * want[0].nbytes) is not None)
+        for n in sorted({t, tmax, tmax + 3}):
+            out = np.full((n, *want.shape[1:]), 7, dtype=np.uint8)
+            assert reader.read_frames_into(i, out) == t
+            assert np.array_equal(out[:t], want) and not out[t:].any(), (i, n)
+        got = reader.read_frames(i)
+        assert np.array_equal(got, want) and got.flags.writeable
+    assert kinds == {True, False}  # both kinds of chunk were read
+    i = 0
+    t = len(up.frames[reader.sample_index[i]["sample_key"]])
+    h, w = up.frames[reader.sample_index[i]["sample_key"]].shape[1:3]
+    for bad in (
+        np.zeros((t, h, w, 3), dtype=np.float32),  # dtype
+        np.zeros((t, h + 1, w, 3), dtype=np.uint8),  # frame shape
+        np.zeros((max(t - 1, 0), h, w, 3), dtype=np.uint8),  # too short
+        np.zeros((t, h, w, 3, 2), dtype=np.uint8)[..., 0],  # not contiguous
+    ):
+        with pytest.raises(LoaderError, match=r"read_frames_into\(0, out\)"):
+            reader.read_frames_into(i, bad)
+    reader.close()
+
+
+@pytest.mark.parametrize("where", ["header", "first data byte", "last data byte", "crc32c"])
+def test_a_flipped_byte_anywhere_in_a_chunk_stored_uncompressed_is_named(
+    tmp_path: Path, store: Path, up: Upstream, where: str
+) -> None:
+    """read_frames copies a chunk Blosc stored uncompressed first and computes its crc32c over the
+    copy and the rest of the chunk: a flipped byte anywhere in it (header, data, padding, its
+    crc32c) still raises, and read_frames_into (which checks first) too."""
+    from stage2_data.store.shard_io import CRC_BYTES, memcpyed_data
+
+    reader = VinOfflineStoreReader(store)
+    for i in range(reader.num_samples):  # a sample whose chunk was stored uncompressed
+        meta = reader.sample_index[i]
+        d = reader._direct(meta["shard_id"], "frames")
+        assert d is not None
+        off, nbytes = d.entries[meta["row"]]
+        payload = reader._read_range(d.path, off, nbytes)[:-CRC_BYTES]
+        if memcpyed_data(payload, d.inner[1] * up.frames[meta["sample_key"]][0].nbytes) is not None:
+            break
+    else:
+        pytest.fail("no chunk stored uncompressed in the store")
+    shard, row_start = meta["shard_id"], int(reader.manifest["shards"][meta["shard_id"]]["row_start"])
+    reader.close()
+    at = off + {"header": 0, "first data byte": 16, "last data byte": nbytes - 5, "crc32c": nbytes - 1}[where]
+    s = copy_store(store, tmp_path / "s")
+    _flip(_shard_object(s, shard, "frames"), at)
+    reader = VinOfflineStoreReader(s)
+    with pytest.raises(StoreChecksumError) as ei:
+        reader.read_frames(i)
+    assert f"sample {i} ({meta['sample_key']}) (row {i - row_start})" in str(ei.value)
+    with pytest.raises(StoreChecksumError):
+        reader.read_frames_into(i, np.zeros(up.frames[meta["sample_key"]].shape, dtype=np.uint8))
+    reader.close()
+
+
+def test_read_frames_into_checks_the_crc_before_writing_anything(tmp_path: Path, store: Path) -> None:
+    s = copy_store(store, tmp_path / "s")
+    sh = json.loads((s / "manifest.json").read_text())["shards"][1]
+    _flip(_shard_object(s, 1, "frames"), 40)  # inside the first row's chunk
+    reader = VinOfflineStoreReader(s)
+    first = int(sh["row_start"])
+    key = reader.sample_index[first]["sample_key"]
+    out = np.full((int(sh["frame_shape"][0]), *sh["frame_shape"][1:]), 7, dtype=np.uint8)
+    with pytest.raises(StoreChecksumError) as ei:
+        reader.read_frames_into(first, out)
+    for part in (str(s), "shards/shard-000001", "array frames", f"sample {first} ({key})", "crc32c"):
+        assert part in str(ei.value), (part, str(ei.value))
+    assert (out == 7).all()  # not a byte of the damaged chunk reached it
+    reader.close()
+
+
 # ----- bad numbers --------------------------------------------------------------------------------
 def _with_actions(up: Upstream, tmp_path: Path, poison: Any) -> tuple[Upstream, SampleSpec]:
     """A copy of ``up`` whose first sample with a sidecar gets ``poison`` at aligned_actions[1, 2]."""

@@ -18,6 +18,7 @@ from stage2_data.steps import CURRENT_OBJECT
 from stage2_data.steps.store import kit_inputs
 from stage2_data.storage import StoreLocation
 from stage2_data.store import VinOfflineStoreReader, store_fingerprint, validate_vin_offline_store
+from stage2_data.store.manifest import manifest_data_files
 from stage2_pipelines.config import BuildConfig
 from stage2_pipelines.runner import build_all
 
@@ -47,14 +48,38 @@ def s3() -> Iterator[tuple[str, dict]]:
 
 
 def _manifest_diff(a: dict, b: dict) -> list[str]:
-    """The manifest keys (fingerprint-relevant ones) whose values differ, with both values: what a
-    fingerprint mismatch came from."""
+    """The manifest keys (fingerprint-relevant ones) whose values differ, with both values, then the
+    data files whose sha256 differ: what a fingerprint mismatch came from."""
     keys = sorted((set(a) | set(b)) - {"created_at", "fingerprint", "local"})
-    return [
+    out = [
         f"{k}: {json.dumps(a.get(k))[:400]} != {json.dumps(b.get(k))[:400]}"
         for k in keys
         if a.get(k) != b.get(k)
     ]
+    fa, fb = dict(manifest_data_files(a)), dict(manifest_data_files(b))
+    out += [
+        f"file {r}: {fa.get(r)} != {fb.get(r)}" for r in sorted(set(fa) | set(fb)) if fa.get(r) != fb.get(r)
+    ]
+    return out
+
+
+def _rows_diff(local: list[dict], remote: list[dict]) -> list[str]:
+    """The first sample_index rows that differ between the two stores (a sample's frames, actions
+    or metadata that changed between the builds)."""
+    out = [f"row {a} != {b}" for a, b in zip(local, remote, strict=False) if a != b][:3]
+    return out + ([f"{len(local)} rows != {len(remote)} rows"] if len(local) != len(remote) else [])
+
+
+def _input_diff(built_root: Path, root: Path) -> list[str]:
+    """The files the store is built from (the join table the S3 build wrote again, the frames and
+    sidecars it read) that differ between the shared build's data root and the S3 build's copy."""
+    out = []
+    for sub in ("tables", "derived", "processed_datasets"):
+        for p in sorted((built_root / sub).rglob("*")):
+            q = root / p.relative_to(built_root)
+            if p.is_file() and (not q.is_file() or q.read_bytes() != p.read_bytes()):
+                out.append(f"{q.relative_to(root)} differs from the shared build's")
+    return out
 
 
 def test_build_writes_the_store_to_s3_with_the_local_fingerprint(
@@ -80,8 +105,12 @@ def test_build_writes_the_store_to_s3_with_the_local_fingerprint(
     s = build_all(config, concurrency=1)
     assert s["ok"], ([c for c in s["checks"] if not c["passed"]], s["errors"])
     assert s["store"].startswith(url + "/")
-    s3_manifest = VinOfflineStoreReader(s["store"], options).manifest
-    assert s["fingerprint"] == built["summary"]["fingerprint"], _manifest_diff(local_manifest, s3_manifest)
+    s3_reader = VinOfflineStoreReader(s["store"], options)
+    assert s["fingerprint"] == built["summary"]["fingerprint"], (
+        _manifest_diff(local_manifest, s3_reader.manifest),
+        _rows_diff(VinOfflineStoreReader(local_store).sample_index, s3_reader.sample_index),
+        _input_diff(built["root"], root),
+    )
     assert not layout.stores_root(root, "stage2_core_v1_demo").exists()  # nothing written locally
     parent = StoreLocation.parse(s["store"].rsplit("/", 1)[0], options)
     assert parent.read_bytes(parent.root / CURRENT_OBJECT).decode().strip() == s["store"].rsplit("/", 1)[1]

@@ -31,6 +31,11 @@ this process (so in a ``torch.utils.data.DataLoader`` and its workers) and numpy
 ``True`` / ``False`` force it. In a DataLoader worker the padded tensors are allocated in shared
 memory and filled in place, as torch's own collate does, so a batch reaches the training process
 without a copy. Lists stay lists.
+
+Frames given as :class:`~stage2_data.loader.select.DeferredFrames` (``Selection.item(i,
+defer_frames=True)``, what a :class:`~stage2_data.loader.PoolLoader` worker passes) are decoded
+straight into their slot of the padded batch (the chunk's crc32c checked first), with no array per
+sample in between; the batch is the same.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import LoaderError, MixedResolutionError
+from .select import DeferredFrames
 
 #: the keys :func:`collate` builds from ``frames`` and ``actions`` (they never pass through as metadata)
 ARRAY_KEYS = ("frames", "frame_mask", "lengths", "actions", "action_mask", "action_widths")
@@ -53,7 +59,7 @@ def collate(items: Sequence[dict[str, Any]], *, to_torch: bool | None = None) ->
     if len(items) == 0:
         raise LoaderError("collate was given an empty batch.", fix="give it at least one sample")
     torch = _torch_module(to_torch)
-    frames = [np.asarray(it["frames"]) for it in items]
+    frames = [_frames_of(it) for it in items]
     _check_one_resolution(items, frames)
     actions = [_actions_of(it, f) for it, f in zip(items, frames, strict=True)]
     n = len(items)
@@ -63,7 +69,10 @@ def collate(items: Sequence[dict[str, Any]], *, to_torch: bool | None = None) ->
 
     out_frames, shared_frames = _empty(torch, (n, tmax, *frames[0].shape[1:]), frames[0].dtype)
     for b, f in enumerate(frames):
-        out_frames[b, : f.shape[0]] = f
+        if isinstance(f, DeferredFrames) and out_frames.flags.c_contiguous:
+            f.read_into(out_frames[b])  # decoded into the slot, zeros past its length
+            continue
+        out_frames[b, : f.shape[0]] = np.asarray(f)
         out_frames[b, f.shape[0] :] = 0
     frame_mask = np.arange(tmax)[None, :] < np.asarray(lengths)[:, None]
 
@@ -111,7 +120,13 @@ def _torch_module(to_torch: bool | None) -> Any:
     return torch
 
 
-def _check_one_resolution(items: Sequence[dict[str, Any]], frames: list[np.ndarray]) -> None:
+def _frames_of(item: dict[str, Any]) -> Any:
+    """An item's frames: an array, or its :class:`DeferredFrames` as they are (shape and dtype known)."""
+    f = item["frames"]
+    return f if isinstance(f, DeferredFrames) else np.asarray(f)
+
+
+def _check_one_resolution(items: Sequence[dict[str, Any]], frames: list[Any]) -> None:
     shapes: dict[tuple[int, ...], list[str]] = {}
     for it, f in zip(items, frames, strict=True):
         if f.ndim < 1:
@@ -134,7 +149,7 @@ def _check_one_resolution(items: Sequence[dict[str, Any]], frames: list[np.ndarr
         )
 
 
-def _actions_of(item: dict[str, Any], frames: np.ndarray) -> np.ndarray:
+def _actions_of(item: dict[str, Any], frames: Any) -> np.ndarray:
     a = item.get("actions")
     if a is None:
         return np.zeros((frames.shape[0], 0), dtype=np.float32)

@@ -5,7 +5,13 @@ Each worker gets the dataset once (inherited under fork, pickled under spawn or 
 reader re-pins the same store and takes its own lease there), then turns each batch of positions
 into one collated batch. Batches come back in the batch sampler's order; at most
 ``workers * prefetch`` are loaded ahead of the consumer. The pool lives for one iteration (one
-epoch) and is ended when the iteration ends or is abandoned.
+epoch) and is ended when the iteration ends or is abandoned; with ``persistent_workers=True`` it
+lives until :meth:`PoolLoader.close`, serving every epoch.
+
+A worker loading a :class:`~stage2_data.loader.Selection` with the default collate decodes each
+sample's frames straight into its slot of the padded batch (``Selection.item(i,
+defer_frames=True)``): the frames go from the page cache (the store's mapped shard file, its
+crc32c checked there) to the shared batch in one copy.
 
 A batch's big arrays do not travel through the pool's pipe (pickling a batch of frames costs more
 than reading it from the store): the worker's :func:`~stage2_data.loader.collate` pads them straight
@@ -20,6 +26,7 @@ batches are pickled.
 from __future__ import annotations
 
 import collections
+import contextlib
 import mmap
 import multiprocessing
 import os
@@ -35,6 +42,7 @@ import numpy as np
 
 from ..errors import LoaderError
 from .collate import collate, set_allocator
+from .select import Selection
 
 Collate = Callable[[Sequence[dict[str, Any]]], Any]
 
@@ -55,14 +63,21 @@ def _init_worker(dataset: Any, collate_fn: Collate) -> None:
     _WORKER["collate"] = collate_fn
 
 
+def _items(ds: Any, collate_fn: Collate, positions: Sequence[int]) -> list[Any]:
+    """The items of a batch; for a Selection and our collate with their frames deferred, so collate
+    decodes them straight into the batch (no array per sample in between)."""
+    if collate_fn in (numpy_collate, collate) and isinstance(ds, Selection):
+        return [ds.item(int(i), defer_frames=True) for i in positions]
+    return [ds[int(i)] for i in positions]
+
+
 def _load_batch(positions: Sequence[int], folder: str | None, reuse: list[str]) -> tuple[Any, list[str]]:
     """One collated batch (its big arrays in files of ``folder``, reusing the files ``reuse`` first),
     and the files of ``reuse`` it did not use."""
-    ds = _WORKER["dataset"]
-    items = [ds[int(i)] for i in positions]
+    items = _items(_WORKER["dataset"], _WORKER["collate"], positions)
     if folder is None:
         return _WORKER["collate"](items), reuse
-    allocate = _ShmAllocator(folder, reuse)
+    allocate = _ShmAllocator(folder, reuse, _WORKER.setdefault("maps", {}))
     set_allocator(allocate)
     try:
         batch = _WORKER["collate"](items)
@@ -89,12 +104,13 @@ class _InShm(NamedTuple):
 
 class _ShmAllocator:
     """Arrays of a page (4 KiB) and more as files of ``folder`` (in /dev/shm), mapped: a file of
-    ``reuse`` (one no batch maps any more: its pages are there already) or a new one; smaller
-    arrays plain."""
+    ``reuse`` (one no batch maps any more: its pages are there already, and mapped already in this
+    process if it served here before: ``maps``) or a new one; smaller arrays plain."""
 
-    def __init__(self, folder: str, reuse: list[str]) -> None:
+    def __init__(self, folder: str, reuse: list[str], maps: dict[str, mmap.mmap]) -> None:
         self.folder = folder
         self.reuse = list(reuse)
+        self.maps = maps
         self.made: list[tuple[np.ndarray, str]] = []
 
     def __call__(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
@@ -103,42 +119,48 @@ class _ShmAllocator:
             return np.empty(shape, dtype=dtype)
         if self.reuse:
             path = self.reuse.pop()
-            fd = os.open(path, os.O_RDWR)
         else:
             fd, path = tempfile.mkstemp(dir=self.folder, prefix=f"batch-{os.getpid()}-")
-        try:
-            if os.fstat(fd).st_size < nbytes:
-                os.ftruncate(fd, nbytes)
-            arr = _map(fd, nbytes, dtype).reshape(shape)
-        finally:
             os.close(fd)
+        mm = _mapped(path, nbytes, self.maps)
+        arr = np.frombuffer(mm, dtype=dtype, count=nbytes // dtype.itemsize).reshape(shape)
         self.made.append((arr, path))
         return arr
 
 
-def _map(fd: int, nbytes: int, dtype: np.dtype[Any]) -> np.ndarray:
-    """The first ``nbytes`` of the file ``fd`` mapped shared, as a flat array, its pages populated up
-    front (one call, not a page fault per 4 KiB)."""
-    flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-    mm = mmap.mmap(fd, nbytes, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-    return np.frombuffer(mm, dtype=dtype)
+def _mapped(path: str, nbytes: int, maps: dict[str, mmap.mmap]) -> mmap.mmap:
+    """The file ``path`` (grown to ``nbytes`` if shorter) mapped shared, once per process: ``maps``
+    keeps each file's mapping (replaced when the file outgrew it), so a file reused for batch after
+    batch costs no system call and no page fault; its pages are populated when first mapped (one
+    call, not a fault per 4 KiB)."""
+    mm = maps.get(path)
+    if mm is not None and len(mm) >= nbytes:
+        return mm
+    fd = os.open(path, os.O_RDWR)
+    try:
+        size = os.fstat(fd).st_size
+        if size < nbytes:
+            os.ftruncate(fd, nbytes)
+            size = nbytes
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        mm = mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    finally:
+        os.close(fd)
+    maps[path] = mm  # (a smaller mapping it replaces lives on while an array of it does)
+    return mm
 
 
-def _receive(batch: Any, free: list[str]) -> Any:
-    """A batch from a worker, its arrays in files mapped here; a file goes back to ``free`` (for a
-    worker to reuse) once nothing in this process maps it any more."""
+def _receive(batch: Any, free: list[str], maps: dict[str, mmap.mmap]) -> Any:
+    """A batch from a worker, its arrays in files mapped here (``maps``: each file once); a file
+    goes back to ``free`` (for a worker to reuse) once no array of this process uses it any more."""
     if not isinstance(batch, dict):
         return batch
     out = {}
     for key, value in batch.items():
         if isinstance(value, _InShm):
             dtype = np.dtype(value.dtype)
-            nbytes = int(np.prod(value.shape, dtype=np.int64)) * dtype.itemsize
-            fd = os.open(value.path, os.O_RDWR)
-            try:
-                flat = _map(fd, nbytes, dtype)
-            finally:
-                os.close(fd)
+            count = int(np.prod(value.shape, dtype=np.int64))
+            flat = np.frombuffer(_mapped(value.path, count * dtype.itemsize, maps), dtype=dtype, count=count)
             weakref.finalize(flat, free.append, value.path)  # every view of it gone: reusable
             out[key] = flat.reshape(value.shape)
         else:
@@ -163,7 +185,12 @@ class PoolLoader:
     ``workers`` processes started with ``context`` (``"fork"``, ``"spawn"``, ``"forkserver"``;
     None: the platform's default). ``workers=0`` loads in this process. Batches are numpy
     (:func:`numpy_collate`, the default ``collate_fn``). ``shared_memory``: batches come back
-    through ``/dev/shm`` files (see the module docstring) rather than pickled."""
+    through ``/dev/shm`` files (see the module docstring) rather than pickled.
+
+    ``persistent_workers`` (as a DataLoader's): the workers, their ``/dev/shm`` folder and its
+    files live from the first iteration until :meth:`close` (or the end of a ``with`` block, or
+    the loader's garbage collection), so later epochs start no process, open no shard and find
+    their batch files allocated already; the workers keep the dataset they were started with."""
 
     def __init__(
         self,
@@ -175,6 +202,7 @@ class PoolLoader:
         context: str | None = None,
         prefetch: int = 2,
         shared_memory: bool = True,
+        persistent_workers: bool = False,
     ) -> None:
         if workers < 0 or prefetch < 1:
             raise LoaderError(
@@ -187,28 +215,66 @@ class PoolLoader:
         self.context = context
         self.prefetch = prefetch
         self.shared_memory = shared_memory
+        self.persistent_workers = persistent_workers
+        self._pool: ProcessPoolExecutor | None = None
+        self._folder: str | None = None
+        self._free: list[str] = []  # files of the folder no batch maps any more
+        self._maps: dict[str, mmap.mmap] = {}  # the folder's files, each mapped once here
 
     def __len__(self) -> int:
         return len(self.batch_sampler)  # type: ignore[arg-type]
 
+    def close(self) -> None:
+        """End the worker processes and remove their ``/dev/shm`` folder (batches still held stay
+        valid); the next iteration starts new ones."""
+        pool, self._pool = self._pool, None
+        folder, self._folder = self._folder, None
+        self._free = []
+        self._maps = {}  # (the mappings of batches still held live on with them)
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def __enter__(self) -> PoolLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+    def _start(self) -> tuple[ProcessPoolExecutor, str | None]:
+        if self._pool is None:
+            ctx = multiprocessing.get_context(self.context)
+            self._pool = ProcessPoolExecutor(
+                self.workers,
+                mp_context=ctx,
+                initializer=_init_worker,
+                initargs=(self.dataset, self.collate_fn),
+            )
+            self._folder = _shm_folder() if self.shared_memory else None
+            self._free = []
+            self._maps = {}
+        return self._pool, self._folder
+
     def __iter__(self) -> Iterator[Any]:
         if self.workers == 0:
             for positions in self.batch_sampler:
-                yield self.collate_fn([self.dataset[int(i)] for i in positions])
+                yield self.collate_fn(_items(self.dataset, self.collate_fn, positions))
             return
-        ctx = multiprocessing.get_context(self.context)
-        pool = ProcessPoolExecutor(
-            self.workers, mp_context=ctx, initializer=_init_worker, initargs=(self.dataset, self.collate_fn)
-        )
+        pool, folder = self._start()
         pending: collections.deque[Future[Any]] = collections.deque()
-        folder = _shm_folder() if self.shared_memory else None
-        free: list[str] = []  # files of folder no batch maps any more
+        free, maps = self._free, self._maps
 
         def receive() -> Any:
             batch, unused = pending.popleft().result()
             free.extend(unused)
-            return _receive(batch, free)
+            return _receive(batch, free, maps)
 
+        done = False
         try:
             for positions in self.batch_sampler:
                 reuse = [free.pop() for _ in range(min(2, len(free)))]
@@ -217,15 +283,31 @@ class PoolLoader:
                     yield receive()
             while pending:
                 yield receive()
+            done = True
         except BrokenProcessPool as e:
+            start = multiprocessing.get_context(self.context).get_start_method()
             raise LoaderError(
-                f"a worker process of the PoolLoader ({ctx.get_start_method()}) died: {e}",
+                f"a worker process of the PoolLoader ({start}) died: {e}",
                 fix="run with workers=0 to see the error in this process; under spawn or forkserver the "
                 "main module must start the loader under `if __name__ == '__main__':`",
             ) from e
         finally:
-            for f in pending:
-                f.cancel()
-            pool.shutdown(wait=True, cancel_futures=True)
-            if folder is not None:
-                shutil.rmtree(folder, ignore_errors=True)
+            if not (done and self.persistent_workers):
+                self._end_iteration(pending)
+
+    def _end_iteration(self, pending: collections.deque[Future[Any]]) -> None:
+        """An iteration ended early (or the workers are not persistent): its batches still loading
+        are dropped (their files reused when the workers persist), else the pool is ended."""
+        for f in pending:
+            f.cancel()
+        if not self.persistent_workers or self._pool is None or getattr(self._pool, "_broken", False):
+            self.close()
+            return
+        for f in pending:
+            if f.cancelled():
+                continue
+            with contextlib.suppress(Exception):
+                batch, unused = f.result()
+                self._free.extend(unused)
+                if isinstance(batch, dict):
+                    self._free.extend(v.path for v in batch.values() if isinstance(v, _InShm))

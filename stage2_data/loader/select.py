@@ -6,6 +6,11 @@ leased, pickled into DataLoader workers under fork and spawn) narrowed to the ch
 Choosing reads only the sample index, never a frame; ``resolutions``, ``lengths``, ``sources`` and
 ``sample_keys`` describe every selected position without reading a frame either, for samplers such
 as :class:`~stage2_data.loader.ResolutionBatches`.
+
+``sel.item(i, defer_frames=True)`` is ``sel[i]`` with its frames not decoded yet
+(:class:`DeferredFrames`): :func:`~stage2_data.loader.collate` decodes them straight into their slot
+of the padded batch (one copy from the page cache, no per-sample array); a
+:class:`~stage2_data.loader.PoolLoader` worker loads batches so.
 """
 
 from __future__ import annotations
@@ -18,10 +23,43 @@ import numpy as np
 
 from ..errors import LoaderError
 from ..storage import StoreLocation
-from ..store import VinOfflineDataset
+from ..store import VinOfflineDataset, VinOfflineStoreReader
 from ..store.dataset import checked_index
+from ..store.format import SAMPLE_INDEX_FIELDS
 
 Transform = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+class DeferredFrames:
+    """A sample's frames, not decoded yet: ``shape`` (T, H, W, 3) and ``dtype`` (uint8) come from
+    the sample index. ``read_into(out)`` decodes them into ``out[:T]`` and zeros ``out[T:]``
+    (:meth:`~stage2_data.store.VinOfflineStoreReader.read_frames_into`: the chunk's crc32c checked
+    first); ``np.asarray(frames)`` decodes them into a new array."""
+
+    __slots__ = ("dtype", "index", "reader", "shape")
+
+    def __init__(self, reader: VinOfflineStoreReader, index: int, shape: tuple[int, ...]) -> None:
+        self.reader = reader
+        self.index = index
+        self.shape = shape
+        self.dtype = np.dtype(np.uint8)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def read_into(self, out: np.ndarray[Any, Any]) -> int:
+        return self.reader.read_frames_into(self.index, out)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray[Any, Any]:
+        a = self.reader.read_frames(self.index)
+        return a if dtype is None else a.astype(dtype, copy=False)
+
+    def __repr__(self) -> str:
+        return f"DeferredFrames(sample {self.index}, shape={self.shape})"
 
 
 class Selection:
@@ -119,3 +157,22 @@ class Selection:
         i = checked_index(i, len(self), "a selection")
         item = self.dataset[int(self.positions[i])]
         return self.transform(item) if self.transform is not None else item
+
+    def item(self, i: int, *, defer_frames: bool = False) -> dict[str, Any]:
+        """``sel[i]``; with ``defer_frames`` (and no transform, which needs the frames) its
+        ``frames`` are :class:`DeferredFrames`, decoded later by :func:`~stage2_data.loader.collate`
+        straight into the batch (the rest of the item is the same)."""
+        if not defer_frames or self.transform is not None:
+            return self[i]
+        ds = self.dataset
+        index = int(ds.indices[int(self.positions[checked_index(i, len(self), "a selection")])])
+        reader = ds.reader
+        meta = reader.sample_index[index]
+        t = int(meta["num_frames"])
+        actions = reader.read_actions(index)
+        if actions is None:
+            actions = np.zeros((t, 0), dtype=np.float32)
+        item: dict[str, Any] = {k: meta[k] for k in SAMPLE_INDEX_FIELDS}
+        shape = (t, int(meta["frame_height"]), int(meta["frame_width"]), 3)
+        item.update({"frames": DeferredFrames(reader, index, shape), "actions": actions, "num_frames": t})
+        return item

@@ -15,8 +15,6 @@ import dataclasses
 import mmap
 import operator
 import os
-import threading
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +22,7 @@ import numpy as np
 import zarr
 
 from .. import layout
-from ..errors import StoreError, StoreNotFoundError
+from ..errors import LoaderError, StoreError, StoreNotFoundError
 from ..publish import is_temp_name
 from ..storage import StoreLocation
 from .format import (
@@ -38,8 +36,9 @@ from .format import (
     StoreChecksumError,
 )
 from .manifest import load_manifest_strict, rebuild_command
+from .mapped import MappedFiles
 from .retention import StoreLease, acquire_lease
-from .shard_io import CRC_BYTES, MISSING, DirectArray, chunk_intact, decode_chunk, direct_array
+from .shard_io import MISSING, DirectArray, decode_checked, direct_array
 from .tables import read_jsonl, read_npy
 
 #: shard files a local reader keeps mapped (least recently used unmapped first)
@@ -83,14 +82,19 @@ class VinOfflineStoreReader:
     Shard groups are opened lazily (one ``zarr.open_group`` per shard on first use, then cached).
     Arrays with the layout this module writes are read directly: the shard index once per shard
     (checked against its crc32c, then cached), then ONE ranged read of the sample's own inner chunk,
-    checked against its crc32c and decoded with Blosc into a fresh array; anything else is read
+    checked against its crc32c and decoded (:func:`.shard_io.decode_checked`); anything else is read
     through zarr (whose crc32c codec checks the same bytes). Bytes that fail their crc32c raise
-    :class:`StoreChecksumError` naming the store, the shard, the array and the sample.
+    :class:`StoreChecksumError` naming the store, the shard, the array and the sample; nothing
+    decoded from them is ever returned.
 
-    A local shard file is mapped read-only once (``mmap``, kept for the reader's life, at most
+    A local shard file is mapped read-only once (:class:`.mapped.MappedFiles`, at most
     ``_MAX_MAPPED_FILES`` at once): a read is then no system call and no copy, the checksum and
-    Blosc read the page cache in place. Store files are never rewritten in place (a rebuild
-    publishes a new folder; gc unlinks, which a mapping survives), so a mapping stays valid.
+    Blosc read the page cache in place, and it takes no lock.
+
+    :meth:`read_frames` returns the sample's ``T`` frames as a new array (a chunk Blosc stored
+    uncompressed is copied, those frames only, then checked over the copy; a compressed one is
+    checked, then decoded by Blosc); :meth:`read_frames_into` decodes them into an array of yours (a
+    padded batch's slot: one copy from the page cache, after the crc32c check).
     """
 
     def __init__(
@@ -117,14 +121,16 @@ class VinOfflineStoreReader:
         #: the store's folder, or ``bucket/prefix`` on object storage (``location.url`` names it)
         self.path = self.location.root
         self._shards: list[dict[str, Any]] = list(self.manifest.get("shards", []))
+        self._n = sum(int(s["num_rows"]) for s in self._shards)
+        #: per sample: (shard_id, row, num_frames), from the sample index on first read
+        self._where: list[tuple[int, int, int]] | None = None
         self._sample_index: list[dict[str, Any]] | None = None
         self._pairs: list[dict[str, Any]] | None = None
         self._splits: dict[str, np.ndarray[Any, Any]] = {}
         self._groups: dict[int, Any] = {}
         self._arrays: dict[tuple[int, str], Any] = {}
         self._direct_cache: dict[tuple[int, str], DirectArray | None] = {}
-        self._maps: OrderedDict[Path, mmap.mmap] = OrderedDict()
-        self._maps_lock = threading.Lock()
+        self._files = MappedFiles(_MAX_MAPPED_FILES)
         self._pid = os.getpid()
 
     def _take_lease(self) -> StoreLease | None:
@@ -157,14 +163,14 @@ class VinOfflineStoreReader:
             lease.release()
 
     def _close_files(self) -> None:
-        maps = getattr(self, "_maps", None)
-        if not maps:
-            return
-        with self._maps_lock:
-            while maps:
-                _, m = maps.popitem()
-                with contextlib.suppress(BufferError, OSError):  # a view still alive: unmapped by GC
-                    m.close()
+        files = getattr(self, "_files", None)
+        if files is not None:
+            files.close()
+
+    @property
+    def _maps(self) -> dict[Path, mmap.mmap]:
+        """The shard files mapped now, by path (least recently used first)."""
+        return self._files.maps
 
     def __enter__(self) -> VinOfflineStoreReader:
         return self
@@ -186,14 +192,13 @@ class VinOfflineStoreReader:
         state["_groups"] = {}
         state["_arrays"] = {}
         state["_direct_cache"] = {}
-        state["_maps"] = OrderedDict()
-        state["_maps_lock"] = None
+        state["_files"] = None
         state["lease"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._maps_lock = threading.Lock()
+        self._files = MappedFiles(_MAX_MAPPED_FILES)
         self._pid = os.getpid()
         self.lease = self._take_lease()
         if self.location.is_local and not (self.location.root / MANIFEST_NAME).is_file():
@@ -205,7 +210,7 @@ class VinOfflineStoreReader:
 
     @property
     def num_samples(self) -> int:
-        return sum(int(s["num_rows"]) for s in self._shards)
+        return self._n
 
     def __len__(self) -> int:
         return self.num_samples
@@ -246,8 +251,9 @@ class VinOfflineStoreReader:
             self._groups = {}
             self._arrays = {}
             self._direct_cache = {}
-            self._maps = OrderedDict()  # the parent's mappings: dropped here, unmapped in this child only
-            self._maps_lock = threading.Lock()
+            self._files = MappedFiles(
+                _MAX_MAPPED_FILES
+            )  # the parent's: dropped here, unmapped in this child only
             self._pid = os.getpid()
 
     def _group(self, shard_id: int) -> Any:
@@ -273,25 +279,6 @@ class VinOfflineStoreReader:
         return a
 
     # -- direct shard reads ------------------------------------------------------------------------
-    def _view(self, path: Path, offset: int, length: int) -> memoryview:
-        """``length`` bytes at ``offset`` of a local shard file, as a view of its read-only mapping
-        (mapped once; taken under the lock, so an eviction never closes a mapping being read)."""
-        with self._maps_lock:
-            m = self._maps.get(path)
-            if m is None:
-                with open(path, "rb") as f:
-                    if os.fstat(f.fileno()).st_size == 0:
-                        return memoryview(b"")
-                    m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-                self._maps[path] = m
-                if len(self._maps) > _MAX_MAPPED_FILES:
-                    _, old = self._maps.popitem(last=False)
-                    with contextlib.suppress(BufferError):  # still being read: unmapped by GC
-                        old.close()
-            else:
-                self._maps.move_to_end(path)
-            return memoryview(m)[offset : offset + length]
-
     def _read_range(self, path: Path, offset: int, length: int) -> bytes | memoryview:
         """``length`` bytes of ``path`` at ``offset`` (a hook: tests wrap it to count reads); for a
         local store a view of the mapped file (no copy)."""
@@ -299,7 +286,7 @@ class VinOfflineStoreReader:
         data: bytes | memoryview
         if self.location.is_local:
             try:
-                data = self._view(path, offset, length)
+                data = self._files.read(path, offset, length)
             except FileNotFoundError:
                 raise StoreNotFoundError(
                     f"{path}: missing (the store is incomplete or was removed).",
@@ -343,28 +330,37 @@ class VinOfflineStoreReader:
             fix=f"the store is damaged; rebuild it: {rebuild_command(self.path, self.manifest)}",
         )
 
-    def _read_row(self, shard_id: int, name: str, row: int) -> np.ndarray[Any, Any] | None:
+    def _decode(self, shard_id: int, name: str, d: DirectArray, row: int, n: int, out: Any = None) -> Any:
+        """The first ``n`` entries of row ``row`` of a direct array, its crc32c checked: a new array
+        (``out`` None), or decoded into ``out[:n]`` (:func:`.shard_io.decode_checked`)."""
+        off, nbytes = d.entries[row]
+        if off == MISSING and nbytes == MISSING:  # an empty chunk (never written by this module)
+            got = np.full((n, *d.inner[2:]), d.fill, dtype=d.dtype)
+            if out is not None:
+                out[:n] = got
+            return got if out is None else out
         try:
-            d = self._direct(shard_id, name)
+            decoded = decode_checked(d, self._read_range(d.path, off, nbytes), n, out)
+        except (RuntimeError, ValueError) as e:  # intact bytes that Blosc refuses: not our writer's
+            raise self._corrupt(shard_id, name, row, f"cannot be decompressed ({e})") from None
+        if decoded is None:
+            raise self._corrupt(shard_id, name, row, f"{nbytes} bytes at offset {off} fail their crc32c")
+        return decoded
+
+    def _checked_direct(self, shard_id: int, name: str, row: int) -> DirectArray | None:
+        try:
+            return self._direct(shard_id, name)
         except StoreChecksumError as e:
             raise self._corrupt(
                 shard_id, name, row, f"the shard index fails its crc32c ({e.message})"
             ) from None
+
+    def _read_row(self, shard_id: int, name: str, row: int) -> np.ndarray[Any, Any] | None:
+        """One whole row of a direct array (padding included), or None (zarr reads it)."""
+        d = self._checked_direct(shard_id, name, row)
         if d is None:
             return None
-        off, nbytes = d.entries[row]
-        out = np.empty(d.inner, dtype=d.dtype)
-        if off == MISSING and nbytes == MISSING:  # an empty chunk (never written by this module)
-            out[...] = d.fill
-            return out[0]
-        raw = self._read_range(d.path, off, nbytes)
-        if not chunk_intact(raw):
-            raise self._corrupt(shard_id, name, row, f"{nbytes} bytes at offset {off} fail their crc32c")
-        try:
-            decode_chunk(d.codec, memoryview(raw)[:-CRC_BYTES], out)
-        except (RuntimeError, ValueError) as e:  # intact bytes that Blosc refuses: not our writer's
-            raise self._corrupt(shard_id, name, row, f"cannot be decompressed ({e})") from None
-        return out[0]
+        return self._decode(shard_id, name, d, row, d.inner[1])  # type: ignore[no-any-return]
 
     def _zarr_read(self, shard_id: int, name: str, sel: Any) -> np.ndarray[Any, Any]:
         """``array[sel]`` through zarr; bytes failing zarr's crc32c codec raise StoreChecksumError."""
@@ -385,18 +381,57 @@ class VinOfflineStoreReader:
 
     def _row(self, i: int) -> dict[str, Any]:
         i = operator.index(i)
-        n = self.num_samples
-        if not 0 <= i < n:
-            raise IndexError(f"sample index {i} out of range [0, {n})")
+        self._locate(i)
         return self.sample_index[i]
 
+    def _locate(self, i: int) -> tuple[int, int, int]:
+        """(shard_id, row, num_frames) of sample ``i``, or IndexError."""
+        i = operator.index(i)
+        if not 0 <= i < self._n:
+            raise IndexError(f"sample index {i} out of range [0, {self._n})")
+        where = self._where
+        if where is None:
+            rows = self.sample_index
+            where = [(int(r["shard_id"]), int(r["row"]), int(r["num_frames"])) for r in rows]
+            self._where = where
+        return where[i]
+
     def read_frames(self, i: int) -> np.ndarray[Any, Any]:
-        meta = self._row(i)
-        shard_id, row, t = int(meta["shard_id"]), int(meta["row"]), int(meta["num_frames"])
-        direct = self._read_row(shard_id, BLOCK_FRAMES, row)
-        if direct is not None:
-            return direct[:t]
-        return self._zarr_read(shard_id, BLOCK_FRAMES, (row, slice(0, t)))
+        """Sample ``i``'s frames, uint8 ``(T, H, W, 3)``: a new writable array (never a view of the
+        store's bytes), its chunk's crc32c checked first."""
+        shard_id, row, t = self._locate(i)
+        d = self._checked_direct(shard_id, BLOCK_FRAMES, row)
+        if d is None:
+            return self._zarr_read(shard_id, BLOCK_FRAMES, (row, slice(0, t)))
+        return self._decode(shard_id, BLOCK_FRAMES, d, row, t)  # type: ignore[no-any-return]
+
+    def read_frames_into(self, i: int, out: np.ndarray[Any, Any]) -> int:
+        """Sample ``i``'s ``T`` frames decoded straight into ``out[:T]``, and zeros into ``out[T:]``;
+        returns ``T``. ``out``: a writable, C-contiguous uint8 array ``(N, H, W, 3)`` with ``N >= T``,
+        e.g. one sample's slot of a batch padded to its longest sample (``batch[b]``), so a frame
+        goes from the page cache to the batch in one copy. The chunk's crc32c is checked first, as
+        by :meth:`read_frames`: nothing is written into ``out`` from bytes that fail it."""
+        shard_id, row, t = self._locate(i)
+        d = self._checked_direct(shard_id, BLOCK_FRAMES, row)
+        frame = tuple(d.inner[2:] if d is not None else self._array(shard_id, BLOCK_FRAMES).shape[2:])
+        ok = isinstance(out, np.ndarray) and out.dtype == np.uint8 and out.shape[1:] == frame
+        if not (ok and out.shape[0] >= t and out.flags.c_contiguous and out.flags.writeable):
+            got = f"{out.dtype} {out.shape}" if isinstance(out, np.ndarray) else type(out).__name__
+            flags = (
+                ""
+                if not isinstance(out, np.ndarray)
+                else f" (C-contiguous: {out.flags.c_contiguous}, writeable: {out.flags.writeable})"
+            )
+            raise LoaderError(
+                f"read_frames_into({i}, out): sample {i} is {t} frames of {frame}; out is {got}{flags}.",
+                fix=f"give a writable C-contiguous uint8 array of shape (N, *{frame}) with N >= {t}",
+            )
+        if d is None:
+            out[:t] = self._zarr_read(shard_id, BLOCK_FRAMES, (row, slice(0, t)))
+        else:
+            self._decode(shard_id, BLOCK_FRAMES, d, row, t, out)
+        out[t:] = 0
+        return t
 
     def read_actions(self, i: int) -> np.ndarray[Any, Any] | None:
         meta = self._row(i)

@@ -27,6 +27,7 @@ from ..hashing import SHA256_RE, sha256_files_parallel
 from ..publish import make_staging_dir, publish_dir
 from ..storage import StoreLocation
 from .commit import finish_manifest
+from .determinism import canonical_zarr_json, default_blosc_split_mode
 from .format import (
     DEFAULT_MAX_FRAMES,
     MANIFEST_NAME,
@@ -220,11 +221,13 @@ class VinOfflineWriter:
         num_frames = np.array([r.num_frames for r in plan.rows], dtype=np.int32)
         widths = np.array([r.action_width for r in plan.rows], dtype=np.int16)
         rel_dir = shard_dir_name(plan.shard_id)
+        default_blosc_split_mode()
         arrays, hashes = write_shard_group(
             staging / rel_dir, frames, num_frames, widths, actions, self._encode_pool
         )
         rels = StoreLocation.parse(staging).tree_files(staging / rel_dir)
         rest = [staging / r for r in rels if str(staging / r) not in hashes]  # zarr.json and the like
+        canonical_zarr_json(rest)
         hashes.update(sha256_files_parallel(rest, workers=self.workers))
         entry = {
             "id": plan.shard_id,

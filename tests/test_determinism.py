@@ -1,0 +1,125 @@
+"""A store's bytes, and so its fingerprint, are a function of its declared inputs only: the process
+state a build inherits (settings other libraries or tests change, the environment, the working
+folder, the umask, the time zone, the writer's thread count) never enters them (issue 14, item 6).
+
+Each case builds the same small store twice in this process, once as it is and once with one piece
+of process state changed, and compares the fingerprints and every file's bytes."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from test_store import Upstream, build, make_upstream
+
+from stage2_data.store import store_fingerprint
+from stage2_data.store.determinism import default_blosc_split_mode
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory: pytest.TempPathFactory) -> Upstream:
+    return make_upstream(tmp_path_factory.mktemp("upstream"), range(1, 9))
+
+
+def _files(store: Path) -> dict[str, str]:
+    """sha256 of every file of a store but its manifest (which holds the time and local paths)."""
+    return {
+        str(p.relative_to(store)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(store.rglob("*"))
+        if p.is_file() and p.name != "manifest.json"
+    }
+
+
+@contextlib.contextmanager
+def _zarr_json_indent() -> Iterator[None]:
+    # zarr formats zarr.json by this process-wide setting (also ZARR_JSON_INDENT, a zarr config file)
+    with zarr.config.set({"json_indent": None}):
+        yield
+
+
+@contextlib.contextmanager
+def _umask() -> Iterator[None]:
+    old = os.umask(0o077)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+@contextlib.contextmanager
+def _cwd(tmp: Path) -> Iterator[None]:
+    old = Path.cwd()
+    os.chdir(tmp)
+    try:
+        yield
+    finally:
+        os.chdir(old)
+
+
+@contextlib.contextmanager
+def _time_zone() -> Iterator[None]:
+    old = os.environ.get("TZ")
+    os.environ["TZ"] = "Pacific/Kiritimati"  # UTC+14: another calendar day than UTC for 14 hours
+    time.tzset()
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TZ", None)
+        else:
+            os.environ["TZ"] = old
+        time.tzset()
+
+
+@contextlib.contextmanager
+def _blosc_split_mode() -> Iterator[None]:
+    # another library compresses through Blosc's global context with BLOSC_SPLITMODE set: Blosc's
+    # process-wide split mode is now "never" (for every later compression, on any thread)
+    import numcodecs
+    import numcodecs.blosc
+
+    saved = numcodecs.blosc.use_threads
+    os.environ["BLOSC_SPLITMODE"] = "NEVER"
+    try:
+        numcodecs.blosc.use_threads = True
+        numcodecs.Blosc("lz4", 5, numcodecs.Blosc.SHUFFLE).encode(np.zeros(1 << 16, dtype=np.float32))
+        numcodecs.blosc.use_threads = saved
+        yield
+    finally:
+        numcodecs.blosc.use_threads = saved
+        os.environ.pop("BLOSC_SPLITMODE", None)
+        default_blosc_split_mode()  # (what the writer does: later tests compress as by default)
+
+
+CASES: dict[str, Callable[[Path], contextlib.AbstractContextManager[None]]] = {
+    "zarr_json_indent": lambda tmp: _zarr_json_indent(),
+    "blosc_split_mode": lambda tmp: _blosc_split_mode(),
+    "umask": lambda tmp: _umask(),
+    "cwd": _cwd,
+    "time_zone": lambda tmp: _time_zone(),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_process_state_never_enters_the_store(up: Upstream, tmp_path: Path, case: str) -> None:
+    plain = build(tmp_path / "plain" / "store", up)
+    with CASES[case](tmp_path):
+        changed = build(tmp_path / "changed" / "store", up)
+    assert _files(tmp_path / "changed" / "store") == _files(tmp_path / "plain" / "store")
+    assert changed["fingerprint"] == plain["fingerprint"]
+    assert store_fingerprint(tmp_path / "changed" / "store") == plain["fingerprint"]
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_the_writer_thread_count_never_enters_the_store(up: Upstream, tmp_path: Path, workers: int) -> None:
+    plain = build(tmp_path / "plain" / "store", up)
+    other = build(tmp_path / "other" / "store", up, workers=workers)
+    assert _files(tmp_path / "other" / "store") == _files(tmp_path / "plain" / "store")
+    assert other["fingerprint"] == plain["fingerprint"]
