@@ -93,13 +93,17 @@ def _step_seconds(root: Path) -> dict[str, float]:
     from dagster._core.instance.ref import InstanceRef
 
     out: dict[str, float] = {}
-    with dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(root / ".dagster"))) as inst:
+    # (not `with`: an instance's exit leaves it as Dagster's current state storage, see tests/conftest.py)
+    inst = dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(root / ".dagster")))
+    try:
         for run in inst.get_runs():
             st = inst.get_run_stats(run.run_id)
             out["runs"] = out.get("runs", 0.0) + (st.end_time or 0.0) - (st.start_time or 0.0)
             for step in inst.get_run_step_stats(run.run_id):
                 took = (step.end_time or 0.0) - (step.start_time or 0.0)
                 out[step.step_key] = out.get(step.step_key, 0.0) + took
+    finally:
+        inst.dispose()
     return {k: round(v, 2) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,6 +57,20 @@ def dagster_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pa
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     yield home
+
+
+@pytest.fixture(autouse=True)
+def _no_dagster_state_storage_left_behind() -> Iterator[None]:
+    """``with instance:`` (``dg.instance_for_test()`` too) sets Dagster's current definitions-state
+    storage, a context variable, and its exit disposes the instance without resetting it: every
+    later ``Definitions`` load in the process then opens the disposed instance's SQLite files (gone
+    with its temp folder: "unable to open database file"). Each test leaves it as it found it."""
+    base = sys.modules.get("dagster._core.storage.defs_state.base")
+    before = base._current_storage.get() if base is not None else None
+    yield
+    base = sys.modules.get("dagster._core.storage.defs_state.base")
+    if base is not None:
+        base._current_storage.set(before)
 
 
 @pytest.fixture(autouse=True)
