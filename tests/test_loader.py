@@ -213,6 +213,40 @@ def test_resolution_batches_one_resolution_each_and_resumable() -> None:
         SeededOrder(23, seed=3).load_state_dict(state)
 
 
+@pytest.mark.parametrize("size", [0, 2, 10, 23])
+def test_orders_share_an_epoch_out_across_ranks(size: int) -> None:
+    """With world_size > 1 every rank walks the same epoch permutation and takes every world_size-th
+    item of it, padded by its first items: equal shares that cover the epoch, disjoint but for the
+    padding, new each epoch, and a state that resumes only on its own rank."""
+    ws = 3
+    ranks = [SeededOrder(size, seed=5, rank=r, world_size=ws) for r in range(ws)]
+    for epoch in range(2):
+        whole = SeededOrder(size, seed=5, epoch=epoch).items(epoch)
+        shares = [list(o) for o in ranks]
+        per = -(-size // ws)
+        assert [len(sh) for sh in shares] == [per] * ws  # no rank waits for another
+        assert sorted(p for sh in shares for p in sh) == sorted(whole + whole[: per * ws - size])
+        assert [shares[i % ws][i // ws] for i in range(size)] == whole  # interleaved, in epoch order
+    if size > ws:
+        with pytest.raises(LoaderError, match="rank: saved 1, here 0"):
+            SeededOrder(size, seed=5, rank=0, world_size=ws).load_state_dict(ranks[1].state_dict())
+        with pytest.raises(LoaderError, match="world_size: saved 3, here 1"):
+            SeededOrder(size, seed=5).load_state_dict(ranks[0].state_dict())
+        mid = SeededOrder(size, seed=5, rank=1, world_size=ws)
+        it = iter(mid)
+        next(it)
+        back = SeededOrder(size, seed=5, rank=1, world_size=ws)
+        back.load_state_dict(mid.state_dict(consumed=1))
+        assert list(back) == mid.items(0)[1:]
+    res = [(8, 10) if i % 3 else (6, 12) for i in range(size)]
+    batches = [list(ResolutionBatches(res, 4, seed=3, rank=r, world_size=ws)) for r in range(ws)]
+    every = ResolutionBatches(res, 4, seed=3).items(0)
+    assert len({len(b) for b in batches}) == 1
+    assert {tuple(b) for share in batches for b in share} == {tuple(b) for b in every}
+    with pytest.raises(LoaderError, match="0 <= rank < world_size"):
+        SeededOrder(size, rank=3, world_size=3)
+
+
 # ----- worker processes ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_pool_loader_two_workers(store: Path, up: Upstream, context: str) -> None:

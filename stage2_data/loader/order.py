@@ -11,6 +11,11 @@ that iterates them (never in a worker).
   argsort, on every machine.
 * **Epochs advance by themselves.** Iterating to the end moves the order to the next epoch (a new
   permutation each epoch, no ``set_epoch`` to forget); ``set_epoch(e)`` chooses one.
+* **Sharded across ranks.** With ``world_size`` > 1 (data-parallel training, one order per rank),
+  each epoch's items (the same permutation on every rank) are padded by repeating its first items
+  to a multiple of ``world_size``, and rank ``r`` takes items ``r, r + world_size, ...``: the
+  ranks' shares are disjoint but for the padding, cover the epoch, and are equally long, so no rank
+  waits for another at the epoch's end (what ``torch.utils.data.DistributedSampler`` does).
 * **Resumable mid-epoch.** ``state_dict(consumed=k)`` is where training stands after it has taken
   ``k`` items (samples for :class:`SeededOrder`, batches for :class:`ResolutionBatches`) of the
   epoch being iterated; ``load_state_dict`` of it (on an order over the same selection) continues
@@ -44,9 +49,17 @@ class _EpochOrder(Generic[Item]):
 
     kind = ""
 
-    def __init__(self, *, seed: int, shuffle: bool, epoch: int, start: int) -> None:
+    def __init__(
+        self, *, seed: int, shuffle: bool, epoch: int, start: int, rank: int = 0, world_size: int = 1
+    ) -> None:
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise LoaderError(
+                f"rank {rank} of world_size {world_size}: need world_size >= 1 and 0 <= rank < world_size.",
+                fix="give each data-parallel process its rank (0 .. world_size-1) and the number of processes",
+            )
         self.seed = int(seed)
         self.shuffle = bool(shuffle)
+        self.rank, self.world_size = int(rank), int(world_size)
         #: the epoch the next iteration walks, and the item of it the next iteration starts at
         self.epoch = self.start = 0
         # the epoch and start of the iteration under way (what ``consumed`` counts from), items handed out
@@ -54,9 +67,18 @@ class _EpochOrder(Generic[Item]):
         self._handed = 0
         self._place(epoch, start)
 
-    # subclasses: the items of one epoch, in order, and what must match for a state to apply
-    def items(self, epoch: int) -> list[Item]:
+    # subclasses: the items of one epoch (every rank's), in order, and what must match for a state to apply
+    def epoch_items(self, epoch: int) -> list[Item]:
         raise NotImplementedError
+
+    def items(self, epoch: int) -> list[Item]:
+        """This rank's items of ``epoch``, in order (all of them when ``world_size`` is 1)."""
+        every = self.epoch_items(epoch)
+        if self.world_size == 1 or not every:
+            return every
+        per = -(-len(every) // self.world_size)
+        padded = (every * (-(-per * self.world_size // len(every))))[: per * self.world_size]
+        return padded[self.rank :: self.world_size]
 
     def _identity(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -111,13 +133,18 @@ class _EpochOrder(Generic[Item]):
         if pos == total:
             epoch, pos = epoch + 1, 0
         head = {"kind": self.kind, "seed": self.seed, "shuffle": self.shuffle, "epoch": epoch, "start": pos}
-        return head | self._identity()
+        return head | (self._ranks() if self.world_size > 1 else {}) | self._identity()
+
+    def _ranks(self) -> dict[str, int]:
+        return {"rank": self.rank, "world_size": self.world_size}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue where ``state`` (from :meth:`state_dict`) stood; refused when it was saved by an
         order of another kind, seed or selection."""
-        mine = {"kind": self.kind, "seed": self.seed, "shuffle": self.shuffle} | self._identity()
-        theirs = {k: state.get(k) for k in mine}
+        mine = (
+            {"kind": self.kind, "seed": self.seed, "shuffle": self.shuffle} | self._ranks() | self._identity()
+        )
+        theirs = {k: state.get(k, 0 if k == "rank" else 1 if k == "world_size" else None) for k in mine}
         if theirs != mine:
             diff = ", ".join(
                 f"{k}: saved {theirs[k]!r}, here {mine[k]!r}" for k in mine if theirs[k] != mine[k]
@@ -136,14 +163,24 @@ class SeededOrder(_EpochOrder[int]):
     kind = "samples"
 
     def __init__(
-        self, size: int, *, seed: int = 0, shuffle: bool = True, epoch: int = 0, start: int = 0
+        self,
+        size: int,
+        *,
+        seed: int = 0,
+        shuffle: bool = True,
+        epoch: int = 0,
+        start: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
     ) -> None:
         if size < 0:
             raise LoaderError(f"size {size} is negative.", fix="give the dataset's len()")
         self.size = int(size)
-        super().__init__(seed=seed, shuffle=shuffle, epoch=epoch, start=start)
+        super().__init__(
+            seed=seed, shuffle=shuffle, epoch=epoch, start=start, rank=rank, world_size=world_size
+        )
 
-    def items(self, epoch: int) -> list[int]:
+    def epoch_items(self, epoch: int) -> list[int]:
         if not self.shuffle:
             return list(range(self.size))
         return permutation(self.size, self.seed, epoch).tolist()
@@ -159,7 +196,8 @@ class ResolutionBatches(_EpochOrder[list[int]]):
     resolution's positions are permuted (seeded by ``(seed, epoch)``), cut into batches of
     ``batch_size`` (the last one of a resolution smaller unless ``drop_last``), and the batches of
     every resolution are then permuted together, so resolutions are mixed across batches, never
-    within one. ``start`` and ``consumed`` count batches.
+    within one. ``start`` and ``consumed`` count batches; with ``world_size`` > 1 the batches are
+    shared out across ranks (module docstring), each batch whole on one rank.
     """
 
     kind = "batches"
@@ -174,6 +212,8 @@ class ResolutionBatches(_EpochOrder[list[int]]):
         drop_last: bool = False,
         epoch: int = 0,
         start: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
     ) -> None:
         if batch_size < 1:
             raise LoaderError(f"batch_size {batch_size} is not positive.", fix="give batch_size >= 1")
@@ -184,10 +224,12 @@ class ResolutionBatches(_EpochOrder[list[int]]):
             groups.setdefault((int(res[0]), int(res[1])), []).append(pos)
         self.groups = {res: np.asarray(pos, dtype=np.int64) for res, pos in sorted(groups.items())}
         self.size = len(resolutions)
-        super().__init__(seed=seed, shuffle=shuffle, epoch=epoch, start=start)
+        super().__init__(
+            seed=seed, shuffle=shuffle, epoch=epoch, start=start, rank=rank, world_size=world_size
+        )
         self._cache: tuple[int, list[list[int]]] | None = None
 
-    def items(self, epoch: int) -> list[list[int]]:
+    def epoch_items(self, epoch: int) -> list[list[int]]:
         if self._cache is not None and self._cache[0] == epoch:
             return self._cache[1]
         batches: list[list[int]] = []
