@@ -83,6 +83,32 @@ def cmd_preview(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export_rrd(args: argparse.Namespace) -> int:
+    from ..preview.rrd import export_rrd
+    from ..store import VinOfflineStoreReader
+
+    with VinOfflineStoreReader(_target(args.store), storage_options(args)) as reader:
+        e = export_rrd(reader, args.sample, args.out)
+        store = reader.resolved
+    doc = {
+        "ok": True,
+        "out": str(e.out.absolute()),
+        "store": store,
+        "sample_index": e.sample_index,
+        "sample_key": e.sample_key,
+        "num_frames": e.num_frames,
+        "action_width": e.action_width,
+        "bytes": e.bytes,
+    }
+    if args.json:
+        print_json(doc)
+        return 0
+    acts = f"{e.action_width} action dimensions" if e.action_width else "no actions"
+    print(f"wrote {doc['out']} (sample #{e.sample_index} {e.sample_key}: {e.num_frames} frames, {acts})")
+    print(f"open it with: rerun {doc['out']}")
+    return 0
+
+
 # stage2_data.preview's DEFAULT_N and MAX_N, spelled here so that `stage2` starts without importing
 # Pillow (tests/test_preview.py checks they agree)
 DEFAULT_N = 3
@@ -119,4 +145,29 @@ def register(sub: Any) -> None:
     )
     finish_command(
         p, cmd_preview, json_help="print one JSON object (out, size, the samples shown)", storage_option=True
+    )
+
+    e = sub.add_parser(
+        "export-rrd",
+        help="write one trajectory (frames and actions) as a Rerun recording (.rrd)",
+        description="Write one sample of the store as a Rerun recording: its frames as stored on a `frame` "
+        "timeline, its aligned actions as one scalar series per dimension, its task text and metadata; open "
+        "it with `rerun FILE.rrd` (the viewer LeRobot's dataset visualizer uses). Needs the rerun-sdk "
+        "package (pip install 'stage2-data[rerun]'). Without --out the file is "
+        "./stage2-<store>-<sample key>.rrd; its path is printed.",
+        epilog=f"Example:\n  stage2 export-rrd {STORE_EXAMPLE} 0\n"
+        f"  stage2 export-rrd {STORE_EXAMPLE} <sample key> --out traj.rrd",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    e.add_argument("store", help=STORE_ARG_HELP)
+    e.add_argument("sample", help="the sample: its index in the store (0, 1, ...) or its sample key")
+    e.add_argument(
+        "--out",
+        default=None,
+        metavar="FILE.rrd",
+        help="the recording to write (a folder: the default name inside it); default "
+        "./stage2-<store>-<sample key>.rrd",
+    )
+    finish_command(
+        e, cmd_export_rrd, json_help="print one JSON object (out, sample, frames, bytes)", storage_option=True
     )
