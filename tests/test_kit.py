@@ -5,6 +5,7 @@ whatever decodes the manifests)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -26,9 +27,24 @@ def test_happy_path_counts(tmp_path: Path) -> None:
     )
     # no staging leftovers
     assert sorted(p.name for p in (b.data_root / "derived").iterdir()) == [
+        ".sidecars.index.json",
         ".sidecars.json",
         "action_sidecars",
     ]
+    # the index: what the unpack read in every sidecar it wrote, with the file's size and mtime then
+    recorded = kit.recorded_sidecars(b.data_root / "derived")
+    assert sorted(recorded) == sorted(b.spec.sidecars)
+    for rel, rec in recorded.items():
+        st = (b.data_root / "derived" / rel).stat()
+        assert (
+            (rec["size"], rec["mtime_ns"])
+            == (st.st_size, st.st_mtime_ns)
+            == (len(b.spec.sidecars[rel]), rec["mtime_ns"])
+        )
+        assert (
+            rec["info"]["sha256"] == hashlib.sha256(b.spec.sidecars[rel]).hexdigest()
+            and rec["info"]["problems"] == []
+        )
 
     link = kit.link_check(b.profile, b.data_root)
     assert link.problems == []

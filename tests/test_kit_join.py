@@ -59,6 +59,34 @@ def test_join_is_deterministic_and_atomic(tmp_path: Path) -> None:
     assert [p.name for p in layout.join_table_path(b.data_root).parent.iterdir()] == [layout.JOIN_TABLE]
 
 
+def test_join_uses_what_the_unpack_read_and_rereads_a_changed_file(tmp_path: Path) -> None:
+    """The join takes each sidecar's facts from the unpack's index while the file's size and mtime
+    are what the unpack wrote (it parsed those very bytes), and reads the file again otherwise."""
+    import json
+    import os
+
+    b = build(tmp_path)
+    derived = b.data_root / "derived"
+    index_path = derived / kit.SIDECAR_INDEX
+    doc = json.loads(index_path.read_text())
+    rel = sorted(doc["files"])[0]
+    # the index says another width for one file (its bytes unchanged): the join believes the index
+    doc["files"][rel]["info"]["raw_width"] = 99
+    index_path.write_text(json.dumps(doc))
+    join = kit.build_join_table(b.profile, b.data_root)
+    assert [p for p in join.problems if "raw action width 99" in p], join.problems
+    # the same file touched since: read again, and the truth is back
+    path = derived / rel
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    assert kit.build_join_table(b.profile, b.data_root).problems == []
+    # an index of another unpack (another tar) is not used at all
+    doc["tar_sha256"] = "0" * 64
+    index_path.write_text(json.dumps(doc))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert kit.build_join_table(b.profile, b.data_root).problems == []
+
+
 # ------------------------------------------------------------------------------------------------
 # Problems, each injected alone (helpers.kit.CASES)
 # ------------------------------------------------------------------------------------------------

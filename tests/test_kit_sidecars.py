@@ -168,6 +168,7 @@ def test_refused_tar_leaves_previous_unpack_in_place(tmp_path: Path) -> None:
     after = sorted(p.name for p in (b.data_root / "derived" / "action_sidecars" / "autoeval").iterdir())
     assert before == after and len(after) == 5
     assert sorted(p.name for p in (b.data_root / "derived").iterdir()) == [
+        ".sidecars.index.json",
         ".sidecars.json",
         "action_sidecars",
     ]

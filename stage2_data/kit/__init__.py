@@ -25,7 +25,14 @@ from .manifests import (
     load_pairs,
 )
 from .problems import raise_for_problems
-from .sidecars import SIDECAR_KEYS, SIDECAR_MARKER, SidecarUnpackResult, unpack_sidecars
+from .sidecars import (
+    SIDECAR_INDEX,
+    SIDECAR_KEYS,
+    SIDECAR_MARKER,
+    SidecarUnpackResult,
+    recorded_sidecars,
+    unpack_sidecars,
+)
 from .subset_bytes import ByteReport, verify_subset_bytes
 
 __all__ = [
@@ -35,6 +42,7 @@ __all__ = [
     "ACTION_OPTIONAL",
     "RECOVERED",
     "SIDECAR_MARKER",
+    "SIDECAR_INDEX",
     "SIDECAR_KEYS",
     "PROCESSED_COLUMNS",
     "PairRow",
@@ -46,6 +54,7 @@ __all__ = [
     "ByteReport",
     "load_pairs",
     "load_action_manifests",
+    "recorded_sidecars",
     "unpack_sidecars",
     "build_join_table",
     "link_check",

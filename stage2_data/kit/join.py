@@ -21,7 +21,7 @@ from ..publish import UMASK_MODE, atomic_write_bytes
 from .listing import file_sizes, list_files, sidecar_dirs
 from .manifests import RECOVERED, ActionRow, PairRow, load_action_manifests, load_pairs
 from .problems import missing_frames_problem, unnamed_sidecar_problem
-from .sidecars import _read_sidecars, _SidecarInfo
+from .sidecars import _SidecarInfo, sidecar_infos
 
 __all__ = ["JOIN_SCHEMA", "PROCESSED_COLUMNS", "JoinResult", "build_join_table"]
 
@@ -288,8 +288,9 @@ def build_join_table(
                 f"{derived_s}/{ar.sidecar_path} is missing"
             )
     problems.extend(unnamed_sidecar_problem(derived, rel) for rel in sorted(on_disk - named))
-    read = _read_sidecars(
-        [f"{derived_s}/{action_of[t].sidecar_path}" for t in to_read], check_sidecar_sha256, workers
+    # what the unpack read in each sidecar as it wrote it, for files it still describes; the rest read
+    read = sidecar_infos(
+        derived, [str(action_of[t].sidecar_path) for t in to_read], check_sidecar_sha256, workers
     )
     infos = dict(zip(to_read, read, strict=True))
     widths_seen: dict[str, Counter[int]] = defaultdict(Counter)

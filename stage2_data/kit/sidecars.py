@@ -14,9 +14,9 @@ import tarfile
 import time
 import zipfile
 import zlib
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -35,15 +35,22 @@ from .listing import count_sidecar_files, sidecar_dirs
 from .sidecar_data import DATA_KEYS, check_sidecar_arrays
 
 __all__ = [
+    "SIDECAR_INDEX",
     "SIDECAR_MARKER",
     "SIDECAR_KEYS",
     "SidecarDataCheck",
     "SidecarUnpackResult",
     "check_sidecars_on_disk",
+    "recorded_sidecars",
+    "sidecar_infos",
     "unpack_sidecars",
 ]
 
 SIDECAR_MARKER = ".sidecars.json"
+#: what the unpack read in each sidecar it wrote (keyed by path under derived/, with the file's size
+#: and mtime then), so the join need not read 20k files again: :func:`recorded_sidecars`
+SIDECAR_INDEX = ".sidecars.index.json"
+_PARSE_AHEAD = 256  # sidecars written but not yet parsed, at most
 SIDECAR_KEYS = ("metadata_json", "raw_actions", "aligned_actions", "source_indices", "alignment_indices")
 _SIDECAR_READ_LIMIT = 64 * 1024 * 1024
 
@@ -198,10 +205,14 @@ def unpack_sidecars(profile: Profile, data_root: Path, *, force: bool = False) -
             total = sum(m.size for _, _, m in files)
             require_free_space(derived, total + 16 * 1024 * 1024, f"unpacking {tar_path.name}")
             by_source: Counter[str] = Counter()
-            if marker.exists():
-                marker.unlink()
-            with staging(final, mode=0o700) as tmp:
+            for stale in (marker, derived / SIDECAR_INDEX):
+                stale.unlink(missing_ok=True)
+            index: dict[str, dict[str, Any]] = {}
+            # Each sidecar's headers and data are checked as it is written, on one thread beside
+            # this one (the parse holds the GIL, file creation does not), for the join to use.
+            with staging(final, mode=0o700) as tmp, ThreadPoolExecutor(1) as parser:
                 made: set[str] = set()
+                parsing: deque[tuple[str, os.stat_result, Future[_SidecarInfo]]] = deque()
                 for source, fname, m in files:
                     if source not in made:
                         (tmp / source).mkdir(exist_ok=True)
@@ -210,9 +221,16 @@ def unpack_sidecars(profile: Profile, data_root: Path, *, force: bool = False) -
                     if src is None:  # pragma: no cover - regular files always have data
                         raise ArchiveError(f"{tar_path}: cannot read member {m.name!r}")
                     dest = tmp / source / fname
+                    rel = f"{layout.SIDECARS_DIR}/{source}/{fname}"
+                    body = src.read(m.size) if m.size <= _SIDECAR_READ_LIMIT else None
                     with src, open(dest, "wb") as out:
-                        shutil.copyfileobj(src, out, 1024 * 1024)
+                        if body is None:
+                            shutil.copyfileobj(src, out, 1024 * 1024)
+                        else:
+                            out.write(body)
                         written = out.tell()
+                        out.flush()  # (then its size and mtime are what the file keeps)
+                        written_st = os.fstat(out.fileno())
                     if written != m.size:
                         raise ArchiveError(
                             f"{tar_path}: member {m.name!r} is truncated ({written} of {m.size} bytes)",
@@ -220,6 +238,13 @@ def unpack_sidecars(profile: Profile, data_root: Path, *, force: bool = False) -
                         )
                     os.chmod(dest, 0o644)
                     by_source[source] += 1
+                    if body is not None and fname.endswith(".npz"):
+                        label = str(final / source / fname)
+                        parsing.append((rel, written_st, parser.submit(_parse_sidecar, body, label, True)))
+                    while len(parsing) > _PARSE_AHEAD or (parsing and parsing[0][2].done()):
+                        _record(index, *parsing.popleft())
+                while parsing:
+                    _record(index, *parsing.popleft())
                 publish_dir(tmp, final)
     except (tarfile.TarError, EOFError) as e:
         raise ArchiveError(
@@ -233,6 +258,7 @@ def unpack_sidecars(profile: Profile, data_root: Path, *, force: bool = False) -
         by_source=dict(sorted(by_source.items())),
         seconds=0.0,
     )
+    atomic_write_json(derived / SIDECAR_INDEX, {"tar_sha256": actual, "files": index})
     atomic_write_json(
         marker,
         {
@@ -269,19 +295,27 @@ def _read_sidecar(path: str | Path, want_sha: bool) -> _SidecarInfo:
     A lean reader of the npz (zip) container: only headers are parsed, ``metadata_json`` is read
     with ``np.frombuffer`` after its dtype is checked; an object (pickled) array is a problem and is
     never unpickled."""
-    info = _SidecarInfo()
     label = str(path)
     try:
         with open(path, "rb") as f:
             data = f.read(_SIDECAR_READ_LIMIT + 1)
             if len(data) > _SIDECAR_READ_LIMIT:
-                info.bytes = os.fstat(f.fileno()).st_size
+                info = _SidecarInfo(bytes=os.fstat(f.fileno()).st_size)
                 if want_sha:
                     info.sha256 = sha256_file(path)
                 info.problems.append(
                     f"{label}: {info.bytes} bytes, too large for an action sidecar; not read"
                 )
                 return info
+    except OSError as e:
+        return _SidecarInfo(problems=[f"{label}: unreadable sidecar npz ({type(e).__name__}: {e})"])
+    return _parse_sidecar(data, label, want_sha)
+
+
+def _parse_sidecar(data: bytes, label: str, want_sha: bool) -> _SidecarInfo:
+    """:func:`_read_sidecar` of a sidecar's bytes (``label`` names it in problems)."""
+    info = _SidecarInfo()
+    try:
         info.bytes = len(data)
         if want_sha:
             info.sha256 = hashlib.sha256(data).hexdigest()
@@ -370,6 +404,60 @@ def _read_sidecar(path: str | Path, want_sha: bool) -> _SidecarInfo:
     ) as e:
         info.problems.append(f"{label}: unreadable sidecar npz ({type(e).__name__}: {e})")
     return info
+
+
+def _record(
+    index: dict[str, dict[str, Any]], rel: str, st: os.stat_result, fut: Future[_SidecarInfo]
+) -> None:
+    index[rel] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "info": asdict(fut.result())}
+
+
+def recorded_sidecars(derived: Path) -> dict[str, dict[str, Any]]:
+    """What the last unpack read in each sidecar it wrote, by path under ``derived/`` (with the
+    file's size and mtime then), when the index belongs to the unpack the marker records; else {}."""
+    try:
+        marker = json.loads((derived / SIDECAR_MARKER).read_text(encoding="utf-8"))
+        doc = json.loads((derived / SIDECAR_INDEX).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not (isinstance(marker, dict) and isinstance(doc, dict) and isinstance(doc.get("files"), dict)):
+        return {}
+    if doc.get("tar_sha256") != marker.get("tar_sha256"):
+        return {}
+    return doc["files"]  # type: ignore[no-any-return]
+
+
+def sidecar_infos(
+    derived: Path, rels: Sequence[str], want_sha: bool, workers: int | None = None
+) -> list[_SidecarInfo]:
+    """The facts of the sidecars ``rels`` (paths under ``derived/``): from the unpack's index for a
+    file whose size and mtime are still what the unpack wrote (the unpack parsed those very bytes),
+    read again for any other."""
+    recorded = recorded_sidecars(derived)
+    out: list[_SidecarInfo | None] = []
+    again: list[tuple[int, str]] = []
+    for rel in rels:
+        rec = recorded.get(rel)
+        path = f"{derived}/{rel}"
+        try:
+            st = os.stat(path)
+        except OSError:
+            st = None
+        if (
+            rec is not None
+            and st is not None
+            and (st.st_size, st.st_mtime_ns) == (rec["size"], rec["mtime_ns"])
+        ):
+            try:
+                out.append(_SidecarInfo(**rec["info"]))
+                continue
+            except TypeError:  # an index of another version: read the file
+                pass
+        again.append((len(out), path))
+        out.append(None)
+    for (i, _), info in zip(again, _read_sidecars([p for _, p in again], want_sha, workers), strict=True):
+        out[i] = info
+    return [o if o is not None else _SidecarInfo() for o in out]
 
 
 @dataclass
