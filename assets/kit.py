@@ -7,7 +7,7 @@ import dagster as dg
 from stage2_data import checks as C
 from stage2_data import steps
 from stage2_data.kit import link_check
-from stage2_data.kit.sidecars import check_sidecars_on_disk
+from stage2_data.kit.sidecar_facts import check_sidecars_on_disk
 from stage2_data.stages import ACTION_SIDECARS, SUBSET_CHECKSUMS, TRAJECTORY_JOIN
 from stage2_resources import DataRootResource, ProfileResource
 

@@ -41,7 +41,7 @@ from stage2_data import layout
 from stage2_data.acquire import archive_state, remaining_download_bytes
 from stage2_data.extract import check_extraction
 from stage2_data.fsutil import human_bytes
-from stage2_data.kit.sidecars import SIDECAR_MARKER
+from stage2_data.kit.sidecar_facts import SIDECAR_MARKER
 from stage2_data.profile import Profile
 from stage2_data.stages import (
     ACQUIRE,

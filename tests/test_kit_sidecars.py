@@ -1,4 +1,4 @@
-"""stage2_data.kit.sidecars: the sidecar tar (checksum, unsafe members, atomic unpack) and one
+"""stage2_data.kit.sidecars and sidecar_facts: the sidecar tar (checksum, unsafe members, atomic unpack) and one
 sidecar npz (object arrays refused, container variants), on the tiny kit (tests/helpers/kit.py)."""
 
 from __future__ import annotations

@@ -25,14 +25,8 @@ from .manifests import (
     load_pairs,
 )
 from .problems import raise_for_problems
-from .sidecars import (
-    SIDECAR_INDEX,
-    SIDECAR_KEYS,
-    SIDECAR_MARKER,
-    SidecarUnpackResult,
-    recorded_sidecars,
-    unpack_sidecars,
-)
+from .sidecar_facts import SIDECAR_INDEX, SIDECAR_KEYS, SIDECAR_MARKER, recorded_sidecars
+from .sidecars import SidecarUnpackResult, unpack_sidecars
 from .subset_bytes import ByteReport, verify_subset_bytes
 
 __all__ = [

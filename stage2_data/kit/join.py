@@ -21,7 +21,7 @@ from ..publish import UMASK_MODE, atomic_write_bytes
 from .listing import file_sizes, list_files, sidecar_dirs
 from .manifests import RECOVERED, ActionRow, PairRow, load_action_manifests, load_pairs
 from .problems import missing_frames_problem, unnamed_sidecar_problem
-from .sidecars import _SidecarInfo, sidecar_infos
+from .sidecar_facts import _SidecarInfo, sidecar_infos
 
 __all__ = ["JOIN_SCHEMA", "PROCESSED_COLUMNS", "JoinResult", "build_join_table"]
 

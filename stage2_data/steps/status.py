@@ -31,7 +31,7 @@ from .. import __version__, layout
 from ..acquire import archive_state
 from ..extract import EXTRACTOR_VERSION, check_extraction, load_extraction_record, write_json_if_changed
 from ..fsutil import canonical_json
-from ..kit.sidecars import SIDECAR_MARKER
+from ..kit.sidecar_facts import SIDECAR_MARKER
 from ..profile import Profile
 from ..stages import ACQUIRE, EXTRACT, PROFILE, STORE
 from ..store import OFFLINE_DATASET_VERSION
