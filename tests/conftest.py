@@ -17,7 +17,7 @@ from stage2_data.demo.hubserver import HubServer
 
 # Test tiers (fast / slow / system) for `make test-fast`: see tests/_tiers.py. Fixture plugins
 # (lerobot style): tests/fixtures/*.py, each a module of fixtures that every test can use.
-pytest_plugins = ["_tiers", "fixtures.faults"]
+pytest_plugins = ["_tiers", "fixtures.faults", "fixtures.stores"]
 
 
 @pytest.fixture(scope="session")

@@ -11,23 +11,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_store import Upstream, build, make_upstream
+from test_store import Upstream
 
 from stage2_data.errors import LoaderError, MixedResolutionError
 from stage2_data.loader import PoolLoader, ResolutionBatches, SeededOrder, Selection, collate, permutation
 from stage2_data.loader.select import DeferredFrames
-
-
-@pytest.fixture(scope="module")
-def up(tmp_path_factory: pytest.TempPathFactory) -> Upstream:
-    return make_upstream(tmp_path_factory.mktemp("loader-up"), range(1, 31))
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory, up: Upstream) -> Path:
-    out = tmp_path_factory.mktemp("loader-store") / "store"
-    build(out, up, rows_per_shard=4)
-    return out
 
 
 def first_frames(item: dict[str, Any]) -> dict[str, Any]:

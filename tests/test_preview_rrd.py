@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_store import Upstream, build, make_upstream
+from test_store import Upstream
 
 from stage2_data.cli import main
 from stage2_data.errors import PreviewError
@@ -20,18 +20,6 @@ from stage2_data.preview.rrd import export_rrd
 from stage2_data.store import VinOfflineStoreReader
 
 rerun_chunk = pytest.importorskip("rerun.chunk")
-
-
-@pytest.fixture(scope="module")
-def up(tmp_path_factory: pytest.TempPathFactory) -> Upstream:
-    return make_upstream(tmp_path_factory.mktemp("rrd-up"), range(1, 11))
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory, up: Upstream) -> Path:
-    out = tmp_path_factory.mktemp("rrd-store") / "store"
-    build(out, up, rows_per_shard=4)
-    return out
 
 
 def _recording(path: Path) -> tuple[Any, dict[str, list[Any]]]:
@@ -99,7 +87,7 @@ def test_a_trajectory_round_trips_through_rerun(
 @pytest.mark.parametrize(
     ("sample", "message"),
     [
-        ("99", r"sample 99 is out of range for store .* \(10 samples\)\. Fix: give an index from 0 to 9"),
+        ("99", r"sample 99 is out of range for store .* \(30 samples\)\. Fix: give an index from 0 to 29"),
         (
             "no-such-key",
             r"no sample with key 'no-such-key' in store .*Fix: give a sample index or one of its keys",

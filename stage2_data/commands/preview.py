@@ -115,6 +115,15 @@ DEFAULT_N = 3
 MAX_N = 64
 
 
+def _out_arg(p: argparse.ArgumentParser, metavar: str, what: str, default: str) -> None:
+    p.add_argument(
+        "--out",
+        default=None,
+        metavar=metavar,
+        help=f"{what} (a folder: the default name inside it); default {default}",
+    )
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "preview",
@@ -136,13 +145,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--n", type=_n, default=DEFAULT_N, metavar="N", help=f"trajectories per source (default {DEFAULT_N})"
     )
-    p.add_argument(
-        "--out",
-        default=None,
-        metavar="FILE.png",
-        help="the PNG to write (a folder: the default name inside it); default "
-        "./stage2-preview-<store>[-<source>].png",
-    )
+    _out_arg(p, "FILE.png", "the PNG to write", "./stage2-preview-<store>[-<source>].png")
     finish_command(
         p, cmd_preview, json_help="print one JSON object (out, size, the samples shown)", storage_option=True
     )
@@ -161,13 +164,7 @@ def register(sub: Any) -> None:
     )
     e.add_argument("store", help=STORE_ARG_HELP)
     e.add_argument("sample", help="the sample: its index in the store (0, 1, ...) or its sample key")
-    e.add_argument(
-        "--out",
-        default=None,
-        metavar="FILE.rrd",
-        help="the recording to write (a folder: the default name inside it); default "
-        "./stage2-<store>-<sample key>.rrd",
-    )
+    _out_arg(e, "FILE.rrd", "the recording to write", "./stage2-<store>-<sample key>.rrd")
     finish_command(
         e, cmd_export_rrd, json_help="print one JSON object (out, sample, frames, bytes)", storage_option=True
     )
