@@ -76,8 +76,8 @@ class _EpochOrder(Generic[Item]):
         every = self.epoch_items(epoch)
         if self.world_size == 1 or not every:
             return every
-        per = -(-len(every) // self.world_size)
-        padded = (every * (-(-per * self.world_size // len(every))))[: per * self.world_size]
+        per = -(-len(every) // self.world_size)  # items per rank, the epoch's rounded up
+        padded = [every[k % len(every)] for k in range(per * self.world_size)]
         return padded[self.rank :: self.world_size]
 
     def _identity(self) -> dict[str, Any]:
@@ -144,7 +144,8 @@ class _EpochOrder(Generic[Item]):
         mine = (
             {"kind": self.kind, "seed": self.seed, "shuffle": self.shuffle} | self._ranks() | self._identity()
         )
-        theirs = {k: state.get(k, 0 if k == "rank" else 1 if k == "world_size" else None) for k in mine}
+        single = {"rank": 0, "world_size": 1}  # a state saved without ranks is a single process's
+        theirs = {k: state.get(k, single.get(k)) for k in mine}
         if theirs != mine:
             diff = ", ".join(
                 f"{k}: saved {theirs[k]!r}, here {mine[k]!r}" for k in mine if theirs[k] != mine[k]

@@ -25,7 +25,6 @@ from ..errors import LoaderError
 from ..storage import StoreLocation
 from ..store import VinOfflineDataset, VinOfflineStoreReader
 from ..store.dataset import checked_index
-from ..store.format import SAMPLE_INDEX_FIELDS
 
 Transform = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -166,13 +165,6 @@ class Selection:
             return self[i]
         ds = self.dataset
         index = int(ds.indices[int(self.positions[checked_index(i, len(self), "a selection")])])
-        reader = ds.reader
-        meta = reader.sample_index[index]
-        t = int(meta["num_frames"])
-        actions = reader.read_actions(index)
-        if actions is None:
-            actions = np.zeros((t, 0), dtype=np.float32)
-        item: dict[str, Any] = {k: meta[k] for k in SAMPLE_INDEX_FIELDS}
-        shape = (t, int(meta["frame_height"]), int(meta["frame_width"]), 3)
-        item.update({"frames": DeferredFrames(reader, index, shape), "actions": actions, "num_frames": t})
-        return item
+        meta = ds.reader.sample_index[index]
+        shape = (int(meta["num_frames"]), int(meta["frame_height"]), int(meta["frame_width"]), 3)
+        return ds.sample_item(index, DeferredFrames(ds.reader, index, shape))

@@ -94,11 +94,18 @@ def resolve_out(out: str | os.PathLike[str] | None, reader: Any, source: str | N
     """The file to write: ``out``; inside ``out`` (with the default name) when it is a folder; the
     default name in the working directory when None. Raises PreviewError when it cannot be written
     (its folder missing or not a folder, or not writable), before anything is drawn."""
-    path = default_out(reader, source) if out is None else Path(out)
+    return out_path(out, default_out(reader, source), "sheet.png")
+
+
+def out_path(out: str | os.PathLike[str] | None, default: Path, example: str) -> Path:
+    """``--out`` as a file to write: ``out``; ``default``'s name inside ``out`` when it is a folder;
+    ``default`` when None. PreviewError (its fix naming ``--out ./<example>``) when its folder is
+    missing, not a folder, or not writable."""
+    path = default if out is None else Path(out)
     if path.is_dir():
-        path = path / default_out(reader, source).name
+        path = path / default.name
     parent = path.parent if str(path.parent) else Path(".")
-    fix = "pass --out a file in an existing, writable folder (e.g. --out ./sheet.png)"
+    fix = f"pass --out a file in an existing, writable folder (e.g. --out ./{example})"
     if not parent.is_dir():
         what = "is not a folder" if parent.exists() else "does not exist"
         raise PreviewError(f"--out {path}: cannot write there: {parent} {what}.", fix=fix)

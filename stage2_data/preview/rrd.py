@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import PreviewError
-from .page import _safe
+from .page import _safe, out_path
 
 #: the Rerun application id of every recording this module writes
 APP_ID = "stage2_data"
@@ -95,15 +95,8 @@ def export_rrd(reader: Any, sample: str | int, out: str | os.PathLike[str] | Non
     i = find_sample(reader, sample)
     meta = reader.sample_index[i]
     key = str(meta["sample_key"])
-    path = default_rrd_out(reader, key) if out is None else Path(out)
-    if path.is_dir():
-        path = path / default_rrd_out(reader, key).name
+    path = out_path(out, default_rrd_out(reader, key), "trajectory.rrd")
     parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise PreviewError(
-            f"--out {path}: cannot write there: {parent} is not a writable folder.",
-            fix="pass --out a file in an existing, writable folder (e.g. --out ./trajectory.rrd)",
-        )
     frames = reader.read_frames(i)  # every read checks its chunk's crc32c
     actions = reader.read_actions(i)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)

@@ -75,14 +75,20 @@ class VinOfflineDataset:
         return int(self.indices.shape[0])
 
     def __getitem__(self, i: int) -> dict[str, Any]:
-        i = checked_index(i, len(self), "a dataset")
-        s = self.reader.sample(int(self.indices[i]))
-        meta = s["meta"]
-        actions = s["actions"]
+        index = int(self.indices[checked_index(i, len(self), "a dataset")])
+        return self.sample_item(index, self.reader.read_frames(index))
+
+    def sample_item(self, index: int, frames: Any) -> dict[str, Any]:
+        """The item of the store's sample ``index`` (``ds[i]`` is ``sample_item(ds.indices[i],
+        its frames)``) with ``frames`` as given: its frames array, or frames to be decoded later
+        (``loader.select.DeferredFrames``)."""
+        meta = self.reader.sample_index[index]
+        t = int(meta["num_frames"])
+        actions = self.reader.read_actions(index)
         if actions is None:
-            actions = np.zeros((s["num_frames"], 0), dtype=np.float32)
+            actions = np.zeros((t, 0), dtype=np.float32)
         item: dict[str, Any] = {k: meta[k] for k in SAMPLE_INDEX_FIELDS}
-        item.update({"frames": s["frames"], "actions": actions, "num_frames": s["num_frames"]})
+        item.update({"frames": frames, "actions": actions, "num_frames": t})
         return item
 
     def __iter__(self) -> Iterator[dict[str, Any]]:

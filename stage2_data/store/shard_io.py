@@ -238,7 +238,7 @@ def decode_prefix(
     elif out.shape[0] >= row[0]:
         codec.decode(payload, out=out[: row[0]])
     else:
-        out[:n] = decode_rows(codec, payload, row, out.dtype, n)
+        out[:n] = _blosc_rows(codec, payload, row, out.dtype, n)
 
 
 # ----- writing -------------------------------------------------------------------------------------
