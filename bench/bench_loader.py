@@ -30,10 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from bench.bench_store import INPUTS, PROFILE, make_upstream
+from bench.bench_store import read_bench_store
 from bench.run import best_alternating, entry, timed
 from stage2_data.loader import PoolLoader, ResolutionBatches, Selection, collate
-from stage2_data.store import VinOfflineWriter
 
 BATCH = 8
 
@@ -48,9 +47,7 @@ def _load_npz(paths: Sequence[str]) -> int:
 
 def loader_epoch_vs_npz_epoch(workdir: Path) -> list[dict[str, Any]]:
     n = int(os.environ.get("BENCH_LOADER_TRAJ", "256"))
-    samples, pairs, _ = make_upstream(workdir / "up", n, npy=False)
-    store = workdir / "store"
-    VinOfflineWriter(store, profile=PROFILE, inputs=INPUTS, rows_per_shard=64).write(samples, pairs)
+    samples, store = read_bench_store(workdir, n)
     sel = Selection(store)
     npz_of = {s.sample_key: str(s.frames_path) for s in samples}
     torch_here = importlib.util.find_spec("torch") is not None

@@ -166,11 +166,18 @@ def store_build_vs_np_save(workdir: Path) -> list[dict[str, Any]]:
     ]
 
 
-def store_read_vs_npz_load(workdir: Path) -> list[dict[str, Any]]:
-    n = int(os.environ.get("BENCH_STORE_READ_TRAJ", "192"))
+def read_bench_store(workdir: Path, n: int) -> tuple[list[SampleSpec], Path]:
+    """``n`` trajectories' npz files (:func:`make_upstream`, not pre-decoded) and the store of 64-row
+    shards built from them: what the read, decode and loader benchmarks read."""
     samples, pairs, _ = make_upstream(workdir / "up", n, npy=False)
     out = workdir / "store"
     VinOfflineWriter(out, profile=PROFILE, inputs=INPUTS, rows_per_shard=64).write(samples, pairs)
+    return samples, out
+
+
+def store_read_vs_npz_load(workdir: Path) -> list[dict[str, Any]]:
+    n = int(os.environ.get("BENCH_STORE_READ_TRAJ", "192"))
+    samples, out = read_bench_store(workdir, n)
     reader = VinOfflineStoreReader(out)
     by_key = {s.sample_key: s.frames_path for s in samples}
     order = list(range(reader.num_samples))
@@ -212,9 +219,7 @@ def store_read_vs_npz_load(workdir: Path) -> list[dict[str, Any]]:
 
 def store_read_checksum_cost(workdir: Path) -> list[dict[str, Any]]:
     n = int(os.environ.get("BENCH_STORE_READ_TRAJ", "192"))
-    samples, pairs, _ = make_upstream(workdir / "up", n, npy=False)
-    out = workdir / "store"
-    VinOfflineWriter(out, profile=PROFILE, inputs=INPUTS, rows_per_shard=64).write(samples, pairs)
+    samples, out = read_bench_store(workdir, n)
     reader = VinOfflineStoreReader(out)
     order = list(range(reader.num_samples))
     random.Random(0).shuffle(order)
@@ -265,9 +270,7 @@ def store_decode_check_vs_npz_load_sha256(workdir: Path) -> list[dict[str, Any]]
     from stage2_data.store import validate_vin_offline_store
 
     n = int(os.environ.get("BENCH_STORE_READ_TRAJ", "192"))
-    samples, pairs, _ = make_upstream(workdir / "up", n, npy=False)
-    out = workdir / "store"
-    VinOfflineWriter(out, profile=PROFILE, inputs=INPUTS, rows_per_shard=64).write(samples, pairs)
+    samples, out = read_bench_store(workdir, n)
     npz_paths = [s.frames_path for s in samples]
 
     def digests() -> list[str]:

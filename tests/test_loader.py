@@ -17,6 +17,10 @@ from stage2_data.errors import LoaderError, MixedResolutionError
 from stage2_data.loader import PoolLoader, ResolutionBatches, SeededOrder, Selection, collate, permutation
 from stage2_data.loader.select import DeferredFrames
 
+# the shared store (tests/fixtures/stores.py): 30 trajectories in shards of 4 rows
+STORE_IDS = range(1, 31)
+STORE_ROWS_PER_SHARD = 4
+
 
 def first_frames(item: dict[str, Any]) -> dict[str, Any]:
     """A transform (module level, so it pickles under spawn): keep at most 4 frames and actions."""

@@ -19,6 +19,10 @@ from stage2_data.errors import PreviewError
 from stage2_data.preview.rrd import export_rrd
 from stage2_data.store import VinOfflineStoreReader
 
+# the shared store (tests/fixtures/stores.py): 30 trajectories in shards of 4 rows
+STORE_IDS = range(1, 31)
+STORE_ROWS_PER_SHARD = 4
+
 rerun_chunk = pytest.importorskip("rerun.chunk")
 
 

@@ -147,18 +147,6 @@ def build(out: Path, up: Upstream, **kw: Any) -> dict[str, Any]:
     return writer.write(up.samples, up.pairs)
 
 
-@pytest.fixture(scope="module")
-def up(tmp_path_factory: pytest.TempPathFactory) -> Upstream:
-    return make_upstream(tmp_path_factory.mktemp("upstream"), range(1, 15))
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory, up: Upstream) -> Path:
-    out = tmp_path_factory.mktemp("built") / "store"
-    build(out, up)
-    return out
-
-
 def copy_store(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
     return dst

@@ -27,7 +27,6 @@ from test_store import (
     build,
     copy_store,
     frames_npz,
-    make_upstream,
     tid,
 )
 
@@ -43,18 +42,6 @@ from stage2_data.store import (
     pad_slack,
     validate_vin_offline_store,
 )
-
-
-@pytest.fixture(scope="module")
-def up(tmp_path_factory: pytest.TempPathFactory) -> Upstream:
-    return make_upstream(tmp_path_factory.mktemp("upstream"), range(1, 15))
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory, up: Upstream) -> Path:
-    out = tmp_path_factory.mktemp("built") / "store"
-    build(out, up)
-    return out
 
 
 def _flip(path: Path, at: int) -> None:
