@@ -9,6 +9,9 @@ Reading never unpickles and never decompresses more than it needs:
   (a fast path for the plain zips numpy writes; ``zipfile`` for anything else), refusing encrypted
   members, other compression methods and duplicates; :func:`member_bytes` inflates one member
   (or its first ``limit`` bytes); :func:`member_header` reads one member's npy header.
+* :func:`load_npz` reads an npz file in one read and returns the arrays of the keys asked for,
+  each member inflated once, its header parsed here (no ``zipfile``, no ``ast``): what the store
+  writer and the input inspection use for the many small files of a build.
 * :func:`read_member_header` / :func:`read_small_member` do the same through an open
   :class:`zipfile.ZipFile` (large files on disk: only the header is inflated), and
   :func:`read_npy_file_header` for a plain ``.npy`` file.
@@ -55,6 +58,7 @@ __all__ = [
     "member_bytes",
     "member_header",
     "member_npy",
+    "load_npz",
     "npy_bytes",
     "npz_bytes",
     "npz_members",
@@ -308,6 +312,31 @@ def member_array(data: bytes, m: ZipMember, *, file: str | None = None) -> np.nd
     return _array_from(body, hdr, fortran, file=file, member=m.name)
 
 
+def load_npz(
+    path: str | os.PathLike[str], keys: Iterable[str], *, max_bytes: int | None = None
+) -> dict[str, np.ndarray[Any, Any]]:
+    """The arrays ``keys`` of an npz file, read with one ``read`` (at most ``max_bytes``: a bigger
+    file is a FormatError, never read whole) and each member inflated once, its size and CRC checked
+    (:func:`member_array`; object arrays refused). The arrays are read-only views of the inflated
+    bytes: copy what you keep. A missing key is a FormatError naming the keys there are. Raises
+    OSError (the file cannot be read) or FormatError / FileTypeError (its bytes)."""
+    file = os.fspath(path)
+    with open(file, "rb") as f:
+        data = f.read() if max_bytes is None else f.read(max_bytes + 1)
+    if max_bytes is not None and len(data) > max_bytes:
+        raise FormatError(f"is larger than {max_bytes} bytes; not read", file=file)
+    members = npz_members(data, file=file)
+    out: dict[str, np.ndarray[Any, Any]] = {}
+    for key in keys:
+        m = members.get(key)
+        if m is None:
+            raise FormatError(f"has no key {key!r} (keys: {', '.join(sorted(members))})", file=file)
+        body = member_bytes(data, m, file=file)
+        hdr, fortran = _parse_npy_header(body, file=file, member=m.name)
+        out[key] = _array_from(body, hdr, fortran, file=file, member=m.name, copy=False)
+    return out
+
+
 def member_npy(
     data: bytes, m: ZipMember, *, file: str | None = None
 ) -> tuple[NpyHeader, np.ndarray[Any, Any] | None]:
@@ -401,7 +430,7 @@ def read_npz(
 
 
 def _array_from(
-    body: bytes, hdr: NpyHeader, fortran: bool, *, file: str | None, member: str | None
+    body: bytes, hdr: NpyHeader, fortran: bool, *, file: str | None, member: str | None, copy: bool = True
 ) -> np.ndarray[Any, Any]:
     if hdr.dtype.hasobject:
         raise FormatError("holds an object (pickled) array; refused, not unpickled", file=file, member=member)
@@ -413,9 +442,8 @@ def _array_from(
             member=member,
         )
     flat = np.frombuffer(body, dtype=hdr.dtype, count=count, offset=hdr.offset)
-    if fortran:
-        return flat.reshape(hdr.shape[::-1]).transpose().copy()
-    return flat.reshape(hdr.shape).copy()
+    arr = flat.reshape(hdr.shape[::-1]).transpose() if fortran else flat.reshape(hdr.shape)
+    return arr.copy() if copy else arr
 
 
 def read_npy_file_header(path: str | os.PathLike[str]) -> NpyHeader:

@@ -16,7 +16,13 @@ from typing import Any
 import numpy as np
 
 from ..formats import FormatError
-from ..formats.npz import read_member_header, read_npy_file_header, read_small_member
+from ..formats.npz import (
+    member_array,
+    member_header,
+    npz_members,
+    read_member_header,
+    read_npy_file_header,
+)
 from .format import MAX_ACTION_WIDTH
 
 
@@ -54,26 +60,30 @@ def inspect_frames_npz(path: Path, problems: list[str]) -> FramesInfo | None:
             problems,
         )
     try:
-        with zipfile.ZipFile(path) as zf:
-            names = set(zf.namelist())
-            for key in ("frames", "shape", "num_frames"):
-                if f"{key}.npy" not in names:
-                    problems.append(
-                        f"{path}: missing key {key!r} (a trajectory npz holds frames, shape, num_frames)"
-                    )
-            if len(problems) > n0:
-                return None
-            hdr = read_member_header(zf, "frames.npy")
-            shape_arr = read_small_member(zf, "shape.npy")
-            nf_arr = read_small_member(zf, "num_frames.npy")
+        with open(path, "rb") as fh:  # one read: these files are small (the frames are not inflated)
+            data = fh.read()
+        members = npz_members(data, file=str(path))
+        for key in ("frames", "shape", "num_frames"):
+            if key not in members:
+                problems.append(
+                    f"{path}: missing key {key!r} (a trajectory npz holds frames, shape, num_frames)"
+                )
+        if len(problems) > n0:
+            return None
+        hdr = member_header(data, members["frames"], file=str(path))
+        shape_arr = member_array(data, members["shape"], file=str(path))
+        nf_arr = member_array(data, members["num_frames"], file=str(path))
     except FileNotFoundError:
         problems.append(f"{path}: frames file does not exist")
         return None
-    except (zipfile.BadZipFile, OSError, EOFError) as e:
+    except OSError as e:
         problems.append(f"{path}: not a readable npz ({e})")
         return None
-    except (ValueError, SyntaxError) as e:
-        problems.append(f"{path}: refused ({_reason(e)}); object/pickled arrays are not allowed")
+    except FormatError as e:  # FileTypeError too: the bytes are another format
+        if "object" in e.detail:
+            problems.append(f"{path}: refused ({_reason(e)}); object/pickled arrays are not allowed")
+        else:
+            problems.append(f"{path}: not a readable npz ({_reason(e)})")
         return None
     return check_frames_meta(path, hdr.shape, hdr.dtype, shape_arr, nf_arr, problems)
 

@@ -45,6 +45,7 @@ from .format import (
     StoreChecksumError,
     compressors,
 )
+from .zarr_meta import array_zarr_json, group_zarr_json
 
 #: an index entry (offset and nbytes) of an inner chunk that was never written
 MISSING = 2**64 - 1
@@ -243,50 +244,58 @@ def decode_prefix(
 
 # ----- writing -------------------------------------------------------------------------------------
 def _write_array(
-    store: LocalStore,
+    shard_dir: Path,
     name: str,
     data: np.ndarray[Any, Any],
     inner: tuple[int, ...],
     fill: Any,
+    hashes: dict[str, str],
     pool: ThreadPoolExecutor | None = None,
-) -> tuple[Path, str] | None:
-    """Create one array of a shard group; returns (shard object, its sha256) when this module wrote
-    the shard object itself (hashed while written), None when zarr wrote it."""
-    arr = zarr.create_array(
-        store=store,
-        name=name,
-        shape=data.shape,
-        chunks=inner,
-        shards=data.shape,
-        dtype=data.dtype,
-        compressors=compressors(data.dtype),
-        fill_value=fill,
-        config={"write_empty_chunks": True},
-        zarr_format=3,
-    )
-    written = _write_shard_blob(store, arr, data, inner, pool)
-    if written is None:
+) -> None:
+    """Write one array of a shard group: its ``zarr.json`` (:mod:`.zarr_meta`) and its single shard
+    object, both hashed as written into ``hashes`` (by absolute path). An array not in our layout
+    (:func:`shard_layout`) is written by zarr instead (its files are then not in ``hashes``)."""
+    doc, kind = array_zarr_json(data.shape, inner, data.dtype, fill)
+    tmpl = shard_layout(kind)
+    shape = tuple(int(x) for x in data.shape)
+    if tmpl is None or inner[1:] != shape[1:] or shape[0] % inner[0]:
         single_threaded_blosc()
+        arr = zarr.create_array(
+            store=LocalStore(shard_dir),
+            name=name,
+            shape=data.shape,
+            chunks=inner,
+            shards=data.shape,
+            dtype=data.dtype,
+            compressors=compressors(data.dtype),
+            fill_value=fill,
+            config={"write_empty_chunks": True},
+            zarr_format=3,
+        )
         arr[...] = data  # the whole shard in one call (zarr's own, slower, path)
-    return written
+        return
+    folder = shard_dir / name
+    folder.mkdir()
+    _put(folder / "zarr.json", doc, hashes)
+    layout = ShardLayout(tmpl.key, tuple(inner), shape[0] // inner[0], tmpl.codec)
+    path = folder / layout.key
+    hashes[str(path)] = _write_shard_blob(path, layout, data, pool)
+
+
+def _put(path: Path, data: bytes, hashes: dict[str, str]) -> None:
+    with open(path, "xb") as f:
+        f.write(data)
+    hashes[str(path)] = hashlib.sha256(data).hexdigest()
 
 
 def _write_shard_blob(
-    store: LocalStore,
-    arr: Any,
-    data: np.ndarray[Any, Any],
-    inner: tuple[int, ...],
-    pool: ThreadPoolExecutor | None,
-) -> tuple[Path, str] | None:
-    """Write the array's single shard object directly, encoding the inner chunks in parallel.
-    zarr's own full-shard write measured ~70 MB/s here against ~300+ for this. Returns None (nothing
-    written) when the array is not in our layout (:func:`shard_layout`).
+    path: Path, layout: ShardLayout, data: np.ndarray[Any, Any], pool: ThreadPoolExecutor | None
+) -> str:
+    """Write an array's single shard object directly, encoding the inner chunks in parallel; returns
+    its sha256. zarr's own full-shard write measured ~70 MB/s here against ~300+ for this.
 
     Streaming: chunks are encoded on ``pool`` with at most ``2 x workers`` in flight and written (and
     hashed) in order as they complete, so the compressed shard is never held in memory whole."""
-    layout = shard_layout(arr)
-    if layout is None or layout.inner != tuple(inner):
-        return None
     codec, step, n = layout.codec, layout.inner[0], layout.nchunks
     single_threaded_blosc()
 
@@ -294,7 +303,6 @@ def _write_shard_blob(
         b = bytes(codec.encode(np.ascontiguousarray(data[k * step : (k + 1) * step])))
         return b + _crc32c(b)
 
-    path = Path(str(store.root)) / arr.path / layout.key
     path.parent.mkdir(parents=True, exist_ok=True)
     index = np.empty((n, 2), dtype="<u8")
     h = hashlib.sha256()
@@ -317,7 +325,7 @@ def _write_shard_blob(
         tail = encode_index(index)
         f.write(tail)
         h.update(tail)
-    return path, h.hexdigest()
+    return h.hexdigest()
 
 
 def write_shard_group(
@@ -328,25 +336,25 @@ def write_shard_group(
     actions: np.ndarray[Any, Any] | None,
     pool: ThreadPoolExecutor | None = None,
 ) -> tuple[list[str], dict[str, str]]:
-    """Write one shard group; returns the array names and the sha256 of the shard objects this
-    module wrote (by absolute path), which need not be read back to be hashed."""
+    """Write one shard group; returns the array names and the sha256 of the files this module wrote
+    (by absolute path: every file, unless zarr wrote an array), which need not be read back."""
     shard_dir.mkdir(parents=True, exist_ok=False)
-    store = LocalStore(shard_dir)
-    root = zarr.open_group(store=store, mode="w", zarr_format=3)
+    hashes: dict[str, str] = {}
+    _put(shard_dir / "zarr.json", group_zarr_json(), hashes)
     r, tmax, h, w, _ = frames.shape
-    written = [
-        _write_array(store, BLOCK_FRAMES, frames, (1, tmax, h, w, 3), 0, pool),
-        _write_array(store, BLOCK_NUM_FRAMES, num_frames, (r,), 0),
-    ]
-    root.create_group("actions")
-    written.append(_write_array(store, BLOCK_WIDTH, widths, (r,), 0))
+    _write_array(shard_dir, BLOCK_FRAMES, frames, (1, tmax, h, w, 3), 0, hashes, pool)
+    _write_array(shard_dir, BLOCK_NUM_FRAMES, num_frames, (r,), 0, hashes)
+    group = shard_dir / BLOCK_WIDTH.rsplit("/", 1)[0]  # the "actions" group
+    group.mkdir()
+    _put(group / "zarr.json", group_zarr_json(), hashes)
+    _write_array(shard_dir, BLOCK_WIDTH, widths, (r,), 0, hashes)
     names = [BLOCK_FRAMES, BLOCK_NUM_FRAMES, BLOCK_WIDTH]
     if actions is not None:
-        written.append(
-            _write_array(store, BLOCK_ACTIONS, actions, (1, tmax, actions.shape[2]), float("nan"), pool)
+        _write_array(
+            shard_dir, BLOCK_ACTIONS, actions, (1, tmax, actions.shape[2]), float("nan"), hashes, pool
         )
         names.append(BLOCK_ACTIONS)
-    return sorted(names), {str(w[0]): w[1] for w in written if w is not None}
+    return sorted(names), hashes
 
 
 # ----- reading -------------------------------------------------------------------------------------

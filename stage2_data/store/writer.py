@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ..formats.npz import load_npz
 from ..hashing import SHA256_RE, sha256_files_parallel
 from ..publish import make_staging_dir, publish_dir
 from ..storage import StoreLocation
@@ -153,11 +154,9 @@ class VinOfflineWriter:
                 f = np.load(fp, mmap_mode="r", allow_pickle=False)
                 shape_arr = np.array(f.shape, dtype=np.int64)
                 nf_arr = np.array(f.shape[0] if f.ndim else 0, dtype=np.int64)
-            else:
-                with np.load(fp, allow_pickle=False) as z:
-                    f = z["frames"]
-                    shape_arr = z["shape"]
-                    nf_arr = z["num_frames"]
+            else:  # one read, each member inflated once (numpy's np.load: ~5x the time per file)
+                z = load_npz(fp, ("frames", "shape", "num_frames"))
+                f, shape_arr, nf_arr = z["frames"], z["shape"], z["num_frames"]
         except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError, zlib.error) as e:
             # zlib.error: a deflate stream corrupt behind an intact zip directory
             return None, [
@@ -173,8 +172,7 @@ class VinOfflineWriter:
         if actions is not None and r.action_width > 0 and r.spec.sidecar_path is not None:
             sp = Path(r.spec.sidecar_path)
             try:
-                with np.load(sp, allow_pickle=False) as z:
-                    a = z["aligned_actions"]
+                a = load_npz(sp, ("aligned_actions",))["aligned_actions"]
             except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError, zlib.error) as e:
                 return None, [f"{sp}: unreadable sidecar npz ({type(e).__name__}: {e})"]
             w = check_actions_meta(sp, tuple(a.shape), a.dtype, r.num_frames, problems)
