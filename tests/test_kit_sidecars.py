@@ -193,6 +193,43 @@ def test_unpack_skips_when_already_done_and_redoes_on_change(tmp_path: Path) -> 
     assert victim.read_bytes() == b"new"
 
 
+def test_unpack_reads_members_in_chunks_with_exact_bytes_and_modes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Members are read from the tar a chunk at a time (here: a chunk per member, the smallest);
+    every file holds exactly its member's bytes and has mode 0o644 whatever the umask."""
+    from stage2_data.kit import sidecars
+
+    monkeypatch.setattr(sidecars, "_READ_CHUNK", 1)
+    b = build(tmp_path, unpack=False)
+    old = os.umask(0o077)
+    try:
+        res = kit.unpack_sidecars(b.profile, b.data_root)
+    finally:
+        os.umask(old)
+    assert res.files == 10
+    for rel, data in b.spec.sidecars.items():
+        path = b.data_root / "derived" / rel
+        assert path.read_bytes() == data and (path.stat().st_mode & 0o7777) == 0o644
+
+
+def test_tar_cut_inside_a_member_is_not_readable_and_unpacks_nothing(tmp_path: Path) -> None:
+    """A tar that ends inside its last member's data (its sha256 file regenerated to match) is
+    refused as not a readable tar (tarfile's own words); nothing is written."""
+    from stage2_data.errors import ArchiveError
+
+    b = build(tmp_path, unpack=False)
+    tar = b.kit(TAR_REL)
+    with tarfile.open(tar) as tf:
+        last = tf.getmembers()[-1]
+    tar.write_bytes(tar.read_bytes()[: last.offset_data + last.size // 2])
+    write_sha_file(tar)
+    with pytest.raises(ArchiveError, match="not a readable tar"):
+        kit.unpack_sidecars(b.profile, b.data_root)
+    assert not (b.data_root / "derived" / "action_sidecars").exists()
+    assert not (b.data_root / "derived" / kit.SIDECAR_INDEX).exists()
+
+
 # ------------------------------------------------------------------------------------------------
 # Sidecar container variants (the lean npz reader against numpy's own writer and other zips)
 # ------------------------------------------------------------------------------------------------

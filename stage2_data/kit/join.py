@@ -105,6 +105,11 @@ def _write_parquet_atomic(table: pa.Table, path: Path) -> None:
     atomic_write_bytes(path, data, mode=UMASK_MODE)
 
 
+def _where(derived_s: str, ar: ActionRow, tid: str) -> str:
+    """A sidecar's problems name it so (made only for a problem)."""
+    return f"{derived_s}/{ar.sidecar_path} (trajectory {tid}, {ar.where})"
+
+
 def _first_action_rows(rows: Sequence[ActionRow]) -> dict[str, ActionRow]:
     out: dict[str, ActionRow] = {}
     for r in rows:
@@ -301,7 +306,7 @@ def build_join_table(
     expected_width, width_basis = _expected_widths(profile, widths_seen)
 
     # --- assemble rows -------------------------------------------------------------------------
-    cols: dict[str, list[Any]] = {f.name: [] for f in JOIN_SCHEMA}
+    rows: list[tuple[Any, ...]] = []  # one per id, in JOIN_SCHEMA order
     no_info = _SidecarInfo()
     for tid in ids:
         ck = cache_key_of[tid]
@@ -317,7 +322,6 @@ def build_join_table(
         exp_w: int | None = None
         if ar is not None:
             exp_w = expected_width.get(ar.source)
-            where = f"{derived_s}/{ar.sidecar_path} (trajectory {tid}, {ar.where})"
             if info is not None and check_sidecar_sha256 and info.sha256 is not None:
                 sha_ok = info.sha256 == ar.sidecar_sha256
                 if not sha_ok:
@@ -331,61 +335,65 @@ def build_join_table(
                 if exp_w is not None and raw_w != exp_w:
                     width_ok = False
                     problems.append(
-                        f"{where}: raw action width {raw_w} contradicts source {ar.source!r} width {exp_w} "
+                        f"{_where(derived_s, ar, tid)}: raw action width {raw_w} contradicts source {ar.source!r} width {exp_w} "
                         f"({width_basis.get(ar.source, '')})"
                     )
                 if inf.metadata_raw_width is not None and inf.metadata_raw_width != raw_w:
                     width_ok = False
                     problems.append(
-                        f"{where}: metadata_json raw_width {inf.metadata_raw_width} but raw_actions width {raw_w}"
+                        f"{_where(derived_s, ar, tid)}: metadata_json raw_width {inf.metadata_raw_width} but raw_actions width {raw_w}"
                     )
                 if inf.aligned_width is not None and inf.aligned_width != raw_w:
                     width_ok = False
                     problems.append(
-                        f"{where}: aligned_actions width {inf.aligned_width} but raw_actions width {raw_w}"
+                        f"{_where(derived_s, ar, tid)}: aligned_actions width {inf.aligned_width} but raw_actions width {raw_w}"
                     )
             if inf.aligned_length is not None and isinstance(num_frames, int):
                 length_ok = inf.aligned_length == num_frames
                 if not length_ok:
                     problems.append(
-                        f"{where}: aligned_actions has {inf.aligned_length} rows but the trajectory has "
+                        f"{_where(derived_s, ar, tid)}: aligned_actions has {inf.aligned_length} rows but the trajectory has "
                         f"num_frames {num_frames}"
                     )
         data_source = md.get("data_source")
         task = md.get("task")
-        cols["stage2_trajectory_id"].append(tid)
-        cols["cache_key"].append(ck)
-        cols["source"].append(ar.source if ar is not None else data_source)
-        cols["data_source"].append(data_source)
-        cols["frames_path"].append(
-            fr[0] if fr is not None else (layout.frames_relpath(ck, tid) if ck else None)
+        rows.append(
+            (
+                tid,  # stage2_trajectory_id
+                ck,  # cache_key
+                ar.source if ar is not None else data_source,  # source
+                data_source,  # data_source
+                fr[0] if fr is not None else (layout.frames_relpath(ck, tid) if ck else None),  # frames_path
+                tid in proc.frames_bytes,  # frames_present
+                proc.frames_bytes.get(tid),  # frames_bytes
+                tid in pf.pair_count,  # in_pairs
+                pf.split_of.get(tid),  # split
+                pf.pair_count.get(tid, 0),  # pair_count
+                task if task is not None else pf.task_of.get(tid),  # task
+                md.get("quality_label"),  # quality_label
+                md.get("partial_success"),  # partial_success
+                md.get("is_robot"),  # is_robot
+                num_frames,  # num_frames
+                tid in proc.meta,  # in_processed_dataset
+                ar.source if ar is not None else None,  # action_source
+                ar.status if ar is not None else None,  # action_status
+                ar.sidecar_path if ar is not None else None,  # sidecar_path
+                (info is not None)
+                if ar is not None and ar.sidecar_path is not None
+                else None,  # sidecar_present
+                inf.bytes,  # sidecar_bytes
+                ar.sidecar_sha256 if ar is not None else None,  # sidecar_sha256
+                sha_ok,  # sidecar_sha256_ok
+                inf.raw_width,  # raw_width
+                inf.metadata_raw_width,  # metadata_raw_width
+                exp_w,  # expected_width
+                inf.aligned_length,  # aligned_length
+                width_ok,  # width_ok
+                length_ok,  # length_ok
+            )
         )
-        cols["frames_present"].append(tid in proc.frames_bytes)
-        cols["frames_bytes"].append(proc.frames_bytes.get(tid))
-        cols["in_pairs"].append(tid in pf.pair_count)
-        cols["split"].append(pf.split_of.get(tid))
-        cols["pair_count"].append(pf.pair_count.get(tid, 0))
-        cols["task"].append(task if task is not None else pf.task_of.get(tid))
-        cols["quality_label"].append(md.get("quality_label"))
-        cols["partial_success"].append(md.get("partial_success"))
-        cols["is_robot"].append(md.get("is_robot"))
-        cols["num_frames"].append(num_frames)
-        cols["in_processed_dataset"].append(tid in proc.meta)
-        cols["action_source"].append(ar.source if ar is not None else None)
-        cols["action_status"].append(ar.status if ar is not None else None)
-        cols["sidecar_path"].append(ar.sidecar_path if ar is not None else None)
-        cols["sidecar_present"].append(
-            (info is not None) if ar is not None and ar.sidecar_path is not None else None
-        )
-        cols["sidecar_bytes"].append(inf.bytes)
-        cols["sidecar_sha256"].append(ar.sidecar_sha256 if ar is not None else None)
-        cols["sidecar_sha256_ok"].append(sha_ok)
-        cols["raw_width"].append(inf.raw_width)
-        cols["metadata_raw_width"].append(inf.metadata_raw_width)
-        cols["expected_width"].append(exp_w)
-        cols["aligned_length"].append(inf.aligned_length)
-        cols["width_ok"].append(width_ok)
-        cols["length_ok"].append(length_ok)
+    columns = list(zip(*rows, strict=True)) if rows else [() for _ in JOIN_SCHEMA]
+    cols = {f.name: list(c) for f, c in zip(JOIN_SCHEMA, columns, strict=True)}
     try:
         table = pa.table(cols, schema=JOIN_SCHEMA)
     except (pa.ArrowInvalid, pa.ArrowTypeError) as e:

@@ -23,9 +23,10 @@ def list_files(d: Path) -> set[str] | None:
 def file_sizes(d: Path, names: Iterable[str]) -> dict[str, int]:
     """{name: size} of those of ``names`` that exist in ``d``."""
     out: dict[str, int] = {}
+    base = f"{os.fspath(d)}/"
     for n in names:
         with contextlib.suppress(FileNotFoundError):
-            out[n] = os.stat(d / n).st_size
+            out[n] = os.stat(base + n).st_size
     return out
 
 

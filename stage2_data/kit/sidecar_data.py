@@ -60,8 +60,8 @@ def check_sidecar_arrays(label: str, a: dict[str, np.ndarray[Any, Any]], problem
         return
     if raw is None or raw.ndim != 2:
         return
-    outside = (idx < 0) | (idx >= raw.shape[0])
-    if outside.any():
+    if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= raw.shape[0]):
+        outside = (idx < 0) | (idx >= raw.shape[0])
         r = int(np.argmax(outside))
         problems.append(
             f"{label}: alignment_indices[{r}] = {int(idx[r])} is outside raw_actions' {raw.shape[0]} rows "
@@ -73,6 +73,8 @@ def check_sidecar_arrays(label: str, a: dict[str, np.ndarray[Any, Any]], problem
     ref = raw[idx]
     dt = al.dtype if raw.dtype.kind != "f" or al.dtype.itemsize <= raw.dtype.itemsize else raw.dtype
     x, y = al.astype(dt, copy=False), ref.astype(dt, copy=False)
+    if (x == y).all():  # (NaN never equals: then the rows are looked at below)
+        return
     with np.errstate(invalid="ignore"):
         same = (x == y) | ~np.isfinite(x)  # a non-finite aligned value is reported above, once
     rows = np.nonzero(~same.all(axis=1))[0]

@@ -15,16 +15,18 @@ import time
 import zipfile
 import zlib
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from .. import layout
 from ..formats import FormatError, npz
 from ..hashing import sha256_file
+from ..publish import atomic_write_bytes
 from .listing import sidecar_dirs
 from .sidecar_data import DATA_KEYS, check_sidecar_arrays
 
@@ -51,6 +53,9 @@ SIDECAR_MARKER = ".sidecars.json"
 # ----------------------------------------------------------------------------------------------
 # One sidecar npz (never unpickles)
 # ----------------------------------------------------------------------------------------------
+_READ_ERRORS = (ValueError, SyntaxError, TypeError, MemoryError, zipfile.BadZipFile, zlib.error)
+
+
 @dataclass
 class _SidecarInfo:
     sha256: str | None = None
@@ -95,15 +100,23 @@ def _parse_sidecar(data: bytes, label: str, want_sha: bool) -> _SidecarInfo:
         members = npz.npz_members(data)
         headers: dict[str, npz.NpyHeader] = {}
         bodies: dict[str, np.ndarray[Any, Any] | None] = {}  # data keys: inflated once, whole
+        meta_body: bytes | None = None  # metadata_json's bytes, when they inflate and parse whole
         for key, zi in members.items():
             if not zi.name.endswith(".npy"):
                 continue
+            if key == "metadata_json" and zi.usize <= SIDECAR_READ_LIMIT:
+                try:  # one inflate for header and value; anything odd: the header alone, as ever
+                    meta_body = npz.member_bytes(data, zi, file=label)
+                    headers[key] = npz.parse_npy_header(meta_body, file=label, member=zi.name)
+                    continue
+                except _READ_ERRORS:
+                    meta_body = None
             try:
                 if key in DATA_KEYS and zi.usize <= SIDECAR_READ_LIMIT:
                     headers[key], bodies[key] = npz.member_npy(data, zi, file=label)
                 else:
                     headers[key] = npz.member_header(data, zi)
-            except (ValueError, SyntaxError, TypeError, MemoryError, zipfile.BadZipFile, zlib.error) as e:
+            except _READ_ERRORS as e:
                 why = e.detail if isinstance(e, FormatError) else e  # the member is named already
                 info.problems.append(
                     f"{label}: member {zi.name}: unreadable .npy ({type(e).__name__}: {why})"
@@ -135,7 +148,9 @@ def _parse_sidecar(data: bytes, label: str, want_sha: bool) -> _SidecarInfo:
             if dtype.kind not in "US" or shape not in ((), (1,)):
                 info.problems.append(f"{label}: metadata_json is {dtype} {shape}, expected a 0-d string")
             else:
-                body = npz.member_bytes(data, members["metadata_json"])
+                body = (
+                    meta_body if meta_body is not None else npz.member_bytes(data, members["metadata_json"])
+                )
                 value = np.frombuffer(body, dtype=dtype, count=1, offset=offset)[0]
                 text = value.decode("utf-8") if isinstance(value, bytes) else str(value)
                 try:
@@ -179,10 +194,28 @@ def _parse_sidecar(data: bytes, label: str, want_sha: bool) -> _SidecarInfo:
     return info
 
 
-def _record(
-    index: dict[str, dict[str, Any]], rel: str, st: os.stat_result, fut: Future[_SidecarInfo]
-) -> None:
-    index[rel] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "info": asdict(fut.result())}
+def _record(index: dict[str, dict[str, Any]], rel: str, st: os.stat_result, i: _SidecarInfo) -> None:
+    """The index entry of a sidecar the unpack wrote (``st``: the file's stat once written)."""
+    index[rel] = {
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "info": {
+            "sha256": i.sha256,
+            "bytes": i.bytes,
+            "raw_width": i.raw_width,
+            "metadata_raw_width": i.metadata_raw_width,
+            "aligned_length": i.aligned_length,
+            "aligned_width": i.aligned_width,
+            "problems": i.problems,
+        },
+    }
+
+
+def _write_index(path: Path, tar_sha256: str, index: dict[str, dict[str, Any]]) -> None:
+    """:data:`SIDECAR_INDEX`: ``{"tar_sha256": ..., "files": {rel: {"size", "mtime_ns", "info"}}}``
+    as compact JSON with sorted keys."""
+    doc = {"tar_sha256": tar_sha256, "files": index}
+    atomic_write_bytes(path, msgspec.json.encode(doc, order="sorted") + b"\n")
 
 
 def recorded_sidecars(derived: Path) -> dict[str, dict[str, Any]]:
@@ -190,8 +223,8 @@ def recorded_sidecars(derived: Path) -> dict[str, dict[str, Any]]:
     file's size and mtime then), when the index belongs to the unpack the marker records; else {}."""
     try:
         marker = json.loads((derived / SIDECAR_MARKER).read_text(encoding="utf-8"))
-        doc = json.loads((derived / SIDECAR_INDEX).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        doc = msgspec.json.decode((derived / SIDECAR_INDEX).read_bytes())
+    except (OSError, ValueError, msgspec.DecodeError):
         return {}
     if not (isinstance(marker, dict) and isinstance(doc, dict) and isinstance(doc.get("files"), dict)):
         return {}

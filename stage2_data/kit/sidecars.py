@@ -10,9 +10,8 @@ import os
 import shutil
 import tarfile
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -31,12 +30,70 @@ from .sidecar_facts import (
     SIDECAR_READ_LIMIT,
     _parse_sidecar,
     _record,
-    _SidecarInfo,
+    _write_index,
 )
 
 __all__ = ["SidecarUnpackResult", "unpack_sidecars"]
 
-_PARSE_AHEAD = 256  # sidecars written but not yet parsed, at most
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+_READ_CHUNK = 4 * 1024 * 1024  # of the tar, read at once for the members in it
+
+
+class _TarReader:
+    """Plain members' bytes read straight from the tar: a few MB at a time (members come in tar
+    order), not one read per member."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.start = 0
+        self.buf = b""
+
+    def body(self, m: tarfile.TarInfo) -> bytes | None:
+        """``m``'s bytes; None for a sparse or large member, or one the tar holds fewer bytes of
+        (tarfile reads those, and names the error)."""
+        if m.sparse is not None or m.size > SIDECAR_READ_LIMIT:
+            return None
+        lo = m.offset_data - self.start
+        if lo < 0 or lo + m.size > len(self.buf):
+            self.start, lo = m.offset_data, 0
+            self.buf = os.pread(self.fd, max(_READ_CHUNK, m.size), m.offset_data)
+        body = self.buf[lo : lo + m.size]
+        return body if len(body) == m.size else None
+
+
+def _write_file(dest: str, body: bytes) -> os.stat_result:
+    """``dest`` created (mode 0o644) holding ``body``; its stat once written."""
+    fd = os.open(dest, _CREATE, 0o644)
+    try:
+        view = memoryview(body)
+        while view:
+            view = view[os.write(fd, view) :]
+        st = os.fstat(fd)
+        if st.st_mode & 0o7777 != 0o644:  # the umask took bits away
+            os.fchmod(fd, 0o644)
+    finally:
+        os.close(fd)
+    return st
+
+
+def _extract_member(
+    tf: tarfile.TarFile, m: tarfile.TarInfo, dest: str, tar_path: Path
+) -> tuple[bytes | None, os.stat_result]:
+    """``m`` written to ``dest`` through tarfile (a sparse or large member, or a short tar): its
+    bytes (when small enough to parse) and the written file's stat."""
+    src = tf.extractfile(m)
+    if src is None:  # pragma: no cover - regular files always have data
+        raise ArchiveError(f"{tar_path}: cannot read member {m.name!r}")
+    body = src.read(m.size) if m.size <= SIDECAR_READ_LIMIT else None
+    with src, open(dest, "wb") as out:
+        if body is None:
+            shutil.copyfileobj(src, out, 1024 * 1024)
+        else:
+            out.write(body)
+        out.flush()  # (then its size and mtime are what the file keeps)
+        written_st = os.fstat(out.fileno())
+    os.chmod(dest, 0o644)
+    return body, written_st
 
 
 # ----------------------------------------------------------------------------------------------
@@ -192,43 +249,32 @@ def unpack_sidecars(profile: Profile, data_root: Path, *, force: bool = False) -
             for stale in (marker, derived / SIDECAR_INDEX):
                 stale.unlink(missing_ok=True)
             index: dict[str, dict[str, Any]] = {}
-            # Each sidecar's headers and data are checked as it is written, on one thread beside
-            # this one (the parse holds the GIL, file creation does not), for the join to use.
-            with staging(final, mode=0o700) as tmp, ThreadPoolExecutor(1) as parser:
+            # Each sidecar's headers and data are checked as it is written (its bytes are at hand),
+            # for the join to use. (Inline: a parse thread beside the writer cost more CPU in GIL
+            # hand-offs than it saved, on 2 cores.)
+            with staging(final, mode=0o700) as tmp:
+                tmp_s, final_s = str(tmp), str(final)
+                reader = _TarReader(tf.fileobj.fileno())  # type: ignore[attr-defined]
                 made: set[str] = set()
-                parsing: deque[tuple[str, os.stat_result, Future[_SidecarInfo]]] = deque()
                 for source, fname, m in files:
                     if source not in made:
-                        (tmp / source).mkdir(exist_ok=True)
+                        os.mkdir(f"{tmp_s}/{source}")
                         made.add(source)
-                    src = tf.extractfile(m)
-                    if src is None:  # pragma: no cover - regular files always have data
-                        raise ArchiveError(f"{tar_path}: cannot read member {m.name!r}")
-                    dest = tmp / source / fname
-                    rel = f"{layout.SIDECARS_DIR}/{source}/{fname}"
-                    body = src.read(m.size) if m.size <= SIDECAR_READ_LIMIT else None
-                    with src, open(dest, "wb") as out:
-                        if body is None:
-                            shutil.copyfileobj(src, out, 1024 * 1024)
-                        else:
-                            out.write(body)
-                        written = out.tell()
-                        out.flush()  # (then its size and mtime are what the file keeps)
-                        written_st = os.fstat(out.fileno())
-                    if written != m.size:
+                    dest = f"{tmp_s}/{source}/{fname}"
+                    body = reader.body(m)
+                    if body is not None:
+                        written_st = _write_file(dest, body)
+                    else:  # large, sparse or short: through tarfile (which names a short read)
+                        body, written_st = _extract_member(tf, m, dest, tar_path)
+                    if written_st.st_size != m.size:
                         raise ArchiveError(
-                            f"{tar_path}: member {m.name!r} is truncated ({written} of {m.size} bytes)",
+                            f"{tar_path}: member {m.name!r} is truncated ({written_st.st_size} of {m.size} bytes)",
                             fix=f"re-copy {tar_path.name} from the kit",
                         )
-                    os.chmod(dest, 0o644)
                     by_source[source] += 1
                     if body is not None and fname.endswith(".npz"):
-                        label = str(final / source / fname)
-                        parsing.append((rel, written_st, parser.submit(_parse_sidecar, body, label, True)))
-                    while len(parsing) > _PARSE_AHEAD or (parsing and parsing[0][2].done()):
-                        _record(index, *parsing.popleft())
-                while parsing:
-                    _record(index, *parsing.popleft())
+                        info = _parse_sidecar(body, f"{final_s}/{source}/{fname}", True)
+                        _record(index, f"{layout.SIDECARS_DIR}/{source}/{fname}", written_st, info)
                 publish_dir(tmp, final)
     except (tarfile.TarError, EOFError) as e:
         raise ArchiveError(
@@ -242,7 +288,7 @@ def unpack_sidecars(profile: Profile, data_root: Path, *, force: bool = False) -
         by_source=dict(sorted(by_source.items())),
         seconds=0.0,
     )
-    atomic_write_json(derived / SIDECAR_INDEX, {"tar_sha256": actual, "files": index})
+    _write_index(derived / SIDECAR_INDEX, actual, index)
     atomic_write_json(
         marker,
         {
