@@ -10,8 +10,8 @@ hub (a subprocess too, ``python -m stage2_data.demo.hubserver``).
   huggingface_hub CLI, through ``HF_ENDPOINT``) of the archives at the pinned revision, then
   ``cat parts | tar -x`` per cache directory, then ``sha256sum -c`` of the archives' pins and of the
   kit's subset ``SHA256SUMS``. Each way runs twice, mirrored (shell, ours, ours, shell), nothing
-  deleted in between, best of each (see :func:`_whole_build`: file creation here depends on
-  what was deleted nearby just before). The shell way builds no store: the ratio is what the
+  deleted before or between them, best of each (see :func:`_whole_build`: file creation here
+  depends on what was deleted nearby just before). The shell way builds no store: the ratio is what the
   product costs over fetching, unpacking and checking the bytes by hand.
   The ~4 GB variant runs with ``--only whole_4gb_build_vs_shell_way``. ``ours_steps_s``: where the
   build's time went, seconds per Dagster step (summed over partitions) and the runs' total;
@@ -215,15 +215,19 @@ def _shell_way(demo: Any, url: str, dest: Path) -> tuple[float, dict[str, float]
 
 
 def _whole_build(work: Path, name: str, scale: float, target: float) -> dict[str, Any]:
-    """Each way twice, in the order shell, ours, ours, shell, each into a new folder, nothing deleted
-    between them; the best of each way is compared. File creation on this machine's ext4 (no journal)
-    costs 26 us a file in a quiet block group and 150-450 us right after a big tree was deleted near
-    it (each creation skips the recently freed inodes one by one), and the machine's other work
-    moves it too: the mirrored order gives both ways the same conditions on average."""
+    """Each way twice, in the order shell, ours, ours, shell, each into a new folder; the best of each
+    way is compared. Nothing is deleted before or between the four: a kept workdir's leftovers are
+    moved aside and deleted after them. File creation on this machine's ext4 (no journal) costs 26 us
+    a file in a quiet block group and 150-450 us for minutes after a big tree was deleted near it
+    (each creation skips the recently freed inodes one by one): a run right after a deletion pays
+    for it, and the mirrored order gives both ways the same conditions otherwise."""
     demo = scaled_demo(work / "demo", scale)
     archive_bytes = sum(f.stat().st_size for f in demo.upstream.rglob("*") if f.is_file())
-    for leftover in ("shell", "root", "shell-0", "shell-1", "root-0", "root-1"):  # a kept --workdir
-        shutil.rmtree(work / leftover, ignore_errors=True)
+    trash = work / f"trash-{os.getpid()}"
+    for leftover in work.iterdir():  # a kept --workdir: only the demo is reused
+        if leftover.name != "demo":
+            trash.mkdir(exist_ok=True)
+            leftover.rename(trash / leftover.name)
     shell: list[tuple[float, dict[str, float]]] = []
     ours: list[float] = []
     with _hub(demo) as url:
@@ -234,8 +238,8 @@ def _whole_build(work: Path, name: str, scale: float, target: float) -> dict[str
     best = min(range(2), key=lambda i: ours[i])
     steps = _step_seconds(work / f"root-{best}")
     shell_s, shell_parts = min(shell, key=lambda t: t[0])
-    for leftover in ("shell-0", "shell-1", "root-0" if best else "root-1"):
-        shutil.rmtree(work / leftover)
+    for leftover in (trash, work / "shell-0", work / "shell-1", work / f"root-{1 - best}"):
+        shutil.rmtree(leftover, ignore_errors=True)
     return entry(
         name,
         min(ours),
