@@ -22,6 +22,18 @@ class Stage2Error(Exception):
             return f"{self.message} Fix: {self.fix}"
         return self.message
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # Pickled whole (a worker process's error reaches the caller as it was raised): subclasses
+        # take other arguments than ``args`` holds, so the state is restored, not re-initialised.
+        return (_restore_error, (type(self), self.args, dict(self.__dict__)))
+
+
+def _restore_error(cls: type[Stage2Error], args: tuple[object, ...], state: dict[str, object]) -> Stage2Error:
+    err = cls.__new__(cls)
+    Exception.__init__(err, *args)
+    err.__dict__.update(state)
+    return err
+
 
 class ProfileError(Stage2Error, ValueError):
     """A profile file is malformed: unknown/missing key, wrong form, unsafe path."""

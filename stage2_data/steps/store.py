@@ -4,6 +4,7 @@ and the published store's own check (re-read every byte, decode every sample).""
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,12 @@ def store_input_key(profile: Profile, inputs: dict[str, str], settings: dict[str
         }
     )
     return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def store_processes() -> int:
+    """Worker processes that write a big store's shards: one a core, at most 4 (a store of fewer
+    than two shards a process is written in this process: spawning costs ~0.5 s a worker)."""
+    return max(1, min(4, os.cpu_count() or 1))
 
 
 def step_store(
@@ -130,6 +137,7 @@ def step_store(
             data_root=data_root,
             kit_root=profile.kit_root,
             actions_input=f"kit/{profile.kit.sidecar_archive}",
+            processes=store_processes(),
         )
     seconds = time.perf_counter() - t0
     # A new store is decoded sample by sample (through zarr, not through our writer) and compared

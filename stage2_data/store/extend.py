@@ -291,6 +291,7 @@ def write_or_extend(
     data_root: Path | None = None,
     kit_root: Path | None = None,
     actions_input: str | None = None,
+    processes: int = 1,
 ) -> str:
     """Write the store of ``samples`` and ``pairs`` at ``out``: by extending the published store
     ``base`` when :func:`decide_extension` allows it, else with the writer. Returns one line for the
@@ -305,6 +306,7 @@ def write_or_extend(
         "data_root": data_root,
         "kit_root": kit_root,
         "progress": progress,
+        "processes": processes,
     }
     if not out.is_local or (base is not None and not base.is_local):
         decision = _no("the stores are on object storage (extension is local only)")

@@ -8,39 +8,29 @@ then publication (:mod:`stage2_data.publish`, or manifest-last on object storage
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
 import re
 import shutil
 import tempfile
-import zipfile
-import zlib
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from itertools import repeat
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from ..formats.npz import load_npz
-from ..hashing import SHA256_RE, sha256_files_parallel
+from ..hashing import SHA256_RE
 from ..publish import make_staging_dir, publish_dir
 from ..storage import StoreLocation
 from .commit import finish_manifest
-from .determinism import canonical_zarr_json, default_blosc_split_mode
 from .format import (
     DEFAULT_MAX_FRAMES,
     MANIFEST_NAME,
     PairSpec,
     SampleSpec,
     StoreInputError,
-    frames_sha256,
-    shard_dir_name,
 )
-from .inputs import check_actions_meta, check_frames_meta
 from .plan import Row, ShardPlan, check_free_space_for_store, plan_shards
-from .shard_io import write_shard_group
+from .shard_build import build_shard, load_shard, write_shard
 from .target import check_out_dir, check_remote_out, remove_stale_temp_dirs
 
 
@@ -71,18 +61,13 @@ def _check_inputs(inputs: Any, problems: list[str]) -> None:
             problems.append(f"inputs[{k!r}]: {v!r} is not a 64-hex lowercase sha256")
 
 
-@dataclass
-class _LoadedShard:
-    frames: np.ndarray[Any, Any]
-    actions: np.ndarray[Any, Any] | None
-    digests: list[str]
-
-
 class VinOfflineWriter:
     """Build a store at ``out_dir`` from samples and pairs, shard by shard, publish atomically.
 
     ``progress`` is called after each shard with the number of rows that shard wrote. ``max_frames``
     is the frame bound (the profile's): a longer trajectory is refused before anything is decoded.
+    ``processes`` > 1 writes the shards of a local store in that many worker processes (where the
+    ``forkserver`` start method exists, and only when there are at least two shards a process).
     ``profile_path`` and ``data_root`` (optional) are recorded under ``manifest["local"]`` for
     :func:`rebuild_command`; they never enter the fingerprint.
     """
@@ -101,6 +86,7 @@ class VinOfflineWriter:
         data_root: Path | None = None,
         kit_root: Path | None = None,
         workers: int | None = None,
+        processes: int = 1,
         storage_options: dict[str, Any] | None = None,
     ) -> None:
         problems: list[str] = []
@@ -110,6 +96,8 @@ class VinOfflineWriter:
             problems.append(f"include_actions must be a bool, got {include_actions!r}")
         if not isinstance(max_frames, int) or isinstance(max_frames, bool) or max_frames <= 0:
             problems.append(f"max_frames must be a positive integer, got {max_frames!r}")
+        if not isinstance(processes, int) or isinstance(processes, bool) or processes <= 0:
+            problems.append(f"processes must be a positive integer, got {processes!r}")
         if progress is not None and not callable(progress):
             problems.append("progress must be callable or None")
         _check_profile(profile, problems)
@@ -140,107 +128,7 @@ class VinOfflineWriter:
         if kit_root is not None:
             self.local["kit_root"] = str(Path(kit_root).absolute())
         self.workers = workers or max(1, min(4, os.cpu_count() or 1))
-        self._encode_pool: ThreadPoolExecutor | None = None
-
-    # -- loading one shard's rows -------------------------------------------------------------------
-    @staticmethod
-    def _load_row(
-        r: Row, j: int, frames: np.ndarray[Any, Any], actions: np.ndarray[Any, Any] | None
-    ) -> tuple[str | None, list[str]]:
-        problems: list[str] = []
-        fp = Path(r.spec.frames_path)
-        try:
-            if fp.suffix == ".npy":  # already decoded: a plain copy from the page cache
-                f = np.load(fp, mmap_mode="r", allow_pickle=False)
-                shape_arr = np.array(f.shape, dtype=np.int64)
-                nf_arr = np.array(f.shape[0] if f.ndim else 0, dtype=np.int64)
-            else:  # one read, each member inflated once (numpy's np.load: ~5x the time per file)
-                z = load_npz(fp, ("frames", "shape", "num_frames"))
-                f, shape_arr, nf_arr = z["frames"], z["shape"], z["num_frames"]
-        except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError, zlib.error) as e:
-            # zlib.error: a deflate stream corrupt behind an intact zip directory
-            return None, [
-                f"{fp}: unreadable frames npz ({type(e).__name__}: {e}); object/pickled arrays are not allowed"
-            ]
-        info = check_frames_meta(fp, tuple(f.shape), f.dtype, shape_arr, nf_arr, problems)
-        if info is None:
-            return None, problems
-        if (info.num_frames, info.height, info.width) != (r.num_frames, r.height, r.width):
-            return None, [f"{fp}: changed while the store was being built (shape {f.shape})"]
-        frames[j, : r.num_frames] = f
-        digest = frames_sha256(frames[j, : r.num_frames])
-        if actions is not None and r.action_width > 0 and r.spec.sidecar_path is not None:
-            sp = Path(r.spec.sidecar_path)
-            try:
-                a = load_npz(sp, ("aligned_actions",))["aligned_actions"]
-            except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError, zlib.error) as e:
-                return None, [f"{sp}: unreadable sidecar npz ({type(e).__name__}: {e})"]
-            w = check_actions_meta(sp, tuple(a.shape), a.dtype, r.num_frames, problems)
-            if w is None:
-                return None, problems
-            if w != r.action_width:
-                return None, [f"{sp}: changed while the store was being built (width {w})"]
-            with np.errstate(over="ignore"):  # beyond float32: inf, refused next
-                a32 = a.astype(np.float32)
-            bad = np.argwhere(~np.isfinite(a32))
-            if bad.size:
-                t0, c0 = (int(x) for x in bad[0])
-                return None, [
-                    f"{sp}: trajectory {r.spec.sample_key}: aligned_actions holds {len(bad)} non-finite "
-                    f"value(s) (NaN or inf, or beyond float32; first at row {t0}, column {c0}): actions "
-                    "must be finite numbers (repair the sidecar, or mark the row as not recovered)"
-                ]
-            actions[j, : r.num_frames, :w] = a32
-        return digest, []
-
-    def _load_shard(self, plan: ShardPlan, pool: ThreadPoolExecutor) -> _LoadedShard:
-        """Decode one shard's rows into its padded arrays (rows in parallel on ``pool``)."""
-        rr = len(plan.rows)
-        tmax = plan.tmax
-        h, w = plan.hw
-        wmax = plan.wmax
-        frames = np.zeros((rr, tmax, h, w, 3), dtype=np.uint8)
-        actions = np.full((rr, tmax, wmax), np.nan, dtype=np.float32) if wmax > 0 else None
-        results = list(pool.map(self._load_row, plan.rows, range(rr), repeat(frames), repeat(actions)))
-        problems = [p for _, probs in results for p in probs]
-        if problems:
-            raise StoreInputError(
-                "cannot build the VIN offline store", problems, fix="correct the named inputs and build again"
-            )
-        return _LoadedShard(frames, actions, [d or "" for d, _ in results])
-
-    def _write_shard(self, staging: Path, plan: ShardPlan, loaded: _LoadedShard) -> dict[str, Any]:
-        """Write one decoded shard as a Zarr group; its files listed with bytes and sha256."""
-        frames, actions = loaded.frames, loaded.actions
-        rr = len(plan.rows)
-        tmax = plan.tmax
-        h, w = plan.hw
-        wmax = plan.wmax
-        num_frames = np.array([r.num_frames for r in plan.rows], dtype=np.int32)
-        widths = np.array([r.action_width for r in plan.rows], dtype=np.int16)
-        rel_dir = shard_dir_name(plan.shard_id)
-        default_blosc_split_mode()
-        arrays, hashes = write_shard_group(
-            staging / rel_dir, frames, num_frames, widths, actions, self._encode_pool
-        )
-        rels = StoreLocation.parse(staging).tree_files(staging / rel_dir)
-        rest = [staging / r for r in rels if str(staging / r) not in hashes]  # zarr.json and the like
-        canonical_zarr_json(rest)
-        hashes.update(sha256_files_parallel(rest, workers=self.workers))
-        entry = {
-            "id": plan.shard_id,
-            "dir": rel_dir,
-            "row_start": plan.row_start,
-            "num_rows": rr,
-            "frame_shape": [tmax, h, w, 3],
-            "action_width_max": wmax,
-            "arrays": arrays,
-            "files": [
-                {"path": r, "bytes": (staging / r).stat().st_size, "sha256": hashes[str(staging / r)]}
-                for r in rels
-            ],
-        }
-        return entry
+        self.processes = processes
 
     def write(self, samples: Sequence[SampleSpec], pairs: Sequence[PairSpec]) -> dict[str, Any]:
         """Build and publish the store; returns its manifest."""
@@ -261,37 +149,16 @@ class VinOfflineWriter:
             check_free_space_for_store(self.out_dir, {"total": payload})
             staging = make_staging_dir(self.out_dir)
         try:
-            shard_entries: list[dict[str, Any]] = []
             digests: dict[int, str] = {}
-            # Pipelined: while shard k is compressed and written, shard k+1 is decoded in the
-            # background (its rows in parallel). At most two shards are in memory at once.
-            with (
-                ThreadPoolExecutor(max_workers=self.workers) as pool,
-                ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-prefetch") as prefetch,
+            if (
+                not remote
+                and self.processes > 1
+                and len(shards) >= 2 * self.processes
+                and "forkserver" in multiprocessing.get_all_start_methods()
             ):
-                self._encode_pool = pool  # inner chunks are compressed in parallel on the same threads
-                nxt = prefetch.submit(self._load_shard, shards[0], pool) if shards else None
-                for k, plan in enumerate(shards):
-                    assert nxt is not None
-                    loaded = nxt.result()
-                    nxt = (
-                        prefetch.submit(self._load_shard, shards[k + 1], pool)
-                        if k + 1 < len(shards)
-                        else None
-                    )
-                    try:
-                        shard_entries.append(self._write_shard(staging, plan, loaded))
-                        if remote:
-                            self._upload_shard(staging, shard_entries[-1])
-                    except BaseException:
-                        if nxt is not None:
-                            nxt.cancel()
-                        raise
-                    for r, d in zip(plan.rows, loaded.digests, strict=True):
-                        digests[r.sample_index] = d
-                    del loaded
-                    if self.progress is not None:
-                        self.progress(len(plan.rows))
+                shard_entries = self._write_shards_in_processes(staging, shards, digests)
+            else:
+                shard_entries = self._write_shards(staging, shards, digests, remote)
             key_to_index = {r.spec.sample_key: r.sample_index for r in rows}
             index_rows = [_index_row(r, digests[r.sample_index]) for r in rows]
             pairs_rows = [
@@ -330,6 +197,67 @@ class VinOfflineWriter:
             if remote:
                 shutil.rmtree(staging, ignore_errors=True)
         return manifest
+
+    def _write_shards(
+        self, staging: Path, shards: Sequence[ShardPlan], digests: dict[int, str], remote: bool
+    ) -> list[dict[str, Any]]:
+        """Every shard written in this process, in order; their manifest entries."""
+        entries: list[dict[str, Any]] = []
+        # Pipelined: while shard k is compressed and written, shard k+1 is decoded in the
+        # background (its rows in parallel). At most two shards are in memory at once.
+        with (
+            ThreadPoolExecutor(max_workers=self.workers) as pool,
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-prefetch") as prefetch,
+        ):
+            nxt = prefetch.submit(load_shard, shards[0], pool) if shards else None
+            for k, plan in enumerate(shards):
+                assert nxt is not None
+                loaded = nxt.result()
+                nxt = prefetch.submit(load_shard, shards[k + 1], pool) if k + 1 < len(shards) else None
+                try:
+                    # inner chunks are compressed in parallel on the same threads
+                    entries.append(write_shard(staging, plan, loaded, pool, self.workers))
+                    if remote:
+                        self._upload_shard(staging, entries[-1])
+                except BaseException:
+                    if nxt is not None:
+                        nxt.cancel()
+                    raise
+                self._shard_done(plan, loaded.digests, digests)
+                del loaded
+        return entries
+
+    def _write_shards_in_processes(
+        self, staging: Path, shards: Sequence[ShardPlan], digests: dict[int, str]
+    ) -> list[dict[str, Any]]:
+        """Every shard written by ``processes`` worker processes (one shard a task, at most one in
+        memory per process: a shard's Python work no longer shares one GIL); their manifest
+        entries, in shard order. The workers are forked from a fork server that imports only
+        :mod:`.shard_build` (never forked from this process, whose other threads may hold locks, and
+        never re-running the caller's ``__main__`` as spawned processes do), and hold the same library
+        settings (:mod:`.determinism`), so a shard's bytes are the same whoever writes it. A failure
+        or a stop cancels the shards not started and waits for the running ones (one shard each)."""
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload([build_shard.__module__])
+        workers = max(1, self.workers // self.processes)
+        entries: dict[int, dict[str, Any]] = {}
+        with ProcessPoolExecutor(max_workers=self.processes, mp_context=ctx) as ex:
+            futs = {ex.submit(build_shard, staging, plan, workers): plan for plan in shards}
+            try:
+                for fut in as_completed(futs):
+                    plan = futs[fut]
+                    entries[plan.shard_id], shard_digests = fut.result()
+                    self._shard_done(plan, shard_digests, digests)
+            except BaseException:
+                ex.shutdown(wait=True, cancel_futures=True)
+                raise
+        return [entries[plan.shard_id] for plan in shards]
+
+    def _shard_done(self, plan: ShardPlan, shard_digests: list[str], digests: dict[int, str]) -> None:
+        for r, d in zip(plan.rows, shard_digests, strict=True):
+            digests[r.sample_index] = d
+        if self.progress is not None:
+            self.progress(len(plan.rows))
 
     def _upload_shard(self, staging: Path, entry: dict[str, Any]) -> None:
         """Upload one shard folder written in the local scratch folder, then delete it there."""
