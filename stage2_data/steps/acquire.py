@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,19 @@ def verified_sha256s(profile: Profile, data_root: Path, cache_key: str) -> dict[
         a.path: (a.sha256 if archive_state(data_root, a).state == "verified" else None)
         for a in profile.archives_by_cache_key()[cache_key]
     }
+
+
+def archives_to_extract(
+    profile: Profile, data_root: Path, keys: Sequence[str]
+) -> list[tuple[str, list[Path]]]:
+    """``(cache key, its archive files)`` of each of ``keys`` whose extraction is not up to date (stats
+    only), in the order given: what :class:`~stage2_data.extract.prefetch.Prefetcher` reads ahead."""
+    by_key = profile.archives_by_cache_key()
+    return [
+        (key, [layout.archive_path(data_root, a.path) for a in by_key[key]])
+        for key in keys
+        if check_extraction(data_root, key, verified_sha256s(profile, data_root, key))[1] is not None
+    ]
 
 
 def step_extract(
