@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bench.run import drop_caches, entry
+from bench.run import drop_caches, entry, wait_for_quiet_io
 
 REPO = Path(__file__).resolve().parents[1]
 ROUNDS = int(os.environ.get("STAGE2_BENCH_NOOP_ROUNDS", "2"))
@@ -217,7 +217,8 @@ def _shell_way(demo: Any, url: str, dest: Path) -> tuple[float, dict[str, float]
 def _whole_build(work: Path, name: str, scale: float, target: float) -> dict[str, Any]:
     """Each way twice, in the order shell, ours, ours, shell, each into a new folder; the best of each
     way is compared. Nothing is deleted before or between the four: a kept workdir's leftovers are
-    moved aside and deleted after them. File creation on this machine's ext4 (no journal) costs 26 us
+    moved aside and deleted after them; before each, the disk must be quiet
+    (:func:`bench.run.wait_for_quiet_io`: an earlier deletion keeps it busy for a minute or two). File creation on this machine's ext4 (no journal) costs 26 us
     a file in a quiet block group and 150-450 us for minutes after a big tree was deleted near it
     (each creation skips the recently freed inodes one by one): a run right after a deletion pays
     for it, and the mirrored order gives both ways the same conditions otherwise."""
@@ -230,11 +231,15 @@ def _whole_build(work: Path, name: str, scale: float, target: float) -> dict[str
             leftover.rename(trash / leftover.name)
     shell: list[tuple[float, dict[str, float]]] = []
     ours: list[float] = []
+    waited: list[float] = []
     with _hub(demo) as url:
-        shell.append(_shell_way(demo, url, work / "shell-0"))
-        ours.append(_stage2_build(demo, work / "root-0", url)[0])
-        ours.append(_stage2_build(demo, work / "root-1", url)[0])
-        shell.append(_shell_way(demo, url, work / "shell-1"))
+        for way, i in (("shell", 0), ("ours", 0), ("ours", 1), ("shell", 1)):
+            drop_caches()
+            waited.append(wait_for_quiet_io())
+            if way == "shell":
+                shell.append(_shell_way(demo, url, work / f"shell-{i}"))
+            else:
+                ours.append(_stage2_build(demo, work / f"root-{i}", url)[0])
     best = min(range(2), key=lambda i: ours[i])
     steps = _step_seconds(work / f"root-{best}")
     shell_s, shell_parts = min(shell, key=lambda t: t[0])
@@ -254,6 +259,7 @@ def _whole_build(work: Path, name: str, scale: float, target: float) -> dict[str
         demo=f"full-cardinality, frames x{scale} in height and width",
         ours_steps_s=steps,
         baseline_parts_s=shell_parts,
+        waited_for_quiet_io_s=waited,
     )
 
 

@@ -84,6 +84,25 @@ def drop_caches() -> None:
     os.sync()
 
 
+def wait_for_quiet_io(limit_pct: float = 2.0, timeout_s: float = 240.0) -> float:
+    """Wait until the disk is quiet: the share of the last 10 s in which some task waited on I/O
+    (``/proc/pressure/io``, "some avg10") is under ``limit_pct``; returns the seconds waited (0 where
+    the kernel has no pressure information). Deleting a big tree here (an earlier run's folders)
+    keeps the disk busy for a minute or two after ``rm`` returns (the file system is mounted with
+    ``discard``: freed blocks are trimmed), and a run measured meanwhile pays for it."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        try:
+            with open("/proc/pressure/io", encoding="ascii") as f:
+                some = float(f.readline().split()[1].split("=")[1])
+        except (OSError, ValueError, IndexError):
+            return 0.0
+        if some < limit_pct:
+            break
+        time.sleep(1.0)
+    return round(time.monotonic() - t0, 1)
+
+
 def render_table(doc: dict) -> str:
     """The Markdown table the README shows (tests/test_readme.py keeps the README in sync with results.json)."""
     lines = [
