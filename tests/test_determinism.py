@@ -159,3 +159,28 @@ def test_a_bad_input_in_a_worker_process_is_a_named_problem(up: Upstream, tmp_pa
         ).write(samples, up.pairs)
     assert f"{bad}: unreadable frames npz (" in str(ei.value), str(ei.value)
     assert not (tmp_path / "out").exists()
+
+
+def _build_in_daemon(out: str, up: Upstream, q: object) -> None:
+    try:
+        result = build(Path(out), up, rows_per_shard=1, processes=2)["fingerprint"]
+    except Exception as e:  # noqa: BLE001 - reported to the test, which fails on it
+        result = f"raised {type(e).__name__}: {e}"
+    q.put(result)  # type: ignore[attr-defined]
+
+
+def test_a_daemonic_process_writes_its_shards_itself(up: Upstream, tmp_path: Path) -> None:
+    """A daemonic process (a dask worker's, say) may not have children: the writer asked for worker
+    processes writes the shards itself there, and the store is the same."""
+    import multiprocessing
+
+    plain = build(tmp_path / "plain" / "store", up, rows_per_shard=1)
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+    proc = ctx.Process(target=_build_in_daemon, args=(str(tmp_path / "d" / "store"), up, q), daemon=True)
+    proc.start()
+    fingerprint = q.get(timeout=120)
+    proc.join(timeout=60)
+    assert proc.exitcode == 0
+    assert fingerprint == plain["fingerprint"]
+    assert _files(tmp_path / "d" / "store") == _files(tmp_path / "plain" / "store")

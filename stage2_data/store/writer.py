@@ -67,7 +67,8 @@ class VinOfflineWriter:
     ``progress`` is called after each shard with the number of rows that shard wrote. ``max_frames``
     is the frame bound (the profile's): a longer trajectory is refused before anything is decoded.
     ``processes`` > 1 writes the shards of a local store in that many worker processes (where the
-    ``forkserver`` start method exists, and only when there are at least two shards a process).
+    ``forkserver`` start method exists, this process may have children (not a daemonic process,
+    such as a dask worker's), and there are at least two shards a process).
     ``profile_path`` and ``data_root`` (optional) are recorded under ``manifest["local"]`` for
     :func:`rebuild_command`; they never enter the fingerprint.
     """
@@ -155,6 +156,7 @@ class VinOfflineWriter:
                 and self.processes > 1
                 and len(shards) >= 2 * self.processes
                 and "forkserver" in multiprocessing.get_all_start_methods()
+                and not multiprocessing.current_process().daemon  # (a dask worker: no children)
             ):
                 shard_entries = self._write_shards_in_processes(staging, shards, digests)
             else:
