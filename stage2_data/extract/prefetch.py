@@ -48,7 +48,6 @@ class Prefetcher:
         self._sizes: dict[str, int] = {}
         self._ahead = 0  # bytes asked for and not yet extracted
         self._done: set[str] = set()
-        self._stop = False
         self._stopped = threading.Event()
         self._cond = threading.Condition()
         self.prefetched: list[str] = []  # keys whose archives were asked for, in order
@@ -64,7 +63,6 @@ class Prefetcher:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         with self._cond:
-            self._stop = True
             self._stopped.set()
             self._cond.notify_all()
         if self._thread is not None:
@@ -87,9 +85,9 @@ class Prefetcher:
             size = sum(sizes)
             with self._cond:
                 # wait for room, unless nothing is ahead (a cache dir bigger than the budget still goes)
-                while not self._stop and self._ahead > 0 and self._ahead + size > self._budget:
+                while not self._stopped.is_set() and self._ahead > 0 and self._ahead + size > self._budget:
                     self._cond.wait()
-                if self._stop:
+                if self._stopped.is_set():
                     return
                 if key in self._done:
                     continue
@@ -97,7 +95,7 @@ class Prefetcher:
                 self._ahead += size
             for p in files:
                 _willneed(p, self._stopped)
-            if self._stop:
+            if self._stopped.is_set():
                 return
             self.prefetched.append(key)
 

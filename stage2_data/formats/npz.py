@@ -312,19 +312,14 @@ def member_array(data: bytes, m: ZipMember, *, file: str | None = None) -> np.nd
     return _array_from(body, hdr, fortran, file=file, member=m.name)
 
 
-def load_npz(
-    path: str | os.PathLike[str], keys: Iterable[str], *, max_bytes: int | None = None
-) -> dict[str, np.ndarray[Any, Any]]:
-    """The arrays ``keys`` of an npz file, read with one ``read`` (at most ``max_bytes``: a bigger
-    file is a FormatError, never read whole) and each member inflated once, its size and CRC checked
-    (:func:`member_array`; object arrays refused). The arrays are read-only views of the inflated
-    bytes: copy what you keep. A missing key is a FormatError naming the keys there are. Raises
-    OSError (the file cannot be read) or FormatError / FileTypeError (its bytes)."""
+def load_npz(path: str | os.PathLike[str], keys: Iterable[str]) -> dict[str, np.ndarray[Any, Any]]:
+    """The arrays ``keys`` of an npz file, read with one ``read`` and each member inflated once, its
+    size and CRC checked (:func:`member_bytes`; object arrays refused). The arrays are read-only views
+    of the inflated bytes: copy what you keep. A missing key is a FormatError naming the keys there
+    are. Raises OSError (the file cannot be read) or FormatError / FileTypeError (its bytes)."""
     file = os.fspath(path)
     with open(file, "rb") as f:
-        data = f.read() if max_bytes is None else f.read(max_bytes + 1)
-    if max_bytes is not None and len(data) > max_bytes:
-        raise FormatError(f"is larger than {max_bytes} bytes; not read", file=file)
+        data = f.read()
     members = npz_members(data, file=file)
     out: dict[str, np.ndarray[Any, Any]] = {}
     for key in keys:

@@ -195,20 +195,9 @@ def _parse_sidecar(data: bytes, label: str, want_sha: bool) -> _SidecarInfo:
 
 
 def _record(index: dict[str, dict[str, Any]], rel: str, st: os.stat_result, i: _SidecarInfo) -> None:
-    """The index entry of a sidecar the unpack wrote (``st``: the file's stat once written)."""
-    index[rel] = {
-        "size": st.st_size,
-        "mtime_ns": st.st_mtime_ns,
-        "info": {
-            "sha256": i.sha256,
-            "bytes": i.bytes,
-            "raw_width": i.raw_width,
-            "metadata_raw_width": i.metadata_raw_width,
-            "aligned_length": i.aligned_length,
-            "aligned_width": i.aligned_width,
-            "problems": i.problems,
-        },
-    }
+    """The index entry of a sidecar the unpack wrote (``st``: the file's stat once written); msgspec
+    encodes the facts (a dataclass) as the object of its fields."""
+    index[rel] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "info": i}
 
 
 def _write_index(path: Path, tar_sha256: str, index: dict[str, dict[str, Any]]) -> None:

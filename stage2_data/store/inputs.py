@@ -8,7 +8,6 @@ loads (:func:`check_frames_meta`, :func:`check_actions_meta`).
 
 from __future__ import annotations
 
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,6 @@ from ..formats.npz import (
     member_array,
     member_header,
     npz_members,
-    read_member_header,
     read_npy_file_header,
 )
 from .format import MAX_ACTION_WIDTH
@@ -121,15 +119,17 @@ def check_frames_meta(
 def inspect_sidecar_npz(path: Path, num_frames: int | None, problems: list[str]) -> int | None:
     """Width of a sidecar's ``aligned_actions`` (T, W), from its header; problems name the file."""
     try:
-        with zipfile.ZipFile(path) as zf:
-            if "aligned_actions.npy" not in zf.namelist():
-                problems.append(f"{path}: missing key 'aligned_actions'")
-                return None
-            hdr = read_member_header(zf, "aligned_actions.npy")
+        with open(path, "rb") as fh:  # one read, as for the frames files (only a header is inflated)
+            data = fh.read()
+        members = npz_members(data, file=str(path))
+        if "aligned_actions" not in members:
+            problems.append(f"{path}: missing key 'aligned_actions'")
+            return None
+        hdr = member_header(data, members["aligned_actions"], file=str(path))
     except FileNotFoundError:
         problems.append(f"{path}: sidecar file does not exist")
         return None
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError, SyntaxError) as e:
+    except (OSError, FormatError) as e:
         problems.append(f"{path}: not a readable npz ({_reason(e)})")
         return None
     return check_actions_meta(path, hdr.shape, hdr.dtype, num_frames, problems)

@@ -31,7 +31,6 @@ from typing import Any
 
 import crc32c
 import numpy as np
-import zarr
 from zarr.codecs import BloscCodec
 from zarr.storage import LocalStore
 
@@ -43,9 +42,8 @@ from .format import (
     BLOCK_NUM_FRAMES,
     BLOCK_WIDTH,
     StoreChecksumError,
-    compressors,
 )
-from .zarr_meta import array_zarr_json, group_zarr_json
+from .zarr_meta import array_zarr_json, create_layout_array, group_zarr_json
 
 #: an index entry (offset and nbytes) of an inner chunk that was never written
 MISSING = 2**64 - 1
@@ -260,18 +258,7 @@ def _write_array(
     shape = tuple(int(x) for x in data.shape)
     if tmpl is None or inner[1:] != shape[1:] or shape[0] % inner[0]:
         single_threaded_blosc()
-        arr = zarr.create_array(
-            store=LocalStore(shard_dir),
-            name=name,
-            shape=data.shape,
-            chunks=inner,
-            shards=data.shape,
-            dtype=data.dtype,
-            compressors=compressors(data.dtype),
-            fill_value=fill,
-            config={"write_empty_chunks": True},
-            zarr_format=3,
-        )
+        arr = create_layout_array(LocalStore(shard_dir), shape, inner, data.dtype, fill, name=name)
         arr[...] = data  # the whole shard in one call (zarr's own, slower, path)
         return
     folder = shard_dir / name

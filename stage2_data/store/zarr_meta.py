@@ -32,23 +32,16 @@ def canonical_json(doc: dict[str, Any]) -> bytes:
     return json.dumps(doc, indent=2, allow_nan=True).encode()
 
 
-@functools.lru_cache(maxsize=1)
-def group_zarr_json() -> bytes:
-    """The ``zarr.json`` of an empty group (a shard folder, its ``actions`` group), made by zarr."""
-    store = MemoryStore()
-    zarr.open_group(store=store, mode="w", zarr_format=3)
-    return canonical_json(json.loads(_stored(store, "zarr.json")))
-
-
-@functools.lru_cache(maxsize=64)
-def _template(dtype: str, fill_key: Any, ndim: int) -> tuple[dict[str, Any], Any]:
-    """zarr's own document (and array) for an array of this kind, at a placeholder shape."""
-    fill = float("nan") if fill_key == "nan" else fill_key
-    shape = (2,) + (3,) * (ndim - 1)
-    arr = zarr.create_array(
-        store=MemoryStore(),
+def create_layout_array(
+    store: Any, shape: tuple[int, ...], inner: tuple[int, ...], dtype: Any, fill: Any, name: str | None = None
+) -> Any:
+    """A zarr array of a shard group created by zarr itself: one shard (the whole ``shape``), inner
+    chunks ``inner``, the store's codecs for ``dtype``, every chunk written."""
+    return zarr.create_array(
+        store=store,
+        name=name,
         shape=shape,
-        chunks=(1, *shape[1:]),
+        chunks=inner,
         shards=shape,
         dtype=np.dtype(dtype),
         compressors=compressors(np.dtype(dtype)),
@@ -56,11 +49,24 @@ def _template(dtype: str, fill_key: Any, ndim: int) -> tuple[dict[str, Any], Any
         config={"write_empty_chunks": True},
         zarr_format=3,
     )
-    return json.loads(_stored(arr.store, "zarr.json")), arr
 
 
-def _stored(store: Any, key: str) -> bytes:
-    return bytes(store._store_dict[key].to_bytes())
+@functools.lru_cache(maxsize=1)
+def group_zarr_json() -> bytes:
+    """The ``zarr.json`` of an empty group (a shard folder, its ``actions`` group), made by zarr."""
+    stored: dict[str, Any] = {}
+    zarr.open_group(store=MemoryStore(stored), mode="w", zarr_format=3)
+    return canonical_json(json.loads(stored["zarr.json"].to_bytes()))
+
+
+@functools.lru_cache(maxsize=64)
+def _template(dtype: str, fill_key: Any, ndim: int) -> tuple[dict[str, Any], Any]:
+    """zarr's own document (and array) for an array of this kind, at a placeholder shape."""
+    fill = float("nan") if fill_key == "nan" else fill_key
+    shape = (2,) + (3,) * (ndim - 1)
+    stored: dict[str, Any] = {}
+    arr = create_layout_array(MemoryStore(stored), shape, (1, *shape[1:]), dtype, fill)
+    return json.loads(stored["zarr.json"].to_bytes()), arr
 
 
 def _fill_key(fill: Any) -> Any:
