@@ -30,6 +30,7 @@ from stage2_data.profile import Profile, load_profile
 from stage2_data.publish import data_root_lock, sweep_data_root
 from stage2_data.stages import STAGES
 
+from .beside import start_beside
 from .config import BuildConfig, demo_root
 from .stops import stop_guard
 from .uptodate import up_to_date_build, up_to_date_summary
@@ -171,9 +172,14 @@ def _build_or_no_op(
                 for stage in STAGES:
                     on_run(up_to_date_summary(stage))
                 return summary
+        # a stage beside the main line runs in a process of its own: started before Dagster is
+        # imported here, so that both import at once
+        beside = start_beside(config, profile, concurrency)
+        for child in beside.values():
+            held.callback(child.cancel)  # (a child that ran has exited: a no-op)
         from .runner import build_all  # imports Dagster
 
-        return build_all(config, concurrency=concurrency, on_run=on_run)
+        return build_all(config, concurrency=concurrency, on_run=on_run, beside=beside)
 
 
 def print_build_summary(s: dict[str, Any]) -> None:

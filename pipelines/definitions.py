@@ -21,6 +21,7 @@ from stage2_data.stages import (
     EXTRACT_JOB,
     JOB_ASSETS,
     KIT_AND_STORE_JOB,
+    KIT_JOB,
     PROFILE_JOB,
     VERIFY_JOB,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "ACQUIRE_JOB",
     "EXTRACT_JOB",
     "KIT_AND_STORE_JOB",
+    "KIT_JOB",
     "PROFILE_JOB",
     "VERIFY_JOB",
     "build_definitions",
@@ -54,6 +56,7 @@ JOB_DESCRIPTIONS = {
     PROFILE_JOB: "Check the pinned profile: pins complete, counts match, room for the build.",
     ACQUIRE_JOB: "Download and verify archive partitions.",
     EXTRACT_JOB: "Extract cache-key partitions.",
+    KIT_JOB: "Verify the kit's action sidecar tar and unpack it (needs the profile only: runs beside the downloads).",
     KIT_AND_STORE_JOB: "Check extraction, unpack sidecars, join, verify bytes, build the store.",
     VERIFY_JOB: "Re-check existing data on disk without downloading, rebuilding or materializing anything "
     "(asset checks only): link totals, subset bytes, and the published store (every file re-hashed, "

@@ -42,16 +42,20 @@ from stage2_data.acquire import archive_state, remaining_download_bytes
 from stage2_data.extract import check_extraction
 from stage2_data.fsutil import human_bytes
 from stage2_data.kit.sidecar_facts import SIDECAR_MARKER
+from stage2_data.kit.sidecars import sidecars_status
 from stage2_data.profile import Profile
 from stage2_data.stages import (
     ACQUIRE,
     BY_ARCHIVE,
     BY_CACHE_KEY,
     EXTRACT,
+    KIT,
     PROFILE,
     STAGES,
     STORE,
     Stage,
+    needs,
+    ready_stages,
     stage_of,
 )
 from stage2_data.steps.acquire import verified_sha256s
@@ -139,16 +143,15 @@ def stage_outputs(profile: Profile, data_root: Path) -> dict[str, Any]:
     except OSError:
         target = None
     derived = layout.derived_root(data_root)
+    kit = [_stat(derived / SIDECAR_MARKER), _stat(derived / layout.SIDECARS_DIR)]
     store = [
         _stat(layout.extraction_report_path(data_root)),
-        _stat(derived / SIDECAR_MARKER),
-        _stat(derived / layout.SIDECARS_DIR),
         _stat(layout.join_table_path(data_root)),
         _stat(link),
         target,
         _stat(layout.stores_root(data_root, profile.name)),  # a store added or removed
     ]
-    return {PROFILE.name: (), ACQUIRE.name: archives, EXTRACT.name: keys, STORE.name: store}
+    return {PROFILE.name: (), ACQUIRE.name: archives, KIT.name: kit, EXTRACT.name: keys, STORE.name: store}
 
 
 def expected_up_to_date(profile: Profile, data_root: Path, up_to_date_keys: set[str]) -> dict[str, bool]:
@@ -160,7 +163,14 @@ def expected_up_to_date(profile: Profile, data_root: Path, up_to_date_keys: set[
     store = (layout.current_store_path(data_root, profile.name) / "manifest.json").is_file() and all(
         p.is_file() for p in (layout.extraction_report_path(data_root), layout.join_table_path(data_root))
     )
-    return {PROFILE.name: acquire, ACQUIRE.name: acquire, EXTRACT.name: extract, STORE.name: store}
+    kit = sidecars_status(profile, data_root) is None
+    return {
+        PROFILE.name: acquire,
+        ACQUIRE.name: acquire,
+        KIT.name: kit,
+        EXTRACT.name: extract,
+        STORE.name: store,
+    }
 
 
 @dataclass
@@ -245,7 +255,8 @@ class BuildProgress:
         st = self.stages[stage.name]
         st.expected = st.expected or bool(r.get("up_to_date"))  # not run: the runner found nothing to do
         now = time.monotonic()
-        for earlier in self._order()[: st.index - 1]:  # a later stage runs: the earlier ones are over
+        for name in needs(stage):  # a stage runs: the stages it needs are over
+            earlier = self.stages[name]
             if earlier.started is not None and earlier.finished is None:
                 self._finish(earlier, now)
         if st.started is None:
@@ -262,12 +273,13 @@ class BuildProgress:
             st.bytes_done += sum(self._bytes[stage.partitioned_by].get(p, 0) for p in parts)
         self.current = stage.name
         self._update(st)
-        if st.done >= st.total and st.finished is None:  # the next stage starts now
+        if st.done >= st.total and st.finished is None:  # the stages that were waiting for it start now
             self._finish(st, now)
-            if st.index < len(STAGES):
-                nxt = self._order()[st.index]
-                self._start(nxt, now)
-                self.current = nxt.stage.name
+            over = [name for name, x in self.stages.items() if x.finished is not None]
+            started = [name for name, x in self.stages.items() if x.started is not None]
+            for nxt in ready_stages(over, started):
+                self._start(self.stages[nxt.name], now)
+                self.current = nxt.name
         self._emit_run(r, st)
         if self._progress is not None:
             self._progress.refresh()  # every run shows at once, not at the next tick

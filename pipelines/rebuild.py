@@ -1,12 +1,13 @@
 """A rebuild as Dagster runs, stage by stage: the stages of `stage2 build` (``stage2_data.stages``),
-sequenced by the same rules (``next_stage``, ``stage_partitions``), one run per stage.
+sequenced by the same rules (``Stage.after``, ``stage_partitions``), one run per stage.
 
 The weekly schedule and the profile-change sensor start a rebuild at ``REBUILD_FIRST_STAGE``: one
 ``check_profile`` run, tagged ``stage2/rebuild=<id>`` and ``stage2/stage=profile``. The
-``advance_rebuilds`` sensor follows the runs: once a rebuild's stage run has succeeded, it requests
-the next stage's one run (``acquire_archives`` over every archive partition, a single-run backfill
-over the partition range; then ``extract_cache_dirs`` over every cache key; then
-``verify_kit_and_build_store``). A failed run
+``advance_rebuilds`` sensor follows the runs: once every stage a stage needs has succeeded in the
+rebuild, it requests that stage's one run (after the profile, ``acquire_archives`` over every
+archive partition, a single-run backfill over the partition range, and ``unpack_action_sidecars``
+beside it; after the downloads, ``extract_cache_dirs`` over every cache key; after the extraction
+and the sidecars, ``verify_kit_and_build_store``). A failed run
 stops its rebuild at that stage (the alert sensors report it, per partition); re-executing the
 failed run from the UI keeps its tags, so the rebuild goes on from there. Run keys make every
 request idempotent: a stage is requested once per rebuild however many ticks see it complete.
@@ -24,11 +25,21 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import dagster as dg
 
+from stage2_data.checks import CHECKS_BY_ASSET
 from stage2_data.profile import Profile
-from stage2_data.stages import BY_ARCHIVE, PARTITIONS_TAG, STAGES, Stage, next_stage, stage_partitions
+from stage2_data.stages import (
+    BY_ARCHIVE,
+    JOB_ASSETS,
+    PARTITIONS_TAG,
+    STAGES,
+    Stage,
+    stage_partitions,
+    stages_after,
+)
 
 REBUILD_TAG = "stage2/rebuild"
 STAGE_TAG = "stage2/stage"
@@ -104,7 +115,15 @@ def stage_requests(rebuild_id: str, stage: Stage, profile: Profile) -> list[dg.R
     (one run: ``BackfillPolicy.single_run``), tagged so that ``advance_rebuilds`` follows it."""
     keys = [p for p in stage_partitions(stage, profile) if p is not None]
     tags = {REBUILD_TAG: rebuild_id, STAGE_TAG: stage.name, **partition_tags(profile, stage, keys)}
-    return [dg.RunRequest(run_key=f"{rebuild_id}-{stage.name}", job_name=job_of(stage), tags=tags)]
+    subset: dict[str, Any] = {}
+    if set(stage.assets) != set(JOB_ASSETS[stage.job]):  # the store stage: its job without the sidecars
+        subset = {
+            "asset_selection": [dg.AssetKey(a) for a in stage.assets],
+            "asset_check_keys": [
+                dg.AssetCheckKey(dg.AssetKey(a), n) for a in stage.assets for n in CHECKS_BY_ASSET[a]
+            ],
+        }
+    return [dg.RunRequest(run_key=f"{rebuild_id}-{stage.name}", job_name=job_of(stage), tags=tags, **subset)]
 
 
 def stage_complete(instance: dg.DagsterInstance, rebuild_id: str, stage: Stage, profile: Profile) -> bool:
@@ -121,7 +140,9 @@ def stage_complete(instance: dg.DagsterInstance, rebuild_id: str, stage: Stage, 
 def advance_rebuilds(
     context: dg.SensorEvaluationContext, profile: Profile
 ) -> list[dg.RunRequest] | dg.SkipReason:
-    """Request the next stage of every rebuild whose current stage a newly finished run completed."""
+    """Request, for every rebuild a newly finished run moved on, each stage whose needs
+    (``Stage.after``) are now all complete: the kit and acquire stages after the profile, the store
+    after both the extraction and the kit. A stage is requested once per rebuild (its run key)."""
     by_name = {s.name: s for s in STAGES}
     runs = FinishedRuns(context)
     candidates: set[tuple[str, str]] = set()
@@ -132,15 +153,20 @@ def advance_rebuilds(
             rec.dagster_run.status == dg.DagsterRunStatus.SUCCESS
             and REBUILD_TAG in tags
             and stage is not None
-            and next_stage(stage) is not None
+            and stages_after(stage)
         ):
             candidates.add((tags[REBUILD_TAG], stage.name))
     requests: list[dg.RunRequest] = []
+    asked: set[tuple[str, str]] = set()
     for rebuild_id, name in sorted(candidates):
-        stage = by_name[name]
-        nxt = next_stage(stage)
-        if nxt is not None and stage_complete(context.instance, rebuild_id, stage, profile):
-            context.log.info(f"rebuild {rebuild_id}: stage {name} complete; requesting stage {nxt.name}")
-            requests += stage_requests(rebuild_id, nxt, profile)
+        for nxt in stages_after(by_name[name]):
+            if (rebuild_id, nxt.name) in asked:
+                continue
+            if all(stage_complete(context.instance, rebuild_id, by_name[a], profile) for a in nxt.after):
+                context.log.info(
+                    f"rebuild {rebuild_id}: stage(s) {', '.join(nxt.after)} complete; requesting stage {nxt.name}"
+                )
+                asked.add((rebuild_id, nxt.name))
+                requests += stage_requests(rebuild_id, nxt, profile)
     runs.save()
     return requests or dg.SkipReason("no rebuild stage completed since the last tick")

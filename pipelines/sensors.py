@@ -118,8 +118,8 @@ def build_sensors(profile: Profile, jobs: dict[str, Any]) -> list[dg.SensorDefin
         minimum_interval_seconds=30,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description="Carries a rebuild (runs tagged stage2/rebuild, as weekly_rebuild and "
-        "rebuild_on_profile_change start them) through its stages, one run each: when a stage's run "
-        "has succeeded, it requests the next (archives, cache keys, then the kit and the store).",
+        "rebuild_on_profile_change start them) through its stages, one run each: when the runs a stage "
+        "needs have succeeded, it requests that stage (archives and sidecars, cache keys, then the store).",
     )
     def advance_rebuilds_sensor(context: dg.SensorEvaluationContext):
         return advance_rebuilds(context, profile)

@@ -21,8 +21,9 @@ the build would go on with the next stage.
 - stops this process's downloads at once (``stage2_data.acquire.cancel_downloads``: a read blocked
   on the network is woken; the partial files are kept) and its extractions
   (``stage2_data.extract.cancel_extractions``: checked between members and copy chunks; the staging
-  folder is removed): a run's partitions run in threads, which an interrupt of the main thread does
-  not stop (``assets._common.run_partitions`` drops the queued ones and does not wait for the rest;
+  folder is removed), the kit's sidecar unpack among them (checked between members): a run's
+  partitions, and the kit stage beside the main line (``runner.walk_stages``), run in threads, which
+  an interrupt of the main thread does not stop (``assets._common.run_partitions`` drops the queued ones and does not wait for the rest;
   a worker process's own extractions are cancelled there when its step is interrupted);
 - terminates the worker processes (every descendant: Dagster's multiprocess children, a local Dask
   cluster, a process pool) with SIGTERM at once and SIGKILL after ``grace`` seconds; a second signal

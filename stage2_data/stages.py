@@ -1,22 +1,27 @@
-"""The asset graph's names and the stages of a build, in order: the one table that `stage2 build`
+"""The asset graph's names and the stages of a build: the one table that `stage2 build`
 (``stage2_pipelines.runner``), the schedules and sensors (``stage2_pipelines.rebuild``), the checks
 (``checks.py``) and the progress display (``stage2_pipelines.progress``) read. Dagster-free; imports nothing.
 
-A build goes through four stages. A stage materializes its assets in one run of its named job; a
+A build goes through five stages. A stage materializes its assets in one run of its named job; a
 partitioned stage (per archive, per cache key) runs all its partitions in that one run (a
-single-run backfill), largest first. What runs next is decided here, once:
+single-run backfill), largest first. A stage starts when the stages it needs (``Stage.after``) are
+over, so stages that do not need each other run side by side: the kit stage (the action sidecars,
+read from the kit alone) runs beside the downloads and the extraction, and the store stage waits for
+both. What runs next is decided here, once:
 
-- :func:`next_stage`: the stage after a given one (None after the last);
+- :func:`stages_after`: the stages that need a given one (none after the last);
+- :func:`ready_stages`: the stages whose needs are all over;
 - :func:`stage_partitions`: the partitions of a stage that may run, given the runs that failed
   before it: a partition whose upstream partition failed is left out (a cache key whose archive
-  failed), and an unpartitioned stage runs only when nothing before it failed.
+  failed), and an unpartitioned stage runs only when nothing it needs failed.
 
-`stage2 build` walks the stages in one process; a scheduled rebuild walks the same stages as Dagster
-runs, one stage at a time (the ``advance_rebuilds`` sensor asks :func:`next_stage` when a stage is
-complete), starting at the profile stage like the build.
+`stage2 build` walks the stages in one process (a stage beside the main line in a child process); a
+scheduled rebuild walks the same stages as Dagster runs (the ``advance_rebuilds`` sensor requests a
+stage once every stage it needs is complete), starting at the profile stage like the build.
 
-To add a stage: add its assets below, a :class:`Stage` to ``STAGES`` at its place, and the assets
-in ``stage2_assets``; the CLI, the rebuild sensor and the progress display follow the table.
+To add a stage: add its assets below, a :class:`Stage` to ``STAGES`` (after the stages it needs),
+and the assets in ``stage2_assets``; the CLI, the rebuild sensor and the progress display follow the
+table.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ BY_CACHE_KEY = "cache_key"
 PROFILE_JOB = "check_profile"
 ACQUIRE_JOB = "acquire_archives"
 EXTRACT_JOB = "extract_cache_dirs"
+KIT_JOB = "unpack_action_sidecars"
 KIT_AND_STORE_JOB = "verify_kit_and_build_store"
 VERIFY_JOB = "verify_existing_data"
 
@@ -73,29 +79,49 @@ class Stage:
     partitioned_by: str | None  # BY_ARCHIVE | BY_CACHE_KEY | None: unpartitioned
     job: str  # the named job a run of the stage belongs to (what `stage2 build` and a rebuild launch)
     max_parallel: int | None = None  # at most this many partitions at once in its run (None: the build's)
+    after: tuple[str, ...] = ()  # the stages that must be over before it starts (by name)
+    beside: bool = False  # runs beside the main line (`stage2 build`: in a process of its own)
 
 
 PROFILE = Stage("profile", "profile", (PINNED_PROFILE,), None, PROFILE_JOB)
-ACQUIRE = Stage("acquire", "download+verify archives", (ARCHIVE_FILE,), BY_ARCHIVE, ACQUIRE_JOB)
-EXTRACT = Stage("extract", "extract cache dirs", (CACHE_DIR,), BY_CACHE_KEY, EXTRACT_JOB, max_parallel=2)
+ACQUIRE = Stage(
+    "acquire", "download+verify archives", (ARCHIVE_FILE,), BY_ARCHIVE, ACQUIRE_JOB, after=("profile",)
+)
+# the action sidecars need the kit only: unpacked beside the downloads and the extraction
+KIT = Stage(
+    "kit", "unpack+check sidecars", (ACTION_SIDECARS,), None, KIT_JOB, after=("profile",), beside=True
+)
+EXTRACT = Stage(
+    "extract",
+    "extract cache dirs",
+    (CACHE_DIR,),
+    BY_CACHE_KEY,
+    EXTRACT_JOB,
+    max_parallel=2,
+    after=("acquire",),
+)
 STORE = Stage(
     "store",
-    "kit, join, bytes, store",
-    (EXTRACTION_REPORT, ACTION_SIDECARS, TRAJECTORY_JOIN, SUBSET_CHECKSUMS, VIN_STORE),
+    "join, bytes, store",
+    (EXTRACTION_REPORT, TRAJECTORY_JOIN, SUBSET_CHECKSUMS, VIN_STORE),
     None,
     KIT_AND_STORE_JOB,
+    after=("extract", "kit"),
 )
-STAGES: tuple[Stage, ...] = (PROFILE, ACQUIRE, EXTRACT, STORE)
+STAGES: tuple[Stage, ...] = (PROFILE, ACQUIRE, KIT, EXTRACT, STORE)  # every stage after those it needs
 REBUILD_FIRST_STAGE = PROFILE  # where a scheduled rebuild starts: the same stages as `stage2 build`
 
 # The asset selection of every job: one job per stage (a run of `stage2 build` and of a rebuild is a
-# run of its stage's job); the verify job materializes nothing: it runs the standalone checks
+# run of its stage's job); the store stage's job also holds the action sidecars, so that one run of
+# it from the UI makes everything after the extraction (a build's store stage runs it without them:
+# the kit stage made them). The verify job materializes nothing: it runs the standalone checks
 # (checks.STANDALONE_CHECKS) over what is on disk, so a verify leaves every asset as it was.
 JOB_ASSETS: dict[str, tuple[str, ...]] = {
     PROFILE_JOB: PROFILE.assets,
     ACQUIRE_JOB: ACQUIRE.assets,
+    KIT_JOB: KIT.assets,
     EXTRACT_JOB: EXTRACT.assets,
-    KIT_AND_STORE_JOB: STORE.assets,
+    KIT_AND_STORE_JOB: (EXTRACTION_REPORT, ACTION_SIDECARS, TRAJECTORY_JOIN, SUBSET_CHECKSUMS, VIN_STORE),
     VERIFY_JOB: (),
 }
 
@@ -108,10 +134,28 @@ def stage(name: str) -> Stage:
     raise ValueError(f"unknown stage {name!r}; expected one of {', '.join(s.name for s in STAGES)}")
 
 
-def next_stage(current: Stage) -> Stage | None:
-    """The stage after ``current``; None after the last."""
-    i = STAGES.index(current)
-    return STAGES[i + 1] if i + 1 < len(STAGES) else None
+def stages_after(current: Stage) -> list[Stage]:
+    """The stages that need ``current`` (in table order); none after the last."""
+    return [s for s in STAGES if current.name in s.after]
+
+
+def ready_stages(over: Iterable[str], started: Iterable[str] = ()) -> list[Stage]:
+    """The stages not ``started`` whose needs are all ``over`` (names), in table order."""
+    done, begun = set(over), set(started)
+    return [s for s in STAGES if s.name not in begun and set(s.after) <= done]
+
+
+def needs(current: Stage) -> set[str]:
+    """The names of every stage ``current`` needs, directly or through another."""
+    by_name = {s.name: s for s in STAGES}
+    out: set[str] = set()
+    todo = list(current.after)
+    while todo:
+        name = todo.pop()
+        if name not in out:
+            out.add(name)
+            todo += by_name[name].after
+    return out
 
 
 def stage_of(selection: Sequence[str]) -> Stage:
@@ -124,10 +168,12 @@ def stage_partitions(
 ) -> list[str | None]:
     """The partitions of ``current`` that may run (None: the one run of an unpartitioned stage), in
     the order to run them: largest first, so that the stage ends soonest. ``failed`` lists the
-    (stage, partition) of every failed run so far: an unpartitioned stage runs only when nothing
-    failed; a partitioned one leaves out what depends on a failure: everything, after a failed
-    unpartitioned stage; a cache key, when one of its archives failed."""
-    failed = list(failed)
+    (stage, partition) of every failed run so far; only the failures of the stages ``current`` needs
+    count: an unpartitioned stage runs only when none of them failed; a partitioned one leaves out
+    what depends on a failure: everything, after a failed unpartitioned stage; a cache key, when one
+    of its archives failed."""
+    upstream = needs(current)
+    failed = [(s, p) for s, p in failed if s.name in upstream]
     if current.partitioned_by is None:
         return [] if failed else [None]
     if any(s.partitioned_by is None for s, _ in failed):

@@ -99,5 +99,19 @@ def built(demo_cache: DemoPaths, tmp_path_factory: pytest.TempPathFactory) -> di
             )
             summary = build_all(config, concurrency=2)
             requested = [p for (_, p, _) in hub.request_log]
-        runs = len(dg.DagsterInstance.get().get_runs())
-    return {"summary": summary, "root": base / "root", "home": home, "requested": requested, "runs": runs}
+        instance = dg.DagsterInstance.get()
+        runs = len(instance.get_runs())
+        # the process each run's events came from, by job
+        pids = {
+            r.job_name: {e.dagster_event.pid for e in instance.all_logs(r.run_id) if e.dagster_event}
+            for r in instance.get_runs()
+        }
+    return {
+        "summary": summary,
+        "root": base / "root",
+        "home": home,
+        "requested": requested,
+        "runs": runs,
+        "pids": pids,
+        "build_pid": os.getpid(),
+    }

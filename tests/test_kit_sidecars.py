@@ -193,6 +193,42 @@ def test_unpack_skips_when_already_done_and_redoes_on_change(tmp_path: Path) -> 
     assert victim.read_bytes() == b"new"
 
 
+def test_sidecars_status_says_what_unpack_would_do(tmp_path: Path) -> None:
+    """sidecars_status (the build's kit stage: skip its run?) agrees with unpack_sidecars' own skip,
+    by stats and the tar's .sha256 file only."""
+    b = build(tmp_path, unpack=False)
+    assert "not unpacked" in (kit.sidecars_status(b.profile, b.data_root) or "")
+    kit.unpack_sidecars(b.profile, b.data_root)
+    assert kit.sidecars_status(b.profile, b.data_root) is None
+    assert kit.unpack_sidecars(b.profile, b.data_root).skipped
+    (b.data_root / "derived" / sidecar_rel("autoeval", A[0])).unlink()  # one file fewer
+    assert kit.sidecars_status(b.profile, b.data_root) is not None
+    kit.unpack_sidecars(b.profile, b.data_root)
+    tar = b.kit(TAR_REL)
+    write_tar(tar, {sidecar_rel("autoeval", A[0]): b"new"})
+    write_sha_file(tar)  # another tar
+    assert kit.sidecars_status(b.profile, b.data_root) is not None
+    (tar.parent / (tar.name + ".sha256")).unlink()
+    assert "cannot be checked" in (kit.sidecars_status(b.profile, b.data_root) or "")
+
+
+def test_a_stop_cancels_the_unpack_and_publishes_nothing(tmp_path: Path) -> None:
+    """A stop (cancel_extractions, as the stop guard calls it) ends the unpack between members: the
+    staging folder is removed and nothing is published; once allowed again, it unpacks."""
+    from stage2_data.extract import ExtractionCancelled, cancel_extractions
+
+    b = build(tmp_path, unpack=False)
+    cancel_extractions()
+    try:
+        with pytest.raises(ExtractionCancelled, match="cancelled"):
+            kit.unpack_sidecars(b.profile, b.data_root)
+    finally:
+        cancel_extractions(False)
+    derived = b.data_root / "derived"
+    assert not derived.exists() or list(derived.iterdir()) == []  # no staging folder, nothing published
+    assert kit.unpack_sidecars(b.profile, b.data_root).files == 10
+
+
 def test_unpack_reads_members_in_chunks_with_exact_bytes_and_modes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

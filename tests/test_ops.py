@@ -21,7 +21,15 @@ from stage2_data import checks as C
 from stage2_data.demo import DemoPaths
 from stage2_data.demo.hubserver import HubServer
 from stage2_data.profile import load_profile
-from stage2_data.stages import ACQUIRE_JOB, EXTRACT_JOB, KIT_AND_STORE_JOB, PROFILE_JOB, VERIFY_JOB
+from stage2_data.stages import (
+    ACQUIRE_JOB,
+    EXTRACT_JOB,
+    KIT_AND_STORE_JOB,
+    KIT_JOB,
+    PROFILE_JOB,
+    STORE,
+    VERIFY_JOB,
+)
 from stage2_pipelines.config import BuildConfig
 from stage2_pipelines.definitions import build_definitions
 from stage2_pipelines.rebuild import REBUILD_TAG, STAGE_TAG
@@ -209,10 +217,11 @@ def test_rebuild_sensor_records_skips_then_requests(demo: DemoPaths, tmp_path: P
 def test_a_rebuild_goes_through_every_stage_in_real_runs(
     demo: DemoPaths, tmp_path: Path, dagster_home: Path, built: dict
 ) -> None:
-    """weekly_rebuild starts a rebuild; advance_rebuilds requests each next stage, one run each (a
-    partitioned stage is one run over its partition range), once the stage's run succeeded: the
-    result is the store `stage2 build` makes. A failed run (one archive failed) holds its rebuild at
-    that stage until it is re-executed (same tags)."""
+    """weekly_rebuild starts a rebuild; advance_rebuilds requests each stage, one run each (a
+    partitioned stage is one run over its partition range), once the runs of the stages it needs
+    succeeded (the kit beside the downloads; the store after the extraction and the kit): the result
+    is the store `stage2 build` makes. A failed run (one archive failed) holds what needs it until it
+    is re-executed (same tags)."""
     prof = load_profile(demo.profile)
     instance = dg.DagsterInstance.get()
     with HubServer(demo.upstream, repo_id=demo.repo_id, revision=demo.revision) as hub:
@@ -226,7 +235,11 @@ def test_a_rebuild_goes_through_every_stage_in_real_runs(
             return [
                 defs.resolve_job_def(r.job_name)
                 .execute_in_process(
-                    instance=instance, partition_key=r.partition_key, tags=r.tags, raise_on_error=False
+                    instance=instance,
+                    partition_key=r.partition_key,
+                    tags=r.tags,
+                    asset_selection=r.asset_selection,
+                    raise_on_error=False,
                 )
                 .success
                 for r in reqs
@@ -246,8 +259,9 @@ def test_a_rebuild_goes_through_every_stage_in_real_runs(
         )
         profile_runs = list(weekly.run_requests or [])
         assert run(profile_runs) == [True]
-        acquire, cursor = tick(None)
-        assert [r.job_name for r in acquire] == [ACQUIRE_JOB]
+        after_profile, cursor = tick(None)
+        assert [r.job_name for r in after_profile] == [ACQUIRE_JOB, KIT_JOB]  # the kit needs no archive
+        acquire, kit = after_profile[:1], after_profile[1:]
         tags = acquire[0].tags
         order = prof.archive_paths()
         assert (tags["dagster/asset_partition_range_start"], tags["dagster/asset_partition_range_end"]) == (
@@ -258,6 +272,8 @@ def test_a_rebuild_goes_through_every_stage_in_real_runs(
         hub.faults.missing.add(victim)  # one archive fails: the run fails, the rebuild waits
         assert run(acquire) == [False]
         assert tick(cursor)[0] == []
+        assert run(kit) == [True]
+        assert tick(cursor)[0] == []  # the store needs the extraction too
         hub.faults.missing.clear()
         assert run(acquire) == [True]  # the failed run again (a re-execution keeps its tags)
         extract, cursor = tick(cursor)
@@ -270,10 +286,14 @@ def test_a_rebuild_goes_through_every_stage_in_real_runs(
         assert [(r.job_name, r.partition_key, r.tags[STAGE_TAG]) for r in store] == [
             (KIT_AND_STORE_JOB, None, "store")
         ]
+        # its job without the sidecars (the kit stage's run made them), with those assets' checks
+        assert {k.to_user_string() for k in store[0].asset_selection or []} == set(STORE.assets)
+        checked = {k.asset_key.to_user_string() for k in store[0].asset_check_keys or []}
+        assert checked == set(STORE.assets)
         assert run(store) == [True]
         assert tick(cursor)[0] == []  # the last stage: the rebuild is done
     done = instance.get_run_records(dg.RunsFilter(tags={REBUILD_TAG: "weekly-20261129"}))
-    assert len(done) == 1 + 2 + 1 + 1  # profile, acquire (failed, then again), extract, store
+    assert len(done) == 1 + 2 + 1 + 1 + 1  # profile, acquire (failed, then again), kit, extract, store
     # every archive partition has its own materialization from the range run
     for path in prof.archive_paths():
         assert instance.get_latest_data_version_record(dg.AssetKey("archive_file"), False, path) is not None

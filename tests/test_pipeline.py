@@ -15,7 +15,7 @@ from stage2_data import layout
 from stage2_data.demo import DemoPaths, repin_profile, write_sidecar_sha256
 from stage2_data.demo.hubserver import HubServer
 from stage2_data.profile import load_profile
-from stage2_data.stages import ACQUIRE_JOB, EXTRACT_JOB, PROFILE_JOB, STAGES
+from stage2_data.stages import ACQUIRE_JOB, EXTRACT_JOB, KIT_JOB, PROFILE_JOB, STAGES
 from stage2_data.store import VinOfflineDataset, VinOfflineStoreReader, validate_vin_offline_store
 from stage2_pipelines.config import BuildConfig
 from stage2_pipelines.definitions import build_definitions
@@ -84,6 +84,10 @@ def test_build_end_to_end(built: dict, demo_cache: DemoPaths) -> None:
     # one run per stage: every partition of a stage in one run (a single-run backfill)
     assert built["runs"] == len(s1["runs"]) == len(STAGES)
     assert [r["job"] for r in s1["runs"]] == [s.job for s in STAGES]
+    # the kit stage ran beside the main line, in a process of its own (pipelines/beside.py); the
+    # main line's runs in the build's process (test_stages: the walk runs it beside them)
+    assert built["pids"][KIT_JOB] and built["build_pid"] not in built["pids"][KIT_JOB]
+    assert all(built["build_pid"] in built["pids"][s.job] for s in STAGES if s.job != KIT_JOB), built["pids"]
     parts = {r["job"]: set(r["partitions"]) for r in s1["runs"]}
     assert parts[ACQUIRE_JOB] == set(prof.archive_paths()) and parts[EXTRACT_JOB] == set(prof.cache_keys())
     # each partition has its own materialization and its own check results
@@ -191,10 +195,11 @@ def test_wrong_archive_sha256_fails_its_check(demo: DemoPaths, tmp_path: Path, d
     assert [e["partition"] for e in s["errors"]] == [victim]
     assert not layout.archive_path(tmp_path / "root", victim).exists()
     assert not layout.stores_root(tmp_path / "root", prof.name).exists()
-    # one run per stage; in the failed acquire run every other archive was materialized; the cache
-    # key of the failed archive was left out of the extract run; the store stage did not run
+    # one run per stage; in the failed acquire run every other archive was materialized; the kit
+    # stage needs no archive: it ran; the cache key of the failed archive was left out of the extract
+    # run; the store stage did not run
     runs = {r["job"]: r for r in s["runs"]}
-    assert list(runs) == [PROFILE_JOB, ACQUIRE_JOB, EXTRACT_JOB]
+    assert list(runs) == [PROFILE_JOB, ACQUIRE_JOB, KIT_JOB, EXTRACT_JOB]
     assert not runs[ACQUIRE_JOB]["success"]
     assert {k for k, done in runs[ACQUIRE_JOB]["partitions"].items() if done} == set(prof.archive_paths()) - {
         victim

@@ -163,7 +163,7 @@ def test_live_failures_stay_on_screen_and_a_stage_that_never_ran_is_left_out(dem
     bar = BuildProgress(prof, stream, live=True, tick=60)  # frames drawn by each run, not by the ticker
     for r in _runs(prof, fail=bad):
         bar.on_run(r)
-    assert bar.status_line().startswith(LABELS[2])  # the build stops in the extract stage
+    assert bar.status_line().startswith(LABELS[3])  # the build stops in the extract stage
     bar.close()
     out = stream.getvalue()
     text = ANSI.sub("", out)
@@ -171,9 +171,10 @@ def test_live_failures_stay_on_screen_and_a_stage_that_never_ran_is_left_out(dem
     assert "    check archive_file:sha256 failed: sha256 mismatch" in text and "second line" not in text
     final = [ln for ln in ANSI.sub("", out.rsplit("\x1b[2K", 1)[1]).splitlines() if ln.strip()]
     n, k = len(prof.archive_paths()), len(prof.cache_keys())
-    assert len(final) == 3 and LABELS[3] not in text  # the store stage never ran: no line for it
+    assert len(final) == 4 and LABELS[4] not in text  # the store stage never ran: no line for it
     assert final[1].startswith("✗ ") and f"{n}/{n} partitions (1 failed)" in final[1]
-    assert final[2].startswith("✓ ") and f"{k - 1}/{k} partitions" in final[2]  # its key was left out
+    assert final[2].startswith("✓ ") and LABELS[2] in final[2]  # the kit needs no archive: it ran
+    assert final[3].startswith("✓ ") and f"{k - 1}/{k} partitions" in final[3]  # its key was left out
 
 
 def test_plain_failure_lines(demo_cache: DemoPaths) -> None:

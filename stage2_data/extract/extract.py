@@ -75,7 +75,9 @@ def cancel_extractions(cancel: bool = True) -> None:
         _CANCEL.clear()
 
 
-def _check_cancel(archive: str) -> None:
+def check_cancel(archive: str) -> None:
+    """Raise :class:`ExtractionCancelled` naming ``archive`` once :func:`cancel_extractions` was
+    called: every unpacking of a tar in this process calls it between members (the kit's sidecars too)."""
     if _CANCEL.is_set():
         raise ExtractionCancelled(
             f"the extraction of {archive} was cancelled (a stop); nothing was published"
@@ -170,7 +172,7 @@ def _write_members(
     archive = tar.archive_name
 
     def step(n: int) -> None:  # between copy chunks: a cancellation point
-        _check_cancel(archive)
+        check_cancel(archive)
         if progress is not None:
             progress(n)
 
@@ -200,7 +202,7 @@ def _write_members(
             ensure_dir(rel)
         # Archive order = ascending offsets: the archive is read sequentially.
         for rel, m in plan.files:
-            _check_cancel(archive)  # between members
+            check_cancel(archive)  # between members
             parent, _, base = rel.rpartition("/")
             ensure_dir(parent)
             mode = m.mode & 0o755 | 0o600  # tarfile 'data' filter semantics
@@ -292,7 +294,7 @@ def _extract(
                     fix="free disk space or choose another --data-root, then re-run",
                 ):
                     _write_members(tar, plan, tmp, progress)
-                _check_cancel(archive)  # the last point before the publish
+                check_cancel(archive)  # the last point before the publish
             except EOFError as e:
                 raise ArchiveError(
                     f"archive {archive} ended early while extracting: {e}.",

@@ -26,7 +26,7 @@ from .manifests import (
 )
 from .problems import raise_for_problems
 from .sidecar_facts import SIDECAR_INDEX, SIDECAR_KEYS, SIDECAR_MARKER, recorded_sidecars
-from .sidecars import SidecarUnpackResult, unpack_sidecars
+from .sidecars import SidecarUnpackResult, sidecars_status, unpack_sidecars
 from .subset_bytes import ByteReport, verify_subset_bytes
 
 __all__ = [
@@ -49,6 +49,7 @@ __all__ = [
     "load_pairs",
     "load_action_manifests",
     "recorded_sidecars",
+    "sidecars_status",
     "unpack_sidecars",
     "build_join_table",
     "link_check",

@@ -17,7 +17,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from .. import layout
-from ..errors import ArchiveError, ChecksumMismatchError, KitError, UnsafeArchiveError
+from ..errors import ArchiveError, ChecksumMismatchError, KitError, Stage2Error, UnsafeArchiveError
+from ..extract import check_cancel
 from ..formats.sha256sums import read_single_sha256_file
 from ..fsutil import require_free_space
 from ..hashing import sha256_file
@@ -173,6 +174,41 @@ def _check_members(
     return files, refused
 
 
+def _unpacked_record(derived: Path, tar_sha256: str, tar_stat: os.stat_result) -> dict[str, Any] | None:
+    """The sidecars' record (``derived/.sidecars.json``) when it records this tar (sha256 from its
+    ``.sha256`` file, size, mtime) and the unpacked folder still holds as many files; else None."""
+    marker = derived / SIDECAR_MARKER
+    if not (marker.is_file() and (derived / layout.SIDECARS_DIR).is_dir()):
+        return None
+    try:
+        rec = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if (
+        isinstance(rec, dict)
+        and rec.get("tar_sha256") == tar_sha256
+        and rec.get("tar_size") == tar_stat.st_size
+        and rec.get("tar_mtime_ns") == tar_stat.st_mtime_ns
+        and rec.get("files") == count_sidecar_files(derived)
+    ):
+        return rec
+    return None
+
+
+def sidecars_status(profile: Profile, data_root: Path) -> str | None:
+    """None when :func:`unpack_sidecars` would skip (the sidecars unpacked from the kit's tar as it
+    is now, by stats and the tar's ``.sha256`` file: nothing is hashed), else why it would unpack."""
+    tar_path = profile.kit_file("sidecar_archive")
+    try:
+        expected, _ = read_single_sha256_file(profile.kit_file("sidecar_archive_sha256"))
+        st = tar_path.stat()
+    except (OSError, Stage2Error) as e:
+        return f"the kit's sidecar archive cannot be checked ({e})"
+    if _unpacked_record(layout.derived_root(Path(data_root)), expected, st) is None:
+        return f"the sidecars of {tar_path.name} are not unpacked as it is now"
+    return None
+
+
 def unpack_sidecars(profile: Profile, data_root: Path, *, force: bool = False) -> SidecarUnpackResult:
     """Verify the kit's sidecar tar against its ``.sha256`` file, then unpack it safely into
     ``<data_root>/derived/action_sidecars`` (staged under ``derived/``, published by rename).
@@ -202,18 +238,9 @@ def unpack_sidecars(profile: Profile, data_root: Path, *, force: bool = False) -
     final = derived / layout.SIDECARS_DIR
     marker = derived / SIDECAR_MARKER
     st = tar_path.stat()
-    if not force and marker.is_file() and final.is_dir():
-        try:
-            rec = json.loads(marker.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            rec = None
-        if (
-            isinstance(rec, dict)
-            and rec.get("tar_sha256") == expected
-            and rec.get("tar_size") == st.st_size
-            and rec.get("tar_mtime_ns") == st.st_mtime_ns
-            and rec.get("files") == count_sidecar_files(derived)
-        ):
+    if not force:
+        rec = _unpacked_record(derived, expected, st)
+        if rec is not None:
             return SidecarUnpackResult(
                 tar_path=tar_path,
                 tar_sha256=expected,
@@ -257,6 +284,7 @@ def unpack_sidecars(profile: Profile, data_root: Path, *, force: bool = False) -
                 reader = _TarReader(tf.fileobj.fileno())  # type: ignore[attr-defined]
                 made: set[str] = set()
                 for source, fname, m in files:
+                    check_cancel(tar_path.name)  # a stop: the staging folder is removed
                     if source not in made:
                         os.mkdir(f"{tmp_s}/{source}")
                         made.add(source)

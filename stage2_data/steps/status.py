@@ -5,6 +5,7 @@ skips its work).
 - ``acquire``: every archive has a ``.verified.json`` record matching its file (no request, no hash);
 - ``extract``: every cache key passes :func:`~stage2_data.extract.check_extraction` (its record
   names the archives' verified sha256 and this extractor; one ``scandir`` walk matches it);
+- ``kit``: the sidecars' record names the kit's sidecar tar as it is now (``kit.sidecars_status``);
 - ``store``: the fingerprint of the stage's inputs and outputs (:func:`store_stage_fingerprint`:
   the stats of every kit file and of the profile, every extraction record's digests, the archive
   pins, the stats of the extraction report, the sidecars' record, the join table, the stores'
@@ -32,8 +33,9 @@ from ..acquire import archive_state
 from ..extract import EXTRACTOR_VERSION, check_extraction, load_extraction_record, write_json_if_changed
 from ..fsutil import canonical_json
 from ..kit.sidecar_facts import SIDECAR_MARKER
+from ..kit.sidecars import sidecars_status
 from ..profile import Profile
-from ..stages import ACQUIRE, EXTRACT, PROFILE, STORE
+from ..stages import ACQUIRE, EXTRACT, KIT, PROFILE, STAGES, STORE
 from ..store import OFFLINE_DATASET_VERSION
 from .acquire import verified_sha256s
 
@@ -189,16 +191,19 @@ def profile_status(profile: Profile, data_root: Path) -> str | None:
 def build_status(
     profile: Profile, data_root: Path, settings: dict[str, Any] | None = None
 ) -> dict[str, str | None]:
-    """``{stage name: None (up to date) | why it must run}`` for the four stages, in order. A stage
+    """``{stage name: None (up to date) | why it must run}`` for the five stages, in order. A stage
     after one that must run must run too (what it reads will change); the profile stage runs when
-    the acquire or extract stage does, or when the kit changed."""
+    the acquire, kit or extract stage does, or when the kit changed."""
     data_root = Path(data_root)
     out: dict[str, str | None] = {ACQUIRE.name: acquire_status(profile, data_root)}
+    out[KIT.name] = sidecars_status(profile, data_root)
     out[EXTRACT.name] = extract_status(profile, data_root) if out[ACQUIRE.name] is None else "archives change"
-    if out[EXTRACT.name] is None:
-        out[STORE.name] = store_status(profile, data_root, settings)
-    else:
+    if out[EXTRACT.name] is not None:
         out[STORE.name] = "cache directories change"
-    later = [v for v in (out[ACQUIRE.name], out[EXTRACT.name]) if v is not None]
+    elif out[KIT.name] is not None:
+        out[STORE.name] = "the action sidecars change"
+    else:
+        out[STORE.name] = store_status(profile, data_root, settings)
+    later = [v for v in (out[ACQUIRE.name], out[KIT.name], out[EXTRACT.name]) if v is not None]
     first = later[0] if later else profile_status(profile, data_root)
-    return {PROFILE.name: first, **out}
+    return {PROFILE.name: first, **{s.name: out[s.name] for s in STAGES if s.name in out}}

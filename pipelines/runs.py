@@ -1,0 +1,232 @@
+"""One run of a selection of assets in its stage's named job, on the configured executor, recorded in
+the Dagster instance: what `stage2 build` runs for each stage (``runner``), what a stage beside the
+main line runs in its own process (``beside``), and what tests and tools run on their own. Returns a
+picklable, JSON-able summary of the run: its checks, its errors (one line each, never a traceback),
+what it materialized, per partition.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import dagster as dg
+
+from stage2_assets import WORKERS_TAG
+from stage2_data.checks import CHECKS_BY_ASSET
+from stage2_data.profile import Profile, load_profile
+from stage2_data.stages import JOB_ASSETS, VIN_STORE, stage_of
+
+from .config import BuildConfig
+from .definitions import build_job
+from .executors import executor_run_config
+from .rebuild import partition_tags
+from .watch import RunWatcher
+
+
+def job_for(selection: list[str]) -> str:
+    """The named job a run of ``selection`` belongs to: its stage's job (``stages.JOB_ASSETS``)."""
+    stage = stage_of(selection)
+    if set(selection) <= set(JOB_ASSETS[stage.job]):
+        return stage.job
+    for name, assets in JOB_ASSETS.items():
+        if set(selection) <= set(assets):
+            return name
+    raise ValueError(f"no job holds the assets {selection}; see stage2_data.stages.JOB_ASSETS")
+
+
+def run_tags(
+    profile: Profile, selection: list[str], keys: list[str], workers: int | None = None
+) -> dict[str, str]:
+    """The tags of one run over ``keys``: one partition, or a range of them (``rebuild.partition_tags``)."""
+    tags = {"stage2/cli": "build", **partition_tags(profile, stage_of(selection), keys)}
+    if workers:
+        tags[WORKERS_TAG] = str(workers)
+    return tags
+
+
+def run_selection(
+    config: dict[str, Any],
+    selection: list[str],
+    partition_key: str | None = None,
+    *,
+    partition_keys: list[str] | None = None,
+    workers: int | None = None,
+    on_partition: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Materialize ``selection`` (and their checks) in one run of its stage's named job, on the
+    configured executor: one partition (``partition_key``), several (``partition_keys``, one run over
+    their range), or none. Returns a picklable summary, with the outcome of each partition.
+
+    ``on_partition`` is called (from a watcher thread, ``watch.RunWatcher``) with a partition's
+    entry (as ``partition_runs`` makes them) as soon as the run has materialized the selection for
+    that partition; the summary lists those under ``reported``."""
+    cfg = BuildConfig(**config)
+    profile = load_profile(cfg.profile_path, kit_root=cfg.kit_root)
+    keys = [partition_key] if partition_key is not None else list(partition_keys or [])
+    instance = dg.DagsterInstance.get()
+    # STAGE2_RUN_LOG_LEVEL (set by `stage2 build` unless --verbose) quiets the run's console log; the
+    # events are recorded in the instance either way.
+    level = os.environ.get("STAGE2_RUN_LOG_LEVEL")
+    if level:
+        logging.getLogger("stage2_data").setLevel(level)
+    tags = run_tags(profile, selection, keys, workers)
+
+    def partition_done(run_id: str, partition: str, done: list[str]) -> None:
+        if on_partition is not None:
+            on_partition(partition_entry(run_id, job_for(selection), selection, partition, done))
+
+    watcher = RunWatcher(instance, selection, partition_done)
+    with watcher if on_partition is not None and len(keys) > 1 else contextlib.nullcontext():
+        result = execute_selection(config, selection, {**tags, **watcher.tags}, instance, log_level=level)
+    evals = list(result.get_asset_check_evaluations())
+    per_partition = {(e.asset_key, e.check_name) for e in evals if e.partition is not None}
+    checks = []
+    for ev in evals:
+        if ev.partition is None and (ev.asset_key, ev.check_name) in per_partition:
+            continue  # the run's summary of a check also recorded per partition
+        checks.append(
+            {
+                "asset": ev.asset_key.to_user_string() if ev.asset_key else "",
+                "partition": ev.partition,
+                "check": ev.check_name,
+                "passed": bool(ev.passed),
+                "description": ev.description or "",
+            }
+        )
+    errors = []
+    for fev in result.get_step_failure_events():
+        data = fev.event_specific_data
+        err = getattr(data, "error", None)
+        user = getattr(data, "user_failure_data", None)
+        by_partition = getattr((user.metadata if user else {}).get("failed_partitions"), "value", None)
+        if isinstance(by_partition, dict) and by_partition:
+            errors += [
+                {"step": fev.step_key, "partition": k, "message": m} for k, m in sorted(by_partition.items())
+            ]
+            continue
+        msg = step_error_line(err)
+        errors.append(
+            {"step": fev.step_key, "partition": keys[0] if len(keys) == 1 else None, "message": msg}
+        )
+    mevs = [e for e in result.get_asset_materialization_events() if e.asset_key]
+    materialized = sorted({e.asset_key.to_user_string() for e in mevs if e.asset_key})
+    done: dict[str, set[str]] = {}
+    for e in mevs:
+        if e.partition is not None and e.asset_key:
+            done.setdefault(e.partition, set()).add(e.asset_key.to_user_string())
+    store_md: dict[str, Any] = {}
+    for mev in mevs:
+        if mev.asset_key and mev.asset_key.to_user_string() == VIN_STORE:
+            md = mev.materialization.metadata
+            store_md = {k: getattr(md[k], "value", md[k]) for k in ("store", "fingerprint") if k in md}
+    return {
+        "store_metadata": store_md,
+        "run_id": result.run_id,
+        "job": result.job_def.name,
+        "success": bool(result.success),
+        "partition": keys[0] if len(keys) == 1 else None,
+        "partitions": {k: sorted(done.get(k, ())) for k in keys},
+        "selection": selection,
+        "checks": checks,
+        "errors": errors,
+        "materialized": materialized,
+        "reported": sorted(watcher.reported),  # partitions on_partition already had
+    }
+
+
+def partition_entry(
+    run_id: str, job: str, selection: list[str], partition: str, done: list[str]
+) -> dict[str, Any]:
+    """The entry of one partition of a run over several (the progress display's unit)."""
+    return {
+        "store_metadata": {},
+        "run_id": run_id,
+        "job": job,
+        "success": set(selection) <= set(done),
+        "partition": partition,
+        "partitions": {},
+        "selection": selection,
+        "checks": [],
+        "errors": [],
+        "materialized": done,
+    }
+
+
+_OS_ERRORS = {  # the file system's refusals (builtins): named as such, not as a bug
+    "OSError", "PermissionError", "FileNotFoundError", "FileExistsError", "IsADirectoryError",
+    "NotADirectoryError",
+}  # fmt: skip
+
+
+def step_error_line(err: Any) -> str:
+    """One line for a step's failure (a ``SerializableErrorInfo``): a ``Failure`` (a named error of
+    the library) is its message; anything else escaped every guard, so it is named as such, with
+    the innermost exception's type and message, never Dagster's wrapper or a traceback."""
+    if err is None:
+        return "step failed"
+    msg = err.message.strip().removeprefix("dagster._core.definitions.events.Failure: ")
+    if err.cls_name == "Failure":
+        return msg
+    inner = err
+    while getattr(inner, "cause", None) is not None:
+        inner = inner.cause
+    text = " ".join(inner.message.split())[:500]
+    if inner.cls_name in ("DagsterExecutionInterruptedError", "KeyboardInterrupt", "Failure"):
+        return text.removeprefix("dagster._core.definitions.events.Failure: ")  # a stop; a wrapped Failure
+    if inner.cls_name in _OS_ERRORS:  # the environment, not a bug: the path is in the message
+        return f"{text}. Fix: check that path (permissions, free space, a file where a folder should be), then re-run"
+    return (
+        f"internal error: {text} (a bug: this step should have named it; the traceback is in the "
+        "run's event log, `make ui`)"
+    )
+
+
+def execute_selection(
+    config: dict[str, Any],
+    selection: list[str],
+    tags: dict[str, str],
+    instance: dg.DagsterInstance,
+    *,
+    log_level: str | None = None,
+) -> Any:
+    """One run of ``selection`` in its stage's named job on the configured executor, recorded in
+    ``instance``: the job is rebuilt in every process that executes a step (``definitions.build_job``)."""
+    recon = dg.build_reconstructable_job(
+        build_job.__module__,
+        build_job.__name__,
+        reconstructable_kwargs={
+            "config": dict(config),
+            "job_name": job_for(selection),
+            "call": uuid.uuid4().hex,
+        },
+        reconstructor_working_directory=os.getcwd(),
+    )
+    run_config = executor_run_config(config)
+    if log_level:
+        run_config["loggers"] = {"console": {"config": {"log_level": log_level}}}
+    # the whole job, unless asked for part of it: then those assets and their own checks (not the
+    # standalone checks of the verify job)
+    if set(selection) != set(JOB_ASSETS[job_for(selection)]):
+        recon = recon.get_subset(
+            asset_selection={dg.AssetKey(a) for a in selection},
+            asset_check_selection={
+                dg.AssetCheckKey(dg.AssetKey(a), n) for a in selection for n in CHECKS_BY_ASSET[a]
+            },
+        )
+    return dg.execute_job(recon, instance, run_config=run_config, tags=tags, raise_on_error=False)
+
+
+def partition_runs(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """One entry per partition of a run over several (the progress display's unit), else the run."""
+    parts = run.get("partitions") or {}
+    if len(parts) <= 1:
+        return [run]
+    return [
+        {**run, "partition": k, "success": set(run["selection"]) <= set(done), "materialized": done}
+        for k, done in parts.items()
+    ]

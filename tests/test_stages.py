@@ -1,0 +1,98 @@
+"""The stage table (stage2_data.stages) and the build's walk over it (runner.walk_stages): what each
+stage needs, what a failure holds back, and the kit stage running beside the main line."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from stage2_data.profile import Profile, load_profile
+from stage2_data.stages import (
+    ACQUIRE,
+    EXTRACT,
+    KIT,
+    PROFILE,
+    STAGES,
+    STORE,
+    Stage,
+    needs,
+    ready_stages,
+    stage_partitions,
+    stages_after,
+)
+from stage2_pipelines.runner import walk_stages
+
+
+def test_every_stage_comes_after_the_stages_it_needs() -> None:
+    names = [s.name for s in STAGES]
+    for i, s in enumerate(STAGES):
+        assert set(s.after) <= set(names[:i]), s.name
+    assert needs(STORE) == {"profile", "acquire", "kit", "extract"}
+    assert needs(KIT) == {"profile"} and needs(PROFILE) == set()
+    assert stages_after(PROFILE) == [ACQUIRE, KIT] and stages_after(STORE) == []
+    assert ready_stages([]) == [PROFILE]
+    assert ready_stages(["profile"], ["profile"]) == [ACQUIRE, KIT]
+    assert ready_stages(["profile", "acquire"], ["profile", "acquire", "kit"]) == [EXTRACT]
+    assert ready_stages(["profile", "acquire", "extract"], ["profile", "acquire", "kit", "extract"]) == []
+    assert ready_stages(["profile", "acquire", "kit", "extract"], names[:4]) == [STORE]
+
+
+def test_a_failure_holds_back_only_what_needs_it(demo_cache) -> None:
+    prof: Profile = load_profile(demo_cache.profile)
+    bad = prof.archive_paths()[0]
+    failed: list[tuple[Stage, str | None]] = [(ACQUIRE, bad)]
+    assert stage_partitions(KIT, prof, failed) == [None]  # the kit needs no archive
+    assert prof.archive(bad).cache_key not in stage_partitions(EXTRACT, prof, failed)
+    assert stage_partitions(STORE, prof, failed) == []
+    assert stage_partitions(EXTRACT, prof, [(KIT, None)]) == prof.cache_keys_largest_first()
+    assert stage_partitions(STORE, prof, [(KIT, None)]) == []
+
+
+def test_the_kit_stage_runs_beside_the_main_line() -> None:
+    """The acquire stage's run waits (up to 10 s) for the kit stage to start: it can only pass if the
+    kit runs at the same time, in another thread; the store starts after both the kit and the
+    extraction are over; the main line stays in the calling thread. (A build's kit run is a process:
+    its thread only waits for it; test_pipeline checks the runs' times.)"""
+    kit_started = threading.Event()
+    seen: dict[str, tuple[str, float, float]] = {}
+    lock = threading.Lock()
+
+    def run(stage: Stage) -> None:
+        t0 = time.monotonic()
+        if stage is KIT:
+            kit_started.set()
+            time.sleep(0.3)  # still running while the main line goes on
+        if stage is ACQUIRE:
+            assert kit_started.wait(10), "the kit stage did not start beside the acquire stage"
+        with lock:
+            seen[stage.name] = (threading.current_thread().name, t0, time.monotonic())
+
+    walk_stages(run, beside={"kit"})
+    main = threading.current_thread().name
+    assert set(seen) == {s.name for s in STAGES}
+    assert {n for n, (thread, _, _) in seen.items() if thread == main} == {
+        "profile",
+        "acquire",
+        "extract",
+        "store",
+    }
+    assert seen["kit"][0] != main
+    assert seen["store"][1] >= max(seen["kit"][2], seen["extract"][2])
+
+
+def test_one_after_another_with_nothing_beside() -> None:
+    order: list[tuple[str, str]] = []
+    walk_stages(lambda s: order.append((s.name, threading.current_thread().name)))
+    assert [n for n, _ in order] == [s.name for s in STAGES]
+    assert {t for _, t in order} == {threading.current_thread().name}
+
+
+def test_an_error_in_a_stage_beside_reaches_the_caller() -> None:
+    def run(stage: Stage) -> None:
+        if stage is KIT:
+            raise RuntimeError("kit stage broke")
+
+    with pytest.raises(RuntimeError, match="kit stage broke"):
+        walk_stages(run, beside={"kit"})
