@@ -25,7 +25,7 @@ from stage2_data.demo.hubserver import HubServer
 from stage2_data.extract import check_extraction, extract_cache_dir, load_extraction_record, scan_tree
 from stage2_data.extract import extract as extract_mod
 from stage2_data.profile import Profile, load_profile
-from stage2_data.stages import STAGES, STORE
+from stage2_data.stages import EXTRACT, STAGES, STORE
 from stage2_data.steps import step_extract
 from stage2_data.steps.status import build_status, record_store_stage
 
@@ -347,7 +347,8 @@ def test_a_changed_cache_dir_alone_is_reextracted(noop_rebuilt: dict[str, Any]) 
     after = {k: _stats(layout.cache_dir(root, k)) for k in keys}
     assert gone.is_file() and after[victim] != before[victim]
     assert all(after[k] == before[k] for k in keys if k != victim)
-    assert "[3/4] extract cache dirs: up to date" not in out.stderr
+    i = STAGES.index(EXTRACT) + 1
+    assert f"[{i}/{len(STAGES)}] {EXTRACT.label}: up to date" not in out.stderr
     assert f"cache_dir[{victim}]: ok" in out.stderr
 
 
