@@ -32,6 +32,7 @@ from stage2_data.acquire import (
     pin_profile,
     required_free_bytes,
 )
+from stage2_data.acquire.retry import BACKOFF_ENV
 from stage2_data.demo.hubserver import HubServer
 from stage2_data.errors import ChecksumMismatchError, HubError, ProfileError
 from stage2_data.profile import ArchiveSpec, Profile, QuarantinedSpec, parse_profile
@@ -581,8 +582,13 @@ def test_token_never_leaks(upstream: Upstream, tmp_path: Path, caplog: pytest.Lo
         assert secret not in text and secret[::-1] not in text
 
 
-def test_hub_unreachable_names_the_endpoint(upstream: Upstream, tmp_path: Path) -> None:
-    """That it also fails quickly is measured in bench/ (bench_acquire.hub_unreachable_vs_curl)."""
+def test_hub_unreachable_names_the_endpoint(
+    upstream: Upstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """That it also fails quickly is measured in bench/ (bench_acquire.hub_unreachable_vs_curl). The
+    default policy's 5 attempts, with short waits (its real 1, 2, 4, 8 s schedule:
+    test_acquire_network.py::test_the_default_policy_waits_1_2_4_8_s)."""
+    monkeypatch.setenv(BACKOFF_ENV, "0.05")
     endpoint = closed_port_endpoint()
     src = HubSource(REPO, "dataset", REV, endpoint=endpoint)
     with pytest.raises(HubError) as ei:

@@ -116,6 +116,18 @@ def test_pin_refuses_with_one_line_and_exit_2(
     assert 'revision = "main"' in branch.read_text()
 
 
+def test_a_bad_retry_backoff_setting_is_one_line_and_exit_2(
+    demo: DemoPaths, hub: HubServer, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STAGE2_RETRY_BACKOFF", "fast")
+    before = demo.profile.read_text()
+    rc, out, err = stage2(capsys, "pin", str(demo.profile), "--endpoint", hub.url, "--write")
+    line = one_line_error(err)
+    assert rc == 2 and out == "" and demo.profile.read_text() == before
+    assert "STAGE2_RETRY_BACKOFF='fast' is not a number of seconds" in line
+    assert hub.log_snapshot() == []  # refused before asking the hub
+
+
 # ----- list --------------------------------------------------------------------------------------
 def test_list_shows_missing_partial_verified(
     demo: DemoPaths, hub: HubServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]

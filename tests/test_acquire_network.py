@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import test_acquire as _ta
-from test_acquire import FAST, REPO, REV, Upstream, profile_data, spec_of
+from test_acquire import FAST, REPO, REV, Upstream, closed_port_endpoint, profile_data, spec_of
 
 from stage2_data import layout
 from stage2_data.acquire import (
@@ -29,8 +29,10 @@ from stage2_data.acquire import (
     parse_retry_after,
     pin_profile,
     resolve_endpoint,
+    retry,
 )
 from stage2_data.acquire.pin import UnknownEntry, unknown_entries
+from stage2_data.acquire.retry import BACKOFF_ENV, RetrySettingError
 from stage2_data.demo.hubserver import INFO, TREE, HubServer, Reject
 from stage2_data.errors import HubError, ProfileError, UnknownArchivesError
 from stage2_data.profile import load_profile, parse_profile
@@ -65,15 +67,15 @@ def test_429_retry_after_is_honoured(
     caplog: pytest.LogCaptureFixture,
     http_date: bool,
 ) -> None:
-    # backoff 0.01 s: a wait of about 2 s can only come from the Retry-After header
-    hub.faults.reject[PATH] = Reject(1, 429, retry_after=3 if http_date else 2, http_date=http_date)
+    # backoff 0.01 s: a wait of about 1 s can only come from the Retry-After header
+    hub.faults.reject[PATH] = Reject(1, 429, retry_after=2 if http_date else 1, http_date=http_date)
     with caplog.at_level(logging.WARNING):
         res = download_archive(source, spec_of(upstream, PATH), tmp_path, **FAST)
     assert res.attempts == 2 and not res.skipped
     t = gets(hub, PATH)
     assert len(t) == 2
-    # an HTTP-date has whole seconds: "now + 3 s" is at least 2 s away
-    assert t[1] - t[0] >= 1.9
+    # an HTTP-date has whole seconds: "now + 2 s" is at least 1 s away
+    assert t[1] - t[0] >= 0.9
     assert "(the hub's Retry-After)" in caplog.text
 
 
@@ -105,6 +107,89 @@ def test_listing_and_revision_are_retried_like_downloads(hub: HubServer, source:
     hub.faults.reject[INFO] = Reject(3, 500)
     with pytest.raises(HubError, match=r"gave up after 3 attempt\(s\).*HTTP 500"):
         check_revision(source, policy=policy)
+
+
+# ----- the backoff schedule ------------------------------------------------------------------------
+class _Waits:
+    """Stands in for ``retry.PROCESS_CANCEL``: records each wait before a retry instead of sleeping."""
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+
+    def wait(self, timeout: float) -> bool:
+        self.seconds.append(timeout)
+        return False  # the process is not stopping: retry at once
+
+
+@pytest.fixture
+def waits(monkeypatch: pytest.MonkeyPatch) -> _Waits:
+    w = _Waits()
+    monkeypatch.setattr(retry, "PROCESS_CANCEL", w)
+    monkeypatch.delenv(BACKOFF_ENV, raising=False)
+    return w
+
+
+def test_the_default_policy_waits_1_2_4_8_s(
+    hub: HubServer,
+    source: HubSource,
+    upstream: Upstream,
+    tmp_path: Path,
+    waits: _Waits,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """5 attempts in all, 1, 2, 4, 8 s apart (doubling, at most 30 s), for the downloads and the
+    revision check alike (the waits are recorded, not slept); STAGE2_RETRY_BACKOFF sets the first."""
+    assert RetryPolicy() == RetryPolicy(attempts=5, backoff=1.0, max_backoff=30.0)
+    assert [RetryPolicy().backoff_wait(n) for n in range(1, 8)] == [1, 2, 4, 8, 16, 30, 30]
+    hub.faults.reject[PATH] = Reject(4, 500)
+    res = download_archive(source, spec_of(upstream, PATH), tmp_path)  # neither attempts nor backoff given
+    assert res.attempts == 5 and res.sha256 == upstream.sha(PATH)
+    assert waits.seconds == [1.0, 2.0, 4.0, 8.0]
+    waits.seconds.clear()
+    with pytest.raises(HubError, match=r"gave up after 5 attempt\(s\)") as ei:
+        check_revision(HubSource(REPO, "dataset", REV, endpoint=closed_port_endpoint()))
+    assert "unreachable" in str(ei.value)
+    assert waits.seconds == [1.0, 2.0, 4.0, 8.0]
+
+    monkeypatch.setenv(BACKOFF_ENV, " 0.05 ")
+    waits.seconds.clear()
+    hub.faults.reject[INFO] = Reject(4, 503)
+    assert check_revision(source) == REV
+    assert waits.seconds == pytest.approx([0.05, 0.1, 0.2, 0.4])
+    waits.seconds.clear()
+    hub.faults.reject[PATH] = Reject(2, 500)
+    download_archive(source, spec_of(upstream, PATH), tmp_path / "env")
+    assert waits.seconds == pytest.approx([0.05, 0.1])
+    assert RetryPolicy(backoff=2.0).backoff_wait(2) == 4.0  # an explicit backoff wins
+    monkeypatch.setenv(BACKOFF_ENV, "0")
+    assert RetryPolicy().backoff_wait(3) == 0.0  # retry at once
+
+
+def test_a_bad_backoff_setting_is_named_before_any_request(
+    hub: HubServer, source: HubSource, upstream: Upstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for bad in ("abc", "-1", "1s", "nan", "inf", "-inf"):
+        monkeypatch.setenv(BACKOFF_ENV, bad)
+        with pytest.raises(RetrySettingError) as ei:
+            RetryPolicy()
+        assert f"{BACKOFF_ENV}={bad!r} is not a number of seconds >= 0" in str(ei.value)
+        assert ei.value.fix is not None and BACKOFF_ENV in ei.value.fix and "unset" in ei.value.fix
+    hub.clear_log()
+    spec = spec_of(upstream, PATH)
+    for call in (
+        lambda: check_revision(source),
+        lambda: list_remote_files(source),
+        lambda: download_archive(source, spec, tmp_path),
+        lambda: download_archives(source, [spec], tmp_path),
+    ):
+        with pytest.raises(RetrySettingError):
+            call()
+    assert hub.log_snapshot() == []  # nothing was requested
+    assert RetryPolicy(backoff=0.5).backoff == 0.5  # an explicit backoff does not read it
+    assert not download_archive(source, spec, tmp_path, **FAST).skipped
+    # a verified archive needs no request, nor the setting
+    assert download_archive(source, spec, tmp_path).skipped
+    assert download_archives(source, [spec], tmp_path)[0].skipped
 
 
 # ----- HF_ENDPOINT, HF_HUB_OFFLINE -------------------------------------------------------------------

@@ -44,10 +44,18 @@ from stage2_pipelines.runner import run_selection
 
 pytestmark = pytest.mark.usefixtures("fault_instance")
 
+# the default policy's attempts with short waits, where a row retries (its real 1, 2, 4, 8 s
+# schedule: tests/test_acquire_network.py::test_the_default_policy_waits_1_2_4_8_s)
+FAST_RETRIES = {"STAGE2_RETRY_BACKOFF": "0.05"}
 
-def test_fault_net_drop(prepared: Prepared, demo: DemoPaths, tmp_path: Path) -> None:
+
+def test_fault_net_drop(
+    prepared: Prepared, demo: DemoPaths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The client hands bytes over in 10 MiB chunks: a drop resumes from the last whole chunk, so
     # the archive is padded (a 12 MiB member, re-pinned) for the drop to come after the first one.
+    for name, value in FAST_RETRIES.items():  # the resume waits the backoff (at most 1 s)
+        monkeypatch.setenv(name, value)
     pad = np.random.default_rng(7).integers(0, 256, 12 << 20, dtype=np.uint8).tobytes()
     victim = hostile_archive(demo, SMALL, lambda ms, top: ms + [member(f"{top}/padding.bin", pad)])
     root = copy_root(prepared, tmp_path / "root")
@@ -143,7 +151,11 @@ def test_fault_net_unreachable(prepared: Prepared) -> None:
     no_store(bg_root)
 
 
-def test_fault_net_retry_after(prepared: Prepared, demo: DemoPaths, tmp_path: Path) -> None:
+def test_fault_net_retry_after(
+    prepared: Prepared, demo: DemoPaths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in FAST_RETRIES.items():
+        monkeypatch.setenv(name, value)
     root = copy_root(prepared, tmp_path / "root")
     victim = f"{SMALL}.tar"
     forget_archive(root, victim)
@@ -157,14 +169,15 @@ def test_fault_net_retry_after(prepared: Prepared, demo: DemoPaths, tmp_path: Pa
         assert resolve_gets(hub) == [victim]
         assert not layout.archive_path(root, victim).exists()
         assert outside(tmp_path, root) == before
-        # within the cap, both forms: waited for (backoff alone would retry after 1 s), then downloaded
-        for retry_after, http_date in ((2, False), (3, True)):
+        # within the cap, both forms: waited for (backoff alone would retry after 0.05 s), then
+        # downloaded; an HTTP-date has whole seconds: "now + 2 s" is at least 1 s away
+        for retry_after, http_date in ((1, False), (2, True)):
             hub.clear_log()
             hub.faults.reject[victim] = Reject(1, 503 if http_date else 429, retry_after, http_date)
             r = run_selection(cfg, ["archive_file"], victim)
             assert r["success"], said(r)
             t = [t for t, m, p, _ in hub.timed_log() if m == "GET" and p.endswith(victim)]
-            assert len(t) == 2 and t[1] - t[0] >= 1.9, t
+            assert len(t) == 2 and t[1] - t[0] >= 0.9, t
             forget_archive(root, victim)
         assert run_selection(cfg, ["archive_file"], victim)["success"]
     assert run_selection(run_cfg(demo, root), ["cache_dir"], SMALL)["success"]
@@ -186,9 +199,8 @@ def test_fault_net_pin_transient(demo: DemoPaths, tmp_path: Path) -> None:
     with demo_hub(demo) as hub:
         hub.faults.reject[INFO] = Reject(1, 500)
         hub.faults.reject[TREE] = Reject(1, 503)
-        out = stage2(
-            "pin", str(prof), "--endpoint", hub.url, "--write", env=subprocess_env(drop=("HF_ENDPOINT",))
-        )
+        env = subprocess_env(drop=("HF_ENDPOINT",), **FAST_RETRIES)
+        out = stage2("pin", str(prof), "--endpoint", hub.url, "--write", env=env)
         assert out.returncode == 0, out.tail()
         assert hub.faults.reject == {}  # both failures happened, and were retried
     pinned = load_profile(prof)
@@ -209,8 +221,9 @@ def test_fault_net_hf_endpoint(demo: DemoPaths, tmp_path: Path) -> None:
             "pin", str(prof), "--check", "--endpoint", hub.url, env=subprocess_env(HF_ENDPOINT=NOWHERE)
         )
         assert out.returncode == 1, out.tail()
-    out = stage2("pin", str(prof), "--check", env=subprocess_env(HF_ENDPOINT=NOWHERE))
+    out = stage2("pin", str(prof), "--check", env=subprocess_env(HF_ENDPOINT=NOWHERE, **FAST_RETRIES))
     assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "gave up after 5 attempt(s)" in out.stderr, out.stderr  # the default policy, short waits
     assert NOWHERE in out.stderr and "HF_ENDPOINT" in out.stderr, out.stderr
     # `stage2 build` without --endpoint talks to HF_ENDPOINT too: nothing on disk, an unreachable
     # HF_ENDPOINT is named before anything starts

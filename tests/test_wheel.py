@@ -68,11 +68,25 @@ def _run(
 
 def _venv(path: Path, requirement: str) -> Path:
     """A fresh venv (no system site-packages, no pip of its own) with ``requirement`` installed by this
-    interpreter's pip, with the index configuration pip already uses (pip.conf, PIP_* variables)."""
+    interpreter's pip, with the index configuration pip already uses (pip.conf, PIP_* variables).
+    ``--no-compile``: what is imported is byte-compiled when first imported, instead of every module of
+    every dependency at install (twice as long; a module that does not compile fails its import either
+    way, and pip only warns about it)."""
     _run([sys.executable, "-m", "venv", "--without-pip", path], cwd=path.parent)
     python = path / "bin" / "python"
     _run(
-        [sys.executable, "-m", "pip", "--python", python, "install", "--progress-bar", "off", requirement],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            python,
+            "install",
+            "--no-compile",
+            "--progress-bar",
+            "off",
+            requirement,
+        ],
         cwd=path.parent,
     )
     return python

@@ -21,7 +21,7 @@ from ..fsutil import require_free_space
 from ..profile import ArchiveSpec, Profile
 from ..publish import fsync_dir
 from .hub import HubOfflineError, HubSource, hub_offline
-from .retry import DEFAULT_ATTEMPTS, DEFAULT_BACKOFF
+from .retry import DEFAULT_ATTEMPTS, default_backoff
 from .state import (
     _verify_existing,
     _write_record,
@@ -117,7 +117,7 @@ def download_archive(
     quarantined: Collection[str] = frozenset(),
     listed: Collection[str] | None = None,
     attempts: int = DEFAULT_ATTEMPTS,
-    backoff: float = DEFAULT_BACKOFF,
+    backoff: float | None = None,  # None: STAGE2_RETRY_BACKOFF, else DEFAULT_BACKOFF
     cancel: threading.Event | None = None,
 ) -> DownloadResult:
     """Download one pinned archive into ``archives/<path>`` and verify it against its pin.
@@ -145,6 +145,7 @@ def download_archive(
             )
     if hub_offline():
         raise _offline_error(data_root, [spec.path])
+    backoff = default_backoff() if backoff is None else backoff  # read only when a request is made
     return _download(source, spec, data_root, progress, max(1, attempts), backoff, cancel, t0)
 
 
@@ -212,7 +213,7 @@ def download_archives(
     quarantined: Collection[str] = frozenset(),
     listed: Collection[str] | None = None,
     attempts: int = DEFAULT_ATTEMPTS,
-    backoff: float = DEFAULT_BACKOFF,
+    backoff: float | None = None,  # None: STAGE2_RETRY_BACKOFF, else DEFAULT_BACKOFF
     check_space: bool = True,
 ) -> list[DownloadResult]:
     """Download several archives concurrently (``workers`` threads, default ``min(4, n)``), the
@@ -233,6 +234,8 @@ def download_archives(
             if absent:
                 raise _offline_error(data_root, absent)
     remaining = {s.path: remaining_download_bytes(data_root, s) for s in specs}
+    if backoff is None and any(remaining.values()):  # a bad setting: one error, not one per archive
+        backoff = default_backoff()
     if check_space and specs:
         needed = sum(remaining.values())
         require_free_space(layout.archives_dir(data_root), needed, f"downloading {len(specs)} archive(s)")
@@ -293,7 +296,7 @@ def download_profile(
     reverify: bool = False,
     progress: Callable[[int], None] | None = None,
     attempts: int = DEFAULT_ATTEMPTS,
-    backoff: float = DEFAULT_BACKOFF,
+    backoff: float | None = None,  # None: STAGE2_RETRY_BACKOFF, else DEFAULT_BACKOFF
 ) -> list[DownloadResult]:
     """All archives of a profile: checks the source against the profile, the free disk for the
     downloads and the extraction that follows (``required_free_bytes``), then downloads."""

@@ -3,7 +3,9 @@
 A transient failure (a timeout, a dropped connection, HTTP 408, 429, 500, 502, 503, 504) is retried
 up to ``attempts`` times in all. The wait before a retry is the server's ``Retry-After`` when a 429
 or 503 carries one (delta-seconds, ``Retry-After: 120``, or an HTTP-date, ``Retry-After: Wed, 21 Oct
-2026 07:28:00 GMT``), else exponential backoff (``backoff`` x 2^n seconds, at most ``max_backoff``).
+2026 07:28:00 GMT``), else exponential backoff (``backoff`` x 2^n seconds, at most ``max_backoff``:
+1, 2, 4, 8 s by default; ``STAGE2_RETRY_BACKOFF`` sets the first wait, a bad value is a
+:class:`RetrySettingError`).
 A ``Retry-After`` beyond ``max_retry_after`` is not waited for: the call fails at once with
 :class:`RetryAfterTooLongError`, which says when to retry. Anything else is not retried: it is
 mapped to a :class:`~stage2_data.errors.HubError` naming the repo, revision, endpoint and fix.
@@ -12,11 +14,12 @@ mapped to a :class:`~stage2_data.errors.HubError` naming the repo, revision, end
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import TypeVar
@@ -30,6 +33,8 @@ T = TypeVar("T")
 
 DEFAULT_ATTEMPTS = 5
 DEFAULT_BACKOFF = 1.0  # seconds before the first retry; doubled on each further retry
+BACKOFF_ENV = "STAGE2_RETRY_BACKOFF"
+"""Overrides DEFAULT_BACKOFF: seconds (a number >= 0) before the first retry of the default policy."""
 MAX_BACKOFF = 30.0
 MAX_RETRY_AFTER = 300.0
 """The longest ``Retry-After`` waited for, in seconds (the hub's rate-limit window is 5 minutes);
@@ -51,6 +56,30 @@ class RetryAfterTooLongError(HubError):
 
 class RetryCancelled(HubError):
     """The process is stopping: a retry was not made."""
+
+
+class RetrySettingError(Stage2Error, ValueError):
+    """``STAGE2_RETRY_BACKOFF`` is not a number of seconds >= 0."""
+
+
+def default_backoff() -> float:
+    """The first backoff of the default policy, in seconds: ``STAGE2_RETRY_BACKOFF`` when set (a
+    finite number >= 0), else DEFAULT_BACKOFF. Raises RetrySettingError for any other value."""
+    raw = os.environ.get(BACKOFF_ENV, "").strip()
+    if not raw:
+        return DEFAULT_BACKOFF
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise RetrySettingError(
+            f"{BACKOFF_ENV}={raw!r} is not a number of seconds >= 0 (the wait before the first retry "
+            "of a request to the hub).",
+            fix=f"set {BACKOFF_ENV} to a number of seconds such as {DEFAULT_BACKOFF:g} (doubled on each "
+            f"further retry, at most {MAX_BACKOFF:g} s), or unset it for the default",
+        )
+    return value
 
 
 def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
@@ -94,7 +123,7 @@ class RetryPolicy:
     """How often and how long to retry a transient failure (see the module's docstring)."""
 
     attempts: int = DEFAULT_ATTEMPTS
-    backoff: float = DEFAULT_BACKOFF
+    backoff: float = field(default_factory=default_backoff)  # DEFAULT_BACKOFF, or STAGE2_RETRY_BACKOFF
     max_backoff: float = MAX_BACKOFF
     max_retry_after: float | None = None  # None: MAX_RETRY_AFTER, or STAGE2_MAX_RETRY_AFTER
 
