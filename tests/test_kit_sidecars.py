@@ -229,6 +229,37 @@ def test_a_stop_cancels_the_unpack_and_publishes_nothing(tmp_path: Path) -> None
     assert kit.unpack_sidecars(b.profile, b.data_root).files == 10
 
 
+def test_a_disk_full_while_unpacking_is_named_and_publishes_nothing(tmp_path: Path) -> None:
+    """A real tmpfs data root with room for a few files only (nr_inodes): the unpack runs out of
+    space mid-way (after the free-bytes check passed) and says so, naming the folder; nothing is
+    published and no staging folder stays."""
+    import subprocess
+
+    from stage2_data.errors import DiskSpaceError
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs for this test needs root")
+    b = build(tmp_path / "kit", unpack=False)
+    root = tmp_path / "root"
+    root.mkdir()
+    mount = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64m,nr_inodes=8", "tmpfs", str(root)],
+        capture_output=True,
+        text=True,
+    )
+    if mount.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.strip()}")
+    try:
+        with pytest.raises(DiskSpaceError) as ei:
+            kit.unpack_sidecars(b.profile, root)
+        assert str(root / "derived") in str(ei.value) and "nothing was published" in str(ei.value)
+        assert ei.value.fix and "free disk space" in ei.value.fix
+        derived = root / "derived"
+        assert not derived.exists() or list(derived.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(root)], check=False)
+
+
 def test_unpack_reads_members_in_chunks_with_exact_bytes_and_modes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -20,7 +20,7 @@ from .. import layout
 from ..errors import ArchiveError, ChecksumMismatchError, KitError, Stage2Error, UnsafeArchiveError
 from ..extract import check_cancel
 from ..formats.sha256sums import read_single_sha256_file
-from ..fsutil import require_free_space
+from ..fsutil import disk_full_as, require_free_space
 from ..hashing import sha256_file
 from ..profile import Profile
 from ..publish import atomic_write_json, publish_dir, staging
@@ -215,8 +215,18 @@ def unpack_sidecars(profile: Profile, data_root: Path, *, force: bool = False) -
 
     Skipped when ``derived/.sidecars.json`` records the same tar (sha256 from the ``.sha256`` file,
     size, mtime) and the unpacked folder still holds as many files; ``force`` re-verifies and
-    re-unpacks. Raises ChecksumMismatchError / UnsafeArchiveError / ArchiveError / KitError; for a
-    refused tar nothing is written."""
+    re-unpacks. Raises ChecksumMismatchError / UnsafeArchiveError / ArchiveError / KitError, and
+    DiskSpaceError when the disk fills up meanwhile; for a refused tar nothing is written."""
+    derived = layout.derived_root(Path(data_root))
+    with disk_full_as(
+        f"the disk at {derived} filled up while unpacking the kit's sidecars "
+        f"({profile.kit_file('sidecar_archive').name}); nothing was published.",
+        fix="free disk space or choose another --data-root, then re-run",
+    ):
+        return _unpack_sidecars(profile, data_root, force=force)
+
+
+def _unpack_sidecars(profile: Profile, data_root: Path, *, force: bool) -> SidecarUnpackResult:
     t0 = time.perf_counter()
     tar_path = profile.kit_file("sidecar_archive")
     sha_path = profile.kit_file("sidecar_archive_sha256")
