@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 
 from stage2_data import layout
 from stage2_data.acquire import archive_state, hub_offline, resolve_endpoint
+from stage2_data.acquire.retry import default_backoff
 from stage2_data.commands.common import EXIT_FAILED, add_storage_option, eprint, print_json, storage_options
 from stage2_data.errors import HubError
 from stage2_data.profile import Profile, load_profile
@@ -64,13 +65,14 @@ def _preflight_endpoint(profile: Profile, data_root: Path, endpoint: str) -> Non
         )
     port = u.port or (443 if u.scheme == "https" else 80)
     last: OSError | None = None
+    pause = min(0.5, default_backoff() / 2)  # half the first retry wait (STAGE2_RETRY_BACKOFF), <= 0.5 s
     for _ in range(3):
         try:
             with socket.create_connection((u.hostname, port), timeout=10):
                 return
         except OSError as e:
             last = e
-            time.sleep(0.5)
+            time.sleep(pause)
     raise HubError(
         f"hub unreachable at {endpoint} ({type(last).__name__}: {last}); {len(todo)} archive(s) still to download.",
         fix="check the network and --endpoint (for a loopback hub: is `stage2 serve-hub` running?)",
