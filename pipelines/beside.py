@@ -11,7 +11,7 @@ instance and executor, and only waited for in a thread of the build.
 The child is started when the build starts, so that its imports (Dagster's take over a second) run
 while the build's own start-up and the profile stage do, on another core; it then waits for "go" on
 its stdin (the stages it needs are over) and runs, or exits at once on end of input (a stage it
-needs failed, or the build stopped). Its summary (``runner.run_selection``'s) comes back as JSON on
+needs failed, or the build stopped). Its summary (``runs.run_selection``'s) comes back as JSON on
 a pipe of its own (its stdout and stderr stay the build's). A stop reaches it as every worker
 process: the stop guard sends it SIGTERM, and Dagster interrupts its step.
 """
@@ -26,12 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stage2_data.profile import Profile
 from stage2_data.stages import STAGES, Stage, stage
-from stage2_data.steps.status import build_status
-
-from .config import BuildConfig
-from .uptodate import instance_home
 
 
 class BesideProcess:
@@ -81,16 +76,15 @@ class BesideProcess:
             self._proc.wait()
 
 
-def start_beside(config: BuildConfig, profile: Profile, concurrency: int | None) -> dict[str, BesideProcess]:
-    """A started child for every stage beside the main line that has work to do (stats only:
-    ``steps.status.build_status``); none with ``--concurrency 1`` (one thing at a time)."""
+def start_beside(
+    status: dict[str, str | None], dagster_home: Path, concurrency: int | None
+) -> dict[str, BesideProcess]:
+    """A started child for every stage beside the main line that has work to do (``status``: the
+    build's ``uptodate.stage_status``); none with ``--concurrency 1`` (one thing at a time)."""
     if concurrency == 1:
         return {}
-    data_root = Path(config.data_root).resolve()
-    status = {} if config.reverify or not data_root.is_dir() else build_status(profile, data_root)
-    home = instance_home(data_root)
     return {
-        s.name: BesideProcess(s, home)
+        s.name: BesideProcess(s, dagster_home)
         for s in STAGES
         if s.beside and not (s.name in status and status[s.name] is None)
     }

@@ -34,7 +34,7 @@ from stage2_data.stages import STAGES
 from .beside import start_beside
 from .config import BuildConfig, demo_root
 from .stops import stop_guard
-from .uptodate import up_to_date_build, up_to_date_summary
+from .uptodate import instance_home, stage_status, up_to_date_build, up_to_date_summary
 
 if find_spec("dagster") is None:  # the pipeline extra is not installed: the core CLI says so
     raise ModuleNotFoundError("No module named 'dagster'", name="dagster")
@@ -165,23 +165,25 @@ def _build_or_no_op(
     answered before Dagster is imported (``uptodate``: a no-op costs a scandir walk, not an instance);
     otherwise the runner runs the stages (the lock is re-entrant: it stays held throughout)."""
     with contextlib.ExitStack() as held:
+        beside = status = None
         if not config.store_url:
             data_root = Path(config.data_root).resolve()
             held.enter_context(data_root_lock(data_root))
             sweep_data_root(data_root)
-            summary = up_to_date_build(config, profile)
+            status = stage_status(config, profile)  # once: the no-op, the stages beside, the runner
+            summary = up_to_date_build(config, profile, status)
             if summary is not None:
                 for stage in STAGES:
                     on_run(up_to_date_summary(stage))
                 return summary
-        # a stage beside the main line runs in a process of its own: started before Dagster is
-        # imported here, so that both import at once
-        beside = start_beside(config, profile, concurrency)
-        for child in beside.values():
-            held.callback(child.cancel)  # (a child that ran has exited: a no-op)
+            # a stage beside the main line runs in a process of its own: started before Dagster is
+            # imported here, so that both import at once
+            beside = start_beside(status, instance_home(data_root), concurrency)
+            for child in beside.values():
+                held.callback(child.cancel)  # (a child that ran has exited: a no-op)
         from .runner import build_all  # imports Dagster
 
-        return build_all(config, concurrency=concurrency, on_run=on_run, beside=beside)
+        return build_all(config, concurrency=concurrency, on_run=on_run, beside=beside, status=status)
 
 
 def print_build_summary(s: dict[str, Any]) -> None:

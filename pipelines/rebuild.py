@@ -115,15 +115,22 @@ def stage_requests(rebuild_id: str, stage: Stage, profile: Profile) -> list[dg.R
     (one run: ``BackfillPolicy.single_run``), tagged so that ``advance_rebuilds`` follows it."""
     keys = [p for p in stage_partitions(stage, profile) if p is not None]
     tags = {REBUILD_TAG: rebuild_id, STAGE_TAG: stage.name, **partition_tags(profile, stage, keys)}
-    subset: dict[str, Any] = {}
-    if set(stage.assets) != set(JOB_ASSETS[stage.job]):  # the store stage: its job without the sidecars
-        subset = {
-            "asset_selection": [dg.AssetKey(a) for a in stage.assets],
-            "asset_check_keys": [
-                dg.AssetCheckKey(dg.AssetKey(a), n) for a in stage.assets for n in CHECKS_BY_ASSET[a]
-            ],
-        }
+    subset = job_subset(list(stage.assets), stage.job)  # the store stage: its job without the sidecars
     return [dg.RunRequest(run_key=f"{rebuild_id}-{stage.name}", job_name=job_of(stage), tags=tags, **subset)]
+
+
+def job_subset(selection: list[str], job: str) -> dict[str, Any]:
+    """``{}`` when ``selection`` is all of ``job``'s assets; else the part of the job to run: those
+    assets and their own checks (not the standalone checks of the verify job), as ``RunRequest``
+    takes them (``asset_selection``, ``asset_check_keys``)."""
+    if set(selection) == set(JOB_ASSETS[job]):
+        return {}
+    return {
+        "asset_selection": [dg.AssetKey(a) for a in selection],
+        "asset_check_keys": [
+            dg.AssetCheckKey(dg.AssetKey(a), n) for a in selection for n in CHECKS_BY_ASSET[a]
+        ],
+    }
 
 
 def stage_complete(instance: dg.DagsterInstance, rebuild_id: str, stage: Stage, profile: Profile) -> bool:

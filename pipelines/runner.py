@@ -7,8 +7,8 @@ instance at DAGSTER_HOME, whatever the executor, started once the stages it need
   1. profile (check_profile): pinned_profile
   2. acquire (acquire_archives): archive_file, every archive partition in one run (a single-run
      backfill over the partition range), several downloads at once (threads in the step)
-  3. kit (unpack_action_sidecars): action_sidecars; it needs the profile only, so it runs in a
-     thread beside stages 2 and 4
+  3. kit (unpack_action_sidecars): action_sidecars; it needs the profile only, so it runs beside
+     stages 2 and 4, in a process of its own (``beside.py``)
   4. extract (extract_cache_dirs): cache_dir, every cache key whose archives all verified, one run
   5. store (verify_kit_and_build_store, without the sidecars): extraction_report, trajectory_join,
      subset_checksums, vin_store
@@ -42,7 +42,7 @@ from stage2_data.stages import (
     stage_partitions,
     stages_after,
 )
-from stage2_data.steps.status import build_status, record_store_stage
+from stage2_data.steps.status import record_store_stage
 
 from .beside import BesideProcess, start_beside
 from .config import BuildConfig
@@ -56,7 +56,7 @@ from .runs import (  # re-exported: one run of a selection (tests and tools impo
     run_tags,
     step_error_line,
 )
-from .uptodate import instance_home, published_store, store_stage_settings, up_to_date_summary
+from .uptodate import instance_home, published_store, stage_status, store_stage_settings, up_to_date_summary
 
 __all__ = [
     "FINAL_STAGE",
@@ -130,6 +130,7 @@ def build_all(
     concurrency: int | None = None,
     on_run: Callable[[dict[str, Any]], None] | None = None,
     beside: dict[str, BesideProcess] | None = None,
+    status: dict[str, str | None] | None = None,
 ) -> dict[str, Any]:
     """Run every stage holding the data root's lock (stage2_data.publish): a second build of the same
     data root is refused (DataRootLockedError naming the holder). A bad profile fails before the lock.
@@ -141,8 +142,10 @@ def build_all(
         if config.executor == "dask" and not config.dask_address:  # one local cluster for the build
             with local_dask_cluster() as address:
                 config = dataclasses.replace(config, dask_address=address)
-                return _build_all(config, concurrency=concurrency, on_run=on_run, beside=beside)
-        return _build_all(config, concurrency=concurrency, on_run=on_run, beside=beside)
+                return _build_all(
+                    config, concurrency=concurrency, on_run=on_run, beside=beside, status=status
+                )
+        return _build_all(config, concurrency=concurrency, on_run=on_run, beside=beside, status=status)
 
 
 def _run_stage(
@@ -157,10 +160,16 @@ def _run_stage(
     ``report`` has each partition as it finishes; ``record`` the run when it is over."""
     selection = list(stage.assets)
     keys = [p for p in partitions if p is not None]
-    workers = min(concurrency, stage.max_parallel or concurrency) if concurrency else None
+    workers = stage_workers(stage, concurrency)
     run = run_selection(cfg, selection, partition_keys=keys, workers=workers, on_partition=report)
     record(run)
     return run
+
+
+def stage_workers(stage: Stage, concurrency: int | None) -> int | None:
+    """How many partitions a stage's run works on at once: the build's ``--concurrency``, at most the
+    stage's ``max_parallel`` (None: the run's default)."""
+    return min(concurrency, stage.max_parallel or concurrency) if concurrency else None
 
 
 def walk_stages(run: Callable[[Stage], None], *, beside: Collection[str] = ()) -> None:
@@ -204,6 +213,7 @@ def _build_all(
     concurrency: int | None = None,
     on_run: Callable[[dict[str, Any]], None] | None = None,
     beside: dict[str, BesideProcess] | None = None,
+    status: dict[str, str | None] | None = None,
 ) -> dict[str, Any]:
     """Run every stage; returns {ok, runs, checks, errors, store, fingerprint, dagster_home}."""
     profile = load_profile(config.profile_path, kit_root=config.kit_root)
@@ -235,14 +245,15 @@ def _build_all(
     # acquire or extract stage when it runs always run. Never skipped: anything under --reverify; the
     # store stage on object storage.
     settings = store_stage_settings(config)
-    status = {} if config.reverify else build_status(profile, data_root, settings)
+    if status is None:  # not given by the caller (`stage2 build` computes it under the same lock)
+        status = stage_status(config, profile)
     failed: list[tuple[Stage, str | None]] = []
     lock = threading.Lock()  # a stage beside the main line records from its own thread
 
     # A stage beside the main line runs in a process of its own (beside.py says why), started as early
     # as possible (`stage2 build` starts it before it imports Dagster) so that its imports overlap the
     # main line's start.
-    children = dict(beside) if beside is not None else start_beside(config, profile, concurrency)
+    children = dict(beside) if beside is not None else start_beside(status, home, concurrency)
 
     def locked(fn: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
         def call(r: dict[str, Any]) -> None:
@@ -265,8 +276,7 @@ def _build_all(
                 record(up_to_date_summary(stage))
             return
         if child is not None:
-            workers = min(concurrency, stage.max_parallel or concurrency) if concurrency else None
-            run = child.run(cfg, workers)
+            run = child.run(cfg, stage_workers(stage, concurrency))
             locked(record)(run)
         else:
             run = _run_stage(cfg, stage, partitions, concurrency, locked(record), locked(report))

@@ -17,14 +17,13 @@ from typing import Any
 import dagster as dg
 
 from stage2_assets import WORKERS_TAG
-from stage2_data.checks import CHECKS_BY_ASSET
 from stage2_data.profile import Profile, load_profile
 from stage2_data.stages import JOB_ASSETS, VIN_STORE, stage_of
 
 from .config import BuildConfig
 from .definitions import build_job
 from .executors import executor_run_config
-from .rebuild import partition_tags
+from .rebuild import job_subset, partition_tags
 from .watch import RunWatcher
 
 
@@ -209,14 +208,12 @@ def execute_selection(
     run_config = executor_run_config(config)
     if log_level:
         run_config["loggers"] = {"console": {"config": {"log_level": log_level}}}
-    # the whole job, unless asked for part of it: then those assets and their own checks (not the
-    # standalone checks of the verify job)
-    if set(selection) != set(JOB_ASSETS[job_for(selection)]):
+    # the whole job, unless asked for part of it (rebuild.job_subset)
+    subset = job_subset(selection, job_for(selection))
+    if subset:
         recon = recon.get_subset(
-            asset_selection={dg.AssetKey(a) for a in selection},
-            asset_check_selection={
-                dg.AssetCheckKey(dg.AssetKey(a), n) for a in selection for n in CHECKS_BY_ASSET[a]
-            },
+            asset_selection=set(subset["asset_selection"]),
+            asset_check_selection=set(subset["asset_check_keys"]),
         )
     return dg.execute_job(recon, instance, run_config=run_config, tags=tags, raise_on_error=False)
 

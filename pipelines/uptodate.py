@@ -67,17 +67,28 @@ def published_store(data_root: Path, profile: Profile) -> tuple[str | None, str 
     return str(current.resolve()), fingerprint
 
 
-def up_to_date_build(config: BuildConfig, profile: Profile) -> dict[str, Any] | None:
-    """The build's summary when every stage is up to date, else None (the build must run).
+def stage_status(config: BuildConfig, profile: Profile) -> dict[str, str | None]:
+    """What each stage of this build has to do (``steps.status.build_status``: None, up to date, or
+    why it must run); ``{}`` (every stage runs) under ``--reverify`` or without a data root yet.
+    Computed once per build, holding the data root's lock: the no-op answer, the stages beside the
+    main line and the runner all read it."""
+    data_root = Path(config.data_root).resolve()
+    if config.reverify or not data_root.is_dir():
+        return {}
+    return build_status(profile, data_root, store_stage_settings(config))
+
+
+def up_to_date_build(
+    config: BuildConfig, profile: Profile, status: dict[str, str | None]
+) -> dict[str, Any] | None:
+    """The build's summary when every stage is up to date (``status``, from :func:`stage_status`),
+    else None (the build must run).
 
     Call it holding the data root's lock. Never a no-op: ``--reverify`` (everything runs), a store
     on object storage (its stage always runs), a data root without a published store."""
     if config.reverify or config.store_url:
         return None
     data_root = Path(config.data_root).resolve()
-    if not data_root.is_dir():
-        return None
-    status = build_status(profile, data_root, store_stage_settings(config))
     if set(status) != {s.name for s in STAGES} or any(why is not None for why in status.values()):
         return None
     store, fingerprint = published_store(data_root, profile)

@@ -150,7 +150,6 @@ def test_webserver_lists_the_builds_runs_under_named_jobs_and_nothing_stale(
 ) -> None:
     """What the UI's Overview and asset graph read: the build's runs belong to the Definitions' named
     jobs (none to __ephemeral_asset_job__), one per stage, and no asset is stale after the build."""
-    from stage2_data.stages import STAGES
 
     data = _graphql(webserver, "{ runsOrError { ... on Runs { results { runId jobName } } } }")
     runs = data["runsOrError"]["results"]
