@@ -367,10 +367,11 @@ def test_browser_shows_assets_partitions_and_checks(
         _page_text_with(browser, f"{webserver}/assets/{asset}?view=checks", list(names))
     browser.save_screenshot(str(ARTIFACTS / "ui-vin-store-checks.png"))
     # the store's rich metadata: fingerprint and the Markdown tables
+    # the labels are in the DOM before the values render: wait for a split name in the per_split table
     text = _page_text_with(
-        browser, webserver + "/assets/vin_store", ["fingerprint", "per_split", "per_source"]
+        browser, webserver + "/assets/vin_store", ["fingerprint", "per_split", "per_source", "train"]
     )
-    assert "train" in text
+    assert "train" in text.split("per_split", 1)[1]
 
 
 def _shown(imgs: dict[str, tuple[bool, int, int]], alt: str) -> bool:
