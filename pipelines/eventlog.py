@@ -62,6 +62,18 @@ class FastSqliteEventLogStorage(ConsolidatedSqliteEventLogStorage):
             with contextlib.suppress(OSError):  # the web UI's watchdog: "the event log changed"
                 os.utime(self.get_db_path())
 
+    def has_table(self, table_name: str) -> bool:
+        """Dagster asks whether a table exists before most writes (asset event tags, check
+        executions), each time through a new engine and a reflection query; a table once there
+        stays (migrations only add tables), so a yes is remembered for this storage's life."""
+        known: set[str] = self.__dict__.setdefault("_tables_known", set())
+        if table_name in known:
+            return True
+        found = bool(super().has_table(table_name))
+        if found:
+            known.add(table_name)
+        return found
+
     def dispose(self) -> None:
         if self._engine is not None and self._engine_pid == os.getpid():
             self._engine.dispose()

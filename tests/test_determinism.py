@@ -135,6 +135,21 @@ def test_worker_processes_never_enter_the_store(up: Upstream, tmp_path: Path) ->
     assert procs["fingerprint"] == plain["fingerprint"]
 
 
+def test_the_build_starts_worker_processes_only_for_many_samples(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker process pays for itself only on many samples (its start costs ~0.5 s): a store of a
+    few hundred big samples is written on threads, a full-cardinality one in a process a core."""
+    import os
+
+    from stage2_data.steps.store import SAMPLES_PER_PROCESS, store_processes
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert store_processes(0) == store_processes(100) == store_processes(SAMPLES_PER_PROCESS - 1) == 1
+    assert store_processes(4323) == 2
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert store_processes(4323) == 4  # one per 1,000 samples, at most 4
+    assert store_processes(2 * SAMPLES_PER_PROCESS) == 2
+
+
 def test_a_bad_input_in_a_worker_process_is_a_named_problem(up: Upstream, tmp_path: Path) -> None:
     """A frames file that fails in a worker process: the same named error as in-process (it crosses
     the process boundary intact), and nothing is published."""
