@@ -4,16 +4,24 @@ hub (a subprocess too, ``python -m stage2_data.demo.hubserver``).
 - ``noop_rebuild_vs_first_build``: on the demo, a second `stage2 build` of unchanged inputs on the
   same data root (nothing downloaded, extracted, re-hashed or written; one "up to date" line per
   stage) against the first build of a fresh data root and instance. Best of ``ROUNDS`` each.
-- ``whole_build_vs_shell_way`` (~400 MB) and ``whole_build_vs_shell_way_4gb`` (~4 GB): a first
-  `stage2 build` of a bigger demo (the full-cardinality demo, its frames scaled up: same kit, same
-  trajectories, bigger frame files) against the shell way over the same files: ``hf download`` (the
+- ``whole_build_vs_shell_way`` (~400 MB), ``whole_build_vs_shell_way_full_cardinality`` (~400 MB)
+  and ``whole_build_vs_shell_way_4gb`` (~4 GB): a first `stage2 build` of a bigger demo (its frames
+  scaled up: same kit, same trajectories, bigger frame files) against the shell way over the same
+  files. The ~400 MB profile has the real data set's shape: the small demo (234 trajectories) with
+  frames x9.2, ~1.7 MB of archive a trajectory, as the real ``stage2_core_v1`` has (106.9 GiB for
+  53,765 trajectories: 2.1 MB each; so a real ~400 MB profile holds ~200 trajectories). The
+  ``_full_cardinality`` variant packs all 53,765 trajectories (and the whole kit: 20,620 sidecars)
+  into 383 MB, 7 KB a trajectory, 300x the files per byte of any real profile: a stress measure of
+  the per-file costs, reported without a target. The ~4 GB variant is full-cardinality too (63 KB
+  a trajectory). The shell way: ``hf download`` (the
   huggingface_hub CLI, through ``HF_ENDPOINT``) of the archives at the pinned revision, then
   ``cat parts | tar -x`` per cache directory, then ``sha256sum -c`` of the archives' pins and of the
   kit's subset ``SHA256SUMS``. Each way runs twice, mirrored (shell, ours, ours, shell), nothing
   deleted before or between them, best of each (see :func:`_whole_build`: file creation here
   depends on what was deleted nearby just before). The shell way builds no store: the ratio is what the
   product costs over fetching, unpacking and checking the bytes by hand.
-  The ~4 GB variant runs with ``--only whole_4gb_build_vs_shell_way``. ``ours_steps_s``: where the
+  The other two run with ``--only whole_4gb_build_vs_shell_way`` and
+  ``--only whole_full_cardinality_build_vs_shell_way``. ``ours_steps_s``: where the
   build's time went, seconds per Dagster step (summed over partitions) and the runs' total;
   ``baseline_parts_s``: the shell way's three parts.
 """
@@ -41,6 +49,8 @@ HF = str(Path(sys.executable).parent / "hf")
 # a ~4 GB profile (unscaled: ~121 MB of archives, ~6.4 MB of them frame data; 53,765 trajectories; x6.5: 383 MB).
 SCALE_400MB = 6.5
 SCALE_4GB = 24.7
+# ... and of the small demo (234 trajectories, 11 MB of archives unscaled) for ~400 MB (x6.5: 201 MB)
+SCALE_400MB_SMALL = 9.2
 
 
 @contextmanager
@@ -138,9 +148,9 @@ def noop_rebuild_vs_first_build(work: Path) -> dict[str, Any]:
 
 
 # ----- whole build vs the shell way ------------------------------------------------------------------
-def scaled_demo(out: Path, scale: float) -> Any:
-    """The full-cardinality demo with every frame ``scale`` x taller and wider (the kit's checksums
-    follow: the generator hashes what it writes). Generated in this process."""
+def scaled_demo(out: Path, scale: float, full_cardinality: bool = True) -> Any:
+    """The full-cardinality (or small) demo with every frame ``scale`` x taller and wider (the kit's
+    checksums follow: the generator hashes what it writes). Generated in this process."""
     from stage2_data.demo import archives, generate_demo
 
     original = archives.frame_npz_bytes
@@ -150,7 +160,7 @@ def scaled_demo(out: Path, scale: float) -> Any:
 
     archives.frame_npz_bytes = bigger  # type: ignore[assignment]
     try:
-        return generate_demo(out, full_cardinality=True)
+        return generate_demo(out, full_cardinality=full_cardinality)
     finally:
         archives.frame_npz_bytes = original  # type: ignore[assignment]
 
@@ -214,7 +224,9 @@ def _shell_way(demo: Any, url: str, dest: Path) -> tuple[float, dict[str, float]
     return took, {k: round(v, 2) for k, v in parts.items()}
 
 
-def _whole_build(work: Path, name: str, scale: float, target: float) -> dict[str, Any]:
+def _whole_build(
+    work: Path, name: str, scale: float, target: float | None, full_cardinality: bool = True
+) -> dict[str, Any]:
     """Each way twice, in the order shell, ours, ours, shell, each into a new folder; the best of each
     way is compared. Nothing is deleted before or between the four: a kept workdir's leftovers are
     moved aside and deleted after them; before each, the disk must be quiet
@@ -222,7 +234,9 @@ def _whole_build(work: Path, name: str, scale: float, target: float) -> dict[str
     a file in a quiet block group and 150-450 us for minutes after a big tree was deleted near it
     (each creation skips the recently freed inodes one by one): a run right after a deletion pays
     for it, and the mirrored order gives both ways the same conditions otherwise."""
-    demo = scaled_demo(work / "demo", scale)
+    from stage2_data.profile import load_profile
+
+    demo = scaled_demo(work / "demo", scale, full_cardinality)
     archive_bytes = sum(f.stat().st_size for f in demo.upstream.rglob("*") if f.is_file())
     trash = work / f"trash-{os.getpid()}"
     for leftover in work.iterdir():  # a kept --workdir: only the demo is reused
@@ -256,7 +270,8 @@ def _whole_build(work: Path, name: str, scale: float, target: float) -> dict[str
         archive_bytes=archive_bytes,
         frame_scale=scale,
         cpus=os.cpu_count(),
-        demo=f"full-cardinality, frames x{scale} in height and width",
+        trajectories=load_profile(demo.profile).expected.trajectories,
+        demo=f"{'full-cardinality' if full_cardinality else 'small'}, frames x{scale} in height and width",
         ours_steps_s=steps,
         baseline_parts_s=shell_parts,
         waited_for_quiet_io_s=waited,
@@ -264,7 +279,13 @@ def _whole_build(work: Path, name: str, scale: float, target: float) -> dict[str
 
 
 def whole_build_vs_shell_way(work: Path) -> dict[str, Any]:
-    return _whole_build(work, "whole_build_vs_shell_way", SCALE_400MB, 1.5)
+    """~400 MB of the real data set's shape (~1.7 MB of archive a trajectory)."""
+    return _whole_build(work, "whole_build_vs_shell_way", SCALE_400MB_SMALL, 1.5, full_cardinality=False)
+
+
+def whole_full_cardinality_build_vs_shell_way(work: Path) -> dict[str, Any]:
+    """~400 MB holding every trajectory of the real profile (7 KB each): per-file costs, no target."""
+    return _whole_build(work, "whole_build_vs_shell_way_full_cardinality", SCALE_400MB, None)
 
 
 def whole_4gb_build_vs_shell_way(work: Path) -> dict[str, Any]:
@@ -272,4 +293,9 @@ def whole_4gb_build_vs_shell_way(work: Path) -> dict[str, Any]:
     return _whole_build(work, "whole_build_vs_shell_way_4gb", SCALE_4GB, 1.0)
 
 
-BENCHMARKS = [noop_rebuild_vs_first_build, whole_build_vs_shell_way, whole_4gb_build_vs_shell_way]
+BENCHMARKS = [
+    noop_rebuild_vs_first_build,
+    whole_build_vs_shell_way,
+    whole_full_cardinality_build_vs_shell_way,
+    whole_4gb_build_vs_shell_way,
+]

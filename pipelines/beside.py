@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from stage2_data.commands.common import exit_process
 from stage2_data.stages import STAGES, Stage, stage
 
 
@@ -129,4 +130,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    # without the interpreter's teardown (~1 s after Dagster): the build waits for this process's end
+    exit_process(main(sys.argv[1:]))

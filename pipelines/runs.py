@@ -56,6 +56,7 @@ def run_selection(
     partition_keys: list[str] | None = None,
     workers: int | None = None,
     on_partition: Callable[[dict[str, Any]], None] | None = None,
+    instance: dg.DagsterInstance | None = None,
 ) -> dict[str, Any]:
     """Materialize ``selection`` (and their checks) in one run of its stage's named job, on the
     configured executor: one partition (``partition_key``), several (``partition_keys``, one run over
@@ -63,11 +64,12 @@ def run_selection(
 
     ``on_partition`` is called (from a watcher thread, ``watch.RunWatcher``) with a partition's
     entry (as ``partition_runs`` makes them) as soon as the run has materialized the selection for
-    that partition; the summary lists those under ``reported``."""
+    that partition; the summary lists those under ``reported``. ``instance``: the build's (else the
+    one at DAGSTER_HOME)."""
     cfg = BuildConfig(**config)
     profile = load_profile(cfg.profile_path, kit_root=cfg.kit_root)
     keys = [partition_key] if partition_key is not None else list(partition_keys or [])
-    instance = dg.DagsterInstance.get()
+    instance = instance if instance is not None else dg.DagsterInstance.get()
     # STAGE2_RUN_LOG_LEVEL (set by `stage2 build` unless --verbose) quiets the run's console log; the
     # events are recorded in the instance either way.
     level = os.environ.get("STAGE2_RUN_LOG_LEVEL")
