@@ -33,9 +33,10 @@ from stage2_data.acquire import (
     required_free_bytes,
 )
 from stage2_data.acquire.retry import BACKOFF_ENV
+from stage2_data.demo import DemoPaths
 from stage2_data.demo.hubserver import HubServer
 from stage2_data.errors import ChecksumMismatchError, HubError, ProfileError
-from stage2_data.profile import ArchiveSpec, Profile, QuarantinedSpec, parse_profile
+from stage2_data.profile import ArchiveSpec, Profile, QuarantinedSpec, load_profile, parse_profile
 
 REPO = "org/robot-data"
 REV = "1a8eb2d279c70964fadeaf8019a77c490c3abe02"
@@ -607,21 +608,34 @@ def test_resume_from_an_unaligned_partial_and_drop(
     hub: HubServer,
     upstream: Upstream,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
     direct: bool,
 ) -> None:
-    monkeypatch.setattr(acquire.transport, "DIRECT_IO", direct)
     path = "big_cache_key.tar"
     spec = dropping_at(hub, upstream, path, 3 * MiB + 1)  # the connection drops again, at an unaligned offset
     part = layout.partial_path(tmp_path, path)
     part.parent.mkdir(parents=True)
     kept = 5 * MiB + 777  # not a multiple of the O_DIRECT alignment
     part.write_bytes(upstream.files[path][:kept])
-    res = download_archive(source, spec, tmp_path, **FAST)
+    res = download_archive(source, spec, tmp_path, direct_io=direct, **FAST)
     assert res.resumed_from == kept and res.sha256 == spec.sha256
     assert layout.archive_path(tmp_path, path).read_bytes() == upstream.files[path]
     gets = [rng for m, rng in hub.file_requests(path) if m == "GET"]
     assert gets[0] == f"bytes={kept}-" and len(gets) == 2
+
+
+def test_a_build_keeps_archives_in_the_page_cache_when_they_fit(
+    demo_cache: DemoPaths, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The extraction reads every archive again after its download: a build writes them through the
+    page cache when they fit in the extraction's read-ahead budget, else with O_DIRECT."""
+    from stage2_data.steps import acquire as steps_acquire
+
+    prof = load_profile(demo_cache.profile)
+    total = sum(a.size or 0 for a in prof.archives)
+    monkeypatch.setattr(steps_acquire, "prefetch_budget", lambda: total)
+    assert steps_acquire.download_direct(prof) is False
+    monkeypatch.setattr(steps_acquire, "prefetch_budget", lambda: total - 1)
+    assert steps_acquire.download_direct(prof) is True
 
 
 def test_block_sink_writes_aligned_blocks_with_o_direct(tmp_path: Path) -> None:

@@ -119,6 +119,7 @@ def download_archive(
     attempts: int = DEFAULT_ATTEMPTS,
     backoff: float | None = None,  # None: STAGE2_RETRY_BACKOFF, else DEFAULT_BACKOFF
     cancel: threading.Event | None = None,
+    direct_io: bool | None = None,
 ) -> DownloadResult:
     """Download one pinned archive into ``archives/<path>`` and verify it against its pin.
 
@@ -130,7 +131,8 @@ def download_archive(
     request. Transient failures are retried by the one retry policy (``retry.py``: ``attempts`` in
     all, backoff ``backoff`` x 2^n seconds, or the hub's ``Retry-After``, bounded), each retry
     resuming from the partial file. A sha256 mismatch deletes the partial and raises
-    ChecksumMismatchError.
+    ChecksumMismatchError. ``direct_io``: aligned blocks written with ``O_DIRECT`` (not kept in the
+    page cache); None: ``transport.DIRECT_IO``.
     """
     _raise_precheck(_precheck(source, [spec], quarantined, listed))
     assert spec.size is not None and spec.sha256 is not None
@@ -146,7 +148,7 @@ def download_archive(
     if hub_offline():
         raise _offline_error(data_root, [spec.path])
     backoff = default_backoff() if backoff is None else backoff  # read only when a request is made
-    return _download(source, spec, data_root, progress, max(1, attempts), backoff, cancel, t0)
+    return _download(source, spec, data_root, progress, max(1, attempts), backoff, cancel, t0, direct_io)
 
 
 def _download(
@@ -158,12 +160,20 @@ def _download(
     backoff: float,
     cancel: threading.Event | None,
     t0: float,
+    direct_io: bool | None = None,
 ) -> DownloadResult:
     assert spec.size is not None and spec.sha256 is not None
     final = layout.archive_path(data_root, spec.path)
     part = layout.partial_path(data_root, spec.path)
     fetched = fetch_partial(
-        source, spec, part, progress=progress, attempts=attempts, backoff=backoff, cancel=cancel
+        source,
+        spec,
+        part,
+        progress=progress,
+        attempts=attempts,
+        backoff=backoff,
+        cancel=cancel,
+        direct_io=direct_io,
     )
     digest = fetched.sha256
     if digest != spec.sha256:

@@ -53,7 +53,8 @@ the receive buffer to the disk without a copy into the page cache (no CPU spent 
 of archives pushing everything else out of memory, and the fsync before publication has only the
 unaligned edges left to flush). Unaligned pieces (the first bytes after the headers, a tail, a
 resume point) go through an ordinary buffered descriptor of the same file; a file system that
-refuses ``O_DIRECT`` gets only buffered writes."""
+refuses ``O_DIRECT`` gets only buffered writes. What ``fetch_partial``'s ``direct_io`` means when None: a
+build passes False when its archives fit in the page cache (``steps.acquire.download_direct``)."""
 RAW_SOCKET_READS = True
 """Read a plain HTTP/1.1 body straight from the client's connection socket (see ``_raw_socket``);
 False: always through the client's own body iterator (64 KiB reads, ~3x the CPU per byte)."""
@@ -142,6 +143,7 @@ def fetch_partial(
     backoff: float,
     cancel: threading.Event | None,
     policy: RetryPolicy | None = None,
+    direct_io: bool | None = None,
 ) -> Fetched:
     """Bring ``part`` to the pinned size of ``spec`` (resuming from what it holds) and hash it.
 
@@ -170,7 +172,7 @@ def fetch_partial(
             f"disk full while writing {part} ({spec.path}, {human_bytes(size)}).",
             fix="free disk space (see `stage2 list`) and re-run; the download resumes",
         ):
-            return _attempt(source, spec, url, part, state, progress, cancel, policy.backoff)
+            return _attempt(source, spec, url, part, state, progress, cancel, policy.backoff, direct_io)
 
     def kept() -> str:
         with contextlib.suppress(OSError):
@@ -414,6 +416,7 @@ def _attempt(
     progress: Callable[[int], None] | None,
     cancel: threading.Event | None,
     backoff: float,
+    direct_io: bool | None = None,
 ) -> str:
     """One download attempt, resuming from the partial file; returns the sha256 of the whole file.
 
@@ -454,7 +457,7 @@ def _attempt(
 
     fd = os.open(part, os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
     dfd: int | None = None
-    if DIRECT_IO and hasattr(os, "O_DIRECT"):
+    if (DIRECT_IO if direct_io is None else direct_io) and hasattr(os, "O_DIRECT"):
         try:
             dfd = os.open(part, os.O_WRONLY | os.O_DIRECT | getattr(os, "O_CLOEXEC", 0))
         except OSError:  # e.g. tmpfs: no O_DIRECT, buffered writes only

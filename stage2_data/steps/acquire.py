@@ -11,6 +11,7 @@ from typing import Any
 from .. import checks as C
 from .. import layout
 from ..acquire import archive_state, download_archive, require_build_space
+from ..acquire.transport import DIRECT_IO
 from ..checks import compare_totals, outcome
 from ..extract import (
     ExtractionRecord,
@@ -20,10 +21,23 @@ from ..extract import (
     stray_entries,
     write_extraction_report,
 )
+from ..extract.prefetch import prefetch_budget
 from ..profile import Profile
 from .result import StepResult, rate
 
 log = logging.getLogger(__name__)
+
+
+def download_direct(profile: Profile) -> bool:
+    """Whether a build writes its downloads with ``O_DIRECT`` (``transport.DIRECT_IO``): only when
+    the profile's archives do not fit in the extraction's read-ahead budget (``prefetch_budget``: a
+    quarter of the memory available, at most 8 GiB). The extraction reads every archive again right
+    after its download; archives that fit stay in the page cache for it. Measured on a 3.4 GB profile
+    here, alternating: whole builds of 34.2 and 35.6 s written through the page cache, 35.8 and 46.0 s
+    with ``O_DIRECT`` (the extraction then reads the archives back from the disk). A 107 GiB profile
+    still goes straight to the disk, read ahead by the prefetcher, and evicts nothing."""
+    total = sum(a.size or 0 for a in profile.archives)
+    return DIRECT_IO and total > prefetch_budget()
 
 
 def step_download(
@@ -34,7 +48,13 @@ def step_download(
     if spec.pinned and archive_state(data_root, spec).state in ("missing", "partial"):
         require_build_space(profile, data_root)  # refuses before the download starts
     res = download_archive(
-        source, spec, data_root, reverify=reverify, progress=progress, quarantined=profile.quarantined_paths()
+        source,
+        spec,
+        data_root,
+        reverify=reverify,
+        progress=progress,
+        quarantined=profile.quarantined_paths(),
+        direct_io=download_direct(profile),
     )
     md = {
         "path": path,
