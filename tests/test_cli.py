@@ -1,6 +1,6 @@
 """The ``stage2`` executable's end (``stage2_data.cli.run``): it skips the interpreter's teardown, and
-keeps what a normal exit does that matters: its exit code, threads that are not daemons waited for,
-exit handlers run, buffered output written. Each case runs in a process of its own, as users run it."""
+keeps what a normal exit does that matters: its exit code, threads that are not daemons waited for
+(and a thread pool left open does not hold it), exit handlers run, buffered output written. Each case runs in a process of its own, as users run it."""
 
 from __future__ import annotations
 
@@ -18,6 +18,9 @@ def late():
     time.sleep(0.3)
     (out / "thread").write_text("done")
 threading.Thread(target=late).start()  # not a daemon: waited for
+from concurrent.futures import ThreadPoolExecutor
+left_open = ThreadPoolExecutor(2)  # never shut down: its idle workers must not hold the exit
+left_open.submit(lambda: None).result()
 atexit.register(lambda: (out / "atexit").write_text("ran"))
 sys.stdout.write("still buffered")  # a pipe: block-buffered, written only by the final flush
 from stage2_data.cli import run

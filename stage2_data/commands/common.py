@@ -23,13 +23,12 @@ def exit_process(code: int) -> NoReturn:
     """End this process with ``code`` without the interpreter's teardown: once Dagster is imported,
     freeing every object of its modules takes ~1 s here, after the work is over and reported (and a
     build waiting for a child process waits for that too). What a normal exit does that matters
-    still happens, in its order: the threads that are not daemons are waited for, then the exit
-    handlers run (logging's flush, multiprocessing's clean-up, coverage's), then the standard
-    streams are flushed."""
-    current = threading.current_thread()
-    for t in threading.enumerate():
-        if t is not current and not t.daemon:
-            t.join()
+    still happens, in its order: the interpreter's own first step of shutting down
+    (``threading._shutdown``: thread pools left open are told to stop, then the threads that are not
+    daemons are waited for; joining them alone would wait forever on an idle pool's workers), then
+    the exit handlers run (logging's flush, multiprocessing's clean-up, coverage's), then the
+    standard streams are flushed. Call it from the main thread."""
+    threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe or stream: nowhere to write
