@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
 import os
+import signal
+import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -234,6 +237,20 @@ def input_tags(instance: dg.DagsterInstance, deps: dict[str, Sequence[str | None
     return tags
 
 
+def _ignore_further_stops() -> None:
+    """In a step worker process whose step was just interrupted: ignore later SIGINT/SIGTERM.
+
+    The step is already ending; what is left is the interpreter's exit, which joins the partition
+    threads still winding down (they stop at their next cancellation point). A second stop signal
+    (a terminal's Ctrl-C reaches the whole process group, then the stop guard sends its SIGTERM)
+    would raise inside that join and print a traceback. The guard's SIGKILL after its grace period
+    still bounds the wait. The build's own process is not a worker and keeps its guard."""
+    if multiprocessing.parent_process() is None or threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+
+
 def run_partitions(
     context: dg.AssetExecutionContext,
     asset: str,
@@ -311,6 +328,7 @@ def run_partitions(
         # and the step ends now instead of waiting for them.
         if not isinstance(exc, (Exception, GeneratorExit)):
             cancel_extractions()
+            _ignore_further_stops()
         pool.shutdown(wait=False, cancel_futures=True)
         raise
     pool.shutdown(wait=True)

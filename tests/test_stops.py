@@ -19,6 +19,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -366,3 +367,53 @@ def test_cancel_extractions_stops_an_extraction_and_publishes_nothing(tmp_path: 
     assert [p.name for p in layout.processed_root(root).iterdir()] == []
     record = extract_cache_dir(key, [archive], root)
     assert record.files == 3 and layout.cache_dir(root, key).is_dir()
+
+
+_INTERRUPTED_WORKER = r"""
+import multiprocessing, os, signal, sys, threading, time
+
+from assets._common import run_partitions
+from stage2_data.checks import CACHE_DIR
+
+
+def slow(key):  # a partition still winding down when the step is interrupted
+    time.sleep(1.5)
+    raise AssertionError("never reported: the step was interrupted")
+
+
+def worker(ready):
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # what Dagster does in a step worker
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()  # the first stop signal
+    try:
+        for _ in run_partitions(None, CACHE_DIR, ["a", "b"], slow, lambda k, r: "", workers=2):
+            pass
+    except KeyboardInterrupt:
+        ready.set()  # the step ended; the interpreter's exit now joins the partition threads
+
+
+if __name__ == "__main__":
+    ready = multiprocessing.get_context("spawn").Event()
+    p = multiprocessing.get_context("spawn").Process(target=worker, args=(ready,))
+    p.start()
+    assert ready.wait(30), "the step was not interrupted"
+    time.sleep(0.2)
+    os.kill(p.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the whole group...
+    os.kill(p.pid, signal.SIGTERM)  # ...and the stop guard terminates the workers
+    p.join(30)
+    print("exitcode", p.exitcode)
+"""
+
+
+def test_an_interrupted_step_worker_ends_quietly_on_more_stop_signals(tmp_path: Path) -> None:
+    """A step worker whose step was interrupted ignores the stop signals that follow while its
+    partition threads wind down in the interpreter's exit (no KeyboardInterrupt traceback from
+    ``concurrent.futures``' exit hook): the flaky ``extract-sigint-fg-workers`` case, made certain."""
+    script = tmp_path / "interrupted_worker.py"
+    script.write_text(_INTERRUPTED_WORKER)
+    r = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, cwd=REPO, timeout=120,
+        env=subprocess_env(PYTHONPATH=str(REPO)),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "exitcode 0" in r.stdout, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
