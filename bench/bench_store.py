@@ -15,6 +15,12 @@
   place from the reader's mapping of the shard file, its ``T`` frames decoded into a fresh array as
   the reader does: :func:`~stage2_data.store.shard_io.decode_rows`) without the crc32c check: what
   the checksums cost a warm read.
+* ``npz_load_vs_numpy``: what the store writer reads a trajectory with
+  (:func:`~stage2_data.formats.npz.load_npz`: one read, the member inflated by ISA-L, its size and
+  CRC-32 checked) vs ``np.load(npz)["frames"]`` (zipfile + zlib) of the same upstream ``.npz``
+  files; both warm, one thread, best of 5 passes each, alternating, on two workloads (this module's
+  noisy frames, which deflate barely compresses, and the demo's, ~3x). Inflating the frames is the
+  store step's largest cost at the real scale (~100 GiB of deflated frames).
 * ``store_build_peak_memory``: peak RSS of a build (a fresh subprocess each, ``ru_maxrss``) for N and
   4N trajectories from the upstream ``.npz``; flat means within 10%.
 
@@ -217,6 +223,67 @@ def store_read_vs_npz_load(workdir: Path) -> list[dict[str, Any]]:
     ]
 
 
+def _npz_load_entry(name: str, paths: list[str], workload: str) -> dict[str, Any]:
+    from stage2_data.formats.npz import load_npz
+
+    def ours() -> None:
+        for p in paths:
+            load_npz(p, ("frames",))
+
+    def baseline() -> None:
+        for p in paths:
+            with np.load(p) as z:
+                z["frames"]
+
+    ours()
+    baseline()
+    best_ours, best_base = best_alternating(ours, baseline, repeat=5)
+    raw = packed = 0
+    for p in paths:  # the same arrays (outside the timing)
+        with np.load(p) as z:
+            want = z["frames"]
+        assert np.array_equal(load_npz(p, ("frames",))["frames"], want)
+        raw += want.nbytes
+        packed += os.path.getsize(p)
+    return entry(
+        name,
+        best_ours,
+        "np.load(npz)['frames'] (zipfile + zlib) of the same files",
+        best_base,
+        None,
+        workload=workload,
+        files=len(paths),
+        inflated_bytes=raw,
+        deflate_ratio=round(raw / packed, 2),
+        ours_MB_s=round(raw / best_ours / 1e6, 1),
+        baseline_MB_s=round(raw / best_base / 1e6, 1),
+    )
+
+
+def npz_load_vs_numpy(workdir: Path) -> list[dict[str, Any]]:
+    """Two workloads: this module's image-like frames (their sensor noise leaves deflate almost
+    nothing to do: stored blocks, a copy either way) and the demo's frames, scaled up as the whole
+    build benchmark scales them (deflate ~3x)."""
+    import tarfile
+
+    from bench.bench_noop import scaled_demo
+
+    n = int(os.environ.get("BENCH_STORE_READ_TRAJ", "192"))
+    samples, _ = read_bench_store(workdir, n)
+    scale = float(os.environ.get("BENCH_NPZ_DEMO_SCALE", "4"))
+    demo = scaled_demo(workdir / "demo", scale, full_cardinality=False)
+    for tar in sorted(demo.upstream.rglob("*.tar")):  # (the split cache dir's parts are left out)
+        with tarfile.open(tar) as tf:
+            tf.extractall(workdir / "demo-frames", filter="data")
+    frames = sorted(str(p) for p in (workdir / "demo-frames").rglob("trajectory_*.npz"))
+    return [
+        _npz_load_entry("npz_load_vs_numpy", [s.frames_path for s in samples], "image-like, noisy"),
+        _npz_load_entry(
+            "npz_load_vs_numpy_demo_frames", frames, f"the demo's frames, x{scale:g} in height and width"
+        ),
+    ]
+
+
 def store_read_checksum_cost(workdir: Path) -> list[dict[str, Any]]:
     n = int(os.environ.get("BENCH_STORE_READ_TRAJ", "192"))
     samples, out = read_bench_store(workdir, n)
@@ -382,6 +449,7 @@ def store_build_peak_memory(workdir: Path) -> list[dict[str, Any]]:
 BENCHMARKS = [
     store_build_vs_np_save,
     store_read_vs_npz_load,
+    npz_load_vs_numpy,
     store_read_checksum_cost,
     store_decode_check_vs_npz_load_sha256,
     store_build_peak_memory,
