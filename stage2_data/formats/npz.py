@@ -285,9 +285,12 @@ def member_bytes(data: bytes, m: ZipMember, limit: int | None = None, *, file: s
     if m.method == zipfile.ZIP_STORED:
         out = bytes(comp if limit is None else comp[:limit])
     else:
-        dec = isal_zlib.decompressobj(-15)
         try:
-            out = dec.decompress(comp) + dec.flush() if limit is None else dec.decompress(comp, limit)
+            if limit is None:  # one buffer of the size the zip names (no growing, no copy); deflate
+                # expands at most 1032:1, so a corrupt size cannot ask for more than that
+                out = isal_zlib.decompress(comp, -15, max(1, min(m.usize, 1032 * len(comp) + 64)))
+            else:
+                out = isal_zlib.decompressobj(-15).decompress(comp, limit)
         except _INFLATE_ERROR as e:
             raise FormatError(f"corrupt deflate data ({e})", file=file, member=m.name) from None
     if limit is None and (len(out) != m.usize or isal_zlib.crc32(out) != m.crc):
