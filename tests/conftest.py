@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -18,6 +19,18 @@ from stage2_data.demo.hubserver import HubServer
 # Test tiers (fast / slow / system) for `make test-fast`: see tests/_tiers.py. Fixture plugins
 # (lerobot style): tests/fixtures/*.py, each a module of fixtures that every test can use.
 pytest_plugins = ["_tiers", "fixtures.faults", "fixtures.stores"]
+
+# The suite started by a background job of a non-interactive shell (`cmd &` in a script, as a CI
+# runner may) inherits SIGINT ignored. Dagster, run in this process, maps SIGTERM to SIGINT's
+# handler, so SIGTERM becomes ignored too, and every process started afterwards inherits both:
+# Dask workers, and the `tail` processes Dagster's LocalComputeLogManager starts per step, which
+# then outlive its SIGTERM (each step waited 2 x 30 s). Measured: the Dask build test took minutes
+# instead of one. The suite runs as from a terminal; the tests of background stops set the ignored
+# SIGINT in their own children (tests/test_stops.py).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+if signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 @pytest.fixture(scope="session")
