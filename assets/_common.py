@@ -3,6 +3,7 @@ Nothing domain-specific lives here."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import multiprocessing
@@ -237,18 +238,37 @@ def input_tags(instance: dg.DagsterInstance, deps: dict[str, Sequence[str | None
     return tags
 
 
-def _ignore_further_stops() -> None:
-    """In a step worker process whose step was just interrupted: ignore later SIGINT/SIGTERM.
+def _in_step_worker() -> bool:
+    """This code runs on the main thread of a step worker process (a multiprocessing child that
+    runs one step and ends: the multiprocess executor's), not in the build's own process (which
+    keeps its stop guard) nor on a Dask worker's task thread."""
+    return (
+        multiprocessing.parent_process() is not None and threading.current_thread() is threading.main_thread()
+    )
 
-    The step is already ending; what is left is the interpreter's exit, which joins the partition
-    threads still winding down (they stop at their next cancellation point). A second stop signal
-    (a terminal's Ctrl-C reaches the whole process group, then the stop guard sends its SIGTERM)
-    would raise inside that join and print a traceback. The guard's SIGKILL after its grace period
-    still bounds the wait. The build's own process is not a worker and keeps its guard."""
-    if multiprocessing.parent_process() is None or threading.current_thread() is not threading.main_thread():
-        return
+
+def _ignore_stop_signals() -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
+
+
+def _ignore_further_stops() -> None:
+    """In a step worker process whose step is ending on a stop: ignore later SIGINT/SIGTERM, now and
+    in the interpreter's exit.
+
+    What is left is that exit, which joins the partition threads still winding down (they stop at
+    their next cancellation point). A second stop signal (a terminal's Ctrl-C reaches the whole
+    process group, then the stop guard sends its SIGTERM) would raise inside that join and print a
+    traceback. Dagster's step worker restores its own handlers when the step's context ends
+    (``capture_interrupts``), so the signals are ignored again by a hook of the exit itself: the
+    threading module's exit hooks run before it joins threads, in reverse order of registration,
+    so this one (registered last) runs before ``concurrent.futures`` joins the pool's threads. The
+    guard's SIGKILL after its grace period still bounds the wait."""
+    if not _in_step_worker():
+        return
+    _ignore_stop_signals()
+    with contextlib.suppress(RuntimeError):  # (the exit already began: nothing left to protect)
+        threading._register_atexit(_ignore_stop_signals)  # type: ignore[attr-defined]
 
 
 def run_partitions(
@@ -326,7 +346,10 @@ def run_partitions(
         # reach the partitions' threads: queued partitions are dropped, running extractions are told
         # to stop (they raise at their next cancellation point; their staging folders are removed),
         # and the step ends now instead of waiting for them.
-        if not isinstance(exc, (Exception, GeneratorExit)):
+        # (GeneratorExit: Dagster abandoned the step between two events, as an interrupt raised
+        # in its own code does; in a step worker that is the step's end too)
+        stopped = not isinstance(exc, (Exception, GeneratorExit))
+        if stopped or (isinstance(exc, GeneratorExit) and _in_step_worker()):
             cancel_extractions()
             _ignore_further_stops()
         pool.shutdown(wait=False, cancel_futures=True)

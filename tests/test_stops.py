@@ -372,28 +372,52 @@ def test_cancel_extractions_stops_an_extraction_and_publishes_nothing(tmp_path: 
 _INTERRUPTED_WORKER = r"""
 import multiprocessing, os, signal, sys, threading, time
 
+from dagster._core.errors import DagsterExecutionInterruptedError, raise_execution_interrupts
+from dagster._utils.interrupts import capture_interrupts
+
 from assets._common import run_partitions
 from stage2_data.checks import CACHE_DIR
+from stage2_data.steps import StepResult
 
 
-def slow(key):  # a partition still winding down when the step is interrupted
-    time.sleep(1.5)
+class Context:  # what run_partitions uses of a step's context, for more than one partition
+    instance = None
+
+    def log_event(self, event):
+        pass
+
+
+def step(key):
+    if key == "fast":
+        return StepResult()
+    time.sleep(1.5)  # a partition still winding down when the step ends
     raise AssertionError("never reported: the step was interrupted")
 
 
-def worker(ready):
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # what Dagster does in a step worker
-    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()  # the first stop signal
-    try:
-        for _ in run_partitions(None, CACHE_DIR, ["a", "b"], slow, lambda k, r: "", workers=2):
-            pass
-    except KeyboardInterrupt:
-        ready.set()  # the step ended; the interpreter's exit now joins the partition threads
+def worker(ready, mode):
+    # as Dagster's multiprocess executor runs a step in its worker process: interrupts captured for
+    # the step's life (its handlers restored after it), raised inside the step's execution
+    with capture_interrupts():
+        try:
+            with raise_execution_interrupts():
+                events = run_partitions(Context(), CACHE_DIR, ["slow", "fast"], step, lambda k, r: "", workers=2)
+                if mode == "inside":  # the interrupt lands in the step's own wait
+                    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+                    for _ in events:
+                        pass
+                else:  # it lands in Dagster's code between two events: the step is abandoned
+                    next(events)
+                    os.kill(os.getpid(), signal.SIGINT)
+                    time.sleep(5)
+        except DagsterExecutionInterruptedError:
+            events.close()
+    ready.set()  # the step ended; the interpreter's exit now joins the partition threads
 
 
 if __name__ == "__main__":
-    ready = multiprocessing.get_context("spawn").Event()
-    p = multiprocessing.get_context("spawn").Process(target=worker, args=(ready,))
+    ctx = multiprocessing.get_context("spawn")
+    ready = ctx.Event()
+    p = ctx.Process(target=worker, args=(ready, sys.argv[1]))
     p.start()
     assert ready.wait(30), "the step was not interrupted"
     time.sleep(0.2)
@@ -404,14 +428,17 @@ if __name__ == "__main__":
 """
 
 
-def test_an_interrupted_step_worker_ends_quietly_on_more_stop_signals(tmp_path: Path) -> None:
-    """A step worker whose step was interrupted ignores the stop signals that follow while its
-    partition threads wind down in the interpreter's exit (no KeyboardInterrupt traceback from
-    ``concurrent.futures``' exit hook): the flaky ``extract-sigint-fg-workers`` case, made certain."""
+@pytest.mark.parametrize("mode", ["inside", "between-events"])
+def test_an_interrupted_step_worker_ends_quietly_on_more_stop_signals(tmp_path: Path, mode: str) -> None:
+    """A step worker whose step was interrupted (in the step's own wait, or in Dagster's code
+    between two events) ignores the stop signals that follow while its partition threads wind down
+    in the interpreter's exit, after Dagster restored its handlers (no KeyboardInterrupt traceback
+    from ``concurrent.futures``' exit hook): the flaky ``extract-sigint-fg-workers`` case, made
+    certain."""
     script = tmp_path / "interrupted_worker.py"
     script.write_text(_INTERRUPTED_WORKER)
     r = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, cwd=REPO, timeout=120,
+        [sys.executable, str(script), mode], capture_output=True, text=True, cwd=REPO, timeout=120,
         env=subprocess_env(PYTHONPATH=str(REPO)),
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
