@@ -3,10 +3,10 @@ Nothing domain-specific lives here."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import multiprocessing
+import multiprocessing.util
 import os
 import signal
 import threading
@@ -254,21 +254,20 @@ def _ignore_stop_signals() -> None:
 
 def _ignore_further_stops() -> None:
     """In a step worker process whose step is ending on a stop: ignore later SIGINT/SIGTERM, now and
-    in the interpreter's exit.
+    in the process's exit.
 
-    What is left is that exit, which joins the partition threads still winding down (they stop at
-    their next cancellation point). A second stop signal (a terminal's Ctrl-C reaches the whole
-    process group, then the stop guard sends its SIGTERM) would raise inside that join and print a
-    traceback. Dagster's step worker restores its own handlers when the step's context ends
-    (``capture_interrupts``), so the signals are ignored again by a hook of the exit itself: the
-    threading module's exit hooks run before it joins threads, in reverse order of registration,
-    so this one (registered last) runs before ``concurrent.futures`` joins the pool's threads. The
-    guard's SIGKILL after its grace period still bounds the wait."""
+    What is left is that exit: multiprocessing's finalizers join the threads that feed the event
+    queue to the orchestrator, then the interpreter joins the partition threads still winding down
+    (they stop at their next cancellation point). A second stop signal (a terminal's Ctrl-C reaches
+    the whole process group, the stop guard sends its SIGTERM, Dagster's orchestrator ends its
+    workers) would raise inside one of those joins and print a traceback. Dagster's step worker
+    restores its own handlers when the step's context ends (``capture_interrupts``), so the signals
+    are ignored again by the first finalizer of the exit (the highest exit priority runs first).
+    The guard's SIGKILL after its grace period still bounds the wait."""
     if not _in_step_worker():
         return
     _ignore_stop_signals()
-    with contextlib.suppress(RuntimeError):  # (the exit already began: nothing left to protect)
-        threading._register_atexit(_ignore_stop_signals)  # type: ignore[attr-defined]
+    multiprocessing.util.Finalize(None, _ignore_stop_signals, exitpriority=1000)
 
 
 def run_partitions(

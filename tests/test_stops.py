@@ -394,9 +394,12 @@ def step(key):
     raise AssertionError("never reported: the step was interrupted")
 
 
-def worker(ready, mode):
+def worker(ready, events_out, mode):
     # as Dagster's multiprocess executor runs a step in its worker process: interrupts captured for
-    # the step's life (its handlers restored after it), raised inside the step's execution
+    # the step's life (its handlers restored after it), raised inside the step's execution, events
+    # sent to the orchestrator on a queue (whose feeder thread the exit joins: the orchestrator has
+    # stopped reading it for now)
+    events_out.put(b"x" * (1 << 20))
     with capture_interrupts():
         try:
             with raise_execution_interrupts():
@@ -417,12 +420,16 @@ def worker(ready, mode):
 if __name__ == "__main__":
     ctx = multiprocessing.get_context("spawn")
     ready = ctx.Event()
-    p = ctx.Process(target=worker, args=(ready, sys.argv[1]))
+    events_out = ctx.Queue()
+    p = ctx.Process(target=worker, args=(ready, events_out, sys.argv[1]))
     p.start()
     assert ready.wait(30), "the step was not interrupted"
-    time.sleep(0.2)
+    time.sleep(0.2)  # the worker's exit waits for its queue's feeder, then for its partition threads
     os.kill(p.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the whole group...
     os.kill(p.pid, signal.SIGTERM)  # ...and the stop guard terminates the workers
+    time.sleep(0.2)
+    events_out.get(timeout=30)  # the orchestrator reads again: the feeder ends
+    os.kill(p.pid, signal.SIGTERM)  # (another, while the partition threads are joined)
     p.join(30)
     print("exitcode", p.exitcode)
 """
