@@ -347,8 +347,7 @@ def run_partitions(
         # and the step ends now instead of waiting for them.
         # (GeneratorExit: Dagster abandoned the step between two events, as an interrupt raised
         # in its own code does; in a step worker that is the step's end too)
-        stopped = not isinstance(exc, (Exception, GeneratorExit))
-        if stopped or (isinstance(exc, GeneratorExit) and _in_step_worker()):
+        if not isinstance(exc, Exception) and (not isinstance(exc, GeneratorExit) or _in_step_worker()):
             cancel_extractions()
             _ignore_further_stops()
         pool.shutdown(wait=False, cancel_futures=True)
