@@ -90,9 +90,11 @@ def thumbnail(frame: np.ndarray[Any, Any], height: int, max_width: int) -> Image
 
 
 def png_bytes(img: Image.Image) -> bytes:
-    """The image as PNG bytes: deterministic (Pillow writes no time or text chunk unless asked)."""
+    """The image as PNG bytes: deterministic (Pillow writes no time or text chunk unless asked).
+    zlib level 3: a store's sheets on its asset page encode in 0.09 s instead of 0.20 s at the
+    default 6, for 7% more bytes (measured on the ~400 MB bench store)."""
     buf = io.BytesIO()
-    img.save(buf, format="PNG", optimize=False, compress_level=6)
+    img.save(buf, format="PNG", optimize=False, compress_level=3)
     return buf.getvalue()
 
 

@@ -286,28 +286,31 @@ def _write_shard_blob(
     codec, step, n = layout.codec, layout.inner[0], layout.nchunks
     single_threaded_blosc()
 
-    def enc(k: int) -> bytes:
+    def enc(k: int) -> tuple[bytes, bytes]:
+        # the chunk and its crc32c apart: joining them would copy every compressed byte once more
         b = bytes(codec.encode(np.ascontiguousarray(data[k * step : (k + 1) * step])))
-        return b + _crc32c(b)
+        return b, _crc32c(b)
 
     path.parent.mkdir(parents=True, exist_ok=True)
     index = np.empty((n, 2), dtype="<u8")
     h = hashlib.sha256()
     off = 0
     window = 2 * max(1, getattr(pool, "_max_workers", 1)) if pool is not None else 0
-    inflight: deque[Future[bytes]] = deque()
+    inflight: deque[Future[tuple[bytes, bytes]]] = deque()
     with open(path, "wb") as f:
         for k in range(n):
             if pool is None:
-                b = enc(k)
+                b, crc = enc(k)
             else:
                 while len(inflight) < window and k + len(inflight) < n:
                     inflight.append(pool.submit(enc, k + len(inflight)))
-                b = inflight.popleft().result()
-            index[k] = (off, len(b))
-            off += len(b)
+                b, crc = inflight.popleft().result()
+            index[k] = (off, len(b) + CRC_BYTES)
+            off += len(b) + CRC_BYTES
             f.write(b)
+            f.write(crc)
             h.update(b)
+            h.update(crc)
             del b
         tail = encode_index(index)
         f.write(tail)
