@@ -241,10 +241,24 @@ def decode_prefix(
 
 
 # ----- writing -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Rows:
+    """An array given row by row instead of whole, for an array in our layout with one row per inner
+    chunk (a shard's frames): ``shape`` and ``dtype`` of the whole array, and ``row(k)``, which makes
+    row ``k`` as a ``(1, *shape[1:])`` array that stays valid until the same thread asks for another
+    row (so a thread can reuse one buffer), or returns None for a row that could not be made (nothing
+    is written for it: the caller, who knows why, refuses the shard). A shard's rows are then never
+    all in memory at once: a few rows are, one per thread encoding."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    row: Callable[[int], np.ndarray[Any, Any] | None]
+
+
 def _write_array(
     shard_dir: Path,
     name: str,
-    data: np.ndarray[Any, Any],
+    data: np.ndarray[Any, Any] | Rows,
     inner: tuple[int, ...],
     fill: Any,
     hashes: dict[str, str],
@@ -252,21 +266,33 @@ def _write_array(
 ) -> None:
     """Write one array of a shard group: its ``zarr.json`` (:mod:`.zarr_meta`) and its single shard
     object, both hashed as written into ``hashes`` (by absolute path). An array not in our layout
-    (:func:`shard_layout`) is written by zarr instead (its files are then not in ``hashes``)."""
-    doc, kind = array_zarr_json(data.shape, inner, data.dtype, fill)
-    tmpl = shard_layout(kind)
+    (:func:`shard_layout`) is written by zarr instead (its files are then not in ``hashes``); an
+    array given as :class:`Rows` must be in our layout, one row per inner chunk."""
     shape = tuple(int(x) for x in data.shape)
-    if tmpl is None or inner[1:] != shape[1:] or shape[0] % inner[0]:
+    doc, kind = array_zarr_json(shape, inner, data.dtype, fill)
+    tmpl = shard_layout(kind)
+    ours = tmpl is not None and inner[1:] == shape[1:] and not shape[0] % inner[0]
+    if isinstance(data, Rows):
+        if tmpl is None or not ours or inner[0] != 1:
+            raise ValueError(f"{name}: an array given row by row must have one row per inner chunk")
+        chunk: Callable[[int], np.ndarray[Any, Any] | None] = data.row
+    elif tmpl is None or not ours:
         single_threaded_blosc()
         arr = create_layout_array(LocalStore(shard_dir), shape, inner, data.dtype, fill, name=name)
         arr[...] = data  # the whole shard in one call (zarr's own, slower, path)
         return
+    else:
+        whole, step = data, inner[0]
+
+        def chunk(k: int) -> np.ndarray[Any, Any] | None:
+            return whole[k * step : (k + 1) * step]
+
     folder = shard_dir / name
     folder.mkdir()
     _put(folder / "zarr.json", doc, hashes)
     layout = ShardLayout(tmpl.key, tuple(inner), shape[0] // inner[0], tmpl.codec)
     path = folder / layout.key
-    hashes[str(path)] = _write_shard_blob(path, layout, data, pool)
+    hashes[str(path)] = _write_shard_blob(path, layout, chunk, pool)
 
 
 def _put(path: Path, data: bytes, hashes: dict[str, str]) -> None:
@@ -276,42 +302,58 @@ def _put(path: Path, data: bytes, hashes: dict[str, str]) -> None:
 
 
 def _write_shard_blob(
-    path: Path, layout: ShardLayout, data: np.ndarray[Any, Any], pool: ThreadPoolExecutor | None
+    path: Path,
+    layout: ShardLayout,
+    chunk: Callable[[int], np.ndarray[Any, Any] | None],
+    pool: ThreadPoolExecutor | None,
 ) -> str:
-    """Write an array's single shard object directly, encoding the inner chunks in parallel; returns
-    its sha256. zarr's own full-shard write measured ~70 MB/s here against ~300+ for this.
+    """Write an array's single shard object directly, encoding the inner chunks (``chunk(k)``: the
+    k-th, or None to leave it out) in parallel; returns its sha256. zarr's own full-shard write
+    measured ~70 MB/s here against ~300+ for this.
 
-    Streaming: chunks are encoded on ``pool`` with at most ``2 x workers`` in flight and written (and
-    hashed) in order as they complete, so the compressed shard is never held in memory whole."""
-    codec, step, n = layout.codec, layout.inner[0], layout.nchunks
+    Streaming: chunks are made and encoded on ``pool`` with at most ``2 x workers`` in flight and
+    written (and hashed) in order as they complete, so the compressed shard is never held in memory
+    whole (nor, for :class:`Rows`, the array itself)."""
+    codec, n = layout.codec, layout.nchunks
     single_threaded_blosc()
 
-    def enc(k: int) -> tuple[bytes, bytes]:
+    def enc(k: int) -> tuple[bytes, bytes] | None:
+        a = chunk(k)
+        if a is None:
+            return None
         # the chunk and its crc32c apart: joining them would copy every compressed byte once more
-        b = bytes(codec.encode(np.ascontiguousarray(data[k * step : (k + 1) * step])))
+        b = bytes(codec.encode(np.ascontiguousarray(a)))
         return b, _crc32c(b)
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    index = np.empty((n, 2), dtype="<u8")
+    index = np.full((n, 2), MISSING, dtype="<u8")
     h = hashlib.sha256()
     off = 0
     window = 2 * max(1, getattr(pool, "_max_workers", 1)) if pool is not None else 0
-    inflight: deque[Future[tuple[bytes, bytes]]] = deque()
+    inflight: deque[Future[tuple[bytes, bytes] | None]] = deque()
     with open(path, "wb") as f:
-        for k in range(n):
-            if pool is None:
-                b, crc = enc(k)
-            else:
-                while len(inflight) < window and k + len(inflight) < n:
-                    inflight.append(pool.submit(enc, k + len(inflight)))
-                b, crc = inflight.popleft().result()
-            index[k] = (off, len(b) + CRC_BYTES)
-            off += len(b) + CRC_BYTES
-            f.write(b)
-            f.write(crc)
-            h.update(b)
-            h.update(crc)
-            del b
+        try:
+            for k in range(n):
+                if pool is None:
+                    got = enc(k)
+                else:
+                    while len(inflight) < window and k + len(inflight) < n:
+                        inflight.append(pool.submit(enc, k + len(inflight)))
+                    got = inflight.popleft().result()
+                if got is None:
+                    continue
+                b, crc = got
+                index[k] = (off, len(b) + CRC_BYTES)
+                off += len(b) + CRC_BYTES
+                f.write(b)
+                f.write(crc)
+                h.update(b)
+                h.update(crc)
+                del b, got
+        except BaseException:  # an error or a stop: the chunks not started are not made
+            for fut in inflight:
+                fut.cancel()
+            raise
         tail = encode_index(index)
         f.write(tail)
         h.update(tail)
@@ -320,14 +362,16 @@ def _write_shard_blob(
 
 def write_shard_group(
     shard_dir: Path,
-    frames: np.ndarray[Any, Any],
+    frames: np.ndarray[Any, Any] | Rows,
     num_frames: np.ndarray[Any, Any],
     widths: np.ndarray[Any, Any],
     actions: np.ndarray[Any, Any] | None,
     pool: ThreadPoolExecutor | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """Write one shard group; returns the array names and the sha256 of the files this module wrote
-    (by absolute path: every file, unless zarr wrote an array), which need not be read back."""
+    (by absolute path: every file, unless zarr wrote an array), which need not be read back. The
+    frames may be given row by row (:class:`Rows`); they are written first, so an ``actions`` array
+    those rows fill as they are made is complete when it is written."""
     shard_dir.mkdir(parents=True, exist_ok=False)
     hashes: dict[str, str] = {}
     _put(shard_dir / "zarr.json", group_zarr_json(), hashes)

@@ -1,7 +1,8 @@
 """The writer: build a store from samples and pairs, shard by shard, and publish it atomically.
 
-Plan (:mod:`.plan`), then per shard: decode its rows (in parallel) into padded arrays, write its Zarr
-group (:mod:`.shard_io`), hash its files; then the metadata files and the manifest (:mod:`.commit`),
+Plan (:mod:`.plan`), then per shard: write its Zarr group (:mod:`.shard_io`), its rows decoded, hashed
+and compressed on a few threads as they are written (:mod:`.shard_build`: a few rows in memory, never
+the shard), and hash its files; then the metadata files and the manifest (:mod:`.commit`),
 then publication (:mod:`stage2_data.publish`, or manifest-last on object storage).
 """
 
@@ -30,7 +31,7 @@ from .format import (
     StoreInputError,
 )
 from .plan import Row, ShardPlan, check_free_space_for_store, plan_shards
-from .shard_build import build_shard, load_shard, write_shard
+from .shard_build import build_shard, write_shard
 from .target import check_out_dir, check_remote_out, remove_stale_temp_dirs
 
 
@@ -203,30 +204,16 @@ class VinOfflineWriter:
     def _write_shards(
         self, staging: Path, shards: Sequence[ShardPlan], digests: dict[int, str], remote: bool
     ) -> list[dict[str, Any]]:
-        """Every shard written in this process, in order; their manifest entries."""
+        """Every shard written in this process, in order (each shard's rows decoded, hashed and
+        compressed on ``workers`` threads as they are written); their manifest entries."""
         entries: list[dict[str, Any]] = []
-        # Pipelined: while shard k is compressed and written, shard k+1 is decoded in the
-        # background (its rows in parallel). At most two shards are in memory at once.
-        with (
-            ThreadPoolExecutor(max_workers=self.workers) as pool,
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-prefetch") as prefetch,
-        ):
-            nxt = prefetch.submit(load_shard, shards[0], pool) if shards else None
-            for k, plan in enumerate(shards):
-                assert nxt is not None
-                loaded = nxt.result()
-                nxt = prefetch.submit(load_shard, shards[k + 1], pool) if k + 1 < len(shards) else None
-                try:
-                    # inner chunks are compressed in parallel on the same threads
-                    entries.append(write_shard(staging, plan, loaded, pool, self.workers))
-                    if remote:
-                        self._upload_shard(staging, entries[-1])
-                except BaseException:
-                    if nxt is not None:
-                        nxt.cancel()
-                    raise
-                self._shard_done(plan, loaded.digests, digests)
-                del loaded
+        with ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="store-rows") as pool:
+            for plan in shards:
+                entry, shard_digests = write_shard(staging, plan, pool, self.workers)
+                entries.append(entry)
+                if remote:
+                    self._upload_shard(staging, entry)
+                self._shard_done(plan, shard_digests, digests)
         return entries
 
     def _write_shards_in_processes(
