@@ -10,17 +10,16 @@ everything else out of memory; where ``O_DIRECT`` is refused, writeback is start
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import hashlib
 import logging
 import mmap
 import os
 import queue
-import sys
 import threading
-from collections.abc import Callable
 from typing import Any
+
+from ..fsutil import WRITEBACK_EVERY, start_writeback
 
 log = logging.getLogger(__name__)
 
@@ -28,28 +27,9 @@ BLOCK_SIZE = 1024 * 1024
 """Bytes per receive buffer: one socket read loop, one file write and one hash update each."""
 DEPTH = 6
 """Receive buffers per download (in flight between receiving, writing and hashing)."""
-WRITEBACK_EVERY = 8 * 1024 * 1024
-"""Bytes written between two ``sync_file_range(SYNC_FILE_RANGE_WRITE)`` calls (Linux): disk writeback
-starts while the download goes on, so the fsync before publication waits for little."""
 ALIGN = 4096
 """File offset, length and address alignment of an ``O_DIRECT`` write (the largest logical block
 size in common use; receive buffers are page-aligned ``mmap`` allocations)."""
-
-
-def _load_sync_file_range() -> Callable[[int, int, int, int], int] | None:
-    """libc's ``sync_file_range`` (Linux), or None."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    fn.restype = ctypes.c_int
-    return fn  # type: ignore[no-any-return]
-
-
-_sync_file_range = _load_sync_file_range()
 
 
 class _BlockSink:
@@ -149,14 +129,9 @@ class _BlockSink:
             self._written += k
             if fd != self._fd:
                 self.direct_bytes += k
-        if (
-            self._dfd is None
-            and _sync_file_range is not None
-            and self._written - self._flushed >= WRITEBACK_EVERY
-        ):
-            # Start writing these pages to disk now, without waiting (the final fsync then has
-            # little left to do): the disk works while the download goes on.
-            _sync_file_range(self._fd, self._flushed, self._written - self._flushed, 2)
+        if self._dfd is None and self._written - self._flushed >= WRITEBACK_EVERY:
+            # the disk works while the download goes on: the final fsync has little left to do
+            start_writeback(self._fd, self._flushed, self._written - self._flushed)
             self._flushed = self._written
 
     def _write_loop(self) -> None:
