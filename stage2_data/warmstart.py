@@ -9,8 +9,8 @@ warm, depending on how busy the disk was. Handing the kernel all of those files 
 ``posix_fadvise(WILLNEED)`` on 16 threads, ~0.45 s for the whole list) lets the disk serve them in
 parallel, and the imports then find most of them cached (1.9-2.15 s cold in the same measurement).
 
-The list is the command's own from its previous run (:func:`record`: every imported module's
-file, cached bytecode preferred, and every mapped shared library), kept per command and per Python
+The list is the command's own, from its previous runs (:func:`record`: every imported module's
+file, cached bytecode preferred, and every mapped shared library, in import order), kept per command and per Python
 environment in the user's cache folder (``$XDG_CACHE_HOME/stage2-data/warmstart/``), never in a data
 root. No list yet (a first run), a stale entry, an unreadable file: nothing happens, or less is read
 ahead; nothing waits for the reads, and nothing is ever read that the command could not read itself.
@@ -77,10 +77,11 @@ def prefetch(command: str) -> threading.Thread | None:
 
 
 def loaded_files() -> list[str]:
-    """The files this process has imported: each module's (its cached bytecode when there is one,
-    as the import read that) and each shared library mapped (extension modules and what they link)."""
-    files: set[str] = set()
-    for mod in list(sys.modules.values()):
+    """The files this process has imported, in the order it imported them: each module's (its cached
+    bytecode when there is one, as the import read that), then each shared library mapped (extension
+    modules and what they link)."""
+    files: dict[str, None] = {}  # (ordered, no repeats)
+    for mod in list(sys.modules.values()):  # in import order
         f = getattr(mod, "__file__", None)
         if not isinstance(f, str) or not os.path.isabs(f):
             continue
@@ -90,27 +91,37 @@ def loaded_files() -> list[str]:
             except (NotImplementedError, ValueError):
                 cached = None
             f = cached if cached and os.path.exists(cached) else f
-        files.add(f)
+        files[f] = None
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
             for line in maps:
                 parts = line.split(None, 5)
                 if len(parts) == 6 and parts[5].startswith("/") and ".so" in parts[5]:
-                    files.add(parts[5].rstrip("\n"))
+                    files[parts[5].rstrip("\n")] = None
     except OSError:  # not Linux: the modules' files only
         pass
-    return sorted(p for p in files if os.path.isfile(p))
+    return [p for p in files if os.path.isfile(p)]
 
 
 def record(command: str) -> Path | None:
-    """Keep this process's :func:`loaded_files` as ``command``'s list (rewritten only when it
-    changed, atomically); its path, or None (off, or the cache folder is not writable)."""
+    """Add this process's :func:`loaded_files` to ``command``'s list, keeping its order (what earlier
+    runs imported first stays first) and dropping files that are gone; rewritten only when it
+    changed, atomically. A union, not the last run's list alone: a no-op build imports far less
+    than a build that runs its stages, and a week of no-op rebuilds must not leave the next real
+    one a short list (a no-op that exits early leaves the rest of its read-ahead to the kernel's
+    idle time). Its path, or None (off, or the cache folder is not writable)."""
     if not enabled():
         return None
     path = list_path(command)
-    text = "\n".join(loaded_files()) + "\n"
     try:
-        if path.is_file() and path.read_text(encoding="utf-8") == text:
+        old = path.read_text(encoding="utf-8") if path.is_file() else ""
+    except (OSError, UnicodeDecodeError):
+        old = ""
+    kept = dict.fromkeys(p for p in old.splitlines() if p and os.path.isfile(p))
+    kept.update(dict.fromkeys(loaded_files()))
+    text = "".join(f"{p}\n" for p in kept)
+    try:
+        if text == old:
             return path
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

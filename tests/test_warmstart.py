@@ -25,7 +25,7 @@ def test_record_lists_the_modules_and_libraries_this_process_loaded(cache: Path)
     path = warmstart.record("probe")
     assert path is not None and path.is_relative_to(cache / "stage2-data" / "warmstart")
     files = path.read_text().splitlines()
-    assert files == sorted(set(files)) and all(os.path.isabs(f) and os.path.isfile(f) for f in files)
+    assert len(files) == len(set(files)) and all(os.path.isabs(f) and os.path.isfile(f) for f in files)
     assert warmstart.__file__.replace(".py", "") in "".join(files)  # this module (its bytecode)
     assert any(f.startswith(os.path.dirname(numpy.__file__)) and ".so" in f for f in files)
     before = path.stat().st_mtime_ns
@@ -62,3 +62,16 @@ def test_the_cli_keeps_each_commands_list_for_its_next_start(tmp_path: Path) -> 
     assert any("stage2_data" in f and "store" in f for f in files)  # validate's own imports
     again = stage2("validate", str(tmp_path / "no-store"), env=env)  # the list read ahead: same answer
     assert (again.returncode, again.stderr) == (ran.returncode, ran.stderr)
+
+
+def test_a_shorter_run_adds_to_the_list_and_gone_files_drop_out(cache: Path, tmp_path: Path) -> None:
+    """A no-op build imports less than a build that runs: the list keeps what the longer run
+    imported (first, in its order) instead of shrinking to the last run's; deleted files drop out."""
+    gone, kept = tmp_path / "gone.pyc", tmp_path / "kept.pyc"
+    kept.write_bytes(b"x")
+    listed = warmstart.list_path("probe")
+    listed.parent.mkdir(parents=True)
+    listed.write_text(f"{kept}\n{gone}\n")
+    files = warmstart.record("probe").read_text().splitlines()  # type: ignore[union-attr]
+    assert files[0] == str(kept) and str(gone) not in files
+    assert set(warmstart.loaded_files()) <= set(files)
