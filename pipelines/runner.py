@@ -298,9 +298,10 @@ def _build_all(
 
         return call
 
-    warming: list[threading.Thread | None] = []  # warm_pandas, started once
+    warming = False  # warm_pandas started (once)
 
     def run_one(stage: Stage) -> None:
+        nonlocal warming
         child = children.pop(stage.name, None)
         with lock:
             partitions = stage_partitions(stage, profile, failed)
@@ -314,7 +315,8 @@ def _build_all(
                 record(up_to_date_summary(stage))
             return
         if stage in (ACQUIRE, EXTRACT) and not warming:  # runs that wait on the network and disk
-            warming.append(warm_pandas())
+            warm_pandas()
+            warming = True
         if child is not None:
             run = child.run(cfg, stage_workers(stage, concurrency))
             locked(record)(run)

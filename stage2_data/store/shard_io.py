@@ -272,16 +272,17 @@ def _write_array(
     shape = tuple(int(x) for x in data.shape)
     doc, kind = array_zarr_json(shape, inner, data.dtype, fill)
     tmpl = shard_layout(kind)
-    ours = tmpl is not None and inner[1:] == shape[1:] and not shape[0] % inner[0]
-    if isinstance(data, Rows):
-        if tmpl is None or not ours or inner[0] != 1:
-            raise ValueError(f"{name}: an array given row by row must have one row per inner chunk")
-        chunk: Callable[[int], np.ndarray[Any, Any] | None] = data.row
-    elif tmpl is None or not ours:
+    if tmpl is None or inner[1:] != shape[1:] or shape[0] % inner[0]:  # not our layout
+        if isinstance(data, Rows):
+            raise ValueError(f"{name}: an array given row by row must be in our layout")
         single_threaded_blosc()
         arr = create_layout_array(LocalStore(shard_dir), shape, inner, data.dtype, fill, name=name)
         arr[...] = data  # the whole shard in one call (zarr's own, slower, path)
         return
+    if isinstance(data, Rows):
+        if inner[0] != 1:
+            raise ValueError(f"{name}: an array given row by row must have one row per inner chunk")
+        chunk: Callable[[int], np.ndarray[Any, Any] | None] = data.row
     else:
         whole, step = data, inner[0]
 
