@@ -32,6 +32,7 @@ from typing import Any
 
 import dagster as dg
 
+from stage2_data import collector
 from stage2_data.profile import load_profile
 from stage2_data.publish import data_root_lock, sweep_data_root
 from stage2_data.stages import (
@@ -194,7 +195,8 @@ def warm_pandas() -> threading.Thread | None:
         return None
 
     def run() -> None:
-        with contextlib.suppress(Exception):  # then the join imports it, as it would have
+        # then the join imports it, as it would have; the collector paused meanwhile (collector.py)
+        with contextlib.suppress(Exception), collector.paused():
             importlib.import_module("pandas")
 
     t = threading.Thread(target=run, name="stage2-warm-pandas", daemon=True)
@@ -255,7 +257,8 @@ def _build_all(
     profile = load_profile(config.profile_path, kit_root=config.kit_root)
     data_root = Path(config.data_root).resolve()
     data_root.mkdir(parents=True, exist_ok=True)
-    home, instance = open_instance(data_root)
+    with collector.paused():  # the instance's storage imports SQLAlchemy and alembic (collector.py)
+        home, instance = open_instance(data_root)
     cfg = config.to_dict()
     cfg["data_root"] = str(data_root)
     runs: list[dict[str, Any]] = []

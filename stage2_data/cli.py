@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 from typing import Any, NoReturn
 
-from . import warmstart
+from . import collector, warmstart
 from .commands import COMMAND_MODULES
 from .commands.common import EXIT_ERROR, eprint, exit_process
 from .errors import Stage2Error
@@ -90,8 +90,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = _command_name(argv)
     if command is not None:  # its last run's imports read ahead while this one imports (warmstart)
         warmstart.prefetch(command)
-    parser = make_parser()
-    args, extra = parser.parse_known_args(argv)
+    with collector.paused():  # the plugins' and commands' imports (collector.py)
+        parser = make_parser()
+        args, extra = parser.parse_known_args(argv)
     if extra and not getattr(args, "any_arguments", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     func: Callable[[argparse.Namespace], int] = args.func
@@ -129,7 +130,9 @@ def _run_command(func: Callable[[argparse.Namespace], int], args: argparse.Names
 
 def run(argv: Sequence[str] | None = None) -> NoReturn:
     """The ``stage2`` executable: :func:`main`, then :func:`~.commands.common.exit_process` (no
-    interpreter teardown after a build: ~1 s here)."""
+    interpreter teardown after a build: ~1 s here). Its garbage collector policy is
+    :mod:`~stage2_data.collector`'s."""
+    collector.own()
     try:
         code = main(argv)
     except SystemExit as e:  # argparse's --help and usage errors; as Python exits on one
