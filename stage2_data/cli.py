@@ -24,7 +24,7 @@ from importlib.metadata import entry_points
 from typing import Any, NoReturn
 
 from . import collector, warmstart
-from .commands import COMMAND_MODULES
+from .commands import command_modules
 from .commands.common import EXIT_ERROR, eprint, exit_process
 from .errors import Stage2Error
 from .oserrors import fs_error
@@ -74,7 +74,7 @@ def make_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for register in [*plugin_commands(), *(m.register for m in COMMAND_MODULES)]:
+    for register in [*plugin_commands(), *(m.register for m in command_modules())]:
         register(sub)
     return parser
 

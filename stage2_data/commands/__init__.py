@@ -8,6 +8,13 @@ CLI (``stage2_data/cli.py``) loads them, or says what to install when their extr
 
 from __future__ import annotations
 
-from . import acquire, hub, kit, preview, store
+from types import ModuleType
 
-COMMAND_MODULES = [hub, store, preview, kit, acquire]
+
+def command_modules() -> list[ModuleType]:
+    """The core's command modules, in the order they are listed. Imported when the parser is built,
+    not with this package: ``cli`` imports ``commands.common`` at its start, before the read-ahead of
+    its imports (``warmstart``) begins and with the collector not yet paused (``collector``)."""
+    from . import acquire, hub, kit, preview, store
+
+    return [hub, store, preview, kit, acquire]
