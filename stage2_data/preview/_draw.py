@@ -4,7 +4,7 @@ and deterministic PNG bytes (no timestamp, no text chunk: the same pixels give t
 from __future__ import annotations
 
 import io
-from functools import lru_cache
+import threading
 from typing import Any
 
 import numpy as np
@@ -28,14 +28,20 @@ QUALITY_COLOURS = {
 Font = Any  # ImageFont.FreeTypeFont, or the bitmap font where Pillow has no FreeType
 
 
-@lru_cache(maxsize=8)
+_fonts = threading.local()  # per thread: a FreeType face must not be used by two threads at once
+
+
 def font(size: int) -> Font:
     """Pillow's own embedded font at ``size`` px (no font file on the system is used, so every
-    machine draws the same glyphs); the bitmap default where Pillow was built without FreeType."""
-    try:
-        return ImageFont.load_default(size=size)
-    except (TypeError, ValueError, OSError, ImportError):  # pragma: no cover - Pillow without FreeType
-        return ImageFont.load_default()
+    machine draws the same glyphs); the bitmap default where Pillow was built without FreeType.
+    Loaded once per thread and size (the UI's sheets are drawn on a few threads)."""
+    loaded: dict[int, Font] = _fonts.__dict__.setdefault("by_size", {})
+    if size not in loaded:
+        try:
+            loaded[size] = ImageFont.load_default(size=size)
+        except (TypeError, ValueError, OSError, ImportError):  # pragma: no cover - Pillow without FreeType
+            loaded[size] = ImageFont.load_default()
+    return loaded[size]
 
 
 def text_width(draw: ImageDraw.ImageDraw, text: str, f: Font) -> int:
