@@ -315,6 +315,22 @@ def test_preview_metadata_images_and_the_open_snippet_runs(store: dict[str, Any]
         assert r.stdout.split()[-1] == reader.fingerprint
 
 
+def test_preview_metadata_is_the_same_drawn_on_one_thread_or_several(
+    store: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sheets are drawn on a few threads and taken in source order: byte for byte what one thread
+    draws, within the budget and past it."""
+    import stage2_data.preview.report as report
+
+    got = []
+    for threads in (1, 4):
+        monkeypatch.setattr(report, "PREVIEW_THREADS", threads)
+        with VinOfflineStoreReader(store["current"]) as reader:
+            got.append((preview_metadata(reader), preview_metadata(reader, max_chars=30_000)))
+    assert got[0] == got[1]
+    assert got[0][0] != got[0][1]  # the budget cut the second one
+
+
 def test_asset_metadata_is_tables_and_sizes_not_json(store: dict[str, Any]) -> None:
     import dagster as dg
 
