@@ -20,7 +20,7 @@ DEMO_STAMP := $(VENV)/.installed-pipeline
 DEV_STAMP := $(VENV)/.installed-dev
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: install install-demo demo test test-fast lint ui bench clean system-deps
+.PHONY: install install-demo demo test test-fast lint ui bench clean system-deps bytecode
 
 # A current pip: the one venv bundles has no install progress bar.
 $(PIP_STAMP):
@@ -40,11 +40,19 @@ $(DEV_STAMP): pyproject.toml | $(PIP_STAMP)
 	$(call pip_install,-e ".[dev]")
 	@touch $@ $(DEMO_STAMP)
 
+# The project's own modules as bytecode, as a wheel's install leaves them: an editable install does
+# not compile them, and where PYTHONDONTWRITEBYTECODE is set (CI images, some containers) every
+# process would compile them again at every start (~0.9 s for all 145 here; a `stage2 build` and each
+# of its helper processes import most of them). Only what changed is compiled again (~0.2 s).
+PACKAGES := stage2_data pipelines assets resources
+bytecode: $(DEMO_STAMP)
+	@$(BIN)/python -m compileall -q -j 0 $(PACKAGES)
+
 install-demo: $(DEMO_STAMP)
 
 install: $(DEV_STAMP)
 
-demo: $(DEMO_STAMP)
+demo: $(DEMO_STAMP) bytecode
 	@mkdir -p $(DAGSTER_HOME)
 	$(BIN)/stage2 demo --out "$${STAGE2_DEMO_ROOT:-.demo}"
 
@@ -57,17 +65,17 @@ system-deps:
 	@bash scripts/system-deps.sh
 
 # The whole suite (what CI runs): lint, then every tier.
-test: lint system-deps
+test: lint system-deps bytecode
 	$(BIN)/python -m pytest -q
 
 # The fast tier (tests/_tiers.py): no browser, database, cluster, S3 server or whole build; about 2½ minutes.
-test-fast: $(DEV_STAMP)
+test-fast: $(DEV_STAMP) bytecode
 	$(BIN)/python -m pytest -q -m "not slow and not system"
 
-ui: $(DEMO_STAMP)
+ui: $(DEMO_STAMP) bytecode
 	$(BIN)/python -m stage2_pipelines.ui
 
-bench: $(DEV_STAMP)
+bench: $(DEV_STAMP) bytecode
 	$(BIN)/python -m bench.run
 	$(BIN)/python -m bench.readme
 
