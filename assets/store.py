@@ -25,22 +25,32 @@ def published_path(prof: Any, root: Path, store_url: str | None) -> str:
     return str(layout.current_store_path(root, prof.name))
 
 
+PREVIEW_KEYS = ("length_histogram", "contact_sheets", "preview")
+
+
+def preview_of(store: str, storage_options: dict[str, Any] | None) -> dict[str, Any]:
+    """The length histogram and a contact sheet per source of the store at ``store``
+    (``stage2_data.preview``: a few trajectories decoded, never the whole store); a preview that
+    cannot be drawn is said in one line and fails nothing."""
+    try:
+        with VinOfflineStoreReader(store, storage_options) as reader:
+            return preview.preview_metadata(reader)
+    except (Stage2Error, OSError, ValueError) as err:
+        return {"preview": f"not drawn: {err}"}
+
+
 def with_preview(
     res: steps.StepResult, published: str, storage_options: dict[str, Any] | None
 ) -> steps.StepResult:
     """The store step's result with what people read on the materialization: where the store is
-    published and the three lines that open it (``open``), the length histogram and a contact sheet
-    per source (``stage2_data.preview``: a few trajectories decoded, never the whole store). Only for
-    a published store; a preview that cannot be drawn is said in one line and fails nothing."""
+    published and the three lines that open it (``open``), then its preview (:func:`preview_of`;
+    drawn by the step while it validated a new store, else here). Only for a published store."""
     if not res.ok or not res.metadata.get("store"):
         return res
     store = str(res.metadata["store"])
+    drawn = {k: res.metadata.pop(k) for k in PREVIEW_KEYS if k in res.metadata}
     res.metadata["open"] = {"__markdown__": preview.open_markdown(published, store, bool(storage_options))}
-    try:
-        with VinOfflineStoreReader(store, storage_options) as reader:
-            res.metadata.update(preview.preview_metadata(reader))
-    except (Stage2Error, OSError, ValueError) as err:
-        res.metadata["preview"] = f"not drawn: {err}"
+    res.metadata.update(drawn or preview_of(store, storage_options))
     return res
 
 
@@ -67,6 +77,8 @@ def build_store_assets(trajectory_join: Any, subset_checksums: Any) -> list[Any]
                     data_root.root(),
                     store_url=store_target.url,
                     storage_options=store_target.storage_options,
+                    # drawn while the new store is validated (the step keeps it if it publishes)
+                    alongside=lambda url: preview_of(url, store_target.storage_options),
                 ),
                 published_path(prof, data_root.root(), store_target.url),
                 store_target.storage_options,

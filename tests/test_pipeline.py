@@ -327,7 +327,15 @@ def test_a_store_that_does_not_decode_is_never_published(
         return row
 
     monkeypatch.setattr(store.writer, "_index_row", wrong_digest)
-    res = steps.step_store(prof, root, rows_per_shard=5)  # other settings: a new store is written
+    drawn: list[str] = []  # what the step drew alongside the validation (the UI's preview, in the asset)
+
+    def alongside(url: str) -> dict:
+        drawn.append(url)
+        assert (Path(url) / "manifest.json").is_file()  # the new store, complete, while it is validated
+        return {"drawn_from": url}
+
+    res = steps.step_store(prof, root, rows_per_shard=5, alongside=alongside)  # other settings: a new store
+    assert len(drawn) == 1 and "drawn_from" not in res.metadata  # not published: thrown away
     failed = {c.name: c.description for c in res.checks if not c.passed}
     assert set(failed) == {C.STORE_VALIDATES}, failed
     assert "frames_sha256" in failed[C.STORE_VALIDATES] and victim[0] in failed[C.STORE_VALIDATES]
@@ -339,9 +347,12 @@ def test_a_store_that_does_not_decode_is_never_published(
     assert stores == sorted(["current", before.name])
 
     monkeypatch.setattr(store.writer, "_index_row", index_row)  # the writer fixed: the rerun writes it anew
-    res = steps.step_store(prof, root, rows_per_shard=5)
+    res = steps.step_store(prof, root, rows_per_shard=5, alongside=alongside)
     assert all(c.passed for c in res.checks), [c.description for c in res.checks if not c.passed]
     assert res.metadata["rebuilt"] and res.metadata["decoded"] and current.resolve() != before
+    assert res.metadata["drawn_from"] == drawn[-1] == str(current.resolve())  # published: kept
+    res = steps.step_store(prof, root, rows_per_shard=5, alongside=alongside)  # reused: nothing to draw
+    assert not res.metadata["rebuilt"] and len(drawn) == 2 and "drawn_from" not in res.metadata
 
 
 def test_nightly_verify_rechecks_the_published_store(
