@@ -133,6 +133,10 @@ def run(argv: Sequence[str] | None = None) -> NoReturn:
     interpreter teardown after a build: ~1 s here). Its garbage collector policy is
     :mod:`~stage2_data.collector`'s."""
     collector.own()
+    # No stage2 command does linear algebra, and OpenBLAS starts a thread per core at numpy's import
+    # that spins for a while (~0.08 s of CPU a process here: the build, its beside process, its
+    # workers, which inherit this); a user's own setting wins.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     try:
         code = main(argv)
     except SystemExit as e:  # argparse's --help and usage errors; as Python exits on one

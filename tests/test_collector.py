@@ -1,6 +1,6 @@
 """The garbage collector's policy of a ``stage2`` process (stage2_data/collector.py): paused while it
 imports, what the imports built frozen, back on after; a process that is not the executable is left
-alone. Each case runs in a fresh interpreter: the policy is process-wide."""
+alone; and OpenBLAS kept to one thread. Each case runs in a fresh interpreter: both are process-wide."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 from helpers.cli import subprocess_env
 
 
@@ -92,3 +93,26 @@ def test_the_stage2_executable_owns_it_and_turns_it_back_on() -> None:
     )
     assert got["on"] is True
     assert isinstance(got["frozen"], int) and got["frozen"] > 10_000
+
+
+@pytest.mark.parametrize(("given", "want"), [(None, "1"), ("4", "4")])
+def test_the_stage2_executable_keeps_openblas_to_one_thread_unless_told(given: str | None, want: str) -> None:
+    """No command does linear algebra: OpenBLAS's spinning thread per core is not started (the
+    build's helper processes inherit it); a user's own OPENBLAS_NUM_THREADS wins."""
+    env = subprocess_env(drop=["OPENBLAS_NUM_THREADS"], **({"OPENBLAS_NUM_THREADS": given} if given else {}))
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import atexit, json, os\n"
+            "from stage2_data import cli\n"
+            "atexit.register(lambda: print(json.dumps(os.environ.get('OPENBLAS_NUM_THREADS'))))\n"
+            "cli.run(['validate', '--help'])",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+        timeout=120,
+    ).stdout
+    assert json.loads(out.strip().splitlines()[-1]) == want
