@@ -38,7 +38,7 @@ from rich.table import Column
 from rich.text import Text
 
 from stage2_data import layout
-from stage2_data.acquire import archive_state, remaining_download_bytes
+from stage2_data.acquire import archive_state, remaining_download_bytes, verified_sha256s
 from stage2_data.extract import check_extraction
 from stage2_data.fsutil import human_bytes
 from stage2_data.kit.sidecar_facts import SIDECAR_MARKER
@@ -58,7 +58,6 @@ from stage2_data.stages import (
     ready_stages,
     stage_of,
 )
-from stage2_data.steps.acquire import verified_sha256s
 
 # Width of the live lines when they go to something that is not a terminal (live=True on a
 # StringIO): wide enough that no line is cut. On a terminal rich uses the terminal's width.

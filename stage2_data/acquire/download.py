@@ -20,7 +20,8 @@ from ..errors import ChecksumMismatchError, HubError, ProblemsError, ProfileErro
 from ..fsutil import require_free_space
 from ..profile import ArchiveSpec, Profile
 from ..publish import fsync_dir
-from .hub import HubOfflineError, HubSource, hub_offline
+from .endpoint import hub_offline
+from .hub import HubOfflineError, HubSource
 from .retry import DEFAULT_ATTEMPTS, default_backoff
 from .state import (
     _verify_existing,

@@ -15,11 +15,9 @@ and request nothing (:func:`hub_offline`, :class:`HubOfflineError`).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 from huggingface_hub import HfApi, hf_hub_url
-from huggingface_hub import constants as hf_constants
 from huggingface_hub.errors import (
     GatedRepoError,
     HfHubHTTPError,
@@ -31,29 +29,14 @@ from huggingface_hub.errors import (
 
 from ..errors import HubError, ProfileError
 from ..profile import Profile
+from .endpoint import hub_offline, resolve_endpoint
 
 try:  # huggingface_hub >= 2 uses httpx2; 1.x uses httpx
     import httpx2 as _httpx
 except ImportError:  # pragma: no cover - depends on the installed client
     import httpx as _httpx  # type: ignore[no-redef]
 
-DEFAULT_ENDPOINT = "https://huggingface.co"
 TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
-_TRUE = {"1", "on", "yes", "true"}
-
-
-# ----- the environment ----------------------------------------------------------------------------
-def resolve_endpoint(explicit: str | None = None) -> str:
-    """The endpoint to use: ``explicit`` (``--endpoint``), else ``HF_ENDPOINT`` (read now), else the
-    real hub."""
-    return (explicit or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
-
-
-def hub_offline() -> bool:
-    """``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) is set to a true value, now or when the client
-    was imported: use what is on disk, request nothing."""
-    raw = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
-    return raw.strip().lower() in _TRUE or bool(hf_constants.HF_HUB_OFFLINE)
 
 
 class HubOfflineError(HubError):

@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from email.utils import parsedate_to_datetime
 from typing import TypeVar
 
 from ..errors import HubError, Stage2Error
+from .cancel import PROCESS_CANCEL  # the process is stopping: no retry waits any longer
 from .hub import HubSource, _first_line, _hub_error, _is_client_error, _is_transient
 
 log = logging.getLogger(__name__)
@@ -40,9 +40,6 @@ MAX_RETRY_AFTER = 300.0
 """The longest ``Retry-After`` waited for, in seconds (the hub's rate-limit window is 5 minutes);
 ``STAGE2_MAX_RETRY_AFTER`` overrides it."""
 RETRY_AFTER_STATUS = frozenset({429, 503})
-
-PROCESS_CANCEL = threading.Event()
-"""Set when the whole process is stopping (``acquire.cancel_downloads``): no retry waits any longer."""
 
 
 class RetryAfterTooLongError(HubError):

@@ -167,3 +167,12 @@ def _verify_existing(
     record.unlink(missing_ok=True)
     final.unlink(missing_ok=True)
     return None
+
+
+def verified_sha256s(profile: Profile, data_root: Path, cache_key: str) -> dict[str, str | None]:
+    """archive path -> its pinned sha256 when its ``.verified.json`` record matches the file (a stat
+    and a small read; nothing hashed), else None; for the archives of ``cache_key``."""
+    return {
+        a.path: (a.sha256 if archive_state(data_root, a).state == "verified" else None)
+        for a in profile.archives_by_cache_key()[cache_key]
+    }

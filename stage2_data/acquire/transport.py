@@ -39,8 +39,10 @@ from ..errors import HubError
 from ..fsutil import disk_full_as, human_bytes
 from ..hashing import SHA256_RE, hasher_of_prefix
 from ..profile import ArchiveSpec
+from .cancel import cancelled as _cancelled
+from .cancel import live_socket as _live_socket
 from .hub import HubSource, _first_line, _httpx
-from .retry import PROCESS_CANCEL, RetryPolicy, with_retries
+from .retry import RetryPolicy, with_retries
 from .sink import ALIGN, _BlockSink
 
 log = logging.getLogger(__name__)
@@ -66,47 +68,6 @@ class DownloadCancelled(HubError):
 
 class _Cancelled(Exception):
     """Raised from inside the writer when a batch is being interrupted."""
-
-
-# Every download of this process stops when this is set (cancel_downloads: the whole process is
-# stopping, e.g. `stage2 build` on SIGTERM); a call's own ``cancel`` event stops that call only.
-_PROCESS_CANCEL = PROCESS_CANCEL  # retry.py's: its waits end too
-_LIVE_SOCKETS: set[socket.socket] = set()  # sockets a body is being read from (woken on cancel)
-_LIVE_LOCK = threading.Lock()
-
-
-def cancel_downloads(cancel: bool = True) -> None:
-    """Stop every download of this process now (``cancel=False``: allow downloads again). A read
-    blocked on the network is woken by shutting its socket down; each download ends with
-    DownloadCancelled and keeps its partial file (the next download resumes it)."""
-    if not cancel:
-        _PROCESS_CANCEL.clear()
-        return
-    _PROCESS_CANCEL.set()
-    with _LIVE_LOCK:
-        live = list(_LIVE_SOCKETS)
-    for sock in live:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
-
-
-def _cancelled(cancel: threading.Event | None) -> bool:
-    return _PROCESS_CANCEL.is_set() or (cancel is not None and cancel.is_set())
-
-
-@contextlib.contextmanager
-def _live_socket(sock: socket.socket) -> Iterator[None]:
-    """Register ``sock`` for :func:`cancel_downloads` while a body is read from it."""
-    with _LIVE_LOCK:
-        _LIVE_SOCKETS.add(sock)
-    try:
-        if _PROCESS_CANCEL.is_set():  # cancelled before it was registered
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-        yield
-    finally:
-        with _LIVE_LOCK:
-            _LIVE_SOCKETS.discard(sock)
 
 
 def _cancelled_error(spec: ArchiveSpec) -> DownloadCancelled:

@@ -8,27 +8,20 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..acquire import (
-    DEFAULT_ENDPOINT,
-    HubSource,
-    PinError,
-    RemoteFile,
-    archive_state,
-    check_revision,
-    list_remote_files,
-    pin_profile,
-    required_free_parts,
-    resolve_endpoint,
-)
-from ..acquire.pin import UnknownEntry
+# The hub client (huggingface_hub and its HTTP stack, ~0.2 s) is imported by the commands that talk to
+# the hub, not when the CLI builds its parser.
+from ..acquire import DEFAULT_ENDPOINT, archive_state, required_free_parts, resolve_endpoint
 from ..errors import HubError, ProfileError
 from ..fsutil import free_bytes, human_bytes
 from ..layout import HEX40_RE
 from ..profile import Profile, load_profile, parse_profile
 from ..publish import atomic_write_text
 from .common import EXIT_ERROR, EXIT_FAILED, eprint, finish_command, print_json
+
+if TYPE_CHECKING:
+    from ..acquire import RemoteFile
 
 
 def _token(env: str | None) -> str | None:
@@ -48,6 +41,8 @@ def _refuse_floating_revision(path: Path, endpoint: str, token: str | None) -> N
     rev, repo_id, repo_type = src.get("revision"), src.get("repo_id"), src.get("repo_type", "dataset")
     if not isinstance(rev, str) or HEX40_RE.match(rev) or not isinstance(repo_id, str):
         return
+    from ..acquire import HubSource, check_revision
+
     commit = None
     try:
         check_revision(HubSource(repo_id, str(repo_type), rev, endpoint=endpoint, token=token))
@@ -129,6 +124,9 @@ def rewrite_pins(text: str, pinned: Profile) -> str:
 
 
 def cmd_pin(args: argparse.Namespace) -> int:
+    from ..acquire import HubSource, PinError, pin_profile
+    from ..acquire.pin import UnknownEntry
+
     path = Path(args.profile).resolve()
     token = _token(args.token_env)
     endpoint = resolve_endpoint(args.endpoint)
@@ -216,6 +214,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     data_root = Path(args.data_root).resolve()
     remote: dict[str, RemoteFile] | None = None
     if args.endpoint:
+        from ..acquire import HubSource, list_remote_files
+
         remote = list_remote_files(
             HubSource.from_profile(profile, endpoint=args.endpoint, token=_token(args.token_env))
         )

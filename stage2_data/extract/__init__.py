@@ -13,24 +13,31 @@ and inspection of an extracted cache directory.
 - :mod:`.inspect`: what an extracted cache directory holds (counts cross-checked, its rows).
 """
 
-from .extract import (
-    EXTRACTOR_VERSION,
-    ExtractionCancelled,
-    ExtractionRecord,
-    TreeStat,
-    cancel_extractions,
-    check_cancel,
-    check_extraction,
-    extract_cache_dir,
-    load_extraction_record,
-    scan_tree,
-    write_extraction_report,
-    write_json_if_changed,
-)
-from .inspect import CacheDirInfo, inspect_cache_dir, read_processed_rows, stray_entries
-from .multipart import MultiPartReader
-from .safety import REDOWNLOAD_FIX
-from .tar import open_archive_parts
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_package
+
+if TYPE_CHECKING:
+    from .extract import (
+        EXTRACTOR_VERSION,
+        ExtractionCancelled,
+        ExtractionRecord,
+        TreeStat,
+        cancel_extractions,
+        check_cancel,
+        check_extraction,
+        extract_cache_dir,
+        load_extraction_record,
+        scan_tree,
+        write_extraction_report,
+        write_json_if_changed,
+    )
+    from .inspect import CacheDirInfo, inspect_cache_dir, read_processed_rows, stray_entries
+    from .multipart import MultiPartReader
+    from .safety import REDOWNLOAD_FIX
+    from .tar import open_archive_parts
 
 __all__ = [
     "EXTRACTOR_VERSION",
@@ -53,3 +60,5 @@ __all__ = [
     "write_extraction_report",
     "write_json_if_changed",
 ]
+
+__getattr__, __dir__ = lazy_package(__name__, __file__)

@@ -37,7 +37,6 @@ from ..errors import ArchiveError, Stage2Error
 from ..fsutil import disk_full_as, require_free_space
 from ..oserrors import fs_guard
 from ..publish import atomic_write_bytes, atomic_write_json, current_umask, publish_dir, remove_stale, staging
-from .inspect import inspect_cache_dir
 from .safety import (
     REDOWNLOAD_FIX,
     _check_cache_key,
@@ -303,6 +302,10 @@ def _extract(
             record_path.unlink(missing_ok=True)  # a record only ever describes what is in place
             publish_dir(tmp, final)
         archives = [p.name for p in tar.archive_parts]
+    from .inspect import (
+        inspect_cache_dir,  # pyarrow: imported when an extraction ends, not by the stat checks
+    )
+
     info = inspect_cache_dir(final)
     tree = scan_tree(final)
     record = ExtractionRecord(

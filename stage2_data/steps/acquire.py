@@ -10,7 +10,7 @@ from typing import Any
 
 from .. import checks as C
 from .. import layout
-from ..acquire import archive_state, download_archive, require_build_space
+from ..acquire import archive_state, download_archive, require_build_space, verified_sha256s
 from ..acquire.transport import DIRECT_IO
 from ..checks import compare_totals, outcome
 from ..extract import (
@@ -80,15 +80,6 @@ def step_download(
         ],
         res,
     )
-
-
-def verified_sha256s(profile: Profile, data_root: Path, cache_key: str) -> dict[str, str | None]:
-    """archive path -> its pinned sha256 when its ``.verified.json`` record matches the file (a stat
-    and a small read; nothing hashed), else None; for the archives of ``cache_key``."""
-    return {
-        a.path: (a.sha256 if archive_state(data_root, a).state == "verified" else None)
-        for a in profile.archives_by_cache_key()[cache_key]
-    }
 
 
 def archives_to_extract(

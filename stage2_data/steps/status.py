@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__, layout
-from ..acquire import archive_state
+from ..acquire import archive_state, verified_sha256s
 from ..extract import EXTRACTOR_VERSION, check_extraction, load_extraction_record, write_json_if_changed
 from ..fsutil import canonical_json
 from ..kit.sidecar_facts import SIDECAR_MARKER
@@ -37,7 +37,6 @@ from ..kit.sidecars import sidecars_status
 from ..profile import Profile
 from ..stages import ACQUIRE, EXTRACT, KIT, PROFILE, STAGES, STORE
 from ..store import OFFLINE_DATASET_VERSION
-from .acquire import verified_sha256s
 
 STORE_STAGE_RECORD = "store_stage.json"
 

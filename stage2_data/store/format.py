@@ -9,15 +9,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from zarr.codecs import BloscCodec, Crc32cCodec
 
 from ..errors import ProblemsError, StoreError
 from ..hashing import sha256_bytes
 from ..layout import SPLIT_NAMES
 from ..profile import DEFAULT_MAX_FRAMES as PROFILE_DEFAULT_MAX_FRAMES
+
+if TYPE_CHECKING:  # zarr is imported when a codec is made: the names and versions here need none of it
+    from zarr.codecs import BloscCodec, Crc32cCodec
 
 OFFLINE_DATASET_VERSION: int = 2
 STORE_FORMAT = "stage2-vin-offline-store"
@@ -151,12 +153,16 @@ def compressor(dtype: np.dtype[Any]) -> BloscCodec:
     """LZ4 (decodes at ~2 GB/s a core). Bitshuffle was measured: on camera-like uint8 frames it saves
     ~10% of the bytes but encodes 4x and decodes 5x slower, so frames get no shuffle at all (byte
     shuffle is a no-op on 1-byte items); the numeric blocks get byte shuffle."""
+    from zarr.codecs import BloscCodec
+
     return BloscCodec(cname="lz4", clevel=5, shuffle="noshuffle" if dtype.itemsize == 1 else "shuffle")
 
 
 def compressors(dtype: np.dtype[Any]) -> tuple[BloscCodec, Crc32cCodec]:
     """The bytes-to-bytes codecs of every inner chunk: Blosc (:func:`compressor`), then crc32c of the
     compressed bytes, so a chunk is verified before it is decompressed (and without decompressing)."""
+    from zarr.codecs import Crc32cCodec
+
     return compressor(dtype), Crc32cCodec()
 
 
