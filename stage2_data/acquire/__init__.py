@@ -58,7 +58,6 @@ if TYPE_CHECKING:
     from .transport import DownloadCancelled
 
 __all__ = [
-    "verified_sha256s",
     "DEFAULT_ATTEMPTS",
     "DEFAULT_BACKOFF",
     "DEFAULT_ENDPOINT",
@@ -92,6 +91,7 @@ __all__ = [
     "require_build_space",
     "required_free_bytes",
     "required_free_parts",
+    "verified_sha256s",
 ]
 
 __getattr__, __dir__ = lazy_package(__name__, __file__)
