@@ -4,26 +4,15 @@ alone; and OpenBLAS kept to one thread. Each case runs in a fresh interpreter: b
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import textwrap
 
 import pytest
-from helpers.cli import subprocess_env
+from helpers.cli import python, subprocess_env
 
 
 def _python(code: str) -> dict[str, object]:
     """Run ``code`` in a fresh interpreter; what it printed last, as JSON."""
-    out = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env=subprocess_env(),
-        check=True,
-        timeout=120,
-    ).stdout
-    return dict(json.loads(out.strip().splitlines()[-1]))
+    return dict(python(textwrap.dedent(code), env=subprocess_env()).last_json())
 
 
 def test_a_process_that_does_not_own_the_collector_is_left_alone() -> None:
@@ -100,19 +89,10 @@ def test_the_stage2_executable_keeps_openblas_to_one_thread_unless_told(given: s
     """No command does linear algebra: OpenBLAS's spinning thread per core is not started (the
     build's helper processes inherit it); a user's own OPENBLAS_NUM_THREADS wins."""
     env = subprocess_env(drop=["OPENBLAS_NUM_THREADS"], **({"OPENBLAS_NUM_THREADS": given} if given else {}))
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import atexit, json, os\n"
-            "from stage2_data import cli\n"
-            "atexit.register(lambda: print(json.dumps(os.environ.get('OPENBLAS_NUM_THREADS'))))\n"
-            "cli.run(['validate', '--help'])",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=True,
-        timeout=120,
-    ).stdout
-    assert json.loads(out.strip().splitlines()[-1]) == want
+    code = (
+        "import atexit, json, os\n"
+        "from stage2_data import cli\n"
+        "atexit.register(lambda: print(json.dumps(os.environ.get('OPENBLAS_NUM_THREADS'))))\n"
+        "cli.run(['validate', '--help'])"
+    )
+    assert python(code, env=env).last_json() == want

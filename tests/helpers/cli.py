@@ -26,6 +26,12 @@ class Ran(subprocess.CompletedProcess[str]):
         """stdout parsed as JSON (what ``--json`` prints)."""
         return json.loads(self.stdout)
 
+    def last_json(self) -> Any:
+        """The last line of stdout parsed as JSON (what a snippet printed last); the process must
+        have succeeded."""
+        assert self.returncode == 0, self.tail()
+        return json.loads(self.stdout.strip().splitlines()[-1])
+
     def tail(self, chars: int = 3000) -> str:
         """The end of stdout and of stderr: enough to say why a run failed in an assertion."""
         return self.stdout[-chars:] + self.stderr[-chars:]
