@@ -332,6 +332,10 @@ def test_a_store_that_does_not_decode_is_never_published(
     def alongside(url: str) -> dict:
         drawn.append(url)
         assert (Path(url) / "manifest.json").is_file()  # the new store, complete, while it is validated
+        if (
+            len(drawn) == 1
+        ):  # the faulty writer's store: whatever drawing raises, the validation says what failed
+            raise RuntimeError("the preview failed too")
         return {"drawn_from": url}
 
     res = steps.step_store(prof, root, rows_per_shard=5, alongside=alongside)  # other settings: a new store
