@@ -117,8 +117,10 @@ def record(command: str) -> Path | None:
         old = path.read_text(encoding="utf-8") if path.is_file() else ""
     except (OSError, UnicodeDecodeError):
         old = ""
-    kept = dict.fromkeys(p for p in old.splitlines() if p and os.path.isfile(p))
-    kept.update(dict.fromkeys(loaded_files()))
+    loaded = loaded_files()  # (each already checked to be a file)
+    fresh = set(loaded)
+    kept = dict.fromkeys(p for p in old.splitlines() if p and (p in fresh or os.path.isfile(p)))
+    kept.update(dict.fromkeys(loaded))
     text = "".join(f"{p}\n" for p in kept)
     try:
         if text == old:
