@@ -5,12 +5,10 @@ an AttributeError, and importing the package alone imports none of its heavy dep
 from __future__ import annotations
 
 import importlib
-import json
-import subprocess
 import sys
 
 import pytest
-from helpers.cli import subprocess_env
+from helpers.cli import python, subprocess_env
 
 from stage2_data._lazy import exported_names
 
@@ -55,12 +53,4 @@ def test_importing_a_package_imports_what_is_used_only() -> None:
         "from stage2_data.store import VinOfflineDataset\n"
         "print(json.dumps([before, 'zarr' in sys.modules]))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env=subprocess_env(),
-        check=True,
-        timeout=120,
-    ).stdout
-    assert json.loads(out.strip().splitlines()[-1]) == [[], True]
+    assert python(code, env=subprocess_env()).last_json() == [[], True]
