@@ -80,7 +80,7 @@ def loaded_files() -> list[str]:
     """The files this process has imported, in the order it imported them: each module's (its cached
     bytecode when there is one, as the import read that), then each shared library mapped (extension
     modules and what they link)."""
-    files: dict[str, None] = {}  # (ordered, no repeats)
+    files: dict[str, bool] = {}  # (ordered, no repeats) path -> already known to be a file
     for mod in list(sys.modules.values()):  # in import order
         f = getattr(mod, "__file__", None)
         if not isinstance(f, str) or not os.path.isabs(f):
@@ -90,17 +90,19 @@ def loaded_files() -> list[str]:
                 cached = importlib.util.cache_from_source(f)
             except (NotImplementedError, ValueError):
                 cached = None
-            f = cached if cached and os.path.exists(cached) else f
-        files[f] = None
+            if cached and os.path.isfile(cached):
+                files.setdefault(cached, True)
+                continue
+        files.setdefault(f, False)
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
             for line in maps:
                 parts = line.split(None, 5)
                 if len(parts) == 6 and parts[5].startswith("/") and ".so" in parts[5]:
-                    files[parts[5].rstrip("\n")] = None
+                    files.setdefault(parts[5].rstrip("\n"), False)
     except OSError:  # not Linux: the modules' files only
         pass
-    return [p for p in files if os.path.isfile(p)]
+    return [p for p, known in files.items() if known or os.path.isfile(p)]
 
 
 def record(command: str) -> Path | None:
