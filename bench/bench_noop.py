@@ -43,7 +43,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bench.run import drop_caches, entry, wait_for_quiet_io
+from bench.run import caches_note, drop_caches, entry, wait_for_quiet_io
 
 REPO = Path(__file__).resolve().parents[1]
 ROUNDS = int(os.environ.get("STAGE2_BENCH_NOOP_ROUNDS", "2"))
@@ -179,9 +179,7 @@ def noop_full_cardinality_rebuild_vs_first_build(work: Path) -> dict[str, Any]:
         ours_all_s=[round(x, 2) for x in noops],
         up_to_date_lines=up_to_date,
         extracted_files=files,
-        caches="page cache dropped before each no-op"
-        if dropped
-        else "synced before each no-op (not root: not dropped)",
+        caches=caches_note(dropped, "no-op"),
     )
 
 
@@ -314,9 +312,7 @@ def _whole_build(
         ours_steps_s=steps,
         baseline_parts_s=shell_parts,
         waited_for_quiet_io_s=waited,
-        caches="page cache dropped before each run"
-        if dropped
-        else "synced before each run (not root: not dropped)",
+        caches=caches_note(dropped, "run"),
     )
 
 

@@ -101,6 +101,14 @@ def drop_caches(page_cache: bool = False) -> bool:
     return True
 
 
+def caches_note(dropped: bool, before: str) -> str:
+    """What a bench entry's ``caches`` says: whether :func:`drop_caches` dropped the page cache
+    before each ``before`` (e.g. "run") or could only sync (not root)."""
+    if dropped:
+        return f"page cache dropped before each {before}"
+    return f"synced before each {before} (not root: not dropped)"
+
+
 def wait_for_quiet_io(limit_pct: float = 2.0, timeout_s: float = 240.0) -> float:
     """Wait until the disk is quiet: the share of the last 10 s in which some task waited on I/O
     (``/proc/pressure/io``, "some avg10") is under ``limit_pct``; returns the seconds waited (0 where
