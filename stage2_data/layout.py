@@ -11,6 +11,8 @@
   reports/*.json                                 verification reports
   stores/<profile>/v<VERSION>-<inputkey16>/      immutable VIN stores, one per input set
   stores/<profile>/current -> v<VERSION>-...     the published store (symlink swapped atomically)
+  quarantine/<UTC time>/archives/<archive path>  a verified archive that disagreed with its pin, moved
+                                                 aside (never deleted; `stage2 gc --quarantine` removes)
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ VERIFIED_SUFFIX = ".verified.json"
 EXTRACTION_REPORT = "extraction_report.json"
 JOIN_TABLE = "trajectory_join.parquet"
 LOCK_FILE = ".stage2.lock"
+QUARANTINE_DIR = "quarantine"
 
 FRAMES_SUBDIR = "frames"
 # Every pattern is anchored with \A and \Z: "$" would also match before a trailing newline, so a
@@ -65,6 +68,12 @@ def partial_path(data_root: Path, path: str) -> Path:
 
 def verified_record_path(data_root: Path, path: str) -> Path:
     return data_root / ARCHIVES_DIR / (path + VERIFIED_SUFFIX)
+
+
+def quarantine_root(data_root: Path) -> Path:
+    """Where files set aside are moved: ``<data_root>/quarantine`` (one folder per move, named by
+    its UTC time, keeping the file's path under the data root)."""
+    return data_root / QUARANTINE_DIR
 
 
 def processed_root(data_root: Path) -> Path:

@@ -32,6 +32,7 @@ from stage2_data.acquire import (
     pin_profile,
     required_free_bytes,
 )
+from stage2_data.acquire.quarantine import quarantined_files
 from stage2_data.acquire.retry import BACKOFF_ENV
 from stage2_data.demo import DemoPaths
 from stage2_data.demo.hubserver import HubServer
@@ -173,6 +174,7 @@ def test_download_verifies_records_and_then_skips(
     st = final.stat()
     assert rec["path"] == path and rec["size"] == spec.size and rec["sha256"] == spec.sha256
     assert rec["mtime_ns"] == st.st_mtime_ns and rec["revision"] == REV and rec["verified_at"]
+    assert (rec["inode"], rec["ctime_ns"]) == (st.st_ino, st.st_ctime_ns)
     assert not layout.partial_path(tmp_path, path).exists()
     assert archive_state(tmp_path, spec).state == "verified"
     assert [m for m, _ in hub.file_requests(path)] == ["HEAD", "GET"]
@@ -394,18 +396,20 @@ def test_reverify_and_unrecorded_files(
     assert res.skipped and hub.log_snapshot() == []
     assert record.stat().st_ino != ino
 
-    # Damage the file in place, keeping its size and mtime: the record still matches...
+    # Damage the file in place, keeping its size and mtime: its ctime moved, so the record no longer
+    # matches: re-hashed, found wrong, moved to the quarantine folder (not deleted), downloaded again.
     st = final.stat()
     data = bytearray(final.read_bytes())
     data[1000] ^= 0x01
     final.write_bytes(bytes(data))
     os.utime(final, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert download_archive(source, spec, tmp_path, **FAST).skipped
-    assert hub.log_snapshot() == []
-    # ...and reverify catches it and downloads it again.
-    res = download_archive(source, spec, tmp_path, reverify=True, **FAST)
+    assert archive_state(tmp_path, spec).state == "unverified"
+    res = download_archive(source, spec, tmp_path, **FAST)
     assert not res.skipped and res.bytes_downloaded == spec.size
     assert final.read_bytes() == upstream.files[path]
+    assert res.moved_aside is not None and res.moved_aside.read_bytes() == bytes(data)
+    assert res.moved_aside.is_relative_to(layout.quarantine_root(tmp_path))
+    assert [q.original for q in quarantined_files(tmp_path)] == [f"archives/{path}"]
 
     # A final file without a record is re-hashed, not downloaded again.
     record.unlink()
@@ -413,11 +417,13 @@ def test_reverify_and_unrecorded_files(
     hub.clear_log()
     res = download_archive(source, spec, tmp_path, **FAST)
     assert res.skipped and hub.log_snapshot() == [] and record.exists()
-    # A wrong final file without a record is downloaded again.
+    # A wrong final file without a record is moved aside, then downloaded again.
     record.unlink()
     final.write_bytes(b"x" * spec.size)  # type: ignore[operator]
     res = download_archive(source, spec, tmp_path, **FAST)
     assert not res.skipped and final.read_bytes() == upstream.files[path]
+    assert res.moved_aside is not None and res.moved_aside.read_bytes() == b"x" * spec.size  # type: ignore[operator]
+    assert len(quarantined_files(tmp_path)) == 2
 
 
 def test_download_archives_gathers_failures(

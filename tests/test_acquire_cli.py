@@ -207,21 +207,28 @@ def test_reverify_rehashes_end_to_end(
     final = layout.archive_path(data_root, spec.path)
     good = final.read_bytes()
 
-    # Damage one byte in place, keeping size and mtime: the verification record still matches.
+    # A good file: --reverify re-hashes it, nothing is requested.
+    reverify = BuildConfig(**{**config.to_dict(), "reverify": True})
+    hub.clear_log()
+    run = run_selection(reverify.to_dict(), ["archive_file"], spec.path)
+    assert run["success"], run["errors"]
+    assert hub.file_requests(spec.path) == [] and final.read_bytes() == good
+
+    # Damage one byte in place, keeping size and mtime: the ctime moved, so the record no longer
+    # matches; re-hashed, the file is moved aside (the hub's listing agrees with the pin) and
+    # downloaded again, by a plain run.
     st = final.stat()
     bad = bytearray(good)
     bad[len(bad) // 3] ^= 0x01
     final.write_bytes(bytes(bad))
     os.utime(final, ns=(st.st_atime_ns, st.st_mtime_ns))
     hub.clear_log()
-    assert run_selection(config.to_dict(), ["archive_file"], spec.path)["success"]
-    assert hub.file_requests(spec.path) == [] and final.read_bytes() == bytes(bad)  # trusted, not re-hashed
-
-    reverify = BuildConfig(**{**config.to_dict(), "reverify": True})
-    run = run_selection(reverify.to_dict(), ["archive_file"], spec.path)
+    run = run_selection(config.to_dict(), ["archive_file"], spec.path)
     assert run["success"], run["errors"]
     assert final.read_bytes() == good  # the mismatch was caught and the archive downloaded again
     assert [m for m, _ in hub.file_requests(spec.path)] == ["HEAD", "GET"]
+    moved = list((data_root / layout.QUARANTINE_DIR).rglob(Path(spec.path).name))
+    assert [p.read_bytes() for p in moved] == [bytes(bad)]  # moved aside, not deleted
 
 
 # ----- both body paths ---------------------------------------------------------------------------

@@ -3,10 +3,18 @@
 A download goes to ``archives/.partial/<path>.part`` (see ``transport``) and is hashed while the
 bytes arrive; only a file whose sha256 equals its pin is moved (``os.replace``) to
 ``archives/<path>``, next to its verification record (see ``state``).
+
+A final file under ``archives/`` was verified once: it is never deleted. When it disagrees with its
+pin (``state.check_existing``), the hub's listing at the pinned revision says which side is wrong
+(``_settle``): the file (the pin is then refused by name, :class:`PinDisagreesError`, and the file
+stays) or the pin (the file is moved to the quarantine folder, see ``quarantine``, and downloaded
+again; offline, a :class:`~.hub.HubOfflineError` says where it went). A partial download that never
+verified may still be discarded.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -16,21 +24,26 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import layout
-from ..errors import ChecksumMismatchError, HubError, ProblemsError, ProfileError
+from ..errors import ChecksumMismatchError, HubError, ProblemsError, ProfileError, Stage2Error
 from ..fsutil import require_free_space
 from ..profile import ArchiveSpec, Profile
 from ..publish import fsync_dir
 from .endpoint import hub_offline
-from .hub import HubOfflineError, HubSource
+from .hub import HubOfflineError, HubSource, RemoteFile
+from .listing import list_remote_files
+from .quarantine import quarantine_files
 from .retry import DEFAULT_ATTEMPTS, default_backoff
 from .state import (
-    _verify_existing,
+    LocalFile,
     _write_record,
     archive_state,
+    check_existing,
     remaining_download_bytes,
     require_build_space,
 )
 from .transport import fetch_partial
+
+log = logging.getLogger(__name__)
 
 PIN_FIX = "run `stage2 pin` to fill size and sha256 from the hub's listing at the pinned revision"
 MISMATCH_FIX = (
@@ -49,6 +62,7 @@ class DownloadResult:
     resumed_from: int  # bytes of an earlier partial this call started from (0: from scratch)
     skipped: bool  # True: already verified locally, nothing downloaded
     attempts: int = 0  # HTTP download attempts made by this call
+    moved_aside: Path | None = None  # where a local file that disagreed with its pin was moved first
 
     @property
     def mb_per_s(self) -> float:
@@ -70,6 +84,100 @@ class DownloadsFailedError(ProblemsError, HubError):
         self.errors = errors
         self.results = results
         super().__init__(title, problems, fix=fix)
+
+
+class PinDisagreesError(ProfileError):
+    """A verified archive on disk disagrees with its pin, and the hub's listing at the pinned revision
+    agrees with the file: the pin is wrong. The file is left where it is; nothing is downloaded."""
+
+    def __init__(self, message: str, *, fix: str, path: str, keys: list[str]) -> None:
+        self.path = path
+        self.keys = keys
+        super().__init__(message, fix=fix)
+
+
+def _pin_keys(spec: ArchiveSpec, local: LocalFile, profile: Profile | None) -> tuple[str, list[str]]:
+    """(where the pin is: ``<profile file>: archives[i]`` or the entry's path, the keys that differ
+    from the file: ``size``, ``sha256``)."""
+    keys = [
+        k for k, a, b in (("size", spec.size, local.size), ("sha256", spec.sha256, local.sha256)) if a != b
+    ]
+    index = None
+    if profile is not None:
+        index = next((i for i, a in enumerate(profile.archives) if a.path == spec.path), None)
+    entry = f"archives[{index}]" if index is not None else f'the [[archives]] entry with path = "{spec.path}"'
+    if profile is not None and profile.profile_path is not None:
+        entry = f"{profile.profile_path}: {entry}"
+    return entry, keys
+
+
+def _settle(
+    source: HubSource, spec: ArchiveSpec, data_root: Path, local: LocalFile, profile: Profile | None
+) -> Path:
+    """A verified file that disagrees with its pin: which side is wrong?
+
+    Online, the hub's listing at the pinned revision decides: when it lists the file's own size and
+    sha256, the pin is wrong (PinDisagreesError; the file stays). Otherwise (the hub agrees with the
+    pin, with neither, or cannot be asked), the file and its record are moved to the quarantine
+    folder, never deleted; returns the file's new path (the caller downloads again). Offline
+    (``HF_HUB_OFFLINE``), the file is moved as well and HubOfflineError says where."""
+    entry, keys = _pin_keys(spec, local, profile)
+    pins = ", ".join(
+        f"{k} = {getattr(spec, k)!r}" if k == "sha256" else f"{k} = {getattr(spec, k)}" for k in keys
+    )
+    found = f"{local.path} holds {local.size} bytes with sha256 {local.sha256}"
+    offline = hub_offline()
+    hub_says = "HF_HUB_OFFLINE is set: the hub was not asked which side is wrong"
+    if not offline:
+        remote: RemoteFile | None = None
+        try:
+            remote = list_remote_files(source).get(spec.path)
+        except HubError as e:
+            hub_says = f"the hub's listing could not be read ({e.message.splitlines()[0]})"
+        else:
+            if remote is not None and (remote.size, remote.sha256) == (local.size, local.sha256):
+                keyed = ", ".join(f"{entry}.{k}" for k in keys)
+                values = " and ".join(
+                    f'{k} = "{local.sha256}"' if k == "sha256" else f"{k} = {local.size}" for k in keys
+                )
+                raise PinDisagreesError(
+                    f"the pin {keyed} ({pins}) is wrong: the verified file {found}, and the hub's listing of "
+                    f"{source.label} at {source.revision} ({source.api_endpoint}) lists the same size and "
+                    "sha256. The file was left where it is; nothing was downloaded.",
+                    fix=f"set {values} in {entry} (the upstream values; `stage2 pin --check` shows the same "
+                    "disagreement), then re-run: nothing needs downloading",
+                    path=spec.path,
+                    keys=keys,
+                )
+            hub_says = (
+                f"{spec.path} is not in the hub's listing at {source.revision}"
+                if remote is None
+                else f"the hub's listing at {source.revision} says {remote.size} bytes, sha256 {remote.sha256}"
+            )
+    reason = f"it disagreed with its pin ({', '.join(f'{entry}.{k}' for k in keys)}); {hub_says}"
+    record = layout.verified_record_path(data_root, spec.path)
+    moved = quarantine_files(
+        data_root,
+        [local.path, record],
+        reason,
+        archive=spec.path,
+        size=local.size,
+        sha256=local.sha256,
+        pinned_size=spec.size,
+        pinned_sha256=spec.sha256,
+    )
+    where = moved[0] if moved else local.path
+    log.warning("%s: %s; moved to %s (not deleted)", spec.path, reason, where)
+    if offline:
+        raise HubOfflineError(
+            f"HF_HUB_OFFLINE is set and {found}, which disagrees with its pin {', '.join(f'{entry}.{k}' for k in keys)} "
+            f"({pins}): it was moved to {where} (not deleted); nothing was requested.",
+            fix=f"if the pin is wrong (the file is the upstream one: `stage2 pin --check` online tells), "
+            f"correct the pin and move the file back (mv {where} {local.path}); else unset HF_HUB_OFFLINE "
+            "to download the pinned file again",
+            missing=[spec.path],
+        )
+    return where
 
 
 def _precheck(
@@ -121,14 +229,18 @@ def download_archive(
     backoff: float | None = None,  # None: STAGE2_RETRY_BACKOFF, else DEFAULT_BACKOFF
     cancel: threading.Event | None = None,
     direct_io: bool | None = None,
+    profile: Profile | None = None,
 ) -> DownloadResult:
     """Download one pinned archive into ``archives/<path>`` and verify it against its pin.
 
     Refused before any request (ProfileError): an unpinned, unknown (``unknown = true``) or
     quarantined archive, one not in ``listed`` (when given), a revision that is not a full commit.
-    Skipped without any request: a final file whose verification record matches (size, mtime_ns,
-    pinned sha256), unless ``reverify``. A final file without a matching record is re-hashed and
-    kept if it matches. Offline (``HF_HUB_OFFLINE``), anything else is HubOfflineError, with no
+    Skipped without any request: a final file whose verification record matches (inode, size,
+    mtime_ns, ctime_ns, pinned sha256), unless ``reverify``. A final file without a matching record
+    is re-hashed and kept if it matches; if it does not, it is never deleted (``_settle``: the pin
+    refused by name when the hub's listing agrees with the file, else the file moved to the
+    quarantine folder and downloaded again). ``profile`` (when given) lets a refusal name the
+    profile file and the key (``archives[i].sha256``). Offline (``HF_HUB_OFFLINE``), anything else is HubOfflineError, with no
     request. Transient failures are retried by the one retry policy (``retry.py``: ``attempts`` in
     all, backoff ``backoff`` x 2^n seconds, or the hub's ``Retry-After``, bounded), each retry
     resuming from the partial file. A sha256 mismatch deletes the partial and raises
@@ -140,16 +252,25 @@ def download_archive(
     data_root = Path(data_root)
     t0 = time.monotonic()
     final = layout.archive_path(data_root, spec.path)
+    moved: Path | None = None
     if final.is_file():
-        digest = _verify_existing(spec, data_root, final, source.revision, reverify)
-        if digest is not None:
+        found = check_existing(spec, data_root, final, source.revision, reverify)
+        if not isinstance(found, LocalFile):
             return DownloadResult(
-                spec.path, final, spec.size, digest, time.monotonic() - t0, 0, 0, skipped=True, attempts=0
+                spec.path, final, spec.size, found, time.monotonic() - t0, 0, 0, skipped=True, attempts=0
             )
+        moved = _settle(source, spec, data_root, found, profile)
     if hub_offline():
         raise _offline_error(data_root, [spec.path])
     backoff = default_backoff() if backoff is None else backoff  # read only when a request is made
-    return _download(source, spec, data_root, progress, max(1, attempts), backoff, cancel, t0, direct_io)
+    try:
+        res = _download(source, spec, data_root, progress, max(1, attempts), backoff, cancel, t0, direct_io)
+    except Stage2Error as e:
+        if moved is not None:  # the message says where the file that was there went
+            e.message += f" (The file that was at {final} disagreed with its pin and was moved to {moved}.)"
+        raise
+    res.moved_aside = moved
+    return res
 
 
 def _download(
@@ -200,10 +321,10 @@ def _download(
 def _offline_error(data_root: Path, missing: list[str]) -> HubOfflineError:
     where = ", ".join(str(layout.archive_path(data_root, p)) for p in missing)
     return HubOfflineError(
-        f"HF_HUB_OFFLINE is set and {len(missing)} archive(s) are not verified on disk: {where}; "
+        f"HF_HUB_OFFLINE is set and {len(missing)} archive(s) are not on disk: {where}; "
         "nothing was requested.",
-        fix="unset HF_HUB_OFFLINE to download them, or put the verified files there (a file whose "
-        "sha256 equals its pin is accepted) and re-run",
+        fix="unset HF_HUB_OFFLINE to download them, or copy each archive there (a file whose size and "
+        "sha256 equal its pin is accepted) and re-run",
         missing=missing,
     )
 
@@ -226,6 +347,7 @@ def download_archives(
     attempts: int = DEFAULT_ATTEMPTS,
     backoff: float | None = None,  # None: STAGE2_RETRY_BACKOFF, else DEFAULT_BACKOFF
     check_space: bool = True,
+    profile: Profile | None = None,
 ) -> list[DownloadResult]:
     """Download several archives concurrently (``workers`` threads, default ``min(4, n)``), the
     largest remainder first; results come back in the order of ``specs``.
@@ -270,6 +392,7 @@ def download_archives(
                 attempts=attempts,
                 backoff=backoff,
                 cancel=cancel,
+                profile=profile,
             ): s
             # largest remainder first: the last download ends soonest
             for s in sorted(specs, key=lambda s: -remaining[s.path])
@@ -333,4 +456,5 @@ def download_profile(
         attempts=attempts,
         backoff=backoff,
         check_space=False,
+        profile=profile,
     )

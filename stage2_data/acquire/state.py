@@ -2,8 +2,11 @@
 the build needs.
 
 Only a file whose sha256 equals its pin is published as ``archives/<path>``, next to a verification
-record ``archives/<path>.verified.json`` (path, size, mtime_ns, sha256, revision, verified_at). A
-later call that finds a record matching the file's size, mtime and pinned sha256 makes no request.
+record ``archives/<path>.verified.json`` (path, size, inode, mtime_ns, ctime_ns, sha256, revision,
+verified_at). A later call that finds a record matching the file's (inode, size, mtime_ns,
+ctime_ns) and the pinned sha256 trusts the file without reading it and makes no request. Any other
+stat means the bytes may have changed (size and mtime can be restored after an edit; the ctime
+cannot): the file is re-hashed, never trusted and never deleted (``check_existing``).
 """
 
 from __future__ import annotations
@@ -52,7 +55,9 @@ def _record_matches(rec: dict[str, Any] | None, spec: ArchiveSpec, st: os.stat_r
         and spec.pinned
         and rec.get("path") == spec.path
         and rec.get("size") == spec.size == st.st_size
+        and rec.get("inode") == st.st_ino
         and rec.get("mtime_ns") == st.st_mtime_ns
+        and rec.get("ctime_ns") == st.st_ctime_ns
         and rec.get("sha256") == spec.sha256
     )
 
@@ -64,7 +69,9 @@ def _write_record(data_root: Path, spec: ArchiveSpec, final: Path, sha256: str, 
         {
             "path": spec.path,
             "size": st.st_size,
+            "inode": st.st_ino,
             "mtime_ns": st.st_mtime_ns,
+            "ctime_ns": st.st_ctime_ns,
             "sha256": sha256,
             "revision": revision,
             "verified_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -143,30 +150,33 @@ def require_build_space(profile: Profile, data_root: Path) -> int:
     return needed
 
 
-def _verify_existing(
+@dataclass(frozen=True)
+class LocalFile:
+    """A final archive file that disagrees with its pin: what it holds (hashed) and its record."""
+
+    path: Path
+    size: int
+    sha256: str
+    record: dict[str, Any] | None  # its ``.verified.json`` as read (None: absent or unreadable)
+
+
+def check_existing(
     spec: ArchiveSpec, data_root: Path, final: Path, revision: str, reverify: bool
-) -> str | None:
-    """The pinned sha256 if the final file is good (by its record, or re-hashed), else None
-    (and the bad file and its record are removed)."""
+) -> str | LocalFile:
+    """The pinned sha256 when the final file is good: its record matches its (inode, size,
+    mtime_ns, ctime_ns) (nothing read), or it is re-hashed equal to its pin (its record rewritten).
+    Otherwise the file as hashed (``LocalFile``): nothing is moved or deleted here; the caller asks
+    which side is wrong (``download._settle``)."""
     record = layout.verified_record_path(data_root, spec.path)
     st = final.stat()
-    if not reverify and _record_matches(_read_record(record), spec, st):
-        return spec.sha256
-    if st.st_size == spec.size:
-        digest = sha256_file(final)
-        if digest == spec.sha256:
-            _write_record(data_root, spec, final, digest, revision)
-            return digest
-        log.warning(
-            "%s: local file has sha256 %s, pinned %s; downloading it again", spec.path, digest, spec.sha256
-        )
-    else:
-        log.warning(
-            "%s: local file has %d bytes, pinned %s; downloading it again", spec.path, st.st_size, spec.size
-        )
-    record.unlink(missing_ok=True)
-    final.unlink(missing_ok=True)
-    return None
+    rec = _read_record(record)
+    if not reverify and _record_matches(rec, spec, st):
+        return str(spec.sha256)
+    digest = sha256_file(final)
+    if st.st_size == spec.size and digest == spec.sha256:
+        _write_record(data_root, spec, final, digest, revision)
+        return digest
+    return LocalFile(final, st.st_size, digest, rec)
 
 
 def verified_sha256s(profile: Profile, data_root: Path, cache_key: str) -> dict[str, str | None]:

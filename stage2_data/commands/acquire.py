@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..acquire import DEFAULT_ENDPOINT, archive_state, required_free_parts, resolve_endpoint
 from ..errors import HubError, ProfileError
 from ..fsutil import free_bytes, human_bytes
-from ..layout import HEX40_RE
+from ..layout import HEX40_RE, quarantine_root
 from ..profile import Profile, load_profile, parse_profile
 from ..publish import atomic_write_text
 from .common import EXIT_ERROR, EXIT_FAILED, eprint, finish_command, print_json
@@ -250,6 +250,15 @@ def cmd_list(args: argparse.Namespace) -> int:
         {"path": q.path, "reason": q.reason, **({"upstream": q.path in remote} if remote is not None else {})}
         for q in profile.quarantined
     ]
+    from ..acquire.quarantine import quarantined_files
+
+    aside = quarantined_files(data_root)
+    aside_bytes = sum(f.size for f in aside)
+    quarantine = {
+        "folder": str(quarantine_root(data_root)),
+        "files": [f.to_dict() for f in aside],
+        "bytes": aside_bytes,
+    }
     download, extraction = required_free_parts(profile, data_root)
     free = free_bytes(data_root)
     by_state = {
@@ -277,6 +286,7 @@ def cmd_list(args: argparse.Namespace) -> int:
                 "data_root": str(data_root),
                 "archives": rows,
                 "quarantined": quarantined,
+                "quarantine": quarantine,
                 "totals": totals,
                 "disk": disk,
             }
@@ -309,6 +319,14 @@ def cmd_list(args: argparse.Namespace) -> int:
         for q in quarantined:
             mark = "" if remote is None else ("  [upstream]" if q["upstream"] else "  [not upstream]")
             print(f"  {q['path']}  {q['reason']}{mark}")
+    if aside:
+        print()
+        print(
+            f"moved aside (quarantine folder {quarantine['folder']}, removed only by "
+            f"`stage2 gc <data_root>/stores --quarantine`): {len(aside)} file(s), {human_bytes(aside_bytes)}"
+        )
+        for f in aside:
+            print(f"  {f.folder}/{f.original}  {human_bytes(f.size)}  {f.reason}")
     t = totals
     print()
     print(
@@ -356,7 +374,7 @@ def register(sub: Any) -> None:
         help="every archive with size, pin and local state; quarantined ones; totals; free disk",
         description="Show every archive of the profile with its pinned size and sha256 and its state under the "
         "data root (missing, partial with the bytes so far, present but not verified, verified), the "
-        "quarantined files, totals, and the free disk against what the rest of the build needs. Local only, "
+        "quarantined files, the files moved aside into the data root's quarantine folder (with their size), totals, and the free disk against what the rest of the build needs. Local only, "
         "unless --endpoint is given (then each archive is also checked against the hub's listing).",
         epilog="Example: stage2 list manifests/stage2_core_v1.toml --data-root /data/stage2 --json",
     )

@@ -234,37 +234,59 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
     target = _target(args.stores)
     opts = storage_options(args)
+    data_root = _gc_data_root(target) if isinstance(target, Path) else None
+    if args.quarantine and data_root is None:
+        from ..errors import StoreError
+
+        raise StoreError(
+            f"{args.stores}: --quarantine needs the local stores folder of a data root "
+            "(<data_root>/stores or <data_root>/stores/<profile>): the quarantine folder is <data_root>/quarantine.",
+            fix="name <data_root>/stores, e.g. `stage2 gc /data/stage2/stores --quarantine --dry-run`",
+        )
     keep = args.keep if args.keep is not None else default_keep()
-    if keep is None:
+    if keep is None and not args.quarantine:
         msg = f"{KEEP_ENV}=all: every store is kept; nothing removed (pass --keep N to remove old stores)"
         if args.json:
             print_json({"ok": True, "keep": "all", "dry_run": args.dry_run, "roots": [], "freed_bytes": 0})
         else:
             print(msg)
         return 0
-    roots = profile_roots(target, opts)
-    data_root = _gc_data_root(target) if isinstance(target, Path) else None
+    # with --quarantine, a data root without stores yet (a build that never published) is fine
+    stores_exist = not args.quarantine or (isinstance(target, Path) and target.is_dir())
+    roots = profile_roots(target, opts) if keep is not None and stores_exist else []
     # a build writes stores under its data root's lock: gc takes it too (not for a dry run), so it
     # never judges a store a running build has just written and not yet published.
     guard = (
         data_root_lock(data_root) if data_root is not None and not args.dry_run else contextlib.nullcontext()
     )
+    removal = None
     with guard:
-        reports = [collect_stores(r, keep, dry_run=args.dry_run) for r in roots]
+        reports = [collect_stores(r, keep, dry_run=args.dry_run) for r in roots] if keep is not None else []
+        if args.quarantine:
+            from ..acquire.quarantine import remove_quarantine
+
+            assert data_root is not None
+            removal = remove_quarantine(data_root, dry_run=args.dry_run)
     freed = sum(r.freed_bytes for r in reports)
     if args.json:
-        print_json(
-            {
-                "ok": True,
-                "keep": keep,
-                "dry_run": args.dry_run,
-                "roots": [r.to_dict() for r in reports],
-                "freed_bytes": freed,
-            }
-        )
+        doc: dict[str, Any] = {
+            "ok": True,
+            "keep": keep if keep is not None else "all",
+            "dry_run": args.dry_run,
+            "roots": [r.to_dict() for r in reports],
+            "freed_bytes": freed,
+        }
+        if removal is not None:
+            doc["quarantine"] = removal.to_dict()
+        print_json(doc)
     else:
+        if keep is None:
+            print(f"{KEEP_ENV}=all: every store is kept (pass --keep N to remove old stores)")
         for r in reports:
             for line in r.lines():
+                print(line)
+        if removal is not None:
+            for line in removal.lines():
                 print(line)
     return 0
 
@@ -325,9 +347,12 @@ def register(sub: Any) -> None:
         "default STAGE2_KEEP_STORES or 1), nor a store a live reader holds (reported as kept: in use by "
         "pid X), nor anything that is not a complete store of this format; temps of dead writers are "
         "swept. One line per store (removed or kept, with its size). On object storage readers hold no "
-        "lease: only --keep protects them. Takes the data root's lock (refused while a build runs).",
+        "lease: only --keep protects them. With --quarantine, the data root's quarantine folder (files "
+        "moved aside, never deleted otherwise) is emptied too, one line per file. Takes the data root's "
+        "lock (refused while a build runs).",
         epilog="Example:\n  stage2 gc .demo/data/stores --dry-run\n"
-        "  stage2 gc /data/stage2/stores/stage2_core_v1 --keep 2 --json",
+        "  stage2 gc /data/stage2/stores/stage2_core_v1 --keep 2 --json\n"
+        "  stage2 gc /data/stage2/stores --quarantine --dry-run",
         formatter_class=raw,
     )
     p.add_argument(
@@ -341,6 +366,12 @@ def register(sub: Any) -> None:
         help="previous stores kept besides current (default: STAGE2_KEEP_STORES, else 1)",
     )
     p.add_argument("--dry-run", action="store_true", help="say what would be removed; remove nothing")
+    p.add_argument(
+        "--quarantine",
+        action="store_true",
+        help="also remove every file moved aside into <data_root>/quarantine (archives that disagreed "
+        "with their pin; `stage2 list` shows them); without it gc never touches that folder",
+    )
     finish_command(
         p,
         cmd_gc,

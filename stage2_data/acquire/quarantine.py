@@ -1,0 +1,194 @@
+"""Files set aside, never deleted: the quarantine folder of a data root.
+
+A verified archive (a final file under ``archives/``) that disagrees with its pin, where the hub
+does not say the pin is the wrong side, is moved, with its ``.verified.json`` record, to
+``<data_root>/quarantine/<UTC time>/archives/<path>``: one new folder per move (named by its UTC
+time, ``-1``, ``-2`` ... added when that name exists), so nothing there is ever overwritten. Each
+folder holds a ``moved.json`` saying what was moved from where, and why. ``stage2 list`` shows the
+files and their size; only ``stage2 gc STORES_DIR --quarantine`` removes them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from .. import layout
+from ..oserrors import fs_error
+from ..publish import atomic_write_json, fsync_dir
+
+MOVED_FILE = "moved.json"
+"""In each quarantine folder: what was moved there (from, to), when and why."""
+
+
+@dataclass(frozen=True)
+class QuarantinedFile:
+    """A file in the quarantine folder of a data root."""
+
+    path: Path  # where it is now
+    original: str  # its path under the data root before the move (e.g. archives/x.tar)
+    size: int
+    folder: str  # the quarantine folder's name (its UTC time)
+    reason: str  # why it was moved ("" when moved.json is missing)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": str(self.path),
+            "original": self.original,
+            "size": self.size,
+            "folder": self.folder,
+            "reason": self.reason,
+        }
+
+
+def _new_folder(root: Path) -> Path:
+    """A new, empty folder under ``root`` named by the UTC time (never an existing one)."""
+    root.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    n = 0
+    while True:
+        folder = root / (stamp if n == 0 else f"{stamp}-{n}")
+        try:
+            folder.mkdir()
+            return folder
+        except FileExistsError:
+            n += 1
+
+
+def _move(src: Path, dst: Path) -> None:
+    """Move ``src`` to ``dst`` (which does not exist): a rename, or across file systems a copy made
+    durable before the original is unlinked."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.rename(src, dst)
+    except OSError as e:
+        if e.errno != errno.EXDEV:
+            raise
+        shutil.copy2(src, dst)
+        with open(dst, "rb") as f:
+            os.fsync(f.fileno())
+        fsync_dir(dst.parent)
+        src.unlink()
+    fsync_dir(dst.parent)
+    fsync_dir(src.parent)
+
+
+def quarantine_files(data_root: Path, files: list[Path], reason: str, **details: Any) -> list[Path]:
+    """Move each of ``files`` that exists (paths under ``data_root``) into a new quarantine folder,
+    keeping its path under the data root; write that folder's ``moved.json`` (``reason`` and
+    ``details``). Returns the new paths, in the order given (absent files are left out). An
+    ``OSError`` is raised as a named error (the path and the fix)."""
+    data_root = Path(data_root)
+    try:
+        folder = _new_folder(layout.quarantine_root(data_root))
+        moved: list[tuple[Path, Path]] = []
+        for f in files:
+            if not os.path.lexists(f):
+                continue
+            dst = folder / Path(f).relative_to(data_root)
+            _move(Path(f), dst)
+            moved.append((Path(f), dst))
+        atomic_write_json(
+            folder / MOVED_FILE,
+            {
+                "moved_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "reason": reason,
+                "files": [{"from": str(a), "to": str(b)} for a, b in moved],
+                **details,
+            },
+        )
+    except OSError as e:
+        raise fs_error(e, "moving a file aside into the quarantine folder", where=str(data_root)) from e
+    return [b for _, b in moved]
+
+
+def _reason(folder: Path) -> str:
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        import json
+
+        return str(json.loads((folder / MOVED_FILE).read_text(encoding="utf-8")).get("reason") or "")
+    return ""
+
+
+def quarantined_files(data_root: Path, *, records: bool = False) -> list[QuarantinedFile]:
+    """Every file in the quarantine folder of ``data_root`` (its ``moved.json`` files left out, and
+    the archives' ``.verified.json`` records unless ``records``), sorted by folder and path."""
+    root = layout.quarantine_root(Path(data_root))
+    out: list[QuarantinedFile] = []
+    if not root.is_dir():
+        return out
+    for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink()):
+        reason = _reason(folder)
+        for dirpath, dirnames, filenames in os.walk(folder):
+            dirnames.sort()
+            for name in sorted(filenames):
+                p = Path(dirpath) / name
+                rel = p.relative_to(folder)
+                if rel.as_posix() == MOVED_FILE:
+                    continue
+                if not records and name.endswith(layout.VERIFIED_SUFFIX):
+                    continue
+                try:
+                    size = p.lstat().st_size
+                except OSError:
+                    continue
+                out.append(QuarantinedFile(p, rel.as_posix(), size, folder.name, reason))
+    return out
+
+
+@dataclass
+class QuarantineRemoval:
+    """What ``remove_quarantine`` removed (or, for a dry run, would remove)."""
+
+    root: Path
+    dry_run: bool
+    files: list[QuarantinedFile]
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def lines(self) -> list[str]:
+        from ..fsutil import human_bytes
+
+        verb = "would remove" if self.dry_run else "removed"
+        if not self.files:
+            return [f"quarantine {self.root}: empty, nothing {verb}"]
+        out = [f"quarantine {self.root}:"]
+        out += [f"  {verb}  {f.folder}/{f.original}  {human_bytes(f.size)}" for f in self.files]
+        out.append(f"quarantine: {verb} {len(self.files)} file(s), {human_bytes(self.bytes)}")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "root": str(self.root),
+            "dry_run": self.dry_run,
+            "files": [f.to_dict() for f in self.files],
+            "removed_files": 0 if self.dry_run else len(self.files),
+            "bytes": self.bytes,
+        }
+
+
+def remove_quarantine(data_root: Path, *, dry_run: bool) -> QuarantineRemoval:
+    """Remove every file of the quarantine folder of ``data_root`` (records and ``moved.json``
+    included), one quarantine folder at a time; a dry run removes nothing and says what it would."""
+    root = layout.quarantine_root(Path(data_root))
+    files = quarantined_files(data_root, records=True)
+    if not dry_run and root.is_dir():
+        for folder in sorted(p for p in root.iterdir()):
+            try:
+                if folder.is_dir() and not folder.is_symlink():
+                    shutil.rmtree(folder)
+                else:
+                    folder.unlink()
+            except OSError as e:
+                raise fs_error(e, "removing the quarantine folder", where=str(root)) from e
+        with contextlib.suppress(OSError):
+            root.rmdir()
+    return QuarantineRemoval(root, dry_run, files)
