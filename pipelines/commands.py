@@ -32,7 +32,7 @@ from stage2_data.publish import data_root_lock, sweep_data_root
 from stage2_data.stages import STAGES
 
 from .beside import start_beside
-from .config import BuildConfig, demo_root
+from .config import BuildConfig, demo_root, write_instance_yaml
 from .stops import stop_guard
 from .uptodate import instance_home, stage_status, up_to_date_build, up_to_date_summary
 
@@ -81,7 +81,16 @@ def _preflight_endpoint(profile: Profile, data_root: Path, endpoint: str) -> Non
     )
 
 
+def _check_settings() -> None:
+    """The environment's settings a build reads late, refused before any work as ``stage2 gc``
+    refuses them: ``STAGE2_KEEP_STORES`` (the store stage applies it after publishing)."""
+    from stage2_data.store.retention import default_keep
+
+    default_keep()
+
+
 def cmd_build(args: argparse.Namespace) -> int:
+    _check_settings()
     profile = load_profile(args.profile, kit_root=args.kit_root)  # fail fast on a bad profile
     profile.require_known()  # nothing is ever requested under a guessed name
     data_root = Path(args.data_root).resolve()
@@ -180,7 +189,9 @@ def _build_or_no_op(
                 return summary
             # a stage beside the main line runs in a process of its own: started before Dagster is
             # imported here, so that both import at once
-            beside = start_beside(status, instance_home(data_root), concurrency)
+            home = instance_home(data_root)
+            write_instance_yaml(home)  # before any process opens the instance (a moved data root's)
+            beside = start_beside(status, home, concurrency)
             for child in beside.values():
                 held.callback(child.cancel)  # (a child that ran has exited: a no-op)
         with collector.paused():  # imports Dagster (stage2_data.collector)
@@ -210,9 +221,12 @@ def print_build_summary(s: dict[str, Any]) -> None:
                 part = f"[{c['partition']}]" if c.get("partition") else ""
                 print(f"  failed check {c['asset']}{part}:{c['check']}: {c['description']}")
         said = {(c.get("partition"), c["description"]) for c in checks if not c["passed"]}
+        shown = {(c.get("partition"), c["asset"], c["check"]) for c in checks if not c["passed"]}
         for e in s["errors"]:
             if (e.get("partition"), e["message"]) in said:
                 continue  # the failed check above already says it
+            if e.get("check") and (e.get("partition"), e.get("asset"), e["check"]) in shown:
+                continue  # the step failed because of that check: said above
             part = f"[{e['partition']}]" if e.get("partition") else ""
             print(f"  error {e['step']}{part}: {e['message']}")
     print(f"UI:           DAGSTER_HOME={s['dagster_home']} make ui   (then open http://127.0.0.1:3000)")
@@ -237,6 +251,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from stage2_data.demo import generate_demo
     from stage2_data.demo.hubserver import HubServer
 
+    _check_settings()
     out = Path(args.out).resolve() if args.out else demo_root()
     demo = generate_demo(out / "demo", full_cardinality=args.full_cardinality)
     eprint(f"demo generated at {demo.root} (profile {demo.profile})")

@@ -11,7 +11,7 @@ when the runs' console is wanted (``--verbose``, or a run not started by `stage2
 the daemon), exactly as Dagster does.
 
 Configured by the ``dagster.yaml`` that `stage2 build` writes for a new local instance
-(``runner.INSTANCE_YAML``); an instance with its own ``dagster.yaml`` keeps its configuration.
+(``config.instance_yaml``); an instance with its own ``dagster.yaml`` keeps its configuration.
 """
 
 from __future__ import annotations

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import stage2_deploy
+from stage2_data.publish.atomic import current_umask
 
 DEFAULT_PROFILE = Path("manifests") / "stage2_core_v1.toml"  # the real profile, in a checkout
 
@@ -54,6 +56,70 @@ def k8s_executor_config_path() -> Path:
 def dagster_home() -> Path:
     """``DAGSTER_HOME`` for ``make ui`` (``stage2 build`` defaults to ``<data root>/.dagster``)."""
     return _path("DAGSTER_HOME", ".dagster_home")
+
+
+# The first line of every dagster.yaml stage2 writes: a file starting with it is stage2's, rewritten
+# whenever it differs from what this version writes for its folder; any other is the user's, kept.
+INSTANCE_YAML_MARK = "# Written by stage2 for a local instance."
+INSTANCE_YAML_HEAD = f"""\
+{INSTANCE_YAML_MARK} Rewritten by `stage2 build` when the instance's folder
+# moved (a copied or moved data root records into its own instance); delete this first line to keep
+# your own edits. One consolidated SQLite event log (WAL) instead of one database per run, stored
+# through one pooled engine per process with synchronous=NORMAL (pipelines/eventlog.py). Step logs
+# go to files (the UI shows them), mirrored to the terminal only under --verbose
+# (pipelines/computelogs.py).
+"""
+
+
+def instance_config(home: Path) -> dict[str, Any]:
+    """The configuration of a local instance at ``home`` (its ``dagster.yaml``, as data)."""
+    return {
+        "telemetry": {"enabled": False},
+        "event_log_storage": {
+            "module": "stage2_pipelines.eventlog",
+            "class": "FastSqliteEventLogStorage",
+            "config": {"base_dir": str(home / "history")},
+        },
+        "compute_logs": {
+            "module": "stage2_pipelines.computelogs",
+            "class": "StepLogsToFiles",
+            "config": {"base_dir": str(home / "storage")},
+        },
+    }
+
+
+def instance_yaml(home: Path) -> str:
+    """The text of ``dagster.yaml`` for a local instance at ``home``: the configuration written by a
+    YAML serializer (any path, whatever its characters, is one quoted scalar)."""
+    import yaml  # PyYAML (a Dagster dependency): imported when an instance is written
+
+    return INSTANCE_YAML_HEAD + yaml.safe_dump(instance_config(home), sort_keys=False, allow_unicode=True)
+
+
+def write_instance_yaml(home: Path) -> None:
+    """``home/dagster.yaml`` for a local instance: written when missing, and rewritten (atomically)
+    when it is stage2's (its first line is :data:`INSTANCE_YAML_MARK`) but differs from
+    :func:`instance_yaml`: the instance's folder was copied or moved, so its storage paths name
+    another folder's. A ``dagster.yaml`` of the user's own is kept as it is."""
+    home = Path(home).absolute()
+    cfg = home / "dagster.yaml"
+    want = instance_yaml(home)
+    try:
+        have: str | None = cfg.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        have = None
+    if have == want or (have is not None and not have.startswith(INSTANCE_YAML_MARK)):
+        return
+    home.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".dagster.yaml.", suffix=".tmp", dir=home)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(want)
+        os.chmod(tmp, 0o666 & ~current_umask())
+        os.replace(tmp, cfg)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 @dataclass(frozen=True)

@@ -376,8 +376,11 @@ class BuildProgress:
         for c in r.get("checks", []):
             if not c.get("passed"):
                 lines.append(f"    check {c['asset']}:{c['check']} failed: {_first(c.get('description'))}")
+        failed = {(c.get("asset"), c.get("check")) for c in r.get("checks", []) if not c.get("passed")}
         for e in r.get("errors", []):
             msg = _first(e.get("message"))
+            if e.get("check") and (e.get("asset"), e["check"]) in failed:
+                continue  # the step failed because of that check: said above
             if not any(msg == _first(c.get("description")) for c in r.get("checks", [])):
                 lines.append(f"    error in {e['step']}: {msg}")
         if self._progress is not None:

@@ -51,7 +51,7 @@ from stage2_data.stages import (
 from stage2_data.steps.status import record_store_stage
 
 from .beside import BesideProcess, start_beside
-from .config import BuildConfig
+from .config import BuildConfig, write_instance_yaml
 from .executors import local_dask_cluster
 from .runs import (  # re-exported: one run of a selection (tests and tools import them from here)
     execute_selection,
@@ -83,36 +83,6 @@ __all__ = [
 # everything after the extraction (the kit and store stages) in one run of the store stage's job:
 # what tests and tools run on their own
 FINAL_STAGE = list(JOB_ASSETS[STORE.job])
-
-
-INSTANCE_YAML = """\
-# Written by stage2 for a local instance. One consolidated SQLite event log (WAL) instead of one
-# database per run: a run costs about half as much, and the web UI and daemon read it live. Stored
-# through one pooled engine per process with synchronous=NORMAL (pipelines/eventlog.py): events are
-# stored about 4x faster than through Dagster's engine per event.
-telemetry:
-  enabled: false
-event_log_storage:
-  module: stage2_pipelines.eventlog
-  class: FastSqliteEventLogStorage
-  config:
-    base_dir: {home}/history
-# Step logs to files (the UI shows them); mirrored to the terminal only under --verbose, without
-# Dagster's two helper processes per step (pipelines/computelogs.py).
-compute_logs:
-  module: stage2_pipelines.computelogs
-  class: StepLogsToFiles
-  config:
-    base_dir: {home}/storage
-"""
-
-
-def write_instance_yaml(home: Path) -> None:
-    """Create ``dagster.yaml`` for a local instance unless the user already has one."""
-    cfg = home / "dagster.yaml"
-    if not cfg.exists():
-        home.mkdir(parents=True, exist_ok=True)
-        cfg.write_text(INSTANCE_YAML.format(home=home))
 
 
 def ensure_instance(data_root: Path) -> Path:

@@ -110,6 +110,10 @@ def run_selection(
                 {"step": fev.step_key, "partition": k, "message": m} for k, m in sorted(by_partition.items())
             ]
             continue
+        named = check_failure_errors(fev.step_key, err, checks)
+        if named is not None:  # blocking checks failed: what they found, not a bug
+            errors += named
+            continue
         msg = step_error_line(err)
         errors.append(
             {"step": fev.step_key, "partition": keys[0] if len(keys) == 1 else None, "message": msg}
@@ -164,6 +168,57 @@ _OS_ERRORS = {  # the file system's refusals (builtins): named as such, not as a
 }  # fmt: skip
 
 
+CHECK_FAILED_ERROR = "DagsterAssetCheckFailedError"  # a step's blocking checks failed (Dagster's name)
+
+
+def _innermost(err: Any) -> Any:
+    while getattr(err, "cause", None) is not None:
+        err = err.cause
+    return err
+
+
+def failed_check_keys(err: Any) -> list[tuple[str, str]] | None:
+    """The ``(asset, check)`` of every blocking check whose failure failed a step (Dagster's
+    ``DagsterAssetCheckFailedError``, which lists them one asset a line: ``asset: check,check``);
+    None when ``err`` (a ``SerializableErrorInfo``) is another failure."""
+    inner = _innermost(err) if err is not None else None
+    if inner is None or inner.cls_name != CHECK_FAILED_ERROR:
+        return None
+    keys = []
+    for line in inner.message.splitlines()[1:]:
+        asset, sep, names = line.partition(": ")
+        if sep:
+            keys += [(asset.strip(), n.strip()) for n in names.split(",") if n.strip()]
+    return keys
+
+
+def check_failure_errors(step: str, err: Any, checks: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """A step failed because blocking checks failed: one error per failed check, as what it is (the
+    check's name and what it found: its description names the file and the fix), taken from the
+    run's check results ``checks``; None when the step failed for another reason."""
+    keys = failed_check_keys(err)
+    if keys is None:
+        return None
+    failed = [c for c in checks if not c["passed"] and (c["asset"], c["check"]) in set(keys)]
+    seen = {(c["asset"], c["check"]) for c in failed}
+    out = [
+        {
+            "step": step,
+            "partition": c["partition"],
+            "asset": c["asset"],
+            "check": c["check"],
+            "message": f"check {c['asset']}:{c['check']} failed: {c['description']}",
+        }
+        for c in failed
+    ]
+    out += [  # a failure whose result did not reach the run's summary: its name at least
+        {"step": step, "partition": None, "asset": a, "check": n, "message": f"check {a}:{n} failed"}
+        for a, n in keys
+        if (a, n) not in seen
+    ]
+    return out
+
+
 def step_error_line(err: Any) -> str:
     """One line for a step's failure (a ``SerializableErrorInfo``): a ``Failure`` (a named error of
     the library) is its message; anything else escaped every guard, so it is named as such, with
@@ -173,9 +228,7 @@ def step_error_line(err: Any) -> str:
     msg = err.message.strip().removeprefix("dagster._core.definitions.events.Failure: ")
     if err.cls_name == "Failure":
         return msg
-    inner = err
-    while getattr(inner, "cause", None) is not None:
-        inner = inner.cause
+    inner = _innermost(err)
     text = " ".join(inner.message.split())[:500]
     if inner.cls_name in ("DagsterExecutionInterruptedError", "KeyboardInterrupt", "Failure"):
         return text.removeprefix("dagster._core.definitions.events.Failure: ")  # a stop; a wrapped Failure

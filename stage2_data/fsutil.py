@@ -1,5 +1,6 @@
 """File-system helpers: free space, a full disk as a clear error, canonical JSON, ``human_bytes``,
-starting a file's writeback early (``start_writeback``).
+starting a file's writeback early (``start_writeback``), and the one check of an output path a user
+gives (``check_output_path``: a regular file or nothing, never a link, a device or a store's file).
 
 Atomic writes, staging folders and publication live in :mod:`stage2_data.publish`.
 """
@@ -10,17 +11,20 @@ import contextlib
 import ctypes
 import errno
 import json
+import os
 import shutil
+import stat
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .errors import DiskSpaceError
+from .errors import DiskSpaceError, Stage2Error
 
 __all__ = [
     "DISK_FULL_ERRNOS",
     "canonical_json",
+    "check_output_path",
     "disk_full_as",
     "free_bytes",
     "human_bytes",
@@ -102,3 +106,97 @@ def human_bytes(n: float) -> str:
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1024
     return f"{n:.1f} TiB"  # pragma: no cover
+
+
+# What marks a folder as a store (its manifest beside its samples, or a Zarr group's metadata) and a
+# folder as a data root (its lock file): ``layout`` and ``store.format`` name the same files.
+_STORE_MANIFEST = "manifest.json"
+_STORE_MARKS = ("sample_index.jsonl", "shards")
+_ZARR_METADATA = "zarr.json"
+_DATA_ROOT_MARK = ".stage2.lock"
+_STORES_DIR = "stores"
+
+_KINDS = (
+    (stat.S_ISREG, "a regular file"),
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _what(mode: int) -> str:
+    return next((what for test, what in _KINDS if test(mode)), "a special file")
+
+
+def _store_holding(folder: Path, *, stores_dir: bool = True) -> tuple[Path, str] | None:
+    """The store (or Zarr hierarchy; or, with ``stores_dir``, the data root's ``stores/``) that
+    ``folder`` is or lies in, and what it is; None if none."""
+    for d in (folder, *folder.parents):
+        try:
+            if (d / _ZARR_METADATA).exists():
+                return d, "the Zarr store"
+            if (d / _STORE_MANIFEST).exists() and any((d / m).exists() for m in _STORE_MARKS):
+                return d, "the store"
+            if stores_dir and d.name == _STORES_DIR and (d.parent / _DATA_ROOT_MARK).exists():
+                return d, "the data root's stores folder"
+        except OSError:  # a folder that cannot be looked into is no store of ours
+            continue
+    return None
+
+
+def check_output_path(
+    path: str | os.PathLike[str],
+    *,
+    option: str = "--out",
+    kind: str = "file",
+    error: type[Stage2Error] = Stage2Error,
+) -> Path:
+    """``path``, a user-given output that a command replaces by renaming a temp over it, once it is
+    known to be safe to replace; ``error`` (naming ``option``, the path and a fix) otherwise.
+
+    ``kind="file"`` (``stage2 preview``, ``stage2 export-rrd``): nothing there yet, or a regular
+    file. Refused: a symbolic link (the rename would replace the link, not what it points at), a
+    folder, a FIFO, a device, a socket; a path inside a store (a folder holding a store's
+    ``manifest.json`` or a ``zarr.json``) or inside a data root's ``stores/``: a store is
+    immutable, and a file renamed into it (its own ``manifest.json``) would destroy it.
+
+    ``kind="folder"`` (a new store's folder, ``stage2 merge``): nothing there yet, or a folder that is
+    not a store and lies in none; a link, a file or a special file is refused."""
+    p = Path(path)
+    want = stat.S_ISREG if kind == "file" else stat.S_ISDIR
+    fix = f"pass {option} a new {kind} name outside any store"
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        st = None
+    except OSError as err:
+        reason = os.strerror(err.errno) if err.errno else str(err)
+        raise error(f"{option} {p}: cannot look at it: {reason}.", fix=fix) from None
+    if st is not None and stat.S_ISLNK(st.st_mode):
+        try:
+            target = os.readlink(p)
+        except OSError:
+            target = "?"
+        raise error(
+            f"{option} {p} is a symbolic link (to {target}): writing there would replace the link, not "
+            "what it points at.",
+            fix=f"pass {option} the link's target itself, or a new {kind} name",
+        )
+    if st is not None and not want(st.st_mode):
+        raise error(f"{option} {p} is {_what(st.st_mode)}, not a {kind} to replace.", fix=fix)
+    parent = p.parent if str(p.parent) else Path(".")
+    inside = _store_holding(Path(os.path.realpath(parent)), stores_dir=kind == "file")
+    if inside is None and kind == "folder" and st is not None:
+        inside = _store_holding(Path(os.path.realpath(p)), stores_dir=False)
+    if inside is not None and kind == "folder" and inside[0] == Path(os.path.realpath(p)):
+        raise error(f"{option} {p} is a store: a store is immutable, never replaced.", fix=fix)
+    if inside is not None:
+        where, what = inside
+        raise error(
+            f"{option} {p} is inside {what} {where}: a store is immutable, and what is written there "
+            "could replace its own files.",
+            fix=f"pass {option} a path outside {where}",
+        )
+    return p

@@ -12,6 +12,7 @@ from typing import Any
 from PIL import Image, ImageDraw
 
 from ..errors import PreviewError
+from ..fsutil import check_output_path
 from ..publish import UMASK_MODE, atomic_write_bytes
 from ._draw import BACKGROUND, INK, MUTED, RULE, fit, font, png_bytes, stack
 from .histogram import length_histogram
@@ -100,7 +101,8 @@ def resolve_out(out: str | os.PathLike[str] | None, reader: Any, source: str | N
 def out_path(out: str | os.PathLike[str] | None, default: Path, example: str) -> Path:
     """``--out`` as a file to write: ``out``; ``default``'s name inside ``out`` when it is a folder;
     ``default`` when None. PreviewError (its fix naming ``--out ./<example>``) when its folder is
-    missing, not a folder, or not writable."""
+    missing, not a folder, or not writable; PreviewError too when it is not safe to replace
+    (``fsutil.check_output_path``: a link, a special file, a path inside a store)."""
     path = default if out is None else Path(out)
     if path.is_dir():
         path = path / default.name
@@ -111,7 +113,7 @@ def out_path(out: str | os.PathLike[str] | None, default: Path, example: str) ->
         raise PreviewError(f"--out {path}: cannot write there: {parent} {what}.", fix=fix)
     if not os.access(parent, os.W_OK | os.X_OK):
         raise PreviewError(f"--out {path}: cannot write there: {parent} is not writable.", fix=fix)
-    return path
+    return check_output_path(path, option="--out", error=PreviewError)
 
 
 def write_png(path: Path, data: bytes) -> Path:
