@@ -387,3 +387,55 @@ def test_pool_loader_reuses_released_shared_files_without_touching_held_batches(
     for batch, keys in held:
         _check_batch(batch, up, keys)  # unchanged after every later batch
     assert 0 < len(files_seen) < through_shm / 2, (files_seen, through_shm)  # files were reused
+
+
+def test_selection_refuses_an_unknown_split_by_name(store: Path) -> None:
+    for bogus in ("bogus", "Train", 1):
+        with pytest.raises(
+            LoaderError, match=r"split .* is not a split of a store; the splits are: train, val, test"
+        ):
+            Selection(store, split=bogus)  # type: ignore[arg-type]
+    with Selection(store, split="all") as every, Selection(store) as default:
+        assert len(every) == len(default)
+
+
+@pytest.mark.parametrize(
+    ("make", "state", "message"),
+    [
+        (lambda: SeededOrder(10), None, "the saved order state is NoneType None, not a dict"),
+        (lambda: SeededOrder(10), [0, 1], "the saved order state is list"),
+        (lambda: SeededOrder(10), {"kind": "samples"}, "has no 'seed', 'shuffle', 'epoch', 'start'"),
+        (lambda: SeededOrder(10), {"epoch": "x"}, "epoch='x' is not an integer"),
+        (lambda: SeededOrder(10), {"epoch": 0.5}, "epoch=0.5 is not an integer"),
+        (lambda: SeededOrder(10), {"start": None}, "start=None is not an integer"),
+        (lambda: SeededOrder(10), {"start": 11}, "start 11 is past the end of epoch 0 \\(10 samples\\)"),
+        (lambda: SeededOrder(10), {"epoch": -1}, "epoch -1 and start 0: both must be >= 0"),
+        (
+            lambda: ResolutionBatches([(2, 2)] * 6, 2),
+            {"start": 4},
+            "start 4 is past the end of epoch 0 \\(3 batches\\)",
+        ),
+    ],
+    ids=[
+        "none",
+        "list",
+        "missing-keys",
+        "epoch-text",
+        "epoch-float",
+        "start-none",
+        "start-past-end",
+        "epoch-negative",
+        "batches-past-end",
+    ],
+)
+def test_a_malformed_resume_state_is_a_named_error(make: Any, state: Any, message: str) -> None:
+    order = make()
+    if isinstance(state, dict) and "kind" not in state:
+        state = order.state_dict() | state  # a real state with one value broken
+    before = (order.epoch, order.start)
+    with pytest.raises(LoaderError, match=message):
+        order.load_state_dict(state)
+    assert (order.epoch, order.start) == before  # refused: the order is where it was
+    for consumed in ("3", 1.5, True):
+        with pytest.raises(LoaderError, match="consumed=.* is not an integer"):
+            order.state_dict(consumed=consumed)

@@ -26,7 +26,7 @@ that iterates them (never in a worker).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 import numpy as np
@@ -119,7 +119,7 @@ class _EpochOrder(Generic[Item]):
         items this order has handed out, exact only without read-ahead). Before any iteration it is
         the order's own ``epoch`` / ``start``."""
         epoch, start = self._running
-        taken = self._handed if consumed is None else int(consumed)
+        taken = self._handed if consumed is None else _count(consumed, "consumed")
         if taken < 0:
             raise LoaderError(f"consumed={taken} is negative.", fix="give the number of items taken so far")
         pos = start + taken
@@ -141,6 +141,18 @@ class _EpochOrder(Generic[Item]):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue where ``state`` (from :meth:`state_dict`) stood; refused when it was saved by an
         order of another kind, seed or selection."""
+        if not isinstance(state, Mapping):
+            raise LoaderError(
+                f"the saved order state is {type(state).__name__} {_short(state)}, not a dict.",
+                fix=f"pass the dict {type(self).__name__}.state_dict() returned (as saved, e.g. with json)",
+            )
+        missing = [k for k in ("kind", "seed", "shuffle", "epoch", "start") if k not in state]
+        if missing:
+            raise LoaderError(
+                f"the saved order state has no {', '.join(map(repr, missing))}; a state holds "
+                f"{', '.join(map(repr, ['kind', 'seed', 'shuffle', 'epoch', 'start', *self._identity()]))}.",
+                fix=f"pass the dict {type(self).__name__}.state_dict() returned, unchanged",
+            )
         mine = (
             {"kind": self.kind, "seed": self.seed, "shuffle": self.shuffle} | self._ranks() | self._identity()
         )
@@ -154,7 +166,33 @@ class _EpochOrder(Generic[Item]):
                 f"the saved order state does not match this order ({diff}).",
                 fix="resume with the same selection, seed and batch settings the state was saved with",
             )
-        self._place(int(state["epoch"]), int(state["start"]))
+        epoch, start = _count(state["epoch"], "epoch"), _count(state["start"], "start")
+        if epoch < 0 or start < 0:
+            self._place(epoch, start)  # refused, naming both
+        total = len(self.items(epoch))
+        if start > total:
+            raise LoaderError(
+                f"the saved order state's start {start} is past the end of epoch {epoch} ({total} "
+                f"{self.kind}).",
+                fix="pass the dict state_dict() returned, unchanged, to an order over the same selection",
+            )
+        self._place(epoch, start)
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _count(value: object, name: str) -> int:
+    """``value`` as a count (an integer, numpy's too; never a bool, a float or text); LoaderError
+    naming ``name`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise LoaderError(
+            f"{name}={_short(value)} is not an integer.",
+            fix=f"give {name} as an integer (in a saved state: the value state_dict() wrote, unchanged)",
+        )
+    return int(value)
 
 
 class SeededOrder(_EpochOrder[int]):

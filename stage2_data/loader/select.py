@@ -22,9 +22,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import LoaderError
+from ..layout import SPLIT_NAMES
 from ..storage import StoreLocation
 from ..store import VinOfflineDataset, VinOfflineStoreReader
 from ..store.dataset import checked_index
+from ..store.format import SPLIT_FILES
 
 Transform = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -61,6 +63,18 @@ class DeferredFrames:
         return f"DeferredFrames(sample {self.index}, shape={self.shape})"
 
 
+def check_split(split: object) -> None:
+    """``split`` as a selection takes it: one of ``train``, ``val``, ``test``, or ``all`` / None
+    (every split); LoaderError listing them otherwise, before the store is opened."""
+    if split is None or (isinstance(split, str) and split in SPLIT_FILES):
+        return
+    raise LoaderError(
+        f"split {split!r} is not a split of a store; the splits are: {', '.join(SPLIT_NAMES)} "
+        "(or 'all' / None: every split).",
+        fix=f"pass split= one of {', '.join(map(repr, SPLIT_NAMES))}, or None",
+    )
+
+
 class Selection:
     """The samples of the store at ``path`` in ``split`` (None: every split) whose source is one of
     ``sources``, task one of ``tasks`` and (H, W) one of ``resolutions`` (None: any).
@@ -70,7 +84,8 @@ class Selection:
     :class:`~stage2_data.store.VinOfflineDataset`), passed through ``transform`` when one is given
     (in the worker that loads it; under spawn it must be picklable: a module-level function). A
     name in ``sources`` / ``tasks`` that the split does not hold, or a selection of no sample, is a
-    :class:`~stage2_data.errors.LoaderError` naming what the split holds.
+    :class:`~stage2_data.errors.LoaderError` naming what the split holds; so is a ``split`` that is
+    none of the store's (:func:`check_split`).
     """
 
     def __init__(
@@ -84,6 +99,7 @@ class Selection:
         transform: Transform | None = None,
         storage_options: dict[str, Any] | None = None,
     ) -> None:
+        check_split(split)
         self.dataset = VinOfflineDataset(path, split, storage_options)
         self.split = split
         self.transform = transform
