@@ -96,19 +96,37 @@ class PinDisagreesError(ProfileError):
         super().__init__(message, fix=fix)
 
 
-def _pin_keys(spec: ArchiveSpec, local: LocalFile, profile: Profile | None) -> tuple[str, list[str]]:
-    """(where the pin is: ``<profile file>: archives[i]`` or the entry's path, the keys that differ
-    from the file: ``size``, ``sha256``)."""
+def _value(key: str, value: object) -> str:
+    return f'{key} = "{value}"' if key == "sha256" else f"{key} = {value}"
+
+
+@dataclass(frozen=True)
+class _Pin:
+    """The pin of one archive as a message names it: ``<profile>: archives[i].sha256 = "…"``, or,
+    without the profile, ``sha256 = "…" of the [[archives]] entry with path = "…"``."""
+
+    keys: list[str]  # the keys whose pinned value differs from the file: size, sha256
+    head: str  # "<profile file>: " or ""
+    key_prefix: str  # "archives[i]." or ""
+    tail: str  # "" or " of the [[archives]] entry with path = ..."
+    where: str  # the profile file, or "<profile>"
+
+    def named(self, values: dict[str, object]) -> str:
+        body = " and ".join(self.key_prefix + _value(k, values[k]) for k in self.keys)
+        return f"{self.head}{body}{self.tail}"
+
+
+def _pin_of(spec: ArchiveSpec, local: LocalFile, profile: Profile | None) -> _Pin:
     keys = [
         k for k, a, b in (("size", spec.size, local.size), ("sha256", spec.sha256, local.sha256)) if a != b
     ]
     index = None
     if profile is not None:
         index = next((i for i, a in enumerate(profile.archives) if a.path == spec.path), None)
-    entry = f"archives[{index}]" if index is not None else f'the [[archives]] entry with path = "{spec.path}"'
-    if profile is not None and profile.profile_path is not None:
-        entry = f"{profile.profile_path}: {entry}"
-    return entry, keys
+    where = str(profile.profile_path) if profile is not None and profile.profile_path else "<profile>"
+    if index is None:
+        return _Pin(keys, "", "", f' of the [[archives]] entry with path = "{spec.path}"', where)
+    return _Pin(keys, f"{where}: ", f"archives[{index}].", "", where)
 
 
 def _settle(
@@ -121,10 +139,9 @@ def _settle(
     pin, with neither, or cannot be asked), the file and its record are moved to the quarantine
     folder, never deleted; returns the file's new path (the caller downloads again). Offline
     (``HF_HUB_OFFLINE``), the file is moved as well and HubOfflineError says where."""
-    entry, keys = _pin_keys(spec, local, profile)
-    pins = ", ".join(
-        f"{k} = {getattr(spec, k)!r}" if k == "sha256" else f"{k} = {getattr(spec, k)}" for k in keys
-    )
+    pin = _pin_of(spec, local, profile)
+    pinned = pin.named({"size": spec.size, "sha256": spec.sha256})
+    file_values = pin.named({"size": local.size, "sha256": local.sha256})
     found = f"{local.path} holds {local.size} bytes with sha256 {local.sha256}"
     offline = hub_offline()
     hub_says = "HF_HUB_OFFLINE is set: the hub was not asked which side is wrong"
@@ -136,25 +153,21 @@ def _settle(
             hub_says = f"the hub's listing could not be read ({e.message.splitlines()[0]})"
         else:
             if remote is not None and (remote.size, remote.sha256) == (local.size, local.sha256):
-                keyed = ", ".join(f"{entry}.{k}" for k in keys)
-                values = " and ".join(
-                    f'{k} = "{local.sha256}"' if k == "sha256" else f"{k} = {local.size}" for k in keys
-                )
                 raise PinDisagreesError(
-                    f"the pin {keyed} ({pins}) is wrong: the verified file {found}, and the hub's listing of "
+                    f"the pin {pinned} is wrong: the verified file {found}, and the hub's listing of "
                     f"{source.label} at {source.revision} ({source.api_endpoint}) lists the same size and "
-                    "sha256. The file was left where it is; nothing was downloaded.",
-                    fix=f"set {values} in {entry} (the upstream values; `stage2 pin --check` shows the same "
-                    "disagreement), then re-run: nothing needs downloading",
+                    "sha256 for it. The file was left where it is; nothing was downloaded.",
+                    fix=f"correct the pin to the upstream value: {file_values} (`stage2 pin {pin.where} "
+                    "--check` shows the same disagreement); then re-run: nothing needs downloading",
                     path=spec.path,
-                    keys=keys,
+                    keys=pin.keys,
                 )
             hub_says = (
                 f"{spec.path} is not in the hub's listing at {source.revision}"
                 if remote is None
                 else f"the hub's listing at {source.revision} says {remote.size} bytes, sha256 {remote.sha256}"
             )
-    reason = f"it disagreed with its pin ({', '.join(f'{entry}.{k}' for k in keys)}); {hub_says}"
+    reason = f"it disagreed with its pin {pinned}; {hub_says}"
     record = layout.verified_record_path(data_root, spec.path)
     moved = quarantine_files(
         data_root,
@@ -170,11 +183,11 @@ def _settle(
     log.warning("%s: %s; moved to %s (not deleted)", spec.path, reason, where)
     if offline:
         raise HubOfflineError(
-            f"HF_HUB_OFFLINE is set and {found}, which disagrees with its pin {', '.join(f'{entry}.{k}' for k in keys)} "
-            f"({pins}): it was moved to {where} (not deleted); nothing was requested.",
-            fix=f"if the pin is wrong (the file is the upstream one: `stage2 pin --check` online tells), "
-            f"correct the pin and move the file back (mv {where} {local.path}); else unset HF_HUB_OFFLINE "
-            "to download the pinned file again",
+            f"HF_HUB_OFFLINE is set and {found}, which disagrees with its pin {pinned}: it was moved "
+            f"to {where} (not deleted); nothing was requested.",
+            fix=f"if the pin is wrong (the file is the upstream one: `stage2 pin {pin.where} --check` online "
+            f"tells), correct it ({file_values}) and move the file back: mv {where} {local.path}; "
+            "else unset HF_HUB_OFFLINE to download the pinned file again",
             missing=[spec.path],
         )
     return where

@@ -16,6 +16,7 @@ and request nothing (:func:`hub_offline`, :class:`HubOfflineError`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from huggingface_hub import HfApi, hf_hub_url
 from huggingface_hub.errors import (
@@ -134,6 +135,23 @@ def _is_client_error(e: BaseException) -> bool:
     return isinstance(e, HfHubHTTPError | OfflineModeIsEnabled | _httpx.HTTPError) or _is_transient(e)
 
 
+def _origin(url: str) -> str:
+    """``scheme://host[:port]`` of a URL (the port only when the URL names one)."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.rsplit('@', 1)[-1]}"
+
+
+def _redirected_host(e: BaseException, endpoint: str) -> str | None:
+    """The origin (``scheme://host[:port]``) of the request that failed, when it is not the
+    endpoint's: the hub redirected the request there (its CDN or storage). None otherwise."""
+    try:
+        url = str(e.request.url)  # type: ignore[attr-defined]  # httpx raises RuntimeError when unset
+    except (AttributeError, RuntimeError):
+        return None
+    failed = _origin(url)
+    return failed if failed != _origin(endpoint) else None
+
+
 def _hub_error(
     e: BaseException, source: HubSource, *, what: str, path: str | None = None, note: str = ""
 ) -> HubError:
@@ -172,6 +190,15 @@ def _hub_error(
     elif isinstance(e, OfflineModeIsEnabled):
         msg = f"{what}: huggingface_hub offline mode is on (HF_HUB_OFFLINE), {ep} was not contacted."
         fix = "unset HF_HUB_OFFLINE (or set it to 0) and re-run"
+    elif isinstance(e, _httpx.HTTPError) and (other := _redirected_host(e, ep)) is not None:
+        msg = (
+            f"{what}: {other} could not be reached ({type(e).__name__}: {_first_line(str(e)) or 'no detail'}); "
+            f"the hub at {ep} answered and redirected the request there."
+        )
+        fix = (
+            f"the hub is reachable, the host it sends downloads to is not: check that this machine may reach "
+            f"{other} (network, firewall, proxy: HTTPS_PROXY / NO_PROXY), then re-run; partial files resume"
+        )
     elif isinstance(e, _httpx.HTTPError):
         msg = f"{what}: hub unreachable at {ep} ({type(e).__name__}: {_first_line(str(e)) or 'no detail'})."
         fix = (

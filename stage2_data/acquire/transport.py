@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from huggingface_hub import constants as hf_constants
 from huggingface_hub import get_hf_file_metadata
@@ -166,15 +167,78 @@ def _check_metadata(source: HubSource, spec: ArchiveSpec, url: str) -> None:
             fix="check the endpoint and [source] revision of the profile",
         )
     if meta.size != spec.size:
-        raise HubError(
-            f"{spec.path} is {meta.size} bytes upstream at {source.revision}, the profile pins {spec.size}.",
-            fix="run `stage2 pin` and check the profile's size for this archive against the upstream listing",
+        raise _answer_disagrees(
+            source, spec, f"the hub at {source.api_endpoint} says {spec.path} is {meta.size} bytes (HEAD)"
         )
     if meta.etag and SHA256_RE.match(meta.etag) and meta.etag != spec.sha256:
-        raise HubError(
-            f"{spec.path} has sha256 {meta.etag} upstream at {source.revision}, the profile pins {spec.sha256}.",
-            fix="run `stage2 pin` and check the profile's sha256 for this archive against the upstream listing",
+        raise _answer_disagrees(
+            source, spec, f"the hub at {source.api_endpoint} says {spec.path} has sha256 {meta.etag} (HEAD)"
         )
+
+
+def _answer_disagrees(source: HubSource, spec: ArchiveSpec, said: str) -> HubError:
+    """A download answer disagrees with the pin (``said``: what it said). The hub's listing at the
+    pinned revision (the source ``stage2 pin`` reads) tells which side is wrong: a listing that
+    agrees with the pin means the answer is wrong (a proxy, a CDN, the wrong endpoint), not the
+    pin, so ``stage2 pin`` would change nothing; a listing that disagrees means the pin is wrong."""
+    from .listing import list_remote_files  # the error path only
+
+    pinned = f"the profile pins {spec.size} bytes, sha256 {spec.sha256}"
+    try:
+        listed = list_remote_files(source).get(spec.path)
+    except HubError as e:
+        return HubError(
+            f"{said}; {pinned}, and the hub's listing could not be read to tell which is right "
+            f"({e.message.splitlines()[0]}).",
+            fix="check the endpoint (--endpoint / HF_ENDPOINT) and any proxy (HTTPS_PROXY), then re-run; "
+            "`stage2 pin <profile> --check` compares the pins with the listing",
+        )
+    if listed is not None and (listed.size, listed.sha256) == (spec.size, spec.sha256):
+        return HubError(
+            f"{said}; {pinned}, and the hub's own listing of {source.label} at {source.revision} agrees "
+            "with the pin: the download answer is wrong, not the pin (a proxy, a CDN or cache in between, "
+            "or an endpoint that is not the hub's).",
+            fix="check the endpoint (--endpoint / HF_ENDPOINT) and any proxy between (HTTPS_PROXY / NO_PROXY); "
+            "retry later: the partial file is kept and resumes",
+        )
+    upstream = (
+        f"the hub's listing at {source.revision} does not list it"
+        if listed is None
+        else f"the hub's listing at {source.revision} says {listed.size} bytes, sha256 {listed.sha256}"
+    )
+    return HubError(
+        f"{said}; {pinned}, and {upstream}: the pin disagrees with upstream.",
+        fix="correct this archive's size and sha256 in the profile to the listing's (`stage2 pin <profile> "
+        "--check` names the entry and both values), or check [source] revision",
+    )
+
+
+def _html_page(source: HubSource, spec: ArchiveSpec, response: Any) -> HubError | None:
+    """A HubError when the answer to an archive's GET is an HTML page (a login, consent or error
+    page of the hub, a proxy or a captive portal) instead of the archive's bytes; else None."""
+    ctype = response.headers.get("content-type", "")
+    if ctype.split(";")[0].strip().lower() not in ("text/html", "application/xhtml+xml"):
+        return None
+    origin = urlsplit(str(response.url))
+    served = f"{origin.scheme}://{origin.netloc.rsplit('@', 1)[-1]}"
+    by = (
+        ""
+        if served == _origin_of(source.api_endpoint)
+        else f" (served by {served}, where the hub redirected it)"
+    )
+    return HubError(
+        f"the hub at {source.api_endpoint} answered the download of {spec.path} with an HTML page{by} "
+        f"(Content-Type {ctype.strip()}, Content-Length {response.headers.get('content-length', 'none')}), "
+        "not the archive's bytes: a login, consent or error page.",
+        fix=f"check that the token (HF_TOKEN, or the variable named by --token-env) may read {source.label}, "
+        "that --endpoint / HF_ENDPOINT is the hub itself, and any proxy or captive portal in between "
+        "(HTTPS_PROXY); then re-run: the partial file is kept",
+    )
+
+
+def _origin_of(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.rsplit('@', 1)[-1]}"
 
 
 def _raw_socket(response: Any) -> socket.socket | None:
@@ -311,15 +375,19 @@ def _get_into(
                 f"the hub at {source.api_endpoint} answered HTTP {status} to the download of {spec.path}.",
                 fix="retry later; if it persists, check the endpoint",
             )
+        html = _html_page(source, spec, response)
+        if html is not None:
+            raise html
         if state.resumed_from is None:
             state.resumed_from = start
         want = spec.size - start
         length_header = response.headers.get("content-length")
         if length_header is not None and length_header.isdigit() and int(length_header) != want:
-            raise HubError(
-                f"the hub at {source.api_endpoint} sends {length_header} bytes of {spec.path} from byte "
-                f"{start}, the pinned size leaves {want}.",
-                fix="run `stage2 pin` and check the profile's size for this archive against the upstream listing",
+            raise _answer_disagrees(
+                source,
+                spec,
+                f"the hub at {source.api_endpoint} sent Content-Length {length_header} for {spec.path} from "
+                f"byte {start}, where the pinned size leaves {want} bytes",
             )
         chunks = response.iter_raw()  # kept referenced: closing it would close the response
         sock = _raw_socket(response)
@@ -328,9 +396,11 @@ def _get_into(
             try:
                 for chunk in chunks:
                     if got + len(chunk) > want:
-                        raise HubError(
-                            f"the hub at {source.api_endpoint} sent more than the pinned {spec.size} bytes of {spec.path}.",
-                            fix="run `stage2 pin` and check the profile's size for this archive",
+                        raise _answer_disagrees(
+                            source,
+                            spec,
+                            f"the hub at {source.api_endpoint} sent more than the pinned {spec.size} bytes "
+                            f"of {spec.path}",
                         )
                     got += len(chunk)
                     report(sink.feed(chunk))

@@ -330,6 +330,13 @@ class _Handler(BaseHTTPRequestHandler):
             if faults.fail:
                 raise _Reply(503, "Service temporarily unavailable")
             drop_at, corrupt, ignore_range = faults.drop_at, faults.corrupt, faults.ignore_range
+            if rel in hub.faults.redirect:
+                self._send_page(302, b"", "text/plain", {"Location": hub.faults.redirect[rel] + self.path})
+                return
+            if rel in hub.faults.html:
+                page = b"<!DOCTYPE html><html><head><title>Sign in</title></head><body>Log in</body></html>"
+                self._send_page(200, page, "text/html; charset=utf-8", {})
+                return
         else:
             ignore_range = hub.faults.ignore_range
 
@@ -345,10 +352,13 @@ class _Handler(BaseHTTPRequestHandler):
                 start, end = parsed
                 status = 206
         length = max(0, end - start + 1)
+        lie = hub.faults.content_length.get(rel) if method == "GET" else None
+        if lie is not None:  # a lying Content-Length: send at most that many bytes, then hang up
+            length = min(length, lie)
 
         self.send_response(status)
         self.send_header("Content-Type", "application/octet-stream")
-        self.send_header("Content-Length", str(length))
+        self.send_header("Content-Length", str(length if lie is None else lie))
         self.send_header("Accept-Ranges", "bytes")
         self.send_header("ETag", f'"{entry.sha256}"')
         self.send_header("X-Linked-Etag", f'"{entry.sha256}"')
@@ -380,10 +390,19 @@ class _Handler(BaseHTTPRequestHandler):
                         time.sleep(ahead)
             else:
                 self._send_flipped(f, start, send, flip_at)
-        if drop_at is not None and send < length:
+        if (drop_at is not None and send < length) or lie is not None:
             with contextlib.suppress(OSError):
                 self.connection.shutdown(socket.SHUT_RDWR)
             raise _Dropped()
+
+    def _send_page(self, status: int, body: bytes, ctype: str, headers: dict[str, str]) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body)
 
     def _send_flipped(self, f: Any, start: int, count: int, flip_at: int) -> None:
         f.seek(start)

@@ -69,6 +69,13 @@ class HubFaults:
     """target -> answer its next requests with an error status (429, 500, 503, ...), optionally with
     ``Retry-After``; a target is a repo file path (its GETs), ``INFO`` (repo info) or ``TREE`` (the
     listing). Consumed like ``fail_first``."""
+    content_length: dict[str, int] = field(default_factory=dict)
+    """path -> its GETs carry this ``Content-Length`` (a lying one; at most that many bytes are sent,
+    then the connection is closed); HEAD keeps the true size."""
+    html: set[str] = field(default_factory=set)
+    """paths whose GETs are answered 200 with an HTML login page (``text/html``) instead of the bytes."""
+    redirect: dict[str, str] = field(default_factory=dict)
+    """path -> its GETs are redirected (302) to this base URL + the request's path (e.g. a dead host)."""
 
 
 @dataclass(frozen=True)
