@@ -11,6 +11,9 @@
   reports/*.json                                 verification reports
   stores/<profile>/v<VERSION>-<inputkey16>/      immutable VIN stores, one per input set
   stores/<profile>/current -> v<VERSION>-...     the published store (symlink swapped atomically)
+  unused/processed_datasets/<cache_key>[.N]/     a cache directory the profile no longer lists, moved
+                                                 aside by the build (never deleted), with its record
+                                                 in unused/reports/extraction/
   quarantine/<UTC time>/archives/<archive path>  a verified archive that disagreed with its pin, moved
                                                  aside (never deleted; `stage2 gc --quarantine` removes)
 """
@@ -33,6 +36,7 @@ VERIFIED_SUFFIX = ".verified.json"
 EXTRACTION_REPORT = "extraction_report.json"
 JOIN_TABLE = "trajectory_join.parquet"
 LOCK_FILE = ".stage2.lock"
+UNUSED_DIR = "unused"
 QUARANTINE_DIR = "quarantine"
 
 FRAMES_SUBDIR = "frames"
@@ -102,6 +106,12 @@ def reports_dir(data_root: Path) -> Path:
 
 def extraction_record_path(data_root: Path, cache_key: str) -> Path:
     return data_root / REPORTS_DIR / "extraction" / f"{cache_key}.json"
+
+
+def unused_root(data_root: Path) -> Path:
+    """Where the build moves what it made and no longer uses (a cache directory the profile no
+    longer lists): ``<data_root>/unused``, keeping each one's path under the data root."""
+    return data_root / UNUSED_DIR
 
 
 def extraction_report_path(data_root: Path) -> Path:

@@ -6,6 +6,8 @@ is reported at once, naming the key and the file, before anything is downloaded.
 
 from __future__ import annotations
 
+import os
+import stat
 import tomllib
 from collections import defaultdict
 from pathlib import Path, PurePosixPath
@@ -14,6 +16,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import ProfileError, UnknownArchivesError
+from .formats.sha256sums import file_kind, read_regular_bytes
 from .hashing import SHA256_RE
 from .layout import HEX40_RE, split_base
 
@@ -195,6 +198,45 @@ class Profile(_Strict):
     def kit_file(self, key: str) -> Path:
         return self.kit_root / getattr(self.kit, key)
 
+    def kit_path_problems(self) -> list[str]:
+        """Every kit path that is there but is not what it must be: a regular file (a link to one
+        is followed), a folder for ``action_manifest_dir`` (and a regular file for each ``*.jsonl``
+        in it). Stats only: nothing is opened, so a FIFO cannot block. A missing path is not a
+        problem here (the step that needs it names it)."""
+        problems: list[str] = []
+
+        def check(label: str, path: Path, folder: bool) -> bool:
+            try:
+                st = os.stat(path)
+            except (FileNotFoundError, NotADirectoryError):
+                return False
+            except OSError as e:
+                problems.append(f"{label}: {path} cannot be examined ({e.strerror or e})")
+                return False
+            ok = stat.S_ISDIR(st.st_mode) if folder else stat.S_ISREG(st.st_mode)
+            if not ok:
+                want = "a folder" if folder else "a regular file"
+                problems.append(f"{label}: {path} is {file_kind(st.st_mode)}, not {want}")
+            return ok
+
+        for key in KIT_KEYS:
+            folder = key == "action_manifest_dir"
+            path = self.kit_file(key)
+            if check(f"[kit] {key}", path, folder) and folder:
+                for f in sorted(path.glob("*.jsonl")):
+                    check(f"[kit] {key}", f, False)
+        return problems
+
+    def require_kit_paths(self) -> None:
+        """Raise ProfileError naming every kit path that is not a regular file (or folder)."""
+        problems = self.kit_path_problems()
+        if problems:
+            raise ProfileError(
+                f"profile {self.profile_path or self.name}: {len(problems)} kit path(s) are not regular "
+                "files: " + "; ".join(problems),
+                fix="put the kit's own files at those paths (a FIFO, device, socket or folder is never read)",
+            )
+
     def archive(self, path: str) -> ArchiveSpec:
         for a in self.archives:
             if a.path == path:
@@ -305,11 +347,15 @@ def parse_profile(data: dict[str, Any], *, source: str = "<profile>", path: Path
 
 def load_profile(path: str | Path, *, kit_root: str | Path | None = None) -> Profile:
     p = Path(path).resolve()
-    if not p.is_file():
-        what = "is a folder, not a profile file" if p.is_dir() else "does not exist"
+    try:
+        mode = os.stat(p).st_mode
+    except OSError:
+        mode = None
+    if mode is None or not stat.S_ISREG(mode):
+        what = "does not exist" if mode is None else f"is {file_kind(mode)}, not a regular file"
         raise ProfileError(f"profile file {p} {what}.", fix="pass the path of a profile .toml")
     try:
-        text = p.read_text(encoding="utf-8")
+        text = read_regular_bytes(p).decode("utf-8")
     except UnicodeDecodeError as e:
         raise ProfileError(
             f"profile {p} is not UTF-8 text ({e.reason} at byte {e.start}).", fix="save the profile as UTF-8"
@@ -325,8 +371,11 @@ def load_profile(path: str | Path, *, kit_root: str | Path | None = None) -> Pro
         raise ProfileError(f"profile {p} is not valid TOML: {e}.", fix="correct the TOML syntax") from None
     except RecursionError:
         raise ProfileError(f"profile {p} is nested too deeply.", fix="correct the TOML") from None
-    prof = parse_profile(data, source=str(p), path=p)
-    return prof.with_kit_root(Path(kit_root).resolve() if kit_root else None)
+    prof = parse_profile(data, source=str(p), path=p).with_kit_root(
+        Path(kit_root).resolve() if kit_root else None
+    )
+    prof.require_kit_paths()  # a FIFO, device or folder where a kit file should be: named, never read
+    return prof
 
 
 # ----- a small TOML writer (no extra dependency) ----------------------------------------------

@@ -8,8 +8,9 @@ and inspection of an extracted cache directory.
 - :mod:`.safety`: every member checked before anything is written (an
   :class:`~stage2_data.errors.UnsafeArchiveError` lists every refused member);
 - :mod:`.extract`: the all-or-nothing extraction (``copy_file_range`` into a temporary folder, then
-  renamed into place) and its records; :func:`check_extraction` says whether a cache directory is
-  still what its record says (by stats only), or why it must be re-extracted;
+  renamed into place) and its records (every file's sha256 and stats); :func:`check_extraction` says
+  whether a cache directory is still what its record says (by stats when they are unchanged, by
+  content when they are not), or why it must be re-extracted;
 - :mod:`.inspect`: what an extracted cache directory holds (counts cross-checked, its rows).
 """
 
@@ -24,17 +25,30 @@ if TYPE_CHECKING:
         EXTRACTOR_VERSION,
         ExtractionCancelled,
         ExtractionRecord,
+        NotRegularFile,
         TreeStat,
         cancel_extractions,
         check_cancel,
         check_extraction,
+        content_digest_of,
         extract_cache_dir,
+        file_kind,
+        hash_regular_file,
+        invalidate_extraction,
         load_extraction_record,
         scan_tree,
+        stats_digest,
+        walk_stats,
         write_extraction_report,
         write_json_if_changed,
     )
-    from .inspect import CacheDirInfo, inspect_cache_dir, read_processed_rows, stray_entries
+    from .inspect import (
+        CacheDirInfo,
+        inspect_cache_dir,
+        move_aside_unused,
+        read_processed_rows,
+        stray_entries,
+    )
     from .multipart import MultiPartReader
     from .safety import REDOWNLOAD_FIX
     from .tar import open_archive_parts
@@ -46,17 +60,25 @@ __all__ = [
     "ExtractionCancelled",
     "ExtractionRecord",
     "MultiPartReader",
+    "NotRegularFile",
     "TreeStat",
     "cancel_extractions",
     "check_cancel",
     "check_extraction",
+    "content_digest_of",
     "extract_cache_dir",
+    "file_kind",
+    "hash_regular_file",
     "inspect_cache_dir",
+    "invalidate_extraction",
     "load_extraction_record",
+    "move_aside_unused",
     "open_archive_parts",
     "read_processed_rows",
     "scan_tree",
+    "stats_digest",
     "stray_entries",
+    "walk_stats",
     "write_extraction_report",
     "write_json_if_changed",
 ]

@@ -12,11 +12,16 @@
 Member data is never held in memory: only the member headers (``TarInfo``) are.
 
 The record (``reports/extraction/<cache_key>.json``) says what the extraction was made from (every
-archive's verified sha256, :data:`EXTRACTOR_VERSION`) and what it left in place (file count, bytes,
-and a digest of every file's path, size and mtime). :func:`check_extraction` compares it with the
-archives' sha256 now and with one ``os.scandir`` walk of the cache directory (stats only, nothing is
-read or hashed): an unchanged cache directory is neither re-extracted nor re-hashed, and anything
-else is re-extracted with the reason.
+archive's verified sha256, :data:`EXTRACTOR_VERSION`) and what it left in place: every file's sha256
+(hashed while the extraction writes, from the file just written) and its stats then (inode, size,
+mtime_ns, ctime_ns), a digest of those stats (``tree_digest``) and a digest of the content
+(``content_digest``: the sorted (path, sha256) of every file). :func:`check_extraction` compares it
+with the archives' sha256 now and with one ``os.scandir`` walk of the cache directory: when every
+file's stats equal the record's, nothing is read or hashed; a file whose stats differ is hashed again
+and compared with its recorded sha256 (equal: the record's stats are refreshed; different, missing or
+extra: the cache directory is re-extracted, naming the file). A check that found an extracted file
+damaged (the subset byte check) marks the record (:func:`invalidate_extraction`): the next check
+re-extracts whatever the stats say.
 """
 
 from __future__ import annotations
@@ -25,15 +30,18 @@ import contextlib
 import hashlib
 import json
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .. import layout
 from ..errors import ArchiveError, Stage2Error
+from ..formats.sha256sums import file_kind
 from ..fsutil import disk_full_as, require_free_space
 from ..oserrors import fs_guard
 from ..publish import atomic_write_bytes, atomic_write_json, current_umask, publish_dir, remove_stale, staging
@@ -49,9 +57,19 @@ from .safety import (
 )
 from .tar import _PartsTarFile, open_archive_parts
 
-EXTRACTOR_VERSION = 1
+EXTRACTOR_VERSION = 2
 """Bump when extraction would leave different files for the same archive (names, bytes, modes,
-times): every cache directory recorded by another version is then re-extracted."""
+times) or the record changes form: every cache directory recorded by another version is then
+re-extracted (version 2: the record holds every file's sha256 and stats)."""
+
+#: A change made within this long of a file's recorded ctime could keep that ctime (the kernel's
+#: file timestamps advance by clock ticks: 1-10 ms): a record is written only once this long has
+#: passed since the newest ctime it holds, so any later change gives a newer ctime.
+_RACY_NS = 10_000_000
+_HASH_BLOCK = 4 * 1024 * 1024
+_OPEN_FLAGS = (
+    os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+)
 
 _CANCEL = threading.Event()  # set by cancel_extractions(): every extraction in this process stops
 
@@ -83,20 +101,41 @@ def check_cancel(archive: str) -> None:
         )
 
 
-@dataclass(frozen=True)
-class TreeStat:
-    """What a folder holds, from one ``os.scandir`` walk (stats only): entries that are not
-    folders, their total size, and a sha256 of every such entry's (path, size, mtime_ns)."""
-
-    files: int
-    bytes: int
-    digest: str
+#: A file's stats as the record keeps them: (inode, size, mtime_ns, ctime_ns).
+FileStat = tuple[int, int, int, int]
 
 
-def scan_tree(root: Path) -> TreeStat | None:
-    """:class:`TreeStat` of ``root`` (None when it is not a folder). Symbolic links are counted as
-    files and not followed; temp names are counted too (a cache directory holds none)."""
-    entries: list[tuple[str, int, int]] = []
+class NotRegularFile(OSError):
+    """An entry where a regular file was expected (a FIFO, device, socket, link or folder)."""
+
+
+def hash_regular_file(path: str | os.PathLike[str]) -> tuple[str, FileStat]:
+    """sha256 of a regular file and its stats (taken on the open file, before it is read). Never
+    opens anything else, never blocks (``O_NONBLOCK``, ``O_NOFOLLOW``): a FIFO, device, socket,
+    link or folder raises :class:`NotRegularFile` naming what it is."""
+    st = os.lstat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise NotRegularFile(f"{os.fspath(path)} is {file_kind(st.st_mode)}, not a regular file")
+    fd = os.open(path, _OPEN_FLAGS)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(f"{os.fspath(path)} is {file_kind(st.st_mode)}, not a regular file")
+        h = hashlib.sha256()
+        buf = bytearray(min(_HASH_BLOCK, max(st.st_size, 1)))
+        view = memoryview(buf)
+        while n := os.readv(fd, [buf]):
+            h.update(view[:n])
+    finally:
+        os.close(fd)
+    return h.hexdigest(), (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def walk_stats(root: Path) -> dict[str, tuple[int, int, int, int, bool]] | None:
+    """(inode, size, mtime_ns, ctime_ns, is a regular file) of every entry under ``root`` that is
+    not a folder, by path relative to ``root``; one ``os.scandir`` walk, nothing read (None when
+    ``root`` is not a folder). Symbolic links are entries, not followed."""
+    out: dict[str, tuple[int, int, int, int, bool]] = {}
     stack = [(os.fspath(root), "")]
     try:
         while stack:
@@ -108,14 +147,54 @@ def scan_tree(root: Path) -> TreeStat | None:
                         stack.append((e.path, name + "/"))
                     else:
                         st = e.stat(follow_symlinks=False)
-                        entries.append((name, st.st_size, st.st_mtime_ns))
+                        out[name] = (
+                            st.st_ino,
+                            st.st_size,
+                            st.st_mtime_ns,
+                            st.st_ctime_ns,
+                            stat.S_ISREG(st.st_mode),
+                        )
     except (FileNotFoundError, NotADirectoryError):
         return None
-    entries.sort()
+    return out
+
+
+def stats_digest(stats: Mapping[str, Sequence[int]]) -> str:
+    """sha256 of the sorted (path, inode, size, mtime_ns, ctime_ns) of every file: equal digests,
+    equal stats (what lets an unchanged cache directory be up to date without a read)."""
     h = hashlib.sha256()
-    for name, size, mtime in entries:
-        h.update(f"{name}\0{size}\0{mtime}\n".encode("utf-8", "surrogateescape"))
-    return TreeStat(len(entries), sum(e[1] for e in entries), h.hexdigest())
+    for name in sorted(stats):
+        ino, size, mtime, ctime = stats[name][:4]
+        h.update(f"{name}\0{ino}\0{size}\0{mtime}\0{ctime}\n".encode("utf-8", "surrogateescape"))
+    return h.hexdigest()
+
+
+def content_digest_of(shas: Mapping[str, str]) -> str:
+    """sha256 of the sorted (relative path, sha256) of every file: ``path\0sha256\n`` lines, paths
+    sorted by their code points, encoded as UTF-8 (docs/spec/kit-format.md)."""
+    h = hashlib.sha256()
+    for name in sorted(shas):
+        h.update(f"{name}\0{shas[name]}\n".encode("utf-8", "surrogateescape"))
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class TreeStat:
+    """What a folder holds, from one ``os.scandir`` walk (stats only): entries that are not
+    folders, their total size, and :func:`stats_digest` of them."""
+
+    files: int
+    bytes: int
+    digest: str
+
+
+def scan_tree(root: Path) -> TreeStat | None:
+    """:class:`TreeStat` of ``root`` (None when it is not a folder). Symbolic links are counted as
+    files and not followed; temp names are counted too (a cache directory holds none)."""
+    stats = walk_stats(root)
+    if stats is None:
+        return None
+    return TreeStat(len(stats), sum(v[1] for v in stats.values()), stats_digest(stats))
 
 
 @dataclass
@@ -133,10 +212,22 @@ class ExtractionRecord:
     # what the extraction was made from and with (absent from records of older versions)
     archive_sha256: dict[str, str] = field(default_factory=dict)  # archive path -> verified sha256
     extractor_version: int = 0
-    tree_digest: str = ""  # TreeStat.digest of the cache directory as extracted
+    tree_digest: str = ""  # stats_digest of the cache directory's files (as extracted or refreshed)
+    content_digest: str = ""  # content_digest_of every file's sha256
+    # every file: path relative to the cache directory -> [sha256, inode, size, mtime_ns, ctime_ns]
+    entries: dict[str, list[Any]] = field(default_factory=dict)
+    invalidated: str = ""  # set by a check that found an extracted file damaged: re-extract
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def file_stats(self) -> dict[str, FileStat]:
+        return {k: (int(v[1]), int(v[2]), int(v[3]), int(v[4])) for k, v in self.entries.items()}
+
+    def sha256_of(self, rel: str) -> str | None:
+        """The recorded sha256 of the file at ``rel`` (relative to the cache directory)."""
+        e = self.entries.get(rel)
+        return str(e[0]) if e else None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ExtractionRecord:
@@ -154,13 +245,21 @@ class ExtractionRecord:
             archive_sha256={str(k): str(v) for k, v in dict(d.get("archive_sha256") or {}).items()},
             extractor_version=int(d.get("extractor_version") or 0),
             tree_digest=str(d.get("tree_digest") or ""),
+            content_digest=str(d.get("content_digest") or ""),
+            entries={str(k): list(v) for k, v in dict(d.get("entries") or {}).items()},
+            invalidated=str(d.get("invalidated") or ""),
         )
 
 
 def _write_members(
-    tar: _PartsTarFile, plan: _Plan, tmp: Path, progress: Callable[[int], None] | None
+    tar: _PartsTarFile,
+    plan: _Plan,
+    tmp: Path,
+    progress: Callable[[int], None] | None,
+    written: Callable[[str], None] | None = None,
 ) -> None:
-    """Create the planned directories and files under ``tmp`` (which exists and is empty)."""
+    """Create the planned directories and files under ``tmp`` (which exists and is empty);
+    ``written(rel)`` is called once each file is complete (its bytes, mode and times set)."""
     reader = tar.reader
     assert reader is not None
     made: set[str] = {""}
@@ -222,6 +321,8 @@ def _write_members(
                 os.close(fd)
             if not use_utime_fd:
                 os.utime(tmp / rel, (m.mtime, m.mtime))
+            if written is not None:
+                written(rel)
     finally:
         for fd in dir_fds.values():
             os.close(fd)
@@ -287,18 +388,34 @@ def _extract(
         proc_root.mkdir(parents=True, exist_ok=True)
         require_free_space(proc_root, total_bytes, f"extracting {archive} ({len(plan.files)} files)")
         with staging(final, sweep_stale=False) as tmp:  # removed if anything below fails
+            # Every file is hashed from the staging folder as soon as it is written (on threads,
+            # beside the in-kernel copy of the next members; its bytes are still in the page cache).
+            pool = _hash_pool()
+            futures: dict[str, Future[tuple[str, FileStat]]] = {}
+            tmp_s = os.fspath(tmp)
+
+            def written(rel: str) -> None:
+                futures[rel] = pool.submit(hash_regular_file, f"{tmp_s}/{rel}")
+
             try:
-                with disk_full_as(
-                    f"the disk at {proc_root} filled up while extracting {archive}.",
-                    fix="free disk space or choose another --data-root, then re-run",
-                ):
-                    _write_members(tar, plan, tmp, progress)
-                check_cancel(archive)  # the last point before the publish
-            except EOFError as e:
-                raise ArchiveError(
-                    f"archive {archive} ended early while extracting: {e}.",
-                    fix=quarantine_fix(archive) if verified else REDOWNLOAD_FIX,
-                ) from e
+                try:
+                    with disk_full_as(
+                        f"the disk at {proc_root} filled up while extracting {archive}.",
+                        fix="free disk space or choose another --data-root, then re-run",
+                    ):
+                        _write_members(tar, plan, tmp, progress, written)
+                    check_cancel(archive)  # the last point before the publish
+                except EOFError as e:
+                    raise ArchiveError(
+                        f"archive {archive} ended early while extracting: {e}.",
+                        fix=quarantine_fix(archive) if verified else REDOWNLOAD_FIX,
+                    ) from e
+                hashed = {rel: f.result() for rel, f in futures.items()}
+            except BaseException:
+                for f in futures.values():
+                    f.cancel()
+                wait(futures.values())  # nothing reads the staging folder once it is removed
+                raise
             record_path.unlink(missing_ok=True)  # a record only ever describes what is in place
             publish_dir(tmp, final)
         archives = [p.name for p in tar.archive_parts]
@@ -307,7 +424,6 @@ def _extract(
     )
 
     info = inspect_cache_dir(final)
-    tree = scan_tree(final)
     record = ExtractionRecord(
         cache_key=cache_key,
         archives=archives,
@@ -321,64 +437,185 @@ def _extract(
         problems=list(info.problems),
         archive_sha256={k: v or "" for k, v in sorted((archive_sha256 or {}).items())},
         extractor_version=EXTRACTOR_VERSION,
-        tree_digest=tree.digest if tree is not None else "",
+        tree_digest=stats_digest({rel: st for rel, (_, st) in hashed.items()}),
+        content_digest=content_digest_of({rel: sha for rel, (sha, _) in hashed.items()}),
+        entries={rel: [sha, *st] for rel, (sha, st) in sorted(hashed.items())},
     )
+    _settle(hashed)
     atomic_write_json(record_path, record.to_dict())
     return record
+
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _hash_pool() -> ThreadPoolExecutor:
+    """The threads that hash extracted files (hashlib releases the GIL), one a core and at most 4,
+    started once per process and shared by every extraction (starting threads per cache directory
+    cost more than hashing a small one)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            n = max(1, min(4, os.cpu_count() or 1))
+            _POOL = ThreadPoolExecutor(max_workers=n, thread_name_prefix="extract-hash")
+        return _POOL
+
+
+def _settle(hashed: Mapping[str, tuple[str, FileStat]]) -> None:
+    """Wait (at most :data:`_RACY_NS`) until the newest recorded ctime is that old: a change of a
+    file after the record is written then always gives it a newer ctime than the record's."""
+    newest = max((st[3] for _, st in hashed.values()), default=0)
+    wait = newest + _RACY_NS - time.time_ns()
+    if wait > 0:
+        time.sleep(min(wait, _RACY_NS) / 1e9)
 
 
 def check_extraction(
     data_root: Path, cache_key: str, archive_sha256: Mapping[str, str | None]
 ) -> tuple[ExtractionRecord | None, str | None]:
-    """(the record, None) when ``processed_datasets/<cache_key>/`` is what its record says and the
+    """(the record, None) when ``processed_datasets/<cache_key>/`` holds what its record says and the
     record was made by this extractor from the archives ``archive_sha256`` names (archive path ->
     its verified sha256 now; None: not verified); else (the record or None, why it must be
-    re-extracted). Costs a stat of the record and one ``os.scandir`` walk of the cache directory:
-    nothing is read or hashed."""
-    record = load_extraction_record(data_root, cache_key)
+    re-extracted, naming the file).
+
+    Costs a read of the record and one ``os.scandir`` walk of the cache directory when every file's
+    (inode, size, mtime_ns, ctime_ns) equals the record's. A file whose stats differ is hashed again:
+    when its sha256 is still the recorded one, the record's stats are refreshed (written) and the
+    cache directory is up to date; else it must be re-extracted."""
+    path = layout.extraction_record_path(data_root, cache_key)
+    record, record_stat = _load_record(path)
     if record is None:
-        exists = layout.extraction_record_path(data_root, cache_key).exists()
-        return None, "its extraction record is unreadable" if exists else "not extracted yet"
+        return None, "its extraction record is unreadable" if path.exists() else "not extracted yet"
     if record.cache_key != cache_key:
         return record, f"its extraction record names cache key {record.cache_key!r}"
     if record.extractor_version != EXTRACTOR_VERSION:
         return record, (
             f"extracted by extractor version {record.extractor_version}, this is version {EXTRACTOR_VERSION}"
         )
-    for path, sha in sorted(archive_sha256.items()):
-        had = record.archive_sha256.get(path)
+    if record.invalidated:
+        return record, record.invalidated
+    for apath, sha in sorted(archive_sha256.items()):
+        had = record.archive_sha256.get(apath)
         if sha is None:
-            return record, f"archive {path} is not verified (no matching .verified.json record)"
+            return record, f"archive {apath} is not verified (no matching .verified.json record)"
         if had is None:
-            return record, f"archive {path} was not part of the last extraction"
+            return record, f"archive {apath} was not part of the last extraction"
         if had != sha:
             return (
                 record,
-                f"archive {path} changed: sha256 {sha}, extracted from {had or 'an unverified file'}",
+                f"archive {apath} changed: sha256 {sha}, extracted from {had or 'an unverified file'}",
             )
     gone = sorted(set(record.archive_sha256) - set(archive_sha256))
     if gone:
         return record, f"archive(s) {', '.join(gone)} no longer belong to this cache key"
     final = layout.cache_dir(data_root, cache_key)
-    tree = scan_tree(final)
-    if tree is None:
+    stats = walk_stats(final)
+    if stats is None:
         return record, f"{final} is missing"
-    if tree.files != record.files:
-        return record, f"{final} holds {tree.files} files, its extraction record says {record.files}"
-    if tree.bytes != record.bytes:
-        return record, f"{final} holds {tree.bytes} bytes, its extraction record says {record.bytes}"
-    if tree.digest != record.tree_digest:
-        return record, f"{final}: a file was replaced, renamed or modified since it was extracted"
+    if len(stats) == len(record.entries) and stats_digest(stats) == record.tree_digest:
+        return record, None  # every file's stats are the recorded ones: nothing read
+    reason, refreshed = _compare_files(final, record, stats)
+    if reason is not None:
+        return record, reason
+    _refresh(path, record_stat, record, refreshed)
     return record, None
+
+
+def _compare_files(
+    final: Path, record: ExtractionRecord, stats: Mapping[str, tuple[int, int, int, int, bool]]
+) -> tuple[str | None, dict[str, FileStat]]:
+    """(why ``final`` is not what ``record`` says, or None; every file's stats now). Files whose
+    stats differ from the record's are hashed again."""
+    recorded = record.file_stats()
+    missing = sorted(set(recorded) - set(stats))
+    extra = sorted(set(stats) - set(recorded))
+    if missing or extra:
+        what = [f"{final / r} is missing" for r in missing[:3]] + [
+            f"{final / r} was not extracted" for r in extra[:3]
+        ]
+        more = len(missing) + len(extra) - len(what)
+        return (
+            f"{final} holds {len(stats)} files, its extraction record says {len(recorded)} "
+            f"({'; '.join(what)}{f'; and {more} more' if more > 0 else ''})",
+            {},
+        )
+    odd = sorted(r for r, st in stats.items() if not st[4])
+    if odd:
+        return f"{final / odd[0]} is not a regular file (a file was replaced since it was extracted)", {}
+    total = sum(st[1] for st in stats.values())
+    resized = sorted(r for r, st in stats.items() if st[1] != recorded[r][1])
+    if resized:
+        r = resized[0]
+        return (
+            f"{final} holds {total} bytes, its extraction record says {record.bytes}: {final / r} is "
+            f"{stats[r][1]} bytes, extracted as {recorded[r][1]}",
+            {},
+        )
+    now: dict[str, FileStat] = {r: st[:4] for r, st in stats.items()}
+    for r in sorted(r for r in stats if now[r] != recorded[r]):
+        try:
+            sha, st = hash_regular_file(final / r)
+        except OSError as e:
+            return f"{final / r} cannot be read to compare it with its extraction record ({e})", {}
+        if sha != record.sha256_of(r):
+            return (
+                f"{final}: a file was replaced, renamed or modified since it was extracted: {final / r} "
+                f"has sha256 {sha}, extracted as {record.sha256_of(r)}",
+                {},
+            )
+        now[r] = st
+    return None, now
+
+
+def _refresh(
+    path: Path, record_stat: FileStat | None, record: ExtractionRecord, now: Mapping[str, FileStat]
+) -> None:
+    """Write ``record`` with the files' stats ``now`` (their content was found unchanged), unless
+    the record file changed since it was read (an extraction wrote a newer one meanwhile)."""
+    _settle({r: ("", st) for r, st in now.items()})
+    for r, st in now.items():
+        record.entries[r] = [record.entries[r][0], *st]
+    record.tree_digest = stats_digest(now)
+    if _stat_of(path) != record_stat:
+        return
+    with contextlib.suppress(OSError):  # a read-only data root: the check still holds, unrecorded
+        atomic_write_json(path, record.to_dict())
+
+
+def invalidate_extraction(data_root: Path, cache_key: str, why: str) -> bool:
+    """Mark the extraction record of ``cache_key`` as not to be trusted (a check found an extracted
+    file damaged): :func:`check_extraction` then says ``why`` and the cache directory is extracted
+    again, whatever its stats say. True when a record was marked."""
+    path = layout.extraction_record_path(data_root, cache_key)
+    record, _ = _load_record(path)
+    if record is None:
+        return False
+    record.invalidated = why
+    atomic_write_json(path, record.to_dict())
+    return True
+
+
+def _stat_of(path: Path) -> FileStat | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def _load_record(path: Path) -> tuple[ExtractionRecord | None, FileStat | None]:
+    """The record at ``path`` and the record file's stats (None, None: absent or unreadable)."""
+    before = _stat_of(path)
+    try:
+        return ExtractionRecord.from_dict(json.loads(path.read_text(encoding="utf-8"))), before
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return None, None
 
 
 def load_extraction_record(data_root: Path, cache_key: str) -> ExtractionRecord | None:
     """The per-key record written by the last successful extraction, or None (absent/unreadable)."""
-    p = layout.extraction_record_path(data_root, cache_key)
-    try:
-        return ExtractionRecord.from_dict(json.loads(p.read_text(encoding="utf-8")))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    return _load_record(layout.extraction_record_path(data_root, cache_key))[0]
 
 
 def write_extraction_report(data_root: Path, records: Sequence[ExtractionRecord]) -> Path:

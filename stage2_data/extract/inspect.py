@@ -156,3 +156,34 @@ def stray_entries(data_root: Path, expected_cache_keys: Iterable[str]) -> list[s
                 continue
             out.append(entry.name)
     return sorted(out)
+
+
+def move_aside_unused(data_root: Path, expected_cache_keys: Iterable[str]) -> list[tuple[Path, Path]]:
+    """Move each folder of ``processed_datasets/`` that the build itself extracted (it has its
+    extraction record, naming it) but that is not an expected cache directory (the profile no
+    longer lists it) to ``<data_root>/unused/processed_datasets/<key>/`` (``<key>.1``, ``.2``, ...
+    when that is taken: nothing is overwritten, nothing deleted), its record beside it under
+    ``unused/reports/extraction/``. Anything else stays (:func:`stray_entries` names it). Returns
+    [(from, to)]."""
+    from .extract import load_extraction_record
+
+    moved: list[tuple[Path, Path]] = []
+    root = layout.processed_root(data_root)
+    unused = layout.unused_root(data_root)
+    for name in stray_entries(data_root, expected_cache_keys):
+        src = root / name
+        rec = load_extraction_record(data_root, name)
+        if rec is None or rec.cache_key != name or src.is_symlink() or not src.is_dir():
+            continue
+        dest_root = unused / layout.PROCESSED_DIR
+        dest_root.mkdir(parents=True, exist_ok=True)
+        rec_root = unused / layout.REPORTS_DIR / "extraction"
+        rec_root.mkdir(parents=True, exist_ok=True)
+        n, dest = 0, name
+        while any(os.path.lexists(p) for p in (dest_root / dest, rec_root / f"{dest}.json")):
+            n += 1
+            dest = f"{name}.{n}"
+        os.rename(src, dest_root / dest)  # same file system: the data root
+        os.rename(layout.extraction_record_path(data_root, name), rec_root / f"{dest}.json")
+        moved.append((src, dest_root / dest))
+    return moved

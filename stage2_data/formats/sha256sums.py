@@ -21,17 +21,20 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ProblemsError
+from ..errors import FileSystemError, ProblemsError
 
 __all__ = [
     "ChecksumEntry",
+    "file_kind",
     "format_sha256sums",
     "parse_sha256sums",
     "parse_sha256sums_text",
+    "read_regular_bytes",
     "read_single_sha256_file",
 ]
 
@@ -122,12 +125,55 @@ def parse_sha256sums_text(text: str, where: str) -> list[ChecksumEntry]:
     return entries
 
 
+def file_kind(mode: int) -> str:
+    """What a file of ``mode`` (``st_mode``) is, in words: "a FIFO", "a folder", "a device", ..."""
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    return "a regular file" if stat.S_ISREG(mode) else "a special file"
+
+
+def not_regular_error(path: str | os.PathLike[str], mode: int) -> FileSystemError:
+    """The error of a FIFO, device, socket or folder found where a regular file should be."""
+    return FileSystemError(
+        f"{os.fspath(path)} is {file_kind(mode)}, not a regular file; nothing was read from it.",
+        fix=f"put the regular file itself at {os.fspath(path)} (a copy of the kit's file)",
+    )
+
+
+def read_regular_bytes(path: str | os.PathLike[str]) -> bytes:
+    """The bytes of the regular file at ``path`` (a link to one is followed). A FIFO, device, socket
+    or folder there raises :class:`~stage2_data.errors.FileSystemError` naming what it is, without
+    blocking: it is stat'ed before it is opened, and opened with ``O_NONBLOCK``. Raises
+    FileNotFoundError when nothing is there."""
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise not_regular_error(path, st.st_mode)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)  # what was opened (it may have been replaced since the stat)
+        if not stat.S_ISREG(st.st_mode):
+            raise not_regular_error(path, st.st_mode)
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read()
+    finally:
+        os.close(fd)
+
+
 def parse_sha256sums(path: str | os.PathLike[str]) -> list[ChecksumEntry]:
-    """Parse a ``sha256sum`` file (any spelling above). Raises FileNotFoundError, or ProblemsError
+    """Parse a ``sha256sum`` file (any spelling above). Raises FileNotFoundError, FileSystemError
+    (not a regular file: a FIFO is never opened for reading, nothing blocks), or ProblemsError
     listing every malformed line (file:line) and duplicate path; a file that is not UTF-8 is one
     problem."""
     p = Path(path)
-    data = p.read_bytes()
+    data = read_regular_bytes(p)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:

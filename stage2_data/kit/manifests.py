@@ -20,6 +20,7 @@ corpus of broken kits that they decode the same rows and report the same problem
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from typing import Annotated, Any, Generic, TypeVar
 import msgspec
 
 from .. import layout
+from ..formats.sha256sums import file_kind
 from ._lines import decode_lines_fast, iter_json_lines
 
 __all__ = [
@@ -214,11 +216,21 @@ def _actions_fast(d: Path) -> list[ManifestFile[ActionLine]] | None:
     return out
 
 
+def _not_a_file(path: Path) -> str:
+    """Why ``path`` (not a regular file) cannot be read, in words."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return "does not exist"
+    return f"is {file_kind(mode)}, not a regular file"
+
+
 def read_pair_manifest(path: Path) -> tuple[ManifestFile[PairLine], list[str]]:
     """The pair manifest's rows (with their line numbers) and every problem found."""
     path = Path(path)
     if not path.is_file():
-        return ManifestFile(str(path), [], [], []), [f"{path}: pair manifest does not exist"]
+        what = _not_a_file(path)
+        return ManifestFile(str(path), [], [], []), [f"{path}: pair manifest {what}"]
     m = _pairs_fast(path)
     if m is None:
         m = _PAIRS.exact(path)
@@ -230,7 +242,11 @@ def read_action_manifests(d: Path) -> tuple[list[ManifestFile[ActionLine]], list
     problem found."""
     d = Path(d)
     if not d.is_dir():
-        return [], [f"{d}: action manifest folder does not exist"]
+        what = "does not exist" if not d.exists() else "is not a folder"
+        return [], [f"{d}: action manifest folder {what}"]
+    odd = [p for p in sorted(d.glob("*.jsonl")) if not p.is_file()]
+    if odd:  # never opened: a FIFO would block
+        return [], [f"{p}: action manifest {_not_a_file(p)}" for p in odd]
     files = _actions_fast(d)
     if files is None:
         files = [_ACTIONS.exact(p) for p in _action_files(d)]

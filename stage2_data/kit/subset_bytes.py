@@ -25,8 +25,8 @@ from typing import Any
 
 from .. import layout
 from ..errors import ProblemsError
+from ..extract import NotRegularFile, hash_regular_file
 from ..formats.sha256sums import ChecksumEntry, parse_sha256sums
-from ..hashing import sha256_file_and_size
 from ..profile import Profile
 from .manifests import load_pairs
 
@@ -50,6 +50,10 @@ class ByteReport:
     # Every finding as one located message (``<file>:<line>: ...``): the checksum file's line of a
     # mismatched or missing file, the pair manifest's first line of an unlisted one; plus problems.
     details: list[str] = field(default_factory=list)
+    # each mismatched file as (data-root relative path, expected sha256, actual sha256, line)
+    mismatched_entries: list[tuple[str, str, str, int]] = field(default_factory=list)
+    # each missing file as (data-root relative path, expected sha256, line)
+    missing_entries: list[tuple[str, str, int]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -139,12 +143,18 @@ def verify_subset_bytes(
 
     root = os.fspath(data_root) + os.sep
 
+    odd: dict[str, str] = {}  # a listed path that is not a regular file: what it is
+
     def hash_chunk(rels: list[str]) -> list[tuple[str, str | None, int]]:
         out: list[tuple[str, str | None, int]] = []
         for rel in rels:
-            try:
-                out.append((rel, *sha256_file_and_size(root + rel)))
-            except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            try:  # never opens (nor blocks on) a FIFO, device or folder where a file should be
+                sha, st = hash_regular_file(root + rel)
+                out.append((rel, sha, st[1]))
+            except (FileNotFoundError, NotADirectoryError):
+                out.append((rel, None, 0))
+            except NotRegularFile as e:
+                odd[rel] = str(e)
                 out.append((rel, None, 0))
         return out
 
@@ -165,13 +175,19 @@ def verify_subset_bytes(
                     progress(done, len(rels))
     mismatched: list[str] = []
     missing: list[str] = []
+    mismatched_entries: list[tuple[str, str, str, int]] = []
+    missing_entries: list[tuple[str, str, int]] = []
     details: list[str] = []
     ok = 0
     total_bytes = 0
     for ent in todo:
         actual, size = results[ent.path]
+        if ent.path in odd:
+            problems.append(f"{sums_path}:{ent.line}: {odd[ent.path]}")
+            continue
         if actual is None:
             missing.append(ent.path)
+            missing_entries.append((ent.path, ent.digest, ent.line))
             details.append(f"{sums_path}:{ent.line}: {data_root / ent.path} is missing")
             continue
         total_bytes += size
@@ -179,6 +195,7 @@ def verify_subset_bytes(
             ok += 1
         else:
             mismatched.append(f"{ent.path}: expected {ent.digest}, actual {actual}")
+            mismatched_entries.append((ent.path, ent.digest, actual, ent.line))
             details.append(
                 f"{sums_path}:{ent.line}: {data_root / ent.path} has sha256 {actual}, expected {ent.digest}"
             )
@@ -206,4 +223,6 @@ def verify_subset_bytes(
         seconds=time.perf_counter() - t0,
         problems=problems,
         details=problems + details,
+        mismatched_entries=mismatched_entries,
+        missing_entries=missing_entries,
     )

@@ -18,6 +18,7 @@ from ..extract import (
     check_extraction,
     extract_cache_dir,
     inspect_cache_dir,
+    move_aside_unused,
     stray_entries,
     write_extraction_report,
 )
@@ -100,9 +101,10 @@ def step_extract(
 ) -> StepResult:
     """Extract one cache key, unless it is up to date: its extraction record was made by this
     extractor from the archives' verified sha256 and the cache directory still holds what the
-    record says (:func:`~stage2_data.extract.check_extraction`: stats only). Then nothing is read,
-    written or hashed, and the metadata is the recorded extraction's, with ``up_to_date`` true.
-    Otherwise the metadata's ``extracted_because`` says why it was (re-)extracted."""
+    record says (:func:`~stage2_data.extract.check_extraction`: every file's stats, and the sha256
+    of any file whose stats changed). Then nothing is extracted, and the metadata is the recorded
+    extraction's, with ``up_to_date`` true. Otherwise the metadata's ``extracted_because`` says why
+    it was (re-)extracted (naming the file)."""
     specs = profile.archives_by_cache_key()[cache_key]
     files = [layout.archive_path(data_root, a.path) for a in specs]
     shas = verified_sha256s(profile, data_root, cache_key)
@@ -131,6 +133,7 @@ def step_extract(
         "seconds": round(rec.seconds, 3),
         "MB/s": rate(rec.bytes, rec.seconds),
         "layout": rec.layout,
+        "content_digest": rec.content_digest,
         "path": str(layout.cache_dir(data_root, cache_key)),
         "up_to_date": reason is None,
         "extracted_because": reason,
@@ -139,6 +142,13 @@ def step_extract(
 
 
 def step_extraction_report(profile: Profile, data_root: Path) -> StepResult:
+    """The extraction report of every cache key of the profile. A cache directory the build
+    extracted that the profile no longer lists is first moved to ``<data_root>/unused/`` (the
+    metadata's ``moved_aside`` says from where to where); any other entry of ``processed_datasets/``
+    that is not a cache key of the profile fails ``no_stray_entries``, named."""
+    moved = move_aside_unused(data_root, profile.cache_keys())
+    for src, dest in moved:
+        log.info("%s: no longer in the profile; moved to %s", src, dest)
     records = []
     problems_dirs: list[str] = []
     total = 0
@@ -162,7 +172,8 @@ def step_extraction_report(profile: Profile, data_root: Path) -> StepResult:
         )
     report_path = write_extraction_report(data_root, records)
     strays = [
-        f"{layout.processed_root(data_root) / s}: not an expected cache directory (remove it)"
+        f"{layout.processed_root(data_root) / s}: not a cache directory of the profile, nor one this "
+        f"build extracted (fix: move it out of {layout.processed_root(data_root)})"
         for s in stray_entries(data_root, profile.cache_keys())
     ]
     traj_problems = compare_totals(
@@ -177,12 +188,18 @@ def step_extraction_report(profile: Profile, data_root: Path) -> StepResult:
         "report": str(report_path),
         "per_cache_key": {"__markdown__": table},
     }
+    if moved:
+        md["moved_aside"] = {str(src): str(dest) for src, dest in moved}
     return StepResult(
         md,
         [
             outcome(C.TRAJECTORIES_MATCH_EXPECTED, traj_problems, trajectories=total),
             outcome(C.CACHE_DIRS_MATCH_EXPECTED, problems_dirs),
-            outcome(C.NO_STRAY_ENTRIES, strays),
+            outcome(
+                C.NO_STRAY_ENTRIES,
+                strays,
+                "; ".join(f"{src}: no longer in the profile, moved to {dest}" for src, dest in moved) or None,
+            ),
         ],
         report_path,
     )
