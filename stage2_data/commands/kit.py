@@ -24,6 +24,7 @@ def verify(
     ``problems`` (every one, naming file:line and id), ``link`` and ``bytes`` details."""
     from ..kit import LINK_TOTALS, link_check, verify_subset_bytes
     from ..profile import load_profile
+    from ..steps.kit import byte_problems
 
     profile = load_profile(profile_path, kit_root=kit_root)
     root = Path(data_root).resolve()
@@ -54,7 +55,9 @@ def verify(
     byte_part: dict[str, Any] | None = None
     if check_bytes:
         rep = verify_subset_bytes(profile, root, workers=workers)
-        problems += [p for p in rep.details if p not in problems]
+        unlisted = [d for d in rep.details if "is used by a pair but not listed in" in d]
+        # a damaged extracted file clears its extraction record (the next build extracts it again)
+        problems += [p for p in byte_problems(profile, root, rep) + unlisted if p not in problems]
         byte_part = {
             "ok": rep.ok,
             "files": rep.files,

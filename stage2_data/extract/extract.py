@@ -463,10 +463,14 @@ def _hash_pool() -> ThreadPoolExecutor:
 
 
 def _settle(hashed: Mapping[str, tuple[str, FileStat]]) -> None:
-    """Wait (at most :data:`_RACY_NS`) until the newest recorded ctime is that old: a change of a
-    file after the record is written then always gives it a newer ctime than the record's."""
-    newest = max((st[3] for _, st in hashed.values()), default=0)
-    wait = newest + _RACY_NS - time.time_ns()
+    settle_ctimes(max((st[3] for _, st in hashed.values()), default=0))
+
+
+def settle_ctimes(newest_ctime_ns: int) -> None:
+    """Wait (at most :data:`_RACY_NS`) until the newest ctime a record is about to hold is that old:
+    a change of a file after the record is written then always gives it a newer ctime than the
+    record's (file timestamps advance by clock ticks)."""
+    wait = newest_ctime_ns + _RACY_NS - time.time_ns()
     if wait > 0:
         time.sleep(min(wait, _RACY_NS) / 1e9)
 

@@ -41,8 +41,9 @@ __all__ = [
 ]
 
 SIDECAR_KEYS = ("metadata_json", "raw_actions", "aligned_actions", "source_indices", "alignment_indices")
-#: what the unpack read in each sidecar it wrote (keyed by path under derived/, with the file's size
-#: and mtime then), so the join need not read 20k files again: :func:`recorded_sidecars`
+#: what the unpack read in each sidecar it wrote (keyed by path under derived/, with the file's
+#: sha256 and stats then: inode, size, mtime_ns, ctime_ns), so the join need not read 20k files
+#: again (:func:`recorded_sidecars`), and an edited sidecar is found (``sidecars.sidecars_status``)
 SIDECAR_INDEX = ".sidecars.index.json"
 SIDECAR_READ_LIMIT = 64 * 1024 * 1024
 #: the unpack's marker (kit/sidecars.py writes it): the tar it unpacked; an index is used only when
@@ -194,15 +195,35 @@ def _parse_sidecar(data: bytes, label: str, want_sha: bool) -> _SidecarInfo:
     return info
 
 
-def _record(index: dict[str, dict[str, Any]], rel: str, st: os.stat_result, i: _SidecarInfo) -> None:
-    """The index entry of a sidecar the unpack wrote (``st``: the file's stat once written); msgspec
-    encodes the facts (a dataclass) as the object of its fields."""
-    index[rel] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "info": i}
+def _record(
+    index: dict[str, dict[str, Any]], rel: str, st: os.stat_result, sha256: str, i: _SidecarInfo | None
+) -> None:
+    """The index entry of a sidecar the unpack wrote (``st``: the file's stat once written, mode
+    set; ``sha256``: of the bytes written); msgspec encodes the facts (a dataclass) as the object of
+    its fields. ``i`` is None for a sidecar the unpack did not parse (too large: read again)."""
+    entry: dict[str, Any] = {
+        "sha256": sha256,
+        "ino": st.st_ino,
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "ctime_ns": st.st_ctime_ns,
+    }
+    if i is not None:
+        entry["info"] = i
+    index[rel] = entry
+
+
+def entry_stats(entry: dict[str, Any]) -> tuple[int, int, int, int] | None:
+    """(inode, size, mtime_ns, ctime_ns) an index entry recorded (None: an index of another form)."""
+    try:
+        return int(entry["ino"]), int(entry["size"]), int(entry["mtime_ns"]), int(entry["ctime_ns"])
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _write_index(path: Path, tar_sha256: str, index: dict[str, dict[str, Any]]) -> None:
-    """:data:`SIDECAR_INDEX`: ``{"tar_sha256": ..., "files": {rel: {"size", "mtime_ns", "info"}}}``
-    as compact JSON with sorted keys."""
+    """:data:`SIDECAR_INDEX`: ``{"tar_sha256": ..., "files": {rel: {"sha256", "ino", "size",
+    "mtime_ns", "ctime_ns", "info"}}}`` as compact JSON with sorted keys."""
     doc = {"tar_sha256": tar_sha256, "files": index}
     atomic_write_bytes(path, msgspec.json.encode(doc, order="sorted") + b"\n")
 
@@ -226,8 +247,8 @@ def sidecar_infos(
     derived: Path, rels: Sequence[str], want_sha: bool, workers: int | None = None
 ) -> list[_SidecarInfo]:
     """The facts of the sidecars ``rels`` (paths under ``derived/``): from the unpack's index for a
-    file whose size and mtime are still what the unpack wrote (the unpack parsed those very bytes),
-    read again for any other."""
+    file whose inode, size, mtime and ctime are still what the unpack wrote (the unpack parsed those
+    very bytes), read again for any other."""
     recorded = recorded_sidecars(derived)
     out: list[_SidecarInfo | None] = []
     again: list[tuple[int, str]] = []
@@ -241,7 +262,8 @@ def sidecar_infos(
         if (
             rec is not None
             and st is not None
-            and (st.st_size, st.st_mtime_ns) == (rec["size"], rec["mtime_ns"])
+            and "info" in rec
+            and (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) == entry_stats(rec)
         ):
             try:
                 out.append(_SidecarInfo(**rec["info"]))

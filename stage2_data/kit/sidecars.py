@@ -5,6 +5,8 @@ raw row it indexes; one source index per raw row), never unpickling anything."""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -18,13 +20,19 @@ from typing import Any
 
 from .. import layout
 from ..errors import ArchiveError, ChecksumMismatchError, KitError, Stage2Error, UnsafeArchiveError
-from ..extract import check_cancel
-from ..formats.sha256sums import read_single_sha256_file
+from ..extract import (
+    check_cancel,
+    content_digest_of,
+    hash_regular_file,
+    settle_ctimes,
+    stats_digest,
+    walk_stats,
+)
+from ..formats.sha256sums import file_kind, read_single_sha256_file
 from ..fsutil import disk_full_as, require_free_space
 from ..hashing import sha256_file
 from ..profile import Profile
 from ..publish import atomic_write_json, publish_dir, staging
-from .listing import count_sidecar_files
 from .sidecar_facts import (
     SIDECAR_INDEX,
     SIDECAR_MARKER,
@@ -32,9 +40,15 @@ from .sidecar_facts import (
     _parse_sidecar,
     _record,
     _write_index,
+    entry_stats,
+    recorded_sidecars,
 )
 
-__all__ = ["SidecarUnpackResult", "unpack_sidecars"]
+__all__ = ["SidecarUnpackResult", "invalidate_sidecars", "sidecars_status", "unpack_sidecars"]
+
+#: The form of the unpack's record (``derived/.sidecars.json`` and its index); a record of another
+#: form is not trusted: the sidecars are unpacked again. 2: every sidecar's sha256 and stats.
+SIDECAR_RECORD_VERSION = 2
 
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
 _READ_CHUNK = 4 * 1024 * 1024  # of the tar, read at once for the members in it
@@ -63,7 +77,8 @@ class _TarReader:
 
 
 def _write_file(dest: str, body: bytes) -> os.stat_result:
-    """``dest`` created (mode 0o644) holding ``body``; its stat once written."""
+    """``dest`` created (mode 0o644) holding ``body``; its stat once written (mode set: a chmod
+    changes the ctime the record keeps)."""
     fd = os.open(dest, _CREATE, 0o644)
     try:
         view = memoryview(body)
@@ -72,6 +87,7 @@ def _write_file(dest: str, body: bytes) -> os.stat_result:
         st = os.fstat(fd)
         if st.st_mode & 0o7777 != 0o644:  # the umask took bits away
             os.fchmod(fd, 0o644)
+            st = os.fstat(fd)
     finally:
         os.close(fd)
     return st
@@ -92,9 +108,8 @@ def _extract_member(
         else:
             out.write(body)
         out.flush()  # (then its size and mtime are what the file keeps)
-        written_st = os.fstat(out.fileno())
     os.chmod(dest, 0o644)
-    return body, written_st
+    return body, os.stat(dest)  # after the chmod: its ctime is what the file keeps
 
 
 # ----------------------------------------------------------------------------------------------
@@ -174,38 +189,116 @@ def _check_members(
     return files, refused
 
 
-def _unpacked_record(derived: Path, tar_sha256: str, tar_stat: os.stat_result) -> dict[str, Any] | None:
-    """The sidecars' record (``derived/.sidecars.json``) when it records this tar (sha256 from its
-    ``.sha256`` file, size, mtime) and the unpacked folder still holds as many files; else None."""
+def _unpacked_record(
+    derived: Path, tar_sha256: str, tar_stat: os.stat_result
+) -> tuple[dict[str, Any] | None, str]:
+    """(the sidecars' record, "") when ``derived/.sidecars.json`` records this tar (sha256 from its
+    ``.sha256`` file, size, mtime) and ``derived/action_sidecars/`` holds exactly the sidecars the
+    unpack wrote, with their bytes: every file's (inode, size, mtime_ns, ctime_ns) equal to the
+    record's (nothing read), or, for a file whose stats differ, its sha256 (the record's stats are
+    then refreshed). Else (None, why they must be unpacked again, naming the file)."""
     marker = derived / SIDECAR_MARKER
-    if not (marker.is_file() and (derived / layout.SIDECARS_DIR).is_dir()):
-        return None
     try:
         rec = json.loads(marker.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return None
-    if (
-        isinstance(rec, dict)
-        and rec.get("tar_sha256") == tar_sha256
+        rec = None
+    if not isinstance(rec, dict):
+        return None, "not unpacked yet" if not marker.exists() else f"{marker} is unreadable"
+    if rec.get("version") != SIDECAR_RECORD_VERSION:
+        return None, f"{marker} was written by another version of the unpack"
+    if rec.get("invalidated"):
+        return None, str(rec["invalidated"])
+    if not (
+        rec.get("tar_sha256") == tar_sha256
         and rec.get("tar_size") == tar_stat.st_size
         and rec.get("tar_mtime_ns") == tar_stat.st_mtime_ns
-        and rec.get("files") == count_sidecar_files(derived)
     ):
-        return rec
-    return None
+        return None, "the kit's sidecar tar is not the one unpacked"
+    base = derived / layout.SIDECARS_DIR
+    found = walk_stats(base)
+    if found is None:
+        return None, f"{base} is missing"
+    stats = {f"{layout.SIDECARS_DIR}/{r}": v for r, v in found.items()}
+    if len(stats) == rec.get("files") and stats_digest(stats) == rec.get("tree_digest"):
+        return rec, ""  # every sidecar's stats are the recorded ones: nothing read
+    index = recorded_sidecars(derived)
+    missing = sorted(set(index) - set(stats))
+    extra = sorted(set(stats) - set(index))
+    if missing or extra or len(index) != rec.get("files"):
+        named = [f"{derived / r} is missing" for r in missing[:3]] + [
+            f"{derived / r} was not unpacked" for r in extra[:3]
+        ]
+        return (
+            None,
+            f"{base} holds {len(stats)} sidecars, the unpack wrote {rec.get('files')} ({'; '.join(named)})",
+        )
+    now: dict[str, tuple[int, int, int, int]] = {}
+    for r, st in sorted(stats.items()):
+        if not st[4]:
+            return None, f"{derived / r} is not a regular file"
+        now[r] = st[:4]
+        if now[r] == entry_stats(index[r]):
+            continue
+        if st[1] != index[r].get("size"):
+            return None, f"{derived / r} is {st[1]} bytes, the unpack wrote {index[r].get('size')}"
+        try:
+            sha, now[r] = hash_regular_file(derived / r)
+        except OSError as e:
+            return None, f"{derived / r} cannot be read ({e})"
+        if sha != index[r].get("sha256"):
+            return None, (
+                f"{derived / r} was modified since it was unpacked: sha256 {sha}, unpacked as "
+                f"{index[r].get('sha256')}"
+            )
+    _refresh(derived, rec, index, now)
+    return rec, ""
+
+
+def _refresh(
+    derived: Path,
+    rec: dict[str, Any],
+    index: dict[str, dict[str, Any]],
+    now: dict[str, tuple[int, int, int, int]],
+) -> None:
+    """Rewrite the index and the record with the sidecars' stats ``now`` (their bytes were found
+    unchanged)."""
+    settle_ctimes(max((st[3] for st in now.values()), default=0))
+    for r, (ino, size, mtime, ctime) in now.items():
+        index[r].update(ino=ino, size=size, mtime_ns=mtime, ctime_ns=ctime)
+    rec["tree_digest"] = stats_digest(now)
+    with contextlib.suppress(OSError):  # a read-only data root: the check holds, unrecorded
+        _write_index(derived / SIDECAR_INDEX, str(rec["tar_sha256"]), index)
+        atomic_write_json(derived / SIDECAR_MARKER, rec)
+
+
+def invalidate_sidecars(data_root: Path, why: str) -> bool:
+    """Mark the sidecars' record as not to be trusted (a check found an unpacked sidecar damaged):
+    the next build unpacks them again, saying ``why``. True when a record was marked."""
+    marker = layout.derived_root(Path(data_root)) / SIDECAR_MARKER
+    try:
+        rec = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    if not isinstance(rec, dict):
+        return False
+    rec["invalidated"] = why
+    atomic_write_json(marker, rec)
+    return True
 
 
 def sidecars_status(profile: Profile, data_root: Path) -> str | None:
     """None when :func:`unpack_sidecars` would skip (the sidecars unpacked from the kit's tar as it
-    is now, by stats and the tar's ``.sha256`` file: nothing is hashed), else why it would unpack."""
+    is now, by stats and the tar's ``.sha256`` file, and every sidecar as the unpack wrote it: by
+    stats, or by sha256 for a file whose stats changed), else why it would unpack."""
     tar_path = profile.kit_file("sidecar_archive")
     try:
         expected, _ = read_single_sha256_file(profile.kit_file("sidecar_archive_sha256"))
         st = tar_path.stat()
     except (OSError, Stage2Error) as e:
         return f"the kit's sidecar archive cannot be checked ({e})"
-    if _unpacked_record(layout.derived_root(Path(data_root)), expected, st) is None:
-        return f"the sidecars of {tar_path.name} are not unpacked as it is now"
+    rec, why = _unpacked_record(layout.derived_root(Path(data_root)), expected, st)
+    if rec is None:
+        return f"the sidecars of {tar_path.name} must be unpacked again: {why}"
     return None
 
 
@@ -232,9 +325,13 @@ def _unpack_sidecars(profile: Profile, data_root: Path, *, force: bool) -> Sidec
     sha_path = profile.kit_file("sidecar_archive_sha256")
     for p in (tar_path, sha_path):
         if not p.is_file():
+            try:
+                what = f"is {file_kind(os.stat(p).st_mode)}, not a regular file"
+            except OSError:
+                what = "does not exist"
             raise KitError(
                 "sidecar archive",
-                [f"{p} does not exist"],
+                [f"{p} {what}"],
                 fix=f"copy the kit's {p.name} into {p.parent} (profile [kit] names it)",
             )
     expected, named = read_single_sha256_file(sha_path)
@@ -249,7 +346,7 @@ def _unpack_sidecars(profile: Profile, data_root: Path, *, force: bool) -> Sidec
     marker = derived / SIDECAR_MARKER
     st = tar_path.stat()
     if not force:
-        rec = _unpacked_record(derived, expected, st)
+        rec, _ = _unpacked_record(derived, expected, st)
         if rec is not None:
             return SidecarUnpackResult(
                 tar_path=tar_path,
@@ -310,9 +407,14 @@ def _unpack_sidecars(profile: Profile, data_root: Path, *, force: bool) -> Sidec
                             fix=f"re-copy {tar_path.name} from the kit",
                         )
                     by_source[source] += 1
-                    if body is not None and fname.endswith(".npz"):
+                    rel = f"{layout.SIDECARS_DIR}/{source}/{fname}"
+                    if body is not None:
                         info = _parse_sidecar(body, f"{final_s}/{source}/{fname}", True)
-                        _record(index, f"{layout.SIDECARS_DIR}/{source}/{fname}", written_st, info)
+                        sha = info.sha256 or hashlib.sha256(body).hexdigest()
+                        _record(index, rel, written_st, sha, info)
+                    else:  # too large to parse: hashed from the file written (read again by the join)
+                        sha, _ = hash_regular_file(dest)
+                        _record(index, rel, written_st, sha, None)
                 publish_dir(tmp, final)
     except (tarfile.TarError, EOFError) as e:
         raise ArchiveError(
@@ -326,10 +428,13 @@ def _unpack_sidecars(profile: Profile, data_root: Path, *, force: bool) -> Sidec
         by_source=dict(sorted(by_source.items())),
         seconds=0.0,
     )
+    stats = {r: entry_stats(e) or (0, 0, 0, 0) for r, e in index.items()}
+    settle_ctimes(max((st[3] for st in stats.values()), default=0))
     _write_index(derived / SIDECAR_INDEX, actual, index)
     atomic_write_json(
         marker,
         {
+            "version": SIDECAR_RECORD_VERSION,
             "tar_name": tar_path.name,
             "tar_sha256": actual,
             "tar_size": st.st_size,
@@ -337,6 +442,8 @@ def _unpack_sidecars(profile: Profile, data_root: Path, *, force: bool) -> Sidec
             "files": result.files,
             "bytes": result.bytes,
             "by_source": result.by_source,
+            "tree_digest": stats_digest(stats),
+            "content_digest": content_digest_of({r: str(e["sha256"]) for r, e in index.items()}),
         },
     )
     result.seconds = time.perf_counter() - t0

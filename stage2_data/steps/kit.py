@@ -6,8 +6,12 @@ from pathlib import Path
 from typing import Any
 
 from .. import checks as C
+from .. import layout
 from ..checks import compare_totals, outcome
+from ..extract import invalidate_extraction, load_extraction_record
 from ..kit import LINK_TOTALS, build_join_table, link_check, unpack_sidecars, verify_subset_bytes
+from ..kit.sidecars import invalidate_sidecars
+from ..kit.subset_bytes import ByteReport
 from ..profile import Profile
 from .result import StepResult, rate
 
@@ -79,18 +83,18 @@ def step_join(profile: Profile, data_root: Path) -> StepResult:
 
 
 def step_verify_bytes(profile: Profile, data_root: Path, *, progress: Any = None) -> StepResult:
+    """The subset byte check. A file whose bytes disagree with the kit's SHA256SUMS is one of two
+    cases, told apart by the extraction record (every extracted file's sha256): the file is not
+    what its verified archive gave (damaged since: the extraction's record is marked, so the next
+    build extracts the cache directory again, whatever the stats say), or it is exactly what the
+    pinned archive gave (re-extracting changes nothing: the kit's SHA256SUMS and the profile's
+    pins disagree, and the message says so, naming both)."""
     rep = verify_subset_bytes(profile, data_root, progress=progress)
-    fix = "delete the named cache directory's extraction and re-run the build (or check the kit's SHA256SUMS)"
     sums = profile.kit_file("subset_checksums")
-    problems = (
-        [f"{m} (fix: {fix})" for m in rep.mismatched]
-        + [f"{p}: missing" for p in rep.missing]
-        + [
-            f"{p}: used by the pairs but not listed in {sums} (fix: add its sha256 line to the kit)"
-            for p in rep.unlisted
-        ]
-        + list(rep.problems)
-    )
+    problems = byte_problems(profile, data_root, rep) + [
+        f"{p}: used by the pairs but not listed in {sums} (fix: add its sha256 line to the kit)"
+        for p in rep.unlisted
+    ]
     md = {
         "files": rep.files,
         "bytes": rep.bytes,
@@ -99,3 +103,75 @@ def step_verify_bytes(profile: Profile, data_root: Path, *, progress: Any = None
         "MB/s": round(rep.bytes / 1e6 / rep.seconds, 1) if rep.seconds else None,
     }
     return StepResult(md, [outcome(C.SUBSET_BYTES_MATCH_SHA256SUMS, problems)], rep)
+
+
+def byte_problems(profile: Profile, data_root: Path, rep: ByteReport) -> list[str]:
+    """Every mismatched and missing file of a byte check, said with the fix that works (and the
+    success record of what holds a damaged file cleared); then the check's other problems."""
+    sums = profile.kit_file("subset_checksums")
+    return (
+        [_mismatch(profile, data_root, sums, *m) for m in rep.mismatched_entries]
+        + [_missing(profile, data_root, sums, *m) for m in rep.missing_entries]
+        + list(rep.problems)
+    )
+
+
+def _as_extracted(profile: Profile, data_root: Path, rel: str) -> tuple[str, str, str | None, bool] | None:
+    """For a data-root path inside a cache directory of the profile: (cache key, path inside it,
+    the sha256 its extraction record holds for it (None: not extracted from the archive), whether
+    that record is of the archives the profile pins now); None for any other path."""
+    parts = rel.split("/", 2)
+    if len(parts) < 3 or parts[0] != layout.PROCESSED_DIR or parts[1] not in profile.cache_keys():
+        return None
+    key, inner = parts[1], parts[2]
+    rec = load_extraction_record(data_root, key)
+    if rec is None:
+        return key, inner, None, False
+    pins = {a.path: a.sha256 for a in profile.archives_by_cache_key()[key]}
+    return key, inner, rec.sha256_of(inner), rec.archive_sha256 == pins and not rec.invalidated
+
+
+def _damaged(data_root: Path, rel: str, key: str | None, why: str) -> str:
+    """Clear the success record of what holds ``rel`` (the cache directory's extraction, or the
+    sidecars' unpack): the next build makes it again. Returns the fix to print."""
+    if key is not None:
+        invalidate_extraction(data_root, key, f"the subset byte check found {data_root / rel} {why}")
+        return f"re-run the build: it extracts {key} again from its verified archive(s)"
+    if rel.startswith(f"{layout.DERIVED_DIR}/{layout.SIDECARS_DIR}/"):
+        invalidate_sidecars(data_root, f"the subset byte check found {data_root / rel} {why}")
+        return "re-run the build: it unpacks the kit's sidecar tar again"
+    return f"restore {data_root / rel}, or check the kit's SHA256SUMS"
+
+
+def _mismatch(
+    profile: Profile, data_root: Path, sums: Path, rel: str, expected: str, actual: str, line: int
+) -> str:
+    where = f"{sums}:{line}: {data_root / rel} has sha256 {actual}, expected {expected}"
+    ext = _as_extracted(profile, data_root, rel)
+    if ext is not None and ext[2] == actual and ext[3]:
+        key = ext[0]
+        archives = ", ".join(a.path for a in profile.archives_by_cache_key()[key])
+        return (
+            f"{where}; the file is exactly what the pinned archive(s) {archives} hold (sha256 as "
+            f"extracted, archives verified against their pins): the kit's SHA256SUMS {sums} and the "
+            f"profile's pinned archives disagree (the kit and the pins come from different releases; "
+            f"extracting again changes nothing) (fix: use the kit made from the pinned revision "
+            f"{profile.source.revision}, or pin the revision the kit was made from and run `stage2 pin`)"
+        )
+    fix = _damaged(
+        data_root, rel, ext[0] if ext else None, f"damaged (sha256 {actual}, SHA256SUMS says {expected})"
+    )
+    return f"{where}; it is not the file its archive gave (changed since) (fix: {fix})"
+
+
+def _missing(profile: Profile, data_root: Path, sums: Path, rel: str, expected: str, line: int) -> str:
+    where = f"{sums}:{line}: {data_root / rel} is missing"
+    ext = _as_extracted(profile, data_root, rel)
+    if ext is not None and ext[2] is None and ext[3]:
+        return (
+            f"{where}; the pinned archive(s) of {ext[0]} hold no such file: the kit's SHA256SUMS {sums} "
+            f"and the profile's pinned archives disagree (fix: use the kit made from the pinned revision "
+            f"{profile.source.revision}, or pin the revision the kit was made from)"
+        )
+    fix = _damaged(data_root, rel, ext[0] if ext else None, "missing")
+    return f"{where} (fix: {fix})"
