@@ -372,6 +372,45 @@ def store_decode_check_vs_npz_load_sha256(workdir: Path) -> list[dict[str, Any]]
     ]
 
 
+def publish_gate_vs_store_build(workdir: Path) -> list[dict[str, Any]]:
+    """The publication gate on a store already there (what a reused, re-published or resumed store
+    costs: every file hashed, the content recomputed, every sample decoded) vs building that store
+    from its upstream npz files as a build's store step does (the writer, then the same gate: no
+    store is published without it). Warm page cache for both, alternating, best of 3."""
+    from stage2_data.storage import StoreLocation
+    from stage2_data.store.gate import publication_gate
+
+    n = int(os.environ.get("BENCH_STORE_READ_TRAJ", "192"))
+    samples, pairs, _ = make_upstream(workdir / "up", n, npy=False)
+    built = workdir / "gate_store"
+    VinOfflineWriter(built, profile=PROFILE, inputs=INPUTS, rows_per_shard=64).write(samples, pairs)
+    reps = iter(range(1000))
+
+    def ours() -> None:
+        assert publication_gate(StoreLocation.parse(built)).passed
+
+    def baseline() -> None:
+        out = workdir / f"gate_build{next(reps)}"
+        VinOfflineWriter(out, profile=PROFILE, inputs=INPUTS, rows_per_shard=64).write(samples, pairs)
+        assert publication_gate(StoreLocation.parse(out)).passed
+
+    ours()
+    best_ours, best_base = best_alternating(ours, baseline)
+    on_disk = sum(p.stat().st_size for p in built.rglob("*") if p.is_file())
+    return [
+        entry(
+            "publish_gate_vs_store_build",
+            best_ours,
+            "building the same store (writer + the same gate)",
+            best_base,
+            0.3,
+            samples=n,
+            store_bytes_on_disk=on_disk,
+            gate_MB_per_s=round(on_disk / 1e6 / best_ours, 1),
+        )
+    ]
+
+
 _MEM_CHILD = r"""
 import json, pickle, sys
 from pathlib import Path
@@ -452,5 +491,6 @@ BENCHMARKS = [
     npz_load_vs_numpy,
     store_read_checksum_cost,
     store_decode_check_vs_npz_load_sha256,
+    publish_gate_vs_store_build,
     store_build_peak_memory,
 ]

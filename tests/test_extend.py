@@ -391,7 +391,10 @@ def test_store_step_extends_the_demo_store_when_its_profile_gains_a_cache_dir(
     ran = stage2("validate", str(layout.current_store_path(root, prof.name)), "--deep", "--decode")
     assert ran.returncode == 0, ran.tail()
     # a rerun: the same inputs, the extended store is reused
-    assert step_store(prof, root).metadata["update"] == f"reused {new.name} (same inputs)"
+    assert (
+        step_store(prof, root).metadata["update"]
+        == f"reused {new.name} (same inputs; passed the publication gate)"
+    )
 
     # the store the step builds from scratch for the whole profile
     aside = tmp_path / "extended"

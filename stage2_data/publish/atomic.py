@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .names import temp_path
+from .readonly import remove_tree
 from .sweep import remove_stale
 
 __all__ = [
@@ -106,7 +107,7 @@ def remove_path(p: Path) -> None:
     if p.is_symlink() or p.is_file():
         p.unlink(missing_ok=True)
     else:
-        shutil.rmtree(p, ignore_errors=True)
+        remove_tree(p)
 
 
 def make_staging_dir(final: Path, *, mode: int = 0o777, sweep_stale: bool = True) -> Path:

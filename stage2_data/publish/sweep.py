@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 from pathlib import Path
 
 from .. import layout
 from .names import parse_temp_name
+from .readonly import remove_tree
 
 __all__ = ["data_root_temp_folders", "remove_stale", "stale_temps", "sweep_data_root"]
 
@@ -47,7 +47,7 @@ def stale_temps(
 
 def _remove(p: Path) -> bool:
     if p.is_dir() and not p.is_symlink():
-        shutil.rmtree(p, ignore_errors=True)
+        remove_tree(p)
     else:
         with contextlib.suppress(FileNotFoundError):
             p.unlink()

@@ -22,6 +22,7 @@ skips its work).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -37,8 +38,10 @@ from ..kit.sidecars import sidecars_status
 from ..profile import Profile
 from ..stages import ACQUIRE, EXTRACT, KIT, PROFILE, STAGES, STORE
 from ..store import OFFLINE_DATASET_VERSION
+from ..store.gate import tree_stats
 
 STORE_STAGE_RECORD = "store_stage.json"
+STORE_GATE_RECORD = "store_gate.json"
 
 
 def store_stage_record_path(data_root: Path) -> Path:
@@ -50,7 +53,7 @@ def _stat(p: Path) -> list[int] | None:
         st = os.lstat(p)
     except OSError:
         return None
-    return [st.st_ino, st.st_size, st.st_mtime_ns]
+    return [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
 def acquire_status(profile: Profile, data_root: Path) -> str | None:
@@ -70,27 +73,51 @@ def extract_status(profile: Profile, data_root: Path) -> str | None:
 
 def published_store_stats(link: Path) -> dict[str, list[int]] | None:
     """(inode, size, mtime_ns, ctime_ns) of every entry under the store ``link`` points at, by
-    relative path (one walk, no file read): a store modified in place (a byte flipped in a shard, the
-    manifest edited, a file deleted; ctime: even with its mtime set back) changes it. None when
-    nothing is published there."""
+    relative path (one walk, no file read; :func:`~stage2_data.store.gate.tree_stats`): a store
+    modified in place (a byte flipped in a shard, the manifest edited, a file deleted; ctime: even
+    with its mtime set back) changes it. None when nothing is published there."""
     try:
         target = link.resolve(strict=True)
     except OSError:
         return None
-    if not target.is_dir():
-        return None
-    out: dict[str, list[int]] = {}
-    stack = [(str(target), "")]
-    while stack:
-        path, rel = stack.pop()
-        with os.scandir(path) as it:
-            for e in it:
-                name = f"{rel}{e.name}"
-                st = e.stat(follow_symlinks=False)
-                out[name] = [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
-                if e.is_dir(follow_symlinks=False):
-                    stack.append((e.path, name + "/"))
-    return out
+    return tree_stats(target)
+
+
+def gate_record_path(data_root: Path) -> Path:
+    return layout.reports_dir(data_root) / STORE_GATE_RECORD
+
+
+def write_gate_record(
+    data_root: Path, profile_name: str, store_name: str, stats: dict[str, list[int]] | None
+) -> None:
+    """After a store passed the publication gate and was published: which store, and the stats of
+    every entry the gate checked (what a no-op rebuild compares; docs/spec/vin-store.md)."""
+    write_json_if_changed(
+        gate_record_path(data_root), {"profile": profile_name, "store": store_name, "stats": stats}
+    )
+
+
+def clear_store_records(data_root: Path) -> None:
+    """A failed store check: remove the records that would let a later build skip the store stage."""
+    for p in (gate_record_path(data_root), store_stage_record_path(data_root)):
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
+
+
+def gate_status(profile: Profile, data_root: Path) -> str | None:
+    """None when the published store is the one the last passed publication gate checked, with the
+    same (inode, size, mtime, ctime) for every entry; else why the gate must run again."""
+    link = layout.current_store_path(data_root, profile.name)
+    try:
+        rec = json.loads(gate_record_path(data_root).read_text(encoding="utf-8"))
+        name = os.readlink(link)
+    except (OSError, ValueError):
+        return "no record of the publication gate for the published store"
+    if not isinstance(rec, dict) or rec.get("profile") != profile.name or rec.get("store") != name:
+        return "the published store is not the one the publication gate last passed"
+    if rec.get("stats") != published_store_stats(link):
+        return "a file of the published store changed since it passed the publication gate"
+    return None
 
 
 def store_stage_fingerprint(profile: Profile, data_root: Path, settings: dict[str, Any] | None = None) -> str:
@@ -161,6 +188,9 @@ def store_status(profile: Profile, data_root: Path, settings: dict[str, Any] | N
         return "no record of a successful store stage"
     if not (layout.current_store_path(data_root, profile.name) / "manifest.json").is_file():
         return "no store is published"
+    gate = gate_status(profile, data_root)
+    if gate is not None:
+        return gate
     if recorded != store_stage_fingerprint(profile, data_root, settings):
         return "the kit, the extracted data or the stage's outputs changed since the last store stage"
     return None

@@ -8,6 +8,7 @@ import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from ..fsutil import canonical_json
 from ..hashing import sha256_file
 from ..kit import load_pairs
 from ..profile import Profile
+from ..publish.readonly import make_writable
 from ..storage import CURRENT_OBJECT, StoreLocation
 from ..store import (
     OFFLINE_DATASET_VERSION,
@@ -31,8 +33,10 @@ from ..store import (
     validate_vin_offline_store,
 )
 from ..store.extend import write_or_extend
+from ..store.gate import GateResult, publication_gate
 from ..store.retention import retention_after_publish
 from .result import StepResult, kv_table, rate
+from .status import clear_store_records, write_gate_record
 
 
 def kit_inputs(profile: Profile) -> dict[str, str]:
@@ -102,11 +106,18 @@ def step_store(
     out = root_loc.child(name)
     t0 = time.perf_counter()
     rebuilt = True
-    update = f"reused {name} (same inputs)"
-    problems: list[str] = []
-    if out.is_file(out.root / "manifest.json") and not validate_vin_offline_store(out):
-        rebuilt = False  # same inputs, valid store: nothing to rebuild (and nothing left to validate)
-    else:
+    update = f"reused {name} (same inputs; passed the publication gate)"
+    gate: GateResult | None = None
+    set_aside = ""
+    if out.is_file(out.root / "manifest.json"):
+        # a store of these inputs is already there (kept, current, or left by a stopped build):
+        # it is reused only after the same full check a new store passes
+        gate = publication_gate(out)
+        if gate.passed:
+            rebuilt = False
+        else:
+            set_aside = move_store_aside(out, data_root, profile.name, gate.problems)
+    if rebuilt:
         table = pq.read_table(layout.join_table_path(data_root)).to_pylist()
         derived = layout.derived_root(data_root)
         samples = []
@@ -155,21 +166,29 @@ def step_store(
             actions_input=f"kit/{profile.kit.sidecar_archive}",
             processes=store_processes(len(samples)),
         )
+        if set_aside:
+            update = f"{update}; {set_aside}"
     seconds = time.perf_counter() - t0
-    # A new store is decoded sample by sample (through zarr, not through our writer) and compared
-    # with the frames_sha256 the writer recorded, before it becomes current: a store that does not
-    # round-trip is never published.
+    # A new store passes the publication gate (every file hashed, the content recomputed, every
+    # sample decoded through zarr and compared with its frames_sha256) before it becomes current,
+    # exactly as a reused one did above: a store that does not pass is never published.
     t1 = time.perf_counter()
     drawn: dict[str, Any] = {}
     if rebuilt:
-        problems, drawn = validate_new_store(out, alongside)
-    validate_seconds = time.perf_counter() - t1
+        gate, drawn = gate_new_store(out, alongside)
+    assert gate is not None
+    problems = list(gate.problems)
+    validate_seconds = time.perf_counter() - t1 if rebuilt else gate.seconds
     if not problems:
         root_loc.publish_current(name)  # the `current` symlink, or the CURRENT object after the manifest
-    elif rebuilt:
-        problems.append(
-            f"{out.url} was removed, not published: {CURRENT_OBJECT.lower()} still points at the previous store"
-        )
+        if out.is_local:
+            write_gate_record(data_root, profile.name, name, gate.stats)
+    else:
+        clear_store_records(data_root)  # a failed gate: no record lets a later build skip the check
+        if rebuilt:
+            problems.append(
+                f"{out.url} was removed, not published: {CURRENT_OBJECT.lower()} still points at the previous store"
+            )
     result = store_checks(
         profile,
         out,
@@ -184,27 +203,49 @@ def step_store(
         # STAGE2_KEEP_STORES, default 1; "all" keeps every one); never current, never a leased one
         result.metadata["retention"] = retention_after_publish(root_loc, keep_stores)
         result.metadata.update(drawn)
-    if problems and rebuilt:  # never published, and never reused by a rerun (which would not decode it)
+    result.metadata["gate_seconds"] = round(gate.seconds, 3)
+    if problems and rebuilt:  # never published: a new store that failed is ours alone, never verified
         out.delete_tree()
     return result
 
 
-def validate_new_store(
+def gate_new_store(
     out: Any, alongside: Callable[[str], dict[str, Any]] | None
-) -> tuple[list[str], dict[str, Any]]:
-    """A new store's problems (decoded sample by sample, ``validate_vin_offline_store``), and what
-    ``alongside(out.url)`` drew meanwhile on another thread ({} without it, and for a store that
-    failed: it is not published, and what failed is the validation's to say, whatever the drawing
-    raised). At 400 MB the preview took ~0.3 s after a ~0.4 s validation."""
+) -> tuple[GateResult, dict[str, Any]]:
+    """A new store through the publication gate, and what ``alongside(out.url)`` drew meanwhile on
+    another thread ({} without it, and for a store that failed: it is not published, and what
+    failed is the gate's to say, whatever the drawing raised). Both only read the store."""
     if alongside is None:
-        return validate_vin_offline_store(out, decode=True), {}
+        return publication_gate(out), {}
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="stage2-alongside") as pool:
         drawn = pool.submit(alongside, out.url)
-        problems = validate_vin_offline_store(out, decode=True)
-        if problems:
+        gate = publication_gate(out)
+        if not gate.passed:
             wait([drawn])  # done with the store before the caller removes it
-            return problems, {}
-        return problems, drawn.result()
+            return gate, {}
+        return gate, drawn.result()
+
+
+def move_store_aside(out: Any, data_root: Path, profile_name: str, problems: list[str]) -> str:
+    """A store already there that failed the publication gate: a local one is moved (never deleted)
+    to ``<data_root>/quarantine/<UTC time>/stores/<profile>/<name>``; one on object storage is
+    withdrawn (its manifest first, so it is no longer a store) and built again. Returns the line
+    that says what happened and where."""
+    first = problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+    if not out.is_local:
+        out.delete_tree()
+        return (
+            f"the store already at {out.url} failed the publication gate ({first}): removed and built again"
+        )
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+    dest = layout.quarantine_root(data_root) / stamp / layout.STORES_DIR / profile_name / out.root.name
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    make_writable(out.root)
+    os.rename(out.root, dest)
+    return (
+        f"the store already at {out.root} failed the publication gate ({first}): moved to {dest} "
+        "and built again from the verified inputs"
+    )
 
 
 def stores_location(
@@ -258,6 +299,8 @@ def verify_current_store(
     except StoreError as e:
         return outcome(C.STORE_BYTES_MATCH_MANIFEST, [str(e)])
     problems = validate_vin_offline_store(loc, deep=True, decode=True)
+    if problems:  # a failed check clears the success records of what it checked
+        clear_store_records(data_root)
     return outcome(
         C.STORE_BYTES_MATCH_MANIFEST, problems, store=loc.url, seconds=round(time.perf_counter() - t0, 3)
     )
@@ -306,7 +349,7 @@ def store_checks(
         "bytes_on_disk": ((stats.get("bytes") or {}).get("on_disk") or {}).get("total"),
         "bytes_on_disk_per_block": ((stats.get("bytes") or {}).get("on_disk") or None),
         "rebuilt": rebuilt,
-        "decoded": rebuilt,  # a new store is decoded sample by sample before it becomes current
+        "decoded": True,  # every store is decoded sample by sample by the gate before it is published
         "seconds": round(seconds, 3),
         "validate_seconds": round(validate_seconds, 3) if validate_seconds is not None else None,
         "MB/s": rate(((stats.get("bytes") or {}).get("on_disk") or {}).get("total") or 0, seconds)

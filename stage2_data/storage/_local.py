@@ -13,6 +13,7 @@ from typing import IO, Any
 from .. import layout
 from ..hashing import sha256_files_parallel
 from ..publish.atomic import UMASK_MODE, atomic_symlink, atomic_write_bytes, fsync_dir
+from ..publish.readonly import remove_tree
 from ._base import StoreLocation
 
 
@@ -93,7 +94,7 @@ class LocalLocation(StoreLocation, backend="local"):
         p.unlink(missing_ok=True)
 
     def delete_tree(self, p: Path | None = None) -> None:
-        shutil.rmtree(self.root if p is None else p, ignore_errors=True)
+        remove_tree(self.root if p is None else p)
 
     # -- the commit protocol -------------------------------------------------------------------------
     def commit(self, p: Path, data: bytes) -> None:

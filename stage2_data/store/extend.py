@@ -8,8 +8,8 @@ order of the rows, the shard layout and so the fingerprint differ (the fingerpri
 :func:`decide_extension` checks, without decoding a frame:
 
 * the published store opens strictly (format and version of this writer) with the same writer options
-  and codec, for the same source repo, and validates (every stored chunk's crc32c too: its shards are
-  copied as they are, so a damaged one is rebuilt, not carried into every later store);
+  and codec, for the same source repo, and validates deep (every file hashed against its manifest:
+  its shards are copied as they are, so a damaged one is rebuilt, not carried into every later store);
 * every input of the old store under ``archive_prefix`` (the archives its frames came from) is in the
   new inputs with the same sha256: an old trajectory's frames cannot have changed;
 * the old trajectories are a strict subset of the new ones, each with the same metadata (cache key,
@@ -145,9 +145,9 @@ def decide_extension(
     split_of, kept = _assign_splits(by_key, pairs, problems)
     if problems:
         return _no(f"the new inputs do not plan ({len(problems)} problems, first: {problems[0]})")
-    # its shards are copied as they are: a damaged byte (crc32c) would make every later extension
-    # fail its decoding check; such a store is rebuilt instead
-    damaged = validate_vin_offline_store(base)
+    # its shards are copied as they are, so it must hold exactly what its manifest says: every file
+    # hashed (deep), as the publication gate does; a damaged store is rebuilt instead, never extended
+    damaged = validate_vin_offline_store(base, deep=True)
     if damaged:
         return _no(f"the published store {base.root.name} does not validate ({damaged[0]})")
     try:

@@ -31,7 +31,6 @@ import contextlib
 import errno
 import fcntl
 import os
-import shutil
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -41,6 +40,7 @@ from .. import layout
 from ..errors import Stage2Error, StoreError
 from ..fsutil import human_bytes
 from ..publish import remove_stale, stale_temps, temp_path
+from ..publish.readonly import remove_tree
 from ..storage import CURRENT_OBJECT, StoreLocation
 from .format import MANIFEST_NAME, STORE_FORMAT
 from .manifest import load_manifest
@@ -311,7 +311,7 @@ def _remove_local(store: Path, current: Path | None, dry_run: bool) -> tuple[str
         gate.unlink(missing_ok=True)
     finally:
         os.close(fd)
-    shutil.rmtree(old, ignore_errors=True)
+    remove_tree(old)
     return "removed", ""
 
 

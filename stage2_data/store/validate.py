@@ -36,7 +36,7 @@ from .format import (
     pad_slack,
     shard_dir_name,
 )
-from .manifest import load_manifest, rebuild_command, store_fingerprint
+from .manifest import fingerprint_of, load_manifest, rebuild_command
 from .tables import read_npy
 from .validate_shards import validate_arrays, validate_files
 
@@ -97,15 +97,19 @@ def validate_store(
     _validate_splits(loc, m, rows, problems)
     _validate_pairs(loc, m, rows, problems)
     validate_arrays(loc, shards, rows, problems, decode=decode, checksums=checksums and not decode)
-    validate_files(loc, m, shards, deep, problems)
-    if deep and isinstance(m.get("fingerprint"), str):
+    hashes: dict[str, str] | None = None
+    if deep:  # every file of the store hashed once: for the manifest's sha256s and the fingerprint
         try:
-            fp = store_fingerprint(loc)
+            rels = [r for r in loc.tree_files(root) if r != MANIFEST_NAME]
+            by_path = loc.sha256_files([root / r for r in rels])
+            hashes = {r: by_path[str(root / r)] for r in rels}
         except (OSError, StoreError) as e:
-            problems.append(f"{loc.url}: cannot recompute the fingerprint ({e})")
-        else:
-            if fp != m["fingerprint"]:
-                problems.append(f"{mpath}: fingerprint {m['fingerprint']} but the content gives {fp}")
+            problems.append(f"{loc.url}: cannot hash its files ({e})")
+    validate_files(loc, m, shards, hashes, problems)
+    if hashes is not None and isinstance(m.get("fingerprint"), str):
+        fp = fingerprint_of(m, sorted(hashes.items()))
+        if fp != m["fingerprint"]:
+            problems.append(f"{mpath}: fingerprint {m['fingerprint']} but the content gives {fp}")
     return problems
 
 

@@ -198,8 +198,14 @@ def _check_chunks(
 
 
 def validate_files(
-    loc: StoreLocation, m: dict[str, Any], shards: list[dict[str, Any]], deep: bool, problems: list[str]
+    loc: StoreLocation,
+    m: dict[str, Any],
+    shards: list[dict[str, Any]],
+    hashes: dict[str, str] | None,
+    problems: list[str],
 ) -> None:
+    """Every listed file present with its size, no unlisted shard file, and (``hashes``: the sha256
+    of every file by relative path, when the validation is deep) each listed file's sha256."""
     root = loc.root
     disp = loc.display
     listed: list[dict[str, Any]] = [f for f in m.get("files", []) if isinstance(f, dict)]
@@ -242,9 +248,8 @@ def validate_files(
         for rel in shard_files:
             if rel not in listed_paths:
                 problems.append(f"{disp(root / rel)}: file not listed in the manifest")
-    if deep and present:
-        hashes = loc.sha256_files([root / f["path"] for f in present])
+    if hashes is not None:
         for f in present:
-            got = hashes[str(root / f["path"])]
+            got = hashes.get(f["path"], "(not hashed)")
             if got != f["sha256"]:
                 problems.append(f"{disp(root / f['path'])}: sha256 {got}; the manifest says {f['sha256']}")

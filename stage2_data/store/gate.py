@@ -1,0 +1,89 @@
+"""The publication gate: the one full check a store passes before it is published, re-published (a
+kept store the profile returns to), resumed (a folder a stopped build left) or reused, whatever path
+led there (docs/spec/vin-store.md, "Publication gate").
+
+The gate is :func:`~.validate.validate_vin_offline_store` with ``deep`` and ``decode``: every file
+of the store hashed against the manifest and the content recomputed from those hashes (it must give
+the manifest's fingerprint), every sample decoded as the reader does and compared with its
+``frames_sha256``. A local store is made read-only first (stage2_data/publish/readonly.py) and the
+(inode, size, mtime, ctime) of every entry is taken before the check and again after it: a store
+that changed while it was checked fails. Those stats are what a no-op rebuild compares against
+(:func:`tree_stats`): only a rebuild that publishes nothing may skip the gate, and only while every
+entry still has the stats the last passed gate recorded.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..publish.readonly import make_read_only
+from ..storage import StoreLocation
+
+
+@dataclass
+class GateResult:
+    """What the gate found: ``problems`` (empty: the store may be published), the ``stats`` of every
+    entry of a local store as checked (None on object storage), and how long it took."""
+
+    problems: list[str]
+    stats: dict[str, list[int]] | None = None
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
+
+
+def tree_stats(root: Path) -> dict[str, list[int]] | None:
+    """(inode, size, mtime_ns, ctime_ns) of every entry under ``root`` by relative path (folders
+    end with ``/``; one walk, no file read); None when ``root`` is not a folder. Size and mtime can
+    be kept while bytes change; ctime cannot."""
+    try:
+        if not root.is_dir():
+            return None
+    except OSError:
+        return None
+    out: dict[str, list[int]] = {}
+    stack = [(str(root), "")]
+    while stack:
+        path, rel = stack.pop()
+        with os.scandir(path) as it:
+            for e in it:
+                st = e.stat(follow_symlinks=False)
+                is_dir = e.is_dir(follow_symlinks=False)
+                name = f"{rel}{e.name}{'/' if is_dir else ''}"
+                out[name] = [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+                if is_dir:
+                    stack.append((e.path, name))
+    return out
+
+
+def publication_gate(loc: StoreLocation, **validate_kw: Any) -> GateResult:
+    """Run the full check on the store at ``loc`` (see the module's docstring). ``validate_kw`` is
+    passed to the validation (``storage_options``)."""
+    from .validate import validate_vin_offline_store  # zarr: not for a no-op build's tree_stats
+
+    t0 = time.perf_counter()
+    before: dict[str, list[int]] | None = None
+    if loc.is_local:
+        try:
+            make_read_only(loc.root)
+        except OSError as e:  # a store we cannot protect is still checked; the gate says so
+            notes = [f"could not make {loc.root} read-only ({e})"]
+        else:
+            notes = []
+        before = tree_stats(loc.root)
+    else:
+        notes = []
+    problems = validate_vin_offline_store(loc, deep=True, decode=True, **validate_kw)
+    after = tree_stats(loc.root) if loc.is_local else None
+    if not problems and before != after:
+        problems.append(
+            f"{loc.url}: changed while it was checked (check again; is another process writing it?)"
+        )
+    return GateResult(problems, after if not problems else None, time.perf_counter() - t0, notes)

@@ -1,0 +1,169 @@
+"""The fault matrix, publication-gate rows: a store is published, re-published, resumed or reused only
+after the same full check (every file hashed against its manifest, the content recomputed, every
+sample decoded), whatever path led there; a store that fails it is moved aside, never deleted, and
+built again from the verified inputs; only a no-op rebuild may skip the check, and only while every
+entry of the store has the stats the last passed gate recorded.
+
+Every row goes through the `stage2` command (a subprocess) against the loopback hub, on a copy of one
+data root built once by `stage2 build`: exit code, output and files on disk, so the rows hold
+whatever orchestrates the steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.cli import Ran, stage2, subprocess_env
+
+from stage2_data import layout
+from stage2_data.demo import DemoPaths
+from stage2_data.demo.hubserver import HubServer
+from stage2_data.profile import load_profile
+
+FINGERPRINT = "08cec2259da8ff99655f79369ff7e425d70ce1919dfee17627493128c8249c8f"
+
+
+def _build(demo: DemoPaths, root: Path, hub: HubServer, *extra: str) -> Ran:
+    env = subprocess_env(drop=("DAGSTER_HOME", "CI"))
+    return stage2(
+        "build",
+        "--profile",
+        str(demo.profile),
+        "--data-root",
+        str(root),
+        "--endpoint",
+        hub.url,
+        *extra,
+        env=env,
+    )
+
+
+def _fingerprint(out: Ran) -> str | None:
+    m = re.search(r"^fingerprint:\s+([0-9a-f]{64})$", out.stdout, re.M)
+    return m.group(1) if m else None
+
+
+@pytest.fixture(scope="module")
+def gated(demo_cache: DemoPaths, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """The demo built once by `stage2 build`; each row copies its data root."""
+    root = tmp_path_factory.mktemp("gate") / "root"
+    with HubServer(demo_cache.upstream, repo_id=demo_cache.repo_id, revision=demo_cache.revision) as hub:
+        out = _build(demo_cache, root, hub)
+        assert out.returncode == 0 and _fingerprint(out) == FINGERPRINT, out.tail()
+        yield {"root": root, "hub": hub, "demo": demo_cache, "profile": load_profile(demo_cache.profile).name}
+
+
+def _copy(gated: dict[str, Any], dst: Path) -> tuple[Path, Path]:
+    """A copy of the built data root (its own instance), and its published store's folder. A copy
+    has new inodes and ctimes: its first build runs the store stage, whose gate passes."""
+    shutil.copytree(gated["root"], dst, symlinks=True, ignore=shutil.ignore_patterns(".dagster"))
+    out = _build(gated["demo"], dst, gated["hub"])
+    assert out.returncode == 0 and _fingerprint(out) == FINGERPRINT, out.tail()
+    return dst, layout.current_store_path(dst, gated["profile"]).resolve()
+
+
+def _same_size_edit(p: Path) -> None:
+    """Change one byte of ``p`` in the middle, keeping its size and mtime (not its ctime)."""
+    st = p.stat()
+    os.chmod(p, 0o644)
+    data = bytearray(p.read_bytes())
+    i = len(data) // 2
+    data[i] = ord("x") if data[i] != ord("x") else ord("y")
+    p.write_bytes(bytes(data))
+    os.chmod(p, stat.S_IMODE(st.st_mode))
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def _aside(root: Path, name: str) -> list[Path]:
+    """The stores named ``name`` moved aside under the data root's quarantine folder."""
+    return sorted(layout.quarantine_root(root).glob(f"*/{layout.STORES_DIR}/*/{name}"))
+
+
+def _valid_clean(root: Path, profile: str) -> None:
+    """The published store, recomputed from its bytes (deep + decode), is the clean build's."""
+    current = layout.current_store_path(root, profile)
+    v = stage2("validate", str(current), "--deep", "--decode", "--json")
+    assert v.returncode == 0, v.tail()
+    assert json.loads((current / "manifest.json").read_text())["fingerprint"] == FINGERPRINT
+
+
+def test_fault_gate_current_index_edited(gated: dict[str, Any], tmp_path: Path) -> None:
+    """A same-length edit of the published store's sample_index.jsonl, mtime kept: the next build
+    sees the change (ctime), re-runs the gate, which hashes the file against the manifest: the
+    damaged store is moved aside (byte for byte, never deleted), a clean one built and published."""
+    root, store = _copy(gated, tmp_path / "root")
+    index = store / "sample_index.jsonl"
+    _same_size_edit(index)
+    damaged = index.read_bytes()
+    out = _build(gated["demo"], root, gated["hub"])
+    assert out.returncode == 0, out.tail()
+    assert _fingerprint(out) == FINGERPRINT
+    assert "internal error" not in out.stdout + out.stderr
+    _valid_clean(root, gated["profile"])
+    aside = _aside(root, store.name)
+    assert len(aside) == 1 and (aside[0] / "sample_index.jsonl").read_bytes() == damaged
+
+
+def test_fault_gate_kept_store_decode_fails(gated: dict[str, Any], tmp_path: Path) -> None:
+    """A store of this input set that is not current (a kept store the profile returns to, or one a
+    stopped build left behind) with one byte of a compressed frames chunk changed, size and mtime
+    kept: it is never re-published as is (nothing records it as checked); the gate hashes and
+    decodes it, moves it aside, and the build publishes a clean store."""
+    root, store = _copy(gated, tmp_path / "root")
+    link = layout.current_store_path(root, gated["profile"])
+    link.unlink()  # another store was current: this one is kept, or was left by a stopped build
+    m = json.loads((store / "manifest.json").read_text())
+    sh = m["shards"][0]
+    frames = next(f for f in sh["files"] if f["path"].startswith(f"{sh['dir']}/frames/c/"))
+    p = store / frames["path"]
+    _same_size_edit(p)  # a changed chunk: its crc32c now fails (the decode's own check) ...
+    m_text = (store / "manifest.json").read_text()
+    out = _build(gated["demo"], root, gated["hub"])
+    assert out.returncode == 0, out.tail()
+    assert _fingerprint(out) == FINGERPRINT
+    _valid_clean(root, gated["profile"])
+    aside = _aside(root, store.name)
+    assert len(aside) == 1 and (aside[0] / "manifest.json").read_text() == m_text
+
+
+def test_fault_gate_noop_sees_ctime(gated: dict[str, Any], tmp_path: Path) -> None:
+    """A byte of a published shard changed, size and mtime restored: the next plain build is not "up
+    to date" (the entry's ctime is not the one the last gate recorded): it gates the store, moves it
+    aside and publishes a clean one; the build after that is a no-op again."""
+    root, store = _copy(gated, tmp_path / "root")
+    m = json.loads((store / "manifest.json").read_text())
+    sh = m["shards"][-1]
+    frames = next(f for f in sh["files"] if f["path"].startswith(f"{sh['dir']}/frames/c/"))
+    _same_size_edit(store / frames["path"])
+    out = _build(gated["demo"], root, gated["hub"])
+    assert out.returncode == 0 and _fingerprint(out) == FINGERPRINT, out.tail()
+    assert "5/5] join, bytes, store: up to date" not in out.stderr  # the store stage ran
+    _valid_clean(root, gated["profile"])
+    assert len(_aside(root, store.name)) == 1
+    again = _build(gated["demo"], root, gated["hub"])
+    assert again.returncode == 0 and _fingerprint(again) == FINGERPRINT, again.tail()
+    assert "5/5] join, bytes, store: up to date" in again.stderr, again.tail()  # gate not run again
+
+
+def test_fault_gate_published_store_read_only(gated: dict[str, Any], tmp_path: Path) -> None:
+    """A published store has no write bit on any file or folder (a user's tool writing into it
+    fails); `stage2 gc` still removes an old store (it gives the folders their write bit back)."""
+    root, store = _copy(gated, tmp_path / "root")
+    modes = {p: stat.S_IMODE(p.lstat().st_mode) for p in [store, *store.rglob("*")]}
+    assert modes and all(m & 0o222 == 0 for m in modes.values()), [p for p, m in modes.items() if m & 0o222]
+    stores = layout.stores_root(root, gated["profile"])
+    old = stores / "v2-0000000000000000"  # an older store, read-only as a published one is
+    shutil.copytree(store, old)
+    for p in sorted([old, *old.rglob("*")], key=lambda p: -len(p.parts)):
+        os.chmod(p, stat.S_IMODE(p.lstat().st_mode) & ~0o222)
+    g = stage2("gc", str(root / layout.STORES_DIR), "--keep", "0", "--json")
+    assert g.returncode == 0, g.tail()
+    assert not old.exists() and store.is_dir()
