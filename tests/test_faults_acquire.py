@@ -8,9 +8,11 @@ The matrix: tests/faults_table.py (rows), tests/helpers/faults.py (what every ro
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -260,3 +262,224 @@ def test_fault_net_offline(
         monkeypatch.delenv("HF_HUB_OFFLINE")
         assert run_selection(cfg, ["archive_file"], victim)["success"]
     assert run_selection(run_cfg(demo, root), ["cache_dir"], SMALL)["success"]
+
+
+# ----- verified archives that disagree with their pin; messages whose fix works ------------------
+def _build(demo: DemoPaths, root: Path, url: str, **env: str) -> tuple[Any, dict[str, Any], str]:
+    """``stage2 build --json`` of the demo into ``root`` against ``url``: (the process, its JSON
+    summary, everything it told the user: failed checks, errors, stderr)."""
+    out = stage2(
+        "build", "--profile", str(demo.profile), "--data-root", str(root), "--endpoint", url, "--json",
+        env=subprocess_env(drop=("HF_TOKEN", "HF_HUB_OFFLINE", "HF_ENDPOINT"), **FAST_RETRIES, **env),
+        timeout=300,
+    )  # fmt: skip
+    assert "Traceback" not in out.stderr and "internal error" not in out.stdout + out.stderr, out.tail()
+    doc = json.loads(out.stdout) if out.stdout.strip().startswith("{") else {}
+    told = [f"{c['check']}: {c['description']}" for c in doc.get("checks", []) if not c["passed"]]
+    told += [e["message"] for e in doc.get("errors", [])]
+    return out, doc, "\n".join(told) + "\n" + out.stderr
+
+
+def _fingerprint(root: Path, prepared: Prepared) -> str:
+    manifest = layout.current_store_path(root, prepared.profile_name) / "manifest.json"
+    return str(json.loads(manifest.read_text())["fingerprint"])
+
+
+def _set_pin(demo: DemoPaths, path: str, key: str, value: str) -> None:
+    """Set ``key`` (``size`` or ``sha256``) of the [[archives]] entry of ``path`` in the demo's profile."""
+    lines = demo.profile.read_text().splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if line.strip() == f'path = "{path}"')
+    k = next(i for i in range(at, len(lines)) if lines[i].startswith(f"{key} = "))
+    lines[k] = f"{key} = {value}\n"
+    demo.profile.write_text("".join(lines))
+
+
+def _typo(spec: Any, key: str) -> str:
+    if key == "size":
+        return str(spec.size + 1)
+    return '"' + spec.sha256[:-1] + ("0" if spec.sha256[-1] != "0" else "1") + '"'
+
+
+def _quarantine(root: Path) -> list[Path]:
+    q = layout.quarantine_root(root)
+    return sorted(p for p in q.rglob("*") if p.is_file()) if q.exists() else []
+
+
+def test_fault_arc_pin_typo(prepared: Prepared, demo: DemoPaths, tmp_path: Path) -> None:
+    # A typo in one pin (sha256, then size) with the hub reachable: the hub's listing agrees with the
+    # verified file, so the pin is refused by name; the file stays byte-identical; nothing downloaded.
+    root = copy_root(prepared, tmp_path / "root")
+    victim = f"{SMALL}.tar"
+    spec = load_profile(demo.profile).archive(victim)
+    final = layout.archive_path(root, victim)
+    good = final.read_bytes()
+    clean = demo.profile.read_text()
+    before = outside(tmp_path, root, demo.root)
+    with demo_hub(demo) as hub:
+        for key in ("sha256", "size"):
+            _set_pin(demo, victim, key, _typo(spec, key))
+            hub.clear_log()
+            out, doc, told = _build(demo, root, hub.url)
+            assert out.returncode != 0 and doc.get("ok") is False, out.tail()
+            for name in (victim, f"{key} = {_typo(spec, key)}", "is wrong", "lists the same size and sha256",
+                         "left where it is", "nothing was downloaded", "Fix:", "correct the pin"):  # fmt: skip
+                assert name in told, f"{name!r} not in:\n{told}"
+            assert final.read_bytes() == good and layout.verified_record_path(root, victim).is_file()
+            assert _quarantine(root) == []  # nothing moved, nothing deleted
+            assert resolve_gets(hub) == []  # nothing downloaded
+            demo.profile.write_text(clean)
+        # the pin corrected: the build converges without downloading anything
+        hub.clear_log()
+        out, doc, told = _build(demo, root, hub.url)
+        assert out.returncode == 0, told
+        assert resolve_gets(hub) == []
+    assert _fingerprint(root, prepared) == prepared.fingerprint
+    assert outside(tmp_path, root, demo.root) == before
+
+
+def test_fault_arc_pin_typo_offline(prepared: Prepared, demo: DemoPaths, tmp_path: Path) -> None:
+    # The same typo with HF_HUB_OFFLINE=1: nobody can say which side is wrong, so the file is moved
+    # to the quarantine folder (never deleted) and the named error says where and what to do.
+    root = copy_root(prepared, tmp_path / "root")
+    victim = f"{SMALL}.tar"
+    spec = load_profile(demo.profile).archive(victim)
+    final = layout.archive_path(root, victim)
+    good = final.read_bytes()
+    clean = demo.profile.read_text()
+    _set_pin(demo, victim, "sha256", _typo(spec, "sha256"))
+    out, doc, told = _build(demo, root, NOWHERE, HF_HUB_OFFLINE="1")
+    assert out.returncode != 0 and doc.get("ok") is False, out.tail()
+    moved = [p for p in _quarantine(root) if p.name == victim]
+    assert len(moved) == 1 and moved[0].read_bytes() == good  # moved aside, byte-identical
+    assert not final.exists()
+    for name in ("HF_HUB_OFFLINE", victim, f"moved to {moved[0]}", "not deleted", "nothing was requested",
+                 "Fix:", "mv ", "unset HF_HUB_OFFLINE"):  # fmt: skip
+        assert name in told, f"{name!r} not in:\n{told}"
+    # the fix it gives works: the pin corrected and the file moved back, the offline build converges
+    demo.profile.write_text(clean)
+    moved[0].rename(final)
+    out, doc, told = _build(demo, root, NOWHERE, HF_HUB_OFFLINE="1")
+    assert out.returncode == 0, told
+    assert _fingerprint(root, prepared) == prepared.fingerprint
+
+
+def test_fault_arc_ctime_edit(prepared: Prepared, demo: DemoPaths, tmp_path: Path) -> None:
+    # A verified archive's bytes changed with its size and mtime restored: its ctime moved, so its
+    # record no longer covers it; re-hashed, found wrong (the hub agrees with the pin), moved to the
+    # quarantine folder and downloaded again; the build converges to the clean store.
+    root = copy_root(prepared, tmp_path / "root")
+    victim = f"{SMALL}.tar"
+    final = layout.archive_path(root, victim)
+    with demo_hub(demo) as hub:
+        out, _, told = _build(demo, root, hub.url)
+        assert out.returncode == 0, told
+        good = final.read_bytes()
+        st = final.stat()
+        bad = bytearray(good)
+        bad[len(bad) // 2] ^= 0x01
+        with open(final, "r+b") as f:  # in place: same inode, same size
+            f.write(bytes(bad))
+        os.utime(final, ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert (final.stat().st_size, final.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+        hub.clear_log()
+        out, _, told = _build(demo, root, hub.url)
+        assert out.returncode == 0, told
+        assert resolve_gets(hub) == [victim]  # only the edited one
+    assert final.read_bytes() == good
+    assert [p.read_bytes() for p in _quarantine(root) if p.name == victim] == [bytes(bad)]
+    assert _fingerprint(root, prepared) == prepared.fingerprint
+
+
+def test_fault_arc_quarantine_gc(prepared: Prepared, demo: DemoPaths, tmp_path: Path) -> None:
+    # Files in the quarantine folder: `stage2 list` shows them with their size; `stage2 gc` leaves
+    # them alone unless --quarantine is given; --dry-run removes nothing and says what it would.
+    root = copy_root(prepared, tmp_path / "root")
+    victim = f"{SMALL}.tar"
+    final = layout.archive_path(root, victim)
+    size = final.stat().st_size
+    with open(final, "r+b") as f:
+        f.write(b"\0")
+    out, _, told = _build(demo, root, NOWHERE, HF_HUB_OFFLINE="1")
+    assert out.returncode != 0 and "moved to" in told, told
+    files = _quarantine(root)
+    assert any(p.name == victim for p in files)
+    listed = stage2("list", str(demo.profile), "--data-root", str(root), "--json")
+    assert listed.returncode == 0, listed.tail()
+    q = listed.json()["quarantine"]
+    assert [(f["original"], f["size"]) for f in q["files"]] == [(f"archives/{victim}", size)]
+    assert q["bytes"] == size and q["folder"] == str(layout.quarantine_root(root))
+    text = stage2("list", str(demo.profile), "--data-root", str(root))
+    assert f"archives/{victim}" in text.stdout and "quarantine folder" in text.stdout, text.tail()
+    stores = root / layout.STORES_DIR
+    # without the flag gc never touches it (no store yet: nothing else to do either)
+    stores.mkdir()
+    gc = stage2("gc", str(stores), "--keep", "0")
+    assert _quarantine(root) == files, gc.tail()
+    gc = stage2("gc", str(stores), "--quarantine", "--dry-run", "--json")
+    assert gc.returncode == 0, gc.tail()
+    doc = gc.json()["quarantine"]
+    assert (
+        doc["dry_run"]
+        and doc["removed_files"] == 0
+        and f"archives/{victim}" in {f["original"] for f in doc["files"]}
+    )
+    assert _quarantine(root) == files
+    gc = stage2("gc", str(stores), "--quarantine")
+    assert gc.returncode == 0, gc.tail()
+    assert "removed  " in gc.stdout and victim in gc.stdout and "quarantine: removed" in gc.stdout, gc.stdout
+    assert _quarantine(root) == [] and not layout.quarantine_root(root).exists()
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A download answer the hub spoils (``set_fault``), and what the refusal must (and must not) say."""
+
+    set_fault: Callable[[Any, str], None]
+    names: tuple[str, ...]
+    never: tuple[str, ...]
+
+
+@fault_cases(
+    net_lying_length=Answer(
+        lambda hub, v: hub.faults.content_length.__setitem__(v, 1000),
+        (
+            "Content-Length 1000",
+            "listing",
+            "agrees with the pin",
+            "the download answer is wrong",
+            "Fix:",
+            "proxy",
+        ),  # fmt: skip
+        ("stage2 pin",),
+    ),
+    net_html_page=Answer(
+        lambda hub, v: hub.faults.html.add(v),
+        ("HTML page", "text/html", "login", "Fix:", "token", "HF_TOKEN", "endpoint"),
+        ("stage2 pin",),
+    ),
+    net_redirect_dead=Answer(
+        lambda hub, v: hub.faults.redirect.__setitem__(v, NOWHERE),
+        (f"{NOWHERE} could not be reached", "redirected the request there", "Fix:", "5 attempt"),
+        ("hub unreachable",),
+    ),
+)
+def test_fault_download_answer(prepared: Prepared, demo: DemoPaths, tmp_path: Path, case: Answer) -> None:
+    root = copy_root(prepared, tmp_path / "root")
+    victim = f"{SMALL}.tar"
+    forget_archive(root, victim)
+    with demo_hub(demo) as hub:
+        case.set_fault(hub, victim)
+        out, doc, told = _build(demo, root, hub.url)
+        assert out.returncode != 0 and doc.get("ok") is False, out.tail()
+        for name in (victim, *case.names):
+            assert name in told, f"{name!r} not in:\n{told}"
+        for name in case.never:
+            assert name not in told, f"{name!r} in:\n{told}"
+        assert not layout.archive_path(root, victim).exists()
+        no_store(root)
+        hub.faults.content_length.clear()
+        hub.faults.html.clear()
+        hub.faults.redirect.clear()
+        out, _, told = _build(demo, root, hub.url)
+        assert out.returncode == 0, told
+    assert _fingerprint(root, prepared) == prepared.fingerprint

@@ -229,6 +229,7 @@ def _gc_data_root(target: Path) -> Path | None:
 def cmd_gc(args: argparse.Namespace) -> int:
     import contextlib
 
+    from ..errors import StoreError
     from ..publish import data_root_lock
     from ..store.retention import KEEP_ENV, collect_stores, default_keep, profile_roots
 
@@ -236,8 +237,6 @@ def cmd_gc(args: argparse.Namespace) -> int:
     opts = storage_options(args)
     data_root = _gc_data_root(target) if isinstance(target, Path) else None
     if args.quarantine and data_root is None:
-        from ..errors import StoreError
-
         raise StoreError(
             f"{args.stores}: --quarantine needs the local stores folder of a data root "
             "(<data_root>/stores or <data_root>/stores/<profile>): the quarantine folder is <data_root>/quarantine.",
@@ -251,9 +250,14 @@ def cmd_gc(args: argparse.Namespace) -> int:
         else:
             print(msg)
         return 0
-    # with --quarantine, a data root without stores yet (a build that never published) is fine
-    stores_exist = not args.quarantine or (isinstance(target, Path) and target.is_dir())
-    roots = profile_roots(target, opts) if keep is not None and stores_exist else []
+    roots = []
+    if keep is not None:
+        try:
+            roots = profile_roots(target, opts)
+        except StoreError:
+            if not args.quarantine:
+                raise
+            # with --quarantine, a data root without stores yet (no build published) is fine
     # a build writes stores under its data root's lock: gc takes it too (not for a dry run), so it
     # never judges a store a running build has just written and not yet published.
     guard = (
