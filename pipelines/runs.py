@@ -221,13 +221,17 @@ def check_failure_errors(step: str, err: Any, checks: list[dict[str, Any]]) -> l
 
 def step_error_line(err: Any) -> str:
     """One line for a step's failure (a ``SerializableErrorInfo``): a ``Failure`` (a named error of
-    the library) is its message; anything else escaped every guard, so it is named as such, with
+    the library) is its message; failed blocking checks are named (``check_failure_errors`` gives
+    what they found); anything else escaped every guard, so it is named as such, with
     the innermost exception's type and message, never Dagster's wrapper or a traceback."""
     if err is None:
         return "step failed"
     msg = err.message.strip().removeprefix("dagster._core.definitions.events.Failure: ")
     if err.cls_name == "Failure":
         return msg
+    checks = failed_check_keys(err)
+    if checks is not None:  # what the checks found is in their results; not a bug
+        return "failed check " + ", ".join(f"{a}:{n}" for a, n in checks) + " (its result says why)"
     inner = _innermost(err)
     text = " ".join(inner.message.split())[:500]
     if inner.cls_name in ("DagsterExecutionInterruptedError", "KeyboardInterrupt", "Failure"):

@@ -414,3 +414,42 @@ def test_warm_pandas_imports_pandas_off_the_main_thread_and_only_once() -> None:
     out = python(code)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+def test_a_step_failed_by_its_blocking_checks_is_reported_as_those_checks() -> None:
+    """Dagster fails a step whose blocking check failed (DagsterAssetCheckFailedError, listing them):
+    the summary's error is each failed check with what it found, never an "internal error"; any
+    other escaped exception still is one."""
+    from dagster._utils.error import SerializableErrorInfo
+
+    from stage2_pipelines.runs import check_failure_errors, failed_check_keys, step_error_line
+
+    err = SerializableErrorInfo(
+        "dagster._core.errors.DagsterAssetCheckFailedError: 2 blocking asset checks failed with ERROR "
+        "severity:\nsubset_checksums: subset_bytes_match_sha256sums,other_check\nvin_store: v\n",
+        [],
+        "DagsterAssetCheckFailedError",
+    )
+    assert failed_check_keys(err) == [
+        ("subset_checksums", "subset_bytes_match_sha256sums"),
+        ("subset_checksums", "other_check"),
+        ("vin_store", "v"),
+    ]
+    checks = [
+        {"asset": "subset_checksums", "partition": None, "check": "subset_bytes_match_sha256sums",
+         "passed": False, "description": "a.npz: expected 1, got 2 (fix: check the kit's SHA256SUMS)"},
+        {"asset": "subset_checksums", "partition": None, "check": "passing", "passed": True, "description": ""},
+    ]  # fmt: skip
+    errors = check_failure_errors("subset_checksums", err, checks)
+    assert errors is not None
+    assert [e["message"] for e in errors] == [
+        "check subset_checksums:subset_bytes_match_sha256sums failed: a.npz: expected 1, got 2 "
+        "(fix: check the kit's SHA256SUMS)",
+        "check subset_checksums:other_check failed",
+        "check vin_store:v failed",
+    ]
+    assert all("internal error" not in e["message"] for e in errors)
+    assert "internal error" not in step_error_line(err)
+    bug = SerializableErrorInfo("KeyError: 'x'\n", [], "KeyError")
+    assert check_failure_errors("s", bug, checks) is None
+    assert step_error_line(bug).startswith("internal error: KeyError")
