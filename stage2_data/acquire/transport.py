@@ -36,8 +36,8 @@ from huggingface_hub import constants as hf_constants
 from huggingface_hub import get_hf_file_metadata
 from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_stream_backoff
 
-from ..errors import HubError
-from ..fsutil import disk_full_as, human_bytes
+from ..errors import DiskSpaceError, HubError, Stage2Error
+from ..fsutil import DISK_FULL_ERRNOS, free_bytes, human_bytes
 from ..hashing import SHA256_RE, hasher_of_prefix
 from ..profile import ArchiveSpec
 from .cancel import cancelled as _cancelled
@@ -116,7 +116,6 @@ def fetch_partial(
     kept), a HubError naming the failure otherwise.
     """
     assert spec.size is not None and spec.sha256 is not None
-    size = spec.size
     url = source.file_url(spec.path)
     state = _Progress()
     meta_checked = False
@@ -130,11 +129,12 @@ def fetch_partial(
         if not meta_checked:
             _check_metadata(source, spec, url)
             meta_checked = True
-        with disk_full_as(
-            f"disk full while writing {part} ({spec.path}, {human_bytes(size)}).",
-            fix="free disk space (see `stage2 list`) and re-run; the download resumes",
-        ):
+        try:
             return _attempt(source, spec, url, part, state, progress, cancel, policy.backoff, direct_io)
+        except OSError as e:
+            if isinstance(e, Stage2Error) or e.errno not in DISK_FULL_ERRNOS:
+                raise
+            raise _disk_full(spec, part) from e
 
     def kept() -> str:
         with contextlib.suppress(OSError):
@@ -156,6 +156,25 @@ def fetch_partial(
     if _cancelled(cancel):  # cancelled as the last bytes arrived: publish nothing
         raise _cancelled_error(spec)
     return Fetched(digest, state.received, state.resumed_from or 0, made)
+
+
+def _disk_full(spec: ArchiveSpec, part: Path) -> DiskSpaceError:
+    """The disk (or quota) ran out while writing ``part``: the path, what it holds, the free space."""
+    assert spec.size is not None
+    try:
+        have = part.stat().st_size
+    except OSError:
+        have = 0
+    try:
+        free = human_bytes(free_bytes(part.parent))
+    except OSError:
+        free = "unknown"
+    return DiskSpaceError(
+        f"disk full while writing {part} ({spec.path}): {human_bytes(have)} of {human_bytes(spec.size)} "
+        f"written, {human_bytes(spec.size - have)} still to come, {free} free there.",
+        fix=f"free disk space there (at least {human_bytes(spec.size - have)}; `stage2 list` shows what the "
+        "rest of the build needs), or choose another --data-root, and re-run: the download resumes",
+    )
 
 
 def _check_metadata(source: HubSource, spec: ArchiveSpec, url: str) -> None:
