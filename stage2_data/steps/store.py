@@ -4,6 +4,7 @@ and the published store's own check (re-read every byte, decode every sample).""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import time
 from collections.abc import Callable
@@ -18,9 +19,11 @@ from .. import checks as C
 from .. import layout
 from ..checks import CheckOutcome, compare_totals, outcome
 from ..errors import StoreError, StoreNotFoundError
+from ..extract import load_extraction_record
 from ..fsutil import canonical_json
 from ..hashing import sha256_file
 from ..kit import load_pairs
+from ..kit.sidecar_facts import SIDECAR_MARKER
 from ..profile import Profile
 from ..publish.readonly import make_writable
 from ..storage import CURRENT_OBJECT, StoreLocation
@@ -52,16 +55,41 @@ def kit_inputs(profile: Profile) -> dict[str, str]:
     return inputs
 
 
-def store_input_key(profile: Profile, inputs: dict[str, str], settings: dict[str, Any]) -> str:
-    blob = canonical_json(
-        {
-            "profile": profile.identity(),
-            "inputs": inputs,
-            "version": OFFLINE_DATASET_VERSION,
-            "settings": settings,
-        }
-    )
-    return hashlib.sha256(blob.encode()).hexdigest()
+def extracted_content(profile: Profile, data_root: Path) -> dict[str, str]:
+    """The content digests of what the store reads besides the kit, from the records that cover it:
+    every cache directory's extraction record (the sha256 of every extracted file) and the unpacked
+    sidecars' record ("" where a record is missing: such an input set never matches a built one)."""
+    out: dict[str, str] = {}
+    for key in profile.cache_keys():
+        rec = load_extraction_record(data_root, key)
+        out[f"extracted/{key}"] = rec.content_digest if rec is not None else ""
+    try:
+        marker = json.loads((layout.derived_root(data_root) / SIDECAR_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        marker = {}
+    out["sidecars"] = str(marker.get("content_digest") or "") if isinstance(marker, dict) else ""
+    return out
+
+
+def store_input_key(
+    profile: Profile,
+    inputs: dict[str, str],
+    settings: dict[str, Any],
+    content: dict[str, str] | None = None,
+) -> str:
+    """The digest that names a store folder (``v<VERSION>-<first 16 hex>``): the profile, the kit's
+    and the pins' sha256 (``inputs``, also in the manifest), the format version, the writer settings
+    and, with ``content`` (:func:`extracted_content`), the content of the extracted data and
+    sidecars, so one folder name never stands for two contents."""
+    doc: dict[str, Any] = {
+        "profile": profile.identity(),
+        "inputs": inputs,
+        "version": OFFLINE_DATASET_VERSION,
+        "settings": settings,
+    }
+    if content is not None:
+        doc["content"] = content
+    return hashlib.sha256(canonical_json(doc).encode()).hexdigest()
 
 
 #: Samples a shard-writing worker process must have to pay for itself. A worker costs ~0.5 s to
@@ -100,7 +128,7 @@ def step_store(
     published, thrown away otherwise. Not called for a reused store."""
     inputs = kit_inputs(profile)
     settings = {"rows_per_shard": rows_per_shard, "include_actions": True, "max_frames": profile.max_frames}
-    key = store_input_key(profile, inputs, settings)
+    key = store_input_key(profile, inputs, settings, extracted_content(profile, data_root))
     name = f"v{OFFLINE_DATASET_VERSION}-{key[:16]}"
     root_loc = stores_location(profile, data_root, store_url=store_url, storage_options=storage_options)
     out = root_loc.child(name)
