@@ -210,6 +210,8 @@ def print_build_summary(s: dict[str, Any]) -> None:
         print(f"checks:       {passed}/{len(checks)} passed")
     else:  # no run: the checks of the last build that made these outputs still stand
         print("checks:       none run (every stage up to date; `stage2 build --reverify` runs them)")
+    if s.get("store_update"):
+        print(f"store update: {s['store_update']}")
     if s["ok"]:
         print(f"store:        {s['store']}")
         print(f"fingerprint:  {s['fingerprint']}")

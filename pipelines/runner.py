@@ -321,8 +321,8 @@ def _build_all(
     errors = [e for r in runs for e in r["errors"]]
     ok = all(r["success"] for r in runs) and all(c["passed"] for c in checks) and stopped_at is None
     store = fingerprint = None
+    md: dict[str, Any] = next((r["store_metadata"] for r in runs if r.get("store_metadata")), {})
     if ok and config.store_url:  # object storage: what the store asset recorded
-        md: dict[str, Any] = next((r["store_metadata"] for r in runs if r.get("store_metadata")), {})
         store, fingerprint = md.get("store"), md.get("fingerprint")
     elif ok:
         store, fingerprint = published_store(data_root, profile)
@@ -333,6 +333,7 @@ def _build_all(
         "dagster_home": str(home),
         "store": store,
         "fingerprint": fingerprint,
+        "store_update": md.get("update"),  # reused, rebuilt or extended, and anything moved aside
         "stopped_after": stopped_at,
         "runs": [
             {

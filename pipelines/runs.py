@@ -128,7 +128,9 @@ def run_selection(
     for mev in mevs:
         if mev.asset_key and mev.asset_key.to_user_string() == VIN_STORE:
             md = mev.materialization.metadata
-            store_md = {k: getattr(md[k], "value", md[k]) for k in ("store", "fingerprint") if k in md}
+            store_md = {
+                k: getattr(md[k], "value", md[k]) for k in ("store", "fingerprint", "update") if k in md
+            }
     return {
         "store_metadata": store_md,
         "run_id": result.run_id,

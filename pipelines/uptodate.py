@@ -101,6 +101,7 @@ def up_to_date_build(
         "dagster_home": str(instance_home(data_root)),
         "store": store,
         "fingerprint": fingerprint,
+        "store_update": None,
         "stopped_after": None,
         "runs": [],
         "up_to_date": [s.name for s in STAGES],

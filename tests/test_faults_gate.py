@@ -110,6 +110,9 @@ def test_fault_gate_current_index_edited(gated: dict[str, Any], tmp_path: Path) 
     _valid_clean(root, gated["profile"])
     aside = _aside(root, store.name)
     assert len(aside) == 1 and (aside[0] / "sample_index.jsonl").read_bytes() == damaged
+    said = re.search(r"^store update: (.*)$", out.stdout, re.M)
+    assert said and "failed the publication gate" in said.group(1) and str(aside[0]) in said.group(1)
+    assert "sample_index.jsonl" in said.group(1), said.group(1)  # what failed, named
 
 
 def test_fault_gate_kept_store_decode_fails(gated: dict[str, Any], tmp_path: Path) -> None:
