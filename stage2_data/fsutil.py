@@ -162,8 +162,8 @@ def check_output_path(
     ``manifest.json`` or a ``zarr.json``) or inside a data root's ``stores/``: a store is
     immutable, and a file renamed into it (its own ``manifest.json``) would destroy it.
 
-    ``kind="folder"`` (a new store's folder, ``stage2 merge``): nothing there yet, or a folder that is
-    not a store and lies in none; a link, a file or a special file is refused."""
+    ``kind="folder"`` (a new store's folder): nothing there yet, or a folder that is not a store and
+    lies in none; a link, a file or a special file is refused."""
     p = Path(path)
     want = stat.S_ISREG if kind == "file" else stat.S_ISDIR
     fix = f"pass {option} a new {kind} name outside any store"
@@ -182,7 +182,7 @@ def check_output_path(
         raise error(
             f"{option} {p} is a symbolic link (to {target}): writing there would replace the link, not "
             "what it points at.",
-            fix=f"pass {option} the link's target itself, or a new {kind} name",
+            fix=f"pass {option} a new {kind} name (or, to replace what the link points at, that path)",
         )
     if st is not None and not want(st.st_mode):
         raise error(f"{option} {p} is {_what(st.st_mode)}, not a {kind} to replace.", fix=fix)
