@@ -137,6 +137,30 @@ def test_fault_store_out_in_store(data_root: Path, tmp_path: Path) -> None:
     assert r.returncode == 0, r.tail()
 
 
+def test_check_output_path_of_a_new_store_folder(data_root: Path, tmp_path: Path) -> None:
+    """``kind="folder"`` (a new store's folder): nothing there, or a folder that is no store; a link,
+    a file, a FIFO or a store itself refused; a data root's stores/ is where stores go."""
+    from stage2_data.errors import StoreError
+    from stage2_data.fsutil import check_output_path
+
+    def refused(path: Path, said: str) -> None:
+        with pytest.raises(StoreError, match=said):
+            check_output_path(path, kind="folder", error=StoreError)
+
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "link").symlink_to(tmp_path / "empty")
+    os.mkfifo(tmp_path / "fifo")
+    store = layout.current_store_path(data_root, "p").resolve()
+    for ok in (tmp_path / "new", tmp_path / "empty", data_root / layout.STORES_DIR / "p" / "v2-new"):
+        assert check_output_path(ok, kind="folder", error=StoreError) == ok
+    refused(tmp_path / "link", "is a symbolic link")
+    refused(tmp_path / "a-file", "is a regular file, not a folder to replace")
+    refused(tmp_path / "fifo", "is a FIFO")
+    refused(store, "is a store: a store is immutable")
+    refused(store / "shards" / "new", "is inside the store")
+
+
 # ----- builds: the generated instance configuration, failed checks, settings ------------------------
 def _demo_copy(demo_cache: DemoPaths, dst: Path) -> DemoPaths:
     shutil.copytree(demo_cache.root, dst, symlinks=True)
