@@ -32,6 +32,7 @@ from stage2_data.acquire import (
     pin_profile,
     required_free_bytes,
 )
+from stage2_data.acquire.download import PinDisagreesError
 from stage2_data.acquire.quarantine import quarantined_files
 from stage2_data.acquire.retry import BACKOFF_ENV
 from stage2_data.demo import DemoPaths
@@ -424,6 +425,50 @@ def test_reverify_and_unrecorded_files(
     assert not res.skipped and final.read_bytes() == upstream.files[path]
     assert res.moved_aside is not None and res.moved_aside.read_bytes() == b"x" * spec.size  # type: ignore[operator]
     assert len(quarantined_files(tmp_path)) == 2
+
+
+def test_a_pin_typo_is_refused_by_name_and_the_verified_file_kept(
+    source: HubSource,
+    hub: HubServer,
+    upstream: Upstream,
+    profile: Profile,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    path = "split_key.tar.part-ab"
+    spec = profile.archive(path)
+    download_archive(source, spec, tmp_path, **FAST)
+    final = layout.archive_path(tmp_path, path)
+    prof_file = tmp_path / "profile.toml"
+    typo = spec.sha256[:-1] + ("0" if spec.sha256[-1] != "0" else "1")  # type: ignore[index]
+    bad = profile.model_copy(
+        update={
+            "archives": [
+                a.model_copy(update={"sha256": typo}) if a.path == path else a for a in profile.archives
+            ],
+            "profile_path": prof_file,
+        }
+    )
+    hub.clear_log()
+    with pytest.raises(PinDisagreesError) as ei:
+        download_archive(source, bad.archive(path), tmp_path, profile=bad, **FAST)
+    msg = str(ei.value)
+    index = [a.path for a in profile.archives].index(path)
+    assert f'{prof_file}: archives[{index}].sha256 = "{typo}"' in msg, msg
+    assert f'archives[{index}].sha256 = "{spec.sha256}"' in ei.value.fix, ei.value.fix  # type: ignore[operator]
+    assert ei.value.keys == ["sha256"] and "left where it is" in msg
+    assert final.read_bytes() == upstream.files[path]  # kept, byte-identical
+    assert not layout.quarantine_root(tmp_path).exists()
+    assert [m for m, _ in hub.file_requests(path)] == []  # nothing downloaded
+
+    # Offline: the same typo moves the file aside (never deleted) and says where.
+    hub.clear_log()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(HubError, match="HF_HUB_OFFLINE is set") as oi:
+        download_archive(source, bad.archive(path), tmp_path, profile=bad, **FAST)
+    (moved,) = [q.path for q in quarantined_files(tmp_path)]
+    assert f"moved to {moved}" in str(oi.value) and moved.read_bytes() == upstream.files[path]
+    assert not final.exists() and hub.log_snapshot() == []
 
 
 def test_download_archives_gathers_failures(
