@@ -316,3 +316,43 @@ def test_shipped_profile_guesses_nothing(tmp_path: Path) -> None:
         ],
     }
     assert all(len(u.closest) == 3 for u in found)
+
+
+def test_an_endpoint_that_answers_html_pages_is_named_as_such(upstream: Upstream, tmp_path: Path) -> None:
+    # A captive portal or a login proxy at the endpoint: every request gets a 200 HTML page. The HEAD
+    # before the download carries none of the hub's headers: named as that, not as a wrong pin.
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    page = b"<!DOCTYPE html><html><head><title>Sign in</title></head><body>Log in</body></html>"
+
+    class Portal(BaseHTTPRequestHandler):
+        def do_HEAD(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+
+        def do_GET(self) -> None:
+            self.do_HEAD()
+            self.wfile.write(page)
+
+        def log_message(self, *args: object) -> None:
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Portal)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        path = "split_key.tar.part-ab"
+        with pytest.raises(HubError) as ei:
+            download_archive(
+                HubSource(REPO, "dataset", REV, endpoint=url), spec_of(upstream, path), tmp_path, **FAST
+            )
+    finally:
+        server.shutdown()
+        server.server_close()
+    msg = str(ei.value)
+    assert "none of the hub's headers" in msg and path in msg and url in msg, msg
+    assert "stage2 pin" not in msg and "HTTPS_PROXY" in msg and "HF_TOKEN" in msg, msg
+    assert not layout.archive_path(tmp_path, path).exists()

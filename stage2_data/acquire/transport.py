@@ -179,6 +179,14 @@ def _disk_full(spec: ArchiveSpec, part: Path) -> DiskSpaceError:
 
 def _check_metadata(source: HubSource, spec: ArchiveSpec, url: str) -> None:
     meta = get_hf_file_metadata(url, token=source.token)
+    if meta.commit_hash is None:
+        raise HubError(
+            f"the answer of {source.api_endpoint} to the HEAD of {spec.path} carries none of the hub's headers "
+            "(no X-Repo-Commit): it does not come from a hub, but from a proxy, a login or error page, or an "
+            "endpoint that is not the hub's API.",
+            fix="check --endpoint / HF_ENDPOINT (the hub itself, e.g. https://huggingface.co), the token "
+            "(HF_TOKEN) and any proxy in between (HTTPS_PROXY / NO_PROXY), then re-run",
+        )
     if meta.commit_hash != source.revision:
         raise HubError(
             f"the hub at {source.api_endpoint} served {spec.path} from commit {meta.commit_hash}, "
