@@ -22,6 +22,7 @@ from typing import Any, Literal
 from .. import layout
 from ..fsutil import human_bytes, require_free_space
 from ..hashing import sha256_file
+from ..oserrors import fs_error
 from ..profile import ArchiveSpec, Profile
 from ..publish import atomic_write_json
 
@@ -172,7 +173,10 @@ def check_existing(
     rec = _read_record(record)
     if not reverify and _record_matches(rec, spec, st):
         return str(spec.sha256)
-    digest = sha256_file(final)
+    try:
+        digest = sha256_file(final)
+    except OSError as e:
+        raise fs_error(e, f"reading {final} to check it against its pin") from e
     if st.st_size == spec.size and digest == spec.sha256:
         _write_record(data_root, spec, final, digest, revision)
         return digest
