@@ -625,7 +625,7 @@ FAULTS: tuple[Fault, ...] = (
         "proc_check_failed",
         "process",
         "a blocking check of the last stage fails (a kit SHA256SUMS line changed)",
-        'exit 1: failed check subset_checksums:subset_bytes_match_sha256sums: <file>: expected <the sums file's digest> … and the fix, in the text output and as one --json `errors` entry (with its `check`); never "internal error" or "a bug"',
+        'exit 1: failed check subset_checksums:subset_bytes_match_sha256sums: <file>: expected <the digest in the sums file> … and the fix, in the text output and as one --json `errors` entry (with its `check`); never "internal error" or "a bug"',
         "no new store",
         "the sums file restored: fingerprint = clean build's",
     ),
