@@ -291,6 +291,7 @@ def run_partitions(
     asset_key = dg.AssetKey(asset)
     names = CHECKS_BY_ASSET[asset]
     raised: dict[str, str] = {}
+    raised_types: dict[str, str] = {}  # the error's class by partition (the build's exit code reads it)
     results: dict[str, list[tuple[str, bool, str, dict[str, Any]]]] = {}
     single = len(keys) == 1 and context.has_partition_key
 
@@ -309,6 +310,7 @@ def run_partitions(
             outcomes: list[tuple[str, bool, str, dict[str, Any]]]
             if isinstance(res, Stage2Error):
                 raised[key] = str(res)
+                raised_types[key] = type(res).__name__
                 outcomes = [(names[0], False, str(res)[:MAX_DESCRIPTION], {})]
             else:
                 outcomes = [
@@ -370,5 +372,8 @@ def run_partitions(
     if raised:
         raise dg.Failure(
             description="\n".join(f"{k}: {m}" for k, m in sorted(raised.items())),
-            metadata={"failed_partitions": dg.MetadataValue.json(raised)},
+            metadata={
+                "failed_partitions": dg.MetadataValue.json(raised),
+                "errors_by_partition": dg.MetadataValue.json(raised_types),
+            },
         )

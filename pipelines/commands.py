@@ -25,7 +25,14 @@ from urllib.parse import urlsplit
 
 from stage2_data import collector, layout
 from stage2_data.acquire import archive_state, hub_offline, resolve_endpoint
-from stage2_data.commands.common import EXIT_FAILED, add_storage_option, eprint, print_json, storage_options
+from stage2_data.commands.common import (
+    EXIT_ERROR,
+    EXIT_FAILED,
+    add_storage_option,
+    eprint,
+    print_json,
+    storage_options,
+)
 from stage2_data.errors import HubError
 from stage2_data.profile import Profile, load_profile
 from stage2_data.publish import data_root_lock, sweep_data_root
@@ -148,7 +155,30 @@ def _run_build(
         print_json(summary)
     else:
         print_build_summary(summary)
-    return 0 if summary["ok"] else EXIT_FAILED
+    return build_exit_code(summary)
+
+
+#: errors of the environment, not of the data: the build could not run (README: exit 2)
+COULD_NOT_RUN = frozenset(
+    {
+        "DiskSpaceError",
+        "FileSystemError",
+        "OSError",
+        "PermissionError",
+        "IsADirectoryError",
+        "NotADirectoryError",
+    }
+)
+
+
+def build_exit_code(summary: dict[str, Any]) -> int:
+    """0 when the build published its store; 2 when a step could not run (a full or read-only disk,
+    a file system refusal); else 1 (a check or a step found problems in the data)."""
+    if summary["ok"]:
+        return 0
+    if any(e.get("error") in COULD_NOT_RUN for e in summary["errors"]):
+        return EXIT_ERROR
+    return EXIT_FAILED
 
 
 @contextlib.contextmanager

@@ -104,10 +104,13 @@ def run_selection(
         data = fev.event_specific_data
         err = getattr(data, "error", None)
         user = getattr(data, "user_failure_data", None)
-        by_partition = getattr((user.metadata if user else {}).get("failed_partitions"), "value", None)
+        umd = user.metadata if user else {}
+        by_partition = getattr(umd.get("failed_partitions"), "value", None)
         if isinstance(by_partition, dict) and by_partition:
+            types = getattr(umd.get("errors_by_partition"), "value", None) or {}
             errors += [
-                {"step": fev.step_key, "partition": k, "message": m} for k, m in sorted(by_partition.items())
+                {"step": fev.step_key, "partition": k, "message": m, "error": types.get(k)}
+                for k, m in sorted(by_partition.items())
             ]
             continue
         named = check_failure_errors(fev.step_key, err, checks)
@@ -115,8 +118,14 @@ def run_selection(
             errors += named
             continue
         msg = step_error_line(err)
+        kind = getattr(umd.get("error"), "value", None) or (_innermost(err).cls_name if err else None)
         errors.append(
-            {"step": fev.step_key, "partition": keys[0] if len(keys) == 1 else None, "message": msg}
+            {
+                "step": fev.step_key,
+                "partition": keys[0] if len(keys) == 1 else None,
+                "message": msg,
+                "error": kind,
+            }
         )
     mevs = [e for e in result.get_asset_materialization_events() if e.asset_key]
     materialized = sorted({e.asset_key.to_user_string() for e in mevs if e.asset_key})

@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import stat
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -170,3 +171,46 @@ def test_fault_gate_published_store_read_only(gated: dict[str, Any], tmp_path: P
     g = stage2("gc", str(root / layout.STORES_DIR), "--keep", "0", "--json")
     assert g.returncode == 0, g.tail()
     assert not old.exists() and store.is_dir()
+
+
+def test_fault_gate_store_disk_full(gated: dict[str, Any], tmp_path: Path) -> None:
+    """No room for the store (a real tmpfs data root with room for everything but the store): the
+    writer's up-front estimate refuses before writing, exit 2 with one line naming the store's
+    folder, the space needed and free, and the fix; nothing is published and no staging folder is
+    left. With room again, the rerun publishes the clean store."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting the tmpfs for this test needs root")
+    src = gated["root"]
+    skip = (layout.STORES_DIR, ".dagster", layout.QUARANTINE_DIR)
+    need = sum(
+        p.stat().st_size for p in src.rglob("*") if p.is_file() and p.relative_to(src).parts[0] not in skip
+    )
+    mnt = tmp_path / "small_fs"
+    mnt.mkdir()
+    size_kib = (need + (1 << 20)) // 1024 + 256  # the inputs, and ~1 MiB of the store's ~6.5 MiB
+    mount = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(mnt)], capture_output=True, text=True
+    )
+    if mount.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.strip()}")
+    try:
+        root = mnt / "root"
+        shutil.copytree(src, root, symlinks=True, ignore=shutil.ignore_patterns(*skip))
+        env = subprocess_env(drop=("CI",), DAGSTER_HOME=str(tmp_path / "home"))
+        argv = ["build", "--profile", str(gated["demo"].profile), "--data-root", str(root)]
+        out = stage2(*argv, "--endpoint", gated["hub"].url, "--json", env=env)
+        s = json.loads(out.stdout)
+        assert out.returncode == 2, (s["errors"], [c for c in s["checks"] if not c["passed"]])
+        text = " ".join(e["message"] for e in s["errors"])
+        stores = layout.stores_root(root, gated["profile"])
+        assert "not enough free disk" in text and str(stores) in text and "Fix: free" in text, text
+        assert "internal error" not in out.stdout + out.stderr and "Traceback" not in out.stderr
+        assert not layout.current_store_path(root, gated["profile"]).exists()
+        left = [p.name for p in stores.iterdir()] if stores.is_dir() else []
+        assert [n for n in left if not n.startswith(".")] == [], left  # no store folder, no staging
+        assert [n for n in left if ".tmp-" in n] == [], left
+        subprocess.run(["mount", "-o", "remount,size=256m", str(mnt)], check=True, capture_output=True)
+        again = stage2(*argv, "--endpoint", gated["hub"].url, env=env)
+        assert again.returncode == 0 and _fingerprint(again) == FINGERPRINT, again.tail()
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)

@@ -19,7 +19,9 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_compl
 from pathlib import Path
 from typing import Any
 
+from ..errors import Stage2Error
 from ..hashing import SHA256_RE
+from ..oserrors import fs_error
 from ..publish import make_staging_dir, publish_dir
 from ..storage import StoreLocation
 from .commit import finish_manifest
@@ -190,11 +192,15 @@ class VinOfflineWriter:
             )
             if not remote:
                 publish_dir(staging, self.out_dir)
-        except BaseException:
+        except BaseException as exc:
             shutil.rmtree(staging, ignore_errors=True)
             if remote:  # no manifest was written: best-effort removal of the uploaded objects
                 with contextlib.suppress(Exception):
                     self.location.withdraw(MANIFEST_NAME)
+            if isinstance(exc, OSError) and not isinstance(exc, Stage2Error):
+                # a write's OSError often carries no file name: name the store being written
+                where = self.location.url if remote else str(self.out_dir)
+                raise fs_error(exc, f"writing the store {where}", where=where) from exc
             raise
         finally:
             if remote:
