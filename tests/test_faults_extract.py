@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import re
 import shutil
 import tarfile
 from collections.abc import Callable
@@ -17,6 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.built import build as build_cli
+from helpers.built import build_once, copy_built, fingerprint
+from helpers.cli import Ran
 from helpers.faults import (
     SMALL,
     SPLIT,
@@ -32,12 +37,14 @@ from helpers.faults import (
     member,
     no_store,
     outside,
+    read_members,
     refused,
     resolve_gets,
     restore,
     run_cfg,
     said,
     save,
+    write_members,
 )
 
 from stage2_data import checks as C
@@ -365,3 +372,199 @@ def _restore_and_converge(prepared: Prepared, demo: DemoPaths, root: Path, f: Pa
         cfg = run_cfg(demo, root, hub.url)
         converge(prepared, cfg, root, [("archive_file", path), ("cache_dir", SMALL)])
         assert resolve_gets(hub) == [path]
+
+
+# ----- records that cover content: what a build extracted, changed in place ---------------------
+# These rows drive `stage2 build` as a user runs it (a subprocess) on a copy of a root that a
+# `stage2 build` filled, so the copy holds every record a real build writes.
+TOTO = "jesbu1_toto_rfm_toto"  # a whole-tar cache key whose arrow rows hold short task texts
+
+
+@pytest.fixture(scope="module")
+def built(prepared: Prepared, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_once(prepared, tmp_path_factory.mktemp("built-extract") / "root")
+
+
+def _settled_copy(prepared: Prepared, built: Path, dst: Path) -> Path:
+    """A copy of the built root, built once more: its records now hold the copy's own inodes and
+    ctimes (a copy's files are all re-hashed once), so a change after this is one file's."""
+    root = copy_built(built, dst)
+    r = build_cli(prepared.demo.profile, root)
+    assert r.returncode == 0 and fingerprint(r) == prepared.fingerprint, r.tail()
+    return root
+
+
+def _edit_in_place(path: Path, edit: Callable[[bytearray], None]) -> bytes:
+    """Change ``path``'s bytes without changing its size, then set its atime and mtime back (what
+    a same-size edit with the times restored leaves: only the ctime and the bytes tell). Returns
+    the bytes it held."""
+    st = path.stat()
+    old = path.read_bytes()
+    data = bytearray(old)
+    edit(data)
+    assert len(data) == len(old) and bytes(data) != old
+    with open(path, "r+b") as f:  # in place: the same inode
+        f.write(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_size == st.st_size and path.stat().st_mtime_ns == st.st_mtime_ns
+    return old
+
+
+def _extract_reason(demo: DemoPaths, root: Path, key: str) -> str | None:
+    from stage2_data.acquire import verified_sha256s
+    from stage2_data.extract import check_extraction
+
+    return check_extraction(root, key, verified_sha256s(load_profile(demo.profile), root, key))[1]
+
+
+def _stage_line(r: Ran, word: str) -> str:
+    return next((ln for ln in r.stderr.splitlines() if ln.startswith("[") and word in ln), "")
+
+
+def test_fault_arc_extracted_edit(prepared: Prepared, built: Path, tmp_path: Path) -> None:
+    """A same-size edit of an extracted arrow file (a task text, mtime restored) is found by its
+    changed ctime and sha256, named, and extracted again: the store stays the clean one."""
+    demo = prepared.demo
+    root = _settled_copy(prepared, built, tmp_path / "root")
+    arrow = sorted((layout.cache_dir(root, TOTO) / "processed_dataset").glob("*.arrow"))[0]
+
+    def retask(data: bytearray) -> None:
+        i = data.find(b"scoop the beans")
+        assert i >= 0
+        data[i : i + 5] = b"SCOOP"
+
+    old = _edit_in_place(arrow, retask)
+    why = _extract_reason(demo, root, TOTO)
+    assert why is not None and str(arrow) in why and "modified since it was extracted" in why, why
+    r = build_cli(demo.profile, root)
+    assert r.returncode == 0 and fingerprint(r) == prepared.fingerprint, r.tail()
+    assert "up to date" not in _stage_line(r, "extract"), r.stderr
+    assert arrow.read_bytes() == old  # extracted again from its verified archive
+    assert _extract_reason(demo, root, TOTO) is None
+
+
+def test_fault_arc_extracted_flip_reverify(prepared: Prepared, built: Path, tmp_path: Path) -> None:
+    """A flipped byte of an extracted frame file that the stats cannot show (its record's stats
+    made to match, as a restored ctime would) passes the stat check; `stage2 build --reverify`
+    fails on it (the subset byte check, exit 1) and clears the cache directory's extraction record:
+    the next plain build extracts it again (it is not "up to date") and gives the clean store."""
+    from stage2_data.extract import load_extraction_record, stats_digest
+
+    demo = prepared.demo
+    root = _settled_copy(prepared, built, tmp_path / "root")
+    sums = load_profile(demo.profile).kit_file("subset_checksums")
+    rel = next(
+        line.split("  ", 1)[1]
+        for line in sums.read_text().splitlines()
+        if f"/{SMALL}/{layout.FRAMES_SUBDIR}/" in line
+    )
+    frame = root / rel
+
+    def flip(data: bytearray) -> None:
+        data[len(data) // 2] ^= 0xFF
+
+    old = _edit_in_place(frame, flip)
+    # the record made to hold the file's stats now (its sha256 left as extracted)
+    record_path = layout.extraction_record_path(root, SMALL)
+    doc = json.loads(record_path.read_text())
+    inner = rel.split(f"{SMALL}/", 1)[1]
+    st = frame.stat()
+    doc["entries"][inner][1:] = [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    doc["tree_digest"] = stats_digest({k: v[1:] for k, v in doc["entries"].items()})
+    record_path.write_text(json.dumps(doc))
+    assert _extract_reason(demo, root, SMALL) is None  # the stats cannot see it
+
+    r = build_cli(demo.profile, root, "--reverify")
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, r.tail()
+    assert str(frame) in out and C.SUBSET_BYTES_MATCH_SHA256SUMS in out, out
+    assert "internal error" not in out, out
+    rec = load_extraction_record(root, SMALL)
+    assert rec is not None and str(frame) in rec.invalidated
+    assert str(frame) in (_extract_reason(demo, root, SMALL) or "")
+
+    r = build_cli(demo.profile, root)
+    assert r.returncode == 0 and fingerprint(r) == prepared.fingerprint, r.tail()
+    assert "up to date" not in _stage_line(r, "extract"), r.stderr
+    assert frame.read_bytes() == old
+    assert _extract_reason(demo, root, SMALL) is None
+
+
+def _add_archive(demo: DemoPaths, path: str, key: str, trajectories: int) -> None:
+    """List ``path`` (in the demo's upstream) under [[archives]] for ``key``, pinned, and count it
+    (and its ``trajectories``) in the profile's [expected] table."""
+    with open(demo.profile, "a", encoding="utf-8") as f:
+        f.write(f'\n[[archives]]\npath = "{path}"\ncache_key = "{key}"\n')
+    repin_profile(demo)
+    text = demo.profile.read_text(encoding="utf-8")
+    for name, more in (("archives", 1), ("cache_dirs", 1), ("trajectories", trajectories)):
+        n = int(re.findall(rf"^{name} = (\d+)$", text, re.M)[0])
+        text = re.sub(rf"^{name} = \d+$", f"{name} = {n + more}", text, count=1, flags=re.M)
+    demo.profile.write_text(text, encoding="utf-8")
+
+
+def _frame_count(tar: Path) -> int:
+    return sum(1 for m, _ in read_members(tar) if m.name.endswith(".npz"))
+
+
+def test_fault_arc_dup_trajectory_ids(
+    prepared: Prepared, demo: DemoPaths, built: Path, tmp_path: Path
+) -> None:
+    """A new cache directory repeating the trajectory ids of another is a named error (which ids,
+    which two cache directories), not trajectories counted twice."""
+    dup = "zz_libero_copy"
+    members = read_members(demo.upstream / f"{SMALL}.tar")
+    for m, _ in members:  # the same members under another top folder: another cache key
+        m.name = m.name.replace(SMALL, dup, 1)
+    write_members(demo.upstream / f"{dup}.tar", members)
+    saved = save(demo.profile)
+    _add_archive(demo, f"{dup}.tar", dup, _frame_count(demo.upstream / f"{dup}.tar"))
+    root = copy_built(built, tmp_path / "root")
+    with demo_hub(demo) as hub:
+        r = build_cli(demo.profile, root, endpoint=hub.url)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, r.tail()
+    a_id = next(p.name for p in (layout.cache_dir(root, SMALL) / layout.FRAMES_SUBDIR).iterdir())
+    assert f"{layout.cache_dir(root, dup)} repeats" in out and str(layout.cache_dir(root, SMALL)) in out, out
+    assert a_id.removeprefix("trajectory_").removesuffix(".npz") in out, out
+    assert "internal error" not in out, out
+    restore(saved)
+    r = build_cli(demo.profile, root)
+    assert r.returncode == 0 and fingerprint(r) == prepared.fingerprint, r.tail()
+
+
+def test_fault_arc_removed_cache_key(
+    prepared: Prepared, demo: DemoPaths, built: Path, tmp_path: Path
+) -> None:
+    """A cache key the build extracted and the profile no longer lists is moved to
+    unused/processed_datasets/ by the next build (nothing deleted, never overwritten), which
+    passes; an entry of processed_datasets/ the build did not make fails no_stray_entries by name."""
+    extra_key = "some_other_dataset"  # in the demo's upstream, not in its profile
+    saved = save(demo.profile)
+    _add_archive(demo, f"{extra_key}.tar", extra_key, _frame_count(demo.upstream / f"{extra_key}.tar"))
+    root = copy_built(built, tmp_path / "root")
+    with demo_hub(demo) as hub:
+        r = build_cli(demo.profile, root, endpoint=hub.url)
+    assert r.returncode == 0, r.tail()
+    cdir = layout.cache_dir(root, extra_key)
+    files = sorted(p.relative_to(cdir) for p in cdir.rglob("*"))
+    assert files and layout.extraction_record_path(root, extra_key).is_file()
+    restore(saved)  # the key removed from the profile
+    unused = layout.unused_root(root) / layout.PROCESSED_DIR
+    (unused / extra_key).mkdir(parents=True)  # taken: the move picks another name
+    foreign = layout.processed_root(root) / "my_notes"  # not made by a build
+    foreign.mkdir()
+    (foreign / "a.txt").write_text("mine")
+    r = build_cli(demo.profile, root)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1 and str(foreign) in out and C.NO_STRAY_ENTRIES in out, r.tail()
+    assert "internal error" not in out and str(cdir) not in out, out
+    assert (foreign / "a.txt").read_text() == "mine"
+    assert not cdir.exists()
+    moved = unused / f"{extra_key}.1"
+    assert sorted(p.relative_to(moved) for p in moved.rglob("*")) == files
+    assert list((unused / extra_key).iterdir()) == []
+    assert (layout.unused_root(root) / layout.REPORTS_DIR / "extraction" / f"{extra_key}.1.json").is_file()
+    shutil.move(foreign, tmp_path / "my_notes")
+    r = build_cli(demo.profile, root)
+    assert r.returncode == 0 and fingerprint(r) == prepared.fingerprint, r.tail()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -20,7 +21,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers.built import build as build_cli
+from helpers.built import build_once, copy_built, fingerprint
+from helpers.cli import stage2, subprocess_env
 from helpers.faults import (
+    NOWHERE,
     SMALL,
     Member,
     Prepared,
@@ -450,3 +455,108 @@ def test_fault_kit_sums_spellings(prepared: Prepared, demo: DemoPaths, tmp_path:
         rep.problems
     )
     restore(saved)
+
+
+# ----- records that cover content, kit inputs that are regular files -----------------------------
+# These rows drive `stage2 build` (and `stage2 verify`) as a user runs them, on a copy of a root
+# that a `stage2 build` filled (tests/helpers/built.py).
+@pytest.fixture(scope="module")
+def built(prepared: Prepared, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_once(prepared, tmp_path_factory.mktemp("built-kit") / "root")
+
+
+def test_fault_kit_sidecar_edit(prepared: Prepared, built: Path, tmp_path: Path) -> None:
+    """An unpacked sidecar edited in place with its size and mtime restored: its changed ctime
+    makes it hashed again, the sha256 the unpack recorded tells, and the sidecars are unpacked
+    again from the kit's tar; the store stays the clean one."""
+    from stage2_data.kit import sidecars_status
+
+    demo = prepared.demo
+    root = copy_built(built, tmp_path / "root")
+    r = build_cli(demo.profile, root)  # the copy's records take its own inodes and ctimes
+    assert r.returncode == 0 and fingerprint(r) == prepared.fingerprint, r.tail()
+    prof = load_profile(demo.profile)
+    assert sidecars_status(prof, root) is None
+    victim = sorted((layout.derived_root(root) / layout.SIDECARS_DIR).rglob("*.npz"))[0]
+    st = victim.stat()
+    old = victim.read_bytes()
+    data = bytearray(old)
+    data[len(data) // 2] ^= 0x01
+    with open(victim, "r+b") as f:
+        f.write(data)
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (victim.stat().st_size, victim.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    why = sidecars_status(prof, root) or ""
+    assert str(victim) in why and "modified since it was unpacked" in why, why
+    r = build_cli(demo.profile, root)
+    assert r.returncode == 0 and fingerprint(r) == prepared.fingerprint, r.tail()
+    assert victim.read_bytes() == old
+    assert sidecars_status(prof, root) is None
+
+
+def _not_regular(path: Path, kind: str) -> None:
+    path.unlink()
+    if kind == "FIFO":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    else:  # a device, through a link to one
+        os.symlink("/dev/null", path)
+
+
+@pytest.mark.parametrize("kind", ["FIFO", "folder", "device"])
+def test_fault_kit_not_regular(
+    prepared: Prepared, demo: DemoPaths, built: Path, tmp_path: Path, kind: str
+) -> None:
+    """A kit SHA256SUMS (or sidecar .sha256) that is a FIFO, a folder or a device is refused by
+    name, at once (exit 2), by `stage2 build` and `stage2 verify --bytes`: nothing opens it (a FIFO
+    would block them forever). Put back, the build gives the clean store."""
+    prof = load_profile(demo.profile)
+    root = copy_built(built, tmp_path / "root")
+    for key in ("subset_checksums", "sidecar_archive_sha256"):
+        path = prof.kit_file(key)
+        saved = save(path)
+        _not_regular(path, kind)
+        said_kind = "a FIFO" if kind == "FIFO" else f"a {kind}"
+        for argv in (
+            ("build", "--profile", str(demo.profile), "--data-root", str(root), "--endpoint", NOWHERE),
+            ("verify", str(demo.profile), "--data-root", str(root), "--bytes"),
+        ):
+            r = stage2(*argv, env=subprocess_env(drop=("DAGSTER_HOME", "CI")), timeout=60)
+            out = r.stdout + r.stderr
+            assert r.returncode == 2, (argv[0], r.tail())
+            assert f"{path} is {said_kind}, not a regular file" in out and f"[kit] {key}" in out, out
+            assert "does not exist" not in out and "internal error" not in out, out
+        if path.is_dir() and not path.is_symlink():
+            path.rmdir()
+        else:
+            path.unlink()
+        restore(saved)
+    r = build_cli(demo.profile, root)
+    assert r.returncode == 0 and fingerprint(r) == prepared.fingerprint, r.tail()
+
+
+def test_fault_kit_sums_other_release(
+    prepared: Prepared, demo: DemoPaths, built: Path, tmp_path: Path
+) -> None:
+    """The kit's SHA256SUMS disagrees with a frame file that is exactly what its pinned, verified
+    archive holds: the failure names the sums file and says the kit and the pins come from
+    different releases (extracting again would change nothing, and the extraction is kept)."""
+    from stage2_data.extract import load_extraction_record
+
+    root = copy_built(built, tmp_path / "root")
+    sums = load_profile(demo.profile).kit_file("subset_checksums")
+    saved = save(sums)
+    path, wrong, _ = _sha256sums(demo)
+    key = path.split("/")[1]
+    r = build_cli(demo.profile, root)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, r.tail()
+    for name in (str(root / path), wrong, str(sums), "disagree", "different releases", "changes nothing"):
+        assert name in out, (name, out)
+    assert "internal error" not in out, out
+    rec = load_extraction_record(root, key)
+    assert rec is not None and rec.invalidated == ""  # the extraction is intact: not redone
+    restore(saved)
+    r = build_cli(demo.profile, root)
+    assert r.returncode == 0 and fingerprint(r) == prepared.fingerprint, r.tail()

@@ -153,6 +153,8 @@ def step_extraction_report(profile: Profile, data_root: Path) -> StepResult:
     problems_dirs: list[str] = []
     total = 0
     rows_md = []
+    seen: dict[str, str] = {}  # trajectory id -> the first cache key holding it
+    repeated: dict[tuple[str, str], list[str]] = {}  # (first key, key) -> the ids both hold
     for key in profile.cache_keys():
         rec_path = layout.extraction_record_path(data_root, key)
         cdir = layout.cache_dir(data_root, key)
@@ -164,7 +166,20 @@ def step_extraction_report(profile: Profile, data_root: Path) -> StepResult:
         problems_dirs += [f"{p} (fix: correct the upstream data or re-extract {cdir})" for p in info.problems]
         records.append(ExtractionRecord.from_dict(json.loads(rec_path.read_text())))
         total += len(info.frame_ids)
+        for tid in info.frame_ids:
+            first = seen.setdefault(tid, key)
+            if first != key:
+                repeated.setdefault((first, key), []).append(tid)
         rows_md.append((key, len(info.frame_ids), info.rows, info.total_trajectories))
+    for (first, key), ids in sorted(repeated.items()):
+        ids.sort()
+        shown = ", ".join(ids[:10]) + (f", ... and {len(ids) - 10} more" if len(ids) > 10 else "")
+        problems_dirs.append(
+            f"{layout.cache_dir(data_root, key)} repeats {len(ids)} trajectory id(s) of "
+            f"{layout.cache_dir(data_root, first)}: {shown} (a trajectory id names one trajectory: "
+            f"it would be counted twice; fix: remove the cache key {key!r} or {first!r} from the "
+            f"profile, or ask upstream which one holds those trajectories)"
+        )
     present = [k for k in profile.cache_keys() if layout.cache_dir(data_root, k).is_dir()]
     if len(present) != profile.expected.cache_dirs:
         problems_dirs.append(

@@ -1,0 +1,173 @@
+"""The extraction record covers content: every extracted file's sha256 and its (inode, size,
+mtime_ns, ctime_ns). check_extraction reads nothing when the stats match, hashes again a file whose
+stats changed (refreshing the record when its bytes did not change, naming it when they did), and
+a failed check's mark is never overlooked. Also: kit inputs that are not regular files are refused
+from their stats, never opened."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from stage2_data import layout
+from stage2_data.demo import DemoPaths
+from stage2_data.errors import FileSystemError, ProfileError
+from stage2_data.extract import (
+    EXTRACTOR_VERSION,
+    check_extraction,
+    content_digest_of,
+    extract_cache_dir,
+    hash_regular_file,
+    invalidate_extraction,
+    load_extraction_record,
+    scan_tree,
+)
+from stage2_data.formats.sha256sums import parse_sha256sums, read_regular_bytes
+from stage2_data.hashing import sha256_file
+from stage2_data.profile import load_profile
+
+KEY = "jesbu1_toto_rfm_toto"
+
+
+def _extracted(demo: DemoPaths, root: Path) -> tuple[dict[str, str | None], Path]:
+    prof = load_profile(demo.profile)
+    specs = prof.archives_by_cache_key()[KEY]
+    shas: dict[str, str | None] = {a.path: a.sha256 for a in specs}
+    extract_cache_dir(KEY, [demo.upstream / a.path for a in specs], root, archive_sha256=shas)
+    return shas, layout.cache_dir(root, KEY)
+
+
+def _same_size_edit(path: Path) -> None:
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    with open(path, "r+b") as f:
+        f.write(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_the_record_holds_every_files_sha256_and_stats(demo_cache: DemoPaths, tmp_path: Path) -> None:
+    _, cdir = _extracted(demo_cache, tmp_path)
+    rec = load_extraction_record(tmp_path, KEY)
+    assert rec is not None and rec.extractor_version == EXTRACTOR_VERSION == 2
+    files = sorted(str(p.relative_to(cdir)) for p in cdir.rglob("*") if p.is_file())
+    assert sorted(rec.entries) == files and rec.files == len(files)
+    for rel, (sha, ino, size, mtime, ctime) in rec.entries.items():
+        st = (cdir / rel).stat()
+        assert sha == sha256_file(cdir / rel)
+        assert (ino, size, mtime, ctime) == (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    assert rec.content_digest == content_digest_of({r: e[0] for r, e in rec.entries.items()})
+    tree = scan_tree(cdir)
+    assert tree is not None and tree.digest == rec.tree_digest
+
+
+def test_content_digest_is_the_content_not_the_stats(demo_cache: DemoPaths, tmp_path: Path) -> None:
+    """Two extractions of one archive (other inodes, other ctimes): one content digest."""
+    _extracted(demo_cache, tmp_path / "a")
+    _extracted(demo_cache, tmp_path / "b")
+    a, b = load_extraction_record(tmp_path / "a", KEY), load_extraction_record(tmp_path / "b", KEY)
+    assert a is not None and b is not None
+    assert a.content_digest == b.content_digest and a.tree_digest != b.tree_digest
+
+
+def test_unchanged_stats_read_nothing(
+    demo_cache: DemoPaths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shas, _ = _extracted(demo_cache, tmp_path)
+    from stage2_data.extract import extract as extract_mod
+
+    def no_hash(*a: object, **k: object) -> None:
+        raise AssertionError("a file was hashed")
+
+    monkeypatch.setattr(extract_mod, "hash_regular_file", no_hash)
+    record = layout.extraction_record_path(tmp_path, KEY)
+    before = record.stat().st_mtime_ns
+    assert check_extraction(tmp_path, KEY, shas)[1] is None
+    assert record.stat().st_mtime_ns == before  # not written
+
+
+def test_a_touched_file_is_hashed_again_and_the_record_refreshed(
+    demo_cache: DemoPaths, tmp_path: Path
+) -> None:
+    """Stats changed, bytes not: up to date, and the record takes the new stats (once)."""
+    shas, cdir = _extracted(demo_cache, tmp_path)
+    f = sorted((cdir / layout.FRAMES_SUBDIR).iterdir())[0]
+    st = f.stat()
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    assert check_extraction(tmp_path, KEY, shas)[1] is None
+    rec = load_extraction_record(tmp_path, KEY)
+    assert rec is not None and rec.entries[str(f.relative_to(cdir))][3] == st.st_mtime_ns + 1_000_000_000
+    record = layout.extraction_record_path(tmp_path, KEY)
+    before = record.stat().st_mtime_ns
+    assert check_extraction(tmp_path, KEY, shas)[1] is None
+    assert record.stat().st_mtime_ns == before  # refreshed once: now the stats match
+
+
+def test_a_same_size_edit_with_mtime_restored_is_named(demo_cache: DemoPaths, tmp_path: Path) -> None:
+    shas, cdir = _extracted(demo_cache, tmp_path)
+    for victim in (sorted((cdir / "processed_dataset").glob("*.arrow"))[0], cdir / "dataset_info.json"):
+        _same_size_edit(victim)
+        why = check_extraction(tmp_path, KEY, shas)[1] or ""
+        assert str(victim) in why and "modified since it was extracted" in why, why
+        _extracted(demo_cache, tmp_path)  # extracted again: up to date
+        assert check_extraction(tmp_path, KEY, shas)[1] is None
+
+
+def test_a_fifo_in_place_of_a_file_is_named_never_opened(demo_cache: DemoPaths, tmp_path: Path) -> None:
+    shas, cdir = _extracted(demo_cache, tmp_path)
+    f = cdir / "dataset_info.json"
+    f.unlink()
+    os.mkfifo(f)
+    result: list[str | None] = []
+    t = threading.Thread(target=lambda: result.append(check_extraction(tmp_path, KEY, shas)[1]), daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive(), "check_extraction blocked on a FIFO"
+    assert result and str(f) in (result[0] or "") and "not a regular file" in (result[0] or "")
+    with pytest.raises(OSError, match="is a FIFO, not a regular file"):
+        hash_regular_file(f)
+
+
+def test_an_invalidated_record_is_never_up_to_date(demo_cache: DemoPaths, tmp_path: Path) -> None:
+    shas, _ = _extracted(demo_cache, tmp_path)
+    assert invalidate_extraction(tmp_path, KEY, "the subset byte check found X damaged")
+    assert check_extraction(tmp_path, KEY, shas)[1] == "the subset byte check found X damaged"
+    assert not invalidate_extraction(tmp_path, "no_such_key", "x")
+
+
+def test_a_record_of_version_1_is_extracted_again(demo_cache: DemoPaths, tmp_path: Path) -> None:
+    shas, _ = _extracted(demo_cache, tmp_path)
+    path = layout.extraction_record_path(tmp_path, KEY)
+    doc = json.loads(path.read_text())
+    doc["extractor_version"] = 1
+    for k in ("entries", "content_digest"):
+        del doc[k]
+    path.write_text(json.dumps(doc))
+    assert (
+        check_extraction(tmp_path, KEY, shas)[1]
+        == f"extracted by extractor version 1, this is version {EXTRACTOR_VERSION}"
+    )
+
+
+@pytest.mark.parametrize("kind", ["FIFO", "folder", "device"])
+def test_kit_files_that_are_not_regular_are_refused_by_stat(demo: DemoPaths, kind: str) -> None:
+    prof = load_profile(demo.profile)
+    sums = prof.kit_file("subset_checksums")
+    sums.unlink()
+    if kind == "FIFO":
+        os.mkfifo(sums)
+    elif kind == "folder":
+        sums.mkdir()
+    else:
+        os.symlink("/dev/null", sums)
+    said = "a FIFO" if kind == "FIFO" else f"a {kind}"
+    with pytest.raises(ProfileError, match=rf"\[kit\] subset_checksums: .* is {said}, not a regular file"):
+        load_profile(demo.profile)
+    with pytest.raises(FileSystemError, match=f"is {said}, not a regular file"):
+        parse_sha256sums(sums)
+    with pytest.raises(FileSystemError, match=f"is {said}, not a regular file"):
+        read_regular_bytes(sums)
