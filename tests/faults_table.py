@@ -533,6 +533,14 @@ FAULTS: tuple[Fault, ...] = (
         "a path outside the store: the file is written",
     ),
     Fault(
+        "store_merge_out",
+        "store",
+        "`stage2 merge --out` is a symbolic link, a FIFO, or a store already there (and a reader asked for a split the store has not)",
+        "exit 2 before anything is read or written: --out <path> is a symbolic link / a FIFO / a store …; fix: pass --out a new folder name; `reader.split('validation')` raises StoreError naming the splits",
+        "the link, its target and the existing store, byte for byte",
+        "a new folder name: the merged store is written",
+    ),
+    Fault(
         "store_loader_split",
         "store",
         "a trainer's `Selection(store, split=…)` with a split the store does not have",

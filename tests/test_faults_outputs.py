@@ -27,8 +27,9 @@ from helpers.faults import NOWHERE, fault_cases, outside
 
 from stage2_data import layout
 from stage2_data.demo import DemoPaths
-from stage2_data.errors import LoaderError
+from stage2_data.errors import LoaderError, StoreError
 from stage2_data.loader import SeededOrder, Selection
+from stage2_data.store import VinOfflineStoreReader
 
 # the shared store (tests/fixtures/stores.py)
 STORE_IDS = range(1, 9)
@@ -371,3 +372,27 @@ def test_fault_store_loader_state(store: Path) -> None:
         assert (order.epoch, order.start) == (0, 0)
     order.load_state_dict(json.loads(json.dumps(good)))
     assert (order.epoch, order.start) == (0, 0)
+
+
+def test_fault_store_merge_out(data_root: Path, tmp_path: Path) -> None:
+    """`stage2 merge --out` given a symbolic link (publishing would replace the link itself), a FIFO,
+    or a store already there (it would be replaced, a user's store gone): refused before anything is
+    read or written, naming --out and the path; the link, its target and the store are kept."""
+    current = layout.current_store_path(data_root, "p")
+    store = current.resolve()
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
+    os.mkfifo(tmp_path / "fifo")
+    before = _tree(tmp_path)
+    for out, why in (
+        (tmp_path / "link", "is a symbolic link"),
+        (tmp_path / "fifo", "is a FIFO"),
+        (store, "store"),
+    ):
+        r = stage2("merge", str(current), str(current), "--out", str(out))
+        assert r.returncode == 2, r.tail()
+        assert f"--out {out}" in r.stderr and why in r.stderr and "Fix:" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
+    assert _tree(tmp_path) == before
+    with VinOfflineStoreReader(store) as reader, pytest.raises(StoreError) as err:
+        reader.split("validation")  # the reader names a missing split too (not a bare KeyError)
+    assert "no split 'validation'" in str(err.value) and "Fix: use one of" in str(err.value)

@@ -177,9 +177,13 @@ def cmd_summary(args: argparse.Namespace) -> int:
 
 # ----- merge ---------------------------------------------------------------------------------------
 def cmd_merge(args: argparse.Namespace) -> int:
+    from ..errors import StoreError
+    from ..fsutil import check_output_path
     from ..store import merge_vin_offline_stores
 
     out = _target(args.out)
+    if isinstance(out, Path):  # never replace a link's target, a special file, or a store already there
+        check_output_path(out, option="--out", kind="folder", error=StoreError)
     m = merge_vin_offline_stores(_target(args.base), _target(args.sidecar), out, storage_options(args))
     st = m["stats"]
     doc = {

@@ -230,7 +230,10 @@ class VinOfflineStoreReader:
 
     def split(self, name: str) -> np.ndarray[Any, Any]:
         if name not in SPLIT_FILES:
-            raise KeyError(f"unknown split {name!r}; expected one of {', '.join(SPLIT_FILES)}")
+            raise StoreError(
+                f"{self.path}: no split {name!r} in a VIN offline store.",
+                fix=f"use one of {', '.join(SPLIT_FILES)}",
+            )
         if name not in self._splits:
             arr = read_npy(self.location, self.path / SPLITS_DIR / f"{name}.npy")
             self._splits[name] = np.asarray(arr, dtype=np.int64)
