@@ -271,7 +271,8 @@ FAULTS: tuple[Fault, ...] = (
         "a new cache directory repeating the trajectory ids of another",
         "check cache_dirs_match_expected fails: <new cache dir> repeats N trajectory id(s) of <other cache dir>: <ids> (… counted twice; fix: remove one cache key from the profile …)",
         "both extractions; no store",
-        "the cache key removed from the profile: its folder is moved to unused/ (arc_removed_cache_key); " + FP,
+        "the cache key removed from the profile: its folder is moved to unused/ (arc_removed_cache_key); "
+        + FP,
     ),
     Fault(
         "arc_removed_cache_key",
@@ -304,6 +305,14 @@ FAULTS: tuple[Fault, ...] = (
         "nothing fails: the ctime moved, so its record no longer covers it; it is re-hashed, found wrong (the hub's listing agrees with the pin), moved to the quarantine folder (a warning says where) and downloaded again",
         "the edited file, in the quarantine folder",
         "(not needed: the run succeeds) " + FP + " but the edited one",
+    ),
+    Fault(
+        "arc_disk_full_build",
+        "archive",
+        "the disk fills up while `stage2 build` downloads an archive",
+        "`stage2 build` exits 2: disk full while writing <partial file> (<archive>): N of M written, K still to come, F free there; fix: free disk space there (at least K) or choose another --data-root, and re-run: the download resumes",
+        "the partial file (archives/.partial/)",
+        "space freed: the download resumes; fingerprint = clean build's",
     ),
     Fault(
         "arc_quarantine_gc",
@@ -608,7 +617,7 @@ FAULTS: tuple[Fault, ...] = (
         "gate_store_disk_full",
         "store",
         "no room on the data root's disk for the store (everything else fits)",
-        "`stage2 build` exits 2 (the build could not run, not a finding about the data): not enough free disk at <stores/<profile>/.tmp-…>: need N MiB, have M KiB; fix: free the difference there or choose another --data-root (a write that still runs out names the store's folder and \"the disk is full\")",
+        '`stage2 build` exits 2 (the build could not run, not a finding about the data): not enough free disk at <stores/<profile>/.tmp-…>: need N MiB, have M KiB; fix: free the difference there or choose another --data-root (a write that still runs out names the store\'s folder and "the disk is full")',
         "no store folder, no staging folder; `current` unchanged",
         "with room again: fingerprint = clean build's",
     ),

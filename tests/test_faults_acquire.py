@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -270,7 +274,7 @@ def _build(demo: DemoPaths, root: Path, url: str, **env: str) -> tuple[Any, dict
     summary, everything it told the user: failed checks, errors, stderr)."""
     out = stage2(
         "build", "--profile", str(demo.profile), "--data-root", str(root), "--endpoint", url, "--json",
-        env=subprocess_env(drop=("HF_TOKEN", "HF_HUB_OFFLINE", "HF_ENDPOINT"), **FAST_RETRIES, **env),
+        env=subprocess_env(drop=("HF_TOKEN", "HF_HUB_OFFLINE", "HF_ENDPOINT"), **{**FAST_RETRIES, **env}),
         timeout=300,
     )  # fmt: skip
     assert "Traceback" not in out.stderr and "internal error" not in out.stdout + out.stderr, out.tail()
@@ -483,3 +487,50 @@ def test_fault_download_answer(prepared: Prepared, demo: DemoPaths, tmp_path: Pa
         out, _, told = _build(demo, root, hub.url)
         assert out.returncode == 0, told
     assert _fingerprint(root, prepared) == prepared.fingerprint
+
+
+def test_fault_arc_disk_full_build(prepared: Prepared, demo: DemoPaths, tmp_path: Path) -> None:
+    # `stage2 build` on a data root whose disk fills up during a download (a real 64 MiB tmpfs, filled
+    # while the download waits to retry a 503): the message names the partial file, what is written
+    # and the free space; the partial file is kept; once space is freed the build converges.
+    if os.geteuid() != 0:
+        pytest.skip("mounting the tmpfs for this test needs root")
+    mnt = tmp_path / "small_fs"
+    mnt.mkdir()
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mnt)], capture_output=True)
+    if mount.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.decode().strip()}")
+    try:
+        root = copy_root(prepared, mnt / "root")
+        victim = "jesbu1_soar_rfm_soar.tar"
+        forget_archive(root, victim)
+        size = (demo.upstream / victim).stat().st_size
+        filler = mnt / "filler"
+
+        def fill_when_asked(hub: Any) -> None:
+            deadline = time.monotonic() + 120
+            while not any(m == "GET" for m, _ in hub.file_requests(victim)) and time.monotonic() < deadline:
+                time.sleep(0.002)
+            with open(filler, "wb") as f:
+                f.write(b"\0" * max(0, shutil.disk_usage(mnt).free - size // 2))
+
+        with demo_hub(demo, faults=HubFaults(fail_first={victim: 1})) as hub:
+            th = threading.Thread(target=fill_when_asked, args=(hub,))
+            th.start()
+            out, doc, told = _build(demo, root, hub.url, STAGE2_RETRY_BACKOFF="1")
+            th.join()
+            part = layout.partial_path(root, victim)
+            for name in (f"disk full while writing {part}", victim, "still to come", "free there", "Fix:",
+                         "free disk space"):  # fmt: skip
+                assert name in told, f"{name!r} not in:\n{told}"
+            assert out.returncode != 0 and doc.get("ok") is False, out.tail()
+            assert 0 < part.stat().st_size < size  # the partial download is kept
+            assert not layout.archive_path(root, victim).exists()
+            code = out.returncode
+            filler.unlink()
+            out, _, told = _build(demo, root, hub.url)
+            assert out.returncode == 0, told
+        assert _fingerprint(root, prepared) == prepared.fingerprint
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+    assert code == 2  # a full disk: the build could not run
