@@ -20,7 +20,7 @@ DEMO_STAMP := $(VENV)/.installed-pipeline
 DEV_STAMP := $(VENV)/.installed-dev
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: install install-demo demo test test-fast lint ui bench clean system-deps bytecode
+.PHONY: install install-demo demo test test-fast lint ui bench clean system-deps bytecode soak
 
 # A current pip: the one venv bundles has no install progress bar.
 $(PIP_STAMP):
@@ -71,6 +71,14 @@ test: lint system-deps bytecode
 # The fast tier (tests/_tiers.py): no browser, database, cluster, S3 server or whole build; about 2½ minutes.
 test-fast: $(DEV_STAMP) bytecode
 	$(BIN)/python -m pytest -q -m "not slow and not system"
+
+# The mutation test (tests/test_mutation.py) with N random mutations instead of CI's 100: each a
+# random file of the built demo mutated, then `stage2 build`. A fresh seed each run (printed);
+# `make soak N=1000 SEED=<seed>` replays one.
+N ?= 1000
+soak: $(DEV_STAMP) bytecode
+	STAGE2_MUTATIONS=$(N) STAGE2_MUTATION_SEED=$(SEED) $(BIN)/python -m pytest -q -s -p no:cacheprovider \
+		tests/test_mutation.py -k test_random_mutations
 
 ui: $(DEMO_STAMP) bytecode
 	$(BIN)/python -m stage2_pipelines.ui

@@ -45,6 +45,7 @@ SLOW_FIXTURES = {
     "ui_instance",  # a Dagster instance filled by a whole build
     "full_card_demo",  # the full-cardinality demo (53,765 trajectories, ~20 s), generated once
     "noop_rebuilt",  # tests/test_noop_rebuild.py: the demo built twice on one data root (CLI)
+    "mutation_bench",  # tests/test_mutation.py: the demo built, then rebuilt after each mutation (CLI)
 }
 
 # Parametrized ids that need a service (tests/test_store_backends.py: backend = local | s3).
