@@ -446,3 +446,66 @@ def test_sidecar_container_variants(tmp_path: Path, variant: str) -> None:
     else:
         the_only_problem(join.problems, [f"trajectory_{B[1]}.npz", problem])
     assert row["sidecar_sha256_ok"] is True and row["sidecar_bytes"] == len(data)
+
+
+def test_the_unpack_records_every_sidecars_sha256_and_stats(tmp_path: Path) -> None:
+    """The index holds each sidecar's sha256 and (inode, size, mtime, ctime) as written; the record
+    a content digest that depends on the bytes only."""
+    from stage2_data.extract import content_digest_of
+
+    b = build(tmp_path, unpack=False)
+    kit.unpack_sidecars(b.profile, b.data_root)
+    derived = b.data_root / "derived"
+    index = json.loads((derived / ".sidecars.index.json").read_text())["files"]
+    assert len(index) == 10
+    for rel, e in index.items():
+        st = (derived / rel).stat()
+        assert e["sha256"] == hashlib.sha256((derived / rel).read_bytes()).hexdigest()
+        assert [e["ino"], e["size"], e["mtime_ns"], e["ctime_ns"]] == [
+            st.st_ino,
+            st.st_size,
+            st.st_mtime_ns,
+            st.st_ctime_ns,
+        ]
+    marker = json.loads((derived / ".sidecars.json").read_text())
+    assert marker["content_digest"] == content_digest_of({r: e["sha256"] for r, e in index.items()})
+
+
+def test_an_edited_sidecar_is_unpacked_again_a_touched_one_is_not(tmp_path: Path) -> None:
+    """Stats changed, bytes not (a touch): up to date, the record refreshed once. Bytes changed with
+    size and mtime restored: named, and unpack_sidecars unpacks again."""
+    b = build(tmp_path, unpack=False)
+    kit.unpack_sidecars(b.profile, b.data_root)
+    derived = b.data_root / "derived"
+    victim = derived / sidecar_rel("autoeval", A[0])
+    st = victim.stat()
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert kit.sidecars_status(b.profile, b.data_root) is None
+    marker = derived / ".sidecars.json"
+    before = marker.stat().st_mtime_ns
+    assert kit.sidecars_status(b.profile, b.data_root) is None
+    assert marker.stat().st_mtime_ns == before  # refreshed once
+
+    old = victim.read_bytes()
+    data = bytearray(old)
+    data[len(data) // 2] ^= 0x01
+    st = victim.stat()
+    with open(victim, "r+b") as f:
+        f.write(data)
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+    why = kit.sidecars_status(b.profile, b.data_root) or ""
+    assert str(victim) in why and "modified since it was unpacked" in why, why
+    res = kit.unpack_sidecars(b.profile, b.data_root)
+    assert not res.skipped and victim.read_bytes() == old
+    assert kit.sidecars_status(b.profile, b.data_root) is None
+
+
+def test_an_invalidated_sidecar_record_unpacks_again(tmp_path: Path) -> None:
+    from stage2_data.kit.sidecars import invalidate_sidecars
+
+    b = build(tmp_path, unpack=False)
+    kit.unpack_sidecars(b.profile, b.data_root)
+    assert invalidate_sidecars(b.data_root, "the subset byte check found X damaged")
+    assert "found X damaged" in (kit.sidecars_status(b.profile, b.data_root) or "")
+    assert not kit.unpack_sidecars(b.profile, b.data_root).skipped
+    assert kit.sidecars_status(b.profile, b.data_root) is None
