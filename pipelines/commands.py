@@ -167,6 +167,8 @@ COULD_NOT_RUN = frozenset(
         "PermissionError",
         "IsADirectoryError",
         "NotADirectoryError",
+        "PinDisagreesError",  # bad input: the pin is wrong, the file on disk matches the hub
+        "HubOfflineError",  # offline, and what the build needs is not on disk
     }
 )
 
@@ -240,6 +242,8 @@ def print_build_summary(s: dict[str, Any]) -> None:
         print(f"checks:       {passed}/{len(checks)} passed")
     else:  # no run: the checks of the last build that made these outputs still stand
         print("checks:       none run (every stage up to date; `stage2 build --reverify` runs them)")
+    for m in s.get("moved_aside") or []:
+        print(f"moved aside:  {m} (kept, never deleted; `stage2 list` shows it)")
     if s.get("store_update"):
         print(f"store update: {s['store_update']}")
     if s["ok"]:

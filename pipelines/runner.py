@@ -334,6 +334,7 @@ def _build_all(
         "store": store,
         "fingerprint": fingerprint,
         "store_update": md.get("update"),  # reused, rebuilt or extended, and anything moved aside
+        "moved_aside": [m for r in runs for m in r.get("moved_aside", [])],
         "stopped_after": stopped_at,
         "runs": [
             {

@@ -133,6 +133,11 @@ def run_selection(
     for e in mevs:
         if e.partition is not None and e.asset_key:
             done.setdefault(e.partition, set()).add(e.asset_key.to_user_string())
+    moved: list[str] = []  # files a step set aside (never deleted): from where to where
+    for mev in mevs:
+        aside = getattr(mev.materialization.metadata.get("moved_aside"), "value", None)
+        if isinstance(aside, str):  # one "<from> -> <to>" line per file or folder
+            moved += [ln for ln in aside.splitlines() if ln]
     store_md: dict[str, Any] = {}
     for mev in mevs:
         if mev.asset_key and mev.asset_key.to_user_string() == VIN_STORE:
@@ -142,6 +147,7 @@ def run_selection(
             }
     return {
         "store_metadata": store_md,
+        "moved_aside": moved,
         "run_id": result.run_id,
         "job": result.job_def.name,
         "success": bool(result.success),

@@ -102,6 +102,7 @@ def up_to_date_build(
         "store": store,
         "fingerprint": fingerprint,
         "store_update": None,
+        "moved_aside": [],
         "stopped_after": None,
         "runs": [],
         "up_to_date": [s.name for s in STAGES],

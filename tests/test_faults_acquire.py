@@ -386,11 +386,13 @@ def test_fault_arc_ctime_edit(prepared: Prepared, demo: DemoPaths, tmp_path: Pat
         os.utime(final, ns=(st.st_atime_ns, st.st_mtime_ns))
         assert (final.stat().st_size, final.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
         hub.clear_log()
-        out, _, told = _build(demo, root, hub.url)
+        out, doc, told = _build(demo, root, hub.url)
         assert out.returncode == 0, told
         assert resolve_gets(hub) == [victim]  # only the edited one
     assert final.read_bytes() == good
-    assert [p.read_bytes() for p in _quarantine(root) if p.name == victim] == [bytes(bad)]
+    aside = [p for p in _quarantine(root) if p.name == victim]
+    assert [p.read_bytes() for p in aside] == [bytes(bad)]
+    assert doc["moved_aside"] == [f"{final} -> {aside[0]}"]  # the build says where it went
     assert _fingerprint(root, prepared) == prepared.fingerprint
 
 

@@ -44,7 +44,9 @@ def download_direct(profile: Profile) -> bool:
 def step_download(
     profile: Profile, source: Any, data_root: Path, path: str, *, reverify: bool = False, progress: Any = None
 ) -> StepResult:
-    """Download one archive partition; a sha256 mismatch raises ChecksumMismatchError (after the file is deleted)."""
+    """Download one archive partition; a download whose sha256 does not match raises
+    ChecksumMismatchError (that download never verified); a verified file that disagrees with its pin
+    is moved aside first (``moved_aside`` in the metadata), never deleted."""
     spec = profile.archive(path)
     if spec.pinned and archive_state(data_root, spec).state in ("missing", "partial"):
         require_build_space(profile, data_root)  # refuses before the download starts
@@ -56,6 +58,7 @@ def step_download(
         progress=progress,
         quarantined=profile.quarantined_paths(),
         direct_io=download_direct(profile),
+        profile=profile,
     )
     md = {
         "path": path,
@@ -69,6 +72,8 @@ def step_download(
         "skipped (already verified)": res.skipped,
         "local_path": str(res.local_path),
     }
+    if res.moved_aside is not None:  # the local file disagreed with its pin: kept there, never deleted
+        md["moved_aside"] = f"{res.local_path} -> {res.moved_aside}"
     ok = res.sha256 == spec.sha256 and res.size == spec.size
     return StepResult(
         md,
@@ -204,7 +209,7 @@ def step_extraction_report(profile: Profile, data_root: Path) -> StepResult:
         "per_cache_key": {"__markdown__": table},
     }
     if moved:
-        md["moved_aside"] = {str(src): str(dest) for src, dest in moved}
+        md["moved_aside"] = "\n".join(f"{src} -> {dest}" for src, dest in moved)
     return StepResult(
         md,
         [
