@@ -171,3 +171,23 @@ def test_kit_files_that_are_not_regular_are_refused_by_stat(demo: DemoPaths, kin
         parse_sha256sums(sums)
     with pytest.raises(FileSystemError, match=f"is {said}, not a regular file"):
         read_regular_bytes(sums)
+
+
+@pytest.mark.parametrize(
+    "field, value, said",
+    [
+        ("files", 99, "it counts 99 files and lists"),
+        ("bytes", 7, "it counts 7 bytes and its files hold"),
+        ("content_digest", "0" * 64, "its content_digest is not the digest of its files' sha256"),
+    ],
+)
+def test_a_record_at_odds_with_itself_is_extracted_again(
+    demo_cache: DemoPaths, tmp_path: Path, field: str, value: object, said: str
+) -> None:
+    shas, _ = _extracted(demo_cache, tmp_path)
+    path = layout.extraction_record_path(tmp_path, KEY)
+    doc = json.loads(path.read_text())
+    doc[field] = value
+    path.write_text(json.dumps(doc))
+    why = check_extraction(tmp_path, KEY, shas)[1] or ""
+    assert f"its extraction record {path} is inconsistent ({said}" in why, why

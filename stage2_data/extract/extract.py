@@ -501,6 +501,9 @@ def check_extraction(
         )
     if record.invalidated:
         return record, record.invalidated
+    inconsistent = _inconsistency(record)
+    if inconsistent:
+        return record, f"its extraction record {path} is inconsistent ({inconsistent})"
     for apath, sha in sorted(archive_sha256.items()):
         had = record.archive_sha256.get(apath)
         if sha is None:
@@ -526,6 +529,23 @@ def check_extraction(
         return record, reason
     _refresh(path, record_stat, record, refreshed)
     return record, None
+
+
+def _inconsistency(record: ExtractionRecord) -> str:
+    """What in ``record`` disagrees with its own entries (a damaged record), or ""."""
+    try:
+        shas = {r: str(e[0]) for r, e in record.entries.items()}
+        size = sum(int(e[2]) for e in record.entries.values())
+        record.file_stats()
+    except (IndexError, TypeError, ValueError):
+        return "an entry is not [sha256, inode, size, mtime_ns, ctime_ns]"
+    if len(shas) != record.files:
+        return f"it counts {record.files} files and lists {len(shas)}"
+    if size != record.bytes:
+        return f"it counts {record.bytes} bytes and its files hold {size}"
+    if content_digest_of(shas) != record.content_digest:
+        return "its content_digest is not the digest of its files' sha256"
+    return ""
 
 
 def _compare_files(
