@@ -110,12 +110,15 @@ def test_random_mutations(mutation_bench: Bench) -> None:
         # Every example draws the same kinds of values whatever the data root holds (Hypothesis
         # requires data generation that does not depend on outside state): indices are taken modulo
         # the files there are.
+        # The file, the partner and the offset are uniform (a Random seeded by Hypothesis): its
+        # integers favour 0 and the bounds, which would mutate the first file at its first byte.
         length = data.draw(st.integers(1, MAX_CHAIN), label="chain length")
+        rnd = data.draw(st.randoms(use_true_random=True), label="uniform")
         draws = [
             (
-                data.draw(st.integers(0, 2**16), label="file"),
-                data.draw(st.integers(0, 2**16), label="partner"),
-                data.draw(st.integers(0, 2**31), label="pos"),
+                rnd.randrange(2**16),
+                rnd.randrange(2**16),
+                rnd.randrange(2**31),
                 data.draw(st.integers(1, 255), label="mask"),
             )
             for _ in range(length)
@@ -168,13 +171,15 @@ def test_random_mutations(mutation_bench: Bench) -> None:
 @dataclass(frozen=True)
 class Step:
     """One mutation of a regression case: the first file of ``cls`` (sorted) whose path matches
-    ``pattern``; ``pos`` an offset, or ``"find:<text>"``: where that text first is in the file."""
+    ``pattern``; ``pos`` an offset, or ``"find:<text>"`` (``"find:<text>+<n>"``): where that text
+    first is in the file (plus n)."""
 
     cls: str
     kind: str
     pattern: str
     pos: int | str = 0
     mask: int = 1
+    partner: str = ""  # swap: the first other file of ``cls`` matching this pattern
 
 
 # Each case: an id, its steps (a chain: each step's build must accept the step for the next one to
@@ -210,6 +215,20 @@ REGRESSIONS: list[tuple[str, list[Step], str | None]] = [
         ],
         None,
     ),
+    # seed 2214590447: two zarr.json of a shard exchanged (num_frames <-> actions/aligned); the
+    # build exits 1 with "internal error: IndexError: too many indices for array".
+    (
+        "store-zarr-json-swap",
+        [
+            Step(
+                "store_metadata",
+                "swap",
+                r"shard-000000/num_frames/zarr\.json$",
+                partner=r"shard-000001/actions/aligned/zarr\.json$",
+            )
+        ],
+        "escapes: validate --decode decodes a shard whose array metadata failed (IndexError)",
+    ),
 ]
 
 
@@ -231,11 +250,15 @@ def test_regression(mutation_bench: Bench, steps: list[Step]) -> None:
         pos = step.pos
         if isinstance(pos, str):
             assert pos.startswith("find:"), pos
-            pos = (bench.work / files[0]).read_bytes().find(pos[5:].encode())
-            assert pos >= 0, f"{step.pos!r} is not in {files[0]}"
-        partner = (
-            next(f for f in bench.candidates(step.cls) if f != files[0]) if step.kind == "swap" else None
-        )
+            text, _, plus = pos[5:].partition("+")
+            at = (bench.work / files[0]).read_bytes().find(text.encode())
+            assert at >= 0, f"{step.pos!r} is not in {files[0]}"
+            pos = at + int(plus or 0)
+        partner = None
+        if step.kind == "swap":
+            partner = next(
+                f for f in bench.candidates(step.cls) if f != files[0] and re.search(step.partner, f)
+            )
         v = bench.step(Mutation(step.cls, step.kind, files[0], partner, pos=pos, mask=step.mask))
         verdicts.append(v)
         assert not v.escape, v.summary()
