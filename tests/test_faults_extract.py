@@ -558,10 +558,12 @@ def test_fault_arc_removed_cache_key(
     r = build_cli(demo.profile, root)
     out = r.stdout + r.stderr
     assert r.returncode == 1 and str(foreign) in out and C.NO_STRAY_ENTRIES in out, r.tail()
-    assert "internal error" not in out and str(cdir) not in out, out
+    moved = unused / f"{extra_key}.1"
+    failed = [ln for ln in out.splitlines() if "failed check" in ln]
+    assert "internal error" not in out and not [ln for ln in failed if str(cdir) in ln], out
+    assert f"moved aside:  {cdir} -> {moved}" in r.stdout, r.stdout  # the summary says where it went
     assert (foreign / "a.txt").read_text() == "mine"
     assert not cdir.exists()
-    moved = unused / f"{extra_key}.1"
     assert sorted(p.relative_to(moved) for p in moved.rglob("*")) == files
     assert list((unused / extra_key).iterdir()) == []
     assert (layout.unused_root(root) / layout.REPORTS_DIR / "extraction" / f"{extra_key}.1.json").is_file()

@@ -153,7 +153,7 @@ def _fingerprints(
     records = {}
     for key in profile.cache_keys():
         rec = load_extraction_record(data_root, key)
-        records[key] = None if rec is None else [rec.tree_digest, rec.archive_sha256, rec.files, rec.bytes]
+        records[key] = None if rec is None else [rec.content_digest, rec.archive_sha256, rec.files, rec.bytes]
     derived = layout.derived_root(data_root)
     link = layout.current_store_path(data_root, profile.name)
     try:
