@@ -68,6 +68,7 @@ def validate_arrays(
             expected[BLOCK_ACTIONS] = (rr, tmax, wmax)
         store = loc.zarr_store(sdir_p, read_only=True)
         arrays: dict[str, Any] = {}
+        before = len(problems)
         for name, shape in expected.items():
             try:
                 arr = zarr.open_array(store=store, path=name, mode="r", zarr_format=3)
@@ -99,7 +100,8 @@ def validate_arrays(
                 problems.append(
                     f"{sdir}/{name}: {bad.size} rows disagree with sample_index.jsonl's {col} (first row {int(bad[0])})"
                 )
-        if reader is not None and len(mine) == rr and BLOCK_FRAMES in arrays:
+        # decoded only when its arrays are what the manifest says: the reader trusts their metadata
+        if reader is not None and len(mine) == rr and BLOCK_FRAMES in arrays and len(problems) == before:
             _validate_decoded(reader, int(sh["id"]), sdir, wmax, mine, problems)
     if chunk_jobs:  # reading and crc32c release the GIL: a few arrays at once
         with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
@@ -128,20 +130,20 @@ def _validate_decoded(
 
     def check(r: dict[str, Any]) -> list[str]:
         row, n, w = int(r["row"]), int(r["num_frames"]), int(r["action_width"])
+        bad = []
         try:
             frames = reader._padded_row(sid, BLOCK_FRAMES, row)
             actions = reader._padded_row(sid, BLOCK_ACTIONS, row) if wmax > 0 else None
-        except Exception as e:  # noqa: BLE001
-            return [f"cannot decode ({type(e).__name__}: {e})"]
-        bad = []
-        if frames_sha256(frames[:n]) != r["frames_sha256"]:
-            bad.append("frames_sha256")
-        if frames[n:].any():
-            bad.append("padding")
-        if actions is not None and not (np.isnan(actions[n:]).all() and np.isnan(actions[:n, w:]).all()):
-            bad.append("actions")
-        if actions is not None and not np.isfinite(actions[:n, :w]).all():
-            bad.append("nonfinite")
+            if frames_sha256(frames[:n]) != r["frames_sha256"]:
+                bad.append("frames_sha256")
+            if frames[n:].any():
+                bad.append("padding")
+            if actions is not None and not (np.isnan(actions[n:]).all() and np.isnan(actions[:n, w:]).all()):
+                bad.append("actions")
+            if actions is not None and not np.isfinite(actions[:n, :w]).all():
+                bad.append("nonfinite")
+        except Exception as e:  # noqa: BLE001 - whatever the bytes, a row that does not decode is a finding
+            return [*bad, f"cannot decode ({type(e).__name__}: {e})"]
         return bad
 
     with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
