@@ -11,9 +11,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import NamedTuple
+from urllib.parse import urlsplit
 
 import pytest
 from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_url
@@ -419,6 +421,45 @@ def test_paced_downloads_keep_to_the_rate(upstream: Upstream, monkeypatch: pytes
         clock.slept.clear()
         assert s.get(_url(server, "a.tar")).content == upstream["a.tar"]
         assert clock.slept == []  # unpaced: no pause at all
+
+
+def test_link_rate_is_shared_by_concurrent_downloads(upstream: Upstream) -> None:
+    """``HubFaults.link_rate`` paces all downloads together, as one link does (benchmarks use it for
+    a build against ``hf download`` over the same link): two concurrent GETs, one connection each,
+    take at least their total bytes over the rate, where pacing each connection alone would let
+    them finish in half of that; the bytes are unchanged, and ``link_free_at`` says when the last
+    paced byte went. Real clock: the lower bound is exact (a paced byte is never sent before its
+    turn); the upper bound only catches a hang."""
+    rate = 6e6
+    size = len(upstream["a.tar"])
+    with HubServer(upstream.folder, repo_id=REPO, revision=REV, faults=HubFaults(link_rate=rate)) as server:
+        path = urlsplit(_url(server, "a.tar")).path
+        start = threading.Barrier(3)
+        bodies: list[bytes] = []
+
+        def fetch() -> None:
+            conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+            start.wait()
+            conn.request("GET", path)
+            bodies.append(conn.getresponse().read())
+            conn.close()
+
+        threads = [threading.Thread(target=fetch) for _ in range(2)]
+        for t in threads:
+            t.start()
+        start.wait()
+        t0 = time.monotonic()
+        for t in threads:
+            t.join(timeout=60)
+        took = time.monotonic() - t0
+        assert bodies == [upstream["a.tar"]] * 2
+        assert took >= 2 * size / rate * 0.999
+        assert took < 2 * size / rate * 3 + 5
+        assert t0 + 2 * size / rate * 0.999 <= server.link_free_at <= t0 + took
+        server.faults.link_rate = None
+        t1 = time.monotonic()
+        assert get_session().get(_url(server, "a.tar")).content == upstream["a.tar"]
+        assert server.link_free_at < t1  # unpaced: nothing booked on the link
 
 
 def test_reject_with_retry_after(hub: HubServer) -> None:

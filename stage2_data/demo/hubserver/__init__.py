@@ -8,7 +8,7 @@ the tree listing carries its size and sha256 (``lfs.oid``), a ``HEAD`` on ``reso
 ``EntryNotFound``) so that ``huggingface_hub`` maps them to its own exception classes.
 
 Faults (``HubFaults``, changeable while it runs): dropped connections, corrupt bytes, missing files,
-ignored ``Range``, transient 503s, pacing, and ``reject``: any status (429, 500, 503) on a file's GET,
+ignored ``Range``, transient 503s, pacing (per download, or of all downloads together), and ``reject``: any status (429, 500, 503) on a file's GET,
 the repo info or the listing, with ``Retry-After`` in delta-seconds or HTTP-date form.
 
 Endpoints (``{t}`` is ``models``, ``datasets`` or ``spaces``; resolve URLs of datasets and spaces

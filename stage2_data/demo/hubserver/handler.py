@@ -23,7 +23,7 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 from ...hashing import BUF_SIZE
 from .repository import INFO, RESOLVE_PREFIX, TREE, TREE_PAGE_SIZE_EXPAND, HubRepository
 
-RATE_STEP = 256 * 1024  # bytes sent between two pauses of a paced download (``HubFaults.rate``)
+RATE_STEP = 256 * 1024  # bytes sent between two pauses of a paced download (``rate``, ``link_rate``)
 
 
 class HubHTTPServer(ThreadingHTTPServer):
@@ -381,7 +381,11 @@ class _Handler(BaseHTTPRequestHandler):
                 sent = 0
                 t0 = time.monotonic()
                 while sent < send:
-                    step = send - sent if rate is None else min(send - sent, RATE_STEP)
+                    paced = rate is not None or hub.faults.link_rate is not None
+                    step = min(send - sent, RATE_STEP) if paced else send - sent
+                    due = hub.reserve_link(step)  # the shared link's turn for these bytes
+                    if due is not None and (wait := due - time.monotonic()) > 0:
+                        time.sleep(wait)
                     n = self.connection.sendfile(f, start + sent, step)
                     if n == 0:
                         break

@@ -65,6 +65,9 @@ class HubFaults:
     rate: float | None = None
     """bytes per second per file download (paced as a CDN paces one connection); None: as fast as
     the loopback goes."""
+    link_rate: float | None = None
+    """bytes per second for all file downloads together (one shared link, a token bucket without
+    burst: concurrent downloads split it); None: unshared. Applies on top of ``rate``."""
     reject: dict[str, Reject] = field(default_factory=dict)
     """target -> answer its next requests with an error status (429, 500, 503, ...), optionally with
     ``Retry-After``; a target is a repo file path (its GETs), ``INFO`` (repo info) or ``TREE`` (the
@@ -163,6 +166,8 @@ class HubRepository:
         self._fault_lock = threading.Lock()
         self._cache: dict[str, FileEntry] = {}
         self._cache_lock = threading.Lock()
+        self._link_lock = threading.Lock()
+        self._link_free_at = 0.0  # time.monotonic() at which the shared link has sent all it owes
         self._date = datetime.fromtimestamp(0, UTC).strftime("%Y-%m-%dT%H:%M:%S.000Z")
 
     @property
@@ -222,6 +227,25 @@ class HubRepository:
             else:
                 self.faults.reject[target] = Reject(r.count - 1, r.status, r.retry_after, r.http_date)
             return r
+
+    # ----- the shared link (``HubFaults.link_rate``) ---------------------------------------------
+    def reserve_link(self, nbytes: int) -> float | None:
+        """Book ``nbytes`` on the shared link: the ``time.monotonic()`` at which they have passed it
+        (the sender waits until then, then sends them), right after everything booked before; None
+        when the link is not paced."""
+        rate = self.faults.link_rate
+        if rate is None:
+            return None
+        with self._link_lock:
+            self._link_free_at = max(self._link_free_at, time.monotonic()) + nbytes / rate
+            return self._link_free_at
+
+    @property
+    def link_free_at(self) -> float:
+        """The ``time.monotonic()`` at which the last byte booked on the shared link passes it (when
+        the last paced byte was sent, once downloads are over); 0.0 before any."""
+        with self._link_lock:
+            return self._link_free_at
 
     # ----- request log -----------------------------------------------------------------------
     def log_request(self, method: str, path: str, rng: str | None) -> None:

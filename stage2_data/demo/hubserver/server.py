@@ -90,6 +90,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="MB_S",
         help="pace each file download to this many MB/s (as one connection to a CDN); default: unpaced",
     )
+    ap.add_argument(
+        "--link-rate-mb-s",
+        type=_rate,
+        default=None,
+        metavar="MB_S",
+        help="pace all file downloads together to this many MB/s (one shared link); default: unpaced",
+    )
     args = ap.parse_args(argv)
     token = None
     if args.token_env:
@@ -106,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             host=args.host,
             port=args.port,
             token=token,
-            faults=HubFaults(rate=args.rate_mb_s),
+            faults=HubFaults(rate=args.rate_mb_s, link_rate=args.link_rate_mb_s),
         )
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
