@@ -114,6 +114,11 @@ def test_fault_gate_current_index_edited(gated: dict[str, Any], tmp_path: Path) 
     said = re.search(r"^store update: (.*)$", out.stdout, re.M)
     assert said and "failed the publication gate" in said.group(1) and str(aside[0]) in said.group(1)
     assert "sample_index.jsonl" in said.group(1), said.group(1)  # what failed, named
+    listed = stage2("list", str(gated["demo"].profile), "--data-root", str(root), "--json")
+    assert listed.returncode == 0 and str(aside[0] / "sample_index.jsonl") in listed.stdout, listed.tail()
+    gc = stage2("gc", str(root / layout.STORES_DIR), "--quarantine", "--json")  # only when asked
+    assert gc.returncode == 0 and not aside[0].exists(), gc.tail()
+    _valid_clean(root, gated["profile"])
 
 
 def test_fault_gate_kept_store_decode_fails(gated: dict[str, Any], tmp_path: Path) -> None:

@@ -9,7 +9,6 @@ import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ import pyarrow.parquet as pq
 
 from .. import checks as C
 from .. import layout
+from ..acquire.quarantine import quarantine_files
 from ..checks import CheckOutcome, compare_totals, outcome
 from ..errors import StoreError, StoreNotFoundError
 from ..extract import load_extraction_record
@@ -256,20 +256,21 @@ def gate_new_store(
 
 def move_store_aside(out: Any, data_root: Path, profile_name: str, problems: list[str]) -> str:
     """A store already there that failed the publication gate: a local one is moved (never deleted)
-    to ``<data_root>/quarantine/<UTC time>/stores/<profile>/<name>``; one on object storage is
-    withdrawn (its manifest first, so it is no longer a store) and built again. Returns the line
-    that says what happened and where."""
+    into the data root's quarantine folder (``quarantine/<UTC time>/stores/<profile>/<name>``, with
+    its ``moved.json``: ``stage2 list`` shows it, only ``stage2 gc --quarantine`` removes it); one on
+    object storage is withdrawn (its manifest first, so it is no longer a store) and built again.
+    Returns the line that says what happened and where."""
     first = problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
     if not out.is_local:
         out.delete_tree()
         return (
             f"the store already at {out.url} failed the publication gate ({first}): removed and built again"
         )
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
-    dest = layout.quarantine_root(data_root) / stamp / layout.STORES_DIR / profile_name / out.root.name
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    make_writable(out.root)
-    os.rename(out.root, dest)
+    make_writable(out.root)  # a folder moved to another parent needs its own write bit
+    (dest,) = quarantine_files(
+        data_root, [out.root], "failed the publication gate", store=out.root.name, problems=problems[:20]
+    )
+    make_writable(dest)  # no longer a published store: `stage2 gc --quarantine` may remove its files
     return (
         f"the store already at {out.root} failed the publication gate ({first}): moved to {dest} "
         "and built again from the verified inputs"
