@@ -600,7 +600,7 @@ FAULTS: tuple[Fault, ...] = (
     Fault(
         "gate_kept_store_decode_fails",
         "store",
-        "a store of the same inputs that is not current (kept, or left by a stopped build) with a changed frames chunk, size and mtime kept",
+        "a store of the same inputs that is not current: a kept one the profile returns to, or the folder a build stopped by SIGTERM right after it appeared left behind; here with a changed frames chunk, size and mtime kept",
         "nothing fails: it is never re-published as is; the gate (every file hashed, every sample decoded) fails it, moves it aside, and a clean store is built and published",
         "the damaged store, under <data_root>/quarantine/",
         "(not needed: fingerprint = clean build's)",
