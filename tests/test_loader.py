@@ -76,8 +76,10 @@ def test_selection_by_split_source_task_and_resolution(store: Path, up: Upstream
     )
     with pytest.raises(LoaderError, match=r"no source 'nope'; it has 'autoeval', 'racer'"):
         Selection(store, "val", sources=["nope"])
-    with pytest.raises(LoaderError, match="no sample of split test matches"):
+    with pytest.raises(LoaderError, match=r"split test has no resolution 1x1; it holds .*8x10"):
         Selection(store, "test", resolutions=[(1, 1)])
+    with pytest.raises(LoaderError, match="no sample of split all matches"):
+        Selection(store, resolutions=[(6, 12)], tasks=["task 1"])  # each held, not together
 
 
 # ----- collate -----------------------------------------------------------------------------------------
@@ -88,6 +90,10 @@ def test_collate_pads_frames_and_actions_with_masks(store: Path, up: Upstream) -
     assert {it["action_width"] for it in items} >= {0, 7, 9}  # no actions, and two widths
     batch = collate(items, to_torch=False)
     _check_batch(batch, up, sel.sample_keys)
+    # one name per field: the items' num_frames / action_width are the batch's lengths / action_widths
+    assert "num_frames" not in batch and "action_width" not in batch
+    assert batch["lengths"].tolist() == [it["num_frames"] for it in items]
+    assert batch["action_widths"].tolist() == [it["action_width"] for it in items]
     # metadata: ints and bools as arrays, the rest (strings, None) as lists
     assert batch["sample_index"].dtype == np.int64 and batch["is_robot"].dtype == bool
     assert batch["source"] == [it["source"] for it in items]
@@ -156,7 +162,8 @@ def test_seeded_order_is_deterministic_advances_and_resumes_mid_epoch() -> None:
     taken = [next(it) for _ in range(20)]
     state = order.state_dict(consumed=13)
     assert state == {"kind": "samples", "seed": 7, "shuffle": True, "epoch": 2, "start": 13, "size": 50}
-    assert order.state_dict()["start"] == 20  # what it handed out
+    with pytest.raises(LoaderError, match="without consumed=, but the order has handed out 20 samples"):
+        order.state_dict()  # what it handed out is not what was trained on
     resumed = SeededOrder(50, seed=7)
     resumed.load_state_dict(state)
     assert len(resumed) == 37
@@ -167,7 +174,7 @@ def test_seeded_order_is_deterministic_advances_and_resumes_mid_epoch() -> None:
     whole = SeededOrder(4, seed=1)
     list(whole)
     assert whole.state_dict(consumed=4)["epoch"] == 1 and whole.state_dict(consumed=4)["start"] == 0
-    with pytest.raises(LoaderError, match="past the end of epoch"):
+    with pytest.raises(LoaderError, match="consumed=5, but the order has handed out only 4 samples"):
         whole.state_dict(consumed=5)
     with pytest.raises(LoaderError, match="size: saved 50, here 49"):
         SeededOrder(49, seed=7).load_state_dict(state)
@@ -221,9 +228,11 @@ def test_orders_share_an_epoch_out_across_ranks(size: int) -> None:
         assert [shares[i % ws][i // ws] for i in range(size)] == whole  # interleaved, in epoch order
     if size > ws:
         with pytest.raises(LoaderError, match="rank: saved 1, here 0"):
-            SeededOrder(size, seed=5, rank=0, world_size=ws).load_state_dict(ranks[1].state_dict())
+            SeededOrder(size, seed=5, rank=0, world_size=ws).load_state_dict(
+                SeededOrder(size, seed=5, rank=1, world_size=ws).state_dict()
+            )
         with pytest.raises(LoaderError, match="world_size: saved 3, here 1"):
-            SeededOrder(size, seed=5).load_state_dict(ranks[0].state_dict())
+            SeededOrder(size, seed=5).load_state_dict(ranks[0].state_dict(consumed=0))
         mid = SeededOrder(size, seed=5, rank=1, world_size=ws)
         it = iter(mid)
         next(it)

@@ -20,6 +20,11 @@ action_widths  int64 (B,)                   each sample's action width (0 withou
                                             list of the B values (strings, None, floats)
 ============== ============================ =================================================
 
+One name per field: the items' ``num_frames`` and ``action_width`` (the sample index's, see
+:class:`~stage2_data.store.VinOfflineDataset`) are not copied into the batch (:data:`ITEM_ALIASES`):
+``lengths`` and ``action_widths`` are those values, measured on the frames and actions collated
+(so they stay right when a transform shortened a sample).
+
 A batch holds one frame resolution: frames of different (H, W) (or channels) in one batch are
 refused with :class:`~stage2_data.errors.MixedResolutionError`, which says what to do: batch with
 :class:`~stage2_data.loader.ResolutionBatches` (each batch one resolution; a store's shard holds one
@@ -51,6 +56,8 @@ from .select import DeferredFrames
 
 #: the keys :func:`collate` builds from ``frames`` and ``actions`` (they never pass through as metadata)
 ARRAY_KEYS = ("frames", "frame_mask", "lengths", "actions", "action_mask", "action_widths")
+#: item keys that the batch holds under another name (the collated array of :data:`ARRAY_KEYS`)
+ITEM_ALIASES = {"num_frames": "lengths", "action_width": "action_widths"}
 
 
 def collate(items: Sequence[dict[str, Any]], *, to_torch: bool | None = None) -> dict[str, Any]:
@@ -93,7 +100,7 @@ def collate(items: Sequence[dict[str, Any]], *, to_torch: bool | None = None) ->
     batch["action_mask"] = action_mask
     batch["action_widths"] = np.asarray(widths, dtype=np.int64)
     for key in items[0]:
-        if key in ARRAY_KEYS:  # built above from frames and actions
+        if key in ARRAY_KEYS or key in ITEM_ALIASES:  # built above from frames and actions
             continue
         batch[key] = _metadata_column(key, [it.get(key) for it in items])
     if torch is not None:

@@ -16,22 +16,43 @@ that iterates them (never in a worker).
   to a multiple of ``world_size``, and rank ``r`` takes items ``r, r + world_size, ...``: the
   ranks' shares are disjoint but for the padding, cover the epoch, and are equally long, so no rank
   waits for another at the epoch's end (what ``torch.utils.data.DistributedSampler`` does).
-* **Resumable mid-epoch.** ``state_dict(consumed=k)`` is where training stands after it has taken
-  ``k`` items (samples for :class:`SeededOrder`, batches for :class:`ResolutionBatches`) of the
-  epoch being iterated; ``load_state_dict`` of it (on an order over the same selection) continues
-  with item ``k`` of that epoch's permutation. Pass ``consumed``: a DataLoader with workers fetches
-  ahead of the training loop, so the count the order has handed out (the default) is ahead of what
-  was trained on. A ``consumed`` that reaches the end of the epoch is the start of the next one.
+* **Resumable mid-epoch.** ``state_dict(consumed=k)`` is where training stands after the training
+  loop has taken ``k`` items (samples for :class:`SeededOrder`, batches for
+  :class:`ResolutionBatches`) from the iteration under way (counted from where that iteration
+  started: 0, or the ``start`` a loaded state gave); ``load_state_dict`` of it (on an order over the
+  same selection) continues with the next item of that epoch's permutation. A ``consumed`` that
+  reaches the end of the epoch is the start of the next one.
+
+  **The rule for ``consumed``**: it is required as soon as the order has handed out an item since
+  it was built, placed (``set_epoch``) or loaded. A ``torch.utils.data.DataLoader`` (its workers and
+  prefetching) or a :class:`~stage2_data.loader.PoolLoader` takes items from the order ahead of the
+  training loop, so the order cannot know how many were trained on: ``state_dict()`` without
+  ``consumed`` then raises :class:`~stage2_data.errors.LoaderError` rather than save the read-ahead
+  position. In ``for step, batch in enumerate(loader)`` save ``state_dict(consumed=step + 1)``
+  (with a ``batch_sampler``, e.g. :class:`ResolutionBatches`; with a ``sampler`` and ``batch_size=B``,
+  ``consumed=(step + 1) * B`` samples). ``consumed`` larger than what the order has handed out is
+  refused too (the loop cannot have taken more). Before any item is handed out, ``state_dict()`` is
+  the order's own ``epoch`` / ``start``.
+* **Bound to its store.** An order built from a :class:`~stage2_data.loader.Selection`
+  (``ResolutionBatches(sel, batch_size)``, ``SeededOrder(sel)``) holds the store's ``fingerprint``
+  and writes it into its state; ``load_state_dict`` refuses a state saved on a store of another
+  fingerprint, naming both, and a state without a fingerprint (saved by an order built from plain
+  resolutions or a size), since it cannot tell which store that state walked. An order built from
+  plain resolutions or a size has no fingerprint and refuses a state that has one. A state is
+  plain JSON: ``kind``, ``seed``, ``shuffle``, ``epoch``, ``start``, ``fingerprint`` (when the order
+  has one), ``rank`` / ``world_size`` (when ``world_size`` > 1), and what must match (``size``; for
+  batches also ``resolutions``, ``batch_size``, ``drop_last``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence, Sized
 from typing import Any, Generic, TypeVar
 
 import numpy as np
 
 from ..errors import LoaderError
+from .select import parse_resolution, resolution_name
 
 Item = TypeVar("Item")
 
@@ -50,7 +71,16 @@ class _EpochOrder(Generic[Item]):
     kind = ""
 
     def __init__(
-        self, *, seed: int, shuffle: bool, epoch: int, start: int, rank: int = 0, world_size: int = 1
+        self,
+        *,
+        seed: int,
+        shuffle: bool,
+        epoch: int,
+        start: int,
+        rank: int = 0,
+        world_size: int = 1,
+        fingerprint: str | None = None,
+        store: str | None = None,
     ) -> None:
         if world_size < 1 or not 0 <= rank < world_size:
             raise LoaderError(
@@ -60,6 +90,9 @@ class _EpochOrder(Generic[Item]):
         self.seed = int(seed)
         self.shuffle = bool(shuffle)
         self.rank, self.world_size = int(rank), int(world_size)
+        #: the fingerprint of the store the order walks (None: built from plain resolutions or a size)
+        self.fingerprint = fingerprint
+        self._store = store  # where that store is, for messages only (never saved: paths differ)
         #: the epoch the next iteration walks, and the item of it the next iteration starts at
         self.epoch = self.start = 0
         # the epoch and start of the iteration under way (what ``consumed`` counts from), items handed out
@@ -115,32 +148,60 @@ class _EpochOrder(Generic[Item]):
         self._running, self._handed = (self.epoch, self.start), 0
 
     def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
-        """Where training stands: ``consumed`` items taken from the iteration under way (default: the
-        items this order has handed out, exact only without read-ahead). Before any iteration it is
-        the order's own ``epoch`` / ``start``."""
+        """Where training stands after the training loop has taken ``consumed`` items (samples or
+        batches, as the order yields them) from the iteration under way, counted from where it
+        started.
+
+        ``consumed`` is required once the order has handed out an item since it was built, placed
+        or loaded (a DataLoader takes items ahead of the loop; see the module docstring): without
+        it that is a :class:`~stage2_data.errors.LoaderError`, and so is a ``consumed`` larger than
+        what the order has handed out. Before any item is handed out ``state_dict()`` is the order's
+        own ``epoch`` / ``start``. The state holds the store's ``fingerprint`` when the order has
+        one."""
         epoch, start = self._running
-        taken = self._handed if consumed is None else _count(consumed, "consumed")
+        if consumed is None:
+            if self._handed:
+                raise LoaderError(
+                    f"{self.kind} order: state_dict() without consumed=, but the order has handed out "
+                    f"{self._handed} {self.kind} of epoch {epoch} (from item {start}); a DataLoader or "
+                    "PoolLoader takes them ahead of the training loop, so the order cannot tell how many "
+                    "were trained on.",
+                    fix=f"pass consumed= the number of {self.kind} your training loop has taken from this "
+                    "iteration, e.g. state_dict(consumed=step + 1) in `for step, batch in enumerate(loader)`"
+                    + (
+                        " (times batch_size when a DataLoader batches this sampler)"
+                        if self.kind == "samples"
+                        else ""
+                    ),
+                )
+            taken = 0
+        else:
+            taken = _count(consumed, "consumed")
         if taken < 0:
             raise LoaderError(f"consumed={taken} is negative.", fix="give the number of items taken so far")
-        pos = start + taken
-        total = len(self.items(epoch))
-        if pos > total:
+        if taken > self._handed:
             raise LoaderError(
-                f"{self.kind} order: consumed={taken} from item {start} is past the end of epoch {epoch} "
-                f"({total} items).",
-                fix=f"count {self.kind} taken from this epoch's iteration only",
+                f"{self.kind} order: consumed={taken}, but the order has handed out only {self._handed} "
+                f"{self.kind} of epoch {epoch} (from item {start}) in the iteration under way; the "
+                "training loop cannot have taken more.",
+                fix=f"count the {self.kind} taken from this iteration only (a resumed iteration counts from "
+                "its first item, not from the epoch's; an epoch's count starts again at 0)",
             )
-        if pos == total:
+        pos = start + taken  # at most the epoch's end: the order hands out no more than that
+        if pos == len(self.items(epoch)):
             epoch, pos = epoch + 1, 0
         head = {"kind": self.kind, "seed": self.seed, "shuffle": self.shuffle, "epoch": epoch, "start": pos}
-        return head | (self._ranks() if self.world_size > 1 else {}) | self._identity()
+        store = {"fingerprint": self.fingerprint} if self.fingerprint is not None else {}
+        return head | store | (self._ranks() if self.world_size > 1 else {}) | self._identity()
 
     def _ranks(self) -> dict[str, int]:
         return {"rank": self.rank, "world_size": self.world_size}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue where ``state`` (from :meth:`state_dict`) stood; refused when it was saved by an
-        order of another kind, seed or selection."""
+        """Continue where ``state`` (from :meth:`state_dict`) stood; refused (a
+        :class:`~stage2_data.errors.LoaderError`, the order unchanged) when it was saved by an order
+        of another kind, seed, rank or selection, or on a store of another fingerprint (see the module
+        docstring: a state without a fingerprint is refused by an order that has one)."""
         if not isinstance(state, Mapping):
             raise LoaderError(
                 f"the saved order state is {type(state).__name__} {_short(state)}, not a dict.",
@@ -153,6 +214,7 @@ class _EpochOrder(Generic[Item]):
                 f"{', '.join(map(repr, ['kind', 'seed', 'shuffle', 'epoch', 'start', *self._identity()]))}.",
                 fix=f"pass the dict {type(self).__name__}.state_dict() returned, unchanged",
             )
+        self._check_store(state.get("fingerprint"))
         mine = (
             {"kind": self.kind, "seed": self.seed, "shuffle": self.shuffle} | self._ranks() | self._identity()
         )
@@ -178,6 +240,40 @@ class _EpochOrder(Generic[Item]):
             )
         self._place(epoch, start)
 
+    def _check_store(self, saved: object) -> None:
+        """The store fingerprint a state was saved with (None: it holds none) against this order's."""
+        here = self.fingerprint
+        reads = f"this order reads {self._store or 'a store'}"
+        if saved is not None and not isinstance(saved, str):
+            raise LoaderError(
+                f"the saved order state's fingerprint {_short(saved)} is not a string.",
+                fix="pass the dict state_dict() returned, unchanged",
+            )
+        if saved == here:
+            return
+        if saved is not None and here is not None:
+            raise LoaderError(
+                f"the saved order state was saved on the store of fingerprint {saved}; {reads} of "
+                f"fingerprint {here}: resuming would continue another store's order.",
+                fix="resume on the store the state was saved on (open its folder, not `current` after a "
+                "rebuild), or start this store's order from the beginning (no load_state_dict)",
+            )
+        if here is not None:
+            raise LoaderError(
+                f"the saved order state holds no store fingerprint (it was saved by an order built from "
+                f"plain resolutions or a size, or before states held one); {reads} of fingerprint {here} "
+                "and cannot tell whether the state walked that store.",
+                fix=f'if the state was saved on this store, add "fingerprint": "{here}" to it and load it '
+                "again; otherwise start this store's order from the beginning",
+            )
+        raise LoaderError(
+            f"the saved order state was saved on the store of fingerprint {saved}, but this order was "
+            "built from plain resolutions or a size, without its store, so it cannot check that it "
+            "walks the same store.",
+            fix="build the order from the Selection: ResolutionBatches(selection, batch_size=...) or "
+            "SeededOrder(selection)",
+        )
+
 
 def _short(value: object) -> str:
     text = repr(value)
@@ -195,15 +291,32 @@ def _count(value: object, name: str) -> int:
     return int(value)
 
 
+def _store_of(data: object, fingerprint: str | None) -> dict[str, Any]:
+    """The ``fingerprint`` and ``store`` (resolved path) of the dataset an order is built from (a
+    Selection has both; a plain size or list neither), or the ``fingerprint`` given; LoaderError
+    when both are there and differ."""
+    own = getattr(data, "fingerprint", None)
+    own = own if isinstance(own, str) else None
+    if fingerprint is not None and own is not None and fingerprint != own:
+        raise LoaderError(
+            f"fingerprint={fingerprint!r} given for a selection of the store of fingerprint {own}.",
+            fix="leave fingerprint= out when building the order from a Selection",
+        )
+    store = getattr(data, "resolved", None)
+    return {"fingerprint": fingerprint or own, "store": store if isinstance(store, str) else None}
+
+
 class SeededOrder(_EpochOrder[int]):
     """The positions ``0 .. size-1`` of a dataset, in a seeded permutation per epoch (in order when
-    ``shuffle=False``); a DataLoader ``sampler``. See the module docstring for epochs and resuming."""
+    ``shuffle=False``); a DataLoader ``sampler``. ``size`` is a dataset (a
+    :class:`~stage2_data.loader.Selection`: its ``len()``, and its store's ``fingerprint`` for the
+    saved state) or a number of samples. See the module docstring for epochs and resuming."""
 
     kind = "samples"
 
     def __init__(
         self,
-        size: int,
+        size: int | Sized,
         *,
         seed: int = 0,
         shuffle: bool = True,
@@ -211,12 +324,25 @@ class SeededOrder(_EpochOrder[int]):
         start: int = 0,
         rank: int = 0,
         world_size: int = 1,
+        fingerprint: str | None = None,
     ) -> None:
-        if size < 0:
-            raise LoaderError(f"size {size} is negative.", fix="give the dataset's len()")
-        self.size = int(size)
+        if not isinstance(size, int | np.integer | Sized):
+            raise LoaderError(
+                f"SeededOrder({_short(size)}): not a dataset or a number of samples.",
+                fix="give the Selection (or dataset) to order, or its len()",
+            )
+        n = int(size) if isinstance(size, int | np.integer) else len(size)
+        if n < 0:
+            raise LoaderError(f"size {n} is negative.", fix="give the dataset, or its len()")
+        self.size = n
         super().__init__(
-            seed=seed, shuffle=shuffle, epoch=epoch, start=start, rank=rank, world_size=world_size
+            seed=seed,
+            shuffle=shuffle,
+            epoch=epoch,
+            start=start,
+            rank=rank,
+            world_size=world_size,
+            **_store_of(size, fingerprint),
         )
 
     def epoch_items(self, epoch: int) -> list[int]:
@@ -231,7 +357,10 @@ class SeededOrder(_EpochOrder[int]):
 class ResolutionBatches(_EpochOrder[list[int]]):
     """Batches of dataset positions, each of ONE frame resolution: a DataLoader ``batch_sampler``.
 
-    ``resolutions[i]`` is position ``i``'s (H, W) (``Selection.resolutions``). Per epoch, each
+    ``resolutions`` is a :class:`~stage2_data.loader.Selection` (its ``resolutions``, and its store's
+    ``fingerprint`` for the saved state), or a sequence whose item ``i`` is position ``i``'s (H, W)
+    (a pair or an ``"HxW"`` string; such an order has no fingerprint unless ``fingerprint=`` gives
+    it). Per epoch, each
     resolution's positions are permuted (seeded by ``(seed, epoch)``), cut into batches of
     ``batch_size`` (the last one of a resolution smaller unless ``drop_last``), and the batches of
     every resolution are then permuted together, so resolutions are mixed across batches, never
@@ -243,7 +372,7 @@ class ResolutionBatches(_EpochOrder[list[int]]):
 
     def __init__(
         self,
-        resolutions: Sequence[tuple[int, int]],
+        resolutions: Sequence[tuple[int, int] | str] | Any,
         batch_size: int,
         *,
         seed: int = 0,
@@ -253,18 +382,33 @@ class ResolutionBatches(_EpochOrder[list[int]]):
         start: int = 0,
         rank: int = 0,
         world_size: int = 1,
+        fingerprint: str | None = None,
     ) -> None:
         if batch_size < 1:
             raise LoaderError(f"batch_size {batch_size} is not positive.", fix="give batch_size >= 1")
         self.batch_size = int(batch_size)
         self.drop_last = bool(drop_last)
+        store = _store_of(resolutions, fingerprint)
+        per_position = getattr(resolutions, "resolutions", resolutions)
         groups: dict[tuple[int, int], list[int]] = {}
-        for pos, res in enumerate(resolutions):
-            groups.setdefault((int(res[0]), int(res[1])), []).append(pos)
+        for pos, value in enumerate(per_position):
+            res = parse_resolution(value)
+            if res is None:
+                raise LoaderError(
+                    f"position {pos}'s resolution {_short(value)} is neither (H, W) nor 'HxW'.",
+                    fix="give a Selection, or its .resolutions (one (H, W) per position)",
+                )
+            groups.setdefault(res, []).append(pos)
         self.groups = {res: np.asarray(pos, dtype=np.int64) for res, pos in sorted(groups.items())}
-        self.size = len(resolutions)
+        self.size = sum(len(p) for p in groups.values())
         super().__init__(
-            seed=seed, shuffle=shuffle, epoch=epoch, start=start, rank=rank, world_size=world_size
+            seed=seed,
+            shuffle=shuffle,
+            epoch=epoch,
+            start=start,
+            rank=rank,
+            world_size=world_size,
+            **store,
         )
         self._cache: tuple[int, list[list[int]]] | None = None
 
@@ -288,7 +432,7 @@ class ResolutionBatches(_EpochOrder[list[int]]):
     def _identity(self) -> dict[str, Any]:
         return {
             "size": self.size,
-            "resolutions": {f"{h}x{w}": len(p) for (h, w), p in self.groups.items()},
+            "resolutions": {resolution_name(res): len(p) for res, p in self.groups.items()},
             "batch_size": self.batch_size,
             "drop_last": self.drop_last,
         }

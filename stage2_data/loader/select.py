@@ -15,8 +15,10 @@ of the padded batch (one copy from the page cache, no per-sample array); a
 
 from __future__ import annotations
 
+import collections
 import os
-from collections.abc import Callable, Collection
+import re
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -75,17 +77,54 @@ def check_split(split: object) -> None:
     )
 
 
+_HXW = re.compile(r"\s*(\d+)\s*[xX]\s*(\d+)\s*")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+
+
+def parse_resolution(value: object) -> tuple[int, int] | None:
+    """``value`` as (H, W): a pair of positive integers (a tuple or list, numpy integers too) or an
+    ``"HxW"`` string (``"48x64"``: height 48, width 64); None when it is neither."""
+    if isinstance(value, str):
+        m = _HXW.fullmatch(value)
+        if m is None:
+            return None
+        h, w = int(m[1]), int(m[2])
+    elif isinstance(value, Sequence | np.ndarray) and len(value) == 2 and all(map(_is_int, value)):
+        h, w = int(value[0]), int(value[1])
+    else:
+        return None
+    return (h, w) if h > 0 and w > 0 else None
+
+
+def resolution_name(res: tuple[int, int]) -> str:
+    """(H, W) as ``"HxW"``, the form a saved order state and the error messages use."""
+    return f"{res[0]}x{res[1]}"
+
+
 class Selection:
     """The samples of the store at ``path`` in ``split`` (None: every split) whose source is one of
     ``sources``, task one of ``tasks`` and (H, W) one of ``resolutions`` (None: any).
 
+    A resolution is given as a pair ``(H, W)`` or a string ``"HxW"`` (``resolutions=[(48, 64)]``
+    and ``resolutions=["48x64"]`` select the same samples; one resolution alone, ``(48, 64)`` or
+    ``"48x64"``, is a selection of one).
+
     ``sel[i]`` is the dataset item of the ``i``-th selected sample (``frames``, ``actions``,
     ``num_frames``, ``action_width`` and the sample-index metadata; see
     :class:`~stage2_data.store.VinOfflineDataset`), passed through ``transform`` when one is given
-    (in the worker that loads it; under spawn it must be picklable: a module-level function). A
-    name in ``sources`` / ``tasks`` that the split does not hold, or a selection of no sample, is a
+    (in the worker that loads it; under spawn it must be picklable: a module-level function);
+    :func:`~stage2_data.loader.collate` turns ``num_frames`` / ``action_width`` into the batch's
+    ``lengths`` / ``action_widths``. A name in ``sources`` / ``tasks`` or a resolution that the
+    split does not hold, a malformed resolution, or a selection of no sample, is a
     :class:`~stage2_data.errors.LoaderError` naming what the split holds; so is a ``split`` that is
     none of the store's (:func:`check_split`).
+
+    ``fingerprint`` is the store's (its manifest's): an order built from the selection
+    (``ResolutionBatches(sel, ...)``, ``SeededOrder(sel)``) saves it in its state and refuses to
+    resume on a store of another fingerprint.
     """
 
     def __init__(
@@ -95,7 +134,7 @@ class Selection:
         *,
         sources: Collection[str] | None = None,
         tasks: Collection[str] | None = None,
-        resolutions: Collection[tuple[int, int]] | None = None,
+        resolutions: Collection[tuple[int, int] | str] | tuple[int, int] | str | None = None,
         transform: Transform | None = None,
         storage_options: dict[str, Any] | None = None,
     ) -> None:
@@ -118,7 +157,7 @@ class Selection:
                         f"{', '.join(sorted(map(repr, names - held)))}; it has {', '.join(sorted(map(repr, held)))}.",
                         fix=f"choose {field}s among those",
                     )
-            res = None if resolutions is None else {(int(h), int(w)) for h, w in resolutions}
+            res = None if resolutions is None else self._wanted_resolutions(resolutions, rows, idx)
 
             def chosen(row: dict[str, Any]) -> bool:
                 return all(names is None or row[f] in names for f, names in wanted.items()) and (
@@ -145,6 +184,40 @@ class Selection:
         self.lengths = np.asarray([int(r["num_frames"]) for r in picked], dtype=np.int64)
         self.sources: list[str] = [str(r["source"]) for r in picked]
         self.sample_keys: list[str] = [str(r["sample_key"]) for r in picked]
+
+    def _wanted_resolutions(
+        self, resolutions: object, rows: list[dict[str, Any]], idx: list[int]
+    ) -> set[tuple[int, int]]:
+        """``resolutions=`` as a set of (H, W): each one a pair or an ``"HxW"`` string (one alone is
+        taken as a collection of one); LoaderError naming the resolutions the split holds for one
+        that is malformed or that the split does not hold."""
+        held = collections.Counter((int(rows[i]["frame_height"]), int(rows[i]["frame_width"])) for i in idx)
+        in_store = {(int(r["frame_height"]), int(r["frame_width"])) for r in rows}
+        holds = ", ".join(f"{resolution_name(r)} ({n} samples)" for r, n in sorted(held.items()))
+        if set(held) != in_store:
+            holds += f"; the store as a whole: {', '.join(map(resolution_name, sorted(in_store)))}"
+        where = f"{self.dataset.resolved}: split {self.split or 'all'}"
+        one = isinstance(resolutions, str) or parse_resolution(resolutions) is not None
+        given = [resolutions] if one else resolutions
+        if not isinstance(given, Iterable):
+            given = [resolutions]
+        wanted: set[tuple[int, int]] = set()
+        for value in given:
+            res = parse_resolution(value)
+            if res is None:
+                raise LoaderError(
+                    f"{where}: resolution {value!r} is neither (H, W) nor 'HxW' (e.g. (48, 64) or "
+                    f"'48x64', positive integers); the split holds {holds}.",
+                    fix="give resolutions= as (H, W) pairs or 'HxW' strings among those the split holds",
+                )
+            wanted.add(res)
+        missing = sorted(wanted - set(held))
+        if missing:
+            raise LoaderError(
+                f"{where} has no resolution {', '.join(map(resolution_name, missing))}; it holds {holds}.",
+                fix="choose resolutions= among those the split holds (as (H, W) or 'HxW')",
+            )
+        return wanted
 
     # the store it reads (resolved at open), and its lease
     @property
