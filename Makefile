@@ -20,7 +20,7 @@ DEMO_STAMP := $(VENV)/.installed-pipeline
 DEV_STAMP := $(VENV)/.installed-dev
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: install install-demo demo test test-fast lint ui bench clean system-deps bytecode soak
+.PHONY: install install-demo demo test test-fast lint ui bench clean system-deps soak docs
 
 # A current pip: the one venv bundles has no install progress bar.
 $(PIP_STAMP):
@@ -40,19 +40,11 @@ $(DEV_STAMP): pyproject.toml | $(PIP_STAMP)
 	$(call pip_install,-e ".[dev]")
 	@touch $@ $(DEMO_STAMP)
 
-# The project's own modules as bytecode, as a wheel's install leaves them: an editable install does
-# not compile them, and where PYTHONDONTWRITEBYTECODE is set (CI images, some containers) every
-# process would compile them again at every start (~0.9 s for all 145 here; a `stage2 build` and each
-# of its helper processes import most of them). Only what changed is compiled again (~0.2 s).
-PACKAGES := stage2_data pipelines assets resources
-bytecode: $(DEMO_STAMP)
-	@$(BIN)/python -m compileall -q -j 0 $(PACKAGES)
-
 install-demo: $(DEMO_STAMP)
 
 install: $(DEV_STAMP)
 
-demo: $(DEMO_STAMP) bytecode
+demo: $(DEMO_STAMP)
 	@mkdir -p $(DAGSTER_HOME)
 	$(BIN)/stage2 demo --out "$${STAGE2_DEMO_ROOT:-.demo}"
 
@@ -65,27 +57,32 @@ system-deps:
 	@bash scripts/system-deps.sh
 
 # The whole suite (what CI runs): lint, then every tier.
-test: lint system-deps bytecode
+test: lint system-deps
 	$(BIN)/python -m pytest -q
 
 # The fast tier (tests/_tiers.py): no browser, database, cluster, S3 server or whole build; about 2½ minutes.
-test-fast: $(DEV_STAMP) bytecode
+test-fast: $(DEV_STAMP)
 	$(BIN)/python -m pytest -q -m "not slow and not system"
 
 # The mutation test (tests/test_mutation.py) with N random mutations instead of CI's 100: each a
 # random file of the built demo mutated, then `stage2 build`. A fresh seed each run (printed);
 # `make soak N=1000 SEED=<seed>` replays one.
 N ?= 1000
-soak: $(DEV_STAMP) bytecode
+soak: $(DEV_STAMP)
 	STAGE2_MUTATIONS=$(N) STAGE2_MUTATION_SEED=$(SEED) $(BIN)/python -m pytest -q -s -p no:cacheprovider \
 		tests/test_mutation.py -k test_random_mutations
 
-ui: $(DEMO_STAMP) bytecode
+ui: $(DEMO_STAMP)
 	$(BIN)/python -m stage2_pipelines.ui
 
-bench: $(DEV_STAMP) bytecode
+bench: $(DEV_STAMP)
 	$(BIN)/python -m bench.run
 	$(BIN)/python -m bench.readme
+
+# The documentation site (mkdocs.yml, docs/) on http://127.0.0.1:8000, rebuilt when a page changes.
+# CI builds it with --strict (.ci/run): a broken link, page or API reference fails.
+docs: $(DEV_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
 clean:
 	rm -rf .demo .dagster_home
