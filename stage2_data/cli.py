@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 from typing import Any, NoReturn
 
-from . import collector, warmstart
+from . import collector
 from .commands import command_modules
 from .commands.common import EXIT_ERROR, eprint, exit_process
 from .errors import Stage2Error
@@ -79,27 +78,15 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _command_name(argv: Sequence[str]) -> str | None:
-    """The command ``argv`` names (its first word that is not an option), before anything is parsed."""
-    first = next((a for a in argv if not a.startswith("-")), None)
-    return first if first is not None and re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,63}", first) else None
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    command = _command_name(argv)
-    if command is not None:  # its last run's imports read ahead while this one imports (warmstart)
-        warmstart.prefetch(command)
     with collector.paused():  # the plugins' and commands' imports (collector.py)
         parser = make_parser()
         args, extra = parser.parse_known_args(argv)
     if extra and not getattr(args, "any_arguments", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     func: Callable[[argparse.Namespace], int] = args.func
-    try:
-        return _run_command(func, args)
-    finally:  # what this command imported, read ahead at its next start
-        warmstart.record(args.command)
+    return _run_command(func, args)
 
 
 def _run_command(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:

@@ -86,11 +86,6 @@ def _no_dagster_state_storage_left_behind() -> Iterator[None]:
         base._current_storage.set(before)
 
 
-# The suite's commands neither read ahead nor keep import lists in the user's cache folder
-# (stage2_data/warmstart.py; tests/test_warmstart.py turns it on in a folder of its own).
-os.environ.setdefault("STAGE2_WARMSTART", "0")
-
-
 @pytest.fixture(autouse=True)
 def _no_real_hub(monkeypatch: pytest.MonkeyPatch) -> None:
     # Nothing here may reach the real hub; every test passes an explicit loopback endpoint.
