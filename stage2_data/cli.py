@@ -24,7 +24,7 @@ from typing import Any, NoReturn
 
 from . import collector
 from .commands import command_modules
-from .commands.common import EXIT_ERROR, eprint, exit_process
+from .commands.common import EXIT_ERROR, eprint
 from .errors import Stage2Error
 from .oserrors import fs_error
 
@@ -116,21 +116,14 @@ def _run_command(func: Callable[[argparse.Namespace], int], args: argparse.Names
 
 
 def run(argv: Sequence[str] | None = None) -> NoReturn:
-    """The ``stage2`` executable: :func:`main`, then :func:`~.commands.common.exit_process` (no
-    interpreter teardown after a build: ~1 s here). Its garbage collector policy is
-    :mod:`~stage2_data.collector`'s."""
+    """The ``stage2`` executable: :func:`main`, whose code is the process's exit status (a normal
+    interpreter exit). Its garbage collector policy is :mod:`~stage2_data.collector`'s."""
     collector.own()
     # No stage2 command does linear algebra, and OpenBLAS starts a thread per core at numpy's import
     # that spins for a while (~0.08 s of CPU a process here: the build, its beside process, its
     # workers, which inherit this); a user's own setting wins.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    try:
-        code = main(argv)
-    except SystemExit as e:  # argparse's --help and usage errors; as Python exits on one
-        code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
-        if not isinstance(e.code, int | None):
-            print(e.code, file=sys.stderr)
-    exit_process(code)
+    sys.exit(main(argv))  # argparse's --help and usage errors raise SystemExit themselves
 
 
 if __name__ == "__main__":
