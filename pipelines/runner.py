@@ -18,10 +18,7 @@ checks fail stops the stages after it; every failed check and error is reported 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import importlib
-import importlib.util
 import os
 import sys
 import threading
@@ -36,9 +33,7 @@ from stage2_data import collector
 from stage2_data.profile import load_profile
 from stage2_data.publish import data_root_lock, sweep_data_root
 from stage2_data.stages import (
-    ACQUIRE,
     DOWNLOADS_POOL,
-    EXTRACT,
     JOB_ASSETS,
     STAGES,
     STORE,
@@ -152,28 +147,6 @@ def _run_stage(
     return run
 
 
-def warm_pandas() -> threading.Thread | None:
-    """Import pandas, when it is installed and not yet imported, on a background thread; the thread.
-
-    pyarrow imports pandas at its first array, table or Parquet call when pandas is installed (any
-    researcher's environment; here it comes with dask), and the build's first such call is the
-    trajectory join, on the store stage's critical path: 0.23 s warm, 0.37 s with a cold page cache
-    (300 modules). `stage2 build` starts this when the downloads start, whose run leaves a core and
-    the interpreter mostly idle, so the join finds pandas imported. Import locks are per module: a
-    step that needs pandas first simply waits for this import to finish."""
-    if "pandas" in sys.modules or importlib.util.find_spec("pandas") is None:
-        return None
-
-    def run() -> None:
-        # then the join imports it, as it would have; the collector paused meanwhile (collector.py)
-        with contextlib.suppress(Exception), collector.paused():
-            importlib.import_module("pandas")
-
-    t = threading.Thread(target=run, name="stage2-warm-pandas", daemon=True)
-    t.start()
-    return t
-
-
 def stage_workers(stage: Stage, concurrency: int | None) -> int | None:
     """How many partitions a stage's run works on at once: the build's ``--concurrency``, at most the
     stage's ``max_parallel`` (None: the run's default)."""
@@ -271,10 +244,7 @@ def _build_all(
 
         return call
 
-    warming = False  # warm_pandas started (once)
-
     def run_one(stage: Stage) -> None:
-        nonlocal warming
         child = children.pop(stage.name, None)
         with lock:
             partitions = stage_partitions(stage, profile, failed)
@@ -287,9 +257,6 @@ def _build_all(
             with lock:
                 record(up_to_date_summary(stage))
             return
-        if stage in (ACQUIRE, EXTRACT) and not warming:  # runs that wait on the network and disk
-            warm_pandas()
-            warming = True
         if child is not None:
             run = child.run(cfg, stage_workers(stage, concurrency))
             locked(record)(run)

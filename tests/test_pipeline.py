@@ -396,26 +396,6 @@ def test_nightly_verify_rechecks_the_published_store(
     assert all(e.passed for name, e in evals.items() if name != C.STORE_BYTES_MATCH_MANIFEST)
 
 
-def test_warm_pandas_imports_pandas_off_the_main_thread_and_only_once() -> None:
-    """`stage2 build` imports pandas (which pyarrow imports at its first array) while the downloads run,
-    on a thread of its own; when pandas is already imported it starts nothing."""
-    code = (
-        "import sys, threading\n"
-        "from stage2_pipelines.runner import warm_pandas\n"
-        "assert 'pandas' not in sys.modules\n"
-        "t = warm_pandas()\n"
-        "assert t is not None and t is not threading.current_thread()\n"
-        "t.join(60)\n"
-        "assert 'pandas' in sys.modules and not t.is_alive()\n"
-        "assert warm_pandas() is None\n"
-        "print('ok')\n"
-    )
-    pytest.importorskip("pandas")  # (installed with the dask extra, as in the dev environment)
-    out = python(code)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "ok"
-
-
 def test_a_step_failed_by_its_blocking_checks_is_reported_as_those_checks() -> None:
     """Dagster fails a step whose blocking check failed (DagsterAssetCheckFailedError, listing them):
     the summary's error is each failed check with what it found, never an "internal error"; any
