@@ -4,8 +4,8 @@ the clean content published (recomputed from the store's bytes). See tests/helpe
 
 Each run draws a fresh seed and prints it; ``STAGE2_MUTATION_SEED=<seed>`` replays a run, and
 ``STAGE2_MUTATIONS=<n>`` sets how many mutations it makes (100 by default; ``make soak N=1000``).
-Every (class, mutation) pair comes once in each 66 mutations (in an order shuffled from the seed),
-so 100 cover every class; chains of up to four mutations (an accepted one stays in place), the
+Every class comes once in each 11 mutations and every (class, mutation) pair once in each 66 (in an
+order shuffled from the seed), so 100 cover every pair; chains of up to four mutations (an accepted one stays in place), the
 files and the parameters are drawn by Hypothesis. ``STAGE2_MUTATION_ESCAPES=<file>`` appends
 every escape found to that file as it is found.
 
@@ -65,19 +65,25 @@ def mutation_bench(demo_cache: DemoPaths, tmp_path_factory: pytest.TempPathFacto
 # the random mutations
 # --------------------------------------------------------------------------------------------------
 MAX_CHAIN = 4
+OFFLINE_SHARE = 0.25  # chains whose builds run offline (HF_HUB_OFFLINE=1)
 
 
 def _schedule(run_seed: int, n: int) -> list[tuple[str, str]]:
-    """The (class, mutation) of each of the ``n`` mutations: every pair once in each cycle of
-    66, in an order shuffled per cycle from the run's seed (so a chain mixes classes: a latent
-    change of an input, then a change of the store that makes the store be rebuilt from it)."""
-    pairs = [(c, k) for c in CLASSES for k in MUTATIONS]
+    """The (class, mutation) of each of the ``n`` mutations, shuffled from the run's seed: every
+    class once in each round of 11, every (class, mutation) pair once in each cycle of 6 rounds (a
+    Latin square: class c gets mutation (round + shift[c]) % 6). Chains then mix classes: a latent
+    change of an input, then a change of the store that makes it be rebuilt from that input."""
     out: list[tuple[str, str]] = []
     cycle = 0
     while len(out) < n:
-        order = pairs[:]
-        random.Random(f"{run_seed}:{cycle}").shuffle(order)
-        out += order
+        rng = random.Random(f"{run_seed}:{cycle}")
+        kinds = list(MUTATIONS)
+        rng.shuffle(kinds)
+        shift = {c: rng.randrange(len(kinds)) for c in CLASSES}
+        for r in range(len(kinds)):
+            order = list(CLASSES)
+            rng.shuffle(order)
+            out += [(c, kinds[(r + shift[c]) % len(kinds)]) for c in order]
         cycle += 1
     return out[:n]
 
@@ -126,8 +132,11 @@ def test_random_mutations(mutation_bench: Bench) -> None:
             )
             for _ in range(length)
         ]
+        offline = rnd.random() < OFFLINE_SHARE
         if len(verdicts) < N_MUTATIONS:
-            print(f"-- chain of {min(length, N_MUTATIONS - len(verdicts))}", flush=True)
+            bench.offline = offline
+            where = "offline (HF_HUB_OFFLINE=1)" if offline else "online"
+            print(f"-- chain of {min(length, N_MUTATIONS - len(verdicts))}, {where}", flush=True)
         for file_i, partner_i, pos, mask in draws:
             if len(verdicts) >= N_MUTATIONS:
                 break
@@ -149,6 +158,7 @@ def test_random_mutations(mutation_bench: Bench) -> None:
             if v.outcome != "accepted":
                 break  # the chain ended (restored, converged or reset)
         problems = bench.end_chain()
+        bench.offline = False
         if problems:
             chain_escapes.append("\n".join(problems))
             print(f"    escape at the end of the chain: {problems}", flush=True)
@@ -164,7 +174,10 @@ def test_random_mutations(mutation_bench: Bench) -> None:
     )
     assert len(verdicts) == N_MUTATIONS, f"Hypothesis ran {len(verdicts)} of {N_MUTATIONS} mutations"
     if len(CLASSES) <= N_MUTATIONS:
-        assert set(by_class) == set(CLASSES)
+        assert set(by_class) == set(CLASSES), by_class
+    if len(CLASSES) * len(MUTATIONS) <= N_MUTATIONS:
+        pairs = {(v.mutation.cls, kind) for v, kind in zip(verdicts, (k for _, k in schedule), strict=False)}
+        assert len(pairs) == len(CLASSES) * len(MUTATIONS), sorted(pairs)
     assert not escapes, f"{len(escapes)} escapes (STAGE2_MUTATION_SEED={SEED}):\n" + "\n".join(escapes)
 
 

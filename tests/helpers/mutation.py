@@ -448,6 +448,10 @@ class Bench:
         self.work = base / "work"
         self.env = {k: v for k, v in os.environ.items() if k.upper() not in ("DAGSTER_HOME", "CI")}
         self.env.setdefault("STAGE2_WARMSTART", "0")
+        self.env.pop("HF_HUB_OFFLINE", None)
+        # Set per chain: its builds run with HF_HUB_OFFLINE=1 (nothing can be downloaded again, so a
+        # damaged archive must be refused and moved aside, never deleted).
+        self.offline = False
         self.pending: list[tuple[Mutation, Applied, dict[str, str]]] = []
         self.resets = 0
         self.builds = 0
@@ -484,7 +488,8 @@ class Bench:
         ]
         t0 = time.monotonic()
         try:
-            p = subprocess.run(argv, capture_output=True, text=True, env=self.env, timeout=600)
+            env = {**self.env, "HF_HUB_OFFLINE": "1"} if self.offline else self.env
+            p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
             rc, out, err = p.returncode, p.stdout, p.stderr
         except subprocess.TimeoutExpired as e:
             rc, out, err = -9, str(e.stdout or ""), f"timed out after 600 s\n{e.stderr or ''}"
@@ -500,6 +505,7 @@ class Bench:
     def reset(self) -> None:
         """A fresh working copy of the clean build, settled by one build (its own stat records)."""
         self.pending = []
+        self.offline = False
         if self.work.exists():
             shutil.rmtree(self.work)
         shutil.copytree(self.clean, self.work, symlinks=True)
@@ -597,7 +603,7 @@ class Bench:
         self.pending.append((m, applied, mutated))
         before = published_fingerprint(self.work)
         first = self.build(self.work)
-        v = Verdict(m, "", applied.note, first, chain)
+        v = Verdict(m, "", applied.note + (" (offline builds)" if self.offline else ""), first, chain)
         fp, store_problems = content_of(self.work)
         v.published = fp or ""
         if first.rc == 0:
