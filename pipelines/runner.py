@@ -29,7 +29,6 @@ from typing import Any
 
 import dagster as dg
 
-from stage2_data import collector
 from stage2_data.profile import load_profile
 from stage2_data.publish import data_root_lock, sweep_data_root
 from stage2_data.stages import (
@@ -200,8 +199,7 @@ def _build_all(
     profile = load_profile(config.profile_path, kit_root=config.kit_root)
     data_root = Path(config.data_root).resolve()
     data_root.mkdir(parents=True, exist_ok=True)
-    with collector.paused():  # the instance's storage imports SQLAlchemy and alembic (collector.py)
-        home, instance = open_instance(data_root)
+    home, instance = open_instance(data_root)
     cfg = config.to_dict()
     cfg["data_root"] = str(data_root)
     runs: list[dict[str, Any]] = []

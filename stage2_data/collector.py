@@ -9,13 +9,12 @@ collections, 0.59 s with the interpreter lock held, 0.42 s of it in five full co
 stalling every thread of the build (the store writer's included); ~0.2 s of it during the imports
 alone, which collected 160 objects.
 
-So the ``stage2`` executable (``cli.run``, :func:`own`) pauses the collector while it imports
-(:func:`paused`: the command line's parsing and plugins, the Dagster layer, the instance's storage,
-pandas on its thread), and when the last such stretch ends, moves every object alive at that moment
-to the collector's permanent generation (``gc.freeze()``: still freed by reference counting, never
-walked again) and turns it back on. Objects built later are collected as usual. A process that did
-not call :func:`own` (a test calling ``cli.main``, a library user) is left alone: :func:`paused` does
-nothing there.
+So the kit stage's child process (``stage2_pipelines.beside``, :func:`own`) pauses the collector
+while it imports (:func:`paused`), and when the last such stretch ends, moves every object alive at
+that moment to the collector's permanent generation (``gc.freeze()``: still freed by reference
+counting, never walked again) and turns it back on. Objects built later are collected as usual. A
+process that did not call :func:`own` (the ``stage2`` executable, a library user) is left alone:
+:func:`paused` does nothing there.
 """
 
 from __future__ import annotations

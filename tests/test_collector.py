@@ -1,12 +1,11 @@
-"""The garbage collector's policy of a ``stage2`` process (stage2_data/collector.py): paused while it
-imports, what the imports built frozen, back on after; a process that is not the executable is left
-alone; and OpenBLAS kept to one thread. Each case runs in a fresh interpreter: both are process-wide."""
+"""The garbage collector's policy of the kit stage's child process (stage2_data/collector.py, applied
+by pipelines/beside.py): paused while it imports, what the imports built frozen, back on after; a
+process that does not own it is left alone. Each case runs in a fresh interpreter: it is process-wide."""
 
 from __future__ import annotations
 
 import textwrap
 
-import pytest
 from helpers.cli import python, subprocess_env
 
 
@@ -67,32 +66,3 @@ def test_owned_the_collector_is_off_until_the_last_overlapping_stretch_ends_then
         isinstance(got["frozen"], int) and got["frozen"] > 1_000
     )  # the interpreter's and the imports' objects
     assert isinstance(got["collected"], int) and got["collected"] >= 1
-
-
-def test_the_stage2_executable_owns_it_and_turns_it_back_on() -> None:
-    """Through ``cli.run`` (the console script): a command's end finds the collector on, with its
-    start-up's objects frozen."""
-    got = _python(
-        """
-        import atexit, gc, json, sys
-        from stage2_data import cli
-        atexit.register(lambda: print(json.dumps({"on": gc.isenabled(), "frozen": gc.get_freeze_count()})))
-        cli.run(["validate", "--help"])
-        """
-    )
-    assert got["on"] is True
-    assert isinstance(got["frozen"], int) and got["frozen"] > 10_000
-
-
-@pytest.mark.parametrize(("given", "want"), [(None, "1"), ("4", "4")])
-def test_the_stage2_executable_keeps_openblas_to_one_thread_unless_told(given: str | None, want: str) -> None:
-    """No command does linear algebra: OpenBLAS's spinning thread per core is not started (the
-    build's helper processes inherit it); a user's own OPENBLAS_NUM_THREADS wins."""
-    env = subprocess_env(drop=["OPENBLAS_NUM_THREADS"], **({"OPENBLAS_NUM_THREADS": given} if given else {}))
-    code = (
-        "import atexit, json, os\n"
-        "from stage2_data import cli\n"
-        "atexit.register(lambda: print(json.dumps(os.environ.get('OPENBLAS_NUM_THREADS'))))\n"
-        "cli.run(['validate', '--help'])"
-    )
-    assert python(code, env=env).last_json() == want

@@ -13,8 +13,7 @@ from types import ModuleType
 
 def command_modules() -> list[ModuleType]:
     """The core's command modules, in the order they are listed. Imported when the parser is built,
-    not with this package: ``cli`` imports ``commands.common`` at its start, with the collector not
-    yet paused (``collector``)."""
+    not with this package."""
     from . import acquire, hub, kit, preview, store
 
     return [hub, store, preview, kit, acquire]
