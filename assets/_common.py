@@ -18,7 +18,7 @@ from typing import Any
 import dagster as dg
 from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetCheckEvaluation
 
-from stage2_data.checks import CHECK_DESCRIPTIONS, CHECKS_BY_ASSET, NON_BLOCKING
+from stage2_data.checks import CHECK_DESCRIPTIONS, CHECKS_BY_ASSET, NON_BLOCKING, CheckOutcome
 from stage2_data.errors import Stage2Error
 from stage2_data.extract import cancel_extractions
 from stage2_data.fsutil import human_bytes
@@ -162,12 +162,48 @@ def check_result(
     )
 
 
+def record_standalone_results(
+    context: dg.AssetExecutionContext, asset: str, outcomes: Sequence[CheckOutcome]
+) -> None:
+    """Record ``outcomes``, results of standalone checks (``checks.STANDALONE_CHECKS``) whose work
+    this run's step of ``asset`` did itself, against the materialization the run just made: the UI
+    then shows every check of a freshly built asset as passed or failed, never as not run.
+
+    They are recorded beside the run, not in it (``report_runless_asset_event``, with the run's id in
+    their metadata), so a build's summary counts each
+    finding once: every problem they hold is also a problem of one of the asset's own checks
+    (``checks.RECORDED_BY_BUILD``). Nothing is recorded when the run made no materialization of
+    ``asset`` (the step failed). Recorded after that materialization, they are its results: Dagster
+    matches a result to the latest materialization older than the result itself."""
+    key = dg.AssetKey(asset)
+    latest = context.instance.fetch_materializations(key, limit=1).records
+    if not latest or latest[0].run_id != context.run_id:
+        return
+    for o in outcomes:
+        context.instance.report_runless_asset_event(
+            dg.AssetCheckEvaluation(
+                asset_key=key,
+                check_name=o.name,
+                passed=o.passed,
+                metadata=to_metadata({**o.metadata, "recorded_by_run": context.run_id}),
+                description=o.description[:MAX_DESCRIPTION],
+            )
+        )
+
+
 def run_step(
-    asset: str, step: Callable[[], StepResult], data_version: Callable[[StepResult], str | None] | None = None
+    asset: str,
+    step: Callable[[], StepResult],
+    data_version: Callable[[StepResult], str | None] | None = None,
+    *,
+    context: dg.AssetExecutionContext | None = None,
+    standalone: Callable[[StepResult], list[CheckOutcome]] | None = None,
 ) -> Iterator[Any]:
     """Run a library step; on an expected failure, fail the asset's first check with the message
     (so the UI and alerts show which check and why) and fail the step with the fix. ``data_version``
-    names what the step produced (else Dagster derives one from the inputs' versions and the code's)."""
+    names what the step produced (else Dagster derives one from the inputs' versions and the code's).
+    ``standalone(result)``: the standalone checks' results the step's work gives, recorded against
+    the materialization once it is made (:func:`record_standalone_results`; needs ``context``)."""
     try:
         res = step()
     except Stage2Error as err:
@@ -182,6 +218,8 @@ def run_step(
             check_result(c.passed, c.description, c.metadata, check_name=c.name) for c in res.checks
         ],
     )
+    if standalone is not None and context is not None:
+        record_standalone_results(context, asset, standalone(res))
 
 
 def selected_partitions(context: dg.AssetExecutionContext, order: Sequence[str]) -> list[str]:

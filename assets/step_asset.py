@@ -9,6 +9,7 @@ from typing import Any
 
 import dagster as dg
 
+from stage2_data.checks import CheckOutcome
 from stage2_data.profile import Profile
 from stage2_data.steps import StepResult
 from stage2_resources import DataRootResource, ProfileResource
@@ -24,12 +25,21 @@ def step_asset(
     description: str,
     kind: str,
     step: Callable[[Profile, Path], StepResult],
+    standalone: Callable[[Profile, Path, StepResult], list[CheckOutcome]] | None = None,
 ) -> dg.AssetsDefinition:
-    """An asset named ``name`` whose checks are ``CHECKS_BY_ASSET[name]`` and whose body is ``step``."""
+    """An asset named ``name`` whose checks are ``CHECKS_BY_ASSET[name]`` and whose body is ``step``;
+    ``standalone(profile, root, result)``: the results of the asset's standalone checks that the
+    step's work gives (recorded with the materialization: ``run_step``)."""
 
     @stage_asset(name, group=group, description=description, kind=kind, deps=list(deps))
     def _asset(context: dg.AssetExecutionContext, profile: ProfileResource, data_root: DataRootResource):
         prof = profile.load()
-        yield from run_step(name, lambda: step(prof, data_root.root()))
+        root = data_root.root()
+        yield from run_step(
+            name,
+            lambda: step(prof, root),
+            context=context,
+            standalone=(lambda res: standalone(prof, root, res)) if standalone else None,
+        )
 
     return _asset

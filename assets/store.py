@@ -28,6 +28,27 @@ def published_path(prof: Any, root: Path, store_url: str | None) -> str:
 PREVIEW_KEYS = ("length_histogram", "contact_sheets", "preview")
 
 
+def open_markdown_narrow(published: str, store: str, storage_options: bool = False) -> str:
+    """``preview.open_markdown`` laid out for the UI's metadata table, whose value column grows to
+    its widest line (a code line never wraps) until the key column scrolls out of view: the path
+    on a line of its own, no line longer than the path needs. The same three statements as
+    ``preview.open_snippet``."""
+    now = store.rstrip("/").rsplit("/", 1)[-1]
+    opts = "\n    storage_options={...}," if storage_options else ""
+    return (
+        f"**Published at** `{published}`\n(now `{now}`).\n\nOpen it in Python (no Dagster needed):\n\n"
+        "```python\n"
+        "from stage2_data.store import VinOfflineDataset\n"
+        "ds = VinOfflineDataset(\n"
+        f'    "{published}",\n'
+        f'    split="train",{opts}\n'
+        ")\n"
+        "sample = ds[0]  # frames, actions, task, ...\n"
+        "```\n\n"
+        f"See its frames: `stage2 preview {published}`"
+    )
+
+
 def preview_of(store: str, storage_options: dict[str, Any] | None) -> dict[str, Any]:
     """The length histogram and a contact sheet per source of the store at ``store``
     (``stage2_data.preview``: a few trajectories decoded, never the whole store); a preview that
@@ -49,9 +70,32 @@ def with_preview(
         return res
     store = str(res.metadata["store"])
     drawn = {k: res.metadata.pop(k) for k in PREVIEW_KEYS if k in res.metadata}
-    res.metadata["open"] = {"__markdown__": preview.open_markdown(published, store, bool(storage_options))}
+    res.metadata["open"] = {"__markdown__": open_markdown_narrow(published, store, bool(storage_options))}
     res.metadata.update(drawn or preview_of(store, storage_options))
     return res
+
+
+def store_bytes_as_built(res: steps.StepResult) -> list[C.CheckOutcome]:
+    """store_bytes_match_manifest from the store step: a store is published only after the
+    publication gate (``stage2_data.store.gate``) ran this check's validation on it (every file's
+    sha256 against the manifest, the fingerprint, every chunk's crc32c, every sample decoded against
+    its frames_sha256), so a published store's result is that check's, on what `current` names now.
+    None for a store that was not published (`current` still names the one before, not re-read)."""
+    if not res.ok or not res.metadata.get("store"):
+        return []
+    store = str(res.metadata["store"])
+    what = C.CHECK_DESCRIPTIONS[C.STORE_BYTES_MATCH_MANIFEST].split(": ", 1)[1]
+    return [
+        C.outcome(
+            C.STORE_BYTES_MATCH_MANIFEST,
+            [],
+            f"{store}: checked by this build's publication gate before it became current: "
+            + what[0].lower()
+            + what[1:],
+            store=store,
+            seconds=res.metadata.get("gate_seconds"),
+        )
+    ]
 
 
 def build_store_assets(trajectory_join: Any, subset_checksums: Any) -> list[Any]:
@@ -85,6 +129,8 @@ def build_store_assets(trajectory_join: Any, subset_checksums: Any) -> list[Any]
             ),
             # the store's data version: its folder name, a digest of its inputs
             lambda res: str(res.metadata.get("store") or "").rstrip("/").rsplit("/", 1)[-1] or None,
+            context=context,
+            standalone=store_bytes_as_built,
         )
 
     return [vin_store]

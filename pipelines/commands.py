@@ -2,9 +2,10 @@
 CLI (``stage2_data.cli``) from the Dagster layer through the ``stage2.commands`` entry points
 (``build = "stage2_pipelines.commands:register_build"``, ``demo = ...:register_demo``).
 
-Without the pipeline extra this module does not load (Dagster is missing), and the core CLI answers
-``stage2 build`` with what to install. Dagster itself is imported when a command runs, not when the
-CLI starts (every ``stage2`` command builds the parser, and importing Dagster takes half a second).
+Without the pipeline extra (Dagster missing) this module still loads: ``stage2 build --help`` shows
+every option and the line that installs the extra, and running either command says what to install
+(exit 2). Dagster itself is imported when a command runs, not when the CLI starts (every ``stage2``
+command builds the parser, and importing Dagster takes half a second).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 import os
 import socket
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Iterator
 from importlib.util import find_spec
@@ -23,7 +25,7 @@ from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlsplit
 
-from stage2_data import layout
+from stage2_data import collector, layout
 from stage2_data.acquire import archive_state, hub_offline, resolve_endpoint
 from stage2_data.commands.common import (
     EXIT_ERROR,
@@ -43,8 +45,40 @@ from .config import BuildConfig, demo_root, write_instance_yaml
 from .stops import stop_guard
 from .uptodate import instance_home, stage_status, up_to_date_build, up_to_date_summary
 
-if find_spec("dagster") is None:  # the pipeline extra is not installed: the core CLI says so
-    raise ModuleNotFoundError("No module named 'dagster'", name="dagster")
+#: the pipeline extra is installed (Dagster is importable)
+HAVE_PIPELINE = find_spec("dagster") is not None
+NOT_INSTALLED = "" if HAVE_PIPELINE else " (not installed: needs the pipeline extra)"
+
+
+def _without_pipeline(name: str) -> Callable[[argparse.Namespace], int]:
+    """``stage2 <name>`` where the pipeline extra is missing: says what to install, exit 2."""
+
+    def run(args: argparse.Namespace) -> int:
+        from stage2_data.cli import missing_extra_text
+
+        eprint(missing_extra_text(name))
+        return EXIT_ERROR
+
+    return run
+
+
+def _register(p: argparse.ArgumentParser, name: str, func: Callable[[argparse.Namespace], int]) -> None:
+    """``func`` for ``p``; without the pipeline extra, a stand-in that says what to install, and the
+    install line at the end of ``--help`` (every option is still listed)."""
+    if HAVE_PIPELINE:
+        p.set_defaults(func=func)
+        return
+    from stage2_data.cli import extras, install_line
+
+    p.formatter_class = argparse.RawDescriptionHelpFormatter  # the install line kept whole
+    if p.description:
+        p.description = textwrap.fill(p.description, 100)
+    said = (
+        f"Needs the 'pipeline' extra (Dagster), not installed here. Install it with:\n"
+        f"  {install_line()}\n" + textwrap.fill(f"(every extra: {', '.join(extras()) or 'pipeline'})", 100)
+    )
+    p.epilog = f"{p.epilog}\n\n{said}" if p.epilog else said
+    p.set_defaults(func=_without_pipeline(name))
 
 
 # ----- build -------------------------------------------------------------------------------------
@@ -226,7 +260,8 @@ def _build_or_no_op(
             beside = start_beside(status, home, concurrency)
             for child in beside.values():
                 held.callback(child.cancel)  # (a child that ran has exited: a no-op)
-        from .runner import build_all
+        with collector.paused():  # imports Dagster (stage2_data.collector)
+            from .runner import build_all
 
         return build_all(config, concurrency=concurrency, on_run=on_run, beside=beside, status=status)
 
@@ -298,8 +333,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _add_build_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--profile", required=True, help="profile .toml (see manifests/)")
-    p.add_argument("--data-root", required=True, help="where archives, extracted data and the store go")
+    # required only where the command can run: without the extra, `stage2 build` says what to install
+    p.add_argument("--profile", required=HAVE_PIPELINE, help="profile .toml (see manifests/)")
+    p.add_argument(
+        "--data-root", required=HAVE_PIPELINE, help="where archives, extracted data and the store go"
+    )
     p.add_argument("--kit-root", help="kit root (default: the folder holding the profile)")
     p.add_argument(
         "--endpoint",
@@ -344,20 +382,20 @@ def _add_build_args(p: argparse.ArgumentParser) -> None:
 def register_build(sub: Any) -> None:
     p = sub.add_parser(
         "build",
-        help="materialize every asset and partition (download, extract, verify, join, store)",
+        help="materialize every asset and partition (download, extract, verify, join, store)" + NOT_INSTALLED,
         description="Materialize every asset and every partition through Dagster (runs recorded in DAGSTER_HOME, "
         "default <data-root>/.dagster). Exit 0 only when every asset materialized and every check passed.",
         epilog="Example: stage2 build --profile .demo/demo/kit/profile.toml --data-root .demo/data "
         "--endpoint http://127.0.0.1:8765 --json",
     )
     _add_build_args(p)
-    p.set_defaults(func=cmd_build)
+    _register(p, "build", cmd_build)
 
 
 def register_demo(sub: Any) -> None:
     p = sub.add_parser(
         "demo",
-        help="generate the embedded demo, serve it on a loopback hub, and build it",
+        help="generate the embedded demo, serve it on a loopback hub, and build it" + NOT_INSTALLED,
         epilog="Example: stage2 demo --out .demo",
     )
     p.add_argument(
@@ -369,4 +407,4 @@ def register_demo(sub: Any) -> None:
     )
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")
     p.add_argument("-v", "--verbose", action="store_true", help="also print the Dagster runs' own event log")
-    p.set_defaults(func=cmd_demo)
+    _register(p, "demo", cmd_demo)

@@ -75,6 +75,9 @@ def instance_config(home: Path) -> dict[str, Any]:
     """The configuration of a local instance at ``home`` (its ``dagster.yaml``, as data)."""
     return {
         "telemetry": {"enabled": False},
+        # no first-visit "Join the Dagster community" dialog over the UI (the webserver shows it
+        # while nux is enabled and no one has dismissed it on this machine)
+        "nux": {"enabled": False},
         "event_log_storage": {
             "module": "stage2_pipelines.eventlog",
             "class": "FastSqliteEventLogStorage",

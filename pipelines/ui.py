@@ -2,12 +2,17 @@
 
 Paths come from the environment (``config.py``), relative to the working directory: the demo in
 ``STAGE2_DEMO_ROOT`` (``./.demo``), the instance in ``DAGSTER_HOME`` (``./.dagster_home``), the code
-location from ``STAGE2_WORKSPACE`` (a workspace file) or else the module ``stage2_pipelines.definitions``.
+location from ``STAGE2_WORKSPACE`` (a workspace file) or else the module ``stage2_pipelines.definitions``,
+the port from ``STAGE2_UI_PORT`` (3000) and the services' log level from ``STAGE2_UI_LOG_LEVEL``
+(``warning``: the webserver and the daemon say something only when something goes wrong, not at
+every sensor or schedule tick).
 
 Starts (1) the loopback hub serving the demo's upstream folder and (2) `dagster dev`, each in its own
-process group, and on SIGINT/SIGTERM (or when `dagster dev` exits) stops both groups by PID: SIGINT
-(dagster dev's clean shutdown) / SIGTERM first, SIGKILL of the whole group after 20 s, so no
-webserver, daemon or code server is left behind.
+process group, and prints the UI's URL once the webserver answers (``/server_info``). On SIGINT or
+SIGTERM (Ctrl-C), or when `dagster dev` exits, it stops both groups by PID: SIGTERM to every process
+of the group (webserver, daemon, code server), SIGKILL of what is left after
+:data:`STOP_GRACE` seconds, so nothing is left behind. A stop asked for by a signal exits 0 (``make``
+then reports no error); `dagster dev` ending on its own exits with its code.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 from stage2_data.demo import generate_demo
@@ -26,11 +33,78 @@ from . import definitions
 from .config import dagster_home, demo_root
 from .runner import write_instance_yaml
 
+STOP_GRACE = 5.0  # seconds a process group has to end after SIGTERM before it is killed
+START_TIMEOUT = 180.0  # seconds the webserver has to answer before `make ui` gives up
+
+
+class _Stop(Exception):
+    """Raised by the SIGINT/SIGTERM handler: stop everything and exit 0."""
+
 
 def _signal_group(p: subprocess.Popen[str] | subprocess.Popen[bytes], sig: int) -> None:
     """Signal the process group led by ``p`` (started with start_new_session=True)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(p.pid, sig)
+
+
+def _group_alive(pgid: int) -> bool:
+    """A process of group ``pgid`` is still running (a zombie, ended but not yet reaped by its
+    parent, is not: it holds no port, file or lock)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return True
+    for stat in proc.glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            # "pid (comm) state ppid pgrp ...": comm may hold spaces, so split after its ")"
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                return True
+    return False
+
+
+def stop_groups(
+    procs: Sequence[subprocess.Popen[str] | subprocess.Popen[bytes]], grace: float = STOP_GRACE
+) -> None:
+    """End the process groups led by ``procs``, all at once: SIGTERM to every process of each group,
+    SIGKILL to what is left after ``grace`` seconds; returns once every leader is reaped."""
+    for p in procs:
+        _signal_group(p, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if all(p.poll() is not None and not _group_alive(p.pid) for p in procs):
+            return
+        time.sleep(0.1)
+    for p in procs:
+        _signal_group(p, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=5)
+
+
+def answers(url: str) -> bool:
+    """``url`` answers 200 now."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+def wait_until_answering(url: str, proc: subprocess.Popen[bytes], timeout: float = START_TIMEOUT) -> bool:
+    """Poll ``url`` until it answers (True), ``proc`` exits or ``timeout`` passes (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        if answers(url):
+            return True
+        time.sleep(0.25)
+    return False
 
 
 def main() -> int:
@@ -40,65 +114,89 @@ def main() -> int:
     Path(env["DAGSTER_HOME"]).mkdir(parents=True, exist_ok=True)
     write_instance_yaml(Path(env["DAGSTER_HOME"]))
     port = env.get("STAGE2_UI_PORT", "3000")
-    hub = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "stage2_data.cli",
-            "serve-hub",
-            str(demo.upstream),
-            "--repo-id",
-            demo.repo_id,
-            "--revision",
-            demo.revision,
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-        start_new_session=True,
-    )
-    assert hub.stdout is not None
-    url = hub.stdout.readline().strip()
-    if not url.startswith("http"):
-        _signal_group(hub, signal.SIGKILL)
-        print("make ui: the loopback hub did not start (see the error above)", file=sys.stderr)
-        return 2
-    env.update(
-        STAGE2_PROFILE=str(demo.profile),
-        STAGE2_DATA_ROOT=env.get("STAGE2_DATA_ROOT", str(demo_root() / "data")),
-        STAGE2_HUB_ENDPOINT=url,
-    )
-    print(
-        f"loopback hub: {url}\nDagster UI:   http://127.0.0.1:{port}  (instance {env['DAGSTER_HOME']})",
-        flush=True,
-    )
-    workspace = os.environ.get("STAGE2_WORKSPACE")
-    location = ["-w", workspace] if workspace else ["-m", definitions.__name__, "-a", "defs"]
-    ui = subprocess.Popen(
-        [sys.executable, "-m", "dagster", "dev", *location, "-h", "127.0.0.1", "-p", port],
-        env=env,
-        start_new_session=True,
-    )
-    stopping = False
+    log_level = env.get("STAGE2_UI_LOG_LEVEL", "warning")
 
-    def stop(*_: object) -> None:
-        nonlocal stopping
-        stopping = True
+    def on_signal(*_: object) -> None:
+        raise _Stop
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    procs: list[subprocess.Popen[str] | subprocess.Popen[bytes]] = []
     try:
-        while not stopping and ui.poll() is None:
-            time.sleep(0.5)
+        hub = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "stage2_data.cli",
+                "serve-hub",
+                str(demo.upstream),
+                "--repo-id",
+                demo.repo_id,
+                "--revision",
+                demo.revision,
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
+        procs.append(hub)
+        assert hub.stdout is not None
+        url = hub.stdout.readline().strip()
+        if not url.startswith("http"):
+            print("make ui: the loopback hub did not start (see the error above)", file=sys.stderr)
+            return 2
+        env.update(
+            STAGE2_PROFILE=str(demo.profile),
+            STAGE2_DATA_ROOT=env.get("STAGE2_DATA_ROOT", str(demo_root() / "data")),
+            STAGE2_HUB_ENDPOINT=url,
+        )
+        workspace = os.environ.get("STAGE2_WORKSPACE")
+        location = ["-w", workspace] if workspace else ["-m", definitions.__name__, "-a", "defs"]
+        ui_url = f"http://127.0.0.1:{port}"
+        print(
+            f"loopback hub: {url}\nstarting the Dagster UI (instance {env['DAGSTER_HOME']}) ...", flush=True
+        )
+        ui = subprocess.Popen(
+            [
+                sys.executable,
+                # `dagster dev` names its successor (`dg dev`, another package) at every start
+                "-W",
+                "ignore:Function `dev_command` is superseded",
+                "-m",
+                "dagster",
+                "dev",
+                *location,
+                "-h",
+                "127.0.0.1",
+                "-p",
+                port,
+                "--log-level",
+                log_level,
+            ],
+            env=env,
+            start_new_session=True,
+        )
+        procs.append(ui)
+        t0 = time.monotonic()
+        if not wait_until_answering(ui_url + "/server_info", ui):
+            why = f"exited with {ui.returncode}" if ui.poll() is not None else "did not answer"
+            print(f"make ui: the Dagster webserver {why} (see the log above)", file=sys.stderr)
+            return 2
+        print(
+            f"Dagster UI:   {ui_url}  (answering after {time.monotonic() - t0:.0f} s; Ctrl-C stops it)",
+            flush=True,
+        )
+        rc = ui.wait()
+        return rc if rc >= 0 else 128 - rc  # killed by a signal: the shell's 128 + N
+    except _Stop:
+        print("\nmake ui: stopping the UI and the loopback hub ...", file=sys.stderr, flush=True)
+        return 0
     finally:
-        for p, sig in ((ui, signal.SIGINT), (hub, signal.SIGTERM)):
-            _signal_group(p, sig)
-        for p in (ui, hub):
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(timeout=20)
-            _signal_group(p, signal.SIGKILL)  # anything left in the group (webserver, daemon, code server)
-            p.wait()
-    return ui.returncode or 0
+        # a second Ctrl-C while stopping must not leave the groups running
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        stop_groups(procs)
 
 
 if __name__ == "__main__":

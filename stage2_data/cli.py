@@ -22,15 +22,66 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 from typing import Any, NoReturn
 
+from . import collector
 from .commands import command_modules
 from .commands.common import EXIT_ERROR, eprint
 from .errors import Stage2Error
 from .oserrors import fs_error
 
 PLUGIN_GROUP = "stage2.commands"
-PLUGIN_INSTALL = "pip install 'stage2-data[pipeline]'"  # the extra that provides the plugins
+PLUGIN_EXTRA = "pipeline"  # the extra that provides the plugins
+DIST = "stage2-data"
 EXIT_BUG = 3  # an exception outside the family escaped: a bug (one line; STAGE2_TRACEBACK=1 shows it)
 TRACEBACK_ENV = "STAGE2_TRACEBACK"
+
+
+def extras() -> list[str]:
+    """Every extra of the installed stage2-data (its metadata's ``Provides-Extra``), in order."""
+    from importlib.metadata import PackageNotFoundError, metadata
+
+    try:
+        return list(metadata(DIST).get_all("Provides-Extra") or [])
+    except PackageNotFoundError:
+        return []
+
+
+def install_line(extra: str = PLUGIN_EXTRA) -> str:
+    """The pip command that adds ``extra`` to this installation: from the checkout it was installed
+    from (``pip install -e '<folder>[extra]'``), the wheel or git URL it came from, else the name
+    (a package index)."""
+    import json
+    from importlib.metadata import PackageNotFoundError, distribution
+    from urllib.parse import unquote, urlsplit
+
+    try:
+        direct = distribution(DIST).read_text("direct_url.json")
+    except PackageNotFoundError:
+        direct = None
+    try:
+        info: dict[str, Any] = json.loads(direct) if direct else {}
+    except ValueError:
+        info = {}
+    url = str(info.get("url") or "")
+    if url.startswith("file://") and (info.get("dir_info") or {}).get("editable"):
+        return f"pip install -e '{unquote(urlsplit(url).path)}[{extra}]'"
+    if url:
+        vcs = info.get("vcs_info") or {}
+        ref = f"{vcs['vcs']}+{url}" if vcs.get("vcs") and not url.startswith(vcs["vcs"] + "+") else url
+        return f"pip install '{DIST}[{extra}] @ {ref}'"
+    return f"pip install '{DIST}[{extra}]'"
+
+
+def missing_extra_text(name: str, extra: str = PLUGIN_EXTRA) -> str:
+    """What ``stage2 <name>`` says without its extra, on one line: the command that installs it here
+    (and the package-index form when that is another), and every extra."""
+    line = install_line(extra)
+    index = f"pip install '{DIST}[{extra}]'"
+    alt = f"; from a package index: {index}" if line != index else ""
+    every = ", ".join(extras()) or extra
+    return (
+        f"stage2 {name} needs the {extra!r} extra (Dagster), not installed here; install it with: "
+        f"{line} (every extra of {DIST}: {every}{alt})"
+    )
 
 
 def _missing_extra(name: str, err: ModuleNotFoundError) -> Callable[[Any], None]:
@@ -38,14 +89,14 @@ def _missing_extra(name: str, err: ModuleNotFoundError) -> Callable[[Any], None]
     and says what to install."""
 
     def run(args: argparse.Namespace) -> int:
-        eprint(f"stage2 {name}: not installed ({err}); install it with: {PLUGIN_INSTALL}")
+        eprint(f"{missing_extra_text(name)} [{err}]")
         return EXIT_ERROR
 
     def register(sub: Any) -> None:
         p = sub.add_parser(
             name,
-            help=f"(not installed: {PLUGIN_INSTALL})",
-            epilog=f"Example: {PLUGIN_INSTALL} && stage2 {name} --help",
+            help=f"(not installed: {install_line()})",
+            epilog=missing_extra_text(name),
             add_help=False,
         )
         p.set_defaults(func=run, any_arguments=True)
@@ -79,8 +130,9 @@ def make_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = make_parser()
-    args, extra = parser.parse_known_args(argv)
+    with collector.paused():  # the plugins' and commands' imports (collector.py)
+        parser = make_parser()
+        args, extra = parser.parse_known_args(argv)
     if extra and not getattr(args, "any_arguments", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     func: Callable[[argparse.Namespace], int] = args.func
@@ -115,7 +167,8 @@ def _run_command(func: Callable[[argparse.Namespace], int], args: argparse.Names
 
 def run(argv: Sequence[str] | None = None) -> NoReturn:
     """The ``stage2`` executable: :func:`main`, whose code is the process's exit status (a normal
-    interpreter exit)."""
+    interpreter exit). Its garbage collector policy is :mod:`~stage2_data.collector`'s."""
+    collector.own()
     # No stage2 command does linear algebra, and OpenBLAS starts a thread per core at numpy's import
     # that spins for a while (~0.08 s of CPU a process here: the build, its beside process, its
     # workers, which inherit this); a user's own setting wins.
