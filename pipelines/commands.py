@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlsplit
 
-from stage2_data import collector, layout
+from stage2_data import layout
 from stage2_data.acquire import archive_state, hub_offline, resolve_endpoint
 from stage2_data.commands.common import (
     EXIT_ERROR,
@@ -260,8 +260,7 @@ def _build_or_no_op(
             beside = start_beside(status, home, concurrency)
             for child in beside.values():
                 held.callback(child.cancel)  # (a child that ran has exited: a no-op)
-        with collector.paused():  # imports Dagster (stage2_data.collector)
-            from .runner import build_all
+        from .runner import build_all
 
         return build_all(config, concurrency=concurrency, on_run=on_run, beside=beside, status=status)
 

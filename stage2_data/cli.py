@@ -22,7 +22,6 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 from typing import Any, NoReturn
 
-from . import collector
 from .commands import command_modules
 from .commands.common import EXIT_ERROR, eprint
 from .errors import Stage2Error
@@ -130,9 +129,8 @@ def make_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    with collector.paused():  # the plugins' and commands' imports (collector.py)
-        parser = make_parser()
-        args, extra = parser.parse_known_args(argv)
+    parser = make_parser()
+    args, extra = parser.parse_known_args(argv)
     if extra and not getattr(args, "any_arguments", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     func: Callable[[argparse.Namespace], int] = args.func
@@ -167,8 +165,7 @@ def _run_command(func: Callable[[argparse.Namespace], int], args: argparse.Names
 
 def run(argv: Sequence[str] | None = None) -> NoReturn:
     """The ``stage2`` executable: :func:`main`, whose code is the process's exit status (a normal
-    interpreter exit). Its garbage collector policy is :mod:`~stage2_data.collector`'s."""
-    collector.own()
+    interpreter exit)."""
     # No stage2 command does linear algebra, and OpenBLAS starts a thread per core at numpy's import
     # that spins for a while (~0.08 s of CPU a process here: the build, its beside process, its
     # workers, which inherit this); a user's own setting wins.
