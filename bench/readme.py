@@ -26,7 +26,7 @@ PLOT = REPO / "docs" / "assets" / "bench" / "ratios.svg"
 BLOCK = re.compile(r"<!-- bench:begin -->\n.*?<!-- bench:end -->", re.S)
 
 # The plot's geometry (pixels) and its log-scale domain (ratios outside it sit at its edge).
-LABEL_W, PLOT_W, VALUE_W = 330, 360, 110
+LABEL_W, PLOT_W, VALUE_W = 330, 360, 160
 ROW_H, TOP, BOTTOM = 22, 46, 40
 LOG_MIN, LOG_MAX = -3, 1  # 0.001 .. 10
 MET, MISSED, TARGET, GRID, TEXT = "#2e7d32", "#c62828", "#1a237e", "#d0d0d0", "#222222"

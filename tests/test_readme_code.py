@@ -112,7 +112,8 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder laid out as the repository after `make demo`: ``.demo`` and ``.venv``."""
     ws = tmp_path_factory.mktemp("docs-code")
     (ws / ".venv").symlink_to(Path(sys.prefix))
-    built = stage2("demo", "--out", str(ws / ".demo"), cwd=ws, timeout=600)
+    (ws / ".dagster_home").mkdir()  # as `make demo` does (the Makefile exports DAGSTER_HOME)
+    built = stage2("demo", "--out", str(ws / ".demo"), cwd=ws, env=_env(ws), timeout=600)
     assert built.returncode == 0, built.tail()
     assert (ws / DEMO_STORE).is_dir()
     return ws
@@ -122,6 +123,7 @@ def _env(ws: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["PATH"] = f"{ws / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     env.pop("VIRTUAL_ENV", None)
+    env["DAGSTER_HOME"] = str(ws / ".dagster_home")  # never the repository's instance
     return env
 
 
