@@ -108,7 +108,7 @@ def test_blocks_left_out_are_marked_with_a_known_reason() -> None:
 
 
 @pytest.fixture(scope="module")
-def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def demo_workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder laid out as the repository after `make demo`: ``.demo`` and ``.venv``."""
     ws = tmp_path_factory.mktemp("docs-code")
     (ws / ".venv").symlink_to(Path(sys.prefix))
@@ -127,9 +127,9 @@ def _env(ws: Path) -> dict[str, str]:
     return env
 
 
-@pytest.mark.slow  # the workspace fixture builds the demo (a whole `stage2 demo`)
+@pytest.mark.slow  # the demo_workspace fixture builds the demo (a whole `stage2 demo`)
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
-def test_code_block_runs_as_written(block: Block, workspace: Path) -> None:
+def test_code_block_runs_as_written(block: Block, demo_workspace: Path) -> None:
     if block.skip is not None:
         pytest.skip(f"{block.id}: marked skip={block.skip} {block.why}")
     if (
@@ -139,13 +139,13 @@ def test_code_block_runs_as_written(block: Block, workspace: Path) -> None:
     ):
         pytest.skip(f"{block.id} imports torch, which is not installed here (.ci/run installs it)")
     if block.lang == "python":
-        ran = python(block.code, cwd=workspace, env=_env(workspace), timeout=300)
+        ran = python(block.code, cwd=demo_workspace, env=_env(demo_workspace), timeout=300)
         out, rc = ran.tail(), ran.returncode
     else:
         p = subprocess.run(
             ["bash", "-e", "-o", "pipefail", "-c", block.code],
-            cwd=workspace,
-            env=_env(workspace),
+            cwd=demo_workspace,
+            env=_env(demo_workspace),
             capture_output=True,
             text=True,
             timeout=300,
