@@ -646,6 +646,14 @@ FAULTS: tuple[Fault, ...] = (
         "with room again: fingerprint = clean build's",
     ),
     Fault(
+        "gate_store_without_manifest",
+        "store",
+        "the published store's manifest.json deleted",
+        "nothing fails: the folder is no longer a store and not the user's to delete: moved aside to the quarantine folder (its reason: manifest.json missing), a clean store built and published; the summary's store update says where",
+        "the folder, every file, under <data_root>/quarantine/",
+        "(not needed: fingerprint = clean build's)",
+    ),
+    Fault(
         "gate_published_store_read_only",
         "store",
         "a user's tool writes into a published store",

@@ -219,3 +219,19 @@ def test_fault_gate_store_disk_full(gated: dict[str, Any], tmp_path: Path) -> No
         assert again.returncode == 0 and _fingerprint(again) == FINGERPRINT, again.tail()
     finally:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_fault_gate_store_without_manifest(gated: dict[str, Any], tmp_path: Path) -> None:
+    """The published store's manifest.json deleted: the next build does not refuse every later
+    build (the folder is not a store any more, and not the user's to delete): it is moved aside to
+    the quarantine folder and a clean store is built and published."""
+    root, store = _copy(gated, tmp_path / "root")
+    os.chmod(store, 0o755)
+    (store / "manifest.json").unlink()
+    left = sorted(p.relative_to(store) for p in store.rglob("*"))
+    out = _build(gated["demo"], root, gated["hub"])
+    assert out.returncode == 0 and _fingerprint(out) == FINGERPRINT, out.tail()
+    _valid_clean(root, gated["profile"])
+    aside = _aside(root, store.name)
+    assert len(aside) == 1 and sorted(p.relative_to(aside[0]) for p in aside[0].rglob("*")) == left
+    assert "manifest.json: missing" in out.stdout, out.stdout

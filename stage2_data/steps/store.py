@@ -145,6 +145,12 @@ def step_store(
             rebuilt = False
         else:
             set_aside = move_store_aside(out, data_root, profile.name, gate.problems)
+    elif out.is_local and out.root.is_dir() and not out.root.is_symlink() and any(out.root.iterdir()):
+        # a store folder of these inputs without its manifest (a damaged store; the writer's own
+        # staging never has this name): not ours to delete, not a store to publish: moved aside
+        set_aside = move_store_aside(
+            out, data_root, profile.name, [f"{out.root}/manifest.json: missing (not a complete store)"]
+        )
     if rebuilt:
         table = pq.read_table(layout.join_table_path(data_root)).to_pylist()
         derived = layout.derived_root(data_root)
