@@ -18,44 +18,39 @@ The token is never logged, never put in an exception message, a repr or a record
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from .._lazy import lazy_package
-
-if TYPE_CHECKING:
-    from .cancel import cancel_downloads
-    from .download import (
-        DownloadResult,
-        DownloadsFailedError,
-        default_workers,
-        download_archive,
-        download_archives,
-        download_profile,
-    )
-    from .endpoint import DEFAULT_ENDPOINT, hub_offline, resolve_endpoint
-    from .hub import HubOfflineError, HubSource, RemoteFile
-    from .listing import check_revision, closest_files, list_remote_files
-    from .pin import PinError, pin_profile
-    from .retry import (
-        DEFAULT_ATTEMPTS,
-        DEFAULT_BACKOFF,
-        MAX_RETRY_AFTER,
-        RetryAfterTooLongError,
-        RetryPolicy,
-        parse_retry_after,
-        with_retries,
-    )
-    from .state import (
-        EXTRACTION_FACTOR,
-        ArchiveState,
-        archive_state,
-        remaining_download_bytes,
-        require_build_space,
-        required_free_bytes,
-        required_free_parts,
-        verified_sha256s,
-    )
-    from .transport import DownloadCancelled
+from .cancel import cancel_downloads
+from .download import (
+    DownloadResult,
+    DownloadsFailedError,
+    default_workers,
+    download_archive,
+    download_archives,
+    download_profile,
+)
+from .endpoint import DEFAULT_ENDPOINT, hub_offline, resolve_endpoint
+from .hub import HubOfflineError, HubSource, RemoteFile
+from .listing import check_revision, closest_files, list_remote_files
+from .pin import PinError, pin_profile
+from .retry import (
+    DEFAULT_ATTEMPTS,
+    DEFAULT_BACKOFF,
+    MAX_RETRY_AFTER,
+    RetryAfterTooLongError,
+    RetryPolicy,
+    parse_retry_after,
+    with_retries,
+)
+from .state import (
+    EXTRACTION_FACTOR,
+    ArchiveState,
+    archive_state,
+    remaining_download_bytes,
+    require_build_space,
+    required_free_bytes,
+    required_free_parts,
+    verified_sha256s,
+)
+from .transport import DownloadCancelled
 
 __all__ = [
     "DEFAULT_ATTEMPTS",
@@ -93,5 +88,3 @@ __all__ = [
     "required_free_parts",
     "verified_sha256s",
 ]
-
-__getattr__, __dir__ = lazy_package(__name__, __file__)

@@ -16,43 +16,38 @@ and inspection of an extracted cache directory.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from .._lazy import lazy_package
-
-if TYPE_CHECKING:
-    from .extract import (
-        EXTRACTOR_VERSION,
-        ExtractionCancelled,
-        ExtractionRecord,
-        NotRegularFile,
-        TreeStat,
-        cancel_extractions,
-        check_cancel,
-        check_extraction,
-        content_digest_of,
-        extract_cache_dir,
-        file_kind,
-        hash_regular_file,
-        invalidate_extraction,
-        load_extraction_record,
-        scan_tree,
-        settle_ctimes,
-        stats_digest,
-        walk_stats,
-        write_extraction_report,
-        write_json_if_changed,
-    )
-    from .inspect import (
-        CacheDirInfo,
-        inspect_cache_dir,
-        move_aside_unused,
-        read_processed_rows,
-        stray_entries,
-    )
-    from .multipart import MultiPartReader
-    from .safety import REDOWNLOAD_FIX
-    from .tar import open_archive_parts
+from .extract import (
+    EXTRACTOR_VERSION,
+    ExtractionCancelled,
+    ExtractionRecord,
+    NotRegularFile,
+    TreeStat,
+    cancel_extractions,
+    check_cancel,
+    check_extraction,
+    content_digest_of,
+    extract_cache_dir,
+    file_kind,
+    hash_regular_file,
+    invalidate_extraction,
+    load_extraction_record,
+    scan_tree,
+    settle_ctimes,
+    stats_digest,
+    walk_stats,
+    write_extraction_report,
+    write_json_if_changed,
+)
+from .inspect import (
+    CacheDirInfo,
+    inspect_cache_dir,
+    move_aside_unused,
+    read_processed_rows,
+    stray_entries,
+)
+from .multipart import MultiPartReader
+from .safety import REDOWNLOAD_FIX
+from .tar import open_archive_parts
 
 __all__ = [
     "EXTRACTOR_VERSION",
@@ -84,5 +79,3 @@ __all__ = [
     "write_extraction_report",
     "write_json_if_changed",
 ]
-
-__getattr__, __dir__ = lazy_package(__name__, __file__)

@@ -11,28 +11,23 @@ Modules: :mod:`.manifests` (the pair and action manifests: rows and their one ru
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from .._lazy import lazy_package
-
-if TYPE_CHECKING:
-    from .join import JOIN_SCHEMA, PROCESSED_COLUMNS, JoinResult, build_join_table
-    from .link import LINK_TOTALS, LinkReport, link_check
-    from .manifests import (
-        ACTION_FIELDS,
-        ACTION_OPTIONAL,
-        ACTION_REQUIRED,
-        PAIR_FIELDS,
-        RECOVERED,
-        ActionRow,
-        PairRow,
-        load_action_manifests,
-        load_pairs,
-    )
-    from .problems import raise_for_problems
-    from .sidecar_facts import SIDECAR_INDEX, SIDECAR_KEYS, SIDECAR_MARKER, recorded_sidecars
-    from .sidecars import SidecarUnpackResult, sidecars_status, unpack_sidecars
-    from .subset_bytes import ByteReport, verify_subset_bytes
+from .join import JOIN_SCHEMA, PROCESSED_COLUMNS, JoinResult, build_join_table
+from .link import LINK_TOTALS, LinkReport, link_check
+from .manifests import (
+    ACTION_FIELDS,
+    ACTION_OPTIONAL,
+    ACTION_REQUIRED,
+    PAIR_FIELDS,
+    RECOVERED,
+    ActionRow,
+    PairRow,
+    load_action_manifests,
+    load_pairs,
+)
+from .problems import raise_for_problems
+from .sidecar_facts import SIDECAR_INDEX, SIDECAR_KEYS, SIDECAR_MARKER, recorded_sidecars
+from .sidecars import SidecarUnpackResult, sidecars_status, unpack_sidecars
+from .subset_bytes import ByteReport, verify_subset_bytes
 
 __all__ = [
     "PAIR_FIELDS",
@@ -62,5 +57,3 @@ __all__ = [
     "raise_for_problems",
     "JOIN_SCHEMA",
 ]
-
-__getattr__, __dir__ = lazy_package(__name__, __file__)

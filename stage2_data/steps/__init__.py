@@ -8,25 +8,20 @@ directories, the extraction report), ``kit`` (sidecars, join, subset bytes), ``s
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from .._lazy import lazy_package
-
-if TYPE_CHECKING:
-    from .acquire import archives_to_extract, step_download, step_extract, step_extraction_report
-    from .kit import link_totals_problems, step_join, step_sidecars, step_verify_bytes
-    from .profile import step_profile
-    from .result import StepResult
-    from .store import (
-        CURRENT_OBJECT,
-        current_store,
-        kit_inputs,
-        step_store,
-        store_checks,
-        store_input_key,
-        stores_location,
-        verify_current_store,
-    )
+from .acquire import archives_to_extract, step_download, step_extract, step_extraction_report
+from .kit import link_totals_problems, step_join, step_sidecars, step_verify_bytes
+from .profile import step_profile
+from .result import StepResult
+from .store import (
+    CURRENT_OBJECT,
+    current_store,
+    kit_inputs,
+    step_store,
+    store_checks,
+    store_input_key,
+    stores_location,
+    verify_current_store,
+)
 
 __all__ = [
     "CURRENT_OBJECT",
@@ -48,5 +43,3 @@ __all__ = [
     "stores_location",
     "verify_current_store",
 ]
-
-__getattr__, __dir__ = lazy_package(__name__, __file__)

@@ -42,55 +42,50 @@ Design choices recorded in the manifest where they matter:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from .._lazy import lazy_package
-
-if TYPE_CHECKING:
-    from .dataset import VinOfflineDataset
-    from .format import (
-        BLOCK_ACTIONS,
-        BLOCK_DTYPES,
-        BLOCK_FRAMES,
-        BLOCK_NAMES,
-        BLOCK_NUM_FRAMES,
-        BLOCK_ROW_SHAPES,
-        BLOCK_WIDTH,
-        CHECKSUM_DESC,
-        COMPRESSOR_DESC,
-        DEFAULT_MAX_FRAMES,
-        FINGERPRINT_EXCLUDED,
-        MANIFEST_NAME,
-        MANIFEST_TYPES,
-        MAX_ACTION_WIDTH,
-        OFFLINE_DATASET_VERSION,
-        OPTIONAL_BLOCKS,
-        PAIR_FIELDS,
-        PAIRS_NAME,
-        SAMPLE_INDEX_FIELDS,
-        SAMPLE_INDEX_NAME,
-        SHARDS_DIR,
-        SPLIT_FILES,
-        SPLIT_NAMES,
-        SPLITS_DIR,
-        STORE_FORMAT,
-        WRITER_PACKAGE,
-        PairSpec,
-        SampleSpec,
-        StoreChecksumError,
-        StoreInputError,
-        frames_sha256,
-        pad_slack,
-        shard_dir_name,
-    )
-    from .manifest import rebuild_command, store_fingerprint
-    from .merge import merge_vin_offline_stores
-    from .plan import check_free_space_for_store, estimate_store_bytes
-    from .reader import VinOfflineStoreReader
-    from .stats import collect_vin_offline_dataset_stats
-    from .target import remove_stale_temp_dirs, stale_temp_dirs
-    from .validate import raise_if_invalid, validate_vin_offline_store
-    from .writer import VinOfflineWriter
+from .dataset import VinOfflineDataset
+from .format import (
+    BLOCK_ACTIONS,
+    BLOCK_DTYPES,
+    BLOCK_FRAMES,
+    BLOCK_NAMES,
+    BLOCK_NUM_FRAMES,
+    BLOCK_ROW_SHAPES,
+    BLOCK_WIDTH,
+    CHECKSUM_DESC,
+    COMPRESSOR_DESC,
+    DEFAULT_MAX_FRAMES,
+    FINGERPRINT_EXCLUDED,
+    MANIFEST_NAME,
+    MANIFEST_TYPES,
+    MAX_ACTION_WIDTH,
+    OFFLINE_DATASET_VERSION,
+    OPTIONAL_BLOCKS,
+    PAIR_FIELDS,
+    PAIRS_NAME,
+    SAMPLE_INDEX_FIELDS,
+    SAMPLE_INDEX_NAME,
+    SHARDS_DIR,
+    SPLIT_FILES,
+    SPLIT_NAMES,
+    SPLITS_DIR,
+    STORE_FORMAT,
+    WRITER_PACKAGE,
+    PairSpec,
+    SampleSpec,
+    StoreChecksumError,
+    StoreInputError,
+    frames_sha256,
+    pad_slack,
+    shard_dir_name,
+)
+from .manifest import rebuild_command, store_fingerprint
+from .merge import merge_vin_offline_stores
+from .plan import check_free_space_for_store, estimate_store_bytes
+from .reader import VinOfflineStoreReader
+from .stats import collect_vin_offline_dataset_stats
+from .target import remove_stale_temp_dirs, stale_temp_dirs
+from .validate import raise_if_invalid, validate_vin_offline_store
+from .writer import VinOfflineWriter
 
 __all__ = [
     "BLOCK_ACTIONS",
@@ -140,5 +135,3 @@ __all__ = [
     "store_fingerprint",
     "validate_vin_offline_store",
 ]
-
-__getattr__, __dir__ = lazy_package(__name__, __file__)
