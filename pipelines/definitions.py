@@ -9,7 +9,6 @@ Nothing is built at import: :func:`build_definitions` builds them for a :class:`
 from __future__ import annotations
 
 import functools
-import json
 from pathlib import Path
 from typing import Any
 
@@ -143,16 +142,9 @@ def __getattr__(name: str) -> Any:
 
 
 # ----- one run of a stage's job (stage2 build) ----------------------------------------------------
-def build_job(config: dict[str, Any], job_name: str, call: str = "") -> dg.JobDefinition:
+def build_job(config: dict[str, Any], job_name: str) -> dg.JobDefinition:
     """Reconstructor (module-level, importable in every worker): the named job ``job_name`` of the
     Definitions, with the executor named by ``config["executor"]`` (the run config configures it).
-    ``call`` tells runs apart: a run must see the profile as it is now. Within one run Dagster asks
-    for the job several times (4 in a build's run, ~20 ms each): those are answered from a small
-    cache keyed by all three arguments."""
-    return _job(json.dumps(config, sort_keys=True, default=str), job_name, call)
-
-
-@functools.lru_cache(maxsize=4)
-def _job(config_json: str, job_name: str, call: str) -> dg.JobDefinition:
-    cfg = BuildConfig(**json.loads(config_json))
+    Built afresh at every call, so a run sees the profile as it is now."""
+    cfg = BuildConfig(**config)
     return build_definitions(cfg, job_executor=executor_def(cfg.executor)).resolve_job_def(job_name)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -188,6 +187,15 @@ _OS_ERRORS = {  # the file system's refusals (builtins): named as such, not as a
 CHECK_FAILED_ERROR = "DagsterAssetCheckFailedError"  # a step's blocking checks failed (Dagster's name)
 
 
+def _without_failure_class(message: str) -> str:
+    """``message`` without the ``<module>.Failure: `` that opens a ``dg.Failure``'s formatted message
+    (the class's module path is Dagster's own business: only its name is matched)."""
+    head, sep, rest = message.partition(": ")
+    if sep and head.rsplit(".", 1)[-1] == dg.Failure.__name__ and " " not in head:
+        return rest
+    return message
+
+
 def _innermost(err: Any) -> Any:
     while getattr(err, "cause", None) is not None:
         err = err.cause
@@ -243,7 +251,7 @@ def step_error_line(err: Any) -> str:
     the innermost exception's type and message, never Dagster's wrapper or a traceback."""
     if err is None:
         return "step failed"
-    msg = err.message.strip().removeprefix("dagster._core.definitions.events.Failure: ")
+    msg = _without_failure_class(err.message.strip())
     if err.cls_name == "Failure":
         return msg
     checks = failed_check_keys(err)
@@ -252,7 +260,7 @@ def step_error_line(err: Any) -> str:
     inner = _innermost(err)
     text = " ".join(inner.message.split())[:500]
     if inner.cls_name in ("DagsterExecutionInterruptedError", "KeyboardInterrupt", "Failure"):
-        return text.removeprefix("dagster._core.definitions.events.Failure: ")  # a stop; a wrapped Failure
+        return _without_failure_class(text)  # a stop; a wrapped Failure
     if inner.cls_name in _OS_ERRORS:  # the environment, not a bug: the path is in the message
         return f"{text}. Fix: check that path (permissions, free space, a file where a folder should be), then re-run"
     return (
@@ -277,7 +285,6 @@ def execute_selection(
         reconstructable_kwargs={
             "config": dict(config),
             "job_name": job_for(selection),
-            "call": uuid.uuid4().hex,
         },
         reconstructor_working_directory=os.getcwd(),
     )
