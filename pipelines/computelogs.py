@@ -11,7 +11,10 @@ when the runs' console is wanted (``--verbose``, or a run not started by `stage2
 the daemon), exactly as Dagster does.
 
 Configured by the ``dagster.yaml`` that `stage2 build` writes for a new local instance
-(``config.instance_yaml``); an instance with its own ``dagster.yaml`` keeps its configuration.
+(``config.instance_yaml``); an instance with its own ``dagster.yaml`` keeps its configuration. Kept
+on the one private module below for that behaviour (docs/architecture.md, "Kept on Dagster's
+internals"): with Dagster's own manager a terminal's Ctrl-C prints the helpers' tracebacks, and the
+step workers' log lines reach the quiet build's terminal.
 """
 
 from __future__ import annotations
@@ -20,12 +23,17 @@ import os
 import sys
 from collections.abc import Generator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
-from dagster._core.execution.compute_logs import redirect_to_file
-from dagster._core.storage.compute_log_manager import CapturedLogContext, ComputeIOType
-from dagster._core.storage.local_compute_log_manager import IO_TYPE_EXTENSION, LocalComputeLogManager
-from dagster._utils import ensure_file, touch_file
+# Dagster's one local compute-log manager has no public import path (docs/architecture.md names
+# this module and its measured reason); its module also holds the types a capture yields.
+from dagster._core.storage.local_compute_log_manager import (
+    IO_TYPE_EXTENSION,
+    CapturedLogContext,
+    ComputeIOType,
+    LocalComputeLogManager,
+)
 
 QUIET_ENV = "STAGE2_RUN_LOG_LEVEL"  # set by `stage2 build` unless --verbose (commands._quiet_runs)
 
@@ -45,8 +53,41 @@ class StepLogsToFiles(LocalComputeLogManager):
             return
         out = self.get_captured_local_path(log_key, IO_TYPE_EXTENSION[ComputeIOType.STDOUT])
         err = self.get_captured_local_path(log_key, IO_TYPE_EXTENSION[ComputeIOType.STDERR])
-        ensure_file(out)
-        ensure_file(err)
-        with redirect_to_file(sys.stdout, out), redirect_to_file(sys.stderr, err):
+        with _to_file(sys.stdout, out), _to_file(sys.stderr, err):
             yield CapturedLogContext(log_key)
-        touch_file(self.complete_artifact_path(log_key))  # as Dagster's: the capture is complete
+        _touch(self.complete_artifact_path(log_key))  # as Dagster's: the capture is complete
+
+
+def _touch(path: str) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).touch()
+
+
+def _fileno(stream: IO[str]) -> int | None:
+    try:
+        return stream.fileno()
+    except (AttributeError, OSError, ValueError):  # a stream without a file (a test's capture)
+        return None
+
+
+@contextmanager
+def _to_file(stream: IO[str], path: str) -> Generator[None, None, None]:
+    """``stream``'s file descriptor (the process's, so child processes' output too) appended to
+    ``path`` while the block runs, then restored; a stream without a descriptor is left as it is."""
+    _touch(path)
+    fd = _fileno(stream)
+    if fd is None:
+        yield
+        return
+    stream.flush()
+    saved = os.dup(fd)
+    try:
+        with open(path, "a", buffering=1, encoding="utf-8") as target:
+            os.dup2(target.fileno(), fd)
+            try:
+                yield
+            finally:
+                stream.flush()
+                os.dup2(saved, fd)
+    finally:
+        os.close(saved)

@@ -4,11 +4,12 @@ database file, WAL), written through one pooled engine per process with ``synchr
 Dagster's ``ConsolidatedSqliteEventLogStorage`` creates an engine without a pool for every event it
 stores: each event opens the database, commits with SQLite's default ``synchronous=FULL`` (an
 fsync of the WAL) and closes the connection, and closing the last connection to a WAL database
-checkpoints it (more fsyncs). A build stores hundreds of events (materializations, check results,
-logs); storing them was the largest fixed cost of a small build after Dagster's import (about 4x
-less here: 300 events in ~1 s instead of ~4 s). In WAL mode ``NORMAL`` is what SQLite documents as
-safe from corruption: a power cut may lose the last events, never the database. Production
-instances use PostgreSQL (deploy/dagster.yaml) and are not affected.
+checkpoints it (more fsyncs). Dagster's public configuration (``storage: sqlite:``) is slower
+still: a database per run, created and opened again for every event. A build stores hundreds of
+events (materializations, check results, logs); this storage is kept on the one private module
+below for that cost, measured in docs/architecture.md ("Kept on Dagster's internals"). In WAL mode
+``NORMAL`` is what SQLite documents as safe from corruption: a power cut may lose the last events,
+never the database. Production instances use PostgreSQL (deploy/dagster.yaml) and are not affected.
 
 The web UI follows a live run by watching the database file for modifications; with pooled
 connections the file itself changes only at SQLite's automatic checkpoints, so every connection
@@ -24,6 +25,9 @@ from contextlib import contextmanager
 from typing import Any
 
 import sqlalchemy as db
+
+# Dagster's consolidated SQLite event log has no public import path (docs/architecture.md names this
+# module and its measured reason).
 from dagster._core.storage.event_log import ConsolidatedSqliteEventLogStorage
 
 BUSY_TIMEOUT_S = 30  # Dagster's own busy timeout for its SQLite storages (seconds)

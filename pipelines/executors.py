@@ -27,6 +27,8 @@ refuses iteration: upstream fails every such run); otherwise the same config sch
 
 from __future__ import annotations
 
+import signal
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -59,17 +61,53 @@ def _on_worker(dependencies: Any, args: _Opaque) -> list[Any]:
     return list(query_on_dask_worker(dependencies, *args.value))
 
 
+def _interruptible(items: Iterator[Any]) -> Iterator[Any]:
+    """``items``, where waiting for the next one ends at SIGINT or SIGTERM with Dagster's
+    ``DagsterExecutionInterruptedError`` (the run is then marked as interrupted).
+
+    While a run executes, Dagster holds SIGINT and SIGTERM back until a step reaches a point where it
+    may stop; an executor waiting on a remote cluster would wait on. Here a signal raises while
+    waiting; one that arrives while the caller handles an item raises at the next wait. The handlers
+    found are restored afterwards. Handlers can be set only from the main thread: elsewhere this is
+    ``items`` as they come."""
+    if threading.current_thread() is not threading.main_thread():
+        yield from items
+        return
+    state = {"waiting": False, "signalled": False}
+
+    def on_signal(_signum: int, _frame: Any) -> None:
+        state["signalled"] = True
+        if state["waiting"]:
+            raise dg.DagsterExecutionInterruptedError()
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in before:
+        signal.signal(sig, on_signal)
+    try:
+        while True:
+            if state["signalled"]:
+                raise dg.DagsterExecutionInterruptedError()
+            state["waiting"] = True
+            try:
+                item = next(items)
+            except StopIteration:
+                return
+            finally:
+                state["waiting"] = False
+            yield item
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
 def _dask_executor_def() -> dg.ExecutorDefinition:
     import dask.distributed
-    from dagster._utils import iterate_with_context
     from dagster_dask.executor import DaskExecutor, get_dask_resource_requirements
 
     class RunScopedDaskExecutor(DaskExecutor):
         """dagster-dask's executor; task keys carry the run id so concurrent runs never merge."""
 
         def execute(self, plan_context: Any, execution_plan: Any) -> Iterator[Any]:
-            from dagster._core.errors import raise_execution_interrupts
-
             if not plan_context.instance.is_persistent:
                 raise dg.DagsterInvariantViolationError(
                     "the Dask executor needs a persistent Dagster instance: set DAGSTER_HOME"
@@ -105,7 +143,7 @@ def _dask_executor_def() -> dg.ExecutorDefinition:
                                 resources=get_dask_resource_requirements(step.tags),
                             )
                     done = dask.distributed.as_completed(list(futures.values()), with_results=True)
-                    for _future, events in iterate_with_context(raise_execution_interrupts, done):
+                    for _future, events in _interruptible(done):
                         yield from events
             finally:
                 if owned is not None:

@@ -2,7 +2,7 @@
 stage within seconds, in the foreground or in the background, worker processes included.
 
 Why a guard of its own: Dagster handles interrupts itself while a run executes
-(``dagster._utils.interrupts``: SIGINT and SIGTERM raise ``DagsterExecutionInterruptedError`` in
+(its interrupt handling: SIGINT and SIGTERM raise ``DagsterExecutionInterruptedError`` in
 the step's code) and, when a run ends, maps SIGTERM to whatever SIGINT's handler was before. A
 background shell (cron, nohup, a pod's entrypoint) starts a process with SIGINT *ignored*, so after
 the first run SIGTERM was ignored too: a build went on for 37 s after SIGTERM, exited 0 and published
