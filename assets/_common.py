@@ -16,7 +16,6 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any
 
 import dagster as dg
-from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetCheckEvaluation
 
 from stage2_data.checks import CHECK_DESCRIPTIONS, CHECKS_BY_ASSET, NON_BLOCKING, CheckOutcome
 from stage2_data.errors import Stage2Error
@@ -252,8 +251,6 @@ def input_tags(instance: dg.DagsterInstance, deps: dict[str, Sequence[str | None
     and latest event of each input), for a materialization logged per partition: ``deps`` maps each
     upstream asset to the partitions it reads (None: unpartitioned). Without them the UI would call
     every partition stale ("has a new dependency")."""
-    from dagster._core.definitions.data_version import extract_data_version_from_entry
-
     tags: dict[str, str] = {}
     for asset, parts in deps.items():
         key = dg.AssetKey(asset)
@@ -263,8 +260,7 @@ def input_tags(instance: dg.DagsterInstance, deps: dict[str, Sequence[str | None
             rec = instance.get_latest_data_version_record(key, False, part)
             if rec is not None:
                 ids.append(rec.storage_id)
-                version = extract_data_version_from_entry(rec.event_log_entry)
-                versions.append(version.value if version else "INITIAL")
+                versions.append((rec.event_log_entry.tags or {}).get(DATA_VERSION_TAG) or "INITIAL")
         if len(versions) == 1:
             version_tag = versions[0]
         elif versions:
@@ -359,7 +355,7 @@ def run_partitions(
             if not single:
                 for name, passed, desc, md in outcomes:
                     context.log_event(
-                        AssetCheckEvaluation(
+                        dg.AssetCheckEvaluation(
                             asset_key=asset_key,
                             check_name=name,
                             passed=passed,
