@@ -196,6 +196,7 @@ class Step:
     pos: int | str = 0
     mask: int = 1
     partner: str = ""  # swap: the first other file of ``cls`` matching this pattern
+    offline: bool = False  # the builds after it run with HF_HUB_OFFLINE=1
 
 
 # Each case: an id, its steps (a chain: each step's build must accept the step for the next one to
@@ -245,6 +246,13 @@ REGRESSIONS: list[tuple[str, list[Step], str | None]] = [
         ],
         None,
     ),
+    # issue #26 (data lost): a verified archive that no longer matches its pin was deleted, offline
+    # its only copy. Here one byte of it flipped, offline: refused, the file moved aside.
+    (
+        "archive-flip-offline",
+        [Step("archives", "flip", r"libero256_goal\.tar$", pos=4096, mask=7, offline=True)],
+        None,
+    ),
 ]
 
 
@@ -275,10 +283,12 @@ def test_regression(mutation_bench: Bench, steps: list[Step]) -> None:
             partner = next(
                 f for f in bench.candidates(step.cls) if f != files[0] and re.search(step.partner, f)
             )
+        bench.offline = step.offline
         v = bench.step(Mutation(step.cls, step.kind, files[0], partner, pos=pos, mask=step.mask))
         verdicts.append(v)
         assert not v.escape, v.summary()
         if v.outcome != "accepted":
             break
     problems = bench.end_chain()
+    bench.offline = False
     assert not problems, "\n".join(problems)
