@@ -12,15 +12,17 @@ does not hide behind it.
 Where the time goes, counted from the start of each way: ``*_first_request_s`` is when the hub got
 its first request (start-up before it), ``*_last_byte_s`` when the hub sent the last paced byte
 (the link's last booking, ``HubServer.link_free_at``); ``*_after_last_byte_s`` is the rest of that
-way's wall time. ``ours_runs`` (each Dagster run's start and end) and
+way's wall time. ``*_link_mb_s``: the archive bytes over the time from the first request to the
+last byte (the rate the link was used at: under ``link_mb_s`` when something else than the link
+held a way back, e.g. the CPU). ``ours_runs`` (each Dagster run's start and end) and
 ``ours_steps`` (per step key: first start, last end, the sum over its executions and how much of
 that sum lies after the last byte) come from the build's own Dagster instance (``dagster_home`` of
 its ``--json`` output), counted from the start of the build.
 
 One round of each way (``STAGE2_BENCH_LINK_ROUNDS``; best of each): hf download first, then the
 build; before each, the page cache is dropped (as root) and the disk left to go quiet; the
-machine's load average before each is recorded, since other work on the machine slows the build's
-steps but not the link.
+machine's load average before each is recorded: the hub, the clients and the build's steps share
+the CPU with whatever else runs, so a loaded machine slows both ways below the link's rate.
 """
 
 from __future__ import annotations
@@ -160,6 +162,8 @@ def whole_build_at_link_rate(work: Path) -> dict[str, Any]:
         link_mb_s=LINK_MB_S,
         archive_bytes=archive_bytes,
         link_floor_s=round(archive_bytes / rate, 2),
+        ours_link_mb_s=round(archive_bytes / (last_byte - first_req) / 1e6, 1),
+        baseline_link_mb_s=round(archive_bytes / (base_last - base_first) / 1e6, 1),
         ours_first_request_s=round(first_req, 2),
         ours_last_byte_s=round(last_byte, 2),
         ours_after_last_byte_s=round(took - last_byte, 2),
