@@ -161,30 +161,30 @@ def check_result(
     )
 
 
+#: the metadata key that marks a standalone check's result recorded by a build's step (its value:
+#: the asset whose step recorded it); a build's summary counts the asset's own checks only
+RECORDED_BY_BUILD_KEY = "recorded_by_build"
+
+
 def record_standalone_results(
     context: dg.AssetExecutionContext, asset: str, outcomes: Sequence[CheckOutcome]
 ) -> None:
     """Record ``outcomes``, results of standalone checks (``checks.STANDALONE_CHECKS``) whose work
-    this run's step of ``asset`` did itself, against the materialization the run just made: the UI
-    then shows every check of a freshly built asset as passed or failed, never as not run.
+    this run's step of ``asset`` did itself, in the run, after the materialization it made: the UI
+    then shows every check of a freshly built asset as passed or failed, never as not run (a result
+    in the run that made the latest materialization is that materialization's).
 
-    They are recorded beside the run, not in it (``report_runless_asset_event``, with the run's id in
-    their metadata), so a build's summary counts each
-    finding once: every problem they hold is also a problem of one of the asset's own checks
-    (``checks.RECORDED_BY_BUILD``). Nothing is recorded when the run made no materialization of
-    ``asset`` (the step failed). Recorded after that materialization, they are its results: Dagster
-    matches a result to the latest materialization older than the result itself."""
+    Each is marked (:data:`RECORDED_BY_BUILD_KEY` in its metadata): every problem it holds is also
+    a problem of one of the asset's own checks (``checks.RECORDED_BY_BUILD``), so a build's summary
+    skips the marked ones and counts each finding once."""
     key = dg.AssetKey(asset)
-    latest = context.instance.fetch_materializations(key, limit=1).records
-    if not latest or latest[0].run_id != context.run_id:
-        return
     for o in outcomes:
-        context.instance.report_runless_asset_event(
+        context.log_event(
             dg.AssetCheckEvaluation(
                 asset_key=key,
                 check_name=o.name,
                 passed=o.passed,
-                metadata=to_metadata({**o.metadata, "recorded_by_run": context.run_id}),
+                metadata=to_metadata({**o.metadata, RECORDED_BY_BUILD_KEY: asset}),
                 description=o.description[:MAX_DESCRIPTION],
             )
         )

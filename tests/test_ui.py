@@ -9,6 +9,7 @@ import html
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -257,22 +258,25 @@ def browser() -> Iterator[Any]:
         shutil.rmtree(profile_dir, ignore_errors=True)
 
 
-def _dismiss_popup(driver: Any) -> None:
-    """The UI's first-visit newsletter popup covers the page: skip it."""
-    for b in driver.find_elements(XPATH, "//button[normalize-space()='Skip']"):
-        with contextlib.suppress(Exception):  # the popup went away by itself
-            b.click()
+COMMUNITY_DIALOG = "Join the Dagster community"  # Dagster's first-visit ("nux") dialog
+
+
+def _assert_no_first_visit_dialog(driver: Any) -> None:
+    """The instance this project configures shows no first-visit dialog (dagster.yaml: nux off);
+    one that covers the page is a failure, not something to click away."""
+    text = driver.find_element(TAG_NAME, "body").text
+    assert COMMUNITY_DIALOG not in text, f"{driver.current_url}: the first-visit dialog is shown"
 
 
 def _click_when_clear(driver: Any, xpath: str, timeout: float = 30) -> None:
-    """Click the element at ``xpath``; a popup that opens late (its backdrop takes the click) is
-    dismissed and the click retried until ``timeout``."""
+    """Click the element at ``xpath``; a click that something else takes (an element re-rendering
+    over it) is retried until ``timeout``."""
     from selenium.common.exceptions import ElementClickInterceptedException, StaleElementReferenceException
     from selenium.webdriver.common.keys import Keys
 
     deadline = time.monotonic() + timeout
     while True:
-        _dismiss_popup(driver)
+        _assert_no_first_visit_dialog(driver)
         try:
             driver.find_element(XPATH, xpath).click()
             return
@@ -295,7 +299,7 @@ def _wait_text(driver: Any, needles: list[str], timeout: float = 45) -> str:
     deadline = time.monotonic() + timeout
     text = ""
     while time.monotonic() < deadline:
-        _dismiss_popup(driver)
+        _assert_no_first_visit_dialog(driver)
         text = driver.find_element(TAG_NAME, "body").text
         if all(n in text for n in needles):
             return text
@@ -338,7 +342,7 @@ def test_browser_shows_assets_partitions_and_checks(
     (ARTIFACTS / "ui-timeout.png").unlink(missing_ok=True)
     # the asset graph: its three groups, expanded in the graph's tree (select, arrow-right) to every asset
     _page_text_with(browser, webserver + "/asset-groups", ["Global asset lineage", "acquire", "kit", "store"])
-    _dismiss_popup(browser)
+    _assert_no_first_visit_dialog(browser)
     for group in ("store", "kit", "acquire"):
         _expand_group(browser, group, lambda: ActionChains(browser).send_keys(Keys.ARROW_RIGHT).perform())
     _wait_text(browser, list(C.CHECKS_BY_ASSET))
@@ -409,7 +413,9 @@ def test_browser_shows_the_stores_frames_and_how_to_open_it(
     )
     assert "MiB" in text or "KiB" in text  # sizes for people
     # the visible text, or the page's HTML when a long value is shown shortened (quotes escaped there)
-    assert f'VinOfflineDataset("{current}", split="train")' in html.unescape(text)
+    # the lines that open it, the path on a line of its own (assets/store.py: open_markdown_narrow)
+    shown = html.unescape(text)
+    assert "ds = VinOfflineDataset(" in shown and f'"{current}",' in shown and 'split="train",' in shown
 
     def open_dialog(label: str, alts: list[str], shot: str) -> None:
         _click_when_clear(
@@ -441,6 +447,126 @@ def test_browser_shows_the_stores_frames_and_how_to_open_it(
     with Image.open(ARTIFACTS / "ui-vin-store-contact-sheets.png") as shot:
         low, high = shot.convert("L").getextrema()
     assert high - low > 100
+
+
+def test_webserver_every_check_ran_and_passed_and_no_first_visit_dialog(webserver: str) -> None:
+    """What the asset cards count: after a build, every check of every asset (the build's own and
+    the standalone ones it records, checks.RECORDED_BY_BUILD) has a passed execution for the
+    latest materialization, so no card reads "1 / 2 Passed"; the instance asks for no first-visit
+    dialog."""
+    assert _graphql(webserver, "{ shouldShowNux }")["shouldShowNux"] is False
+    nodes = _graphql(
+        webserver,
+        "{ assetNodes { assetKey { path } assetChecksOrError { ... on AssetChecks { checks { name "
+        "executionForLatestMaterialization { status } } } } } }",
+    )["assetNodes"]
+    status = {
+        (n["assetKey"]["path"][-1], c["name"]): (c["executionForLatestMaterialization"] or {}).get("status")
+        for n in nodes
+        for c in n["assetChecksOrError"]["checks"]
+    }
+    assert set(status) == {(a, c) for a, names in C.ALL_CHECKS_BY_ASSET.items() for c in names}
+    assert {k: v for k, v in status.items() if v != "SUCCEEDED"} == {}
+    assert set(C.RECORDED_BY_BUILD) == {c for names in C.STANDALONE_CHECKS.values() for c in names}
+
+
+SHOTS = REPO / "docs" / "assets" / "ui"  # the operating guide's UI tour shows these
+
+# The text of every value in a metadata table row that does not wrap, by key: the code blocks of a
+# Markdown value (prose and tables wrap), else the value's text.
+_VALUE_TEXTS_JS = """
+const out = {};
+for (const tr of document.querySelectorAll('tr')) {
+  const tds = tr.querySelectorAll('td');
+  if (tds.length < 3) continue;
+  const pres = [...tds[2].querySelectorAll('pre')];
+  const md = tds[2].querySelector('p, table, pre');
+  out[tds[0].innerText.trim()] = pres.length ? pres.map(p => p.innerText).join('\\n') : (md ? '' : tds[2].innerText);
+}
+return out;"""
+
+
+def _shot(driver: Any, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    driver.save_screenshot(str(SHOTS / name))
+
+
+def _check_badges(text: str) -> list[str]:
+    """The check counts the asset graph's cards show that are not all passed ("1 / 2 Passed",
+    "1 Failed", "2 Not executed", ...)."""
+    partial = re.findall(r"\d+\s*/\s*\d+\s*Passed", text)
+    other = re.findall(r"\d+\s*(?:Failed|Not executed|Skipped|Running|Warning)", text)
+    return [p for p in partial if len(set(re.findall(r"\d+", p))) > 1] + other
+
+
+def test_browser_first_visit_every_check_passed_and_the_tour_screenshots(
+    webserver: str, browser: Any, ui_instance: dict[str, Any], demo_cache: DemoPaths
+) -> None:
+    """A first visit (a fresh browser profile) after a build, as a new user sees it: no "Join the
+    Dagster community" dialog on any page; on the asset graph, every card's checks passed (none
+    partly passed because a check never ran); the vin_store page's metadata table keeps its key
+    column in view (no value is wider than the store's fingerprint, the widest one Dagster shows
+    whole). Saves the operating guide's screenshots in docs/assets/ui/."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+
+    # the overview: the dialog, if any, opens a moment after the page renders
+    _page_text_with(browser, webserver + "/overview", ["Overview"])
+    time.sleep(3)
+    _assert_no_first_visit_dialog(browser)
+    assert not browser.find_elements(XPATH, "//div[@role='dialog']"), "a dialog covers the overview"
+    _shot(browser, "overview.png")
+    # the asset graph (the groups), then each group's cards: every card's checks all passed
+    _page_text_with(browser, webserver + "/asset-groups", ["Global asset lineage", "acquire", "kit", "store"])
+    for group in ("store", "kit", "acquire"):
+        _expand_group(browser, group, lambda: ActionChains(browser).send_keys(Keys.ARROW_RIGHT).perform())
+    _wait_text(browser, list(C.CHECKS_BY_ASSET))
+    _assert_no_first_visit_dialog(browser)
+    _shot(browser, "asset-graph.png")
+    location = _graphql(webserver, "{ workspaceOrError { ... on Workspace { locationEntries { name } } } }")[
+        "workspaceOrError"
+    ]["locationEntries"][0]["name"]
+    groups = {"acquire": ("pinned_profile", "archive_file", "cache_dir", "extraction_report")}
+    groups |= {"kit": ("action_sidecars", "subset_checksums", "trajectory_join"), "store": ("vin_store",)}
+    assert {a for names in groups.values() for a in names} == set(C.CHECKS_BY_ASSET)
+    for group, assets in groups.items():
+        url = f"{webserver}/locations/{location}/asset-groups/{group}"
+        text = _page_text_with(browser, url, [*assets, "Asset checks"])
+        # unpartitioned cards show "N / N Passed"; a partitioned one its partitions' counts. Each
+        # card's count loads on its own ("Loading...").
+        unpartitioned = [a for a in assets if a not in ("archive_file", "cache_dir")]
+        deadline = time.monotonic() + 45
+        while time.monotonic() < deadline and (
+            "Loading" in text or len(re.findall(r"\d+ / \d+ Passed", text)) < len(unpartitioned)
+        ):
+            time.sleep(0.5)
+            text = browser.find_element(TAG_NAME, "body").text
+        assert _check_badges(text) == [], (group, text)
+        assert len(re.findall(r"(\d+) / \1 Passed", text)) >= len(unpartitioned), (group, text)
+        _assert_no_first_visit_dialog(browser)
+        if group == "kit":
+            _shot(browser, "asset-group-kit.png")
+    # the store's page: its metadata, the key column in view
+    prof = load_profile(demo_cache.profile)
+    current = ui_instance["root"] / "stores" / prof.name / "current"
+    _page_text_with(browser, webserver + "/assets/vin_store", ["fingerprint", "per_split", str(current)])
+    # a value line that never wraps (a path, a fingerprint, a line of code) sets the value column's
+    # width: none holds more than the longest path or fingerprint shown (and a few characters)
+    texts: dict[str, str] = browser.execute_script(_VALUE_TEXTS_JS)
+    longest = {k: max((len(ln) for ln in t.splitlines()), default=0) for k, t in texts.items()}
+    allowed = max(len(texts["store"].strip()), len(texts["fingerprint"].strip())) + 8
+    assert {k: n for k, n in longest.items() if n > allowed} == {}, (allowed, texts)
+    _assert_no_first_visit_dialog(browser)
+    _shot(browser, "vin-store.png")
+    # a job: the store stage's, with its runs
+    _page_text_with(
+        browser,
+        f"{webserver}/locations/__repository__@{location}/jobs/{STORE.job}",
+        [STORE.job, "Description"],
+    )
+    time.sleep(2)  # the job's graph draws after the text
+    _assert_no_first_visit_dialog(browser)
+    _shot(browser, "job.png")
 
 
 def test_build_progress_reports_stages_partitions_bytes(
