@@ -6,7 +6,7 @@
 - :mod:`.retry`: the one retry policy of every request (backoff, ``Retry-After`` bounded);
 - :mod:`.listing`: the hub's listing at the pinned revision and the revision check;
 - :mod:`.transport`: one archive's bytes into ``archives/.partial/<path>.part`` (GET, resume with
-  ``Range``, retries with backoff, raw socket reads);
+  ``Range``, retries with backoff, the client's streaming reads);
 - :mod:`.sink`: the received buffers written (``O_DIRECT`` where possible) and hashed at once;
 - :mod:`.state`: where an archive stands locally (its ``.verified.json`` record) and the free disk
   the rest of the build needs;

@@ -1,13 +1,8 @@
 """The bytes of one archive into its partial file: GET, resume, retries with backoff.
 
 The GET is made by the client's own streaming call (its session: redirects, TLS, proxies, auth
-headers, error classes); the body is then read into recycled 1 MiB buffers (``sink._BlockSink``),
-straight from the connection's socket when that is exactly equivalent (plain HTTP/1.1 with a
-Content-Length, TLS on the socket itself; see ``_raw_socket``; on a plain socket one ``recv`` with
-``MSG_WAITALL`` fills a whole buffer), else through the client's own body iterator. Profiled on
-loopback, the client's ``http_get`` (64 KiB reads parsed by h11, 10 MiB re-chunking, a copy per
-chunk) cost ~5 s/GiB of CPU; this costs curl's receive + write plus the sha256 itself (which, at
-~1.25 GB/s per core with SHA-NI, costs about twice curl's receive + write).
+headers, error classes) and the body read through its public streaming API (``iter_raw``); each
+chunk is copied into recycled 1 MiB buffers that are written and hashed at once (``sink._BlockSink``).
 
 A connection that drops after bytes arrived is resumed at once; a timeout, a drop before any byte,
 a 429 or a 5xx is retried by the one retry policy (``retry.py``: exponential backoff, or the hub's
@@ -19,14 +14,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import mmap
 import os
 import socket
-import ssl
-import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,12 +36,10 @@ from .cancel import cancelled as _cancelled
 from .cancel import live_socket as _live_socket
 from .hub import HubSource, _first_line, _httpx
 from .retry import RetryPolicy, with_retries
-from .sink import ALIGN, _BlockSink
+from .sink import _BlockSink
 
 log = logging.getLogger(__name__)
 
-USE_WAITALL = True
-"""Fill a whole receive buffer per system call on a plain socket (``MSG_WAITALL``, see ``_waitall``)."""
 DIRECT_IO = True
 """Write aligned blocks with ``O_DIRECT`` (Linux) where the file system accepts it: the bytes go from
 the receive buffer to the disk without a copy into the page cache (no CPU spent copying, no 107 GiB
@@ -58,9 +48,6 @@ unaligned edges left to flush). Unaligned pieces (the first bytes after the head
 resume point) go through an ordinary buffered descriptor of the same file; a file system that
 refuses ``O_DIRECT`` gets only buffered writes. What ``fetch_partial``'s ``direct_io`` means when None: a
 build passes False when its archives fit in the page cache (``steps.acquire.download_direct``)."""
-RAW_SOCKET_READS = True
-"""Read a plain HTTP/1.1 body straight from the client's connection socket (see ``_raw_socket``);
-False: always through the client's own body iterator (64 KiB reads, ~3x the CPU per byte)."""
 
 
 class DownloadCancelled(HubError):
@@ -268,95 +255,16 @@ def _origin_of(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc.rsplit('@', 1)[-1]}"
 
 
-def _raw_socket(response: Any) -> socket.socket | None:
-    """The socket the client's connection reads this response from, when reading the rest of the body
-    straight from it is exactly equivalent to the client's own reads: HTTP/1.1 with a Content-Length
-    (no chunked transfer, no content encoding), and either no TLS or TLS terminated on that socket
-    object itself (``ssl.SSLSocket``, which decrypts on ``recv_into``). Otherwise (TLS inside TLS
-    through an HTTPS proxy, HTTP/2, a transport without a socket) None: the client's iterator is used.
-    """
-    if not RAW_SOCKET_READS:
-        return None
-    version = response.extensions.get("http_version")
-    if version not in (b"HTTP/1.1", "HTTP/1.1"):
-        return None
-    h = response.headers
-    if "content-length" not in h or "chunked" in h.get("transfer-encoding", "").lower():
-        return None
-    if h.get("content-encoding", "identity").strip().lower() not in ("", "identity"):
-        return None
+def _connection_socket(response: Any) -> socket.socket | None:
+    """The socket of the connection ``response`` is read from (the client's ``network_stream``
+    extension), or None: registered for :func:`~.cancel.cancel_downloads`, which shuts it down so
+    that a read blocked on a stalled connection ends at once."""
     stream = response.extensions.get("network_stream")
-    if stream is None or not hasattr(stream, "get_extra_info"):
+    try:
+        sock = stream.get_extra_info("socket") if stream is not None else None
+    except Exception:  # a transport without a socket: a stop waits for the read timeout
         return None
-    try:
-        sock = stream.get_extra_info("socket")
-        ssl_object = stream.get_extra_info("ssl_object")
-    except Exception:
-        return None
-    if not isinstance(sock, socket.socket):
-        return None
-    if isinstance(sock, ssl.SSLSocket):
-        return sock
-    return sock if ssl_object is None else None
-
-
-def _recv_block(sock: socket.socket, buf: mmap.mmap, want: int, request: Any, flags: int = 0) -> int:
-    """Fill ``buf[:want]`` from the socket; returns the bytes read (fewer only at end of stream).
-    ``flags``: ``MSG_WAITALL`` on a blocking socket with ``SO_RCVTIMEO`` (see ``_waitall``): one
-    system call per block. Socket errors are raised as the client's own exception classes (so
-    retries treat them alike)."""
-    view = memoryview(buf)
-    fill = 0
-    try:
-        while fill < want:
-            k = sock.recv_into(view[fill:want], 0, flags)
-            if k == 0:
-                break
-            fill += k
-    except (TimeoutError, BlockingIOError) as e:  # BlockingIOError: SO_RCVTIMEO expired, no byte
-        raise _ReadFailed(fill, _httpx.ReadTimeout(f"read timed out: {e}", request=request)) from e
-    except OSError as e:
-        raise _ReadFailed(fill, _httpx.ReadError(f"{type(e).__name__}: {e}", request=request)) from e
-    return fill
-
-
-@contextlib.contextmanager
-def _waitall(sock: socket.socket, timeout: float | None) -> Iterator[int]:
-    """Yields the ``recv`` flags for :func:`_recv_block`: ``MSG_WAITALL`` on a plain (not TLS) socket
-    switched to blocking mode with a kernel receive timeout (``SO_RCVTIMEO``), so that a whole block
-    arrives in one system call (one GIL release) instead of one call per ~64 KiB; 0 (and Python's
-    own timeout) where that is not available. The socket's timeout state is restored afterwards."""
-    waitall = getattr(socket, "MSG_WAITALL", 0)
-    if not USE_WAITALL or not waitall or timeout is None or isinstance(sock, ssl.SSLSocket):
-        sock.settimeout(timeout)
-        yield 0
-        return
-    previous = sock.gettimeout()
-    sec = int(timeout)
-    try:
-        sock.setsockopt(
-            socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", sec, int((timeout - sec) * 1e6))
-        )
-        sock.settimeout(None)
-    except OSError:
-        sock.settimeout(timeout)
-        yield 0
-        return
-    try:
-        yield waitall
-    finally:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 0, 0))
-            sock.settimeout(previous)
-
-
-class _ReadFailed(Exception):
-    """A socket read failed after ``got`` bytes of the block were received."""
-
-    def __init__(self, got: int, error: Exception) -> None:
-        super().__init__(str(error))
-        self.got = got
-        self.error = error
+    return sock if isinstance(sock, socket.socket) else None
 
 
 def _get_into(
@@ -416,12 +324,11 @@ def _get_into(
                 f"the hub at {source.api_endpoint} sent Content-Length {length_header} for {spec.path} from "
                 f"byte {start}, where the pinned size leaves {want} bytes",
             )
-        chunks = response.iter_raw()  # kept referenced: closing it would close the response
-        sock = _raw_socket(response)
         got = 0
-        if sock is None:  # the client's own body iterator
+        sock = _connection_socket(response)
+        with _live_socket(sock) if sock is not None else contextlib.nullcontext():
             try:
-                for chunk in chunks:
+                for chunk in response.iter_raw():
                     if got + len(chunk) > want:
                         raise _answer_disagrees(
                             source,
@@ -434,30 +341,6 @@ def _get_into(
             except BaseException:
                 report(sink.flush(), quiet=True)  # what arrived before the failure is kept
                 raise
-        else:
-            # What the client already read past the headers, then the rest straight from the socket
-            # into our recycled buffers (no allocation, no copy in Python; the GIL is released).
-            first = next(chunks, b"")
-            got += len(first)
-            report(sink.feed(first))
-            report(sink.flush())
-            with _live_socket(sock), _waitall(sock, hf_constants.HF_HUB_DOWNLOAD_TIMEOUT) as flags:
-                while got < want:
-                    buf = sink.take()
-                    ask = min(len(buf), want - got)
-                    if sink.received % ALIGN:  # back to an aligned file offset (for O_DIRECT)
-                        ask = min(ask, ALIGN - sink.received % ALIGN)
-                    try:
-                        n = _recv_block(sock, buf, ask, response.request, flags)
-                    except _ReadFailed as e:
-                        sink.commit(buf, e.got)
-                        report(e.got, quiet=True)
-                        raise e.error from None
-                    sink.commit(buf, n)
-                    got += n
-                    report(n)
-                    if n == 0:
-                        break
         report(sink.flush())
         if got != want:
             raise _httpx.RemoteProtocolError(
