@@ -161,32 +161,35 @@ def check_result(
     )
 
 
-#: the metadata key that marks a standalone check's result recorded by a build's step (its value:
-#: the asset whose step recorded it); a build's summary counts the asset's own checks only
-RECORDED_BY_BUILD_KEY = "recorded_by_build"
-
-
 def record_standalone_results(
     context: dg.AssetExecutionContext, asset: str, outcomes: Sequence[CheckOutcome]
 ) -> None:
     """Record ``outcomes``, results of standalone checks (``checks.STANDALONE_CHECKS``) whose work
-    this run's step of ``asset`` did itself, in the run, after the materialization it made: the UI
-    then shows every check of a freshly built asset as passed or failed, never as not run (a result
-    in the run that made the latest materialization is that materialization's).
+    this run's step of ``asset`` did itself, under this run, after the materialization it made: the
+    UI then shows every check of a freshly built asset as passed or failed, never as not run (a
+    result of the run that made the latest materialization is that materialization's).
 
-    Each is marked (:data:`RECORDED_BY_BUILD_KEY` in its metadata): every problem it holds is also
-    a problem of one of the asset's own checks (``checks.RECORDED_BY_BUILD``), so a build's summary
-    skips the marked ones and counts each finding once."""
+    They go to the instance's event log directly, not through the step's events: every problem they
+    hold is also a problem of one of the asset's own checks (``checks.RECORDED_BY_BUILD``), so a
+    build's summary, read from the run's events, counts each finding once."""
     key = dg.AssetKey(asset)
     for o in outcomes:
-        context.log_event(
-            dg.AssetCheckEvaluation(
-                asset_key=key,
-                check_name=o.name,
-                passed=o.passed,
-                metadata=to_metadata({**o.metadata, RECORDED_BY_BUILD_KEY: asset}),
-                description=o.description[:MAX_DESCRIPTION],
-            )
+        evaluation = dg.AssetCheckEvaluation(
+            asset_key=key,
+            check_name=o.name,
+            passed=o.passed,
+            metadata=to_metadata({**o.metadata, "recorded_by": f"the {asset} step of this run"}),
+            description=o.description[:MAX_DESCRIPTION],
+        )
+        context.instance.report_dagster_event(
+            dg.DagsterEvent(
+                event_type_value=dg.DagsterEventType.ASSET_CHECK_EVALUATION.value,
+                job_name=context.job_name,
+                event_specific_data=evaluation,
+                message=f"Asset check '{o.name}' on '{asset}' {'passed' if o.passed else 'failed'} "
+                f"(recorded by the {asset} step)",
+            ),
+            run_id=context.run.run_id,
         )
 
 
