@@ -20,6 +20,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any, NoReturn
 
 from .commands import command_modules
@@ -34,10 +35,47 @@ EXIT_BUG = 3  # an exception outside the family escaped: a bug (one line; STAGE2
 TRACEBACK_ENV = "STAGE2_TRACEBACK"
 
 
+def _direct_url() -> dict[str, Any]:
+    """Where this stage2-data was installed from (its ``direct_url.json``; {} from an index)."""
+    import json
+    from importlib.metadata import distributions
+
+    # every copy of the metadata on the path (a checkout's own stage2_data.egg-info may come first)
+    for dist in distributions(name=DIST):
+        text = dist.read_text("direct_url.json")
+        try:
+            info = json.loads(text) if text else None
+        except ValueError:
+            info = None
+        if isinstance(info, dict):
+            return info
+    return {}
+
+
+def _checkout() -> Path | None:
+    """The folder of an editable install (a checkout), else None."""
+    from urllib.parse import unquote, urlsplit
+
+    info = _direct_url()
+    url = str(info.get("url") or "")
+    if url.startswith("file://") and (info.get("dir_info") or {}).get("editable"):
+        return Path(unquote(urlsplit(url).path))
+    return None
+
+
 def extras() -> list[str]:
-    """Every extra of the installed stage2-data (its metadata's ``Provides-Extra``), in order."""
+    """Every extra of stage2-data, in order: a checkout's pyproject.toml (an editable install's
+    metadata is as old as its last `pip install`), else the installed metadata's ``Provides-Extra``."""
+    import tomllib
     from importlib.metadata import PackageNotFoundError, metadata
 
+    checkout = _checkout()
+    if checkout is not None:
+        try:
+            with open(checkout / "pyproject.toml", "rb") as f:
+                return list(tomllib.load(f)["project"]["optional-dependencies"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
     try:
         return list(metadata(DIST).get_all("Provides-Extra") or [])
     except PackageNotFoundError:
@@ -48,21 +86,11 @@ def install_line(extra: str = PLUGIN_EXTRA) -> str:
     """The pip command that adds ``extra`` to this installation: from the checkout it was installed
     from (``pip install -e '<folder>[extra]'``), the wheel or git URL it came from, else the name
     (a package index)."""
-    import json
-    from importlib.metadata import PackageNotFoundError, distribution
-    from urllib.parse import unquote, urlsplit
-
-    try:
-        direct = distribution(DIST).read_text("direct_url.json")
-    except PackageNotFoundError:
-        direct = None
-    try:
-        info: dict[str, Any] = json.loads(direct) if direct else {}
-    except ValueError:
-        info = {}
+    checkout = _checkout()
+    if checkout is not None:
+        return f"pip install -e '{checkout}[{extra}]'"
+    info = _direct_url()
     url = str(info.get("url") or "")
-    if url.startswith("file://") and (info.get("dir_info") or {}).get("editable"):
-        return f"pip install -e '{unquote(urlsplit(url).path)}[{extra}]'"
     if url:
         vcs = info.get("vcs_info") or {}
         ref = f"{vcs['vcs']}+{url}" if vcs.get("vcs") and not url.startswith(vcs["vcs"] + "+") else url

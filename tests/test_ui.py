@@ -569,6 +569,91 @@ def test_browser_first_visit_every_check_passed_and_the_tour_screenshots(
     _shot(browser, "job.png")
 
 
+def _group_members(pgid: int) -> list[str]:
+    """The running (not zombie) processes of process group ``pgid``: "pid state command"."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            text = stat.read_text()
+            fields = text.rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                out.append(f"{stat.parent.name} {fields[0]} {text.split('(', 1)[1].split(')', 1)[0]}")
+    return out
+
+
+@pytest.mark.system
+def test_make_ui_says_its_url_when_it_answers_is_quiet_and_stops_on_ctrl_c(
+    ui_instance: dict[str, Any], tmp_path: Path
+) -> None:
+    """`make ui` (python -m stage2_pipelines.ui) over a built instance: the URL line comes only once
+    the webserver answers; nothing more is printed while nothing happens (no daemon tick lines);
+    Ctrl-C (SIGINT to its process group, as a terminal sends it) stops the UI, the daemon, the code
+    server and the loopback hub within seconds, and it exits 0 (make reports no error)."""
+    port = free_port()
+    env = subprocess_env(
+        DAGSTER_HOME=str(ui_instance["home"]),
+        STAGE2_DEMO_ROOT=str(tmp_path / "demo-root"),
+        STAGE2_DATA_ROOT=str(ui_instance["root"]),
+        STAGE2_UI_PORT=str(port),
+    )
+    out = open(tmp_path / "ui.out", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stage2_pipelines.ui"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=out,
+        start_new_session=True,
+    )
+    children: list[int] = []
+    try:
+        assert proc.stdout is not None
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 240
+        said = ""
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline().decode()
+            if not line:
+                break
+            said += line
+            if line.startswith("Dagster UI:"):
+                # said only once it answers: it answers now
+                with urllib.request.urlopen(url + "/server_info", timeout=5) as r:
+                    assert r.status == 200
+                break
+        assert f"Dagster UI:   {url}" in said, (said, (tmp_path / "ui.out").read_text())
+        children = [int(p.name) for p in Path("/proc").glob("[0-9]*") if _ppid(p) == proc.pid]
+        assert len(children) == 2, children  # the hub and `dagster dev`, each a group of its own
+        # quiet while nothing happens: no more lines for a while (the daemon ticks every few seconds)
+        out.flush()
+        before = (tmp_path / "ui.out").read_text()
+        time.sleep(8)
+        assert (tmp_path / "ui.out").read_text() == before, (tmp_path / "ui.out").read_text()
+        t0 = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        rc = proc.wait(timeout=30)
+        took = time.monotonic() - t0
+        left = [m for pgid in children for m in _group_members(pgid)]
+        assert rc == 0 and left == [], (rc, left, (tmp_path / "ui.out").read_text())
+        assert took < 10, took
+        assert "Traceback" not in (tmp_path / "ui.out").read_text()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        for pgid in children:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+        out.close()
+
+
+def _ppid(proc_dir: Path) -> int:
+    try:
+        return int((proc_dir / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
 def test_build_progress_reports_stages_partitions_bytes(
     ui_instance: dict[str, Any], demo_cache: DemoPaths
 ) -> None:
