@@ -336,8 +336,11 @@ def _get_into(
                             f"the hub at {source.api_endpoint} sent more than the pinned {spec.size} bytes "
                             f"of {spec.path}",
                         )
+                    first = got == 0
                     got += len(chunk)
                     report(sink.feed(chunk))
+                    if first:  # the body's first bytes go to the partial file at once: it shows the start
+                        report(sink.flush())
             except BaseException:
                 report(sink.flush(), quiet=True)  # what arrived before the failure is kept
                 raise
@@ -416,6 +419,8 @@ def _attempt(
                 try:
                     _get_into(source, spec, url, sink, state, report)
                 except (_httpx.TimeoutException, _httpx.NetworkError, _httpx.RemoteProtocolError) as e:
+                    if _cancelled(cancel):  # the stop shut the connection down: not a loss to resume
+                        raise _Cancelled() from e
                     if sink.received == before:
                         raise
                     log.warning(
