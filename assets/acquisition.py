@@ -6,7 +6,6 @@ from typing import Any
 import dagster as dg
 
 from stage2_data import steps
-from stage2_data.extract.prefetch import Prefetcher
 from stage2_data.profile import Profile
 from stage2_data.stages import (
     ARCHIVE_FILE,
@@ -110,22 +109,17 @@ def build_acquisition_assets(profile: Profile) -> list[Any]:
         keys = selected_partitions(context, prof.cache_keys_largest_first())
 
         def extract(key: str) -> Any:
-            try:
-                return steps.step_extract(prof, root, key)
-            finally:
-                ahead.done(key)
+            return steps.step_extract(prof, root, key)
 
-        # the archives of the cache dirs to extract, read into the page cache in extraction order
-        with Prefetcher(steps.archives_to_extract(prof, root, keys)) as ahead:
-            yield from run_partitions(
-                context,
-                CACHE_DIR,
-                keys,
-                extract,
-                version,
-                partition_workers(context, min(default_workers("extract"), EXTRACT.max_parallel or 1)),
-                lambda key: {ARCHIVE_FILE: [a.path for a in by_key[key]]},
-            )
+        yield from run_partitions(
+            context,
+            CACHE_DIR,
+            keys,
+            extract,
+            version,
+            partition_workers(context, min(default_workers("extract"), EXTRACT.max_parallel or 1)),
+            lambda key: {ARCHIVE_FILE: [a.path for a in by_key[key]]},
+        )
 
     extraction_report = step_asset(
         EXTRACTION_REPORT,

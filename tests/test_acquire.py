@@ -15,7 +15,7 @@ from typing import Any, NamedTuple, TypeVar
 import pytest
 
 from bench.profiles import profile_data as bench_profile
-from stage2_data import acquire, layout
+from stage2_data import layout
 from stage2_data.acquire import (
     EXTRACTION_FACTOR,
     DownloadCancelled,
@@ -35,10 +35,9 @@ from stage2_data.acquire import (
 from stage2_data.acquire.download import PinDisagreesError
 from stage2_data.acquire.quarantine import quarantined_files
 from stage2_data.acquire.retry import BACKOFF_ENV
-from stage2_data.demo import DemoPaths
 from stage2_data.demo.hubserver import HubServer
 from stage2_data.errors import ChecksumMismatchError, HubError, ProfileError
-from stage2_data.profile import ArchiveSpec, Profile, QuarantinedSpec, load_profile, parse_profile
+from stage2_data.profile import ArchiveSpec, Profile, QuarantinedSpec, parse_profile
 
 REPO = "org/robot-data"
 REV = "1a8eb2d279c70964fadeaf8019a77c490c3abe02"
@@ -652,73 +651,21 @@ def test_hub_unreachable_names_the_endpoint(
     assert ei.value.fix and "endpoint" in ei.value.fix
 
 
-# ----- O_DIRECT writes ---------------------------------------------------------------------------
-@pytest.mark.parametrize("direct", [True, False], ids=["o-direct", "page-cache"])
+# ----- resumes at any offset -----------------------------------------------------------------------
 def test_resume_from_an_unaligned_partial_and_drop(
     source: HubSource,
     hub: HubServer,
     upstream: Upstream,
     tmp_path: Path,
-    direct: bool,
 ) -> None:
     path = "big_cache_key.tar"
     spec = dropping_at(hub, upstream, path, 3 * MiB + 1)  # the connection drops again, at an unaligned offset
     part = layout.partial_path(tmp_path, path)
     part.parent.mkdir(parents=True)
-    kept = 5 * MiB + 777  # not a multiple of the O_DIRECT alignment
+    kept = 5 * MiB + 777  # not a multiple of a block or a page
     part.write_bytes(upstream.files[path][:kept])
-    res = download_archive(source, spec, tmp_path, direct_io=direct, **FAST)
+    res = download_archive(source, spec, tmp_path, **FAST)
     assert res.resumed_from == kept and res.sha256 == spec.sha256
     assert layout.archive_path(tmp_path, path).read_bytes() == upstream.files[path]
     gets = [rng for m, rng in hub.file_requests(path) if m == "GET"]
     assert gets[0] == f"bytes={kept}-" and len(gets) == 2
-
-
-def test_a_build_keeps_archives_in_the_page_cache_when_they_fit(
-    demo_cache: DemoPaths, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The extraction reads every archive again after its download: a build writes them through the
-    page cache when they fit in the extraction's read-ahead budget, else with O_DIRECT."""
-    from stage2_data.steps import acquire as steps_acquire
-
-    prof = load_profile(demo_cache.profile)
-    total = sum(a.size or 0 for a in prof.archives)
-    monkeypatch.setattr(steps_acquire, "prefetch_budget", lambda: total)
-    assert steps_acquire.download_direct(prof) is False
-    monkeypatch.setattr(steps_acquire, "prefetch_budget", lambda: total - 1)
-    assert steps_acquire.download_direct(prof) is True
-
-
-def test_block_sink_writes_aligned_blocks_with_o_direct(tmp_path: Path) -> None:
-    """Unaligned pieces (after the headers, a tail) go through the page cache, the rest with O_DIRECT;
-    the file and the digest are exactly the bytes committed."""
-    if not hasattr(os, "O_DIRECT"):
-        pytest.skip("no O_DIRECT on this platform")
-    target = tmp_path / "x.part"
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        dfd = os.open(target, os.O_WRONLY | os.O_DIRECT)
-    except OSError:
-        os.close(fd)
-        pytest.skip("the temporary file system refuses O_DIRECT")
-    data = random.Random(5).randbytes(3 * MiB + 1234)
-    sink = acquire.sink._BlockSink(fd, 0, hashlib.sha256(), direct_fd=dfd, block=64 * 1024, depth=3)
-    try:
-        sink.feed(data[:1000])  # what the client read past the headers
-        sink.flush()
-        pos = 1000
-        while pos < len(data):  # as the receiver does: back to an aligned offset, then whole blocks
-            buf = sink.take()
-            n = min(len(buf), len(data) - pos)
-            if sink.received % acquire.sink.ALIGN:
-                n = min(n, acquire.sink.ALIGN - sink.received % acquire.sink.ALIGN)
-            buf[:n] = data[pos : pos + n]
-            sink.commit(buf, n)
-            pos += n
-        sink.close()
-    finally:
-        os.close(dfd)
-        os.close(fd)
-    assert target.read_bytes() == data
-    assert sink.hasher.hexdigest() == hashlib.sha256(data).hexdigest()
-    assert sink.direct and 0 < len(data) - sink.direct_bytes < 2 * acquire.sink.ALIGN

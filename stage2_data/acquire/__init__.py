@@ -7,7 +7,7 @@
 - :mod:`.listing`: the hub's listing at the pinned revision and the revision check;
 - :mod:`.transport`: one archive's bytes into ``archives/.partial/<path>.part`` (GET, resume with
   ``Range``, retries with backoff, the client's streaming reads);
-- :mod:`.sink`: the received buffers written (``O_DIRECT`` where possible) and hashed at once;
+- :mod:`.sink`: the received buffers written and hashed at once;
 - :mod:`.state`: where an archive stands locally (its ``.verified.json`` record) and the free disk
   the rest of the build needs;
 - :mod:`.download`: verify and publish one archive, several at once, or a whole profile;

@@ -241,7 +241,6 @@ def download_archive(
     attempts: int = DEFAULT_ATTEMPTS,
     backoff: float | None = None,  # None: STAGE2_RETRY_BACKOFF, else DEFAULT_BACKOFF
     cancel: threading.Event | None = None,
-    direct_io: bool | None = None,
     profile: Profile | None = None,
 ) -> DownloadResult:
     """Download one pinned archive into ``archives/<path>`` and verify it against its pin.
@@ -257,8 +256,7 @@ def download_archive(
     request. Transient failures are retried by the one retry policy (``retry.py``: ``attempts`` in
     all, backoff ``backoff`` x 2^n seconds, or the hub's ``Retry-After``, bounded), each retry
     resuming from the partial file. A sha256 mismatch deletes the partial and raises
-    ChecksumMismatchError. ``direct_io``: aligned blocks written with ``O_DIRECT`` (not kept in the
-    page cache); None: ``transport.DIRECT_IO``.
+    ChecksumMismatchError.
     """
     _raise_precheck(_precheck(source, [spec], quarantined, listed))
     assert spec.size is not None and spec.sha256 is not None
@@ -277,7 +275,7 @@ def download_archive(
         raise _offline_error(data_root, [spec.path])
     backoff = default_backoff() if backoff is None else backoff  # read only when a request is made
     try:
-        res = _download(source, spec, data_root, progress, max(1, attempts), backoff, cancel, t0, direct_io)
+        res = _download(source, spec, data_root, progress, max(1, attempts), backoff, cancel, t0)
     except Stage2Error as e:
         if moved is not None:  # the message says where the file that was there went
             e.message += f" (The file that was at {final} disagreed with its pin and was moved to {moved}.)"
@@ -295,7 +293,6 @@ def _download(
     backoff: float,
     cancel: threading.Event | None,
     t0: float,
-    direct_io: bool | None = None,
 ) -> DownloadResult:
     assert spec.size is not None and spec.sha256 is not None
     final = layout.archive_path(data_root, spec.path)
@@ -308,7 +305,6 @@ def _download(
         attempts=attempts,
         backoff=backoff,
         cancel=cancel,
-        direct_io=direct_io,
     )
     digest = fetched.sha256
     if digest != spec.sha256:

@@ -1,19 +1,13 @@
 """Where the received bytes go: written and hashed at the same time, over recycled buffers.
 
 Each received buffer is written and hashed at the same time by two threads (``_BlockSink``), so
-receiving, writing and hashing run on separate cores. Aligned blocks are written with ``O_DIRECT``
-(Linux, see ``transport.DIRECT_IO``): straight from the receive buffer to the disk, no page-cache
-copy, no writeback left for the fsync before publication, and 107 GiB of archives do not push
-everything else out of memory; where ``O_DIRECT`` is refused, writeback is started as the file grows
-(``sync_file_range``), so the fsync waits for little.
+receiving, writing and hashing run on separate cores. Writeback is started as the file grows
+(``sync_file_range``), so the fsync before publication waits for little.
 """
 
 from __future__ import annotations
 
-import errno
 import hashlib
-import logging
-import mmap
 import os
 import queue
 import threading
@@ -21,21 +15,17 @@ from typing import Any
 
 from ..fsutil import WRITEBACK_EVERY, start_writeback
 
-log = logging.getLogger(__name__)
-
 BLOCK_SIZE = 1024 * 1024
 """Bytes per receive buffer: one socket read loop, one file write and one hash update each."""
 DEPTH = 6
 """Receive buffers per download (in flight between receiving, writing and hashing)."""
-ALIGN = 4096
-"""File offset, length and address alignment of an ``O_DIRECT`` write (the largest logical block
-size in common use; receive buffers are page-aligned ``mmap`` allocations)."""
 
 
 class _BlockSink:
     """Receive, then write and hash at the same time, over recycled buffers.
 
-    The receiving thread fills a buffer (:meth:`take`) and hands it over (:meth:`commit`); one
+    The receiving thread copies what it receives into a buffer (:meth:`feed`), each full one handed
+    over (:meth:`commit`); one
     background thread writes it to the partial file while a second one feeds it to the sha256, and
     the buffer goes back to the free list when both are done with it. Writing and hashing release
     the GIL, so the three stages run on different cores, and no memory is allocated per block.
@@ -51,16 +41,13 @@ class _BlockSink:
         offset: int,
         hasher: Any,
         *,
-        direct_fd: int | None = None,
         block: int | None = None,
         depth: int | None = None,
     ) -> None:
         self._fd = fd
-        self._dfd = direct_fd  # the same file opened with O_DIRECT (aligned blocks go there), or None
-        self._free: queue.SimpleQueue[mmap.mmap] = queue.SimpleQueue()
-        for _ in range(depth or DEPTH):
-            # mmap: page-aligned memory, as O_DIRECT needs; recycled, never reallocated
-            self._free.put(mmap.mmap(-1, block or BLOCK_SIZE))
+        self._free: queue.SimpleQueue[bytearray] = queue.SimpleQueue()
+        for _ in range(depth or DEPTH):  # recycled, never reallocated
+            self._free.put(bytearray(block or BLOCK_SIZE))
         self._start(offset, hasher)
 
     def _start(self, offset: int, hasher: Any) -> None:
@@ -69,13 +56,12 @@ class _BlockSink:
         self.hashed = offset
         self._written = offset  # file offset of the writer
         self._flushed = offset  # writeback started up to here (see ``WRITEBACK_EVERY``)
-        self.direct_bytes = 0  # bytes written with O_DIRECT (the rest went through the page cache)
         self.error: BaseException | None = None
-        self._to_write: queue.SimpleQueue[tuple[mmap.mmap, int] | None] = queue.SimpleQueue()
-        self._to_hash: queue.SimpleQueue[tuple[mmap.mmap, int] | None] = queue.SimpleQueue()
+        self._to_write: queue.SimpleQueue[tuple[bytearray, int] | None] = queue.SimpleQueue()
+        self._to_hash: queue.SimpleQueue[tuple[bytearray, int] | None] = queue.SimpleQueue()
         self._users: dict[int, int] = {}  # id(buffer) -> stages (write, hash) not yet done with it
         self._lock = threading.Lock()
-        self._cur: mmap.mmap | None = None  # the buffer :meth:`feed` is filling
+        self._cur: bytearray | None = None  # the buffer :meth:`feed` is filling
         self._fill = 0
         self._closed = False
         self._threads = [
@@ -93,7 +79,7 @@ class _BlockSink:
         self._start(0, hashlib.sha256())
 
     # ----- background stages -----
-    def _release(self, buf: mmap.mmap) -> None:
+    def _release(self, buf: bytearray) -> None:
         """One stage is done with ``buf``; the last one gives it back to the free list."""
         with self._lock:
             left = self._users.pop(id(buf)) - 1
@@ -102,34 +88,14 @@ class _BlockSink:
                 return
         self._free.put(buf)
 
-    @property
-    def direct(self) -> bool:
-        """True while aligned blocks are written with ``O_DIRECT``."""
-        return self._dfd is not None
-
     def _write_block(self, view: memoryview) -> None:
-        """Write ``view`` (the start of a buffer) at the writer's offset: its aligned part with
-        ``O_DIRECT`` when available, the rest through the page cache."""
+        """Write ``view`` (the start of a buffer) at the writer's offset."""
         pos, n = 0, len(view)
         while pos < n:
-            at = self._written
-            fd, end = self._fd, n
-            if self._dfd is not None and at % ALIGN == 0 and pos % ALIGN == 0 and n - pos >= ALIGN:
-                fd, end = self._dfd, pos + (n - pos) // ALIGN * ALIGN
-            try:
-                k = os.pwrite(fd, view[pos:end], at)
-            except OSError as e:
-                if fd == self._dfd and e.errno in (errno.EINVAL, errno.EOPNOTSUPP):
-                    # The file system wants another alignment: buffered writes from here on.
-                    log.debug("O_DIRECT write refused (%s); writing through the page cache", e)
-                    self._dfd = None
-                    continue
-                raise
+            k = os.pwrite(self._fd, view[pos:], self._written)
             pos += k
             self._written += k
-            if fd != self._fd:
-                self.direct_bytes += k
-        if self._dfd is None and self._written - self._flushed >= WRITEBACK_EVERY:
+        if self._written - self._flushed >= WRITEBACK_EVERY:
             # the disk works while the download goes on: the final fsync has little left to do
             start_writeback(self._fd, self._flushed, self._written - self._flushed)
             self._flushed = self._written
@@ -156,7 +122,7 @@ class _BlockSink:
         if self.error is not None:
             raise self.error
 
-    def take(self) -> mmap.mmap:
+    def take(self) -> bytearray:
         """A free buffer to fill (waits while ``depth`` blocks are in flight)."""
         buf = self._free.get()
         if self.error is not None:
@@ -164,7 +130,7 @@ class _BlockSink:
             self._check()
         return buf
 
-    def commit(self, buf: mmap.mmap, n: int) -> None:
+    def commit(self, buf: bytearray, n: int) -> None:
         """Hand over the first ``n`` bytes of ``buf`` (or give an empty buffer back)."""
         if n:
             self.received += n

@@ -40,15 +40,6 @@ from .sink import _BlockSink
 
 log = logging.getLogger(__name__)
 
-DIRECT_IO = True
-"""Write aligned blocks with ``O_DIRECT`` (Linux) where the file system accepts it: the bytes go from
-the receive buffer to the disk without a copy into the page cache (no CPU spent copying, no 107 GiB
-of archives pushing everything else out of memory, and the fsync before publication has only the
-unaligned edges left to flush). Unaligned pieces (the first bytes after the headers, a tail, a
-resume point) go through an ordinary buffered descriptor of the same file; a file system that
-refuses ``O_DIRECT`` gets only buffered writes. What ``fetch_partial``'s ``direct_io`` means when None: a
-build passes False when its archives fit in the page cache (``steps.acquire.download_direct``)."""
-
 
 class DownloadCancelled(HubError):
     """The download was cancelled (``cancel`` event set, e.g. on Ctrl-C); the partial file is kept."""
@@ -92,7 +83,6 @@ def fetch_partial(
     backoff: float,
     cancel: threading.Event | None,
     policy: RetryPolicy | None = None,
-    direct_io: bool | None = None,
 ) -> Fetched:
     """Bring ``part`` to the pinned size of ``spec`` (resuming from what it holds) and hash it.
 
@@ -117,7 +107,7 @@ def fetch_partial(
             _check_metadata(source, spec, url)
             meta_checked = True
         try:
-            return _attempt(source, spec, url, part, state, progress, cancel, policy.backoff, direct_io)
+            return _attempt(source, spec, url, part, state, progress, cancel, policy.backoff)
         except OSError as e:
             if isinstance(e, Stage2Error) or e.errno not in DISK_FULL_ERRNOS:
                 raise
@@ -360,7 +350,6 @@ def _attempt(
     progress: Callable[[int], None] | None,
     cancel: threading.Event | None,
     backoff: float,
-    direct_io: bool | None = None,
 ) -> str:
     """One download attempt, resuming from the partial file; returns the sha256 of the whole file.
 
@@ -400,15 +389,9 @@ def _attempt(
             raise _Cancelled()
 
     fd = os.open(part, os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
-    dfd: int | None = None
-    if (DIRECT_IO if direct_io is None else direct_io) and hasattr(os, "O_DIRECT"):
-        try:
-            dfd = os.open(part, os.O_WRONLY | os.O_DIRECT | getattr(os, "O_CLOEXEC", 0))
-        except OSError:  # e.g. tmpfs: no O_DIRECT, buffered writes only
-            dfd = None
     try:
         os.ftruncate(fd, resume)
-        sink = _BlockSink(fd, resume, hasher, direct_fd=dfd)
+        sink = _BlockSink(fd, resume, hasher)
         try:
             if resume == spec.size and state.resumed_from is None:
                 state.resumed_from = resume
@@ -440,6 +423,4 @@ def _attempt(
         os.fsync(fd)
         return str(sink.hasher.hexdigest())
     finally:
-        if dfd is not None:
-            os.close(dfd)
         os.close(fd)

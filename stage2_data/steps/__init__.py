@@ -8,7 +8,7 @@ directories, the extraction report), ``kit`` (sidecars, join, subset bytes), ``s
 
 from __future__ import annotations
 
-from .acquire import archives_to_extract, step_download, step_extract, step_extraction_report
+from .acquire import step_download, step_extract, step_extraction_report
 from .kit import link_totals_problems, step_join, step_sidecars, step_verify_bytes
 from .profile import step_profile
 from .result import StepResult
@@ -25,7 +25,6 @@ from .store import (
 
 __all__ = [
     "CURRENT_OBJECT",
-    "archives_to_extract",
     "StepResult",
     "current_store",
     "kit_inputs",

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from .. import checks as C
 from .. import layout
 from ..acquire import archive_state, download_archive, require_build_space, verified_sha256s
-from ..acquire.transport import DIRECT_IO
 from ..checks import compare_totals, outcome
 from ..extract import (
     ExtractionRecord,
@@ -22,23 +20,10 @@ from ..extract import (
     stray_entries,
     write_extraction_report,
 )
-from ..extract.prefetch import prefetch_budget
 from ..profile import Profile
 from .result import StepResult, rate
 
 log = logging.getLogger(__name__)
-
-
-def download_direct(profile: Profile) -> bool:
-    """Whether a build writes its downloads with ``O_DIRECT`` (``transport.DIRECT_IO``): only when
-    the profile's archives do not fit in the extraction's read-ahead budget (``prefetch_budget``: a
-    quarter of the memory available, at most 8 GiB). The extraction reads every archive again right
-    after its download; archives that fit stay in the page cache for it. Measured on a 3.4 GB profile
-    here, alternating: whole builds of 34.2 and 35.6 s written through the page cache, 35.8 and 46.0 s
-    with ``O_DIRECT`` (the extraction then reads the archives back from the disk). A 107 GiB profile
-    still goes straight to the disk, read ahead by the prefetcher, and evicts nothing."""
-    total = sum(a.size or 0 for a in profile.archives)
-    return DIRECT_IO and total > prefetch_budget()
 
 
 def step_download(
@@ -57,7 +42,6 @@ def step_download(
         reverify=reverify,
         progress=progress,
         quarantined=profile.quarantined_paths(),
-        direct_io=download_direct(profile),
         profile=profile,
     )
     md = {
@@ -86,19 +70,6 @@ def step_download(
         ],
         res,
     )
-
-
-def archives_to_extract(
-    profile: Profile, data_root: Path, keys: Sequence[str]
-) -> list[tuple[str, list[Path]]]:
-    """``(cache key, its archive files)`` of each of ``keys`` whose extraction is not up to date (stats
-    only), in the order given: what :class:`~stage2_data.extract.prefetch.Prefetcher` reads ahead."""
-    by_key = profile.archives_by_cache_key()
-    return [
-        (key, [layout.archive_path(data_root, a.path) for a in by_key[key]])
-        for key in keys
-        if check_extraction(data_root, key, verified_sha256s(profile, data_root, key))[1] is not None
-    ]
 
 
 def step_extract(
