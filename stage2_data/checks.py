@@ -67,12 +67,14 @@ STANDALONE_CHECKS: dict[str, tuple[str, ...]] = {
     VIN_STORE: (STORE_BYTES_MATCH_MANIFEST,),
 }
 # The standalone checks a build records with its materialization (assets/: ``run_step``), so that
-# a fresh build shows every check of every asset as run: the asset whose step does the same work,
-# over the same files, in the same run. Links: the join step's link check is this check's code.
-# Sidecars: the join asset re-reads every unpacked sidecar (its problems also fail
-# JOIN_HAS_NO_PROBLEMS, whose description covers them). Subset bytes: the subset_checksums step is
-# this check's code. Store bytes: the publication gate (every file's sha256, the fingerprint,
-# every sample decoded) passed on the store the build published, which `current` now names.
+# a fresh build shows every check of every asset as run: the asset whose step does the work, over
+# the same files, in the same run. Links: the join step's link check is this check's code.
+# Sidecars: the join asset checks every unpacked sidecar as the unpack read it when it wrote it
+# (unchanged since: inode, size, mtime, ctime) or reads it again, and says so in the result (only
+# the check itself re-reads every one; a problem found also fails JOIN_HAS_NO_PROBLEMS). Subset
+# bytes: the subset_checksums step is this check's code. Store bytes: the publication gate (every
+# file's sha256, the fingerprint, every sample decoded) passed on the store the build published,
+# which `current` now names.
 RECORDED_BY_BUILD: dict[str, str] = {
     LINKS_ON_DISK_MATCH_EXPECTED: TRAJECTORY_JOIN,
     SIDECARS_ON_DISK_SANE: TRAJECTORY_JOIN,
