@@ -283,6 +283,11 @@ def print_build_summary(s: dict[str, Any]) -> None:
         print(f"store:        {s['store']}")
         print(f"fingerprint:  {s['fingerprint']}")
         _print_store_counts(s["store"])
+        current = _current_link(s)
+        if current is not None:  # the path to keep: the versioned folder goes by the retention policy
+            print(f"current:      {current}")
+            print("open it:      from stage2_data.store import VinOfflineDataset")
+            print(f'              ds = VinOfflineDataset("{current}", split="train")')
     else:
         print("BUILD FAILED" + (f" (stopped after {s['stopped_after']})" if s.get("stopped_after") else ""))
         for c in checks:
@@ -299,6 +304,21 @@ def print_build_summary(s: dict[str, Any]) -> None:
             part = f"[{e['partition']}]" if e.get("partition") else ""
             print(f"  error {e['step']}{part}: {e['message']}")
     print(f"UI:           DAGSTER_HOME={s['dagster_home']} make ui   (then open http://127.0.0.1:3000)")
+
+
+def _current_link(s: dict[str, Any]) -> str | None:
+    """The published store's ``current`` link under the data root (relative to the working folder
+    when it lies under it, as a user pastes it), or None for a store on object storage."""
+    store = s.get("store")
+    if not store or "://" in str(store):
+        return None
+    link = layout.current_store_path(Path(s["data_root"]), s["profile"])
+    if Path(store).resolve() != link.resolve():
+        return None
+    try:
+        return str(link.relative_to(Path.cwd()))
+    except ValueError:
+        return str(link)
 
 
 def _print_store_counts(store: str | None) -> None:

@@ -114,6 +114,9 @@ def test_fault_gate_current_index_edited(gated: dict[str, Any], tmp_path: Path) 
     said = re.search(r"^store update: (.*)$", out.stdout, re.M)
     assert said and "failed the publication gate" in said.group(1) and str(aside[0]) in said.group(1)
     assert "sample_index.jsonl" in said.group(1), said.group(1)  # what failed, named
+    current = layout.current_store_path(root, gated["profile"])
+    assert f"current:      {current}\n" in out.stdout  # the path to keep, and how to open it
+    assert f'VinOfflineDataset("{current}", split="train")' in out.stdout
     listed = stage2("list", str(gated["demo"].profile), "--data-root", str(root), "--json")
     assert listed.returncode == 0 and str(aside[0] / "sample_index.jsonl") in listed.stdout, listed.tail()
     gc = stage2("gc", str(root / layout.STORES_DIR), "--quarantine", "--json")  # only when asked

@@ -177,7 +177,13 @@ def _decide(
         )
     if len(old_keys) == len(by_key):
         diff = sorted(k for k in set(old_inputs) | set(inputs) if old_inputs.get(k) != inputs.get(k))
-        return _no(f"no new trajectories, but inputs changed ({_few(diff)})")
+        if diff:
+            return _no(f"no new trajectories, but inputs changed ({_few(diff)})")
+        return _no(
+            "no new trajectories and the same kit and pins, but the store's name differs: the content "
+            "of the extracted data or the sidecars is not the published store's (or it was named by "
+            "an older version)"
+        )
     for r in old_rows:
         s = by_key[r["sample_key"]]
         new = {f: getattr(s, f) for f in _SAME_FIELDS}
