@@ -142,9 +142,11 @@ def __getattr__(name: str) -> Any:
 
 
 # ----- one run of a stage's job (stage2 build) ----------------------------------------------------
-def build_job(config: dict[str, Any], job_name: str) -> dg.JobDefinition:
+def build_job(config: dict[str, Any], job_name: str, call: str = "") -> dg.JobDefinition:
     """Reconstructor (module-level, importable in every worker): the named job ``job_name`` of the
     Definitions, with the executor named by ``config["executor"]`` (the run config configures it).
-    Built afresh at every call, so a run sees the profile as it is now."""
+    Built afresh at every call, so a run sees the profile as it is now. ``call`` is unused here: it
+    tells runs apart in Dagster's own per-process cache of reconstructed jobs."""
+    del call
     cfg = BuildConfig(**config)
     return build_definitions(cfg, job_executor=executor_def(cfg.executor)).resolve_job_def(job_name)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -285,6 +286,9 @@ def execute_selection(
         reconstructable_kwargs={
             "config": dict(config),
             "job_name": job_for(selection),
+            # Dagster keeps a reconstructed job per (function, kwargs) for the process's life: a
+            # key of its own per run makes a later run of the same config see the profile as it is
+            "call": uuid.uuid4().hex,
         },
         reconstructor_working_directory=os.getcwd(),
     )

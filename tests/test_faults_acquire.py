@@ -142,7 +142,8 @@ def test_fault_net_bad_revision(prepared: Prepared, demo: DemoPaths, tmp_path: P
         assert not layout.archive_path(root, victim).exists()
         assert outside(tmp_path, root) == before
         demo.profile.write_text(good)
-        assert run_selection(cfg, ["archive_file"], victim)["success"]
+        r2 = run_selection(cfg, ["archive_file"], victim)
+        assert r2["success"], said(r2)
 
 
 def test_fault_net_unreachable(prepared: Prepared) -> None:

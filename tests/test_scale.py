@@ -234,11 +234,12 @@ def test_build_records_runs_and_checks_in_postgres(
         e.partition for e in per_partition if e.check_name == C.ARCHIVE_SHA256_MATCHES_PIN
     ) == sorted(prof.archive_paths())
     assert len(per_partition) + len([e for e in evals if e.partition is None]) == len(evals)
+    # every check of the definitions: the verify-only ones too, recorded from the build's own work
     assert {(e.asset_key.to_user_string(), e.check_name) for e in evals} == {
-        (a, n) for a, names in C.CHECKS_BY_ASSET.items() for n in names
+        (a, n) for a, names in C.ALL_CHECKS_BY_ASSET.items() for n in names
     }
     summaries = len(C.CHECKS_BY_ASSET[ARCHIVE_FILE]) + len(C.CHECKS_BY_ASSET[CACHE_DIR])
-    assert len(evals) == len(s["checks"]) + summaries
+    assert len(evals) == len(s["checks"]) + summaries + len(C.RECORDED_BY_BUILD)
     # and straight from PostgreSQL: one materialization per partition
     db = pg_build["db"]
     [(n_runs,)] = postgres.query(db, "SELECT count(*) FROM runs WHERE status = 'SUCCESS'")
