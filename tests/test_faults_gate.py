@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.built import build
+from helpers.built import fingerprint as _fingerprint
 from helpers.cli import Ran, stage2, subprocess_env
 
 from stage2_data import layout
@@ -33,23 +35,7 @@ FINGERPRINT = "08cec2259da8ff99655f79369ff7e425d70ce1919dfee17627493128c8249c8f"
 
 
 def _build(demo: DemoPaths, root: Path, hub: HubServer, *extra: str) -> Ran:
-    env = subprocess_env(drop=("DAGSTER_HOME", "CI"))
-    return stage2(
-        "build",
-        "--profile",
-        str(demo.profile),
-        "--data-root",
-        str(root),
-        "--endpoint",
-        hub.url,
-        *extra,
-        env=env,
-    )
-
-
-def _fingerprint(out: Ran) -> str | None:
-    m = re.search(r"^fingerprint:\s+([0-9a-f]{64})$", out.stdout, re.M)
-    return m.group(1) if m else None
+    return build(demo.profile, root, *extra, endpoint=hub.url)
 
 
 @pytest.fixture(scope="module")
