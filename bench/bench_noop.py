@@ -107,11 +107,10 @@ def _step_seconds(root: Path) -> dict[str, float]:
     """Where a build's time went: seconds per step (summed over a step's partitions) read from the
     build's Dagster instance (``<root>/.dagster``), and ``runs`` (their start-to-end sum)."""
     import dagster as dg
-    from dagster._core.instance.ref import InstanceRef
 
     out: dict[str, float] = {}
     # (not `with`: an instance's exit leaves it as Dagster's current state storage, see tests/conftest.py)
-    inst = dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(root / ".dagster")))
+    inst = dg.DagsterInstance.from_config(str(root / ".dagster"))
     try:
         for run in inst.get_runs():
             st = inst.get_run_stats(run.run_id)
