@@ -195,8 +195,8 @@ def run(argv: Sequence[str] | None = None) -> NoReturn:
     """The ``stage2`` executable: :func:`main`, whose code is the process's exit status (a normal
     interpreter exit)."""
     # No stage2 command does linear algebra, and OpenBLAS starts a thread per core at numpy's import
-    # that spins for a while (~0.08 s of CPU a process here: the build, its beside process, its
-    # workers, which inherit this); a user's own setting wins.
+    # that spins for a while, taking CPU from the work in every process (the build, its beside
+    # process, its workers, which inherit this); a user's own setting wins.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     sys.exit(main(argv))  # argparse's --help and usage errors raise SystemExit themselves
 

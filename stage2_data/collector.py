@@ -2,12 +2,10 @@
 off what the imports built.
 
 CPython's collector runs after every 700 net allocations of container objects, and every tenth
-(then hundredth) run walks everything older. A build imports ~1,500 modules (Dagster, SQLAlchemy,
-pyarrow, pandas, zarr): a few hundred thousand objects that live as long as the process, every one of
-them walked again by each full collection. Measured here on a ~400 MB build (one process): 794
-collections, 0.59 s with the interpreter lock held, 0.42 s of it in five full collections, each
-stalling every thread of the build (the store writer's included); ~0.2 s of it during the imports
-alone, which collected 160 objects.
+(then hundredth) run walks everything older. A build imports Dagster, SQLAlchemy, pyarrow, pandas
+and zarr: well over a thousand modules, whose objects live as long as the process, every one of
+them walked again by each full collection, which holds the interpreter lock and so stalls every
+thread of the process; the collections during the imports find next to nothing to free.
 
 So the kit stage's child process (``stage2_pipelines.beside``, :func:`own`) pauses the collector
 while it imports (:func:`paused`), and when the last such stretch ends, moves every object alive at
@@ -25,13 +23,13 @@ import threading
 from collections.abc import Iterator
 
 _lock = threading.Lock()
-_owned = False  # this process is the `stage2` executable: the policy above applies
+_owned = False  # this process called own(): the policy above applies
 _depth = 0  # stretches of imports under way (threads overlap theirs)
 
 
 def own() -> None:
-    """Apply the policy to this process (the ``stage2`` executable's first call): the collector is
-    paused from here until the first :func:`paused` stretch ends."""
+    """Apply the policy to this process (the kit stage's child process calls it first): the
+    collector is paused from here until the first :func:`paused` stretch ends."""
     global _owned
     with _lock:
         _owned = True

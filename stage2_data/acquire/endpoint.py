@@ -1,7 +1,7 @@
 """Which hub a build talks to and whether it may talk at all, as the environment says now: the
 endpoint (``--endpoint``, else ``HF_ENDPOINT``, else the real hub) and offline mode
 (``HF_HUB_OFFLINE``). No client import: a build with nothing to download (a no-op rebuild) asks
-these and never imports ``huggingface_hub`` (~0.2 s with its HTTP stack).
+these and never imports ``huggingface_hub`` (a slow import, with its HTTP stack).
 """
 
 from __future__ import annotations

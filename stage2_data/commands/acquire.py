@@ -10,8 +10,8 @@ import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-# The hub client (huggingface_hub and its HTTP stack, ~0.2 s) is imported by the commands that talk to
-# the hub, not when the CLI builds its parser.
+# The hub client (huggingface_hub and its HTTP stack, a slow import) is imported by the commands that
+# talk to the hub, not when the CLI builds its parser.
 from ..acquire import DEFAULT_ENDPOINT, archive_state, required_free_parts, resolve_endpoint
 from ..errors import HubError, ProfileError
 from ..fsutil import free_bytes, human_bytes

@@ -21,8 +21,8 @@ EXIT_ERROR = 2  # the command could not run (bad input, bad arguments)
 
 def exit_process(code: int) -> NoReturn:
     """End this process with ``code`` without the interpreter's teardown: once Dagster is imported,
-    freeing every object of its modules takes ~1 s here, after the work is over and reported (and a
-    build waiting for a child process waits for that too). What a normal exit does that matters
+    freeing every object of its modules is slow, and it comes after the work is over and reported
+    (a build waiting for a child process would wait for that too). What a normal exit does that matters
     still happens, in its order: the interpreter's own first step of shutting down
     (``threading._shutdown``: thread pools left open are told to stop, then the threads that are not
     daemons are waited for; joining them alone would wait forever on an idle pool's workers), then

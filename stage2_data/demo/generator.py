@@ -181,9 +181,9 @@ def _write_archives(plan: Plan, upstream: Path, kit: Path) -> tuple[dict[str, st
         jobs.append((build_cache_tar, (spec, plan.trajs[spec.cache_key], full, upstream / name)))
     for spec, name in ((QUARANTINED_SPEC, QUARANTINED_ARCHIVE), (OTHER_SPEC, OTHER_ARCHIVE)):
         jobs.append((build_cache_tar, (spec, plan.extra_trajs[spec.cache_key], full, upstream / name)))
-    # Serial on purpose: ~20 s of CPU in full-cardinality mode. A process pool would halve the wall
-    # time but "spawn" re-imports the caller's __main__ (breaks unguarded scripts and stdin) and
-    # "fork" is unsafe once pyarrow holds native threads.
+    # Serial on purpose: a process pool would shorten the full-cardinality mode's wall time, but
+    # "spawn" re-imports the caller's __main__ (breaks unguarded scripts and stdin) and "fork" is
+    # unsafe once pyarrow holds native threads.
     digests: dict[str, str] = {}
     for fn, args in jobs:
         digests.update(fn(*args))

@@ -43,7 +43,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
-from isal import isal_zlib  # ISA-L's inflate: the same bytes as zlib's, 2-3x faster (bench/)
+from isal import isal_zlib  # ISA-L's inflate: the same bytes as zlib's, faster (docs/benchmarks.md)
 
 from ..errors import FileTypeError, FormatError, Stage2Error
 from .sniff import describe, sniff
@@ -311,8 +311,8 @@ def member_header(data: bytes, m: ZipMember, *, file: str | None = None) -> NpyH
 
 def member_array(data: bytes, m: ZipMember, *, file: str | None = None) -> np.ndarray[Any, Any]:
     """The whole array of one member of an in-memory npz, inflated once, its header parsed by
-    :func:`parse_npy_header` (numpy's ``read_array`` parses it again with ``ast.literal_eval``:
-    about half the cost of a small member). Object arrays are refused, never unpickled; any
+    :func:`parse_npy_header` (numpy's ``read_array`` parses it again with ``ast.literal_eval``,
+    which weighs on a small member). Object arrays are refused, never unpickled; any
     problem of the bytes is a FormatError naming the file and member."""
     body = member_bytes(data, m, file=file)
     hdr, fortran = _parse_npy_header(body, file=file, member=m.name)
@@ -489,7 +489,8 @@ def npz_bytes(arrays: Iterable[tuple[str, np.ndarray[Any, Any]]]) -> bytes:
 
     The bytes equal what ``zipfile`` writes for ``ZipInfo(date_time=ZIP_DATE_TIME)``,
     ``create_system=3``, ``external_attr=0o600 << 16``, ``ZIP_DEFLATED`` (see tests/test_demo.py);
-    writing the records directly is ~5x faster, which the full-cardinality demo needs."""
+    writing the records directly is much faster than ``zipfile``, which the full-cardinality demo
+    needs (it writes tens of thousands of these)."""
     out = bytearray()
     central = bytearray()
     count = 0

@@ -384,8 +384,8 @@ def _unpack_sidecars(profile: Profile, data_root: Path, *, force: bool) -> Sidec
                 stale.unlink(missing_ok=True)
             index: dict[str, dict[str, Any]] = {}
             # Each sidecar's headers and data are checked as it is written (its bytes are at hand),
-            # for the join to use. (Inline: a parse thread beside the writer cost more CPU in GIL
-            # hand-offs than it saved, on 2 cores.)
+            # for the join to use. (Inline: a parse thread beside the writer costs more CPU in GIL
+            # hand-offs than it saves.)
             with staging(final, mode=0o700) as tmp:
                 tmp_s, final_s = str(tmp), str(final)
                 reader = _TarReader(tf.fileobj.fileno())  # type: ignore[attr-defined]

@@ -68,8 +68,8 @@ def preview_metadata(
         sheet = contact_sheet(reader, s, n, thumb_height=UI_THUMB_HEIGHT)
         return markdown_image(png_bytes(sheet.image), f"contact sheet of {s}")
 
-    # Drawn on a few threads (decoding, resizing and PNG encoding release the interpreter lock: the
-    # sheets take ~0.45 s one after the other at 400 MB scale, on the store step's critical path), and
+    # Drawn on a few threads (decoding, resizing and PNG encoding release the interpreter lock, and
+    # the sheets are on the store step's critical path), and
     # taken in source order until the budget is spent, so the result is the sequential one.
     parts: list[str] = []
     used = 0

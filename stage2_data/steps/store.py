@@ -36,6 +36,7 @@ from ..store import (
     validate_vin_offline_store,
 )
 from ..store.extend import write_or_extend
+from ..store.format import SHARD_LAYOUT
 from ..store.gate import GateResult, publication_gate
 from ..store.retention import retention_after_publish
 from .result import StepResult, kv_table, rate
@@ -78,13 +79,14 @@ def store_input_key(
     content: dict[str, str] | None = None,
 ) -> str:
     """The digest that names a store folder (``v<VERSION>-<first 16 hex>``): the profile, the kit's
-    and the pins' sha256 (``inputs``, also in the manifest), the format version, the writer settings
-    and, with ``content`` (:func:`extracted_content`), the content of the extracted data and
-    sidecars, so one folder name never stands for two contents."""
+    and the pins' sha256 (``inputs``, also in the manifest), the format version, the shard layout
+    rule, the writer settings and, with ``content`` (:func:`extracted_content`), the content of the
+    extracted data and sidecars, so one folder name never stands for two contents."""
     doc: dict[str, Any] = {
         "profile": profile.identity(),
         "inputs": inputs,
         "version": OFFLINE_DATASET_VERSION,
+        "layout": SHARD_LAYOUT,
         "settings": settings,
     }
     if content is not None:
@@ -92,11 +94,11 @@ def store_input_key(
     return hashlib.sha256(canonical_json(doc).encode()).hexdigest()
 
 
-#: Samples a shard-writing worker process must have to pay for itself. A worker costs ~0.5 s to
-#: start, and gains only on the per-sample Python work (parsing, hashing calls, copies) that holds
-#: one GIL; the per-byte work (inflate, Blosc, sha256) runs on threads in parallel anyway. Measured
-#: on 2 cores: 100 samples of ~3 MB (4 shards) took 3.4-3.6 s on threads and 4.0-4.9 s in 2
-#: processes; 4,323 samples of ~90 KB (68 shards) 4.4 s on threads and 4.1 s in 2 processes.
+#: Samples a shard-writing worker process must have to pay for itself. A worker costs a process
+#: start and its imports, and gains only on the per-sample Python work (parsing, hashing calls,
+#: copies) that holds one GIL; the per-byte work (inflate, Blosc, sha256) runs on threads in parallel
+#: anyway, so a store of few samples, however large, is written faster on threads
+#: (docs/benchmarks.md, "Design measurements").
 SAMPLES_PER_PROCESS = 1000
 
 

@@ -97,8 +97,14 @@ MANIFEST_TYPES: dict[str, type | tuple[type, ...]] = {
     "stats": dict,
     "fingerprint": str,
 }
-#: manifest keys left out of the fingerprint: time, the fingerprint itself, this machine's paths.
-FINGERPRINT_EXCLUDED = ("created_at", "fingerprint", "local")
+#: manifest keys left out of the fingerprint: time, the fingerprint itself, this machine's paths, and
+#: how the store came to be (a merge's inputs, an extension's base): the fingerprint names content,
+#: so a store merged from parts and one built in one piece that hold the same content share it.
+FINGERPRINT_EXCLUDED = ("created_at", "fingerprint", "local", "merged_from", "extended_from")
+
+#: How rows are ordered and cut into shards (:mod:`.plan`): part of a store folder's name, so a store
+#: laid out by another rule is never taken for this one's.
+SHARD_LAYOUT = "cache_key/resolution/length"
 
 
 class StoreInputError(ProblemsError, StoreError):
@@ -150,9 +156,9 @@ def shard_dir_name(shard_id: int) -> str:
 
 
 def compressor(dtype: np.dtype[Any]) -> BloscCodec:
-    """LZ4 (decodes at ~2 GB/s a core). Bitshuffle was measured: on camera-like uint8 frames it saves
-    ~10% of the bytes but encodes 4x and decodes 5x slower, so frames get no shuffle at all (byte
-    shuffle is a no-op on 1-byte items); the numeric blocks get byte shuffle."""
+    """LZ4 (fast to decode, so a read is bound by memory, not by the codec). Frames get no shuffle
+    at all: on camera-like uint8 frames bitshuffle saves few bytes for several times the encode and
+    decode time, and byte shuffle is a no-op on 1-byte items; the numeric blocks get byte shuffle."""
     from zarr.codecs import BloscCodec
 
     return BloscCodec(cname="lz4", clevel=5, shuffle="noshuffle" if dtype.itemsize == 1 else "shuffle")

@@ -4,9 +4,9 @@ the shard is written; then every file hashed. What the writer runs per shard, on
 (:func:`write_shard`) or in a worker process (:func:`build_shard`).
 
 A shard's frames are never all in memory: a few rows are (one per thread, and the compressed rows
-waiting to be written in order). Materialising whole shards, as this module first did, made every
-build touch (and the kernel zero) two shards' worth of fresh memory: on this machine ~14% of the store
-step's CPU, and more where first-touched memory is slow (a VM whose host reclaims free pages).
+waiting to be written in order). Materialising whole shards would make every build touch (and the
+kernel zero) two shards' worth of fresh memory: a visible share of the store step's CPU, and more
+where first-touched memory is slow (a VM whose host reclaims free pages).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def load_row(
             f = np.load(fp, mmap_mode="r", allow_pickle=False)
             shape_arr = np.array(f.shape, dtype=np.int64)
             nf_arr = np.array(f.shape[0] if f.ndim else 0, dtype=np.int64)
-        else:  # one read, each member inflated once (numpy's np.load: ~5x the time per file)
+        else:  # one read, each member inflated once (cheaper than numpy's np.load: docs/benchmarks.md)
             z = load_npz(fp, ("frames", "shape", "num_frames"))
             f, shape_arr, nf_arr = z["frames"], z["shape"], z["num_frames"]
     except (OSError, ValueError, EOFError) as e:  # load_npz: FormatError (a ValueError) or OSError

@@ -226,7 +226,7 @@ class VinOfflineWriter:
         self, staging: Path, shards: Sequence[ShardPlan], digests: dict[int, str]
     ) -> list[dict[str, Any]]:
         """Every shard written by ``processes`` worker processes (one shard a task, at most one in
-        memory per process: a shard's Python work no longer shares one GIL); their manifest
+        memory per process: the shards' Python work does not share one GIL); their manifest
         entries, in shard order. The workers are forked from a fork server that imports only
         :mod:`.shard_build` (never forked from this process, whose other threads may hold locks, and
         never re-running the caller's ``__main__`` as spawned processes do), and hold the same library

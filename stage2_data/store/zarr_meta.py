@@ -1,7 +1,8 @@
 """The ``zarr.json`` documents of a shard group, made without zarr's store machinery.
 
-zarr's ``create_array`` on a local store cost ~4-5 ms an array here (its async store layer, an
-event loop round trip per file), 272 arrays for a 4,323-sample store: more than compressing them.
+zarr's ``create_array`` on a local store goes through its async store layer (an event loop round
+trip per file), and a store has hundreds of small arrays: together they cost more than compressing
+the arrays' data.
 A shard group's documents differ only in a few shapes, so each kind of array (dtype, fill value,
 codecs, rank) is made ONCE by zarr itself, in memory (:class:`zarr.storage.MemoryStore`), and that
 document is reused with its shapes replaced: ``shape``, the regular chunk grid's ``chunk_shape``
