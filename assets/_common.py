@@ -242,9 +242,9 @@ def partition_workers(context: dg.AssetExecutionContext, default: int) -> int:
 
 def default_workers(kind: str) -> int:
     """Partitions at once inside a run, sized for the machine: downloads wait on the network (4
-    threads); extractions two at once where there are two cores (their time is the kernel's: file
-    creation and copy_file_range; on 2 cores, 13 cache directories of 3.4 GB and 53k files took
-    11-12 s two at a time against 15-18 s one at a time), capped by the stage's ``max_parallel``."""
+    threads); extractions two at once where there are two cores (their time is mostly the kernel's,
+    file creation and copy_file_range, which two at a time overlap), capped by the stage's
+    ``max_parallel``."""
     cpus = os.cpu_count() or 1
     return 4 if kind == "download" else max(1, min(2, cpus))
 

@@ -4,11 +4,11 @@ The kit stage needs only the profile, so `stage2 build` runs it while the downlo
 extraction run (``runner.walk_stages``). Not in a thread of the build's process: Dagster 1.13
 reconfigures Python's logging (``logging.config.dictConfig``, which takes every handler's lock) at
 the start of every run, and a run logging in another thread at that moment holds its handler's lock
-while it waits for logging's module lock: two runs in two threads of one process deadlocked. So the
+while it waits for logging's module lock: two runs in two threads of one process can deadlock. So the
 stage's one run is executed by a child process (``python -m stage2_pipelines.beside``), on the same
 instance and executor, and only waited for in a thread of the build.
 
-The child is started when the build starts, so that its imports (Dagster's take over a second) run
+The child is started when the build starts, so that its imports (Dagster's are most of a start) run
 while the build's own start-up and the profile stage do, on another core; it then waits for "go" on
 its stdin (the stages it needs are over) and runs, or exits at once on end of input (a stage it
 needs failed, or the build stopped). Its summary (``runs.run_selection``'s) comes back as JSON on
@@ -133,5 +133,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    # without the interpreter's teardown (~1 s after Dagster): the build waits for this process's end
+    # without the interpreter's teardown (slow after Dagster's import): the build waits for this end
     exit_process(main(sys.argv[1:]))

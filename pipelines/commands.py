@@ -5,7 +5,7 @@ CLI (``stage2_data.cli``) from the Dagster layer through the ``stage2.commands``
 Without the pipeline extra (Dagster missing) this module still loads: ``stage2 build --help`` shows
 every option and the line that installs the extra, and running either command says what to install
 (exit 2). Dagster itself is imported when a command runs, not when the CLI starts (every ``stage2``
-command builds the parser, and importing Dagster takes half a second).
+command builds the parser, and importing Dagster is the slowest part of a start).
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ never the database. Production instances use PostgreSQL (deploy/dagster.yaml) an
 
 The web UI follows a live run by watching the database file for modifications; with pooled
 connections the file itself changes only at SQLite's automatic checkpoints, so every connection
-touches it when it is done (a ``utime``, no fsync) and the UI's live views update as before.
+touches it when it is done (a ``utime``, no fsync) and the UI's live views update as they do with
+Dagster's own storage.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ request idempotent: a stage is requested once per rebuild however many ticks see
 
 Why a sensor of our own and not declarative automation (``AutomationCondition.eager()`` /
 ``on_cron``): those conditions react to every materialization, including `stage2 build`'s own runs.
-Measured on the demo (Dagster 1.13, ``dg.evaluate_automation_conditions``): right after the CLI's
-``acquire_archives`` run, ``eager()`` requests all 13 ``cache_dir`` partitions, so the daemon would
+Right after the CLI's ``acquire_archives`` run, ``eager()`` requests every ``cache_dir`` partition
+(Dagster 1.13, as ``dg.evaluate_automation_conditions`` shows on the demo), so the daemon would
 extract them while the CLI, holding the data root's lock, extracts them too. And a schedule cannot
 launch an asset backfill in 1.13 (only a sensor, through a private constructor). This sensor follows
 only runs tagged ``stage2/rebuild``.

@@ -86,7 +86,7 @@ def ensure_instance(data_root: Path) -> Path:
 
 def open_instance(data_root: Path) -> tuple[Path, dg.DagsterInstance]:
     """:func:`ensure_instance`, and the instance, which a build's runs in this process share (opening
-    one reads its config and checks its three storages' schemas: ~0.15 s, once a run before)."""
+    one reads its config and checks its three storages' schemas: once a build, not once a run)."""
     home = instance_home(data_root)
     home.mkdir(parents=True, exist_ok=True)
     write_instance_yaml(home)

@@ -5,9 +5,9 @@ Why a guard of its own: Dagster handles interrupts itself while a run executes
 (its interrupt handling: SIGINT and SIGTERM raise ``DagsterExecutionInterruptedError`` in
 the step's code) and, when a run ends, maps SIGTERM to whatever SIGINT's handler was before. A
 background shell (cron, nohup, a pod's entrypoint) starts a process with SIGINT *ignored*, so after
-the first run SIGTERM was ignored too: a build went on for 37 s after SIGTERM, exited 0 and published
-a store. And ``materialize(raise_on_error=False)`` turns an interrupt into a failed run, after which
-the build would go on with the next stage.
+the first run SIGTERM would be ignored too: the build would go on, exit 0 and publish a store. And
+``materialize(raise_on_error=False)`` turns an interrupt into a failed run, after which the build
+would go on with the next stage.
 
 :func:`stop_guard` (a context manager around the whole build):
 

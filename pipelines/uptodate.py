@@ -2,7 +2,7 @@
 
 A second ``stage2 build`` of unchanged inputs has nothing to run: every stage is up to date by
 stats alone (``stage2_data.steps.status.build_status``). Deciding that costs a scandir walk and a
-few ``stat`` calls; importing Dagster and opening the instance costs over a second. So the CLI asks
+few ``stat`` calls; importing Dagster and opening the instance costs far more. So the CLI asks
 this module first (under the data root's lock) and imports the runner only when a stage has work.
 
 Nothing here imports Dagster (``tests/test_layering.py`` checks it); the runner uses the same
