@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.built import DEMO_FINGERPRINT as FINGERPRINT
 from helpers.built import build
 from helpers.built import fingerprint as _fingerprint
 from helpers.cli import Ran, stage2, subprocess_env
@@ -30,8 +31,6 @@ from stage2_data import layout
 from stage2_data.demo import DemoPaths
 from stage2_data.demo.hubserver import HubServer
 from stage2_data.profile import load_profile
-
-FINGERPRINT = "08cec2259da8ff99655f79369ff7e425d70ce1919dfee17627493128c8249c8f"
 
 
 def _build(demo: DemoPaths, root: Path, hub: HubServer, *extra: str) -> Ran:

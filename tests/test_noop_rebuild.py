@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.built import DEMO_FINGERPRINT as FINGERPRINT
 from helpers.cli import python, stage2, subprocess_env
 
 from stage2_data import layout
@@ -28,8 +29,6 @@ from stage2_data.profile import Profile, load_profile
 from stage2_data.stages import EXTRACT, STAGES, STORE
 from stage2_data.steps import step_extract
 from stage2_data.steps.status import build_status, record_store_stage
-
-FINGERPRINT = "08cec2259da8ff99655f79369ff7e425d70ce1919dfee17627493128c8249c8f"
 
 
 # --------------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers.built import DEMO_FINGERPRINT
 from helpers.cli import REPO, STAGE2, Ran, stage2, subprocess_env
 
 from stage2_data import layout
@@ -34,7 +35,6 @@ from stage2_data.profile import load_profile
 from stage2_pipelines.runner import write_instance_yaml
 from stage2_pipelines.stops import HARD_EXIT_MARK
 
-DEMO_FINGERPRINT = "08cec2259da8ff99655f79369ff7e425d70ce1919dfee17627493128c8249c8f"
 STOP_WAIT = 90.0  # polling deadline that stops a hang (the stop itself takes seconds)
 
 # Sleeps (long: the build would not end by itself within STOP_WAIT) at every write inside a temp

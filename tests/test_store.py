@@ -217,30 +217,34 @@ def test_round_trip_bytes_and_padding(store: Path, up: Upstream) -> None:
 def test_layout_one_resolution_per_shard_and_order(store: Path, up: Upstream) -> None:
     reader = VinOfflineStoreReader(store)
     rows = reader.sample_index
-    # by resolution, then by length (shards group similar lengths), then by key
-    order = [((r["frame_height"], r["frame_width"]), r["num_frames"], r["sample_key"]) for r in rows]
+    # by cache directory, then resolution, then length (shards group similar lengths), then key
+    order = [
+        (r["cache_key"], (r["frame_height"], r["frame_width"]), r["num_frames"], r["sample_key"])
+        for r in rows
+    ]
     assert order == sorted(order)
-    sizes_by_res: dict[tuple[int, int], list[int]] = {}
-    lengths_by_res: dict[tuple[int, int], list[list[int]]] = {}
+    sizes_by_group: dict[tuple[str, tuple[int, int]], list[int]] = {}
+    lengths_by_group: dict[tuple[str, tuple[int, int]], list[list[int]]] = {}
     for sh in reader.manifest["shards"]:
         mine = rows[sh["row_start"] : sh["row_start"] + sh["num_rows"]]
-        res = {(r["frame_height"], r["frame_width"]) for r in mine}
-        assert len(res) == 1
-        (hw,) = res
+        groups = {(r["cache_key"], (r["frame_height"], r["frame_width"])) for r in mine}
+        assert len(groups) == 1  # one cache directory, one resolution
+        (group,) = groups
+        hw = group[1]
         assert sh["frame_shape"] == [max(r["num_frames"] for r in mine), *hw, 3]
         assert sh["action_width_max"] == max(r["action_width"] for r in mine)
-        sizes_by_res.setdefault(hw, []).append(sh["num_rows"])
+        sizes_by_group.setdefault(group, []).append(sh["num_rows"])
         g = zarr.open_group(store / sh["dir"], mode="r")
         assert g["frames"].shape == (sh["num_rows"], *sh["frame_shape"])
         # padding is bounded: no short sample is padded to a much longer one
         ts = [r["num_frames"] for r in mine]
         assert max(ts) - min(ts) <= pad_slack(min(ts))
-        lengths_by_res.setdefault(hw, []).append(ts)
-    assert set(sizes_by_res) == {RES_A, RES_B}
-    for hw, sizes in sizes_by_res.items():
+        lengths_by_group.setdefault(group, []).append(ts)
+    assert {hw for _key, hw in sizes_by_group} == {RES_A, RES_B}
+    for group, sizes in sizes_by_group.items():
         assert all(1 <= s <= 3 for s in sizes)
         # a shard ends full, or where the next sample would break the padding bound
-        shards_ts = lengths_by_res[hw]
+        shards_ts = lengths_by_group[group]
         for cur, nxt in zip(shards_ts, shards_ts[1:], strict=False):
             assert len(cur) == 3 or nxt[0] > cur[0] + pad_slack(cur[0])
     assert {b["name"]: b["materialized"] for b in reader.manifest["blocks"]} == {

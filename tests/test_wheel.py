@@ -16,9 +16,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from helpers.built import DEMO_FINGERPRINT
 
 REPO = Path(__file__).resolve().parent.parent
-DEMO_FINGERPRINT = "08cec2259da8ff99655f79369ff7e425d70ce1919dfee17627493128c8249c8f"
 # Never copied into the build: local state, caches and build output.
 NOT_SOURCE = shutil.ignore_patterns(
     ".git",
@@ -42,6 +42,7 @@ GENERIC_NAMES = {"assets", "resources", "pipelines", "deploy", "tests", "bench"}
 READ_STORE = """
 import sys
 from stage2_data.store import VinOfflineDataset
+from helpers.built import DEMO_FINGERPRINT
 
 ds = VinOfflineDataset(sys.argv[1], split="train")
 sample = ds[0]

@@ -1,19 +1,20 @@
 """Merge: a new store = a base store + a sidecar store of NEW trajectories built by the same writer.
 
 Existing shards are never rewritten: base shards are hard-linked (or copied and verified), sidecar
-shards copied whole and renumbered; the sample index, pairs, splits and manifest are written anew
-and the result published like a fresh build.
+shards copied whole; both are numbered in the order a fresh build of all the rows gives them, so a
+merge of stores of disjoint cache directories equals that build, fingerprint included; the sample
+index, pairs, splits and manifest are written anew and the result published like a fresh build.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 from collections import defaultdict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +42,9 @@ def merge_vin_offline_stores(
 ) -> dict[str, Any]:
     """A new store at ``out`` = ``base`` + ``sidecar`` (a store of NEW trajectories from the same writer).
 
-    Base shards keep their ids and are hard-linked (copied and verified where linking fails);
-    sidecar shards are copied whole (bytes verified against the sidecar manifest) and renumbered
-    after the base's. Sample index, pairs (sorted by pair_id), splits and manifest are written anew;
+    Base shards are hard-linked (copied and verified where linking fails); sidecar shards are copied
+    whole (bytes verified against the sidecar manifest); all are numbered in the order a fresh
+    build of every row gives them (``_canonical_layout``). Sample index, pairs (sorted by pair_id), splits and manifest are written anew;
     the result is validated like a fresh build, then published atomically. Neither input store is
     modified. Returns the new manifest.
 
@@ -120,18 +121,17 @@ def _merge(
         if pair_overlap:
             problems.append(f"{len(pair_overlap)} pair ids are in both stores: {pair_overlap[:10]}")
     nb = len(base_rows)
-    nsh = len(mb["shards"])
-    index_rows = [dict(r) for r in base_rows] + [
-        {**r, "sample_index": r["sample_index"] + nb, "shard_id": r["shard_id"] + nsh} for r in side_rows
-    ]
+    layout = _canonical_layout(mb["shards"], base_rows, ms["shards"], side_rows)
+    index_rows = layout.index_rows
     if pairs is None:
-        pairs_rows = [dict(p) for p in rb.pairs()] + [
+        pairs_rows = [
             {
                 **p,
-                "chosen_sample_index": p["chosen_sample_index"] + nb,
-                "rejected_sample_index": p["rejected_sample_index"] + nb,
+                "chosen_sample_index": moved[p["chosen_sample_index"]],
+                "rejected_sample_index": moved[p["rejected_sample_index"]],
             }
-            for p in rs.pairs()
+            for pairs_of, moved in ((rb.pairs(), layout.base_index), (rs.pairs(), layout.side_index))
+            for p in pairs_of
         ]
     else:
         pairs_rows = _pairs_by_key(pairs, index_rows, problems)
@@ -175,19 +175,16 @@ def _merge(
     try:
         shard_entries: list[dict[str, Any]] = []
         jobs: list[tuple[StoreLocation, Path, Path, str, bool]] = []
-        for sh in mb["shards"]:
-            if target.is_local:
-                (staging / sh["dir"]).mkdir(parents=True)
-            for f in sh["files"]:
-                jobs.append((base_l, base_p / f["path"], staging / f["path"], f["sha256"], True))
-            shard_entries.append(json.loads(json.dumps(sh)))
-        for sh in ms["shards"]:
-            new_id = sh["id"] + nsh
+        for new_id, (from_base, sh) in enumerate(layout.shards):
+            src, src_root = (base_l, base_p) if from_base else (side_l, side_p)
             new_dir = shard_dir_name(new_id)
-            entry = {**sh, "id": new_id, "dir": new_dir, "row_start": sh["row_start"] + nb, "files": []}
+            if target.is_local:
+                (staging / new_dir).mkdir(parents=True)
+            entry = {**sh, "id": new_id, "dir": new_dir, "row_start": layout.row_starts[new_id], "files": []}
             for f in sh["files"]:
                 rel_in = Path(f["path"]).relative_to(sh["dir"]).as_posix()
-                jobs.append((side_l, side_p / f["path"], staging / new_dir / rel_in, f["sha256"], False))
+                # a base shard is hard-linked where it can be (the same bytes, no copy)
+                jobs.append((src, src_root / f["path"], staging / new_dir / rel_in, f["sha256"], from_base))
                 entry["files"].append({**f, "path": f"{new_dir}/{rel_in}"})
             shard_entries.append(entry)
         if target.is_local and side_l.is_local and base_l.is_local:
@@ -240,6 +237,57 @@ def _merge(
                 out_l.withdraw(MANIFEST_NAME)
         raise
     return manifest
+
+
+@dataclass
+class _Layout:
+    """The merged store's layout: its shards in canonical order (``(from the base?, shard entry)``),
+    each shard's first row, the merged sample index, and where each input row went."""
+
+    shards: list[tuple[bool, dict[str, Any]]]
+    row_starts: list[int]
+    index_rows: list[dict[str, Any]]
+    base_index: dict[int, int]  # a base row's sample_index -> its sample_index in the merged store
+    side_index: dict[int, int]
+
+
+def _canonical_layout(
+    base_shards: Sequence[dict[str, Any]],
+    base_rows: Sequence[dict[str, Any]],
+    side_shards: Sequence[dict[str, Any]],
+    side_rows: Sequence[dict[str, Any]],
+) -> _Layout:
+    """The shards of both stores in the order a fresh build of all their rows gives them
+    (:mod:`.plan`: by cache directory, resolution, then the (``num_frames``, ``sample_key``) of a
+    shard's first row), rows renumbered to match. Shards are never cut anew: when the two stores hold
+    disjoint cache directories (a store per cache directory, an extension by new cache
+    directories), the result is the fresh build's layout exactly, and so is its fingerprint."""
+    keyed: list[tuple[tuple[Any, ...], bool, dict[str, Any], list[dict[str, Any]]]] = []
+    for from_base, shards, rows in ((True, base_shards, base_rows), (False, side_shards, side_rows)):
+        by_shard: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        for r in rows:
+            by_shard[r["shard_id"]].append(r)
+        for sh in shards:
+            own = sorted(by_shard.get(sh["id"], []), key=lambda r: r["row"])
+            first = own[0] if own else {}
+            key = (
+                first.get("cache_key", ""),
+                first.get("frame_height", 0),
+                first.get("frame_width", 0),
+                first.get("num_frames", 0),
+                first.get("sample_key", ""),
+            )
+            keyed.append((key, from_base, sh, own))
+    keyed.sort(key=lambda k: (k[0], not k[1]))
+    layout = _Layout([], [], [], {}, {})
+    for new_id, (_key, from_base, sh, own) in enumerate(keyed):
+        layout.shards.append((from_base, sh))
+        layout.row_starts.append(len(layout.index_rows))
+        moved = layout.base_index if from_base else layout.side_index
+        for r in own:
+            moved[r["sample_index"]] = len(layout.index_rows)
+            layout.index_rows.append({**r, "sample_index": len(layout.index_rows), "shard_id": new_id})
+    return layout
 
 
 def _pairs_by_key(

@@ -1,9 +1,12 @@
 """Planning a build: dedupe the samples, give each its split (leakage is an error), order the rows and
 cut them into shards; the size estimate and the free-space check that come before writing.
 
-Sample order: rows are grouped by frame resolution (H, W) (groups in ascending (H, W)), then sorted
-by (``num_frames``, ``sample_key``) inside a group. A shard holds rows of ONE resolution and of
-similar lengths: it takes at most ``rows_per_shard`` rows, and a row whose ``num_frames`` exceeds the
+Sample order: rows are grouped by cache directory (``cache_key``, ascending), then by frame
+resolution (H, W) (ascending), then sorted by (``num_frames``, ``sample_key``) inside a group. A
+shard holds rows of ONE cache directory and ONE resolution, of similar lengths, so the layout is a
+function of the rows alone: stores built per cache directory and merged (:mod:`.merge`) have the
+shards, the sample index and the fingerprint of one store built from all of them at once. A shard
+takes at most ``rows_per_shard`` rows, and a row whose ``num_frames`` exceeds the
 shard's first (shortest) row's by more than :func:`.format.pad_slack` starts a new shard, so no short
 sample is ever padded to a rare long one (``Tmax`` of a shard is the longest sample in it; padding
 per row is at most ``max(8, shortest // 4)`` frames). A sample over ``max_frames`` (the profile's
@@ -180,7 +183,7 @@ def check_length(s: SampleSpec, num_frames: int, max_frames: int, problems: list
 
 
 def cut_shards(rows: list[Row], rows_per_shard: int) -> list[list[Row]]:
-    """Rows of one resolution, sorted by (num_frames, key), cut into shards of at most
+    """Rows of one cache directory and resolution, sorted by (num_frames, key), cut into shards of at most
     ``rows_per_shard`` rows whose longest row exceeds the shortest by at most ``pad_slack``."""
     out: list[list[Row]] = []
     for r in rows:
@@ -227,13 +230,13 @@ def plan_shards(
             problems,
             fix="correct the named inputs (pair manifest, frame files, sidecars) and build again",
         )
-    groups: dict[tuple[int, int], list[Row]] = defaultdict(list)
+    groups: dict[tuple[str, int, int], list[Row]] = defaultdict(list)
     for r in rows:
-        groups[(r.height, r.width)].append(r)
+        groups[(r.spec.cache_key, r.height, r.width)].append(r)
     shards: list[ShardPlan] = []
     ordered: list[Row] = []
-    for hw in sorted(groups):
-        grp = sorted(groups[hw], key=lambda r: (r.num_frames, r.spec.sample_key))
+    for group in sorted(groups):
+        grp = sorted(groups[group], key=lambda r: (r.num_frames, r.spec.sample_key))
         for chunk in cut_shards(grp, rows_per_shard):
             plan = ShardPlan(len(shards), len(ordered), chunk)
             for j, r in enumerate(chunk):

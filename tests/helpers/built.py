@@ -15,6 +15,10 @@ from pathlib import Path
 from helpers.cli import Ran, stage2, subprocess_env
 from helpers.faults import NOWHERE, Prepared
 
+#: The demo store's fingerprint: the same on every machine, executor and storage (a change of it is a
+#: change of the store contract: docs/spec/vin-store.md, Changelog).
+DEMO_FINGERPRINT = "b224ba59805fd9405527db87df623c32671237b12d60178651d0ee43a400eb16"
+
 
 def build(profile: Path, root: Path, *extra: str, endpoint: str = NOWHERE, timeout: float = 300) -> Ran:
     """``stage2 build`` of ``profile`` into ``root`` (its Dagster instance under ``root/.dagster``;
