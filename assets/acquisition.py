@@ -1,4 +1,5 @@
-"""Pin and acquire: the profile, one archive per partition, one extracted cache dir per cache key."""
+"""Pin and acquire: the profile, then per cache key (one partition) its archives and its extracted
+cache dir."""
 
 import hashlib
 from typing import Any
@@ -26,14 +27,13 @@ from ._common import (
     selected_partitions,
     stage_asset,
 )
-from .partitions import archive_partitions, archive_to_cache_key, cache_key_partitions
+from .partitions import cache_key_partitions
 from .step_asset import step_asset
 
 GROUP = "acquire"
 
 
 def build_acquisition_assets(profile: Profile) -> list[Any]:
-    archives = archive_partitions(profile)
     cache_keys = cache_key_partitions(profile)
 
     @stage_asset(
@@ -61,9 +61,12 @@ def build_acquisition_assets(profile: Profile) -> list[Any]:
     @stage_asset(
         ARCHIVE_FILE,
         group=GROUP,
-        description="One archive file of the profile, downloaded at the pinned commit and verified against its sha256.",
+        description=(
+            "The archive files of one cache key (its split parts, or its one tar), downloaded at the "
+            "pinned commit and each verified against its sha256."
+        ),
         kind="tar",
-        partitions_def=archives,
+        partitions_def=cache_keys,
         deps=[pinned_profile],
         pool=DOWNLOADS_POOL,
     )
@@ -75,13 +78,13 @@ def build_acquisition_assets(profile: Profile) -> list[Any]:
     ):
         prof = profile.load()
         source, root = hub.source(), data_root.root()
-        # an archive's data version is its sha256 (what the step verified against the pin)
+        # a partition's data version is a digest of its archives' sha256 (what the step verified)
         yield from run_partitions(
             context,
             ARCHIVE_FILE,
-            selected_partitions(context, prof.archive_paths_largest_first()),
-            lambda path: steps.step_download(prof, source, root, path, reverify=data_root.reverify),
-            lambda path, res: str(res.metadata.get("sha256") or prof.archive(path).sha256),
+            selected_partitions(context, prof.cache_keys_largest_first()),
+            lambda key: steps.step_download_cache_dir(prof, source, root, key, reverify=data_root.reverify),
+            lambda _key, res: str(res.metadata["sha256"]),
             partition_workers(context, default_workers("download")),
             lambda _path: {PINNED_PROFILE: [None]},
         )
@@ -92,7 +95,7 @@ def build_acquisition_assets(profile: Profile) -> list[Any]:
         description="processed_datasets/CACHE_KEY/ extracted safely from its archive (split parts read as one stream).",
         kind="folder",
         partitions_def=cache_keys,
-        deps=[dg.AssetDep(archive_file, partition_mapping=archive_to_cache_key(profile))],
+        deps=[archive_file],
     )
     def cache_dir(context: dg.AssetExecutionContext, profile: ProfileResource, data_root: DataRootResource):
         prof = profile.load()
@@ -118,7 +121,7 @@ def build_acquisition_assets(profile: Profile) -> list[Any]:
             extract,
             version,
             partition_workers(context, min(default_workers("extract"), EXTRACT.max_parallel or 1)),
-            lambda key: {ARCHIVE_FILE: [a.path for a in by_key[key]]},
+            lambda key: {ARCHIVE_FILE: [key]},
         )
 
     extraction_report = step_asset(

@@ -54,7 +54,7 @@ __all__ = [
 
 JOB_DESCRIPTIONS = {
     PROFILE_JOB: "Check the pinned profile: pins complete, counts match, room for the build.",
-    ACQUIRE_JOB: "Download and verify archive partitions.",
+    ACQUIRE_JOB: "Download and verify the archives of each cache key partition.",
     EXTRACT_JOB: "Extract cache-key partitions.",
     KIT_JOB: "Verify the kit's action sidecar tar and unpack it (needs the profile only: runs beside the downloads).",
     KIT_AND_STORE_JOB: "Check extraction, unpack sidecars, join, verify bytes, build the store.",

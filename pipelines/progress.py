@@ -4,7 +4,7 @@ partitions done/total, bytes, rate, ETA and elapsed time.
 A stage is one run over its partitions; progress advances as that run materializes each partition
 (the runner's ``on_run`` callback, fed while the run goes on by ``watch.RunWatcher``, which reads the
 run's events from the instance), and for the rest when the run ends. Bytes come from the profile's pinned archive sizes, so rate and ETA are
-exact in bytes, not guesses: a finished ``archive_file[p]`` run has downloaded what ``p`` still missed
+exact in bytes, not guesses: a finished ``archive_file[k]`` run has downloaded what the archives of cache key ``k`` still missed
 when the build started (nothing, for an archive already on disk: a stage where nothing downloads shows
 no bytes and no ETA); a finished ``cache_dir[k]`` run has read the archives of ``k``.
 
@@ -46,8 +46,6 @@ from stage2_data.kit.sidecars import sidecars_status
 from stage2_data.profile import Profile
 from stage2_data.stages import (
     ACQUIRE,
-    BY_ARCHIVE,
-    BY_CACHE_KEY,
     EXTRACT,
     KIT,
     PROFILE,
@@ -98,10 +96,11 @@ def extracted_keys(profile: Profile, data_root: Path) -> set[str]:
 def partition_bytes(
     profile: Profile, data_root: Path | None = None, up_to_date_keys: set[str] | None = None
 ) -> dict[str, dict[str, int]]:
-    """The bytes a finished run of each partition has moved, by how the stage is partitioned: an
-    archive's bytes still to download (its pinned size when ``data_root`` is None), a cache key's
-    archive sizes (what its extraction reads; 0 for a key in ``up_to_date_keys``, default: those of
-    :func:`extracted_keys` with ``data_root``, none without)."""
+    """The bytes a finished run of each partition (a cache key) has moved, by partitioned stage: for
+    the acquire stage, its archives' bytes still to download (their pinned sizes when ``data_root``
+    is None); for the extract stage, its archives' sizes (what its extraction reads; 0 for a key in
+    ``up_to_date_keys``, default: those of :func:`extracted_keys` with ``data_root``, none
+    without)."""
     if data_root is None:
         download = {a.path: int(a.size or 0) for a in profile.archives}
         done_keys = up_to_date_keys or set()
@@ -110,8 +109,8 @@ def partition_bytes(
         done_keys = extracted_keys(profile, data_root) if up_to_date_keys is None else up_to_date_keys
     by_key = profile.archives_by_cache_key()
     return {
-        BY_ARCHIVE: download,
-        BY_CACHE_KEY: {
+        ACQUIRE.name: {k: sum(download[a.path] for a in specs) for k, specs in by_key.items()},
+        EXTRACT.name: {
             k: 0 if k in done_keys else sum(int(a.size or 0) for a in specs) for k, specs in by_key.items()
         },
     }
@@ -216,7 +215,7 @@ class BuildProgress:
         expect = expected_up_to_date(profile, self._data_root, done_keys) if self._data_root else {}
         self.stages: dict[str, _Stage] = {}
         for i, s in enumerate(STAGES, 1):
-            sizes = self._bytes.get(s.partitioned_by or "", {})
+            sizes = self._bytes.get(s.name, {})
             total = len(sizes) if s.partitioned_by else 1
             self.stages[s.name] = _Stage(i, s, total, sum(sizes.values()))
         if expect:  # the profile stage (it writes nothing) is up to date with the rest of the build
@@ -263,13 +262,13 @@ class BuildProgress:
         # a run's entry per partition (the runner's partition_runs), or a run over several
         parts = [r["partition"]] if r.get("partition") else list(r.get("partitions") or [])
         if stage.partitioned_by and not parts:  # one run of the whole stage
-            parts = list(self._bytes[stage.partitioned_by])
+            parts = list(self._bytes[stage.name])
         n = max(1, len(parts)) if stage.partitioned_by else 1
         st.done += n
         if not r.get("success"):
             st.failed += n
         if stage.partitioned_by:
-            st.bytes_done += sum(self._bytes[stage.partitioned_by].get(p, 0) for p in parts)
+            st.bytes_done += sum(self._bytes[stage.name].get(p, 0) for p in parts)
         self.current = stage.name
         self._update(st)
         if st.done >= st.total and st.finished is None:  # the stages that were waiting for it start now

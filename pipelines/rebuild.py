@@ -5,7 +5,7 @@ The weekly schedule and the profile-change sensor start a rebuild at ``REBUILD_F
 ``check_profile`` run, tagged ``stage2/rebuild=<id>`` and ``stage2/stage=profile``. The
 ``advance_rebuilds`` sensor follows the runs: once every stage a stage needs has succeeded in the
 rebuild, it requests that stage's one run (after the profile, ``acquire_archives`` over every
-archive partition, a single-run backfill over the partition range, and ``unpack_action_sidecars``
+cache key partition, a single-run backfill over the partition range, and ``unpack_action_sidecars``
 beside it; after the downloads, ``extract_cache_dirs`` over every cache key; after the extraction
 and the sidecars, ``verify_kit_and_build_store``). A failed run
 stops its rebuild at that stage (the alert sensors report it, per partition); re-executing the
@@ -32,7 +32,6 @@ import dagster as dg
 from stage2_data.checks import CHECKS_BY_ASSET
 from stage2_data.profile import Profile
 from stage2_data.stages import (
-    BY_ARCHIVE,
     JOB_ASSETS,
     PARTITIONS_TAG,
     STAGES,
@@ -102,7 +101,7 @@ def partition_tags(profile: Profile, stage: Stage, keys: list[str]) -> dict[str,
         return {PARTITION_TAG: keys[0]}
     if not keys:
         return {}
-    order = profile.archive_paths() if stage.partitioned_by == BY_ARCHIVE else profile.cache_keys()
+    order = profile.cache_keys()
     idx = sorted(order.index(k) for k in keys)
     tags = {RANGE_START_TAG: order[idx[0]], RANGE_END_TAG: order[idx[-1]]}
     if len(keys) != idx[-1] - idx[0] + 1:

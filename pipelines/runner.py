@@ -5,7 +5,7 @@ sensor follows the same table); here each stage is ONE run of its named job (``J
 instance at DAGSTER_HOME, whatever the executor, started once the stages it needs are over
 (:func:`walk_stages`):
   1. profile (check_profile): pinned_profile
-  2. acquire (acquire_archives): archive_file, every archive partition in one run (a single-run
+  2. acquire (acquire_archives): archive_file, every cache key's archives in one run (a single-run
      backfill over the partition range), several downloads at once (threads in the step)
   3. kit (unpack_action_sidecars): action_sidecars; it needs the profile only, so it runs beside
      stages 2 and 4, in a process of its own (``beside.py``)

@@ -25,7 +25,7 @@ def build_schedules(profile: Profile, jobs: dict[str, Any]) -> list[dg.ScheduleD
         cron_schedule="0 3 * * 0",
         default_status=dg.DefaultScheduleStatus.STOPPED,
         description="Rebuild, one run per stage: check the profile, then (advance_rebuilds) re-verify "
-        "every archive partition against its pin (downloading only what is missing or fails its pin) "
+        "every cache key's archives against their pins (downloading only what is missing or fails its pin) "
         "and unpack the kit's sidecars beside it, extract every cache key, verify the kit and build the store.",
     )
     def weekly_rebuild(context: dg.ScheduleEvaluationContext):

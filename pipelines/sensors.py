@@ -92,7 +92,7 @@ def build_sensors(profile: Profile, jobs: dict[str, Any]) -> list[dg.SensorDefin
         jobs=[jobs[job_of(REBUILD_FIRST_STAGE)]],
         minimum_interval_seconds=60,
         default_status=dg.DefaultSensorStatus.STOPPED,
-        description="Starts a rebuild (the profile, then every archive partition, extraction and the "
+        description="Starts a rebuild (the profile, then every cache key's archives, extraction and the "
         "store: see advance_rebuilds) when the profile (pinned revision, archives) or a kit file changes.",
     )
     def rebuild_on_profile_change(context: dg.SensorEvaluationContext):

@@ -22,7 +22,7 @@ from .stages import (
 # pinned_profile
 PROFILE_IS_PINNED = "profile_is_pinned"
 PROFILE_COUNTS_MATCH_EXPECTED = "profile_counts_match_expected"
-# archive_file (per archive partition)
+# archive_file (per cache key partition: its archives)
 ARCHIVE_SHA256_MATCHES_PIN = "archive_sha256_matches_pin"
 # cache_dir (per cache-key partition)
 CACHE_DIR_COUNTS_CONSISTENT = "cache_dir_counts_consistent"

@@ -3,7 +3,7 @@
 (``checks.py``) and the progress display (``stage2_pipelines.progress``) read. Dagster-free; imports nothing.
 
 A build goes through five stages. A stage materializes its assets in one run of its named job; a
-partitioned stage (per archive, per cache key) runs all its partitions in that one run (a
+partitioned stage (per cache key) runs all its partitions in that one run (a
 single-run backfill), largest first. A stage starts when the stages it needs (``Stage.after``) are
 over, so stages that do not need each other run side by side: the kit stage (the action sidecars,
 read from the kit alone) runs beside the downloads and the extraction, and the store stage waits for
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 # ----- assets, in graph order ----------------------------------------------------------------------
 PINNED_PROFILE = "pinned_profile"
-ARCHIVE_FILE = "archive_file"  # one partition per archive file
+ARCHIVE_FILE = "archive_file"  # one partition per cache key: its archive files
 CACHE_DIR = "cache_dir"  # one partition per cache key
 EXTRACTION_REPORT = "extraction_report"
 ACTION_SIDECARS = "action_sidecars"
@@ -53,8 +53,7 @@ ASSETS: tuple[str, ...] = (
     VIN_STORE,
 )
 
-# how a stage is partitioned
-BY_ARCHIVE = "archive"
+# how a stage is partitioned: by cache key (a cache directory: its archives, then its extraction)
 BY_CACHE_KEY = "cache_key"
 
 # ----- jobs: what the schedules, the sensors and the UI launch ----------------------------------------
@@ -76,7 +75,7 @@ class Stage:
     name: str  # also the `stage2/stage` tag of a scheduled rebuild's runs
     label: str  # what the progress display calls it
     assets: tuple[str, ...]  # what the stage's run materializes (with their checks)
-    partitioned_by: str | None  # BY_ARCHIVE | BY_CACHE_KEY | None: unpartitioned
+    partitioned_by: str | None  # BY_CACHE_KEY | None: unpartitioned
     job: str  # the named job a run of the stage belongs to (what `stage2 build` and a rebuild launch)
     max_parallel: int | None = None  # at most this many partitions at once in its run (None: the build's)
     after: tuple[str, ...] = ()  # the stages that must be over before it starts (by name)
@@ -85,7 +84,7 @@ class Stage:
 
 PROFILE = Stage("profile", "profile", (PINNED_PROFILE,), None, PROFILE_JOB)
 ACQUIRE = Stage(
-    "acquire", "download+verify archives", (ARCHIVE_FILE,), BY_ARCHIVE, ACQUIRE_JOB, after=("profile",)
+    "acquire", "download+verify archives", (ARCHIVE_FILE,), BY_CACHE_KEY, ACQUIRE_JOB, after=("profile",)
 )
 # the action sidecars need the kit only: unpacked beside the downloads and the extraction
 KIT = Stage(
@@ -170,18 +169,13 @@ def stage_partitions(
     the order to run them: largest first, so that the stage ends soonest. ``failed`` lists the
     (stage, partition) of every failed run so far; only the failures of the stages ``current`` needs
     count: an unpartitioned stage runs only when none of them failed; a partitioned one leaves out
-    what depends on a failure: everything, after a failed unpartitioned stage; a cache key, when one
-    of its archives failed."""
+    what depends on a failure: everything, after a failed unpartitioned stage; a cache key, when it
+    failed in a stage ``current`` needs (its archives)."""
     upstream = needs(current)
     failed = [(s, p) for s, p in failed if s.name in upstream]
     if current.partitioned_by is None:
         return [] if failed else [None]
     if any(s.partitioned_by is None for s, _ in failed):
         return []
-    if current.partitioned_by == BY_ARCHIVE:
-        return list(profile.archive_paths_largest_first())
-    failed_archives = {p for s, p in failed if s.partitioned_by == BY_ARCHIVE}
-    by_key = profile.archives_by_cache_key()
-    return [
-        k for k in profile.cache_keys_largest_first() if not any(a.path in failed_archives for a in by_key[k])
-    ]
+    failed_keys = {p for s, p in failed if s.partitioned_by == BY_CACHE_KEY}
+    return [k for k in profile.cache_keys_largest_first() if k not in failed_keys]

@@ -8,7 +8,7 @@ directories, the extraction report), ``kit`` (sidecars, join, subset bytes), ``s
 
 from __future__ import annotations
 
-from .acquire import step_download, step_extract, step_extraction_report
+from .acquire import step_download, step_download_cache_dir, step_extract, step_extraction_report
 from .kit import link_totals_problems, step_join, step_sidecars, step_verify_bytes
 from .profile import step_profile
 from .result import StepResult
@@ -30,6 +30,7 @@ __all__ = [
     "kit_inputs",
     "link_totals_problems",
     "step_download",
+    "step_download_cache_dir",
     "step_extract",
     "step_extraction_report",
     "step_join",

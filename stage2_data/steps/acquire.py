@@ -1,7 +1,9 @@
-"""The acquisition steps: download one archive, extract one cache key, report the extraction."""
+"""The acquisition steps: download one archive or every archive of a cache key, extract one cache
+key, report the extraction."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -11,6 +13,7 @@ from .. import checks as C
 from .. import layout
 from ..acquire import archive_state, download_archive, require_build_space, verified_sha256s
 from ..checks import compare_totals, outcome
+from ..errors import Stage2Error
 from ..extract import (
     ExtractionRecord,
     check_extraction,
@@ -29,7 +32,7 @@ log = logging.getLogger(__name__)
 def step_download(
     profile: Profile, source: Any, data_root: Path, path: str, *, reverify: bool = False, progress: Any = None
 ) -> StepResult:
-    """Download one archive partition; a download whose sha256 does not match raises
+    """Download one archive (a part of a cache key's partition); a download whose sha256 does not match raises
     ChecksumMismatchError (that download never verified); a verified file that disagrees with its pin
     is moved aside first (``moved_aside`` in the metadata), never deleted."""
     spec = profile.archive(path)
@@ -70,6 +73,55 @@ def step_download(
         ],
         res,
     )
+
+
+def step_download_cache_dir(
+    profile: Profile, source: Any, data_root: Path, cache_key: str, *, reverify: bool = False
+) -> StepResult:
+    """Download and verify every archive of one cache key (its split parts, or its one tar): one
+    partition of ``archive_file``. Each archive is :func:`step_download`'s; a part that fails does
+    not keep the others from downloading (a rerun then resumes only what is missing), and the first
+    failure is raised once all were tried. The metadata lists each archive; ``sha256`` is a digest
+    of the archives' paths and sha256 (the partition's data version)."""
+    parts: list[StepResult] = []
+    failures: list[Stage2Error] = []
+    for spec in profile.archives_by_cache_key()[cache_key]:
+        try:
+            parts.append(step_download(profile, source, data_root, spec.path, reverify=reverify))
+        except Stage2Error as err:  # a named error: the other parts first, then this one
+            log.warning("archive_file[%s]: %s", cache_key, err)
+            failures.append(err)
+    if failures:
+        raise failures[0]
+    digest = hashlib.sha256()
+    for r in parts:
+        digest.update(f"{r.metadata['path']} {r.metadata['sha256']}\n".encode())
+    moved = [str(r.metadata["moved_aside"]) for r in parts if r.metadata.get("moved_aside")]
+    total = sum(int(r.metadata["bytes"] or 0) for r in parts)
+    downloaded = sum(int(r.metadata["bytes_downloaded"] or 0) for r in parts)
+    seconds = sum(float(r.metadata["seconds"] or 0) for r in parts)
+    md: dict[str, Any] = {
+        "cache_key": cache_key,
+        "archives": [
+            {
+                k: r.metadata[k]
+                for k in ("path", "bytes", "bytes_downloaded", "sha256", "skipped (already verified)")
+            }
+            for r in parts
+        ],
+        "bytes": total,
+        "bytes_downloaded": downloaded,
+        "seconds": round(seconds, 3),
+        "MB/s": rate(downloaded, seconds),
+        "sha256": digest.hexdigest(),
+        "skipped (already verified)": all(r.metadata["skipped (already verified)"] for r in parts),
+    }
+    if moved:
+        md["moved_aside"] = "\n".join(moved)
+    checks = [c for r in parts for c in r.checks]
+    problems = [c.description for c in checks if not c.passed]
+    ok_text = f"{cache_key}: every archive's sha256 and size match its pin ({len(parts)} archive(s))"
+    return StepResult(md, [outcome(C.ARCHIVE_SHA256_MATCHES_PIN, problems, ok_text)], parts)
 
 
 def step_extract(
