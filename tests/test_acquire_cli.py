@@ -186,7 +186,7 @@ def test_build_refuses_before_any_download_when_the_disk_is_too_small(
     msg = " ".join(e["message"] for e in summary["errors"])
     assert "not enough free disk" in msg and str(needed) in msg and str(data_root) in msg
     # The archive_file asset refuses too, on its own (e.g. one partition materialized from the UI).
-    part = load_profile(huge).archives[0].path
+    part = load_profile(huge).archives[0].cache_key
     run = run_selection(config.to_dict(), ["archive_file"], part)
     assert not run["success"]
     msg = " ".join(e["message"] for e in run["errors"])
@@ -203,14 +203,14 @@ def test_reverify_rehashes_end_to_end(
     prof = load_profile(demo.profile)
     spec = prof.archives[0]
     config = BuildConfig(profile_path=str(demo.profile), data_root=str(data_root), endpoint=hub.url)
-    assert run_selection(config.to_dict(), ["archive_file"], spec.path)["success"]
+    assert run_selection(config.to_dict(), ["archive_file"], spec.cache_key)["success"]
     final = layout.archive_path(data_root, spec.path)
     good = final.read_bytes()
 
     # A good file: --reverify re-hashes it, nothing is requested.
     reverify = BuildConfig(**{**config.to_dict(), "reverify": True})
     hub.clear_log()
-    run = run_selection(reverify.to_dict(), ["archive_file"], spec.path)
+    run = run_selection(reverify.to_dict(), ["archive_file"], spec.cache_key)
     assert run["success"], run["errors"]
     assert hub.file_requests(spec.path) == [] and final.read_bytes() == good
 
@@ -223,7 +223,7 @@ def test_reverify_rehashes_end_to_end(
     final.write_bytes(bytes(bad))
     os.utime(final, ns=(st.st_atime_ns, st.st_mtime_ns))
     hub.clear_log()
-    run = run_selection(config.to_dict(), ["archive_file"], spec.path)
+    run = run_selection(config.to_dict(), ["archive_file"], spec.cache_key)
     assert run["success"], run["errors"]
     assert final.read_bytes() == good  # the mismatch was caught and the archive downloaded again
     assert [m for m, _ in hub.file_requests(spec.path)] == ["HEAD", "GET"]

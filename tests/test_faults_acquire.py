@@ -24,6 +24,7 @@ from helpers.cli import stage2, subprocess_env
 from helpers.faults import (
     NOWHERE,
     SMALL,
+    SPLIT,
     Prepared,
     converge,
     copy_root,
@@ -70,7 +71,7 @@ def test_fault_net_drop(
     drop = 11 << 20
     before = outside(tmp_path, root)
     with demo_hub(demo, faults=HubFaults(drop_after={victim: drop})) as hub:
-        r = run_selection(run_cfg(demo, root, hub.url), ["archive_file"], victim)
+        r = run_selection(run_cfg(demo, root, hub.url), ["archive_file"], SMALL)
         assert r["success"], said(r)
         gets = [rng for m, rng in hub.file_requests(victim) if m == "GET"]
     # resumed from what was received (at most the client's last 10 MiB chunk again), not restarted
@@ -112,7 +113,7 @@ def test_fault_download_refused(prepared: Prepared, demo: DemoPaths, tmp_path: P
     before = outside(tmp_path, root)
     with demo_hub(demo, faults=HubFaults(**{case.fault: {victim}})) as hub:
         cfg = run_cfg(demo, root, hub.url)
-        r = run_selection(cfg, ["archive_file"], victim)
+        r = run_selection(cfg, ["archive_file"], SMALL)
         refused(r, victim, *case.names(demo), check=case.check)
         assert not layout.archive_path(root, victim).exists()
         assert not layout.partial_path(root, victim).exists()
@@ -120,11 +121,42 @@ def test_fault_download_refused(prepared: Prepared, demo: DemoPaths, tmp_path: P
         getattr(hub.faults, case.fault).clear()
         if case.converges:
             hub.clear_log()
-            converge(prepared, cfg, root, [("archive_file", victim), ("cache_dir", SMALL)])
+            converge(prepared, cfg, root, [("archive_file", SMALL), ("cache_dir", SMALL)])
             assert resolve_gets(hub) == [victim]  # only the one that was not verified
         else:
-            assert run_selection(cfg, ["archive_file"], victim)["success"]
+            assert run_selection(cfg, ["archive_file"], SMALL)["success"]
             assert run_selection(cfg, ["cache_dir"], SMALL)["success"]
+
+
+def test_a_bad_part_fails_its_split_cache_key_after_every_part_was_tried(
+    prepared: Prepared, demo: DemoPaths, tmp_path: Path
+) -> None:
+    """``archive_file``'s partition of a split cache key downloads every part: the hub corrupts the
+    first part; `stage2 build` fails by a check (exit 1) naming that part's file, the part after it is
+    still downloaded and verified (kept, not deleted), nothing is extracted or published, and the
+    rerun downloads only the bad part and converges to the clean store."""
+    aa, ab = f"{SPLIT}.tar.part-aa", f"{SPLIT}.tar.part-ab"
+    assert [a.path for a in load_profile(demo.profile).archives_by_cache_key()[SPLIT]] == [aa, ab]
+    root = copy_root(prepared, tmp_path / "root")
+    for p in (aa, ab):
+        forget_archive(root, p)
+    with demo_hub(demo, faults=HubFaults(corrupt={aa})) as hub:
+        out, doc, told = _build(demo, root, hub.url)
+        assert out.returncode == 1 and doc.get("ok") is False, out.tail()
+        for name in (aa, "sha256 mismatch", "Fix:", "download it again"):
+            assert name in told, f"{name!r} not in:\n{told}"
+        assert f"{ab}:" not in told and "Traceback" not in told
+        assert sorted(resolve_gets(hub)) == [aa, ab]  # the part after the bad one was tried too
+        assert not layout.archive_path(root, aa).exists() and not layout.partial_path(root, aa).exists()
+        assert layout.verified_record_path(root, ab).is_file()  # downloaded, verified and kept
+        assert sha256_file(layout.archive_path(root, ab)) == load_profile(demo.profile).archive(ab).sha256
+        no_store(root)
+        hub.faults.corrupt.clear()
+        hub.clear_log()
+        out, _, told = _build(demo, root, hub.url)
+        assert out.returncode == 0, told
+        assert resolve_gets(hub) == [aa]  # only the part that was not verified
+    assert _fingerprint(root, prepared) == prepared.fingerprint
 
 
 def test_fault_net_bad_revision(prepared: Prepared, demo: DemoPaths, tmp_path: Path) -> None:
@@ -137,12 +169,12 @@ def test_fault_net_bad_revision(prepared: Prepared, demo: DemoPaths, tmp_path: P
     before = outside(tmp_path, root)
     with demo_hub(demo) as hub:
         cfg = run_cfg(demo, root, hub.url)
-        r = run_selection(cfg, ["archive_file"], victim)
+        r = run_selection(cfg, ["archive_file"], SMALL)
         refused(r, absent, "does not exist", "Fix:", "[source] revision")
         assert not layout.archive_path(root, victim).exists()
         assert outside(tmp_path, root) == before
         demo.profile.write_text(good)
-        r2 = run_selection(cfg, ["archive_file"], victim)
+        r2 = run_selection(cfg, ["archive_file"], SMALL)
         assert r2["success"], said(r2)
 
 
@@ -171,7 +203,7 @@ def test_fault_net_retry_after(
         cfg = run_cfg(demo, root, hub.url)
         # beyond the cap (300 s): refused at once, saying when to retry; one GET, no retry
         hub.faults.reject[victim] = Reject(1, 429, retry_after=3600)
-        r = run_selection(cfg, ["archive_file"], victim)
+        r = run_selection(cfg, ["archive_file"], SMALL)
         refused(r, victim, "HTTP 429", "asks to retry after 3600 s", "Fix:", "re-run after")
         assert resolve_gets(hub) == [victim]
         assert not layout.archive_path(root, victim).exists()
@@ -181,12 +213,12 @@ def test_fault_net_retry_after(
         for retry_after, http_date in ((1, False), (2, True)):
             hub.clear_log()
             hub.faults.reject[victim] = Reject(1, 503 if http_date else 429, retry_after, http_date)
-            r = run_selection(cfg, ["archive_file"], victim)
+            r = run_selection(cfg, ["archive_file"], SMALL)
             assert r["success"], said(r)
             t = [t for t, m, p, _ in hub.timed_log() if m == "GET" and p.endswith(victim)]
             assert len(t) == 2 and t[1] - t[0] >= 0.9, t
             forget_archive(root, victim)
-        assert run_selection(cfg, ["archive_file"], victim)["success"]
+        assert run_selection(cfg, ["archive_file"], SMALL)["success"]
     assert run_selection(run_cfg(demo, root), ["cache_dir"], SMALL)["success"]
 
 
@@ -256,16 +288,16 @@ def test_fault_net_offline(
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with demo_hub(demo) as hub:
         cfg = run_cfg(demo, root, hub.url)
-        assert run_selection(cfg, ["archive_file"], victim)["success"]  # verified on disk: no request
+        assert run_selection(cfg, ["archive_file"], SMALL)["success"]  # verified on disk: no request
         forget_archive(root, victim)
-        r = run_selection(cfg, ["archive_file"], victim)
+        r = run_selection(cfg, ["archive_file"], SMALL)
         refused(r, "HF_HUB_OFFLINE", str(layout.archive_path(root, victim)), "nothing was requested", "Fix:")
         out = stage2("pin", str(demo.profile), "--endpoint", hub.url, env=subprocess_env(HF_HUB_OFFLINE="1"))
         assert out.returncode == 2 and "HF_HUB_OFFLINE is set" in out.stderr, out.tail()
         assert hub.log_snapshot() == []  # nothing reached the hub
         assert outside(tmp_path, root) == before
         monkeypatch.delenv("HF_HUB_OFFLINE")
-        assert run_selection(cfg, ["archive_file"], victim)["success"]
+        assert run_selection(cfg, ["archive_file"], SMALL)["success"]
     assert run_selection(run_cfg(demo, root), ["cache_dir"], SMALL)["success"]
 
 

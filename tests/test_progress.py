@@ -111,7 +111,7 @@ def _runs(prof: Profile, fail: str | None = None) -> list[dict[str, Any]]:
 def test_live_lines_on_a_pseudo_terminal(demo_cache: DemoPaths) -> None:
     """On a terminal: one line per stage (label, partitions, bytes, rate, ETA), redrawn in place and
     cut to the terminal's width; no per-run lines."""
-    n = len(load_profile(demo_cache.profile).archive_paths())
+    n = len(load_profile(demo_cache.profile).cache_keys())  # the partitions of acquire and of extract
     out = _on_pty(python_argv(FEED, str(demo_cache.profile)), _env(), cols=100)
     assert out.rstrip().endswith("live"), out[-500:]
     assert "\r" in out and "\x1b[1A" in out and "\x1b[2K" in out  # redrawn in place (cursor up, erase line)
@@ -150,15 +150,19 @@ def test_plain_lines_when_piped_or_in_ci(demo_cache: DemoPaths, where: str) -> N
     lines = err.splitlines()
     assert len(lines) == len(_runs(prof))
     assert all(re.fullmatch(r"  run [0-9a-f]{8} \S+: ok( \(\d+/\d+\))?", ln) for ln in lines), lines
-    n, k = len(prof.archive_paths()), len(prof.cache_keys())
-    assert sum(ln.endswith(f"/{n})") and "archive_file[" in ln for ln in lines) == n
+    k = len(prof.cache_keys())  # acquire and extract: one partition per cache key
+    assert k < len(prof.archive_paths())  # a split cache key: more archives than partitions
+    for asset in ("archive_file", "cache_dir"):
+        ran = [ln for ln in lines if f" {asset}[" in ln]
+        assert len(ran) == k and all(ln.endswith(f"/{k})") for ln in ran), ran
+        assert {ln.split("[", 1)[1].split("]", 1)[0] for ln in ran} == set(prof.cache_keys())
     assert lines[-1].endswith(": ok") and "vin_store" in lines[-1]
-    assert sum(ln.endswith(f": ok ({k}/{k})") for ln in lines) == 1
+    assert sum(ln.endswith(f": ok ({k}/{k})") for ln in lines) == 2  # the last of each
 
 
 def test_live_failures_stay_on_screen_and_a_stage_that_never_ran_is_left_out(demo_cache: DemoPaths) -> None:
     prof = load_profile(demo_cache.profile)
-    bad = prof.archive_paths_largest_first()[-1]
+    bad = prof.cache_keys_largest_first()[-1]  # an archive_file partition: a cache key
     stream = io.StringIO()
     bar = BuildProgress(prof, stream, live=True, tick=60)  # frames drawn by each run, not by the ticker
     for r in _runs(prof, fail=bad):
@@ -170,9 +174,9 @@ def test_live_failures_stay_on_screen_and_a_stage_that_never_ran_is_left_out(dem
     assert f"  archive_file[{bad}]: FAILED" in text
     assert "    check archive_file:sha256 failed: sha256 mismatch" in text and "second line" not in text
     final = [ln for ln in ANSI.sub("", out.rsplit("\x1b[2K", 1)[1]).splitlines() if ln.strip()]
-    n, k = len(prof.archive_paths()), len(prof.cache_keys())
+    k = len(prof.cache_keys())
     assert len(final) == 4 and LABELS[4] not in text  # the store stage never ran: no line for it
-    assert final[1].startswith("✗ ") and f"{n}/{n} partitions (1 failed)" in final[1]
+    assert final[1].startswith("✗ ") and f"{k}/{k} partitions (1 failed)" in final[1]
     assert final[2].startswith("✓ ") and LABELS[2] in final[2]  # the kit needs no archive: it ran
     assert final[3].startswith("✓ ") and f"{k - 1}/{k} partitions" in final[3]  # its key was left out
 

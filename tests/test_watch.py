@@ -20,7 +20,7 @@ def test_partitions_are_reported_while_their_run_goes_on(
     demo_cache: DemoPaths, tmp_path: Path, dagster_home: Path
 ) -> None:
     prof = load_profile(demo_cache.profile)
-    keys = prof.archive_paths()
+    keys = prof.cache_keys()  # archive_file's partitions
     seen: list[tuple[float, dict[str, Any]]] = []
     root = tmp_path / "root"
     ensure_instance(root)

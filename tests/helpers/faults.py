@@ -76,14 +76,23 @@ def forget_archive(root: Path, path: str) -> None:
     layout.verified_record_path(root, path).unlink()
 
 
+def cache_key_of(demo: DemoPaths, path: str) -> str:
+    """The ``archive_file`` partition that downloads the archive ``path``: its cache key (a
+    partition downloads every archive of its cache key)."""
+    from stage2_data.profile import load_profile
+
+    return load_profile(demo.profile).archive(path).cache_key
+
+
 def download(demo: DemoPaths, root: Path, paths: list[str]) -> list[str]:
-    """Download ``paths`` from a fresh hub over the demo's upstream; returns the archives it served."""
+    """Download ``paths`` from a fresh hub over the demo's upstream (the ``archive_file`` partitions
+    of their cache keys); returns the archives it served."""
     from stage2_pipelines.runner import run_selection
 
     with demo_hub(demo) as hub:
         cfg = run_cfg(demo, root, hub.url)
-        for p in paths:
-            r = run_selection(cfg, ["archive_file"], p)
+        for key in dict.fromkeys(cache_key_of(demo, p) for p in paths):
+            r = run_selection(cfg, ["archive_file"], key)
             assert r["success"], said(r)
         return resolve_gets(hub)
 
