@@ -263,7 +263,7 @@ def test_a_rebuild_goes_through_every_stage_in_real_runs(
         assert [r.job_name for r in after_profile] == [ACQUIRE_JOB, KIT_JOB]  # the kit needs no archive
         acquire, kit = after_profile[:1], after_profile[1:]
         tags = acquire[0].tags
-        order = prof.archive_paths()
+        order = prof.cache_keys()  # archive_file is partitioned by cache key, as cache_dir is
         assert (tags["dagster/asset_partition_range_start"], tags["dagster/asset_partition_range_end"]) == (
             order[0],
             order[-1],
@@ -294,9 +294,9 @@ def test_a_rebuild_goes_through_every_stage_in_real_runs(
         assert tick(cursor)[0] == []  # the last stage: the rebuild is done
     done = instance.get_run_records(dg.RunsFilter(tags={REBUILD_TAG: "weekly-20261129"}))
     assert len(done) == 1 + 2 + 1 + 1 + 1  # profile, acquire (failed, then again), kit, extract, store
-    # every archive partition has its own materialization from the range run
-    for path in prof.archive_paths():
-        assert instance.get_latest_data_version_record(dg.AssetKey("archive_file"), False, path) is not None
+    # every cache key's archives have their own materialization from the range run
+    for key in prof.cache_keys():
+        assert instance.get_latest_data_version_record(dg.AssetKey("archive_file"), False, key) is not None
     from stage2_data import layout
     from stage2_data.store import VinOfflineStoreReader
 

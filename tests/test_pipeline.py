@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -37,8 +38,9 @@ def test_definitions_load_with_partitions_and_checks(demo_cache: DemoPaths) -> N
     assert keys == set(C.CHECKS_BY_ASSET)
     prof = load_profile(demo_cache.profile)
     archive = defs.resolve_assets_def("archive_file")
-    assert set(archive.partitions_def.get_partition_keys()) == set(prof.archive_paths())
-    assert len(prof.archive_paths()) == 14
+    # one partition per cache key (its archives: a split cache key's parts are one partition)
+    assert set(archive.partitions_def.get_partition_keys()) == set(prof.cache_keys())
+    assert len(prof.archive_paths()) == 14 and len(prof.cache_keys()) == 13
     assert not prof.quarantined_paths() & set(archive.partitions_def.get_partition_keys())
     cache = defs.resolve_assets_def("cache_dir")
     assert set(cache.partitions_def.get_partition_keys()) == set(prof.cache_keys())
@@ -56,7 +58,7 @@ def test_workspace_module_loads_the_real_profile(monkeypatch: pytest.MonkeyPatch
         env={"PATH": "/usr/bin:/bin", "STAGE2_PROFILE": str(REPO / "manifests/stage2_core_v1.toml")},
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "14"
+    assert out.stdout.strip() == "13"  # the real profile's 13 cache directories (14 archive files)
 
 
 def test_build_end_to_end(built: dict, demo_cache: DemoPaths) -> None:
@@ -89,13 +91,13 @@ def test_build_end_to_end(built: dict, demo_cache: DemoPaths) -> None:
     assert built["pids"][KIT_JOB] and built["build_pid"] not in built["pids"][KIT_JOB]
     assert all(built["build_pid"] in built["pids"][s.job] for s in STAGES if s.job != KIT_JOB), built["pids"]
     parts = {r["job"]: set(r["partitions"]) for r in s1["runs"]}
-    assert parts[ACQUIRE_JOB] == set(prof.archive_paths()) and parts[EXTRACT_JOB] == set(prof.cache_keys())
+    assert parts[ACQUIRE_JOB] == set(prof.cache_keys()) and parts[EXTRACT_JOB] == set(prof.cache_keys())
     # each partition has its own materialization and its own check results
     for job, asset in ((ACQUIRE_JOB, "archive_file"), (EXTRACT_JOB, "cache_dir")):
         run = next(r for r in s1["runs"] if r["job"] == job)
         assert all(done == [asset] for done in run["partitions"].values()), run["partitions"]
     per_partition = {(c["asset"], c["partition"]) for c in s1["checks"] if c["partition"] is not None}
-    assert per_partition == {("archive_file", p) for p in prof.archive_paths()} | {
+    assert per_partition == {("archive_file", k) for k in prof.cache_keys()} | {
         ("cache_dir", k) for k in prof.cache_keys()
     }
 
@@ -135,10 +137,12 @@ def test_runs_belong_to_named_jobs_and_verify_leaves_nothing_stale(
                 if status.value != "FRESH":
                     stale[(a.key.to_user_string(), k)] = (status, resolver.get_stale_causes(a.key, k))
         assert stale == {}
-        for path in prof.archive_paths():
-            rec = instance.get_latest_data_version_record(dg.AssetKey("archive_file"), False, path)
+        for key, specs in prof.archives_by_cache_key().items():
+            rec = instance.get_latest_data_version_record(dg.AssetKey("archive_file"), False, key)
             mat = rec.asset_materialization if rec is not None else None
-            assert mat is not None and (mat.tags or {})["dagster/data_version"] == prof.archive(path).sha256
+            # a partition's data version: a digest of its archives' paths and pinned sha256
+            digest = hashlib.sha256("".join(f"{a.path} {a.sha256}\n" for a in specs).encode()).hexdigest()
+            assert mat is not None and (mat.tags or {})["dagster/data_version"] == digest
 
 
 def test_same_inputs_in_another_root_same_fingerprint_via_cli(
@@ -191,8 +195,9 @@ def test_wrong_archive_sha256_fails_its_check(demo: DemoPaths, tmp_path: Path, d
     assert not s["ok"] and s["store"] is None
     failed = [c for c in _failed(s) if c["check"] == C.ARCHIVE_SHA256_MATCHES_PIN]
     assert failed and victim in failed[0]["description"] and bad in failed[0]["description"]
-    assert [c["partition"] for c in failed] == [victim]  # reported with its partition, once
-    assert [e["partition"] for e in s["errors"]] == [victim]
+    victim_key = prof.archive(victim).cache_key
+    assert [c["partition"] for c in failed] == [victim_key]  # reported with its partition, once
+    assert [e["partition"] for e in s["errors"]] == [victim_key]
     assert not layout.archive_path(tmp_path / "root", victim).exists()
     assert not layout.stores_root(tmp_path / "root", prof.name).exists()
     # one run per stage; in the failed acquire run every other archive was materialized; the kit
@@ -201,10 +206,9 @@ def test_wrong_archive_sha256_fails_its_check(demo: DemoPaths, tmp_path: Path, d
     runs = {r["job"]: r for r in s["runs"]}
     assert list(runs) == [PROFILE_JOB, ACQUIRE_JOB, KIT_JOB, EXTRACT_JOB]
     assert not runs[ACQUIRE_JOB]["success"]
-    assert {k for k, done in runs[ACQUIRE_JOB]["partitions"].items() if done} == set(prof.archive_paths()) - {
-        victim
+    assert {k for k, done in runs[ACQUIRE_JOB]["partitions"].items() if done} == set(prof.cache_keys()) - {
+        victim_key
     }
-    victim_key = prof.archive(victim).cache_key
     assert set(runs[EXTRACT_JOB]["partitions"]) == set(prof.cache_keys()) - {victim_key}
     assert s["stopped_after"] == "archive_file"
 
@@ -271,10 +275,10 @@ def test_materialize_single_assets_directly(
         prof = load_profile(demo_cache.profile)
         key = "jesbu1_roboarena_0825_rfm_roboarena"
         parts = [a.path for a in prof.archives_by_cache_key()[key]]
-        assert len(parts) == 2
-        for part in parts:
-            r = run_selection(cfg.to_dict(), ["archive_file"], part)
-            assert r["success"], r
+        assert len(parts) == 2  # a split tar: both parts are the one partition of its cache key
+        r = run_selection(cfg.to_dict(), ["archive_file"], key)
+        assert r["success"], r
+        assert all(layout.archive_path(tmp_path / "root", p).is_file() for p in parts)
         r = run_selection(cfg.to_dict(), ["cache_dir"], key)
         assert r["success"], r
         assert [c["check"] for c in r["checks"]] == [C.CACHE_DIR_COUNTS_CONSISTENT]

@@ -232,7 +232,7 @@ def test_build_records_runs_and_checks_in_postgres(
     per_partition = [e for e in evals if e.partition is not None]
     assert sorted(
         e.partition for e in per_partition if e.check_name == C.ARCHIVE_SHA256_MATCHES_PIN
-    ) == sorted(prof.archive_paths())
+    ) == sorted(prof.cache_keys())  # archive_file: one partition per cache key
     assert len(per_partition) + len([e for e in evals if e.partition is None]) == len(evals)
     # every check of the definitions: the verify-only ones too, recorded from the build's own work
     assert {(e.asset_key.to_user_string(), e.check_name) for e in evals} == {
@@ -344,14 +344,14 @@ def test_full_build_on_a_dask_cluster_of_worker_processes(
     # every step ran in a Dask worker process, never in this one
     all_pids = set().union(*step_pids.values())
     assert all_pids <= worker_pids, (all_pids, worker_pids)
-    # one run of each stage's named job; the archive partitions in one run (one Dask task, its
-    # downloads in threads), each partition with its own materialization and checks
+    # one run of each stage's named job; the archive partitions (one per cache key) in one run (one
+    # Dask task, its downloads in threads), each partition with its own materialization and checks
     assert sorted(r.job_name for r in runs) == sorted(st.job for st in STAGES)
     assert all(r.tags.get("stage2/executor") == "dask" for r in runs)
     archive_run = next(r for r in s["runs"] if r["job"] == ACQUIRE_JOB)
-    assert set(archive_run["partitions"]) == set(prof.archive_paths())
+    assert set(archive_run["partitions"]) == set(prof.cache_keys())
     sha_checks = [c for c in s["checks"] if c["check"] == C.ARCHIVE_SHA256_MATCHES_PIN]
-    assert sorted(c["partition"] for c in sha_checks) == sorted(prof.archive_paths())
+    assert sorted(c["partition"] for c in sha_checks) == sorted(prof.cache_keys())
     assert all(c["passed"] for c in sha_checks)
 
 

@@ -170,7 +170,7 @@ def test_webserver_graphql_lists_assets_partitions_checks(webserver: str, demo_c
     nodes = {n["assetKey"]["path"][-1]: n for n in data["assetNodes"]}
     assert set(nodes) == set(C.CHECKS_BY_ASSET)
     prof = load_profile(demo_cache.profile)
-    assert sorted(nodes["archive_file"]["partitionKeys"]) == sorted(prof.archive_paths())
+    assert sorted(nodes["archive_file"]["partitionKeys"]) == sorted(prof.cache_keys())  # per cache key
     assert sorted(nodes["cache_dir"]["partitionKeys"]) == sorted(prof.cache_keys())
     for asset, names in C.ALL_CHECKS_BY_ASSET.items():
         assert {c["name"] for c in nodes[asset]["assetChecksOrError"]["checks"]} == set(names)
@@ -353,17 +353,16 @@ def test_browser_shows_assets_partitions_and_checks(
         webserver + "/assets",
         [
             *C.CHECKS_BY_ASSET,
-            f"{len(prof.archive_paths())} partitions",
             f"{len(prof.cache_keys())} partitions",
         ],
     )
     browser.save_screenshot(str(ARTIFACTS / "ui-catalog.png"))
-    # the partitions of archive_file, all materialized
-    n = len(prof.archive_paths())
+    # the partitions of archive_file (one per cache key: its archives), all materialized
+    n = len(prof.cache_keys())
     _page_text_with(
         browser,
         webserver + "/assets/archive_file?view=partitions",
-        [f"Materialized ({n})", "Failed (0)", *prof.archive_paths()],
+        [f"Materialized ({n})", "Failed (0)", *prof.cache_keys()],
     )
     browser.save_screenshot(str(ARTIFACTS / "ui-archive-partitions.png"))
     # every check on its asset's checks tab
@@ -663,7 +662,7 @@ def test_build_progress_reports_stages_partitions_bytes(
     runs = ui_instance["summary"]["runs"]
     # one plain line per partition (a stage's partitions share its one run) or unpartitioned run, no bars
     assert len(plain) == sum(max(1, len(r["partitions"])) for r in runs) and "\r" not in ui_instance["plain"]
-    n = len(prof.archive_paths())
+    n = len(prof.cache_keys())  # archive_file: one partition per cache key
     assert sum("archive_file[" in ln and ln.endswith(f"/{n})") for ln in plain) == n
     assert any(ln.endswith(f": ok ({n}/{n})") for ln in plain)
     live = ui_instance["live"]
