@@ -363,7 +363,7 @@ def test_fault_kit_frames_npz(prepared: Prepared, demo: DemoPaths, tmp_path: Pat
     before = outside(tmp_path, root)
     with demo_hub(demo) as hub:
         cfg = run_cfg(demo, root, hub.url)
-        assert run_selection(cfg, ["archive_file"], path)["success"]
+        assert run_selection(cfg, ["archive_file"], SMALL)["success"]
         assert run_selection(cfg, ["cache_dir"], SMALL)["success"]
         r = run_selection(cfg, FINAL_STAGE)
         refused(
@@ -384,7 +384,7 @@ def test_fault_kit_frames_npz(prepared: Prepared, demo: DemoPaths, tmp_path: Pat
         assert leftovers == [], leftovers
         restore(saved)
         hub.clear_log()
-        converge(prepared, cfg, root, [("archive_file", path), ("cache_dir", SMALL)])
+        converge(prepared, cfg, root, [("archive_file", SMALL), ("cache_dir", SMALL)])
         assert resolve_gets(hub) == [path]
 
 

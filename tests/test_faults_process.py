@@ -272,13 +272,13 @@ def test_fault_secret_token(
     forget_archive(root, victim)
     monkeypatch.setenv(TOKEN_VAR, SECRET)
     with demo_hub(demo, token=SECRET, faults=HubFaults(missing={victim})) as hub:
-        r = run_selection(run_cfg(demo, root, hub.url, token_env_var=TOKEN_VAR), ["archive_file"], victim)
+        r = run_selection(run_cfg(demo, root, hub.url, token_env_var=TOKEN_VAR), ["archive_file"], SMALL)
         text = refused(r, victim, "does not exist")
         assert SECRET not in text
     wrong = "hf_WrongTokenFaultMatrix_0000000000000"
     monkeypatch.setenv(TOKEN_VAR, wrong)
     with demo_hub(demo, token=SECRET) as hub:
-        r = run_selection(run_cfg(demo, root, hub.url, token_env_var=TOKEN_VAR), ["archive_file"], victim)
+        r = run_selection(run_cfg(demo, root, hub.url, token_env_var=TOKEN_VAR), ["archive_file"], SMALL)
         text = refused(r, victim, "401")
         assert wrong not in text and SECRET not in text
     for ev in dg.DagsterInstance.get().all_logs(r["run_id"]):
@@ -300,6 +300,7 @@ def test_fault_proc_disk_full(prepared: Prepared, demo: DemoPaths, tmp_path: Pat
         # download waits to retry a 503, so that it runs out in the middle of the write.
         root = mnt / "root"
         victim = "jesbu1_soar_rfm_soar.tar"
+        key = load_profile(demo.profile).archive(victim).cache_key  # its archive_file partition
         size = (demo.upstream / victim).stat().st_size
         (mnt / "fill").mkdir()
         filler = mnt / "fill" / "filler"  # the test's own file: not part of the "outside" check
@@ -316,7 +317,7 @@ def test_fault_proc_disk_full(prepared: Prepared, demo: DemoPaths, tmp_path: Pat
             cfg = run_cfg(demo, root, hub.url)
             th = threading.Thread(target=fill_when_asked, args=(hub,))
             th.start()
-            r = run_selection(cfg, ["archive_file"], victim)
+            r = run_selection(cfg, ["archive_file"], key)
             th.join()
             refused(r, victim, "disk full", str(layout.partial_path(root, victim)), "Fix:", "free disk space")
             part = layout.partial_path(root, victim)
@@ -325,7 +326,7 @@ def test_fault_proc_disk_full(prepared: Prepared, demo: DemoPaths, tmp_path: Pat
             assert outside(tmp_path, root, mnt / "fill") == before
             filler.unlink()
             hub.clear_log()
-            r = run_selection(cfg, ["archive_file"], victim)
+            r = run_selection(cfg, ["archive_file"], key)
             assert r["success"], said(r)
             gets = [rng for m, rng in hub.file_requests(victim) if m == "GET"]
         assert len(gets) == 1 and gets[0] is not None and gets[0].startswith("bytes="), gets  # resumed

@@ -131,7 +131,7 @@ def test_fault_prof_unknown_archive(prepared: Prepared, demo: DemoPaths, tmp_pat
         assert f"{guess} (unknown): closest upstream: {real}" in out.stderr, out.stderr
         assert "Fix:" in out.stderr and "delete its `unknown = true` line" in out.stderr
         cfg = run_cfg(demo, root, hub.url)
-        r = run_selection(cfg, ["archive_file"], guess)
+        r = run_selection(cfg, ["archive_file"], SMALL)
         refused(r, guess, "marked unknown = true", "stage2 pin")
         # `stage2 build` refuses the profile up front: one line naming the entry, exit 2
         out = stage2("build", "--profile", str(demo.profile), "--data-root", str(root), "--endpoint", hub.url)
@@ -144,5 +144,5 @@ def test_fault_prof_unknown_archive(prepared: Prepared, demo: DemoPaths, tmp_pat
         out = stage2("pin", str(demo.profile), "--endpoint", hub.url, "--write")
         assert out.returncode == 0, out.tail()
         assert load_profile(demo.profile).archive(real) == spec
-        assert run_selection(cfg, ["archive_file"], real)["success"]
+        assert run_selection(cfg, ["archive_file"], SMALL)["success"]
     demo.profile.write_text(good)
