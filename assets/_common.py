@@ -307,6 +307,34 @@ def _ignore_further_stops() -> None:
     multiprocessing.util.Finalize(None, _ignore_stop_signals, exitpriority=1000)
 
 
+def _feeds_downstream_in_run(context: dg.AssetExecutionContext, asset: str) -> bool:
+    """True when the run also materializes an asset that depends on ``asset``."""
+    layer = context.job_def.asset_layer
+    selection = context.run.asset_selection
+    in_run = set(selection) if selection is not None else set(layer.executable_asset_keys)  # whole job
+    return bool(in_run & set(layer.asset_graph.get(dg.AssetKey(asset)).child_keys))
+
+
+def _output_for_partitions(
+    context: dg.AssetExecutionContext,
+    asset: str,
+    done: dict[str, StepResult],
+    data_version: Callable[[str, StepResult], str],
+) -> dg.MaterializeResult:
+    """The step's output when every partition of the run is done: Dagster materializes each
+    partition from it. One partition: its metadata and data version. A range: each partition's
+    metadata (``add_asset_metadata``); the data version is Dagster's, from the code version and the
+    inputs' versions (an output carries one data version, not one per partition)."""
+    if len(done) == 1:
+        ((key, res),) = done.items()
+        return dg.MaterializeResult(
+            metadata=to_metadata(res.metadata), data_version=dg.DataVersion(data_version(key, res))
+        )
+    for key, res in done.items():
+        context.add_asset_metadata(to_metadata(res.metadata), partition_key=key)
+    return dg.MaterializeResult()
+
+
 def run_partitions(
     context: dg.AssetExecutionContext,
     asset: str,
@@ -324,8 +352,16 @@ def run_partitions(
     check sums up the run (Dagster takes a check's declared result once per step; in a one-partition
     run it is that partition's result), and the step fails when any partition raised, naming each:
     the stages after it do not run, as when each partition had a run of its own. ``inputs(key)``
-    names the upstream partitions a partition reads (their versions are recorded with it)."""
+    names the upstream partitions a partition reads (their versions are recorded with it).
+
+    When the run also holds an asset downstream of this one (the UI materializing ``archive_file``
+    and ``cache_dir`` together), that asset's step runs only after this step's output: the
+    partitions are then materialized through that output at the end of the step (Dagster makes one
+    materialization per partition of the run, each with its own metadata), never as events alone,
+    which would leave the downstream step skipped while the run says it succeeded."""
     asset_key = dg.AssetKey(asset)
+    feeds = _feeds_downstream_in_run(context, asset)
+    pending: dict[str, StepResult] = {}  # partitions done, materialized by the step's output
     names = CHECKS_BY_ASSET[asset]
     raised: dict[str, str] = {}
     raised_types: dict[str, str] = {}  # the error's class by partition (the build's exit code reads it)
@@ -367,7 +403,9 @@ def run_partitions(
                             partition=key,
                         )
                     )
-            if isinstance(res, StepResult):
+            if isinstance(res, StepResult) and feeds:
+                pending[key] = res
+            elif isinstance(res, StepResult):
                 yield dg.AssetMaterialization(
                     asset_key=asset_key,
                     partition=key,
@@ -392,6 +430,28 @@ def run_partitions(
         pool.shutdown(wait=False, cancel_futures=True)
         raise
     pool.shutdown(wait=True)
+    if pending and not raised and set(keys) != set(context.partition_keys):
+        raise dg.Failure(
+            description=(
+                f"{asset}: this run covers some partitions of its range only ({context.run.tags.get(PARTITIONS_TAG)}); "
+                "an asset after it cannot run in the same run. Fix: materialize the whole range, or "
+                f"{asset} first and what follows it in a run of its own"
+            )
+        )
+    if pending and not raised:
+        yield _output_for_partitions(context, asset, pending, data_version)
+    for key, res in pending.items() if raised else ():  # the run fails: what succeeded, as events
+        yield dg.AssetMaterialization(
+            asset_key=asset_key,
+            partition=key,
+            metadata=to_metadata(res.metadata),
+            tags={
+                **input_tags(context.instance, inputs(key)),
+                DATA_VERSION_TAG: data_version(key, res),
+                DATA_VERSION_IS_USER_PROVIDED_TAG: "true",
+                CODE_VERSION_TAG: CODE_VERSIONS[asset],
+            },
+        )
     for name in names:
         got = [(k, o) for k in keys for o in results.get(k, []) if o[0] == name]
         bad = [(k, o[2]) for k, o in got if not o[1]]

@@ -133,8 +133,10 @@ def test_failed_check_and_failed_run_alert_to_file_and_webhook(
 
     with HubServer(demo.upstream, repo_id=demo.repo_id, revision=demo.revision) as hub:
         cfg = BuildConfig(profile_path=str(demo.profile), data_root=str(root), endpoint=hub.url)
-        r = run_selection(cfg.to_dict(), ["archive_file"], victim)
-        ok = run_selection(cfg.to_dict(), ["archive_file"], prof.archive_paths()[1])
+        victim_key = prof.archive(victim).cache_key  # archive_file: one partition per cache key
+        other = next(k for k in prof.cache_keys() if k != victim_key)
+        r = run_selection(cfg.to_dict(), ["archive_file"], victim_key)
+        ok = run_selection(cfg.to_dict(), ["archive_file"], other)
     assert not r["success"] and ok["success"]
 
     jsonl = dagster_home / "alerts" / "alerts.jsonl"
@@ -148,7 +150,11 @@ def test_failed_check_and_failed_run_alert_to_file_and_webhook(
     assert len(got) == 1, got  # only the failed check; the passing one of the other partition is silent
     a = got[0]
     assert a["kind"] == "asset_check_failed"
-    assert (a["asset"], a["check"], a["partition"]) == ("archive_file", C.ARCHIVE_SHA256_MATCHES_PIN, victim)
+    assert (a["asset"], a["check"], a["partition"]) == (
+        "archive_file",
+        C.ARCHIVE_SHA256_MATCHES_PIN,
+        victim_key,
+    )
     assert bad in a["reason"] and victim in a["reason"]
     assert a["run_id"] == r["run_id"] and a["run_link"] == f"http://127.0.0.1:3000/runs/{r['run_id']}"
     assert receiver.bodies == [a]  # the same alert reached the webhook
@@ -169,7 +175,7 @@ def test_failed_check_and_failed_run_alert_to_file_and_webhook(
     runs = [x for x in _lines(jsonl) if x["kind"] == "run_failed"]
     assert len(runs) == 1, _lines(jsonl)
     ra = runs[0]
-    assert ra["run_id"] == r["run_id"] and ra["partition"] == victim
+    assert ra["run_id"] == r["run_id"] and ra["partition"] == victim_key
     assert ra["run_link"].endswith(f"/runs/{r['run_id']}") and ra["reason"]
     assert receiver.bodies[-1] == ra
     tick2 = run_sensor.evaluate_tick(

@@ -6,6 +6,7 @@ import hashlib
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers.cli import REPO, python, stage2
@@ -437,3 +438,63 @@ def test_a_step_failed_by_its_blocking_checks_is_reported_as_those_checks() -> N
     bug = SerializableErrorInfo("KeyError: 'x'\n", [], "KeyError")
     assert check_failure_errors("s", bug, checks) is None
     assert step_error_line(bug).startswith("internal error: KeyError")
+
+
+# ----- a cache key's chain in one run (the UI's "Materialize" of archive_file and cache_dir) -------
+def _chain_run(demo: DemoPaths, root: Path, url: str, tags: dict[str, str]) -> Any:
+    """One run of archive_file and cache_dir together, as the UI launches a materialization of both
+    (the implicit asset job), over the partition or range ``tags`` name."""
+    import dagster as dg
+
+    defs = build_definitions(_config(demo, root, url))
+    job = defs.resolve_implicit_global_asset_job_def()
+    return job.execute_in_process(
+        instance=dg.DagsterInstance.get(),
+        asset_selection=[dg.AssetKey("archive_file"), dg.AssetKey("cache_dir")],
+        tags=tags,
+        raise_on_error=False,
+    )
+
+
+def _materialized(result: Any, asset: str) -> dict[str, dict[str, Any]]:
+    """The partitions of ``asset`` a run materialized, with each one's metadata (as plain values)."""
+    out = {}
+    for e in result.get_asset_materialization_events():
+        mat = e.event_specific_data.materialization
+        if mat.asset_key.to_user_string() == asset:
+            out[mat.partition] = {k: getattr(v, "value", v) for k, v in mat.metadata.items()}
+    return out
+
+
+def test_a_cache_keys_archives_and_extraction_in_one_run(
+    demo_cache: DemoPaths, tmp_path: Path, dagster_home: Path
+) -> None:
+    """archive_file and cache_dir share their partitions, so one run may hold a cache key's whole
+    chain: the extraction runs after the download in that run (never skipped while the run says
+    success), for one partition and for a range, each partition materialized with its own metadata."""
+    prof = load_profile(demo_cache.profile)
+    key = "jesbu1_roboarena_0825_rfm_roboarena"  # a split tar: two parts
+    with HubServer(demo_cache.upstream, repo_id=demo_cache.repo_id, revision=demo_cache.revision) as hub:
+        one = _chain_run(demo_cache, tmp_path / "one", hub.url, {"dagster/partition": key})
+        assert one.success
+        assert list(_materialized(one, "archive_file")) == [key]
+        assert list(_materialized(one, "cache_dir")) == [key]
+        assert (layout.cache_dir(tmp_path / "one", key) / "dataset_info.json").is_file()
+
+        keys = prof.cache_keys()
+        rng = {"dagster/asset_partition_range_start": keys[0], "dagster/asset_partition_range_end": keys[-1]}
+        every = _chain_run(demo_cache, tmp_path / "all", hub.url, rng)
+        assert every.success
+        for asset in ("archive_file", "cache_dir"):
+            got = _materialized(every, asset)
+            assert sorted(got) == sorted(keys)
+            assert all(md["cache_key"] == k for k, md in got.items())  # each partition's own metadata
+        assert all((layout.cache_dir(tmp_path / "all", k) / "dataset_info.json").is_file() for k in keys)
+
+        # one archive missing: its cache key fails, the run fails, nothing is extracted in it
+        victim = prof.archive_paths_largest_first()[0]
+        hub.faults.missing.add(victim)
+        failed = _chain_run(demo_cache, tmp_path / "failed", hub.url, rng)
+        assert not failed.success
+        assert prof.archive(victim).cache_key not in _materialized(failed, "archive_file")
+        assert _materialized(failed, "cache_dir") == {}
