@@ -159,6 +159,47 @@ def test_a_bad_part_fails_its_split_cache_key_after_every_part_was_tried(
     assert _fingerprint(root, prepared) == prepared.fingerprint
 
 
+def test_a_failed_split_cache_key_names_every_bad_part_and_what_it_moved_aside(
+    prepared: Prepared, demo: DemoPaths, tmp_path: Path
+) -> None:
+    """A split cache key's partition that fails is not materialized, so its failure says everything:
+    a part the hub does not have, and where the verified part that disagreed with its pin went (moved
+    aside, downloaded again); then, with both parts missing upstream, each of them."""
+    aa, ab = f"{SPLIT}.tar.part-aa", f"{SPLIT}.tar.part-ab"
+    root = copy_root(prepared, tmp_path / "root")
+    final = layout.archive_path(root, aa)
+    good = final.read_bytes()
+    st = final.stat()
+    bad = bytearray(good)
+    bad[len(bad) // 2] ^= 0x01
+    with open(final, "r+b") as f:  # in place, size and mtime restored: only the ctime tells
+        f.write(bytes(bad))
+    os.utime(final, ns=(st.st_atime_ns, st.st_mtime_ns))
+    forget_archive(root, ab)
+    with demo_hub(demo, faults=HubFaults(missing={ab})) as hub:
+        out, doc, told = _build(demo, root, hub.url)
+        assert out.returncode != 0 and doc.get("ok") is False, out.tail()
+        aside = [p for p in _quarantine(root) if p.name == aa]
+        assert [p.read_bytes() for p in aside] == [bytes(bad)]  # moved aside, not deleted
+        for name in (ab, "does not exist", "Fix:", f"{final} -> {aside[0]}", "not deleted"):
+            assert name in told, f"{name!r} not in:\n{told}"
+        assert final.read_bytes() == good and layout.verified_record_path(root, aa).is_file()
+        # both parts missing upstream: the failure names each
+        forget_archive(root, aa)
+        hub.faults.missing.add(aa)
+        out, doc, told = _build(demo, root, hub.url)
+        assert out.returncode != 0 and doc.get("ok") is False, out.tail()
+        for name in (f"'{aa}' does not exist", f"'{ab}' does not exist"):
+            assert name in told, f"{name!r} not in:\n{told}"
+        no_store(root)
+        hub.faults.missing.clear()
+        hub.clear_log()
+        out, _, told = _build(demo, root, hub.url)
+        assert out.returncode == 0, told
+        assert sorted(resolve_gets(hub)) == [aa, ab]
+    assert _fingerprint(root, prepared) == prepared.fingerprint
+
+
 def test_fault_net_bad_revision(prepared: Prepared, demo: DemoPaths, tmp_path: Path) -> None:
     root = copy_root(prepared, tmp_path / "root")
     victim = f"{SMALL}.tar"

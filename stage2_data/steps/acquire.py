@@ -92,7 +92,7 @@ def step_download_cache_dir(
             log.warning("archive_file[%s]: %s", cache_key, err)
             failures.append(err)
     if failures:
-        raise failures[0]
+        raise _partition_failure(failures, parts)
     digest = hashlib.sha256()
     for r in parts:
         digest.update(f"{r.metadata['path']} {r.metadata['sha256']}\n".encode())
@@ -122,6 +122,21 @@ def step_download_cache_dir(
     problems = [c.description for c in checks if not c.passed]
     ok_text = f"{cache_key}: every archive's sha256 and size match its pin ({len(parts)} archive(s))"
     return StepResult(md, [outcome(C.ARCHIVE_SHA256_MATCHES_PIN, problems, ok_text)], parts)
+
+
+def _partition_failure(failures: list[Stage2Error], parts: list[StepResult]) -> Stage2Error:
+    """The error a failed cache key's partition raises: its first failure (its class sets the
+    build's exit code), its message extended with every other part that failed and every file the
+    parts that succeeded moved aside. A failed partition is not materialized, so this message is
+    the only place the build can say where those files went."""
+    first = failures[0]
+    more = [f"also {e}" for e in failures[1:]]
+    moved = [str(r.metadata["moved_aside"]) for r in parts if r.metadata.get("moved_aside")]
+    if moved:
+        more.append(f"moved aside (kept, not deleted): {'; '.join(moved)}")
+    if more:
+        first.message = f"{first.message} ({'; '.join(more)})"
+    return first
 
 
 def step_extract(
