@@ -200,6 +200,40 @@ def test_a_failed_split_cache_key_names_every_bad_part_and_what_it_moved_aside(
     assert _fingerprint(root, prepared) == prepared.fingerprint
 
 
+def test_a_stop_starts_no_further_part_of_a_split_cache_key(demo: DemoPaths, tmp_path: Path) -> None:
+    """A stop of the process (``cancel_downloads``, what `stage2 build` does on SIGINT or SIGTERM)
+    while the first part of a split cache key downloads: that download ends as cancelled, the next
+    part is never requested, and the error names the cancelled part only."""
+    from stage2_data.acquire import DownloadCancelled, HubSource, cancel_downloads
+    from stage2_data.steps import step_download_cache_dir
+
+    aa, ab = f"{SPLIT}.tar.part-aa", f"{SPLIT}.tar.part-ab"
+    prof = load_profile(demo.profile)
+    root = tmp_path / "root"
+    with demo_hub(demo) as hub:
+        hub.faults.rate = 100 * 1024  # bytes/s: the first part takes seconds
+        source = HubSource.from_profile(prof, endpoint=hub.url)
+
+        def stop_when_asked() -> None:
+            deadline = time.monotonic() + 60
+            while not any(m == "GET" for m, _ in hub.file_requests(aa)) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.3)  # inside the body
+            cancel_downloads()
+
+        th = threading.Thread(target=stop_when_asked)
+        th.start()
+        try:
+            with pytest.raises(DownloadCancelled) as got:
+                step_download_cache_dir(prof, source, root, SPLIT)
+        finally:
+            th.join()
+            cancel_downloads(False)
+        assert hub.file_requests(ab) == []  # never started
+    assert aa in str(got.value) and ab not in str(got.value), str(got.value)
+    assert not layout.archive_path(root, aa).exists() and not layout.archive_path(root, ab).exists()
+
+
 def test_fault_net_bad_revision(prepared: Prepared, demo: DemoPaths, tmp_path: Path) -> None:
     root = copy_root(prepared, tmp_path / "root")
     victim = f"{SMALL}.tar"

@@ -12,6 +12,7 @@ from typing import Any
 from .. import checks as C
 from .. import layout
 from ..acquire import archive_state, download_archive, require_build_space, verified_sha256s
+from ..acquire.cancel import cancelled
 from ..checks import compare_totals, outcome
 from ..errors import Stage2Error
 from ..extract import (
@@ -80,9 +81,10 @@ def step_download_cache_dir(
 ) -> StepResult:
     """Download and verify every archive of one cache key (its split parts, or its one tar): one
     partition of ``archive_file``. Each archive is :func:`step_download`'s; a part that fails does
-    not keep the others from downloading (a rerun then resumes only what is missing), and the first
-    failure is raised once all were tried. The metadata lists each archive; ``sha256`` is a digest
-    of the archives' paths and sha256 (the partition's data version)."""
+    not keep the others from downloading (a rerun then resumes only what is missing; a stop of the
+    process starts no further part), and the first failure is raised once all were tried
+    (:func:`_partition_failure`). The metadata lists each archive; ``sha256`` is a digest of the
+    archives' paths and sha256 (the partition's data version)."""
     parts: list[StepResult] = []
     failures: list[Stage2Error] = []
     for spec in profile.archives_by_cache_key()[cache_key]:
@@ -91,6 +93,8 @@ def step_download_cache_dir(
         except Stage2Error as err:  # a named error: the other parts first, then this one
             log.warning("archive_file[%s]: %s", cache_key, err)
             failures.append(err)
+            if cancelled(None):  # the process is stopping: no other part is started
+                break
     if failures:
         raise _partition_failure(failures, parts)
     digest = hashlib.sha256()
@@ -136,6 +140,7 @@ def _partition_failure(failures: list[Stage2Error], parts: list[StepResult]) -> 
         more.append(f"moved aside (kept, not deleted): {'; '.join(moved)}")
     if more:
         first.message = f"{first.message} ({'; '.join(more)})"
+        first.args = (str(first),)  # what repr() and a re-raise in another process show
     return first
 
 
