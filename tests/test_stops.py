@@ -383,6 +383,10 @@ from stage2_data.steps import StepResult
 class Context:  # what run_partitions uses of a step's context, for more than one partition
     instance = None
 
+    class run:  # a run of this one asset
+        asset_selection = frozenset({CACHE_DIR})
+        tags = {}
+
     def log_event(self, event):
         pass
 
