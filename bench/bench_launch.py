@@ -29,6 +29,7 @@ location, instead of executing its job in a process of its own (issue #27: one o
   ``on_job_page`` (the run matches the filter the UI's job page uses: job name and the
   ``.dagster/repository`` tag of workspace.yaml's code location). ``cli_help_s``: a bare ``dagster
   job launch --help`` (the CLI's import); ``code_server_load_s``: ours' ``created_s`` minus that.
+  ``load_avg_1m``: the machine's load average before and after (other work on shared CPUs).
 """
 
 from __future__ import annotations
@@ -143,9 +144,11 @@ def _run_times(instance: Any, run_id: str, t0: float, page_label: str | None) ->
     run = rec.dagster_run
     created = rec.create_timestamp.timestamp()
     events = [e for e in instance.all_logs(run_id) if e.is_dagster_event]
-    kinds = {}
+    kinds: dict[str, float] = {}
     for e in events:
         kinds.setdefault(e.dagster_event.event_type_value, e.timestamp)
+    # the executor's own line: "Executing steps in process" or "Executing steps using multiprocess executor"
+    executed = next((e.message for e in events if (e.message or "").startswith("Executing steps")), None)
     origin = run.remote_job_origin
     own = origin.repository_origin.get_label() if origin is not None else None
     label = page_label or own
@@ -159,6 +162,7 @@ def _run_times(instance: Any, run_id: str, t0: float, page_label: str | None) ->
         "first_step_s": round(kinds.get("STEP_START", float("nan")) - t0, 2),
         "run_s": round((rec.end_time or float("nan")) - created, 2),
         "worker_start_s": round(kinds.get("PIPELINE_START", float("nan")) - created, 2),
+        "executor_said": executed.split(" (")[0] if executed else None,
         "remote_origin": origin is not None,
         "on_job_page": on_page,
         "repository_label": own,
@@ -265,6 +269,7 @@ def launch_via_instance_vs_execute_job(work: Path) -> dict[str, Any]:
         )  # fmt: skip
     if built.returncode != 0:
         raise RuntimeError(f"demo build failed: {built.stdout[-2000:]}{built.stderr[-2000:]}")
+    load_before = os.getloadavg()[0]  # the machine's other work (it shares its CPUs)
     help_s = cli_help_seconds(env)
     workspace = ["-w", str(REPO / "workspace.yaml")]
     instance = dg.DagsterInstance.from_config(str(home))
@@ -306,6 +311,7 @@ def launch_via_instance_vs_execute_job(work: Path) -> dict[str, Any]:
         running_server_all=served,
         code_server_ready_s=round(server_ready_s, 2),
         cli_help_s=round(help_s, 2),
+        load_avg_1m=[round(load_before, 2), round(os.getloadavg()[0], 2)],  # before and after
         code_server_load_s=round(best_ours["created_s"] - help_s, 2),
     )
 
