@@ -131,7 +131,11 @@ def code_server(env: dict[str, str], socket: Path) -> Iterator[float]:
         yield ready
     finally:
         proc.terminate()
-        proc.wait(timeout=60)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # a server that did not stop on SIGTERM
+            proc.kill()
+            proc.wait()
 
 
 def _run_times(instance: Any, run_id: str, t0: float, page_label: str | None) -> dict[str, Any]:
