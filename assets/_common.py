@@ -370,6 +370,20 @@ def run_partitions(
     results: dict[str, list[tuple[str, bool, str, dict[str, Any]]]] = {}
     single = len(keys) == 1 and context.has_partition_key
 
+    def materialization(key: str, res: StepResult) -> dg.AssetMaterialization:
+        """One partition materialized as an event of its own: its metadata, its data version."""
+        return dg.AssetMaterialization(
+            asset_key=asset_key,
+            partition=key,
+            metadata=to_metadata(res.metadata),
+            tags={
+                **input_tags(context.instance, inputs(key)),
+                DATA_VERSION_TAG: data_version(key, res),
+                DATA_VERSION_IS_USER_PROVIDED_TAG: "true",
+                CODE_VERSION_TAG: CODE_VERSIONS[asset],
+            },
+        )
+
     def one(key: str) -> StepResult | Stage2Error:
         try:
             return step(key)
@@ -408,17 +422,7 @@ def run_partitions(
             if isinstance(res, StepResult) and feeds:
                 pending[key] = res
             elif isinstance(res, StepResult):
-                yield dg.AssetMaterialization(
-                    asset_key=asset_key,
-                    partition=key,
-                    metadata=to_metadata(res.metadata),
-                    tags={
-                        **input_tags(context.instance, inputs(key)),
-                        DATA_VERSION_TAG: data_version(key, res),
-                        DATA_VERSION_IS_USER_PROVIDED_TAG: "true",
-                        CODE_VERSION_TAG: CODE_VERSIONS[asset],
-                    },
-                )
+                yield materialization(key, res)
     except BaseException as exc:
         # An interrupt (a stop: Dagster's interrupt or KeyboardInterrupt in this thread) does not
         # reach the partitions' threads: queued partitions are dropped, running extractions are told
@@ -443,17 +447,7 @@ def run_partitions(
     if pending and not raised:
         yield _output_for_partitions(context, asset, pending, data_version)
     for key, res in pending.items() if raised else ():  # the run fails: what succeeded, as events
-        yield dg.AssetMaterialization(
-            asset_key=asset_key,
-            partition=key,
-            metadata=to_metadata(res.metadata),
-            tags={
-                **input_tags(context.instance, inputs(key)),
-                DATA_VERSION_TAG: data_version(key, res),
-                DATA_VERSION_IS_USER_PROVIDED_TAG: "true",
-                CODE_VERSION_TAG: CODE_VERSIONS[asset],
-            },
-        )
+        yield materialization(key, res)
     for name in names:
         got = [(k, o) for k in keys for o in results.get(k, []) if o[0] == name]
         bad = [(k, o[2]) for k, o in got if not o[1]]
