@@ -3,8 +3,10 @@ new ones and merge it (:mod:`.merge`: whole shards copied, existing ones never r
 rebuilding; otherwise say why a rebuild is needed.
 
 An extension is taken only when its result equals a fresh build of the new inputs in content (same
-samples with the same frames, actions and metadata per trajectory id, same pairs, same splits); the
-order of the rows, the shard layout and so the fingerprint differ (the fingerprint covers the layout).
+samples with the same frames, actions and metadata per trajectory id, same pairs, same splits). When
+the new trajectories come in new cache directories, the row order, the shard layout and the
+fingerprint are the fresh build's too (:mod:`.merge` numbers the shards as a fresh build cuts them);
+new trajectories inside an existing cache directory give another layout and fingerprint.
 :func:`decide_extension` checks, without decoding a frame:
 
 * the published store opens strictly (format and version of this writer) with the same writer options
