@@ -42,7 +42,6 @@ GENERIC_NAMES = {"assets", "resources", "pipelines", "deploy", "tests", "bench"}
 READ_STORE = """
 import sys
 from stage2_data.store import VinOfflineDataset
-from helpers.built import DEMO_FINGERPRINT
 
 ds = VinOfflineDataset(sys.argv[1], split="train")
 sample = ds[0]
