@@ -23,6 +23,7 @@ from ..publish import make_staging_dir, publish_dir
 from ..storage import StoreLocation
 from .commit import finish_manifest
 from .format import MANIFEST_NAME, PairSpec, StoreInputError, shard_dir_name
+from .plan import row_order
 from .reader import VinOfflineStoreReader
 from .target import check_out_dir, check_remote_out
 from .validate import raise_if_invalid
@@ -44,8 +45,9 @@ def merge_vin_offline_stores(
 
     Base shards are hard-linked (copied and verified where linking fails); sidecar shards are copied
     whole (bytes verified against the sidecar manifest); all are numbered in the order a fresh
-    build of every row gives them (``_canonical_layout``). Sample index, pairs (sorted by pair_id), splits and manifest are written anew;
-    the result is validated like a fresh build, then published atomically. Neither input store is
+    build of every row gives them (``_canonical_layout``). Sample index, pairs (sorted by
+    pair_id), splits and manifest are written anew; the result is validated like a fresh build,
+    then published atomically. Neither input store is
     modified. Returns the new manifest.
 
     Any of the three may be an object-storage URL (``storage_options`` apply to all of them): shard
@@ -257,9 +259,8 @@ def _canonical_layout(
     side_shards: Sequence[dict[str, Any]],
     side_rows: Sequence[dict[str, Any]],
 ) -> _Layout:
-    """The shards of both stores in the order a fresh build of all their rows gives them
-    (:mod:`.plan`: by cache directory, resolution, then the (``num_frames``, ``sample_key``) of a
-    shard's first row), rows renumbered to match. Shards are never cut anew: when the two stores hold
+    """The shards of both stores in the order a fresh build of all their rows gives them (each
+    shard's first row by :func:`.plan.row_order`), rows renumbered to match. Shards are never cut anew: when the two stores hold
     disjoint cache directories (a store per cache directory, an extension by new cache
     directories), the result is the fresh build's layout exactly, and so is its fingerprint."""
     keyed: list[tuple[tuple[Any, ...], bool, dict[str, Any], list[dict[str, Any]]]] = []
@@ -270,7 +271,7 @@ def _canonical_layout(
         for sh in shards:
             own = sorted(by_shard.get(sh["id"], []), key=lambda r: r["row"])
             first = own[0] if own else {}
-            key = (
+            key = row_order(
                 first.get("cache_key", ""),
                 first.get("frame_height", 0),
                 first.get("frame_width", 0),

@@ -22,6 +22,7 @@ import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from itertools import groupby
 from pathlib import Path
 
 import numpy as np
@@ -182,6 +183,20 @@ def check_length(s: SampleSpec, num_frames: int, max_frames: int, problems: list
         )
 
 
+#: A shard holds rows that share the first SHARD_GROUP fields of their :func:`row_order`.
+SHARD_GROUP = 3
+
+
+def row_order(
+    cache_key: str, height: int, width: int, num_frames: int, sample_key: str
+) -> tuple[str, int, int, int, str]:
+    """Where a row goes in a store (docs/spec/vin-store.md, "Shards and padding"): by cache
+    directory, then resolution, then length, then trajectory id. The one statement of the order:
+    the planner cuts shards in it, and a merge (:mod:`.merge`) numbers the shards of its inputs by
+    their first rows in it."""
+    return (cache_key, height, width, num_frames, sample_key)
+
+
 def cut_shards(rows: list[Row], rows_per_shard: int) -> list[list[Row]]:
     """Rows of one cache directory and resolution, sorted by (num_frames, key), cut into shards of at most
     ``rows_per_shard`` rows whose longest row exceeds the shortest by at most ``pad_slack``."""
@@ -230,14 +245,15 @@ def plan_shards(
             problems,
             fix="correct the named inputs (pair manifest, frame files, sidecars) and build again",
         )
-    groups: dict[tuple[str, int, int], list[Row]] = defaultdict(list)
-    for r in rows:
-        groups[(r.spec.cache_key, r.height, r.width)].append(r)
+
+    def order(r: Row) -> tuple[str, int, int, int, str]:
+        return row_order(r.spec.cache_key, r.height, r.width, r.num_frames, r.spec.sample_key)
+
+    rows.sort(key=order)
     shards: list[ShardPlan] = []
     ordered: list[Row] = []
-    for group in sorted(groups):
-        grp = sorted(groups[group], key=lambda r: (r.num_frames, r.spec.sample_key))
-        for chunk in cut_shards(grp, rows_per_shard):
+    for _group, grp in groupby(rows, key=lambda r: order(r)[:SHARD_GROUP]):
+        for chunk in cut_shards(list(grp), rows_per_shard):
             plan = ShardPlan(len(shards), len(ordered), chunk)
             for j, r in enumerate(chunk):
                 r.sample_index = len(ordered)
