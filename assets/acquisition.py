@@ -86,7 +86,7 @@ def build_acquisition_assets(profile: Profile) -> list[Any]:
             lambda key: steps.step_download_cache_dir(prof, source, root, key, reverify=data_root.reverify),
             lambda _key, res: str(res.metadata["sha256"]),
             partition_workers(context, default_workers("download")),
-            lambda _path: {PINNED_PROFILE: [None]},
+            lambda _key: {PINNED_PROFILE: [None]},
         )
 
     @stage_asset(
@@ -111,14 +111,11 @@ def build_acquisition_assets(profile: Profile) -> list[Any]:
 
         keys = selected_partitions(context, prof.cache_keys_largest_first())
 
-        def extract(key: str) -> Any:
-            return steps.step_extract(prof, root, key)
-
         yield from run_partitions(
             context,
             CACHE_DIR,
             keys,
-            extract,
+            lambda key: steps.step_extract(prof, root, key),
             version,
             partition_workers(context, min(default_workers("extract"), EXTRACT.max_parallel or 1)),
             lambda key: {ARCHIVE_FILE: [key]},

@@ -3,10 +3,11 @@ partitions done/total, bytes, rate, ETA and elapsed time.
 
 A stage is one run over its partitions; progress advances as that run materializes each partition
 (the runner's ``on_run`` callback, fed while the run goes on by ``watch.RunWatcher``, which reads the
-run's events from the instance), and for the rest when the run ends. Bytes come from the profile's pinned archive sizes, so rate and ETA are
-exact in bytes, not guesses: a finished ``archive_file[k]`` run has downloaded what the archives of cache key ``k`` still missed
-when the build started (nothing, for an archive already on disk: a stage where nothing downloads shows
-no bytes and no ETA); a finished ``cache_dir[k]`` run has read the archives of ``k``.
+run's events from the instance), and for the rest when the run ends. Bytes come from the profile's
+pinned archive sizes, so rate and ETA are exact in bytes, not guesses: a finished
+``archive_file[k]`` run has downloaded what the archives of cache key ``k`` still missed when the
+build started (nothing, for archives already on disk: a stage where nothing downloads shows no
+bytes and no ETA); a finished ``cache_dir[k]`` run has read the archives of ``k``.
 
 With ``data_root``, a stage is "up to date" when its runs succeeded and wrote nothing: the stats
 (inode, size, mtime) of what it writes (archives and their ``.verified.json`` records, extraction

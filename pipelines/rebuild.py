@@ -94,8 +94,8 @@ def job_of(stage: Stage) -> str:
     return stage.job
 
 
-def partition_tags(profile: Profile, stage: Stage, keys: list[str]) -> dict[str, str]:
-    """The tags of one run of ``stage`` over ``keys``: one partition, or the range holding them all
+def partition_tags(profile: Profile, keys: list[str]) -> dict[str, str]:
+    """The tags of one run over the cache keys ``keys``: one partition, or the range holding them all
     (a single-run backfill; ``stage2/partitions`` names the keys when the range holds others too)."""
     if len(keys) == 1:
         return {PARTITION_TAG: keys[0]}
@@ -113,7 +113,7 @@ def stage_requests(rebuild_id: str, stage: Stage, profile: Profile) -> list[dg.R
     """The one run of one stage of rebuild ``rebuild_id``: its job over every partition of the stage
     (one run: ``BackfillPolicy.single_run``), tagged so that ``advance_rebuilds`` follows it."""
     keys = [p for p in stage_partitions(stage, profile) if p is not None]
-    tags = {REBUILD_TAG: rebuild_id, STAGE_TAG: stage.name, **partition_tags(profile, stage, keys)}
+    tags = {REBUILD_TAG: rebuild_id, STAGE_TAG: stage.name, **partition_tags(profile, keys)}
     subset = job_subset(list(stage.assets), stage.job)  # the store stage: its job without the sidecars
     return [dg.RunRequest(run_key=f"{rebuild_id}-{stage.name}", job_name=job_of(stage), tags=tags, **subset)]
 

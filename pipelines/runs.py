@@ -42,7 +42,7 @@ def run_tags(
     profile: Profile, selection: list[str], keys: list[str], workers: int | None = None
 ) -> dict[str, str]:
     """The tags of one run over ``keys``: one partition, or a range of them (``rebuild.partition_tags``)."""
-    tags = {"stage2/cli": "build", **partition_tags(profile, stage_of(selection), keys)}
+    tags = {"stage2/cli": "build", **partition_tags(profile, keys)}
     if workers:
         tags[WORKERS_TAG] = str(workers)
     return tags

@@ -33,9 +33,9 @@ log = logging.getLogger(__name__)
 def step_download(
     profile: Profile, source: Any, data_root: Path, path: str, *, reverify: bool = False, progress: Any = None
 ) -> StepResult:
-    """Download one archive (a part of a cache key's partition); a download whose sha256 does not match raises
-    ChecksumMismatchError (that download never verified); a verified file that disagrees with its pin
-    is moved aside first (``moved_aside`` in the metadata), never deleted."""
+    """Download one archive (a part of a cache key's partition); a download whose sha256 does not
+    match raises ChecksumMismatchError (that download never verified); a verified file that
+    disagrees with its pin is moved aside first (``moved_aside`` in the metadata), never deleted."""
     spec = profile.archive(path)
     if spec.pinned and archive_state(data_root, spec).state in ("missing", "partial"):
         require_build_space(profile, data_root)  # refuses before the download starts
@@ -100,7 +100,7 @@ def step_download_cache_dir(
     digest = hashlib.sha256()
     for r in parts:
         digest.update(f"{r.metadata['path']} {r.metadata['sha256']}\n".encode())
-    moved = [str(r.metadata["moved_aside"]) for r in parts if r.metadata.get("moved_aside")]
+    moved = _moved_aside(parts)
     total = sum(int(r.metadata["bytes"] or 0) for r in parts)
     downloaded = sum(int(r.metadata["bytes_downloaded"] or 0) for r in parts)
     seconds = sum(float(r.metadata["seconds"] or 0) for r in parts)
@@ -128,6 +128,11 @@ def step_download_cache_dir(
     return StepResult(md, [outcome(C.ARCHIVE_SHA256_MATCHES_PIN, problems, ok_text)], parts)
 
 
+def _moved_aside(parts: list[StepResult]) -> list[str]:
+    """The ``<from> -> <to>`` line of every archive a download moved aside (``step_download``)."""
+    return [str(r.metadata["moved_aside"]) for r in parts if r.metadata.get("moved_aside")]
+
+
 def _partition_failure(failures: list[Stage2Error], parts: list[StepResult]) -> Stage2Error:
     """The error a failed cache key's partition raises: its first failure (its class sets the
     build's exit code), its message extended with every other part that failed and every file the
@@ -135,7 +140,7 @@ def _partition_failure(failures: list[Stage2Error], parts: list[StepResult]) -> 
     the only place the build can say where those files went."""
     first = failures[0]
     more = [f"also {e}" for e in failures[1:]]
-    moved = [str(r.metadata["moved_aside"]) for r in parts if r.metadata.get("moved_aside")]
+    moved = _moved_aside(parts)
     if moved:
         more.append(f"moved aside (kept, not deleted): {'; '.join(moved)}")
     if more:
