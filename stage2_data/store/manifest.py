@@ -20,10 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import StoreError, StoreNotFoundError, StoreVersionError
+from ..errors import StoreError, StoreNotFoundError, StoreValidationError, StoreVersionError
 from ..fsutil import canonical_json
 from ..storage import StoreLocation, is_url
 from .format import FINGERPRINT_EXCLUDED, MANIFEST_NAME, OFFLINE_DATASET_VERSION, STORE_FORMAT
+from .manifest_shape import manifest_shape_problems
 
 
 @dataclass(frozen=True)
@@ -100,9 +101,17 @@ def check_format_version(loc: StoreLocation, manifest: dict[str, Any]) -> None:
 
 
 def load_manifest_strict(loc: StoreLocation) -> dict[str, Any]:
-    """:func:`read_manifest`, then :func:`check_format_version`: what a reader accepts."""
+    """:func:`read_manifest`, then :func:`check_format_version`, then the manifest's shape
+    (:mod:`.manifest_shape`; StoreValidationError naming each problem): what a reader accepts."""
     manifest = read_manifest(loc)
     check_format_version(loc, manifest)
+    problems, _ = manifest_shape_problems(manifest, loc.display(loc.root / MANIFEST_NAME))
+    if problems:
+        raise StoreValidationError(
+            f"VIN offline store {loc.url} has a damaged manifest",
+            problems,
+            fix=f"rebuild it: {rebuild_command(loc.url, manifest)}",
+        )
     return manifest
 
 

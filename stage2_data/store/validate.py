@@ -19,12 +19,7 @@ from ..hashing import SHA256_RE
 from ..storage import StoreLocation
 from .format import (
     BLOCK_ACTIONS,
-    BLOCK_DTYPES,
-    BLOCK_NAMES,
     MANIFEST_NAME,
-    MANIFEST_TYPES,
-    OFFLINE_DATASET_VERSION,
-    OPTIONAL_BLOCKS,
     PAIR_FIELDS,
     PAIRS_NAME,
     SAMPLE_INDEX_FIELDS,
@@ -32,11 +27,10 @@ from .format import (
     SPLIT_FILES,
     SPLIT_NAMES,
     SPLITS_DIR,
-    STORE_FORMAT,
     pad_slack,
-    shard_dir_name,
 )
 from .manifest import fingerprint_of, load_manifest, rebuild_command
+from .manifest_shape import blocks_by_name, is_int, manifest_shape_problems
 from .tables import read_npy
 from .validate_shards import validate_arrays, validate_files
 
@@ -80,13 +74,11 @@ def validate_store(
     crc32c (done by the decoding itself when ``decode``)."""
     root = loc.root
     mpath = loc.display(root / MANIFEST_NAME)
-    problems: list[str] = []
-    _validate_manifest_fields(m, problems, str(mpath))
-    shards = _validate_shard_entries(m, problems, str(mpath))
+    problems, shards = manifest_shape_problems(m, str(mpath))
     stats: dict[str, Any] = m["stats"] if isinstance(m.get("stats"), dict) else {}
     if isinstance(m.get("shards"), list) and stats.get("shards") not in (None, len(m["shards"])):
         problems.append(f"{mpath}: stats.shards {stats.get('shards')!r} but {len(m['shards'])} shards listed")
-    blocks = {b.get("name"): b for b in m.get("blocks", []) if isinstance(b, dict)}
+    blocks = blocks_by_name(m)
     has_actions = any(int(s["action_width_max"]) > 0 for s in shards)
     if BLOCK_ACTIONS in blocks and bool(blocks[BLOCK_ACTIONS].get("materialized")) != has_actions:
         problems.append(
@@ -135,112 +127,6 @@ def raise_if_invalid(
 
 
 # ----- the manifest and the small files -----------------------------------------------------------
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _validate_manifest_fields(m: dict[str, Any], problems: list[str], where: str) -> None:
-    for key, typ in MANIFEST_TYPES.items():
-        if key not in m:
-            problems.append(f"{where}: missing field {key!r}")
-        elif not isinstance(m[key], typ) or (typ is int and isinstance(m[key], bool)):
-            problems.append(f"{where}: field {key!r} has the wrong type ({type(m[key]).__name__})")
-    if m.get("format") != STORE_FORMAT:
-        problems.append(f"{where}: format {m.get('format')!r}; expected {STORE_FORMAT!r}")
-    if m.get("version") != OFFLINE_DATASET_VERSION or not _is_int(m.get("version")):
-        problems.append(
-            f"{where}: Unsupported VIN offline store version: {m.get('version')}. Expected {OFFLINE_DATASET_VERSION}."
-        )
-    prof = m.get("profile")
-    if isinstance(prof, dict):
-        for k in ("name", "repo_id", "revision"):
-            if not isinstance(prof.get(k), str) or not prof.get(k):
-                problems.append(f"{where}: profile.{k} missing or empty")
-    inputs = m.get("inputs")
-    if isinstance(inputs, dict):
-        for k, v in inputs.items():
-            if not isinstance(v, str) or not SHA256_RE.match(v):
-                problems.append(f"{where}: inputs[{k!r}] is not a sha256")
-    writer = m.get("writer")
-    if isinstance(writer, dict):
-        for k in ("package", "version"):
-            if not isinstance(writer.get(k), str):
-                problems.append(f"{where}: writer.{k} missing")
-    blocks = m.get("blocks")
-    if isinstance(blocks, list):
-        by_name = {b.get("name"): b for b in blocks if isinstance(b, dict)}
-        for name in BLOCK_NAMES:
-            b = by_name.get(name)
-            if b is None:
-                problems.append(f"{where}: block {name!r} is not described in 'blocks'")
-                continue
-            if b.get("dtype") != BLOCK_DTYPES[name]:
-                problems.append(
-                    f"{where}: block {name!r} dtype {b.get('dtype')!r}; expected {BLOCK_DTYPES[name]!r}"
-                )
-            if bool(b.get("optional")) != (name in OPTIONAL_BLOCKS):
-                problems.append(f"{where}: block {name!r} optional flag is wrong")
-            if name not in OPTIONAL_BLOCKS and b.get("materialized") is not True:
-                problems.append(f"{where}: required block {name!r} is not materialized")
-        extra = sorted(set(by_name) - set(BLOCK_NAMES), key=str)
-        if extra:
-            problems.append(f"{where}: unknown blocks {extra}")
-    opts = m.get("options")
-    if isinstance(opts, dict):
-        for k, typ in (("include_actions", bool), ("rows_per_shard", int), ("max_frames", int)):
-            v = opts.get(k)
-            if not isinstance(v, typ) or (typ is int and (isinstance(v, bool) or v <= 0)):
-                problems.append(
-                    f"{where}: options.{k} {v!r} is not a {'bool' if typ is bool else 'positive integer'}"
-                )
-    fp = m.get("fingerprint")
-    if isinstance(fp, str) and not SHA256_RE.match(fp):
-        problems.append(f"{where}: fingerprint is not a sha256")
-
-
-def _validate_shard_entries(m: dict[str, Any], problems: list[str], where: str) -> list[dict[str, Any]]:
-    good: list[dict[str, Any]] = []
-    shards: list[Any] = m["shards"] if isinstance(m.get("shards"), list) else []
-    row_start = 0
-    for k, sh in enumerate(shards):
-        tag = f"{where}: shards[{k}]"
-        if not isinstance(sh, dict):
-            problems.append(f"{tag} is not an object")
-            continue
-        bad = len(problems)
-        if sh.get("id") != k:
-            problems.append(f"{tag}: id {sh.get('id')!r}; expected {k}")
-        if sh.get("dir") != shard_dir_name(k):
-            problems.append(f"{tag}: dir {sh.get('dir')!r}; expected {shard_dir_name(k)!r}")
-        if sh.get("row_start") != row_start:
-            problems.append(f"{tag}: row_start {sh.get('row_start')!r}; expected {row_start}")
-        nr_raw: Any = sh.get("num_rows")
-        nr: int = nr_raw if _is_int(nr_raw) and nr_raw > 0 else 0
-        if nr == 0:
-            problems.append(f"{tag}: num_rows {nr_raw!r} is not a positive integer")
-        fs = sh.get("frame_shape")
-        if not (
-            isinstance(fs, list) and len(fs) == 4 and all(_is_int(x) and x > 0 for x in fs) and fs[3] == 3
-        ):
-            problems.append(f"{tag}: frame_shape {fs!r} is not [Tmax, H, W, 3]")
-        aw: Any = sh.get("action_width_max")
-        if not _is_int(aw) or int(aw) < 0:
-            problems.append(f"{tag}: action_width_max {aw!r} is not a non-negative integer")
-        files = sh.get("files")
-        if not isinstance(files, list) or not all(
-            isinstance(f, dict)
-            and isinstance(f.get("path"), str)
-            and _is_int(f.get("bytes"))
-            and isinstance(f.get("sha256"), str)
-            for f in files
-        ):
-            problems.append(f"{tag}: files is not a list of {{path, bytes, sha256}}")
-        row_start += nr
-        if len(problems) == bad:
-            good.append(sh)
-    return good
-
-
 def _validate_index(
     loc: StoreLocation, m: dict[str, Any], shards: list[dict[str, Any]], problems: list[str]
 ) -> list[dict[str, Any]]:
@@ -289,18 +175,18 @@ def _validate_index(
             problems.append(f"{tag}: split {r['split']!r} is not one of {', '.join(SPLIT_NAMES)}")
         if not isinstance(r["frames_sha256"], str) or not SHA256_RE.match(r["frames_sha256"]):
             problems.append(f"{tag}: frames_sha256 is not a sha256")
-        sh = by_id.get(r["shard_id"]) if _is_int(r["shard_id"]) else None
+        sh = by_id.get(r["shard_id"]) if is_int(r["shard_id"]) else None
         if sh is None:
             problems.append(f"{tag}: shard_id {r['shard_id']!r} is not a shard of the manifest")
             continue
         tmax, h, w, _ = sh["frame_shape"]
-        if not _is_int(r["row"]) or not 0 <= r["row"] < sh["num_rows"] or sh["row_start"] + r["row"] != pos:
+        if not is_int(r["row"]) or not 0 <= r["row"] < sh["num_rows"] or sh["row_start"] + r["row"] != pos:
             problems.append(f"{tag}: row {r['row']!r} of shard {sh['id']} does not hold sample {pos}")
-        if not _is_int(r["num_frames"]) or not 1 <= r["num_frames"] <= tmax:
+        if not is_int(r["num_frames"]) or not 1 <= r["num_frames"] <= tmax:
             problems.append(f"{tag}: num_frames {r['num_frames']!r} outside 1..{tmax} (shard Tmax)")
         else:
             lengths.setdefault(int(sh["id"]), []).append(int(r["num_frames"]))
-            if _is_int(max_frames) and r["num_frames"] > max_frames:
+            if is_int(max_frames) and r["num_frames"] > max_frames:
                 problems.append(
                     f"{tag}: sample {r['sample_key']} has {r['num_frames']} frames, more than the store's "
                     f"max_frames {max_frames}"
@@ -309,7 +195,7 @@ def _validate_index(
             problems.append(
                 f"{tag}: resolution {r['frame_height']}x{r['frame_width']} differs from shard {sh['id']} ({h}x{w})"
             )
-        if not _is_int(r["action_width"]) or not 0 <= r["action_width"] <= sh["action_width_max"]:
+        if not is_int(r["action_width"]) or not 0 <= r["action_width"] <= sh["action_width_max"]:
             problems.append(f"{tag}: action_width {r['action_width']!r} outside 0..{sh['action_width_max']}")
     for sid, ts in sorted(lengths.items()):
         sh = by_id[sid]
@@ -403,7 +289,7 @@ def _validate_pairs(
             problems.append(f"{tag}: split {row['split']!r} is not one of {', '.join(SPLIT_NAMES)}")
         for role in ("chosen_sample_index", "rejected_sample_index"):
             idx = row[role]
-            if not _is_int(idx) or not 0 <= idx < n:
+            if not is_int(idx) or not 0 <= idx < n:
                 problems.append(f"{tag}: {role} {idx!r} is not a sample index in [0, {n})")
             elif rows[idx]["split"] != row["split"]:
                 problems.append(

@@ -30,6 +30,7 @@ from .format import (
     SPLITS_DIR,
     frames_sha256,
 )
+from .manifest_shape import is_file_entry
 from .reader import VinOfflineStoreReader
 from .shard_io import corrupt_chunks, shard_layout
 
@@ -210,7 +211,8 @@ def validate_files(
     of every file by relative path, when the validation is deep) each listed file's sha256."""
     root = loc.root
     disp = loc.display
-    listed: list[dict[str, Any]] = [f for f in m.get("files", []) if isinstance(f, dict)]
+    top = m.get("files")
+    listed: list[dict[str, Any]] = [f for f in top if is_file_entry(f)] if isinstance(top, list) else []
     for sh in shards:
         listed += sh["files"]
     listed_paths = {f["path"] for f in listed}
