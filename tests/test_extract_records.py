@@ -191,3 +191,28 @@ def test_a_record_at_odds_with_itself_is_extracted_again(
     path.write_text(json.dumps(doc))
     why = check_extraction(tmp_path, KEY, shas)[1] or ""
     assert f"its extraction record {path} is inconsistent ({said}" in why, why
+
+
+@pytest.mark.parametrize("damage", ["delete", "null"])
+def test_a_damaged_record_is_named_by_the_extraction_report(
+    demo_cache: DemoPaths, tmp_path: Path, damage: str
+) -> None:
+    """Every key of the record deleted or nulled in turn: the extraction report (a step that may run
+    on its own) names the record and the partition to materialize; it never raises."""
+    from stage2_data.steps.acquire import step_extraction_report
+
+    _extracted(demo_cache, tmp_path)
+    path = layout.extraction_record_path(tmp_path, KEY)
+    doc = json.loads(path.read_text())
+    prof = load_profile(demo_cache.profile)
+    for key in doc:
+        bad = dict(doc)
+        if damage == "delete":
+            del bad[key]
+        else:
+            bad[key] = None
+        path.write_text(json.dumps(bad))
+        res = step_extraction_report(prof, tmp_path)
+        text = json.dumps(res.metadata, default=str) + " ".join(str(c) for c in res.checks)
+        if load_extraction_record(tmp_path, KEY) is None:
+            assert f"{path}: extraction record unreadable (materialize cache_dir[{KEY}])" in text, key

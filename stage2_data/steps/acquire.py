@@ -4,7 +4,6 @@ key, report the extraction."""
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -16,10 +15,10 @@ from ..acquire.cancel import cancelled
 from ..checks import compare_totals, outcome
 from ..errors import Stage2Error
 from ..extract import (
-    ExtractionRecord,
     check_extraction,
     extract_cache_dir,
     inspect_cache_dir,
+    load_extraction_record,
     move_aside_unused,
     stray_entries,
     write_extraction_report,
@@ -214,10 +213,14 @@ def step_extraction_report(profile: Profile, data_root: Path) -> StepResult:
         if not cdir.is_dir() or not rec_path.is_file():
             problems_dirs.append(f"{cdir}: cache directory missing (materialize cache_dir[{key}])")
             continue
+        record = load_extraction_record(data_root, key)
+        if record is None:
+            problems_dirs.append(f"{rec_path}: extraction record unreadable (materialize cache_dir[{key}])")
+            continue
         info = inspect_cache_dir(cdir)
         # a cache dir whose own counts disagree must block here too (a run of this stage on its own)
         problems_dirs += [f"{p} (fix: correct the upstream data or re-extract {cdir})" for p in info.problems]
-        records.append(ExtractionRecord.from_dict(json.loads(rec_path.read_text())))
+        records.append(record)
         total += len(info.frame_ids)
         for tid in info.frame_ids:
             first = seen.setdefault(tid, key)
