@@ -26,7 +26,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stage2_data import collector
 from stage2_data.commands.common import exit_process
 from stage2_data.stages import STAGES, Stage, stage
 
@@ -118,9 +117,7 @@ def died(stage: Stage, code: int) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     fd, name = int(argv[0]), argv[1]
-    collector.own()  # the policy of a stage2 process (stage2_data.collector)
-    with collector.paused():
-        from .runs import run_selection  # Dagster: imported while the build's main line starts
+    from .runs import run_selection  # Dagster: imported while the build's main line starts
 
     with os.fdopen(fd, "w", encoding="utf-8") as out:
         line = sys.stdin.readline()
