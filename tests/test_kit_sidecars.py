@@ -509,3 +509,22 @@ def test_an_invalidated_sidecar_record_unpacks_again(tmp_path: Path) -> None:
     assert "found X damaged" in (kit.sidecars_status(b.profile, b.data_root) or "")
     assert not kit.unpack_sidecars(b.profile, b.data_root).skipped
     assert kit.sidecars_status(b.profile, b.data_root) is None
+
+
+@pytest.mark.parametrize("entry", [None, [1], "x", {}])
+def test_a_damaged_index_entry_means_unpack_again_never_a_crash(tmp_path: Path, entry: object) -> None:
+    """An index entry that is not what the unpack wrote (any JSON value) makes the kit stage unpack
+    again, naming the sidecar; it never raises."""
+    b = build(tmp_path, unpack=False)
+    kit.unpack_sidecars(b.profile, b.data_root)
+    derived = b.data_root / "derived"
+    path = derived / ".sidecars.index.json"
+    doc = json.loads(path.read_text())
+    rel = sorted(doc["files"])[0]
+    doc["files"][rel] = entry
+    path.write_text(json.dumps(doc))
+    (derived / rel).touch()  # its stats differ from the record: the index entry is consulted
+    why = kit.sidecars_status(b.profile, b.data_root)
+    assert why is not None and str(derived / rel) in why
+    assert not kit.unpack_sidecars(b.profile, b.data_root).skipped
+    assert kit.sidecars_status(b.profile, b.data_root) is None

@@ -240,7 +240,8 @@ def recorded_sidecars(derived: Path) -> dict[str, dict[str, Any]]:
         return {}
     if doc.get("tar_sha256") != marker.get("tar_sha256"):
         return {}
-    return doc["files"]  # type: ignore[no-any-return]
+    # an entry that is not an object (a damaged index) counts as not recorded: that sidecar is read again
+    return {str(k): v for k, v in doc["files"].items() if isinstance(v, dict)}
 
 
 def sidecar_infos(
