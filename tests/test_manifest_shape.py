@@ -1,4 +1,5 @@
-"""A damaged ``manifest.json`` is named, never a crash (docs/spec/vin-store.md, "Reading").
+"""A damaged ``manifest.json`` or ``zarr.json`` is named, never a crash (docs/spec/vin-store.md,
+"Reader rules").
 
 Every key of a built store's manifest (and of the first entry of every list in it) is deleted, set
 to ``null`` and set to a list (a wrong type for every field); a file entry's path is also pointed
@@ -7,6 +8,9 @@ opening the store raises a :class:`StoreError` (the family every user-facing mes
 reads it; every sixth one also goes through ``stage2 validate``, ``stage2 summary`` and
 ``stage2 merge`` (as the base), none of which may exit with the bug code. A key whose change validation accepts must be one the fingerprint leaves out; any other
 accepted change would be a store whose manifest says something its content does not.
+
+Every key of each ``zarr.json`` of a shard with actions (its group's and its arrays') is damaged the same three
+ways: validation names it, and reading every sample raises a :class:`StoreError` naming the file.
 
 The mutation test (tests/test_mutation.py) found the first case through ``stage2 build``: a same-size
 edit of a key in the manifest's ``files`` list ended as ``internal error: KeyError: 'sha256'``.
@@ -24,7 +28,7 @@ import pytest
 
 from stage2_data.cli import EXIT_BUG, main
 from stage2_data.errors import StoreError
-from stage2_data.store import VinOfflineDataset, validate_vin_offline_store
+from stage2_data.store import VinOfflineStoreReader, validate_vin_offline_store
 from stage2_data.store.format import FINGERPRINT_EXCLUDED, MANIFEST_NAME
 
 Path_ = tuple[str | int, ...]
@@ -44,6 +48,12 @@ def _parent(doc: Any, path: Path_) -> Any:
     for p in path[:-1]:
         doc = doc[p]
     return doc
+
+
+def _read_every_sample(path: Path) -> None:
+    with VinOfflineStoreReader(path) as r:
+        for i in range(len(r)):
+            r.sample(i)
 
 
 def _mutations(manifest: dict[str, Any]) -> Iterator[tuple[str, Path_, dict[str, Any]]]:
@@ -82,8 +92,7 @@ def test_every_damaged_manifest_key_is_named_not_a_crash(
             crashes.append(f"{label}: validate raised {type(e).__name__}: {e}")
             continue
         try:
-            ds = VinOfflineDataset(work, split="train")
-            ds[0]
+            _read_every_sample(work)
         except StoreError:
             pass
         except Exception as e:
@@ -102,3 +111,46 @@ def test_every_damaged_manifest_key_is_named_not_a_crash(
     assert n > 200, n  # every key of a real manifest, three ways
     assert not crashes, "\n".join(crashes)
     assert not accepted, "accepted although the fingerprint covers it:\n" + "\n".join(accepted)
+
+
+def test_every_damaged_zarr_metadata_key_is_named_not_a_crash(tmp_path: Path, store: Path) -> None:
+    work = tmp_path / "store"
+    shutil.copytree(store, work)
+    crashes: list[str] = []
+    accepted: list[str] = []
+    # a shard with every array (actions too: a shard without them has no actions arrays)
+    shard = next(d for d in sorted((store / "shards").iterdir()) if (d / "actions" / "aligned").is_dir())
+    metas = sorted(shard.rglob("zarr.json"))
+    assert len(metas) >= 6, metas  # the group, frames, num_frames, actions, aligned, width
+    n = 0
+    for meta in metas:
+        rel = meta.relative_to(store)
+        doc = json.loads(meta.read_text())
+        for path in _key_paths(doc):
+            for kind in ("delete", "null", "list"):
+                m = json.loads(meta.read_text())
+                parent, key = _parent(m, path), path[-1]
+                if kind == "delete":
+                    del parent[key]
+                else:
+                    parent[key] = {"null": None, "list": [1]}[kind]
+                (work / rel).write_text(json.dumps(m))
+                n += 1
+                label = f"{rel}: {kind} {'.'.join(map(str, path))}"
+                try:
+                    problems = validate_vin_offline_store(work)
+                except Exception as e:
+                    crashes.append(f"{label}: validate raised {type(e).__name__}: {e}")
+                    continue
+                try:
+                    _read_every_sample(work)
+                except StoreError:
+                    pass
+                except Exception as e:
+                    crashes.append(f"{label}: reading raised {type(e).__name__}: {e}")
+                if not problems:
+                    accepted.append(label)
+        shutil.copy2(meta, work / rel)
+    assert n > 100, n
+    assert not crashes, "\n".join(crashes)
+    assert not accepted, "\n".join(accepted)

@@ -22,7 +22,7 @@ import numpy as np
 import zarr
 
 from .. import layout
-from ..errors import LoaderError, StoreError, StoreNotFoundError
+from ..errors import LoaderError, StoreError, StoreNotFoundError, StoreValidationError
 from ..publish import is_temp_name
 from ..storage import StoreLocation
 from .format import (
@@ -264,12 +264,15 @@ class VinOfflineStoreReader:
         g = self._groups.get(shard_id)
         if g is None:
             entry = self._shards[shard_id]
-            g = zarr.open_group(
-                store=self._open_store(self.path / entry["dir"]),
-                mode="r",
-                zarr_format=3,
-                use_consolidated=False,
-            )
+            try:
+                g = zarr.open_group(
+                    store=self._open_store(self.path / entry["dir"]),
+                    mode="r",
+                    zarr_format=3,
+                    use_consolidated=False,
+                )
+            except Exception as e:  # zarr parsing the group's zarr.json: any failure is a damaged store
+                raise self._damaged_metadata(shard_id, "", e) from e
             self._groups[shard_id] = g
         return g
 
@@ -277,9 +280,21 @@ class VinOfflineStoreReader:
         g = self._group(shard_id)
         a = self._arrays.get((shard_id, name))
         if a is None:
-            a = g[name]
+            try:
+                a = g[name]
+            except Exception as e:  # zarr parsing the array's zarr.json: any failure is a damaged store
+                raise self._damaged_metadata(shard_id, name, e) from e
             self._arrays[(shard_id, name)] = a
         return a
+
+    def _damaged_metadata(self, shard_id: int, name: str, e: Exception) -> StoreValidationError:
+        """The error for a shard's group or array metadata (``zarr.json``) that zarr cannot open."""
+        where = self.path / self._shards[shard_id]["dir"] / name / "zarr.json"  # name "": the group's
+        return StoreValidationError(
+            f"VIN offline store {self.location.url} is damaged",
+            [f"{where}: zarr cannot open it ({type(e).__name__}: {e})"],
+            fix=f"rebuild it: {rebuild_command(self.path, self.manifest)}",
+        )
 
     # -- direct shard reads ------------------------------------------------------------------------
     def _read_range(self, path: Path, offset: int, length: int) -> bytes | memoryview:
@@ -367,13 +382,13 @@ class VinOfflineStoreReader:
 
     def _zarr_read(self, shard_id: int, name: str, sel: Any) -> np.ndarray[Any, Any]:
         """``array[sel]`` through zarr; bytes failing zarr's crc32c codec raise StoreChecksumError."""
+        arr = self._array(shard_id, name)
         try:
-            return np.asarray(self._array(shard_id, name)[sel])
-        except ValueError as e:
-            if "checksum" not in str(e):
-                raise
+            return np.asarray(arr[sel])
+        except ValueError as e:  # a crc32c mismatch, or bytes the array's metadata cannot decode
             row = sel[0] if isinstance(sel, tuple) and isinstance(sel[0], int) else None
-            raise self._corrupt(shard_id, name, row, f"fails its crc32c ({e})") from None
+            detail = f"fails its crc32c ({e})" if "checksum" in str(e) else f"cannot be decoded ({e})"
+            raise self._corrupt(shard_id, name, row, detail) from None
 
     def _padded_row(self, shard_id: int, name: str, row: int) -> np.ndarray[Any, Any]:
         """One whole row of an array (padding included), decoded as :meth:`read_frames` decodes it."""
