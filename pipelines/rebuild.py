@@ -132,7 +132,7 @@ def job_subset(selection: list[str], job: str) -> dict[str, Any]:
     }
 
 
-def stage_complete(instance: dg.DagsterInstance, rebuild_id: str, stage: Stage, profile: Profile) -> bool:
+def stage_complete(instance: dg.DagsterInstance, rebuild_id: str, stage: Stage) -> bool:
     """True when the stage's run of the rebuild succeeded (or its re-execution did: same tags)."""
     records = instance.get_run_records(
         dg.RunsFilter(
@@ -168,7 +168,7 @@ def advance_rebuilds(
         for nxt in stages_after(by_name[name]):
             if (rebuild_id, nxt.name) in asked:
                 continue
-            if all(stage_complete(context.instance, rebuild_id, by_name[a], profile) for a in nxt.after):
+            if all(stage_complete(context.instance, rebuild_id, by_name[a]) for a in nxt.after):
                 context.log.info(
                     f"rebuild {rebuild_id}: stage(s) {', '.join(nxt.after)} complete; requesting stage {nxt.name}"
                 )
