@@ -31,6 +31,9 @@ from stage2_data.errors import StoreError
 from stage2_data.store import VinOfflineStoreReader, validate_vin_offline_store
 from stage2_data.store.format import FINGERPRINT_EXCLUDED, MANIFEST_NAME
 
+# Hundreds of validations of a small store (about a minute): the slow tier, out of the inner loop.
+pytestmark = pytest.mark.slow
+
 Path_ = tuple[str | int, ...]
 
 
