@@ -420,3 +420,21 @@ def test_a_damaged_published_store_is_rebuilt_not_extended(tmp_path: Path, up: U
     )
     assert update.startswith("rebuilt: the published store old does not validate") and "crc32c" in update
     assert validate_vin_offline_store(stores / "new2", decode=True) == []
+
+
+def test_decode_of_a_store_with_a_damaged_manifest_names_each_problem_once(
+    tmp_path: Path, store: Path
+) -> None:
+    """The reader refuses a manifest with problems of its own; validate --decode then checks the
+    well-formed shards' chunks as plain validation does, without repeating the manifest's problems."""
+    work = tmp_path / "store"
+    shutil.copytree(store, work)
+    m = json.loads((work / "manifest.json").read_text())
+    m["shards"][0]["dir"] = "elsewhere"
+    (work / "manifest.json").write_text(json.dumps(m))
+    _flip(_shard_object(work, 1, "frames"), 40)  # a well-formed shard's chunk: still found
+    plain = validate_vin_offline_store(work)
+    decoded = validate_vin_offline_store(work, decode=True)
+    assert any("shards[0]: dir 'elsewhere'" in p for p in plain)
+    assert any("crc32c" in p or "checksum" in p for p in plain), plain
+    assert decoded == plain
