@@ -30,6 +30,14 @@ location, instead of executing its job in a process of its own (issue #27: one o
   ``.dagster/repository`` tag of workspace.yaml's code location). ``cli_help_s``: a bare ``dagster
   job launch --help`` (the CLI's import); ``code_server_load_s``: ours' ``created_s`` minus that.
   ``load_avg_1m``: the machine's load average before and after (other work on shared CPUs).
+- ``build_launched_vs_in_process`` (informational, no target): a whole first ``stage2 build`` of the
+  demo (fresh data root and instance each time, the demo's hub folder served by the runs), as users
+  run it (each stage's run launched through the instance against the build's code server:
+  ``pipelines/launch.py``) against ``--run-in-process`` (the same runs executed in the build's
+  process, one after another: what the test suite runs). Alternated ``ROUNDS`` times, best of each;
+  both must give the demo's fingerprint. ``ours_runs``: per launched run, when it was created and
+  when it started and ended (seconds after the first run's creation), and whether the UI's job page
+  lists it.
 """
 
 from __future__ import annotations
@@ -320,4 +328,78 @@ def launch_via_instance_vs_execute_job(work: Path) -> dict[str, Any]:
     )
 
 
-BENCHMARKS = [launch_via_instance_vs_execute_job]
+def _build_once(demo: Any, work: Path, name: str, extra: list[str]) -> dict[str, Any]:
+    """One first `stage2 build` of ``demo`` into fresh folders under ``work``; wall time, fingerprint,
+    and (launched builds) each run's times and whether the UI's job page lists it."""
+    import dagster as dg
+
+    root, home = work / f"{name}-root", work / f"{name}-home"
+    env = {k: v for k, v in os.environ.items() if k not in ("STAGE2_RUN_IN_PROCESS", "DAGSTER_HOME", "CI")}
+    env.update(DAGSTER_HOME=str(home), STAGE2_RUN_LOG_LEVEL="CRITICAL")
+    t0 = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "stage2_data.cli", "build", "--profile", str(demo.profile),
+         "--data-root", str(root), "--hub-folder", str(demo.upstream), "--json", *extra],  # fmt: skip
+        cwd=REPO, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    wall = time.monotonic() - t0
+    if done.returncode != 0:
+        raise RuntimeError(f"{name} build failed: {done.stdout[-2000:]}{done.stderr[-2000:]}")
+    summary = json.loads(done.stdout)
+    instance = dg.DagsterInstance.from_config(str(home))
+    try:
+        records = sorted(instance.get_run_records(), key=lambda r: r.create_timestamp)
+        first = records[0].create_timestamp.timestamp()
+        listed = {
+            r.dagster_run.run_id
+            for r in instance.get_run_records(
+                dg.RunsFilter(tags={REPOSITORY_TAG: f"__repository__@{LOCATION}"})
+            )
+        }
+        runs = [
+            {
+                "job": r.dagster_run.job_name,
+                "created_s": round(r.create_timestamp.timestamp() - first, 2),
+                "started_s": round((r.start_time or float("nan")) - first, 2),
+                "ended_s": round((r.end_time or float("nan")) - first, 2),
+                "on_job_page": r.dagster_run.run_id in listed,
+            }
+            for r in records
+        ]
+    finally:
+        instance.dispose()
+    return {"wall_s": round(wall, 2), "fingerprint": summary["fingerprint"], "runs": runs}
+
+
+def build_launched_vs_in_process(work: Path) -> dict[str, Any]:
+    from stage2_data.demo import generate_demo
+
+    demo = generate_demo(work / "demo")
+    load_before = os.getloadavg()[0]
+    ours: list[dict[str, Any]] = []
+    base: list[dict[str, Any]] = []
+    for i in range(ROUNDS):
+        ours.append(_build_once(demo, work, f"launched-{i}", []))
+        base.append(_build_once(demo, work, f"in-process-{i}", ["--run-in-process"]))
+    prints = {r["fingerprint"] for r in ours + base}
+    if len(prints) != 1:
+        raise RuntimeError(f"launched and in-process builds disagree: {sorted(prints)}")
+    best_ours = min(ours, key=lambda r: r["wall_s"])
+    best_base = min(base, key=lambda r: r["wall_s"])
+    return entry(
+        "build_launched_vs_in_process",
+        best_ours["wall_s"],
+        "the same first `stage2 build --run-in-process` (runs executed in the build's process, no origin)",
+        best_base["wall_s"],
+        None,
+        ours_all_s=[r["wall_s"] for r in ours],
+        baseline_all_s=[r["wall_s"] for r in base],
+        ours_runs=best_ours["runs"],
+        on_job_page=all(x["on_job_page"] for r in ours for x in r["runs"]),
+        baseline_on_job_page=any(x["on_job_page"] for r in base for x in r["runs"]),
+        fingerprint=prints.pop(),
+        load_avg_1m=[round(load_before, 2), round(os.getloadavg()[0], 2)],
+    )
+
+
+BENCHMARKS = [launch_via_instance_vs_execute_job, build_launched_vs_in_process]

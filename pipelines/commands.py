@@ -40,10 +40,9 @@ from stage2_data.profile import Profile, load_profile
 from stage2_data.publish import data_root_lock, sweep_data_root
 from stage2_data.stages import STAGES
 
-from .beside import start_beside
-from .config import BuildConfig, demo_root, write_instance_yaml
+from .config import BuildConfig, demo_root
 from .stops import stop_guard
-from .uptodate import instance_home, stage_status, up_to_date_build, up_to_date_summary
+from .uptodate import stage_status, up_to_date_build, up_to_date_summary
 
 #: the pipeline extra is installed (Dagster is importable)
 HAVE_PIPELINE = find_spec("dagster") is not None
@@ -177,7 +176,13 @@ def _run_build(
         )
         on_run = stop.on_run(bar.on_run if bar else None)
         try:
-            summary = _build_or_no_op(config, profile, concurrency=concurrency, on_run=on_run)
+            summary = _build_or_no_op(
+                config,
+                profile,
+                concurrency=concurrency,
+                on_run=on_run,
+                run_in_process=True if getattr(args, "run_in_process", False) else None,
+            )
         finally:
             if bar:
                 with contextlib.suppress(Exception):
@@ -237,12 +242,13 @@ def _build_or_no_op(
     *,
     concurrency: int | None,
     on_run: Callable[[dict[str, Any]], None],
+    run_in_process: bool | None = None,
 ) -> dict[str, Any]:
     """The build's summary. Under the data root's lock, a build with every stage up to date is
     answered before Dagster is imported (``uptodate``: a no-op costs a scandir walk, not an instance);
     otherwise the runner runs the stages (the lock is re-entrant: it stays held throughout)."""
     with contextlib.ExitStack() as held:
-        beside = status = None
+        status = None
         if not config.store_url:
             data_root = Path(config.data_root).resolve()
             held.enter_context(data_root_lock(data_root))
@@ -253,16 +259,11 @@ def _build_or_no_op(
                 for stage in STAGES:
                     on_run(up_to_date_summary(stage))
                 return summary
-            # a stage beside the main line runs in a process of its own: started before Dagster is
-            # imported here, so that both import at once
-            home = instance_home(data_root)
-            write_instance_yaml(home)  # before any process opens the instance (a moved data root's)
-            beside = start_beside(status, home, concurrency)
-            for child in beside.values():
-                held.callback(child.cancel)  # (a child that ran has exited: a no-op)
         from .runner import build_all
 
-        return build_all(config, concurrency=concurrency, on_run=on_run, beside=beside, status=status)
+        return build_all(
+            config, concurrency=concurrency, on_run=on_run, status=status, run_in_process=run_in_process
+        )
 
 
 def print_build_summary(s: dict[str, Any]) -> None:
@@ -338,17 +339,19 @@ def _print_store_counts(store: str | None) -> None:
 # ----- demo --------------------------------------------------------------------------------------
 def cmd_demo(args: argparse.Namespace) -> int:
     from stage2_data.demo import generate_demo
-    from stage2_data.demo.hubserver import HubServer
 
     _check_settings()
     out = Path(args.out).resolve() if args.out else demo_root()
     demo = generate_demo(out / "demo", full_cardinality=args.full_cardinality)
     eprint(f"demo generated at {demo.root} (profile {demo.profile})")
     data_root = Path(args.data_root).resolve() if args.data_root else out / "data"
-    with HubServer(demo.upstream, repo_id=demo.repo_id, revision=demo.revision) as server:
-        eprint(f"loopback hub serving {demo.upstream} at {server.url}")
-        config = BuildConfig(profile_path=str(demo.profile), data_root=str(data_root), endpoint=server.url)
-        return _run_build(args, config, load_profile(demo.profile), concurrency=None, progress=True)
+    # The demo's hub folder, served on loopback by each run that downloads (LoopbackHubResource):
+    # `make ui` loads the same settings, so the UI re-executes the demo's runs as they ran.
+    eprint(f"hub: {demo.upstream}, served on loopback by the runs that download")
+    config = BuildConfig(
+        profile_path=str(demo.profile), data_root=str(data_root), hub_folder=str(demo.upstream)
+    )
+    return _run_build(args, config, load_profile(demo.profile), concurrency=None, progress=True)
 
 
 def _add_build_args(p: argparse.ArgumentParser) -> None:
@@ -396,6 +399,17 @@ def _add_build_args(p: argparse.ArgumentParser) -> None:
         "--no-progress", action="store_true", help="no progress display (automatic when not a terminal or CI)"
     )
     p.add_argument("-v", "--verbose", action="store_true", help="also print the Dagster runs' own event log")
+    _add_in_process_arg(p)
+
+
+def _add_in_process_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--run-in-process",
+        action="store_true",
+        help="execute the runs in this process, one after another, instead of launching them through "
+        "the instance (they are then on the UI's Runs page only, not on their jobs' pages); also "
+        "STAGE2_RUN_IN_PROCESS=1",
+    )
 
 
 def register_build(sub: Any) -> None:
@@ -426,4 +440,5 @@ def register_demo(sub: Any) -> None:
     )
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")
     p.add_argument("-v", "--verbose", action="store_true", help="also print the Dagster runs' own event log")
+    _add_in_process_arg(p)
     _register(p, "demo", cmd_demo)

@@ -64,7 +64,7 @@ INSTANCE_YAML_MARK = "# Written by stage2 for a local instance."
 INSTANCE_YAML_HEAD = f"""\
 {INSTANCE_YAML_MARK} Rewritten by `stage2 build` when the instance's folder
 # moved (a copied or moved data root records into its own instance); delete this first line to keep
-# your own edits. One consolidated SQLite event log (WAL) instead of one database per run, stored
+# your own edits. Launched runs start at once (no queue waiting for a daemon). One consolidated SQLite event log (WAL) instead of one database per run, stored
 # through one pooled engine per process with synchronous=NORMAL (pipelines/eventlog.py). Step logs
 # go to files (the UI shows them), mirrored to the terminal only under --verbose
 # (pipelines/computelogs.py).
@@ -78,6 +78,9 @@ def instance_config(home: Path) -> dict[str, Any]:
         # no first-visit "Join the Dagster community" dialog over the UI (the webserver shows it
         # while nux is enabled and no one has dismissed it on this machine)
         "nux": {"enabled": False},
+        # runs start as soon as they are launched (`stage2 build`, the UI), without waiting in a queue
+        # for a daemon; a daemon still runs schedules and sensors
+        "run_coordinator": {"module": "dagster.core.run_coordinator", "class": "DefaultRunCoordinator"},
         "event_log_storage": {
             "module": "stage2_pipelines.eventlog",
             "class": "FastSqliteEventLogStorage",
@@ -146,6 +149,24 @@ class BuildConfig:
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
+    def to_env(self) -> dict[str, str]:
+        """The environment for which :meth:`from_env` gives this config: a build's code server
+        loads the definitions from it, as the UI and the daemon load theirs."""
+        return {
+            "STAGE2_PROFILE": str(Path(self.profile_path).absolute()),
+            "STAGE2_DATA_ROOT": str(Path(self.data_root).absolute()),
+            "STAGE2_HUB_ENDPOINT": self.endpoint,
+            "STAGE2_KIT_ROOT": self.kit_root or "",
+            "STAGE2_HUB_FOLDER": self.hub_folder or "",
+            "STAGE2_TOKEN_ENV": self.token_env_var,
+            "STAGE2_REVERIFY": "1" if self.reverify else "",
+            "STAGE2_ALERT_WEBHOOK": self.webhook_url or "",
+            "STAGE2_STORE_URL": self.store_url or "",
+            "STAGE2_STORE_OPTIONS": json.dumps(self.store_options or {}),
+            "STAGE2_EXECUTOR": self.executor,
+            "STAGE2_DASK_ADDRESS": self.dask_address or "",
+        }
+
     @classmethod
     def from_env(cls) -> BuildConfig:
         from stage2_data.acquire import resolve_endpoint  # $HF_ENDPOINT, read now (not at import)
@@ -157,6 +178,7 @@ class BuildConfig:
             kit_root=os.environ.get("STAGE2_KIT_ROOT") or None,
             hub_folder=os.environ.get("STAGE2_HUB_FOLDER") or None,
             token_env_var=os.environ.get("STAGE2_TOKEN_ENV", "HF_TOKEN"),
+            reverify=os.environ.get("STAGE2_REVERIFY", "") not in ("", "0"),
             webhook_url=os.environ.get("STAGE2_ALERT_WEBHOOK") or None,
             store_url=os.environ.get("STAGE2_STORE_URL") or None,
             store_options=json.loads(os.environ.get("STAGE2_STORE_OPTIONS") or "{}"),

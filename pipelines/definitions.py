@@ -15,6 +15,7 @@ from typing import Any
 import dagster as dg
 
 from stage2_assets import build_asset_checks, build_assets
+from stage2_data.checks import CHECKS_BY_ASSET
 from stage2_data.profile import Profile, load_profile
 from stage2_data.stages import (
     ACQUIRE_JOB,
@@ -57,7 +58,7 @@ JOB_DESCRIPTIONS = {
     ACQUIRE_JOB: "Download and verify the archives of each cache key partition.",
     EXTRACT_JOB: "Extract cache-key partitions.",
     KIT_JOB: "Verify the kit's action sidecar tar and unpack it (needs the profile only: runs beside the downloads).",
-    KIT_AND_STORE_JOB: "Check extraction, unpack sidecars, join, verify bytes, build the store.",
+    KIT_AND_STORE_JOB: "Check extraction, join with the action sidecars, verify bytes, build the store.",
     VERIFY_JOB: "Re-check existing data on disk without downloading, rebuilding or materializing anything "
     "(asset checks only): link totals, subset bytes, and the published store (every file re-hashed, "
     "every sample decoded).",
@@ -88,6 +89,18 @@ def build_resources(config: BuildConfig, profile: Profile) -> dict[str, Any]:
     }
 
 
+ALL_ASSETS_JOB = "all_assets"  # only in a build's own Definitions (build_job): not a job of the UI's
+
+
+def _own(assets: Any) -> dg.AssetSelection:
+    """``assets`` (names or definitions) and their own checks: ``AssetSelection.assets`` would also
+    take every standalone check that targets them (the verify job's)."""
+    names = [a if isinstance(a, str) else a.key.to_user_string() for a in assets]
+    return dg.AssetSelection.assets(*names).without_checks() | dg.AssetSelection.checks(
+        *(dg.AssetCheckKey(dg.AssetKey(a), n) for a in names for n in CHECKS_BY_ASSET[a])
+    )
+
+
 def build_jobs(
     checks: list[Any], executor: dg.ExecutorDefinition | None = None, tags: dict[str, str] | None = None
 ) -> dict[str, dg.UnresolvedAssetJobDefinition]:
@@ -97,11 +110,7 @@ def build_jobs(
     jobs = {}
     for name, assets in JOB_ASSETS.items():
         # the standalone checks re-read what a build's own checks just verified: the verify job only
-        selection: dg.AssetSelection = (
-            dg.AssetSelection.checks(*checks)
-            if name == VERIFY_JOB
-            else dg.AssetSelection.assets(*assets) - dg.AssetSelection.checks(*checks)
-        )
+        selection = dg.AssetSelection.checks(*checks) if name == VERIFY_JOB else _own(assets)
         jobs[name] = dg.define_asset_job(
             name, selection=selection, description=JOB_DESCRIPTIONS[name], executor_def=executor, tags=tags
         )
@@ -117,6 +126,14 @@ def build_definitions(
     checks = build_asset_checks(assets)
     tags = {"stage2/executor": config.executor} if job_executor is not None else None
     jobs = build_jobs(checks, job_executor, tags)
+    if job_executor is not None:  # runs executed in process (runs.execute_selection): any selection
+        jobs[ALL_ASSETS_JOB] = dg.define_asset_job(
+            ALL_ASSETS_JOB,
+            selection=_own(assets),
+            description="Every asset: a run executed in process over a selection across stages.",
+            executor_def=job_executor,
+            tags=tags,
+        )
     return dg.Definitions(
         assets=assets,
         asset_checks=checks,

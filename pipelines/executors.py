@@ -237,6 +237,19 @@ def executor_run_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return {}
 
 
+def launch_run_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``execution`` part of the run config of a run launched against the Definitions (whose
+    executor is :func:`configured_executor`'s): Dagster's default executor told which of its two
+    it is for ``in_process`` and ``multiprocess``; nothing for ``dask`` and ``k8s``, configured
+    already from the build's settings."""
+    executor = config.get("executor") or "in_process"
+    if executor == "in_process":
+        return {"execution": {"config": {"in_process": {}}}}
+    if executor == "multiprocess":
+        return {"execution": {"config": {"multiprocess": executor_run_config(config)["execution"]["config"]}}}
+    return {}
+
+
 @contextmanager
 def local_dask_cluster(n_workers: int = 2) -> Iterator[str]:
     """A ``dask.distributed`` scheduler and ``n_workers`` worker processes (one thread each) on

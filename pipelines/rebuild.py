@@ -122,7 +122,7 @@ def job_subset(selection: list[str], job: str) -> dict[str, Any]:
     """``{}`` when ``selection`` is all of ``job``'s assets; else the part of the job to run: those
     assets and their own checks (not the standalone checks of the verify job), as ``RunRequest``
     takes them (``asset_selection``, ``asset_check_keys``)."""
-    if set(selection) == set(JOB_ASSETS[job]):
+    if job in JOB_ASSETS and set(selection) == set(JOB_ASSETS[job]):
         return {}
     return {
         "asset_selection": [dg.AssetKey(a) for a in selection],

@@ -1,17 +1,19 @@
-"""One command builds everything: every asset and every partition, recorded in the Dagster instance.
+"""One command builds everything: every asset and every partition, as runs of the project's code
+location recorded in the Dagster instance.
 
 The stages and the rule for what runs next are the table in ``stage2_data.stages`` (the rebuild
 sensor follows the same table); here each stage is ONE run of its named job (``JOB_ASSETS``) on the
 instance at DAGSTER_HOME, whatever the executor, started once the stages it needs are over
-(:func:`walk_stages`):
+(:func:`walk_stages`). Each run is launched through the instance against a code server the build
+starts (``launch.CodeServer``), so the UI lists it on its job's page and can re-execute it; with
+``run_in_process`` (``--run-in-process``) the runs execute in this process instead, one after another.
   1. profile (check_profile): pinned_profile
   2. acquire (acquire_archives): archive_file, every cache key's archives in one run (a single-run
      backfill over the partition range), several downloads at once (threads in the step)
-  3. kit (unpack_action_sidecars): action_sidecars; it needs the profile only, so it runs beside
-     stages 2 and 4, in a process of its own (``beside.py``)
+  3. kit (unpack_action_sidecars): action_sidecars; it needs the profile only, so its launched run
+     goes on beside stages 2 and 4
   4. extract (extract_cache_dirs): cache_dir, every cache key whose archives all verified, one run
-  5. store (verify_kit_and_build_store, without the sidecars): extraction_report, trajectory_join,
-     subset_checksums, vin_store
+  5. store (verify_kit_and_build_store): extraction_report, trajectory_join, subset_checksums, vin_store
 Each partition keeps its own materialization, data version and check results. A stage whose
 checks fail stops the stages after it; every failed check and error is reported with its partition.
 """
@@ -44,9 +46,9 @@ from stage2_data.stages import (
 )
 from stage2_data.steps.status import record_store_stage
 
-from .beside import BesideProcess, start_beside
 from .config import BuildConfig, write_instance_yaml
 from .executors import local_dask_cluster
+from .launch import CodeServer, terminate_runs
 from .runs import (  # re-exported: one run of a selection (tests and tools import them from here)
     execute_selection,
     job_for,
@@ -106,12 +108,16 @@ def build_all(
     *,
     concurrency: int | None = None,
     on_run: Callable[[dict[str, Any]], None] | None = None,
-    beside: dict[str, BesideProcess] | None = None,
     status: dict[str, str | None] | None = None,
+    run_in_process: bool | None = None,
 ) -> dict[str, Any]:
     """Run every stage holding the data root's lock (stage2_data.publish): a second build of the same
     data root is refused (DataRootLockedError naming the holder). A bad profile fails before the lock.
-    Under the lock, temporary folders a killed build left behind are removed first."""
+    Under the lock, temporary folders a killed build left behind are removed first.
+    ``run_in_process``: execute the runs in this process rather than launch them through the
+    instance (None: ``$STAGE2_RUN_IN_PROCESS``)."""
+    if run_in_process is None:
+        run_in_process = os.environ.get("STAGE2_RUN_IN_PROCESS", "") not in ("", "0")
     load_profile(config.profile_path, kit_root=config.kit_root).require_known()
     data_root = Path(config.data_root).resolve()
     with data_root_lock(data_root):
@@ -120,9 +126,11 @@ def build_all(
             with local_dask_cluster() as address:
                 config = dataclasses.replace(config, dask_address=address)
                 return _build_all(
-                    config, concurrency=concurrency, on_run=on_run, beside=beside, status=status
+                    config, concurrency=concurrency, on_run=on_run, status=status, in_process=run_in_process
                 )
-        return _build_all(config, concurrency=concurrency, on_run=on_run, beside=beside, status=status)
+        return _build_all(
+            config, concurrency=concurrency, on_run=on_run, status=status, in_process=run_in_process
+        )
 
 
 def _run_stage(
@@ -133,6 +141,7 @@ def _run_stage(
     record: Callable[[dict[str, Any]], None],
     report: Callable[[dict[str, Any]], None],
     instance: dg.DagsterInstance | None = None,
+    server: CodeServer | None = None,
 ) -> dict[str, Any]:
     """The one run of a stage: all its partitions in one run (a single-run backfill), or its run.
     ``report`` has each partition as it finishes; ``record`` the run when it is over."""
@@ -140,7 +149,13 @@ def _run_stage(
     keys = [p for p in partitions if p is not None]
     workers = stage_workers(stage, concurrency)
     run = run_selection(
-        cfg, selection, partition_keys=keys, workers=workers, on_partition=report, instance=instance
+        cfg,
+        selection,
+        partition_keys=keys,
+        workers=workers,
+        on_partition=report,
+        instance=instance,
+        server=server,
     )
     record(run)
     return run
@@ -155,9 +170,9 @@ def stage_workers(stage: Stage, concurrency: int | None) -> int | None:
 def walk_stages(run: Callable[[Stage], None], *, beside: Collection[str] = ()) -> None:
     """Call ``run`` for every stage of ``stages.STAGES`` once the stages it needs are over, in table
     order in this thread, but the stages named in ``beside``: each of those is called in a thread of
-    its own as soon as it is ready, so it runs beside the main line (the kit stage beside the
-    downloads and the extraction; its ``run`` waits for a process: ``beside.BesideProcess``). The
-    main line stays in this thread: a stop interrupts its run at once."""
+    its own as soon as it is ready, so it runs beside the main line (the kit stage's launched run
+    beside the downloads and the extraction). The main line stays in this thread: a stop interrupts
+    its wait at once."""
     over: set[str] = set()
     started: set[str] = set()
     aside: dict[Future[None], Stage] = {}
@@ -182,8 +197,8 @@ def walk_stages(run: Callable[[Stage], None], *, beside: Collection[str] = ()) -
                 over.add(aside.pop(f).name)
                 f.result()
     finally:
-        # after a stop or an error the waits for the stages beside end with their processes (the stop
-        # guard ends those); the interpreter waits for the threads
+        # after a stop or an error the waits for the stages beside end with their runs (the build
+        # terminates those); the interpreter waits for the threads
         pool.shutdown(wait=not sys.exc_info()[0], cancel_futures=True)
 
 
@@ -192,8 +207,8 @@ def _build_all(
     *,
     concurrency: int | None = None,
     on_run: Callable[[dict[str, Any]], None] | None = None,
-    beside: dict[str, BesideProcess] | None = None,
     status: dict[str, str | None] | None = None,
+    in_process: bool = False,
 ) -> dict[str, Any]:
     """Run every stage; returns {ok, runs, checks, errors, store, fingerprint, dagster_home}."""
     profile = load_profile(config.profile_path, kit_root=config.kit_root)
@@ -202,6 +217,34 @@ def _build_all(
     home, instance = open_instance(data_root)
     cfg = config.to_dict()
     cfg["data_root"] = str(data_root)
+    # The build's code server loads the definitions while the stages' work is sized below.
+    server = (
+        None if in_process else CodeServer(config, home, verbose=not os.environ.get("STAGE2_RUN_LOG_LEVEL"))
+    )
+    if server is not None:
+        server.start()
+    try:
+        return _walk(config, profile, data_root, home, instance, cfg, server, concurrency, on_run, status)
+    finally:
+        if server is not None:
+            terminate_runs(instance, server.launched)  # a stop or an error: none goes on alone
+            server.stop()
+
+
+def _walk(
+    config: BuildConfig,
+    profile: Any,
+    data_root: Path,
+    home: Path,
+    instance: dg.DagsterInstance,
+    cfg: dict[str, Any],
+    server: CodeServer | None,
+    concurrency: int | None,
+    on_run: Callable[[dict[str, Any]], None] | None,
+    status: dict[str, str | None] | None,
+) -> dict[str, Any]:
+    """The stages of :func:`_build_all`, their runs launched against ``server`` (None: executed in
+    this process)."""
     runs: list[dict[str, Any]] = []
     up_to_date: list[str] = []  # the stages not run: nothing to do (steps.status.build_status)
 
@@ -230,10 +273,10 @@ def _build_all(
     failed: list[tuple[Stage, str | None]] = []
     lock = threading.Lock()  # a stage beside the main line records from its own thread
 
-    # A stage beside the main line runs in a process of its own (beside.py says why), started as early
-    # as possible (`stage2 build` starts it before it imports Dagster) so that its imports overlap the
-    # main line's start.
-    children = dict(beside) if beside is not None else start_beside(status, home, concurrency)
+    # A stage beside the main line (the kit) waits for its launched run in a thread of its own. Runs
+    # executed in this process go one after another: two runs in two threads of one process can
+    # deadlock in Dagster's logging set-up (it reconfigures logging at every run's start).
+    beside = {s.name for s in STAGES if s.beside} if server is not None and concurrency != 1 else set()
 
     def locked(fn: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
         def call(r: dict[str, Any]) -> None:
@@ -243,23 +286,18 @@ def _build_all(
         return call
 
     def run_one(stage: Stage) -> None:
-        child = children.pop(stage.name, None)
         with lock:
             partitions = stage_partitions(stage, profile, failed)
         if not partitions:  # something it needs failed: left out
-            if child is not None:
-                child.cancel()
             return
         skip = stage.name in status and status[stage.name] is None
         if skip and not (stage is STORE and config.store_url):
             with lock:
                 record(up_to_date_summary(stage))
             return
-        if child is not None:
-            run = child.run(cfg, stage_workers(stage, concurrency))
-            locked(record)(run)
-        else:
-            run = _run_stage(cfg, stage, partitions, concurrency, locked(record), locked(report), instance)
+        run = _run_stage(
+            cfg, stage, partitions, concurrency, locked(record), locked(report), instance, server
+        )
         passed = run["success"] and not run["errors"] and all(c["passed"] for c in run["checks"])
         if stage is STORE and passed and not config.store_url:  # a failed check: not up to date next time
             record_store_stage(profile, data_root, settings)
@@ -269,11 +307,7 @@ def _build_all(
             else:
                 failed.extend((stage, p["partition"]) for p in partition_runs(run) if not p["success"])
 
-    try:
-        walk_stages(run_one, beside=set(children))
-    finally:
-        for child in children.values():  # never told to run (an error or a stop before it)
-            child.cancel()
+    walk_stages(run_one, beside=beside)
     failed.sort(key=lambda f: STAGES.index(f[0]))
     runs.sort(key=lambda r: STAGES.index(stage_of(r["selection"])))
     # the stage the build stopped after: the first that failed, unless nothing came after it
@@ -296,6 +330,7 @@ def _build_all(
         "profile": profile.name,
         "data_root": str(data_root),
         "dagster_home": str(home),
+        "launched": server is not None,  # through the instance (else executed in this process)
         "store": store,
         "fingerprint": fingerprint,
         "store_update": md.get("update"),  # reused, rebuilt or extended, and anything moved aside

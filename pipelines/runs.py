@@ -21,21 +21,81 @@ from stage2_data.profile import Profile, load_profile
 from stage2_data.stages import JOB_ASSETS, VIN_STORE, stage_of
 
 from .config import BuildConfig
-from .definitions import build_job
-from .executors import executor_run_config
+from .definitions import ALL_ASSETS_JOB, build_job
+from .executors import executor_run_config, launch_run_config
+from .launch import CodeServer, terminate_runs, wait_for_run
 from .rebuild import job_subset, partition_tags
 from .watch import RunWatcher
 
 
+class RecordedRun:
+    """A finished run as the instance recorded it: its status and its events (the same for a run
+    executed in this process and one launched through the instance)."""
+
+    def __init__(self, instance: dg.DagsterInstance, run_id: str) -> None:
+        record = instance.get_run_record_by_id(run_id)
+        if record is None:  # a run id the build itself created: always recorded
+            raise RuntimeError(f"run {run_id} is not in the instance")
+        self.run_id = run_id
+        self.job_name = record.dagster_run.job_name
+        self.success = record.dagster_run.status == dg.DagsterRunStatus.SUCCESS
+        self.events = [e.dagster_event for e in instance.all_logs(run_id) if e.dagster_event is not None]
+
+    def check_evaluations(self) -> list[Any]:
+        """The results of the run's steps' checks (not those a step recorded for a standalone check
+        outside its events: ``assets._common.record_standalone_results``; each of their problems is
+        also one of a step's own checks)."""
+        return [
+            e.asset_check_evaluation_data
+            for e in self.events
+            if e.event_type == dg.DagsterEventType.ASSET_CHECK_EVALUATION and e.step_key is not None
+        ]
+
+    def step_failures(self) -> list[Any]:
+        return [e for e in self.events if e.is_step_failure]
+
+    def materializations(self) -> list[Any]:
+        return [e for e in self.events if e.event_type == dg.DagsterEventType.ASSET_MATERIALIZATION]
+
+
+def launch_selection(
+    server: CodeServer,
+    config: dict[str, Any],
+    selection: list[str],
+    tags: dict[str, str],
+    instance: dg.DagsterInstance,
+    *,
+    log_level: str | None = None,
+) -> str:
+    """Launch the run of ``selection``'s job through the instance (``server``) and wait for its end;
+    its run id. A stop (KeyboardInterrupt here) terminates it through the run launcher first."""
+    run_id = str(uuid.uuid4())
+    run_config = launch_run_config(config)
+    if log_level:
+        run_config["loggers"] = {"console": {"config": {"log_level": log_level}}}
+    server.launch(job_for(selection), run_id, tags, run_config)
+    try:
+        wait_for_run(instance, run_id)
+    except BaseException:
+        terminate_runs(instance, [run_id])
+        raise
+    return run_id
+
+
+# the job of a run executed in process whose selection spans stages (tests and tools): every asset
+ASSET_JOB = ALL_ASSETS_JOB
+
+
 def job_for(selection: list[str]) -> str:
-    """The named job a run of ``selection`` belongs to: its stage's job (``stages.JOB_ASSETS``)."""
+    """The named job a run of ``selection`` belongs to: its stage's job (``stages.JOB_ASSETS``), else
+    the job of every asset (:data:`ASSET_JOB`)."""
     stage = stage_of(selection)
     if set(selection) <= set(JOB_ASSETS[stage.job]):
         return stage.job
     for name, assets in JOB_ASSETS.items():
         if set(selection) <= set(assets):
             return name
-    raise ValueError(f"no job holds the assets {selection}; see stage2_data.stages.JOB_ASSETS")
+    return ASSET_JOB  # a selection across stages (tests, tools): part of every asset's job
 
 
 def run_tags(
@@ -57,6 +117,7 @@ def run_selection(
     workers: int | None = None,
     on_partition: Callable[[dict[str, Any]], None] | None = None,
     instance: dg.DagsterInstance | None = None,
+    server: CodeServer | None = None,
 ) -> dict[str, Any]:
     """Materialize ``selection`` (and their checks) in one run of its stage's named job, on the
     configured executor: one partition (``partition_key``), several (``partition_keys``, one run over
@@ -65,7 +126,8 @@ def run_selection(
     ``on_partition`` is called (from a watcher thread, ``watch.RunWatcher``) with a partition's
     entry (as ``partition_runs`` makes them) as soon as the run has materialized the selection for
     that partition; the summary lists those under ``reported``. ``instance``: the build's (else the
-    one at DAGSTER_HOME)."""
+    one at DAGSTER_HOME). ``server``: the build's code server, to launch the run through the
+    instance (else the run is executed in this process)."""
     cfg = BuildConfig(**config)
     profile = load_profile(cfg.profile_path, kit_root=cfg.kit_root)
     keys = [partition_key] if partition_key is not None else list(partition_keys or [])
@@ -83,8 +145,16 @@ def run_selection(
 
     watcher = RunWatcher(instance, selection, partition_done)
     with watcher if on_partition is not None and len(keys) > 1 else contextlib.nullcontext():
-        result = execute_selection(config, selection, {**tags, **watcher.tags}, instance, log_level=level)
-    evals = list(result.get_asset_check_evaluations())
+        if server is not None:
+            run_id = launch_selection(
+                server, config, selection, {**tags, **watcher.tags}, instance, log_level=level
+            )
+        else:
+            run_id = execute_selection(
+                config, selection, {**tags, **watcher.tags}, instance, log_level=level
+            ).run_id
+    result = RecordedRun(instance, run_id)
+    evals = result.check_evaluations()
     per_partition = {(e.asset_key, e.check_name) for e in evals if e.partition is not None}
     checks = []
     for ev in evals:
@@ -100,7 +170,7 @@ def run_selection(
             }
         )
     errors = []
-    for fev in result.get_step_failure_events():
+    for fev in result.step_failures():
         data = fev.event_specific_data
         err = getattr(data, "error", None)
         user = getattr(data, "user_failure_data", None)
@@ -127,7 +197,7 @@ def run_selection(
                 "error": kind,
             }
         )
-    mevs = [e for e in result.get_asset_materialization_events() if e.asset_key]
+    mevs = [e for e in result.materializations() if e.asset_key]
     materialized = sorted({e.asset_key.to_user_string() for e in mevs if e.asset_key})
     done: dict[str, set[str]] = {}
     for e in mevs:
@@ -149,7 +219,7 @@ def run_selection(
         "store_metadata": store_md,
         "moved_aside": moved,
         "run_id": result.run_id,
-        "job": result.job_def.name,
+        "job": result.job_name,
         "success": bool(result.success),
         "partition": keys[0] if len(keys) == 1 else None,
         "partitions": {k: sorted(done.get(k, ())) for k in keys},

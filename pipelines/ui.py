@@ -1,4 +1,4 @@
-"""`make ui`: the Dagster web UI on 127.0.0.1 over the same instance as `make demo`, with the demo's hub.
+"""`make ui`: the Dagster web UI on 127.0.0.1 over the same instance and settings as `make demo`.
 
 Paths come from the environment (``config.py``), relative to the working directory: the demo in
 ``STAGE2_DEMO_ROOT`` (``./.demo``), the instance in ``DAGSTER_HOME`` (``./.dagster_home``), the code
@@ -7,11 +7,14 @@ the port from ``STAGE2_UI_PORT`` (3000) and the services' log level from ``STAGE
 (``warning``: the webserver and the daemon say something only when something goes wrong, not at
 every sensor or schedule tick).
 
-Starts (1) the loopback hub serving the demo's upstream folder and (2) `dagster dev`, each in its own
-process group, and prints the UI's URL once the webserver answers (``/server_info``). On SIGINT or
-SIGTERM (Ctrl-C), or when `dagster dev` exits, it stops both groups by PID: SIGTERM to every process
-of the group (webserver, daemon, code server), SIGKILL of what is left after
-:data:`STOP_GRACE` seconds, so nothing is left behind. A stop asked for by a signal exits 0 (``make``
+The code location gets the settings `stage2 demo` builds with (the demo's profile and data root, its
+hub folder served on loopback by each run that downloads: ``STAGE2_HUB_FOLDER``), so the demo's
+runs are runs of the jobs the UI shows, and Re-execute runs them again as they ran.
+
+Starts `dagster dev` in its own process group and prints the UI's URL once the webserver answers
+(``/server_info``). On SIGINT or SIGTERM (Ctrl-C), or when `dagster dev` exits, it stops the group
+by PID: SIGTERM to every process of the group (webserver, daemon, code server), SIGKILL of what is
+left after :data:`STOP_GRACE` seconds, so nothing is left behind. A stop asked for by a signal exits 0 (``make``
 then reports no error); `dagster dev` ending on its own exits with its code.
 """
 
@@ -123,40 +126,15 @@ def main() -> int:
     signal.signal(signal.SIGINT, on_signal)
     procs: list[subprocess.Popen[str] | subprocess.Popen[bytes]] = []
     try:
-        hub = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "stage2_data.cli",
-                "serve-hub",
-                str(demo.upstream),
-                "--repo-id",
-                demo.repo_id,
-                "--revision",
-                demo.revision,
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-            start_new_session=True,
-        )
-        procs.append(hub)
-        assert hub.stdout is not None
-        url = hub.stdout.readline().strip()
-        if not url.startswith("http"):
-            print("make ui: the loopback hub did not start (see the error above)", file=sys.stderr)
-            return 2
         env.update(
             STAGE2_PROFILE=str(demo.profile),
             STAGE2_DATA_ROOT=env.get("STAGE2_DATA_ROOT", str(demo_root() / "data")),
-            STAGE2_HUB_ENDPOINT=url,
+            STAGE2_HUB_FOLDER=env.get("STAGE2_HUB_FOLDER", str(demo.upstream)),
         )
         workspace = os.environ.get("STAGE2_WORKSPACE")
         location = ["-w", workspace] if workspace else ["-m", definitions.__name__, "-a", "defs"]
         ui_url = f"http://127.0.0.1:{port}"
-        print(
-            f"loopback hub: {url}\nstarting the Dagster UI (instance {env['DAGSTER_HOME']}) ...", flush=True
-        )
+        print(f"starting the Dagster UI (instance {env['DAGSTER_HOME']}) ...", flush=True)
         ui = subprocess.Popen(
             [
                 sys.executable,
@@ -190,7 +168,7 @@ def main() -> int:
         rc = ui.wait()
         return rc if rc >= 0 else 128 - rc  # killed by a signal: the shell's 128 + N
     except _Stop:
-        print("\nmake ui: stopping the UI and the loopback hub ...", file=sys.stderr, flush=True)
+        print("\nmake ui: stopping the UI ...", file=sys.stderr, flush=True)
         return 0
     finally:
         # a second Ctrl-C while stopping must not leave the groups running

@@ -111,16 +111,14 @@ STAGES: tuple[Stage, ...] = (PROFILE, ACQUIRE, KIT, EXTRACT, STORE)  # every sta
 REBUILD_FIRST_STAGE = PROFILE  # where a scheduled rebuild starts: the same stages as `stage2 build`
 
 # The asset selection of every job: one job per stage (a run of `stage2 build` and of a rebuild is a
-# run of its stage's job); the store stage's job also holds the action sidecars, so that one run of
-# it from the UI makes everything after the extraction (a build's store stage runs it without them:
-# the kit stage made them). The verify job materializes nothing: it runs the standalone checks
+# run of its stage's whole job, launched through the instance as the UI launches it). The verify job materializes nothing: it runs the standalone checks
 # (checks.STANDALONE_CHECKS) over what is on disk, so a verify leaves every asset as it was.
 JOB_ASSETS: dict[str, tuple[str, ...]] = {
     PROFILE_JOB: PROFILE.assets,
     ACQUIRE_JOB: ACQUIRE.assets,
     KIT_JOB: KIT.assets,
     EXTRACT_JOB: EXTRACT.assets,
-    KIT_AND_STORE_JOB: (EXTRACTION_REPORT, ACTION_SIDECARS, TRAJECTORY_JOIN, SUBSET_CHECKSUMS, VIN_STORE),
+    KIT_AND_STORE_JOB: STORE.assets,
     VERIFY_JOB: (),
 }
 

@@ -27,6 +27,12 @@ pytest_plugins = ["_tiers", "fixtures.faults", "fixtures.stores"]
 # then outlive its SIGTERM (each step waited 2 x 30 s). Measured: the Dask build test took minutes
 # instead of one. The suite runs as from a terminal; the tests of background stops set the ignored
 # SIGINT in their own children (tests/test_stops.py).
+# `stage2 build` launches its runs through the instance (a code server, a worker process per run:
+# ~4 s a run, measured in bench/bench_launch.py). The suite's ~200 builds execute their runs in the
+# build's process instead (`--run-in-process`: the same steps, the same store); tests/test_launch.py
+# and the browser test build the default way.
+os.environ["STAGE2_RUN_IN_PROCESS"] = "1"
+
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 if signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:

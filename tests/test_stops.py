@@ -178,6 +178,10 @@ def _stop_build(
     return Stopped(ran, p.pid, leftover, partials)
 
 
+LAUNCHED = (
+    "launched"  # in a case's arguments: the build launches its runs (the suite's default is in process)
+)
+
 CASES = {
     # id: (stage, signal, background, extra build arguments)
     "download-sigterm-bg-in-process": ("download", signal.SIGTERM, True, ["--concurrency", "1"]),
@@ -186,6 +190,10 @@ CASES = {
     "extract-sigint-fg-workers": ("extract", signal.SIGINT, False, ["--executor", "multiprocess", "--concurrency", "2"]),
     "store-sigterm-bg-workers": ("store", signal.SIGTERM, True, ["--executor", "multiprocess", "--concurrency", "2"]),
     "store-sigint-fg-in-process": ("store", signal.SIGINT, False, ["--concurrency", "1"]),
+    # runs launched through the instance (`stage2 build`'s default): a code server and its run workers
+    "download-sigterm-bg-launched": ("download", signal.SIGTERM, True, [LAUNCHED]),
+    "extract-sigint-fg-launched": ("extract", signal.SIGINT, False, [LAUNCHED]),
+    "store-sigterm-bg-launched": ("store", signal.SIGTERM, True, [LAUNCHED]),
 }  # fmt: skip
 
 
@@ -201,6 +209,9 @@ def test_stop(case: str, demo: DemoPaths, tmp_path: Path) -> None:
     env = subprocess_env(
         drop=("HF_TOKEN", "STAGE2_TEST_SLOW_AT"), DAGSTER_HOME=str(home), PYTHONPATH=f"{sitedir}:{REPO}"
     )
+    if LAUNCHED in extra:
+        extra = [a for a in extra if a != LAUNCHED]
+        env.pop("STAGE2_RUN_IN_PROCESS", None)
     name = load_profile(demo.profile).name
 
     s = _stop_build(demo, root, env, stage=stage, sig=sig, background=background, extra=extra)

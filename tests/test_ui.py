@@ -27,9 +27,8 @@ from helpers.env import environ, free_port
 
 from stage2_data import checks as C
 from stage2_data.demo import DemoPaths
-from stage2_data.demo.hubserver import HubServer
 from stage2_data.profile import load_profile
-from stage2_data.stages import ACQUIRE, STAGES, STORE
+from stage2_data.stages import ACQUIRE, PROFILE, STAGES, STORE
 from stage2_pipelines.config import BuildConfig
 from stage2_pipelines.progress import BuildProgress
 from stage2_pipelines.runner import build_all
@@ -65,7 +64,8 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 @pytest.fixture(scope="session")
 def ui_instance(demo_cache: DemoPaths, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """A real build of the small demo recorded in its own instance (what the UI will show)."""
+    """A real build of the small demo recorded in its own instance (what the UI will show), its runs
+    launched through the instance against the build's code server."""
     base = tmp_path_factory.mktemp("ui")
     home = base / "dagster_home"
     with environ(DAGSTER_HOME=str(home)):
@@ -77,14 +77,20 @@ def ui_instance(demo_cache: DemoPaths, tmp_path_factory: pytest.TempPathFactory)
             for b in bars:
                 b.on_run(r)
 
-        with HubServer(demo_cache.upstream, repo_id=demo_cache.repo_id, revision=demo_cache.revision) as hub:
-            s = build_all(
-                BuildConfig(
-                    profile_path=str(demo_cache.profile), data_root=str(base / "root"), endpoint=hub.url
-                ),
-                concurrency=2,
-                on_run=on_run,
-            )
+        # launched (as `stage2 build` does, not in this process: the suite sets STAGE2_RUN_IN_PROCESS),
+        # so the runs carry the code location's origin; the settings are the webserver's (its
+        # STAGE2_* environment), so its job snapshots are the runs' and Re-execute loads the same job.
+        # The runs serve the hub folder on loopback themselves.
+        s = build_all(
+            BuildConfig(
+                profile_path=str(demo_cache.profile),
+                data_root=str(base / "root"),
+                hub_folder=str(demo_cache.upstream),
+            ),
+            concurrency=2,
+            on_run=on_run,
+            run_in_process=False,
+        )
         status = bars[0].status_line()
         for b in bars:
             b.close()
@@ -106,7 +112,7 @@ def webserver(ui_instance: dict[str, Any], demo_cache: DemoPaths) -> Iterator[st
         DAGSTER_HOME=str(ui_instance["home"]),
         STAGE2_PROFILE=str(demo_cache.profile),
         STAGE2_DATA_ROOT=str(ui_instance["root"]),
-        STAGE2_HUB_ENDPOINT="http://127.0.0.1:9",
+        STAGE2_HUB_FOLDER=str(demo_cache.upstream),  # the build's settings: the same job snapshots
     )
     log = open(ui_instance["home"].parent / "webserver.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen(
@@ -152,8 +158,10 @@ def test_webserver_lists_the_builds_runs_under_named_jobs_and_nothing_stale(
     """What the UI's Overview and asset graph read: the build's runs belong to the Definitions' named
     jobs (none to __ephemeral_asset_job__), one per stage, and no asset is stale after the build."""
 
-    data = _graphql(webserver, "{ runsOrError { ... on Runs { results { runId jobName } } } }")
-    runs = data["runsOrError"]["results"]
+    data = _graphql(webserver, "{ runsOrError { ... on Runs { results { runId jobName parentRunId } } } }")
+    # a re-execution from the UI (test_browser_reexecutes_a_build_run_...) adds a run with a parent:
+    # the build's own runs are those without one
+    runs = [r for r in data["runsOrError"]["results"] if r["parentRunId"] is None]
     assert sorted(r["jobName"] for r in runs) == sorted(s.job for s in STAGES)
     assert {r["runId"] for r in runs} == {r["run_id"] for r in ui_instance["summary"]["runs"]}
     nodes = _graphql(webserver, "{ assetNodes { assetKey { path } staleStatus } }")["assetNodes"]
@@ -586,8 +594,9 @@ def test_make_ui_says_its_url_when_it_answers_is_quiet_and_stops_on_ctrl_c(
 ) -> None:
     """`make ui` (python -m stage2_pipelines.ui) over a built instance: the URL line comes only once
     the webserver answers; nothing more is printed while nothing happens (no daemon tick lines);
-    Ctrl-C (SIGINT to its process group, as a terminal sends it) stops the UI, the daemon, the code
-    server and the loopback hub within seconds, and it exits 0 (make reports no error)."""
+    Ctrl-C (SIGINT to its process group, as a terminal sends it) stops the UI, the daemon and the code
+    server within seconds, and it exits 0 (make reports no error). (No loopback hub of its own: the
+    runs serve the hub folder themselves, STAGE2_HUB_FOLDER.)"""
     port = free_port()
     env = subprocess_env(
         DAGSTER_HOME=str(ui_instance["home"]),
@@ -622,7 +631,7 @@ def test_make_ui_says_its_url_when_it_answers_is_quiet_and_stops_on_ctrl_c(
                 break
         assert f"Dagster UI:   {url}" in said, (said, (tmp_path / "ui.out").read_text())
         children = [int(p.name) for p in Path("/proc").glob("[0-9]*") if _ppid(p) == proc.pid]
-        assert len(children) == 2, children  # the hub and `dagster dev`, each a group of its own
+        assert len(children) == 1, children  # `dagster dev`, in a group of its own
         # quiet while nothing happens: no more lines for a while (the daemon ticks every few seconds)
         out.flush()
         before = (tmp_path / "ui.out").read_text()
@@ -671,3 +680,107 @@ def test_build_progress_reports_stages_partitions_bytes(
     assert "MiB/s" in live or "KiB/s" in live  # the rate (IEC units: fsutil.human_bytes)
     assert "ETA" in live
     assert ui_instance["status"].startswith(label[STORE.name])
+
+
+# The code location the build's runs carry (stage2_pipelines.launch.LOCATION_NAME), as
+# workspace.yaml names it for the webserver; its Definitions' repository is "__repository__".
+LOCATION = "stage2_pipelines.definitions:defs"
+REPOSITORY = "__repository__"
+
+
+def _build_runs_by_job(ui_instance: dict[str, Any]) -> dict[str, str]:
+    """The build's run id of each stage's job."""
+    runs = {r["job"]: r["run_id"] for r in ui_instance["summary"]["runs"]}
+    assert sorted(runs) == sorted(s.job for s in STAGES), runs
+    return runs
+
+
+def test_browser_job_pages_and_the_timeline_show_the_builds_launched_runs(
+    webserver: str, browser: Any, ui_instance: dict[str, Any]
+) -> None:
+    """The build launches its runs through the instance, so they carry the code location's origin:
+    each job's own page (its Runs tab, where the UI's job links lead) lists the build's run of that
+    job, and the Overview timeline shows them under the location. Saves docs/assets/ui/job-runs.png."""
+    by_job = _build_runs_by_job(ui_instance)
+    origins = _graphql(
+        webserver,
+        "{ runsOrError { ... on Runs { results { runId repositoryOrigin "
+        "{ repositoryName repositoryLocationName } } } } }",
+    )["runsOrError"]["results"]
+    origin = {r["runId"]: r["repositoryOrigin"] for r in origins}
+    want = {"repositoryName": REPOSITORY, "repositoryLocationName": LOCATION}
+    assert {j: origin.get(rid) for j, rid in by_job.items()} == dict.fromkeys(by_job, want)
+    for job, run_id in by_job.items():
+        # the UI links a job of a Definitions' repository by its location alone (/locations/<location>/jobs/<job>)
+        text = _page_text_with(
+            browser, f"{webserver}/locations/{LOCATION}/jobs/{job}/runs", [job, "Runs", run_id[:8]]
+        )
+        assert "No runs" not in text, (job, text[:2000])
+        _assert_no_first_visit_dialog(browser)
+        if job == STORE.job:
+            _shot(browser, "job-runs.png")
+    text = _page_text_with(browser, webserver + "/overview/activity/timeline", [LOCATION, *by_job])
+    assert "No runs or scheduled ticks in this time period" not in text, text[:3000]
+    _assert_no_first_visit_dialog(browser)
+
+
+# What the Re-execute button's tooltip says (with a warning or error icon on the button) when the
+# loaded job's origin or snapshot is not the original run's (Dagster UI 1.13, LaunchButton).
+REEXECUTE_WARNINGS = (
+    "may be a different version",
+    "may be different than the one used for the original run",
+    "from a different code location",
+    "The original run loaded",
+    "could not be found",
+)
+
+
+def test_browser_reexecutes_a_build_run_without_a_version_warning(
+    webserver: str, browser: Any, ui_instance: dict[str, Any]
+) -> None:
+    """A build's run re-executes from its page as it is: the webserver loads the same job (same
+    origin, same snapshot) as the build's run, so the Re-execute button shows no warning, and the
+    re-execution succeeds. Last in this file: it adds a run (and a materialization of pinned_profile)
+    to the instance the tests above read."""
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    run_id = _build_runs_by_job(ui_instance)[PROFILE.job]  # the profile stage's: a quick run
+    button = "//button[starts-with(normalize-space(), 'Re-execute all')]"
+    text = _page_text_with(browser, f"{webserver}/runs/{run_id}", [run_id[:8], PROFILE.job, "Re-execute all"])
+    assert "Success" in text, text[:2000]
+    # the split button (Re-execute all, and its menu's arrow): no warning or error icon on it (with
+    # one, the UI wraps the button in its tooltip's <span>: the nearest <div> holds both halves)
+    group = browser.find_element(XPATH, button + "/ancestor::div[1]")
+    icons = [e.get_attribute("aria-label") for e in group.find_elements(XPATH, ".//*[@role='img']")]
+    assert not {"warning", "error"} & set(icons), icons
+    # hovering shows the button's tooltip, if it has one: none says the job may differ
+    ActionChains(browser).move_to_element(browser.find_element(XPATH, button)).perform()
+    time.sleep(1.5)
+    shown = browser.find_element(TAG_NAME, "body").text + browser.page_source
+    assert [w for w in REEXECUTE_WARNINGS if w in shown] == []
+    before = {
+        r["runId"]
+        for r in _graphql(webserver, "{ runsOrError { ... on Runs { results { runId } } } }")["runsOrError"][
+            "results"
+        ]
+    }
+    _click_when_clear(browser, button)
+    deadline = time.monotonic() + 120
+    new: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        runs = _graphql(
+            webserver, "{ runsOrError { ... on Runs { results { runId jobName status parentRunId } } } }"
+        )["runsOrError"]["results"]
+        new = [r for r in runs if r["runId"] not in before]
+        if new and new[0]["status"] in ("SUCCESS", "FAILURE", "CANCELED"):
+            break
+        time.sleep(1)
+    assert len(new) == 1, new
+    assert new[0] == {
+        "runId": new[0]["runId"],
+        "jobName": PROFILE.job,
+        "status": "SUCCESS",
+        "parentRunId": run_id,
+    }, (new, (ui_instance["home"].parent / "webserver.log").read_text(errors="replace")[-3000:])
+    # the UI opened the new run's page
+    _wait_text(browser, [new[0]["runId"][:8]])

@@ -4,36 +4,15 @@ output helpers, exit codes, the ``--storage-option`` and ``--json`` arguments.""
 from __future__ import annotations
 
 import argparse
-import atexit
-import contextlib
 import json
-import os
 import sys
-import threading
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any
 
 from ..errors import StoreError
 
 EXIT_FAILED = 1  # the command ran and found problems (a failed check, an invalid store)
 EXIT_ERROR = 2  # the command could not run (bad input, bad arguments)
-
-
-def exit_process(code: int) -> NoReturn:
-    """End this process with ``code`` without the interpreter's teardown: once Dagster is imported,
-    freeing every object of its modules is slow, and it comes after the work is over and reported
-    (a build waiting for a child process would wait for that too). What a normal exit does that matters
-    still happens, in its order: the interpreter's own first step of shutting down
-    (``threading._shutdown``: thread pools left open are told to stop, then the threads that are not
-    daemons are waited for; joining them alone would wait forever on an idle pool's workers), then
-    the exit handlers run (logging's flush, multiprocessing's clean-up, coverage's), then the
-    standard streams are flushed. Call it from the main thread."""
-    threading._shutdown()  # type: ignore[attr-defined]
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):  # a closed pipe or stream: nowhere to write
-            stream.flush()
-    os._exit(code)
 
 
 def print_json(obj: Any) -> None:

@@ -1,0 +1,168 @@
+"""`stage2 build` as users run it by default: each stage's run launched through the instance, against
+a code server the build starts, so that every run belongs to the project's code location.
+
+The rest of the suite builds with ``STAGE2_RUN_IN_PROCESS=1`` (conftest: a launched run costs a
+worker process); these tests drop it. What they hold the launched build to: the same store and
+fingerprint as a build executed in process (the executor-independence of docs/spec/vin-store.md),
+every run on its job's page (the filter the UI's job page uses: its name and the code location's
+repository label), a failing step named as in process, and a code server that does not load named
+with its log. Stops of launched builds are cases of tests/test_stops.py; the UI's own view of the
+runs (job pages, Overview, Re-execute) is the browser test's (tests/test_ui.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from helpers.built import DEMO_FINGERPRINT
+from helpers.cli import Ran, python, stage2, subprocess_env
+
+from stage2_data.demo import DemoPaths
+
+pytestmark = pytest.mark.slow
+
+# what workspace.yaml's module location is called: the label the UI's job pages filter runs by
+REPOSITORY_LABEL = "__repository__@stage2_pipelines.definitions:defs"
+
+
+def _env(home: Path, **extra: str) -> dict[str, str]:
+    return subprocess_env(
+        drop=("STAGE2_RUN_IN_PROCESS", "CI", "HF_TOKEN"),
+        DAGSTER_HOME=str(home),
+        STAGE2_RUN_LOG_LEVEL="CRITICAL",
+        **extra,
+    )
+
+
+def _build(demo: DemoPaths, root: Path, home: Path, *extra: str, hub: Path | None = None, **env: str) -> Ran:
+    return stage2(
+        "build",
+        "--profile",
+        str(demo.profile),
+        "--data-root",
+        str(root),
+        "--hub-folder",
+        str(hub or demo.upstream),
+        "--json",
+        *extra,
+        env=_env(home, **env),
+        timeout=600,
+    )
+
+
+def _runs(home: Path, *, label: str | None = None) -> list[dict[str, str]]:
+    """Every run of the instance at ``home`` (only those the UI's job pages list for the code location
+    ``label``, when given): job name, status, and the code location's label from its origin."""
+    code = (
+        "import json, sys, dagster as dg\n"
+        "i = dg.DagsterInstance.get()\n"
+        "label = sys.argv[1] or None\n"
+        "f = dg.RunsFilter(tags={'.dagster/repository': label}) if label else None\n"
+        "out = []\n"
+        "for r in i.get_run_records(f):\n"
+        "    o = r.dagster_run.remote_job_origin\n"
+        "    out.append({'job': r.dagster_run.job_name, 'status': r.dagster_run.status.value,\n"
+        "                'run_id': r.dagster_run.run_id,\n"
+        "                'label': o.repository_origin.get_label() if o else None})\n"
+        "print(json.dumps(out))\n"
+    )
+    r = python(code, label or "", env=subprocess_env(DAGSTER_HOME=str(home)))
+    return list(r.last_json())
+
+
+def test_launched_build_is_on_its_jobs_pages_and_equals_the_in_process_build(
+    demo_cache: DemoPaths, tmp_path: Path
+) -> None:
+    home = tmp_path / "home"
+    r = _build(demo_cache, tmp_path / "root", home)
+    assert r.returncode == 0, r.tail()
+    s = r.json()
+    assert s["launched"] is True and s["fingerprint"] == DEMO_FINGERPRINT, s
+    runs = _runs(home)
+    assert len(runs) == len(s["runs"]) == 5, runs
+    assert {x["label"] for x in runs} == {REPOSITORY_LABEL}, runs
+    assert {x["status"] for x in runs} == {"SUCCESS"}, runs
+    # the job pages' filter lists every one of them
+    listed = _runs(home, label=REPOSITORY_LABEL)
+    assert sorted(x["run_id"] for x in listed) == sorted(x["run_id"] for x in runs)
+    assert {x["job"] for x in listed} == {
+        "check_profile",
+        "acquire_archives",
+        "unpack_action_sidecars",
+        "extract_cache_dirs",
+        "verify_kit_and_build_store",
+    }
+
+    # the same build executed in process: the same store; its runs carry no origin
+    home2 = tmp_path / "home2"
+    r2 = _build(demo_cache, tmp_path / "root2", home2, "--run-in-process")
+    assert r2.returncode == 0, r2.tail()
+    assert r2.json()["launched"] is False and r2.json()["fingerprint"] == s["fingerprint"]
+    assert {x["label"] for x in _runs(home2)} == {None}
+
+    # a no-op rebuild starts no run, launched or not
+    again = _build(demo_cache, tmp_path / "root", home)
+    assert again.returncode == 0 and again.json()["runs"] == [], again.tail()
+    assert len(_runs(home)) == 5
+
+
+def test_a_launched_runs_failure_is_named_as_in_process(demo_cache: DemoPaths, tmp_path: Path) -> None:
+    """A corrupt archive in the hub's folder: the launched acquire run fails; the build exits 1 and
+    names the archive, its partition and the fix, as a build executed in process does."""
+    hub = tmp_path / "hub"
+    shutil.copytree(demo_cache.upstream, hub, symlinks=True)
+    victim = next(p for p in sorted(hub.rglob("*.tar*")) if p.is_file() and not p.is_symlink())
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.unlink()
+    victim.write_bytes(bytes(data))
+    outs = {}
+    for mode, extra in (("launched", ()), ("in_process", ("--run-in-process",))):
+        r = _build(demo_cache, tmp_path / mode, tmp_path / f"home-{mode}", *extra, hub=hub)
+        assert r.returncode == 1, r.tail()
+        assert "Traceback" not in r.stderr and "internal error" not in r.stdout, r.tail()
+        outs[mode] = r.json()
+    launched, in_process = outs["launched"], outs["in_process"]
+    assert launched["store"] is None and launched["errors"], launched
+
+    # (each run serves the hub folder on a port of its own)
+    def key(e: dict[str, str]) -> tuple[str | None, str | None, str]:
+        return e.get("step"), e.get("partition"), re.sub(r"127\.0\.0\.1:\d+", "HUB", e.get("message", ""))
+
+    assert sorted(map(key, launched["errors"])) == sorted(map(key, in_process["errors"]))
+    assert victim.name.split(".")[0] in json.dumps(launched["errors"])
+
+
+def test_a_code_server_that_does_not_load_is_named(demo_cache: DemoPaths, tmp_path: Path) -> None:
+    """The definitions fail to load in the build's code server (a ``sitecustomize`` that ends only
+    that process): one line with what it said, its log and a fix, exit 2, no traceback."""
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    # a sitecustomize that breaks only the code server's import of the definitions
+    (broken / "sitecustomize.py").write_text(
+        "import os, sys\n"
+        "if 'api' in sys.argv and 'grpc' in sys.argv:\n"
+        "    raise SystemExit('the code location cannot load: stage2 test')\n",
+        encoding="utf-8",
+    )
+    r = stage2(
+        "build",
+        "--profile",
+        str(demo_cache.profile),
+        "--data-root",
+        str(tmp_path / "root2"),
+        "--hub-folder",
+        str(demo_cache.upstream),
+        env=_env(tmp_path / "home2", PYTHONPATH=str(broken) + os.pathsep + os.environ.get("PYTHONPATH", "")),
+        timeout=600,
+    )
+    assert r.returncode == 2, r.tail()
+    assert "Traceback" not in r.stderr, r.tail()
+    line = r.stderr.strip().splitlines()[-1]
+    assert "the code location cannot load: stage2 test" in line and "code-server.log" in line, r.tail()
+    assert "Fix" in line, line
