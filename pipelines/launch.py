@@ -8,8 +8,8 @@ starts the run's worker process from that server, so every run carries the code 
 page and on the Overview timeline, and Re-execute loads the same job. A run's outcome is read back
 from the instance (``runs.RecordedRun``), whichever way it was started.
 
-A stop terminates the build's runs through the instance's run launcher (:func:`terminate_runs`): a
-run ends as canceled, its step interrupted, whatever signal the build's own process received.
+A stop cancels the build's runs through the instance (:func:`terminate_runs`): a run ends as
+canceled, its step interrupted, whatever signal the build's own process received.
 """
 
 from __future__ import annotations
@@ -184,20 +184,48 @@ class CodeServer:
         shutil.rmtree(self._workdir, ignore_errors=True)
 
 
+def queued_warn_seconds() -> float:
+    """How long a launched run may wait in the instance's queue before the build says why
+    (``STAGE2_QUEUED_WARN_S``, default 30)."""
+    return float(os.environ.get("STAGE2_QUEUED_WARN_S") or 30)
+
+
 def wait_for_run(instance: dg.DagsterInstance, run_id: str, *, interval: float = 0.2) -> dg.DagsterRunStatus:
-    """Block until the run ``run_id`` has finished; its final status."""
+    """Block until the run ``run_id`` has finished; its final status. A run still queued after
+    :func:`queued_warn_seconds` is said once on stderr, with what dequeues it: an instance whose
+    ``dagster.yaml`` queues runs (``QueuedRunCoordinator``) starts them from its daemon only."""
+    queued_since: float | None = None
+    said = False
     while True:
         record = instance.get_run_record_by_id(run_id)
-        if record is not None and record.dagster_run.status in FINISHED:
-            return record.dagster_run.status
+        status = record.dagster_run.status if record is not None else None
+        if status in FINISHED:
+            assert status is not None
+            return status
+        if status == dg.DagsterRunStatus.QUEUED:
+            queued_since = queued_since if queued_since is not None else time.monotonic()
+            if not said and time.monotonic() - queued_since >= queued_warn_seconds():
+                said = True
+                print(
+                    f"stage2 build: run {run_id} of {record.dagster_run.job_name if record else '?'} is "
+                    f"still queued: this instance ({os.environ.get('DAGSTER_HOME', 'DAGSTER_HOME')}) "
+                    "queues launched runs for its daemon. Fix: run `dagster-daemon run` for it, or "
+                    "set `run_coordinator: {module: dagster.core.run_coordinator, class: "
+                    "DefaultRunCoordinator}` in its dagster.yaml, or build with --run-in-process; "
+                    "waiting",
+                    file=sys.stderr,
+                    flush=True,
+                )
         time.sleep(interval)
 
 
 def terminate_runs(instance: dg.DagsterInstance, run_ids: list[str]) -> None:
-    """Ask the instance's run launcher to terminate every run of ``run_ids`` that has not finished."""
+    """Cancel every run of ``run_ids`` that has not finished, as the UI's Terminate does: through the
+    instance's run coordinator (a queued run is dequeued as canceled, a started one terminated by the
+    run launcher)."""
     for run_id in run_ids:
         record = instance.get_run_record_by_id(run_id)
         if record is None or record.dagster_run.status in FINISHED:
             continue
         with contextlib.suppress(Exception):  # already gone: nothing to terminate
-            instance.run_launcher.terminate(run_id)
+            instance.run_coordinator.cancel_run(run_id)

@@ -16,11 +16,14 @@ import json
 import os
 import re
 import shutil
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 from helpers.built import DEMO_FINGERPRINT
-from helpers.cli import Ran, python, stage2, subprocess_env
+from helpers.cli import STAGE2, Ran, python, stage2, subprocess_env
 
 from stage2_data.demo import DemoPaths
 
@@ -166,3 +169,44 @@ def test_a_code_server_that_does_not_load_is_named(demo_cache: DemoPaths, tmp_pa
     line = r.stderr.strip().splitlines()[-1]
     assert "the code location cannot load: stage2 test" in line and "code-server.log" in line, r.tail()
     assert "Fix" in line, line
+
+
+def test_a_run_queued_for_a_missing_daemon_is_named_and_a_stop_cancels_it(
+    demo_cache: DemoPaths, tmp_path: Path
+) -> None:
+    """An instance of the user's own whose ``dagster.yaml`` queues launched runs for a daemon that
+    does not run: the build says so (the run, why, three fixes) instead of waiting silently, and a
+    stop then cancels the queued run: nothing stays queued in the instance."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(
+        "telemetry:\n  enabled: false\nrun_coordinator:\n  module: dagster\n  class: QueuedRunCoordinator\n",
+        encoding="utf-8",
+    )
+    argv = [
+        *STAGE2, "build", "--profile", str(demo_cache.profile), "--data-root", str(tmp_path / "root"),
+        "--hub-folder", str(demo_cache.upstream), "--no-progress",
+    ]  # fmt: skip
+    with open(tmp_path / "err", "w+", encoding="utf-8") as err:
+        proc = subprocess.Popen(
+            argv, env=_env(home, STAGE2_QUEUED_WARN_S="1"), stdout=subprocess.DEVNULL, stderr=err, text=True
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while "still queued" not in (tmp_path / "err").read_text(encoding="utf-8"):
+                assert proc.poll() is None, (tmp_path / "err").read_text(encoding="utf-8")
+                assert time.monotonic() < deadline, "the queued run was never named"
+                time.sleep(0.2)
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        said = (tmp_path / "err").read_text(encoding="utf-8")
+    assert proc.returncode == 143, said
+    assert "dagster-daemon run" in said and "DefaultRunCoordinator" in said and "--run-in-process" in said
+    assert "Traceback" not in said, said
+    runs = _runs(home)
+    assert [x["job"] for x in runs] == ["check_profile"], runs
+    assert runs[0]["status"] == "CANCELED", runs
