@@ -251,12 +251,19 @@ def launch_run_config(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 @contextmanager
-def local_dask_cluster(n_workers: int = 2) -> Iterator[str]:
-    """A ``dask.distributed`` scheduler and ``n_workers`` worker processes (one thread each) on
-    127.0.0.1 for the duration of a build; yields the scheduler address."""
+def local_dask_cluster(
+    address: str | None = None, n_workers: int = 2, env: Mapping[str, str] | None = None
+) -> Iterator[str]:
+    """A ``dask.distributed`` scheduler (at ``address``, ``tcp://127.0.0.1:<port>``, else any port)
+    and ``n_workers`` worker processes (one thread each) on 127.0.0.1 for the duration of a build;
+    yields the scheduler address. ``env``: variables the worker processes get (a launched run's
+    steps load the code location there, from the build's ``STAGE2_*`` settings)."""
     from dask.distributed import LocalCluster
 
+    port = int(address.rsplit(":", 1)[1]) if address else 0
     with LocalCluster(
+        scheduler_port=port,
+        env=dict(env or {}),
         n_workers=n_workers,
         processes=True,
         threads_per_worker=1,  # Dagster steps are not thread-safe

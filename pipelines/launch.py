@@ -52,7 +52,8 @@ def _dagster_cli() -> str:
     return str(beside) if beside.exists() else (shutil.which("dagster") or "dagster")
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -66,7 +67,7 @@ class CodeServer:
     def __init__(self, config: BuildConfig, dagster_home: Path, *, verbose: bool = False) -> None:
         self.config = config
         self.home = Path(dagster_home)
-        self.port = _free_port()
+        self.port = free_port()
         self.env = {
             **os.environ,
             **config.to_env(),

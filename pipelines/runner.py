@@ -35,7 +35,7 @@ from stage2_data.profile import load_profile
 from stage2_data.publish import data_root_lock, sweep_data_root
 from stage2_data.stages import (
     DOWNLOADS_POOL,
-    JOB_ASSETS,
+    KIT,
     STAGES,
     STORE,
     Stage,
@@ -48,7 +48,7 @@ from stage2_data.steps.status import record_store_stage
 
 from .config import BuildConfig, write_instance_yaml
 from .executors import local_dask_cluster
-from .launch import CodeServer, terminate_runs
+from .launch import CodeServer, free_port, terminate_runs
 from .runs import (  # re-exported: one run of a selection (tests and tools import them from here)
     execute_selection,
     job_for,
@@ -76,9 +76,9 @@ __all__ = [
     "write_instance_yaml",
 ]
 
-# everything after the extraction (the kit and store stages) in one run of the store stage's job:
-# what tests and tools run on their own
-FINAL_STAGE = list(JOB_ASSETS[STORE.job])
+# everything after the extraction (the kit and store stages) in one run: what tests and tools run
+# on their own (a run executed in process: no named job holds both stages, runs.job_for)
+FINAL_STAGE = [*KIT.assets, *STORE.assets]
 
 
 def ensure_instance(data_root: Path) -> Path:
@@ -123,8 +123,10 @@ def build_all(
     with data_root_lock(data_root):
         sweep_data_root(data_root)
         if config.executor == "dask" and not config.dask_address:  # one local cluster for the build
-            with local_dask_cluster() as address:
-                config = dataclasses.replace(config, dask_address=address)
+            # its address is chosen first: its workers load the code location (a launched run's
+            # steps) from the build's settings, the address among them
+            config = dataclasses.replace(config, dask_address=f"tcp://127.0.0.1:{free_port()}")
+            with local_dask_cluster(config.dask_address, env=config.to_env()):
                 return _build_all(
                     config, concurrency=concurrency, on_run=on_run, status=status, in_process=run_in_process
                 )

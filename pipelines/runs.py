@@ -12,13 +12,15 @@ import logging
 import os
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
 from stage2_assets import WORKERS_TAG
+from stage2_data.errors import Stage2Error
 from stage2_data.profile import Profile, load_profile
-from stage2_data.stages import JOB_ASSETS, VIN_STORE, stage_of
+from stage2_data.stages import DATA_ROOT_TAG, JOB_ASSETS, VIN_STORE, stage_of
 
 from .config import BuildConfig
 from .definitions import ALL_ASSETS_JOB, build_job
@@ -38,6 +40,7 @@ class RecordedRun:
             raise RuntimeError(f"run {run_id} is not in the instance")
         self.run_id = run_id
         self.job_name = record.dagster_run.job_name
+        self.status = record.dagster_run.status.value
         self.success = record.dagster_run.status == dg.DagsterRunStatus.SUCCESS
         self.events = [e.dagster_event for e in instance.all_logs(run_id) if e.dagster_event is not None]
 
@@ -53,6 +56,20 @@ class RecordedRun:
 
     def step_failures(self) -> list[Any]:
         return [e for e in self.events if e.is_step_failure]
+
+    def failure_line(self) -> str:
+        """One line for a run that failed without a failed step (its run-level failure: a step that
+        could not start, a worker that died, a cancellation), never a traceback."""
+        for e in self.events:
+            if e.event_type in (dg.DagsterEventType.RUN_FAILURE, dg.DagsterEventType.RUN_CANCELED):
+                err = getattr(e.event_specific_data, "error", None)
+                if err is not None:
+                    return f"run {self.run_id[:8]} failed: {step_error_line(err)}"
+                return f"run {self.run_id[:8]}: {' '.join((e.message or 'failed').split())[:500]}"
+        return (
+            f"run {self.run_id[:8]} ended {self.status.lower()} without a failed step; its event log is in "
+            "the UI (`make ui`)"
+        )
 
     def materializations(self) -> list[Any]:
         return [e for e in self.events if e.event_type == dg.DagsterEventType.ASSET_MATERIALIZATION]
@@ -137,7 +154,7 @@ def run_selection(
     level = os.environ.get("STAGE2_RUN_LOG_LEVEL")
     if level:
         logging.getLogger("stage2_data").setLevel(level)
-    tags = run_tags(profile, selection, keys, workers)
+    tags = {**run_tags(profile, selection, keys, workers), DATA_ROOT_TAG: str(Path(cfg.data_root).resolve())}
 
     def partition_done(run_id: str, partition: str, done: list[str]) -> None:
         if on_partition is not None:
@@ -195,6 +212,15 @@ def run_selection(
                 "partition": keys[0] if len(keys) == 1 else None,
                 "message": msg,
                 "error": kind,
+            }
+        )
+    if not result.success and not errors:  # the run failed before or around its steps
+        errors.append(
+            {
+                "step": ",".join(selection),
+                "partition": keys[0] if len(keys) == 1 else None,
+                "message": result.failure_line(),
+                "error": None,
             }
         )
     mevs = [e for e in result.materializations() if e.asset_key]
@@ -267,6 +293,22 @@ def _without_failure_class(message: str) -> str:
     return message
 
 
+def _named_errors() -> set[str]:
+    """The class names of the library's named errors (``Stage2Error`` and every subclass)."""
+    out, todo = set(), [Stage2Error]
+    while todo:
+        cls = todo.pop()
+        out.add(cls.__name__)
+        todo += cls.__subclasses__()
+    return out
+
+
+def _without_class(message: str, cls_name: str) -> str:
+    """``message`` without a leading ``<module>.<cls_name>: `` (how Dagster words a raised error)."""
+    head, sep, rest = message.partition(": ")
+    return rest if sep and head.rsplit(".", 1)[-1] == cls_name and " " not in head else message
+
+
 def _innermost(err: Any) -> Any:
     while getattr(err, "cause", None) is not None:
         err = err.cause
@@ -332,6 +374,8 @@ def step_error_line(err: Any) -> str:
     text = " ".join(inner.message.split())[:500]
     if inner.cls_name in ("DagsterExecutionInterruptedError", "KeyboardInterrupt", "Failure"):
         return _without_failure_class(text)  # a stop; a wrapped Failure
+    if inner.cls_name in _named_errors():  # one of the library's named errors (its fix included)
+        return _without_class(text, inner.cls_name)
     if inner.cls_name in _OS_ERRORS:  # the environment, not a bug: the path is in the message
         return f"{text}. Fix: check that path (permissions, free space, a file where a folder should be), then re-run"
     return (

@@ -8,6 +8,8 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
+from stage2_data.stages import DATA_ROOT_TAG
+
 
 class DataRootResource(dg.ConfigurableResource):
     """The data root: archives/, processed_datasets/, derived/, tables/, reports/, stores/."""
@@ -16,6 +18,23 @@ class DataRootResource(dg.ConfigurableResource):
     reverify: bool = Field(
         default=False, description="re-hash verified archives instead of trusting their record"
     )
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        """Refuse a step of a run started for another data root (its ``stage2/data_root`` tag): the
+        process executing the step loaded the code location with other settings, and would read and
+        write another data root than the build's."""
+        run = context.dagster_run
+        want = run.tags.get(DATA_ROOT_TAG) if run is not None else None
+        have = Path(self.path).expanduser().resolve()
+        if want and Path(want).expanduser().resolve() != have:
+            raise dg.Failure(
+                description=(
+                    f"this run was started for the data root {want}; the process of this step loaded "
+                    f"the code location with {have} (a Dask worker or pod with other STAGE2_* settings, "
+                    "or the UI re-executing a build's run). Fix: give that process the build's STAGE2_* "
+                    "settings, or build with --run-in-process"
+                )
+            )
 
     def root(self) -> Path:
         p = Path(self.path).expanduser().resolve()

@@ -68,6 +68,9 @@ DOWNLOADS_POOL = "downloads"  # the concurrency pool of archive_file's runs
 # the tag of a run over a range of partitions naming the keys it runs (a range may hold keys whose
 # upstream failed: they are left out); the assets read it, the build runner and the rebuild set it
 PARTITIONS_TAG = "stage2/partitions"
+# the tag of a run `stage2 build` starts naming its data root: a step executed by a process whose
+# code location has another one (a Dask worker or pod with other settings) refuses to run
+DATA_ROOT_TAG = "stage2/data_root"
 
 
 @dataclass(frozen=True)

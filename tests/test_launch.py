@@ -210,3 +210,40 @@ def test_a_run_queued_for_a_missing_daemon_is_named_and_a_stop_cancels_it(
     runs = _runs(home)
     assert [x["job"] for x in runs] == ["check_profile"], runs
     assert runs[0]["status"] == "CANCELED", runs
+
+
+def test_a_step_on_a_worker_with_other_settings_refuses_another_data_root(
+    demo_cache: DemoPaths, tmp_path: Path
+) -> None:
+    """A Dask cluster of the user's own whose workers were started without the build's settings: a
+    launched run's steps load the code location there, with another data root (the default under
+    the workers' folder). Each refuses by name (the two data roots, the fix) instead of reading and
+    writing another data root; the build exits non-zero and nothing is written where the workers
+    would have written."""
+    from dask.distributed import LocalCluster
+
+    elsewhere = tmp_path / "workers"
+    elsewhere.mkdir()
+    cwd = os.getcwd()
+    os.chdir(elsewhere)  # the workers' default data root: <their folder>/.demo/data
+    try:
+        cluster = LocalCluster(
+            n_workers=1, processes=True, threads_per_worker=1, host="127.0.0.1", dashboard_address=None,
+            env={"STAGE2_PROFILE": str(demo_cache.profile), "STAGE2_DEMO_ROOT": str(elsewhere / ".demo")},
+        )  # fmt: skip
+    finally:
+        os.chdir(cwd)
+    with cluster:
+        r = _build(
+            demo_cache, tmp_path / "root", tmp_path / "home", "--executor", "dask",
+            "--dask-address", cluster.scheduler_address,
+        )  # fmt: skip
+    assert r.returncode != 0, r.tail()
+    said = json.dumps(r.json()["errors"])
+    assert (
+        "was started for the data root" in said
+        and "workers/.demo/data" in said
+        and str(tmp_path / "root") in said
+    ), said
+    assert "--run-in-process" in said, said
+    assert not (elsewhere / ".demo" / "data" / "archives").exists()
