@@ -247,3 +247,17 @@ def test_a_step_on_a_worker_with_other_settings_refuses_another_data_root(
     ), said
     assert "--run-in-process" in said, said
     assert not (elsewhere / ".demo" / "data" / "archives").exists()
+
+
+def test_a_launched_build_on_a_local_dask_cluster_builds_its_own_data_root(
+    demo_cache: DemoPaths, tmp_path: Path
+) -> None:
+    """`--executor dask` without a scheduler: the build's own local cluster, whose workers load the
+    code location (a launched run's steps) with the build's settings: the demo's store in the
+    build's data root, with the demo's fingerprint."""
+    root = tmp_path / "root"
+    r = _build(demo_cache, root, tmp_path / "home", "--executor", "dask")
+    assert r.returncode == 0, r.tail()
+    s = r.json()
+    assert s["launched"] and s["fingerprint"] == DEMO_FINGERPRINT, s
+    assert Path(s["store"]).is_relative_to(root), s["store"]
