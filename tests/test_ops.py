@@ -24,6 +24,7 @@ from stage2_data.profile import load_profile
 from stage2_data.stages import (
     ACQUIRE_JOB,
     EXTRACT_JOB,
+    JOB_ASSETS,
     KIT_AND_STORE_JOB,
     KIT_JOB,
     PROFILE_JOB,
@@ -292,10 +293,9 @@ def test_a_rebuild_goes_through_every_stage_in_real_runs(
         assert [(r.job_name, r.partition_key, r.tags[STAGE_TAG]) for r in store] == [
             (KIT_AND_STORE_JOB, None, "store")
         ]
-        # its job without the sidecars (the kit stage's run made them), with those assets' checks
-        assert {k.to_user_string() for k in store[0].asset_selection or []} == set(STORE.assets)
-        checked = {k.asset_key.to_user_string() for k in store[0].asset_check_keys or []}
-        assert checked == set(STORE.assets)
+        # its whole job, which is the stage's assets (the kit stage's run made the sidecars)
+        assert store[0].asset_selection is None and store[0].asset_check_keys is None
+        assert set(JOB_ASSETS[KIT_AND_STORE_JOB]) == set(STORE.assets)
         assert run(store) == [True]
         assert tick(cursor)[0] == []  # the last stage: the rebuild is done
     done = instance.get_run_records(dg.RunsFilter(tags={REBUILD_TAG: "weekly-20261129"}))
