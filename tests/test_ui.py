@@ -421,8 +421,14 @@ def test_browser_shows_the_stores_frames_and_how_to_open_it(
     assert "MiB" in text or "KiB" in text  # sizes for people
     # the visible text, or the page's HTML when a long value is shown shortened (quotes escaped there)
     # the lines that open it, the path on a line of its own (assets/store.py: open_markdown_narrow)
+    # (the page can show the needles above before it renders these lines: waited for, on a busy machine)
+    want = ["ds = VinOfflineDataset(", f'"{current}",', 'split="train",']
     shown = html.unescape(text)
-    assert "ds = VinOfflineDataset(" in shown and f'"{current}",' in shown and 'split="train",' in shown
+    deadline = time.monotonic() + 30
+    while not all(w in shown for w in want) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        shown = html.unescape(browser.find_element(TAG_NAME, "body").text + "\n" + browser.page_source)
+    assert [w for w in want if w not in shown] == [], shown[-3000:]
 
     def open_dialog(label: str, alts: list[str], shot: str) -> None:
         _click_when_clear(
