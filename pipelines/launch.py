@@ -103,7 +103,8 @@ class CodeServer:
     def start(self) -> None:
         out: Any = None
         if not self._verbose:
-            self._log = open(self.log_path, "ab")  # noqa: SIM115 (closed by stop)
+            # this build's server and runs only: the file holds the last build's log, not every one
+            self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed by stop)
             out = self._log
         self._proc = subprocess.Popen(
             [
