@@ -64,10 +64,10 @@ INSTANCE_YAML_MARK = "# Written by stage2 for a local instance."
 INSTANCE_YAML_HEAD = f"""\
 {INSTANCE_YAML_MARK} Rewritten by `stage2 build` when the instance's folder
 # moved (a copied or moved data root records into its own instance); delete this first line to keep
-# your own edits. Launched runs start at once (no queue waiting for a daemon). One consolidated SQLite event log (WAL) instead of one database per run, stored
-# through one pooled engine per process with synchronous=NORMAL (pipelines/eventlog.py). Step logs
-# go to files (the UI shows them), mirrored to the terminal only under --verbose
-# (pipelines/computelogs.py).
+# your own edits. Launched runs start at once (no queue waiting for a daemon). One consolidated
+# SQLite event log (WAL) instead of one database per run, stored through one pooled engine per
+# process with synchronous=NORMAL (pipelines/eventlog.py). Step logs go to files (the UI shows
+# them), mirrored to the terminal only under --verbose (pipelines/computelogs.py).
 """
 
 

@@ -65,7 +65,6 @@ class CodeServer:
     children. Use as a context manager: stopped (after its runs) when the build ends."""
 
     def __init__(self, config: BuildConfig, dagster_home: Path, *, verbose: bool = False) -> None:
-        self.config = config
         self.home = Path(dagster_home)
         self.port = free_port()
         self.env = {
@@ -204,12 +203,12 @@ def wait_for_run(instance: dg.DagsterInstance, run_id: str, *, interval: float =
         if status in FINISHED:
             assert status is not None
             return status
-        if status == dg.DagsterRunStatus.QUEUED:
+        if record is not None and status == dg.DagsterRunStatus.QUEUED:
             queued_since = queued_since if queued_since is not None else time.monotonic()
             if not said and time.monotonic() - queued_since >= queued_warn_seconds():
                 said = True
                 print(
-                    f"stage2 build: run {run_id} of {record.dagster_run.job_name if record else '?'} is "
+                    f"stage2 build: run {run_id} of {record.dagster_run.job_name} is "
                     f"still queued: this instance ({os.environ.get('DAGSTER_HOME', 'DAGSTER_HOME')}) "
                     "queues launched runs for its daemon. Fix: run `dagster-daemon run` for it, or "
                     "set `run_coordinator: {module: dagster.core.run_coordinator, class: "

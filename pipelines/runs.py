@@ -25,7 +25,7 @@ from stage2_data.stages import DATA_ROOT_TAG, JOB_ASSETS, VIN_STORE, stage_of
 from .config import BuildConfig
 from .definitions import ALL_ASSETS_JOB, build_job
 from .executors import executor_run_config, launch_run_config
-from .launch import CodeServer, terminate_runs, wait_for_run
+from .launch import CodeServer, wait_for_run
 from .rebuild import job_subset, partition_tags
 from .watch import RunWatcher
 
@@ -85,34 +85,27 @@ def launch_selection(
     log_level: str | None = None,
 ) -> str:
     """Launch the run of ``selection``'s job through the instance (``server``) and wait for its end;
-    its run id. A stop (KeyboardInterrupt here) terminates it through the run launcher first."""
+    its run id. A stop interrupts the wait; the build then cancels every run it launched
+    (``runner._build_all``)."""
     run_id = str(uuid.uuid4())
     run_config = launch_run_config(config)
     if log_level:
         run_config["loggers"] = {"console": {"config": {"log_level": log_level}}}
     server.launch(job_for(selection), run_id, tags, run_config)
-    try:
-        wait_for_run(instance, run_id)
-    except BaseException:
-        terminate_runs(instance, [run_id])
-        raise
+    wait_for_run(instance, run_id)
     return run_id
-
-
-# the job of a run executed in process whose selection spans stages (tests and tools): every asset
-ASSET_JOB = ALL_ASSETS_JOB
 
 
 def job_for(selection: list[str]) -> str:
     """The named job a run of ``selection`` belongs to: its stage's job (``stages.JOB_ASSETS``), else
-    the job of every asset (:data:`ASSET_JOB`)."""
+    the job of every asset (``definitions.ALL_ASSETS_JOB``, for runs executed in process)."""
     stage = stage_of(selection)
     if set(selection) <= set(JOB_ASSETS[stage.job]):
         return stage.job
     for name, assets in JOB_ASSETS.items():
         if set(selection) <= set(assets):
             return name
-    return ASSET_JOB  # a selection across stages (tests, tools): part of every asset's job
+    return ALL_ASSETS_JOB  # a selection across stages (tests, tools): part of every asset's job
 
 
 def run_tags(
@@ -284,15 +277,6 @@ _OS_ERRORS = {  # the file system's refusals (builtins): named as such, not as a
 CHECK_FAILED_ERROR = "DagsterAssetCheckFailedError"  # a step's blocking checks failed (Dagster's name)
 
 
-def _without_failure_class(message: str) -> str:
-    """``message`` without the ``<module>.Failure: `` that opens a ``dg.Failure``'s formatted message
-    (the class's module path is Dagster's own business: only its name is matched)."""
-    head, sep, rest = message.partition(": ")
-    if sep and head.rsplit(".", 1)[-1] == dg.Failure.__name__ and " " not in head:
-        return rest
-    return message
-
-
 def _named_errors() -> set[str]:
     """The class names of the library's named errors (``Stage2Error`` and every subclass)."""
     out, todo = set(), [Stage2Error]
@@ -303,8 +287,9 @@ def _named_errors() -> set[str]:
     return out
 
 
-def _without_class(message: str, cls_name: str) -> str:
-    """``message`` without a leading ``<module>.<cls_name>: `` (how Dagster words a raised error)."""
+def _without_class(message: str, cls_name: str = dg.Failure.__name__) -> str:
+    """``message`` without a leading ``<module>.<cls_name>: `` (how Dagster words a raised error; a
+    ``dg.Failure``'s by default); the class's module path is not matched, only its name."""
     head, sep, rest = message.partition(": ")
     return rest if sep and head.rsplit(".", 1)[-1] == cls_name and " " not in head else message
 
@@ -364,7 +349,7 @@ def step_error_line(err: Any) -> str:
     the innermost exception's type and message, never Dagster's wrapper or a traceback."""
     if err is None:
         return "step failed"
-    msg = _without_failure_class(err.message.strip())
+    msg = _without_class(err.message.strip())
     if err.cls_name == "Failure":
         return msg
     checks = failed_check_keys(err)
@@ -373,7 +358,7 @@ def step_error_line(err: Any) -> str:
     inner = _innermost(err)
     text = " ".join(inner.message.split())[:500]
     if inner.cls_name in ("DagsterExecutionInterruptedError", "KeyboardInterrupt", "Failure"):
-        return _without_failure_class(text)  # a stop; a wrapped Failure
+        return _without_class(text)  # a stop; a wrapped Failure
     if inner.cls_name in _named_errors():  # one of the library's named errors (its fix included)
         return _without_class(text, inner.cls_name)
     if inner.cls_name in _OS_ERRORS:  # the environment, not a bug: the path is in the message
