@@ -374,7 +374,9 @@ def _add_build_args(p: argparse.ArgumentParser) -> None:
         "--concurrency",
         type=int,
         default=None,
-        help="archives downloaded at once (default: sized for the machine)",
+        help="how much at once: launched download_and_extract runs (default 2), or a run's "
+        "partitions with --run-in-process (default: sized for the machine); 1: one run per stage, "
+        "one partition at a time",
     )
     p.add_argument("--reverify", action="store_true", help="re-hash archives already verified")
     p.add_argument(

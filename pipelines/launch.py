@@ -91,6 +91,9 @@ class CodeServer:
         self._proc: subprocess.Popen[bytes] | None = None
         self.launched: list[str] = []  # every run id launched, in order
         self._lock = threading.Lock()
+        # set when the build stops: no run is launched after it, and one in flight is canceled
+        # by the thread that launched it (runs.launch_selection)
+        self.closed = threading.Event()
 
     def __enter__(self) -> CodeServer:
         self.start()
@@ -152,6 +155,8 @@ class CodeServer:
         """Launch one run of ``job`` through the instance (Dagster's ``dagster job launch``)."""
         self.wait_ready()
         with self._lock:
+            if self.closed.is_set():
+                raise LaunchError(f"not launching a run of {job}: the build is stopping")
             self.launched.append(run_id)
         cmd = [
             _dagster_cli(), "job", "launch",
@@ -169,8 +174,16 @@ class CodeServer:
                 f"Dagster did not launch a run of {job}: {said[:500]}. Fix what it names, then re-run"
             )
 
+    def close(self) -> list[str]:
+        """Launch no run from now on; every run id launched so far (a launch still in flight then
+        cancels its own run: ``runs.launch_selection``)."""
+        with self._lock:
+            self.closed.set()
+            return list(self.launched)
+
     def stop(self) -> None:
         """Stop the server: it waits for nothing, its runs are over (or terminated) by now."""
+        self.closed.set()
         proc, self._proc = self._proc, None
         if proc is not None and proc.poll() is None:
             proc.terminate()

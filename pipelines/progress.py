@@ -52,6 +52,7 @@ from stage2_data.stages import (
     PROFILE,
     STAGES,
     STORE,
+    STREAMED,
     Stage,
     needs,
     ready_stages,
@@ -256,6 +257,8 @@ class BuildProgress:
         now = time.monotonic()
         for name in needs(stage):  # a stage runs: the stages it needs are over
             earlier = self.stages[name]
+            if r.get("streamed") and earlier.stage in STREAMED:  # they go on side by side
+                continue
             if earlier.started is not None and earlier.finished is None:
                 self._finish(earlier, now)
         if st.started is None:

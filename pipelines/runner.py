@@ -2,18 +2,20 @@
 location recorded in the Dagster instance.
 
 The stages and the rule for what runs next are the table in ``stage2_data.stages`` (the rebuild
-sensor follows the same table); here each stage is ONE run of its named job (``JOB_ASSETS``) on the
-instance at DAGSTER_HOME, whatever the executor, started once the stages it needs are over
+sensor follows the same table); each run is a run of a named job (``JOB_ASSETS``) on the instance
+at DAGSTER_HOME, whatever the executor, started once the stages it needs are over
 (:func:`walk_stages`). Each run is launched through the instance against a code server the build
-starts (``launch.CodeServer``), so the UI lists it on its job's page and can re-execute it; with
-``run_in_process`` (``--run-in-process``) the runs execute in this process instead, one after another.
+starts (``launch.CodeServer``), so the UI lists it on its job's page and can re-execute it:
   1. profile (check_profile): pinned_profile
-  2. acquire (acquire_archives): archive_file, every cache key's archives in one run (a single-run
-     backfill over the partition range), several downloads at once (threads in the step)
-  3. kit (unpack_action_sidecars): action_sidecars; it needs the profile only, so its launched run
-     goes on beside stages 2 and 4
-  4. extract (extract_cache_dirs): cache_dir, every cache key whose archives all verified, one run
+  2.+4. acquire and extract, streamed (download_and_extract): one run per cache key, its
+     archive_file then its cache_dir, several cache keys at once (:func:`stream_cache_keys`), so
+     that extraction goes on while later keys download
+  3. kit (unpack_action_sidecars): action_sidecars; it needs the profile only, so its run goes on
+     beside stages 2 and 4
   5. store (verify_kit_and_build_store): extraction_report, trajectory_join, subset_checksums, vin_store
+With ``run_in_process`` (``--run-in-process``) or ``--concurrency 1`` the runs go one after another,
+one run per stage: acquire_archives over every cache key (a single-run backfill over the partition
+range), then extract_cache_dirs over every cache key whose archives all verified.
 Each partition keeps its own materialization, data version and check results. A stage whose
 checks fail stops the stages after it; every failed check and error is reported with its partition.
 """
@@ -34,15 +36,20 @@ import dagster as dg
 from stage2_data.profile import load_profile
 from stage2_data.publish import data_root_lock, sweep_data_root
 from stage2_data.stages import (
+    ACQUIRE,
     DOWNLOADS_POOL,
+    EXTRACT,
     KIT,
     STAGES,
     STORE,
+    STREAM_RUN_BYTES,
+    STREAMED,
     Stage,
     ready_stages,
     stage_of,
     stage_partitions,
     stages_after,
+    stream_groups,
 )
 from stage2_data.steps.status import record_store_stage
 
@@ -169,6 +176,85 @@ def stage_workers(stage: Stage, concurrency: int | None) -> int | None:
     return min(concurrency, stage.max_parallel or concurrency) if concurrency else None
 
 
+# How many streamed runs a launched build has going at once when --concurrency does not say: one
+# extracting while the next downloads.
+STREAM_SLOTS = 2
+
+
+def stream_run_bytes() -> int:
+    """The archive bytes a streamed run carries at least: ``STAGE2_STREAM_RUN_MB`` (MB), else
+    ``stages.STREAM_RUN_BYTES``."""
+    mb = os.environ.get("STAGE2_STREAM_RUN_MB", "").strip()
+    return int(float(mb) * 1e6) if mb else STREAM_RUN_BYTES
+
+
+def stream_cache_keys(
+    cfg: dict[str, Any],
+    groups: list[list[str]],
+    slots: int,
+    record: Callable[[dict[str, Any]], None],
+    instance: dg.DagsterInstance,
+    server: CodeServer,
+) -> None:
+    """The streamed stages (``stages.STREAMED``) as one launched run of ``STREAM_JOB`` per group of
+    cache keys (``stages.stream_groups``, largest first), at most ``slots`` runs at once: in each
+    run Dagster extracts the group's keys once their archives verified, while the next runs
+    download. ``record`` has each run's summary as the run ends (:func:`stream_parts` splits it by
+    stage). The wait stays in this thread: a stop interrupts it at once, and the build then cancels
+    the runs (``_build_all``)."""
+    selection = [a for s in STREAMED for a in s.assets]
+    pool = ThreadPoolExecutor(max_workers=max(1, slots), thread_name_prefix="stage2-stream")
+    try:
+        pending = {
+            pool.submit(run_selection, cfg, selection, partition_keys=keys, instance=instance, server=server)
+            for keys in groups
+        }
+        while pending:
+            finished, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
+            for f in finished:
+                record(f.result())
+    finally:
+        pool.shutdown(wait=not sys.exc_info()[0], cancel_futures=True)
+
+
+def stream_parts(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """A streamed run's summary as one entry per stage whose step ran (the shape of a run of that
+    stage over the same partitions, marked ``streamed``), in table order: a stage after one that
+    failed did not run (Dagster skips a step whose upstream step failed). An error belongs to the
+    stage of its step's asset; a run-level error (no step of ours named) to the first stage that
+    did not finish every partition."""
+    done = {k: set(v) for k, v in run["partitions"].items()}
+    unfinished = next(
+        (s for s in STREAMED if not all(set(s.assets) <= d for d in done.values())), STREAMED[-1]
+    )
+
+    def owner(error: dict[str, Any]) -> Stage:
+        name = error.get("asset") or error.get("step")
+        return next((s for s in STREAMED if name in s.assets), unfinished)
+
+    parts: list[dict[str, Any]] = []
+    for stage in STREAMED:
+        assets = set(stage.assets)
+        errors = [e for e in run["errors"] if owner(e) is stage]
+        partitions = {k: sorted(d & assets) for k, d in done.items()}
+        if parts and not errors and not any(partitions.values()):
+            break  # never ran: the stage before it failed
+        parts.append(
+            {
+                **run,
+                "selection": list(stage.assets),
+                "materialized": sorted(set(run["materialized"]) & assets),
+                "partitions": partitions,
+                "checks": [c for c in run["checks"] if c["asset"] in assets],
+                "errors": errors,
+                "moved_aside": run["moved_aside"] if not parts else [],
+                "success": not errors and all(assets <= d for d in done.values()),
+                "streamed": True,
+            }
+        )
+    return parts
+
+
 def walk_stages(run: Callable[[Stage], None], *, beside: Collection[str] = ()) -> None:
     """Call ``run`` for every stage of ``stages.STAGES`` once the stages it needs are over, in table
     order in this thread, but the stages named in ``beside``: each of those is called in a thread of
@@ -229,7 +315,7 @@ def _build_all(
         return _walk(config, profile, data_root, home, instance, cfg, server, concurrency, on_run, status)
     finally:
         if server is not None:
-            terminate_runs(instance, server.launched)  # a stop or an error: none goes on alone
+            terminate_runs(instance, server.close())  # a stop or an error: none goes on alone
             server.stop()
 
 
@@ -279,6 +365,13 @@ def _walk(
     # executed in this process go one after another: two runs in two threads of one process can
     # deadlock in Dagster's logging set-up (it reconfigures logging at every run's start).
     beside = {s.name for s in STAGES if s.beside} if server is not None and concurrency != 1 else set()
+    # Launched runs stream the downloads into the extraction (one run per cache key, several at
+    # once) when the downloads have work; else the stages go one run each.
+    stream = (
+        server is not None
+        and concurrency != 1
+        and not (ACQUIRE.name in status and status[ACQUIRE.name] is None)
+    )
 
     def locked(fn: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
         def call(r: dict[str, Any]) -> None:
@@ -288,9 +381,28 @@ def _walk(
         return call
 
     def run_one(stage: Stage) -> None:
+        if stream and stage is EXTRACT:  # ran with the acquire stage's runs (stream_cache_keys)
+            return
         with lock:
             partitions = stage_partitions(stage, profile, failed)
         if not partitions:  # something it needs failed: left out
+            return
+        if stream and stage is ACQUIRE:
+            assert server is not None
+
+            def streamed(run: dict[str, Any]) -> None:
+                parts = [p for part in stream_parts(run) for p in partition_runs(part)]
+                with lock:
+                    runs.append(run)
+                    failed.extend(
+                        (stage_of(p["selection"]), p["partition"]) for p in parts if not p["success"]
+                    )
+                    for part in parts if on_run is not None else ():
+                        on_run(part)
+
+            keys = [p for p in partitions if p is not None]
+            groups = stream_groups(profile, keys, stream_run_bytes())
+            stream_cache_keys(cfg, groups, concurrency or STREAM_SLOTS, streamed, instance, server)
             return
         skip = stage.name in status and status[stage.name] is None
         if skip and not (stage is STORE and config.store_url):
@@ -311,7 +423,7 @@ def _walk(
 
     walk_stages(run_one, beside=beside)
     failed.sort(key=lambda f: STAGES.index(f[0]))
-    runs.sort(key=lambda r: STAGES.index(stage_of(r["selection"])))
+    runs.sort(key=lambda r: STAGES.index(stage_of(r["selection"][:1])))  # a streamed run: its first stage
     # the stage the build stopped after: the first that failed, unless nothing came after it
     first_failed = failed[0][0] if failed else None
     stopped_at = None

@@ -25,7 +25,7 @@ from stage2_data.stages import DATA_ROOT_TAG, JOB_ASSETS, VIN_STORE, stage_of
 from .config import BuildConfig
 from .definitions import ALL_ASSETS_JOB, build_job
 from .executors import executor_run_config, launch_run_config
-from .launch import CodeServer, wait_for_run
+from .launch import CodeServer, terminate_runs, wait_for_run
 from .rebuild import job_subset, partition_tags
 from .watch import RunWatcher
 
@@ -92,6 +92,8 @@ def launch_selection(
     if log_level:
         run_config["loggers"] = {"console": {"config": {"log_level": log_level}}}
     server.launch(job_for(selection), run_id, tags, run_config)
+    if server.closed.is_set():  # the build stopped while Dagster launched it: none goes on alone
+        terminate_runs(instance, [run_id])
     wait_for_run(instance, run_id)
     return run_id
 

@@ -15,7 +15,8 @@ both. What runs next is decided here, once:
   before it: a partition whose upstream partition failed is left out (a cache key whose archive
   failed), and an unpartitioned stage runs only when nothing it needs failed.
 
-`stage2 build` walks the stages in one process (a stage beside the main line in a child process); a
+`stage2 build` launches the stages' runs in this order (a stage beside the main line in a thread of
+its own; the acquire and extract stages ``STREAMED``: one run per cache key of ``STREAM_JOB``); a
 scheduled rebuild walks the same stages as Dagster runs (the ``advance_rebuilds`` sensor requests a
 stage once every stage it needs is complete), starting at the profile stage like the build.
 
@@ -63,6 +64,7 @@ EXTRACT_JOB = "extract_cache_dirs"
 KIT_JOB = "unpack_action_sidecars"
 KIT_AND_STORE_JOB = "verify_kit_and_build_store"
 VERIFY_JOB = "verify_existing_data"
+STREAM_JOB = "download_and_extract"  # one cache key's archives, then its extraction (STREAMED)
 
 DOWNLOADS_POOL = "downloads"  # the concurrency pool of archive_file's runs
 # the tag of a run over a range of partitions naming the keys it runs (a range may hold keys whose
@@ -111,6 +113,16 @@ STORE = Stage(
     after=("extract", "kit"),
 )
 STAGES: tuple[Stage, ...] = (PROFILE, ACQUIRE, KIT, EXTRACT, STORE)  # every stage after those it needs
+# A launched build streams these stages: one run of STREAM_JOB per cache key (its archives, then its
+# extraction, as the asset graph orders them), several cache keys at once, so that one key's
+# extraction goes on while the next keys download. Run one after another (in process, or at
+# --concurrency 1), the stages run as the table says: one run each, over every cache key.
+STREAMED: tuple[Stage, ...] = (ACQUIRE, EXTRACT)
+# The archive bytes a streamed run carries at least (its cache keys, largest first; the last run may
+# carry less): a launched run costs seconds of start-up and a few CPU seconds whatever it carries,
+# so cache keys smaller than this share a run (the demo's 400 MB: one run), and a key of the real
+# profile (gigabytes) has one of its own. ``STAGE2_STREAM_RUN_MB`` sets it (stream_groups).
+STREAM_RUN_BYTES = 1 << 30
 REBUILD_FIRST_STAGE = PROFILE  # where a scheduled rebuild starts: the same stages as `stage2 build`
 
 # The asset selection of every job: one job per stage (a run of `stage2 build` and of a rebuild is a
@@ -123,6 +135,7 @@ JOB_ASSETS: dict[str, tuple[str, ...]] = {
     EXTRACT_JOB: EXTRACT.assets,
     KIT_AND_STORE_JOB: STORE.assets,
     VERIFY_JOB: (),
+    STREAM_JOB: tuple(a for s in STREAMED for a in s.assets),
 }
 
 
@@ -180,3 +193,26 @@ def stage_partitions(
         return []
     failed_keys = {p for s, p in failed if s.partitioned_by == BY_CACHE_KEY}
     return [k for k in profile.cache_keys_largest_first() if k not in failed_keys]
+
+
+def stream_groups(
+    profile: Profile, keys: Sequence[str], min_bytes: int = STREAM_RUN_BYTES
+) -> list[list[str]]:
+    """``keys`` as the cache keys of each streamed run, the run with the most archive bytes first.
+    A run's keys are a whole range of the partitions (consecutive in ``profile.cache_keys()``): in a
+    run over part of a range an asset after the first cannot run (``assets._common``). Each run
+    takes the next keys in that order until its archives hold at least ``min_bytes``, and ends
+    before a key not in ``keys`` (one left out: its upstream failed)."""
+    by_key = profile.archives_by_cache_key()
+    wanted = set(keys)
+
+    def size(group: list[str]) -> int:
+        return sum(a.size or 0 for k in group for a in by_key[k])
+
+    groups: list[list[str]] = [[]]
+    for key in profile.cache_keys():
+        if key not in wanted or size(groups[-1]) >= min_bytes:
+            groups.append([])
+        if key in wanted:
+            groups[-1].append(key)
+    return sorted((g for g in groups if g), key=lambda g: (-size(g), g[0]))

@@ -26,6 +26,7 @@ from helpers.built import DEMO_FINGERPRINT
 from helpers.cli import STAGE2, Ran, python, stage2, subprocess_env
 
 from stage2_data.demo import DemoPaths
+from stage2_data.profile import load_profile
 
 pytestmark = pytest.mark.slow
 
@@ -87,17 +88,21 @@ def test_launched_build_is_on_its_jobs_pages_and_equals_the_in_process_build(
     s = r.json()
     assert s["launched"] is True and s["fingerprint"] == DEMO_FINGERPRINT, s
     runs = _runs(home)
-    assert len(runs) == len(s["runs"]) == 5, runs
+    keys = load_profile(demo_cache.profile).cache_keys()
+    # the profile, the sidecars, the store, and the streamed run of the cache keys: the demo's
+    # archives are far under a streamed run's least bytes (stages.STREAM_RUN_BYTES), so one run
+    assert len(runs) == len(s["runs"]) == 4, runs
     assert {x["label"] for x in runs} == {REPOSITORY_LABEL}, runs
     assert {x["status"] for x in runs} == {"SUCCESS"}, runs
+    (streamed,) = [x for x in s["runs"] if x["job"] == "download_and_extract"]
+    assert streamed["partitions"] == dict.fromkeys(keys, ["archive_file", "cache_dir"]), streamed
     # the job pages' filter lists every one of them
     listed = _runs(home, label=REPOSITORY_LABEL)
     assert sorted(x["run_id"] for x in listed) == sorted(x["run_id"] for x in runs)
     assert {x["job"] for x in listed} == {
         "check_profile",
-        "acquire_archives",
+        "download_and_extract",
         "unpack_action_sidecars",
-        "extract_cache_dirs",
         "verify_kit_and_build_store",
     }
 
@@ -111,7 +116,63 @@ def test_launched_build_is_on_its_jobs_pages_and_equals_the_in_process_build(
     # a no-op rebuild starts no run, launched or not
     again = _build(demo_cache, tmp_path / "root", home)
     assert again.returncode == 0 and again.json()["runs"] == [], again.tail()
-    assert len(_runs(home)) == 5
+    assert len(_runs(home)) == 4
+
+
+def _materializations(home: Path) -> list[tuple[float, str, str]]:
+    """Every materialization in the instance at ``home``, in the order stored: (time, asset,
+    partition)."""
+    code = (
+        "import json, dagster as dg\n"
+        "i = dg.DagsterInstance.get()\n"
+        "out = []\n"
+        "for key in i.get_asset_keys():\n"
+        "    f = dg.EventRecordsFilter(dg.DagsterEventType.ASSET_MATERIALIZATION, asset_key=key)\n"
+        "    for r in i.get_event_records(f, ascending=True):\n"
+        "        out.append((r.storage_id, r.timestamp, key.to_user_string(), r.partition_key))\n"
+        "print(json.dumps([x[1:] for x in sorted(out)]))\n"
+    )
+    r = python(code, env=subprocess_env(DAGSTER_HOME=str(home)))
+    return [tuple(x) for x in r.last_json()]
+
+
+def test_a_launched_build_extracts_cache_keys_while_others_download(
+    demo_cache: DemoPaths, tmp_path: Path
+) -> None:
+    """Streamed runs of 3 MB of archives each (``STAGE2_STREAM_RUN_MB``: the demo's 11 MB in three
+    runs, each a whole range of cache keys), two at once (``--concurrency 2``), each downloading its
+    keys' archives and then extracting them: the third run's archives are downloaded only after a
+    first run's extraction (it started when one of the first two ended). The store is the
+    in-process build's. At ``--concurrency 1`` the stages go one run each, as in process."""
+    home = tmp_path / "home"
+    r = _build(demo_cache, tmp_path / "root", home, "--concurrency", "2", STAGE2_STREAM_RUN_MB="3")
+    assert r.returncode == 0, r.tail()
+    s = r.json()
+    assert s["fingerprint"] == DEMO_FINGERPRINT, s
+    streamed = [x["partitions"] for x in s["runs"] if x["job"] == "download_and_extract"]
+    assert len(streamed) == 3 and sorted(k for p in streamed for k in p) == sorted(
+        load_profile(demo_cache.profile).cache_keys()
+    ), streamed
+    events = _materializations(home)
+    extracted = [t for t, asset, _ in events if asset == "cache_dir"]
+    downloaded = [t for t, asset, _ in events if asset == "archive_file"]
+    assert len(extracted) == len(downloaded) == len(load_profile(demo_cache.profile).cache_keys())
+    assert min(extracted) < max(downloaded), events  # streamed: not every download before extraction
+
+    home1 = tmp_path / "home1"
+    r1 = _build(demo_cache, tmp_path / "root1", home1, "--concurrency", "1")
+    assert r1.returncode == 0 and r1.json()["fingerprint"] == DEMO_FINGERPRINT, r1.tail()
+    assert [x["job"] for x in r1.json()["runs"]] == [
+        "check_profile",
+        "acquire_archives",
+        "unpack_action_sidecars",
+        "extract_cache_dirs",
+        "verify_kit_and_build_store",
+    ]
+    events = _materializations(home1)
+    assert max(t for t, a, _ in events if a == "archive_file") < min(
+        t for t, a, _ in events if a == "cache_dir"
+    )
 
 
 def test_a_launched_runs_failure_is_named_as_in_process(demo_cache: DemoPaths, tmp_path: Path) -> None:

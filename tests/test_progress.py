@@ -251,3 +251,50 @@ print(sorted(m for m in sys.modules if m.split(".")[0] == "rich"))
     out = python(code, cwd=tmp_path)
     assert out.returncode == 0, out.tail()
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def _streamed_run(key: str, *, archive_ok: bool = True) -> dict[str, Any]:
+    """A launched build's run of one cache key (``download_and_extract``), as ``runs.run_selection``
+    summarizes it: both assets materialized, or the archive's check failed and nothing after it ran."""
+    done = ["archive_file", "cache_dir"] if archive_ok else []
+    checks = [{"asset": "archive_file", "partition": key, "check": "sha256", "passed": archive_ok,
+               "description": "ok" if archive_ok else "sha256 mismatch"}]  # fmt: skip
+    errors = [] if archive_ok else [{"step": "archive_file", "partition": key, "message": "sha256 mismatch"}]
+    return {"run_id": f"{abs(hash(key)):08x}-run", "job": "download_and_extract", "success": archive_ok,
+            "partition": key, "partitions": {key: done}, "selection": ["archive_file", "cache_dir"],
+            "checks": checks, "errors": errors, "materialized": done, "moved_aside": [],
+            "store_metadata": {}}  # fmt: skip
+
+
+def test_streamed_runs_keep_the_download_and_extract_stages_going_side_by_side(demo_cache: DemoPaths) -> None:
+    """A launched build streams each cache key through its download and its extraction
+    (``runner.stream_parts`` splits the run by stage): the extract stage advances while the
+    downloads still go on, and each stage ends with its last cache key; a key whose archive failed
+    counts as a failed download and is never extracted."""
+    from stage2_pipelines.runner import stream_parts
+
+    prof = load_profile(demo_cache.profile)
+    keys = prof.cache_keys_largest_first()
+    bad = keys[-1]
+    stream = io.StringIO()
+    bar = BuildProgress(prof, stream, live=False)
+    bar.on_run({"run_id": "0-run", "success": True, "partition": None, "selection": ["pinned_profile"],
+                "checks": [], "errors": []})  # fmt: skip
+    parts_of_first = stream_parts(_streamed_run(keys[0]))
+    assert [p["selection"] for p in parts_of_first] == [["archive_file"], ["cache_dir"]]
+    for part in parts_of_first:
+        bar.on_run(part)
+    acquire, extract = bar.stages["acquire"], bar.stages["extract"]
+    assert extract.done == 1 and acquire.done == 1
+    assert acquire.finished is None and extract.finished is None  # side by side, both going on
+    failed = stream_parts(_streamed_run(bad, archive_ok=False))
+    assert [(p["selection"], p["success"]) for p in failed] == [(["archive_file"], False)]
+    assert failed[0]["errors"] and failed[0]["checks"][0]["check"] == "sha256"
+    for key in keys[1:-1]:
+        for part in stream_parts(_streamed_run(key)):
+            bar.on_run(part)
+    bar.on_run(failed[0])
+    assert acquire.finished is not None and acquire.failed == 1 and acquire.done == len(keys)
+    assert extract.done == len(keys) - 1  # the failed key is never extracted
+    bar.close()
+    assert f"  run {failed[0]['run_id'][:8]} archive_file[{bad}]: FAILED" in stream.getvalue()

@@ -21,6 +21,7 @@ from stage2_data.stages import (
     ready_stages,
     stage_partitions,
     stages_after,
+    stream_groups,
 )
 from stage2_pipelines.runner import walk_stages
 
@@ -96,3 +97,32 @@ def test_an_error_in_a_stage_beside_reaches_the_caller() -> None:
 
     with pytest.raises(RuntimeError, match="kit stage broke"):
         walk_stages(run, beside={"kit"})
+
+
+def test_streamed_runs_are_whole_ranges_of_at_least_the_bytes_asked(demo_cache) -> None:
+    """A launched build's streamed runs (``stream_groups``): every cache key once; each run a whole
+    range of consecutive partitions holding at least the bytes asked unless it is the last of its
+    range; a key left out (its upstream failed) ends a range; the run with most bytes first."""
+    prof: Profile = load_profile(demo_cache.profile)
+    order = prof.cache_keys()
+    by_key = prof.archives_by_cache_key()
+
+    def size(group: list[str]) -> int:
+        return sum(a.size or 0 for k in group for a in by_key[k])
+
+    keys = prof.cache_keys_largest_first()
+    assert stream_groups(prof, keys, 1 << 40) == [order]  # far more than every archive: one run
+    assert sorted(stream_groups(prof, keys, 0)) == [[k] for k in order]  # nothing: a run per key
+    left_out = order[len(order) // 2]
+    for least in (1, 2_000_000, 3_000_000, 5_000_000):
+        groups = stream_groups(prof, [k for k in keys if k != left_out], least)
+        assert sorted(k for g in groups for k in g) == sorted(set(order) - {left_out})
+        for g in groups:
+            first = order.index(g[0])
+            assert g == order[first : first + len(g)], g  # consecutive: a whole range
+            assert left_out not in g
+            whole = size(g) >= least
+            last_of_range = first + len(g) == len(order) or order[first + len(g)] == left_out
+            assert whole or last_of_range, (least, g)
+            assert size(g[:-1]) < least, (least, g)  # it ends as soon as it holds enough
+        assert [size(g) for g in groups] == sorted((size(g) for g in groups), reverse=True)
