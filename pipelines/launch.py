@@ -204,13 +204,28 @@ def queued_warn_seconds() -> float:
     return float(os.environ.get("STAGE2_QUEUED_WARN_S") or 30)
 
 
-def wait_for_run(instance: dg.DagsterInstance, run_id: str, *, interval: float = 0.2) -> dg.DagsterRunStatus:
+class BuildStopped(Stage2Error):
+    """The build stopped while a thread of its own waited for a launched run (the build cancels the
+    run; the thread ends at once)."""
+
+
+def wait_for_run(
+    instance: dg.DagsterInstance,
+    run_id: str,
+    *,
+    interval: float = 0.2,
+    stop: threading.Event | None = None,
+) -> dg.DagsterRunStatus:
     """Block until the run ``run_id`` has finished; its final status. A run still queued after
     :func:`queued_warn_seconds` is said once on stderr, with what dequeues it: an instance whose
-    ``dagster.yaml`` queues runs (``QueuedRunCoordinator``) starts them from its daemon only."""
+    ``dagster.yaml`` queues runs (``QueuedRunCoordinator``) starts them from its daemon only.
+    ``stop`` set (the build stopped: ``CodeServer.closed``) ends the wait with :class:`BuildStopped`:
+    a thread beside the build's main one must not outlive the stop (the build cancels the run)."""
     queued_since: float | None = None
     said = False
     while True:
+        if stop is not None and stop.is_set():
+            raise BuildStopped(f"the build stopped while run {run_id} went on; it is canceled")
         record = instance.get_run_record_by_id(run_id)
         status = record.dagster_run.status if record is not None else None
         if status in FINISHED:

@@ -94,7 +94,7 @@ def launch_selection(
     server.launch(job_for(selection), run_id, tags, run_config)
     if server.closed.is_set():  # the build stopped while Dagster launched it: none goes on alone
         terminate_runs(instance, [run_id])
-    wait_for_run(instance, run_id)
+    wait_for_run(instance, run_id, stop=server.closed)
     return run_id
 
 
