@@ -181,6 +181,9 @@ def _stop_build(
 LAUNCHED = (
     "launched"  # in a case's arguments: the build launches its runs (the suite's default is in process)
 )
+# in a case's arguments: launched, every cache key streamed in a download_and_extract run of its own
+# (STAGE2_STREAM_RUN_MB=0), two at once: a stop finds several runs going and launches in flight
+STREAMED_RUNS = "streamed"
 
 CASES = {
     # id: (stage, signal, background, extra build arguments)
@@ -194,6 +197,8 @@ CASES = {
     "download-sigterm-bg-launched": ("download", signal.SIGTERM, True, [LAUNCHED]),
     "extract-sigint-fg-launched": ("extract", signal.SIGINT, False, [LAUNCHED]),
     "store-sigterm-bg-launched": ("store", signal.SIGTERM, True, [LAUNCHED]),
+    "download-sigterm-bg-streamed": ("download", signal.SIGTERM, True, [STREAMED_RUNS, "--concurrency", "2"]),
+    "extract-sigint-fg-streamed": ("extract", signal.SIGINT, False, [STREAMED_RUNS, "--concurrency", "2"]),
 }  # fmt: skip
 
 
@@ -209,8 +214,10 @@ def test_stop(case: str, demo: DemoPaths, tmp_path: Path) -> None:
     env = subprocess_env(
         drop=("HF_TOKEN", "STAGE2_TEST_SLOW_AT"), DAGSTER_HOME=str(home), PYTHONPATH=f"{sitedir}:{REPO}"
     )
-    if LAUNCHED in extra:
-        extra = [a for a in extra if a != LAUNCHED]
+    if LAUNCHED in extra or STREAMED_RUNS in extra:
+        if STREAMED_RUNS in extra:
+            env["STAGE2_STREAM_RUN_MB"] = "0"
+        extra = [a for a in extra if a not in (LAUNCHED, STREAMED_RUNS)]
         env.pop("STAGE2_RUN_IN_PROCESS", None)
     name = load_profile(demo.profile).name
 
@@ -239,6 +246,7 @@ def test_stop(case: str, demo: DemoPaths, tmp_path: Path) -> None:
     # the rerun resumes and completes: the demo's fingerprint, no temp folder left anywhere
     with HubServer(demo.upstream, repo_id=demo.repo_id, revision=demo.revision) as hub:
         env.pop("STAGE2_TEST_SLOW_AT", None)
+        env.pop("STAGE2_STREAM_RUN_MB", None)  # the resume is a build as users run it
         r = stage2(*_build_args(demo, root, hub.url, ["--json"]), env=env, timeout=600)
     assert r.returncode == 0, r.tail()
     assert r.json()["fingerprint"] == DEMO_FINGERPRINT
