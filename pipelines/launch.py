@@ -29,7 +29,7 @@ from typing import IO, Any
 
 import dagster as dg
 
-from stage2_data.errors import Stage2Error
+from stage2_data.errors import Stage2Error, env_number
 
 from .config import BuildConfig
 
@@ -201,7 +201,7 @@ class CodeServer:
 def queued_warn_seconds() -> float:
     """How long a launched run may wait in the instance's queue before the build says why
     (``STAGE2_QUEUED_WARN_S``, default 30)."""
-    return float(os.environ.get("STAGE2_QUEUED_WARN_S") or 30)
+    return env_number("STAGE2_QUEUED_WARN_S", 30.0)
 
 
 class BuildStopped(Stage2Error):

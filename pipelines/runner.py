@@ -7,9 +7,10 @@ at DAGSTER_HOME, whatever the executor, started once the stages it needs are ove
 (:func:`walk_stages`). Each run is launched through the instance against a code server the build
 starts (``launch.CodeServer``), so the UI lists it on its job's page and can re-execute it:
   1. profile (check_profile): pinned_profile
-  2.+4. acquire and extract, streamed (download_and_extract): one run per cache key, its
-     archive_file then its cache_dir, several cache keys at once (:func:`stream_cache_keys`), so
-     that extraction goes on while later keys download
+  2.+4. acquire and extract, streamed (download_and_extract): one run per range of cache keys
+     holding at least 1 GiB of archives (``stages.stream_groups``), its archive_file then its
+     cache_dir, two runs at once (:func:`stream_cache_keys`), so that one range extracts while the
+     next downloads
   3. kit (unpack_action_sidecars): action_sidecars; it needs the profile only, so its run goes on
      beside stages 2 and 4
   5. store (verify_kit_and_build_store): extraction_report, trajectory_join, subset_checksums, vin_store
@@ -33,6 +34,7 @@ from typing import Any
 
 import dagster as dg
 
+from stage2_data.errors import env_number
 from stage2_data.profile import load_profile
 from stage2_data.publish import data_root_lock, sweep_data_root
 from stage2_data.stages import (
@@ -55,7 +57,7 @@ from stage2_data.steps.status import record_store_stage
 
 from .config import BuildConfig, write_instance_yaml
 from .executors import local_dask_cluster
-from .launch import CodeServer, free_port, terminate_runs
+from .launch import CodeServer, free_port, queued_warn_seconds, terminate_runs
 from .runs import (  # re-exported: one run of a selection (tests and tools import them from here)
     execute_selection,
     job_for,
@@ -126,6 +128,9 @@ def build_all(
     if run_in_process is None:
         run_in_process = os.environ.get("STAGE2_RUN_IN_PROCESS", "") not in ("", "0")
     load_profile(config.profile_path, kit_root=config.kit_root).require_known()
+    # a setting that does not parse is named before anything runs
+    stream_run_bytes()
+    queued_warn_seconds()
     data_root = Path(config.data_root).resolve()
     with data_root_lock(data_root):
         sweep_data_root(data_root)
@@ -184,8 +189,7 @@ STREAM_SLOTS = 2
 def stream_run_bytes() -> int:
     """The archive bytes a streamed run carries at least: ``STAGE2_STREAM_RUN_MB`` (MB), else
     ``stages.STREAM_RUN_BYTES``."""
-    mb = os.environ.get("STAGE2_STREAM_RUN_MB", "").strip()
-    return int(float(mb) * 1e6) if mb else STREAM_RUN_BYTES
+    return int(env_number("STAGE2_STREAM_RUN_MB", STREAM_RUN_BYTES / 1e6) * 1e6)
 
 
 def stream_cache_keys(
@@ -365,8 +369,8 @@ def _walk(
     # executed in this process go one after another: two runs in two threads of one process can
     # deadlock in Dagster's logging set-up (it reconfigures logging at every run's start).
     beside = {s.name for s in STAGES if s.beside} if server is not None and concurrency != 1 else set()
-    # Launched runs stream the downloads into the extraction (one run per cache key, several at
-    # once) when the downloads have work; else the stages go one run each.
+    # Launched runs stream the downloads into the extraction (a run per range of cache keys, two
+    # at once) when the downloads have work; else the stages go one run each.
     stream = (
         server is not None
         and concurrency != 1

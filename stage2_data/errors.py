@@ -6,6 +6,7 @@ Every error names the culprit (file, line, key, member or id) and, where there i
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
 
 
@@ -115,6 +116,29 @@ class LoaderError(Stage2Error, ValueError):
 
 class MixedResolutionError(LoaderError):
     """A batch holds frames of more than one (H, W): group batches by resolution instead."""
+
+
+class SettingError(Stage2Error, ValueError):
+    """An environment setting (``STAGE2_*``) holds something that is not what it takes."""
+
+
+def env_number(name: str, default: float, *, minimum: float = 0.0) -> float:
+    """The number the environment variable ``name`` holds (``default`` when unset or empty); a
+    :class:`SettingError` naming it and what it takes when it is not a number of at least
+    ``minimum``."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value >= minimum:  # also NaN
+        raise SettingError(
+            f"{name}={raw!r} is not a number of at least {minimum:g}. Fix: set it to one "
+            f"(or unset it for {default:g})"
+        )
+    return value
 
 
 class PreviewError(Stage2Error, ValueError):

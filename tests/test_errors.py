@@ -4,9 +4,12 @@ raises it there and the caller sees it as raised: message, fix and the fields th
 from __future__ import annotations
 
 import pickle
+from pathlib import Path
 
 import pytest
+from helpers.cli import stage2, subprocess_env
 
+from stage2_data.demo import DemoPaths
 from stage2_data.errors import (
     ChecksumMismatchError,
     FormatError,
@@ -34,3 +37,22 @@ def test_errors_survive_pickling(name: str) -> None:
     assert str(back) == str(err) and back.args == err.args
     assert back.__dict__ == err.__dict__  # message, fix, problems, file, member, paths, entries
     assert isinstance(back, Exception)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [("STAGE2_STREAM_RUN_MB", "1GiB"), ("STAGE2_QUEUED_WARN_S", "-1")]
+)
+def test_a_setting_that_does_not_parse_is_named_before_anything_runs(
+    name: str, value: str, demo_cache: DemoPaths, tmp_path: Path
+) -> None:
+    """A ``STAGE2_*`` number setting that is not one: `stage2 build` names the variable, its value
+    and the fix in one line (exit 2, no traceback) before it downloads anything."""
+    root = tmp_path / "root"
+    r = stage2(
+        "build", "--profile", str(demo_cache.profile), "--data-root", str(root),
+        "--hub-folder", str(demo_cache.upstream), env=subprocess_env(**{name: value}),
+    )  # fmt: skip
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.tail()
+    line = r.stderr.strip().splitlines()[-1]
+    assert name in line and repr(value) in line and "Fix:" in line, line
+    assert not (root / "archives").exists()
