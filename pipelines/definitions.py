@@ -59,8 +59,8 @@ JOB_DESCRIPTIONS = {
     PROFILE_JOB: "Check the pinned profile: pins complete, counts match, room for the build.",
     ACQUIRE_JOB: "Download and verify the archives of each cache key partition.",
     EXTRACT_JOB: "Extract cache-key partitions.",
-    STREAM_JOB: "Download and verify one cache key's archives, then extract them (a launched build runs "
-    "one per cache key, several at once).",
+    STREAM_JOB: "Download and verify the archives of a range of cache keys, then extract them (a launched "
+    "build runs one per range holding at least 1 GiB, two at once).",
     KIT_JOB: "Verify the kit's action sidecar tar and unpack it (needs the profile only: runs beside the downloads).",
     KIT_AND_STORE_JOB: "Check extraction, join with the action sidecars, verify bytes, build the store.",
     VERIFY_JOB: "Re-check existing data on disk without downloading, rebuilding or materializing anything "

@@ -369,13 +369,13 @@ def _walk(
     # executed in this process go one after another: two runs in two threads of one process can
     # deadlock in Dagster's logging set-up (it reconfigures logging at every run's start).
     beside = {s.name for s in STAGES if s.beside} if server is not None and concurrency != 1 else set()
+
     # Launched runs stream the downloads into the extraction (a run per range of cache keys, two
     # at once) when the downloads have work; else the stages go one run each.
-    stream = (
-        server is not None
-        and concurrency != 1
-        and not (ACQUIRE.name in status and status[ACQUIRE.name] is None)
-    )
+    def nothing_to_do(stage: Stage) -> bool:
+        return stage.name in status and status[stage.name] is None
+
+    stream = server is not None and concurrency != 1 and not nothing_to_do(ACQUIRE)
 
     def locked(fn: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
         def call(r: dict[str, Any]) -> None:
@@ -401,15 +401,15 @@ def _walk(
                     failed.extend(
                         (stage_of(p["selection"]), p["partition"]) for p in parts if not p["success"]
                     )
-                    for part in parts if on_run is not None else ():
-                        on_run(part)
+                    if on_run is not None:
+                        for part in parts:
+                            on_run(part)
 
             keys = [p for p in partitions if p is not None]
             groups = stream_groups(profile, keys, stream_run_bytes())
             stream_cache_keys(cfg, groups, concurrency or STREAM_SLOTS, streamed, instance, server)
             return
-        skip = stage.name in status and status[stage.name] is None
-        if skip and not (stage is STORE and config.store_url):
+        if nothing_to_do(stage) and not (stage is STORE and config.store_url):
             with lock:
                 record(up_to_date_summary(stage))
             return

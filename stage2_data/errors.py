@@ -6,6 +6,7 @@ Every error names the culprit (file, line, key, member or id) and, where there i
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable, Sequence
 
@@ -122,21 +123,28 @@ class SettingError(Stage2Error, ValueError):
     """An environment setting (``STAGE2_*``) holds something that is not what it takes."""
 
 
-def env_number(name: str, default: float, *, minimum: float = 0.0) -> float:
-    """The number the environment variable ``name`` holds (``default`` when unset or empty); a
-    :class:`SettingError` naming it and what it takes when it is not a number of at least
-    ``minimum``."""
+def env_number(
+    name: str,
+    default: float,
+    *,
+    what: str | None = None,
+    fix: str | None = None,
+    error: type[SettingError] = SettingError,
+) -> float:
+    """The finite number >= 0 the environment variable ``name`` holds (``default`` when unset or
+    empty); any other value raises ``error``, naming the variable, its value, ``what`` it takes and
+    the ``fix`` (by default: set it to a number, or unset it for ``default``)."""
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default
     try:
         value = float(raw)
     except ValueError:
-        value = float("nan")
-    if not value >= minimum:  # also NaN
-        raise SettingError(
-            f"{name}={raw!r} is not a number of at least {minimum:g}. Fix: set it to one "
-            f"(or unset it for {default:g})"
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise error(
+            f"{name}={raw!r} is not {what or 'a finite number >= 0.'}",
+            fix=fix or f"set it to one, or unset it for {default:g}",
         )
     return value
 

@@ -16,7 +16,8 @@ both. What runs next is decided here, once:
   failed), and an unpartitioned stage runs only when nothing it needs failed.
 
 `stage2 build` launches the stages' runs in this order (a stage beside the main line in a thread of
-its own; the acquire and extract stages ``STREAMED``: one run per cache key of ``STREAM_JOB``); a
+its own; the acquire and extract stages ``STREAMED``: runs of ``STREAM_JOB``, one per range of
+cache keys (``stream_groups``)); a
 scheduled rebuild walks the same stages as Dagster runs (the ``advance_rebuilds`` sensor requests a
 stage once every stage it needs is complete), starting at the profile stage like the build.
 
@@ -64,7 +65,7 @@ EXTRACT_JOB = "extract_cache_dirs"
 KIT_JOB = "unpack_action_sidecars"
 KIT_AND_STORE_JOB = "verify_kit_and_build_store"
 VERIFY_JOB = "verify_existing_data"
-STREAM_JOB = "download_and_extract"  # one cache key's archives, then its extraction (STREAMED)
+STREAM_JOB = "download_and_extract"  # a range of cache keys: archives, then extraction (STREAMED)
 
 DOWNLOADS_POOL = "downloads"  # the concurrency pool of archive_file's runs
 # the tag of a run over a range of partitions naming the keys it runs (a range may hold keys whose
@@ -113,14 +114,14 @@ STORE = Stage(
     after=("extract", "kit"),
 )
 STAGES: tuple[Stage, ...] = (PROFILE, ACQUIRE, KIT, EXTRACT, STORE)  # every stage after those it needs
-# A launched build streams these stages: one run of STREAM_JOB per cache key (its archives, then its
-# extraction, as the asset graph orders them), several cache keys at once, so that one key's
-# extraction goes on while the next keys download. Run one after another (in process, or at
+# A launched build streams these stages: one run of STREAM_JOB per range of cache keys
+# (``stream_groups``: their archives, then their extraction, as the asset graph orders them), several
+# runs at once, so that one range's extraction goes on while the next ranges download. Run one after another (in process, or at
 # --concurrency 1), the stages run as the table says: one run each, over every cache key.
 STREAMED: tuple[Stage, ...] = (ACQUIRE, EXTRACT)
 # The archive bytes a streamed run carries at least (its cache keys, largest first; the last run may
 # carry less): a launched run costs seconds of start-up and a few CPU seconds whatever it carries,
-# so cache keys smaller than this share a run (the demo's 400 MB: one run), and a key of the real
+# so cache keys smaller than this share a run (the demo's 11 MB: one run), and a key of the real
 # profile (gigabytes) has one of its own. ``STAGE2_STREAM_RUN_MB`` sets it (stream_groups).
 STREAM_RUN_BYTES = 1 << 30
 REBUILD_FIRST_STAGE = PROFILE  # where a scheduled rebuild starts: the same stages as `stage2 build`

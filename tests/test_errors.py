@@ -40,7 +40,8 @@ def test_errors_survive_pickling(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "value"), [("STAGE2_STREAM_RUN_MB", "1GiB"), ("STAGE2_QUEUED_WARN_S", "-1")]
+    ("name", "value"),
+    [("STAGE2_STREAM_RUN_MB", "1GiB"), ("STAGE2_STREAM_RUN_MB", "inf"), ("STAGE2_QUEUED_WARN_S", "-1")],
 )
 def test_a_setting_that_does_not_parse_is_named_before_anything_runs(
     name: str, value: str, demo_cache: DemoPaths, tmp_path: Path

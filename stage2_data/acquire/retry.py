@@ -14,7 +14,6 @@ mapped to a :class:`~stage2_data.errors.HubError` naming the repo, revision, end
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
 from collections.abc import Callable
@@ -23,7 +22,7 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import TypeVar
 
-from ..errors import HubError, Stage2Error
+from ..errors import HubError, SettingError, Stage2Error, env_number
 from .cancel import PROCESS_CANCEL  # the process is stopping: no retry waits any longer
 from .hub import HubSource, _first_line, _hub_error, _is_client_error, _is_transient
 
@@ -55,28 +54,21 @@ class RetryCancelled(HubError):
     """The process is stopping: a retry was not made."""
 
 
-class RetrySettingError(Stage2Error, ValueError):
+class RetrySettingError(SettingError):
     """``STAGE2_RETRY_BACKOFF`` is not a number of seconds >= 0."""
 
 
 def default_backoff() -> float:
     """The first backoff of the default policy, in seconds: ``STAGE2_RETRY_BACKOFF`` when set (a
     finite number >= 0), else DEFAULT_BACKOFF. Raises RetrySettingError for any other value."""
-    raw = os.environ.get(BACKOFF_ENV, "").strip()
-    if not raw:
-        return DEFAULT_BACKOFF
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value >= 0):
-        raise RetrySettingError(
-            f"{BACKOFF_ENV}={raw!r} is not a number of seconds >= 0 (the wait before the first retry "
-            "of a request to the hub).",
-            fix=f"set {BACKOFF_ENV} to a number of seconds such as {DEFAULT_BACKOFF:g} (doubled on each "
-            f"further retry, at most {MAX_BACKOFF:g} s), or unset it for the default",
-        )
-    return value
+    return env_number(
+        BACKOFF_ENV,
+        DEFAULT_BACKOFF,
+        what="a number of seconds >= 0 (the wait before the first retry of a request to the hub).",
+        fix=f"set {BACKOFF_ENV} to a number of seconds such as {DEFAULT_BACKOFF:g} (doubled on each "
+        f"further retry, at most {MAX_BACKOFF:g} s), or unset it for the default",
+        error=RetrySettingError,
+    )
 
 
 def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
