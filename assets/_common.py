@@ -309,11 +309,12 @@ def _ignore_further_stops() -> None:
 
 def _feeds_downstream_in_run(context: dg.AssetExecutionContext, asset: str) -> bool:
     """True when the run also materializes an asset that depends on ``asset``."""
+    # no selection (None, or an empty set from `execute_in_process` without one): the whole job
     selection = context.run.asset_selection
-    if selection is not None and len(selection) <= 1:  # this asset alone
+    if selection and len(selection) == 1:  # this asset alone
         return False
     layer = context.job_def.asset_layer
-    in_run = set(selection) if selection is not None else set(layer.executable_asset_keys)  # whole job
+    in_run = set(selection) if selection else set(layer.executable_asset_keys)
     return bool(in_run & set(layer.asset_graph.get(dg.AssetKey(asset)).child_keys))
 
 

@@ -3,7 +3,7 @@
 Modules, each importing only those before it (no cycle, nothing built at import):
   ``config``      where settings and paths come from (``BuildConfig``, ``STAGE2_*`` variables)
   ``executors``   where a run's steps execute (in process, subprocesses, Dask, Kubernetes)
-  ``rebuild``     a rebuild as Dagster runs, stage by stage (``stage2_data.stages``)
+  ``rebuild``     a rebuild as Dagster runs, as `stage2 build` runs it (``stage2_data.stages``)
   ``schedules``, ``sensors``
   ``definitions`` the Definitions (``defs``, built on first use, is what ``workspace.yaml`` loads)
   ``uptodate``    the no-op build, answered before Dagster is imported

@@ -1,16 +1,19 @@
-"""A rebuild as Dagster runs, stage by stage: the stages of `stage2 build` (``stage2_data.stages``),
-sequenced by the same rules (``Stage.after``, ``stage_partitions``), one run per stage.
+"""A rebuild as Dagster runs: the stages of `stage2 build` (``stage2_data.stages``), sequenced by
+the same rules (``Stage.after``), the acquire and extract stages streamed as a launched build
+streams them.
 
 The weekly schedule and the profile-change sensor start a rebuild at ``REBUILD_FIRST_STAGE``: one
 ``check_profile`` run, tagged ``stage2/rebuild=<id>`` and ``stage2/stage=profile``. The
 ``advance_rebuilds`` sensor follows the runs: once every stage a stage needs has succeeded in the
-rebuild, it requests that stage's one run (after the profile, ``acquire_archives`` over every
-cache key partition, a single-run backfill over the partition range, and ``unpack_action_sidecars``
-beside it; after the downloads, ``extract_cache_dirs`` over every cache key; after the extraction
-and the sidecars, ``verify_kit_and_build_store``). A failed run
-stops its rebuild at that stage (the alert sensors report it, per partition); re-executing the
-failed run from the UI keeps its tags, so the rebuild goes on from there. Run keys make every
-request idempotent: a stage is requested once per rebuild however many ticks see it complete.
+rebuild, it requests that stage's runs. After the profile: ``unpack_action_sidecars``, and the
+streamed stages (``stages.STREAMED``) as one ``download_and_extract`` run per range of cache keys
+(``stages.stream_groups``: the ranges `stage2 build` launches), each tagged ``stage2/stage=stream``
+and ``stage2/part=<i>/<n>``, all requested at once: the instance's run queue decides how many go
+together (deploy/dagster.yaml limits streamed runs to two, as `stage2 build` runs them). After
+every streamed run and the sidecars: ``verify_kit_and_build_store``. A failed run stops its
+rebuild there (the alert sensors report it, per partition); re-executing the failed run from the
+UI keeps its tags, so the rebuild goes on from there. Run keys make every request idempotent: a
+stage is requested once per rebuild however many ticks see it complete.
 
 Why a sensor of our own and not declarative automation (``AutomationCondition.eager()`` /
 ``on_cron``): those conditions react to every materialization, including `stage2 build`'s own runs.
@@ -30,18 +33,25 @@ from typing import Any
 import dagster as dg
 
 from stage2_data.checks import CHECKS_BY_ASSET
+from stage2_data.errors import env_number
 from stage2_data.profile import Profile
 from stage2_data.stages import (
     JOB_ASSETS,
     PARTITIONS_TAG,
     STAGES,
+    STREAM_JOB,
+    STREAM_RUN_BYTES,
+    STREAMED,
     Stage,
     stage_partitions,
     stages_after,
+    stream_groups,
 )
 
 REBUILD_TAG = "stage2/rebuild"
 STAGE_TAG = "stage2/stage"
+STREAM_STAGE = "stream"  # the stage tag of a rebuild's streamed runs (stages.STREAMED)
+PART_TAG = "stage2/part"  # "<i>/<n>": which of the rebuild's n streamed runs
 PARTITION_TAG = "dagster/partition"
 RANGE_START_TAG = "dagster/asset_partition_range_start"
 RANGE_END_TAG = "dagster/asset_partition_range_end"
@@ -109,13 +119,44 @@ def partition_tags(profile: Profile, keys: list[str]) -> dict[str, str]:
     return tags
 
 
-def stage_requests(rebuild_id: str, stage: Stage, profile: Profile) -> list[dg.RunRequest]:
-    """The one run of one stage of rebuild ``rebuild_id``: its job over every partition of the stage
-    (one run: ``BackfillPolicy.single_run``), tagged so that ``advance_rebuilds`` follows it."""
+def stream_run_bytes() -> int:
+    """The archive bytes a streamed run carries at least: ``STAGE2_STREAM_RUN_MB`` (MB), else
+    ``stages.STREAM_RUN_BYTES``."""
+    return int(env_number("STAGE2_STREAM_RUN_MB", STREAM_RUN_BYTES / 1e6) * 1e6)
+
+
+def stage_requests(
+    rebuild_id: str, stage: Stage, profile: Profile, *, stream: bool = True
+) -> list[dg.RunRequest]:
+    """The runs of one stage of rebuild ``rebuild_id``, tagged so that ``advance_rebuilds`` follows
+    them: the stage's job over every partition of the stage in one run (``BackfillPolicy.single_run``);
+    with ``stream``, the streamed stages (``stages.STREAMED``) as one ``STREAM_JOB`` run per range
+    of cache keys, requested with the first of them (the later ones run inside those runs)."""
+    if stream and stage in STREAMED:
+        return stream_requests(rebuild_id, profile) if stage is STREAMED[0] else []
     keys = [p for p in stage_partitions(stage, profile) if p is not None]
     tags = {REBUILD_TAG: rebuild_id, STAGE_TAG: stage.name, **partition_tags(profile, keys)}
     subset = job_subset(list(stage.assets), stage.job)  # the store stage: its job without the sidecars
     return [dg.RunRequest(run_key=f"{rebuild_id}-{stage.name}", job_name=job_of(stage), tags=tags, **subset)]
+
+
+def stream_requests(rebuild_id: str, profile: Profile) -> list[dg.RunRequest]:
+    """One ``STREAM_JOB`` run per range of cache keys (``stages.stream_groups``, the most bytes
+    first): each downloads its range's archives and extracts them, as `stage2 build` streams them."""
+    groups = stream_groups(profile, profile.cache_keys(), stream_run_bytes())
+    return [
+        dg.RunRequest(
+            run_key=f"{rebuild_id}-{STREAM_STAGE}-{i}of{len(groups)}",
+            job_name=STREAM_JOB,
+            tags={
+                REBUILD_TAG: rebuild_id,
+                STAGE_TAG: STREAM_STAGE,
+                PART_TAG: f"{i}/{len(groups)}",
+                **partition_tags(profile, keys),
+            },
+        )
+        for i, keys in enumerate(groups, start=1)
+    ]
 
 
 def job_subset(selection: list[str], job: str) -> dict[str, Any]:
@@ -133,23 +174,36 @@ def job_subset(selection: list[str], job: str) -> dict[str, Any]:
 
 
 def stage_complete(instance: dg.DagsterInstance, rebuild_id: str, stage: Stage) -> bool:
-    """True when the stage's run of the rebuild succeeded (or its re-execution did: same tags)."""
-    records = instance.get_run_records(
-        dg.RunsFilter(
-            tags={REBUILD_TAG: rebuild_id, STAGE_TAG: stage.name}, statuses=[dg.DagsterRunStatus.SUCCESS]
-        ),
-        limit=1,
-    )
-    return bool(records)
+    """True when the stage's run of the rebuild succeeded (or its re-execution did: same tags); a
+    streamed stage, when every streamed run of the rebuild did (each ``<i>/<n>`` of ``PART_TAG``)."""
+
+    def succeeded(stage_tag: str) -> list[dg.RunRecord]:
+        return list(
+            instance.get_run_records(
+                dg.RunsFilter(
+                    tags={REBUILD_TAG: rebuild_id, STAGE_TAG: stage_tag},
+                    statuses=[dg.DagsterRunStatus.SUCCESS],
+                ),
+                limit=None if stage_tag == STREAM_STAGE else 1,
+            )
+        )
+
+    own = succeeded(stage.name)
+    if own or stage not in STREAMED:
+        return bool(own)
+    parts = {r.dagster_run.tags.get(PART_TAG, "") for r in succeeded(STREAM_STAGE)}
+    counts = {p.partition("/")[2] for p in parts}
+    return len(counts) == 1 and str(len(parts)) in counts
 
 
 def advance_rebuilds(
     context: dg.SensorEvaluationContext, profile: Profile
 ) -> list[dg.RunRequest] | dg.SkipReason:
     """Request, for every rebuild a newly finished run moved on, each stage whose needs
-    (``Stage.after``) are now all complete: the kit and acquire stages after the profile, the store
-    after both the extraction and the kit. A stage is requested once per rebuild (its run key)."""
+    (``Stage.after``) are now all complete: the kit and the streamed runs after the profile, the
+    store after every streamed run and the kit. A stage is requested once per rebuild (its run key)."""
     by_name = {s.name: s for s in STAGES}
+    by_name[STREAM_STAGE] = STREAMED[-1]  # a streamed run may end the streamed stages
     runs = FinishedRuns(context)
     candidates: set[tuple[str, str]] = set()
     for rec in runs.new():
@@ -173,6 +227,9 @@ def advance_rebuilds(
                     f"rebuild {rebuild_id}: stage(s) {', '.join(nxt.after)} complete; requesting stage {nxt.name}"
                 )
                 asked.add((rebuild_id, nxt.name))
-                requests += stage_requests(rebuild_id, nxt, profile)
+                # a streamed stage's own run (an acquire_archives run started by hand, say): the
+                # streamed stages after it go on stage by stage
+                alone = by_name[name] in STREAMED and name != STREAMED[-1].name
+                requests += stage_requests(rebuild_id, nxt, profile, stream=not alone)
     runs.save()
     return requests or dg.SkipReason("no rebuild stage completed since the last tick")

@@ -34,7 +34,6 @@ from typing import Any
 
 import dagster as dg
 
-from stage2_data.errors import env_number
 from stage2_data.profile import load_profile
 from stage2_data.publish import data_root_lock, sweep_data_root
 from stage2_data.stages import (
@@ -44,7 +43,6 @@ from stage2_data.stages import (
     KIT,
     STAGES,
     STORE,
-    STREAM_RUN_BYTES,
     STREAMED,
     Stage,
     ready_stages,
@@ -58,6 +56,7 @@ from stage2_data.steps.status import record_store_stage
 from .config import BuildConfig, write_instance_yaml
 from .executors import local_dask_cluster
 from .launch import CodeServer, free_port, queued_warn_seconds, terminate_runs
+from .rebuild import stream_run_bytes
 from .runs import (  # re-exported: one run of a selection (tests and tools import them from here)
     execute_selection,
     job_for,
@@ -184,12 +183,6 @@ def stage_workers(stage: Stage, concurrency: int | None) -> int | None:
 # How many streamed runs a launched build has going at once when --concurrency does not say: one
 # extracting while the next downloads.
 STREAM_SLOTS = 2
-
-
-def stream_run_bytes() -> int:
-    """The archive bytes a streamed run carries at least: ``STAGE2_STREAM_RUN_MB`` (MB), else
-    ``stages.STREAM_RUN_BYTES``."""
-    return int(env_number("STAGE2_STREAM_RUN_MB", STREAM_RUN_BYTES / 1e6) * 1e6)
 
 
 def stream_cache_keys(

@@ -24,9 +24,10 @@ def build_schedules(profile: Profile, jobs: dict[str, Any]) -> list[dg.ScheduleD
         job=jobs[job_of(REBUILD_FIRST_STAGE)],
         cron_schedule="0 3 * * 0",
         default_status=dg.DefaultScheduleStatus.STOPPED,
-        description="Rebuild, one run per stage: check the profile, then (advance_rebuilds) re-verify "
-        "every cache key's archives against their pins (downloading only what is missing or fails its pin) "
-        "and unpack the kit's sidecars beside it, extract every cache key, verify the kit and build the store.",
+        description="Rebuild as `stage2 build` does: check the profile, then (advance_rebuilds) one "
+        "download_and_extract run per range of cache keys (re-verify the archives against their pins, "
+        "downloading only what is missing or fails its pin, and extract them) with the kit's sidecars "
+        "unpacked beside them, then verify the kit and build the store.",
     )
     def weekly_rebuild(context: dg.ScheduleEvaluationContext):
         stamp = (

@@ -6,7 +6,7 @@ from typing import Any
 import dagster as dg
 
 from stage2_data.profile import Profile
-from stage2_data.stages import REBUILD_FIRST_STAGE, STAGES
+from stage2_data.stages import REBUILD_FIRST_STAGE, STAGES, STREAM_JOB
 from stage2_resources import AlertsResource
 
 from .rebuild import FinishedRuns, advance_rebuilds, job_of, stage_requests
@@ -78,9 +78,10 @@ def build_sensors(profile: Profile, jobs: dict[str, Any]) -> list[dg.SensorDefin
         if problem:
             context.log.warning(problem)
 
-    # the jobs of a rebuild's stages after its first (what advance_rebuilds requests)
+    # what advance_rebuilds requests: the jobs of a rebuild's stages after its first, and the one
+    # job that runs the streamed stages together
     first = STAGES.index(REBUILD_FIRST_STAGE)
-    later_jobs = [jobs[job_of(s)] for s in STAGES[first + 1 :]]
+    later_jobs = [jobs[job_of(s)] for s in STAGES[first + 1 :]] + [jobs[STREAM_JOB]]
 
     kit_files = [profile.profile_path] + [
         profile.kit_file(k)
@@ -92,8 +93,8 @@ def build_sensors(profile: Profile, jobs: dict[str, Any]) -> list[dg.SensorDefin
         jobs=[jobs[job_of(REBUILD_FIRST_STAGE)]],
         minimum_interval_seconds=60,
         default_status=dg.DefaultSensorStatus.STOPPED,
-        description="Starts a rebuild (the profile, then every cache key's archives, extraction and the "
-        "store: see advance_rebuilds) when the profile (pinned revision, archives) or a kit file changes.",
+        description="Starts a rebuild (the profile, then every cache key's archives and extraction, and "
+        "the store: see advance_rebuilds) when the profile (pinned revision, archives) or a kit file changes.",
     )
     def rebuild_on_profile_change(context: dg.SensorEvaluationContext):
         h = hashlib.sha256()
@@ -118,8 +119,9 @@ def build_sensors(profile: Profile, jobs: dict[str, Any]) -> list[dg.SensorDefin
         minimum_interval_seconds=30,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description="Carries a rebuild (runs tagged stage2/rebuild, as weekly_rebuild and "
-        "rebuild_on_profile_change start them) through its stages, one run each: when the runs a stage "
-        "needs have succeeded, it requests that stage (archives and sidecars, cache keys, then the store).",
+        "rebuild_on_profile_change start them) through its stages: when the runs a stage needs have "
+        "succeeded, it requests that stage (after the profile, the sidecars and one download_and_extract "
+        "run per range of cache keys; after all of those, the store).",
     )
     def advance_rebuilds_sensor(context: dg.SensorEvaluationContext):
         return advance_rebuilds(context, profile)

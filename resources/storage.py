@@ -23,7 +23,7 @@ class DataRootResource(dg.ConfigurableResource):
         """Refuse a step of a run started for another data root (its ``stage2/data_root`` tag): the
         process executing the step loaded the code location with other settings, and would read and
         write another data root than the build's."""
-        run = context.dagster_run
+        run = context.run
         want = run.tags.get(DATA_ROOT_TAG) if run is not None else None
         have = Path(self.path).expanduser().resolve()
         if want and Path(want).expanduser().resolve() != have:

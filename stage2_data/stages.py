@@ -19,7 +19,8 @@ both. What runs next is decided here, once:
 its own; the acquire and extract stages ``STREAMED``: runs of ``STREAM_JOB``, one per range of
 cache keys (``stream_groups``)); a
 scheduled rebuild walks the same stages as Dagster runs (the ``advance_rebuilds`` sensor requests a
-stage once every stage it needs is complete), starting at the profile stage like the build.
+stage once every stage it needs is complete, the streamed ones as the same ranges), starting at the
+profile stage like the build.
 
 To add a stage: add its assets below, a :class:`Stage` to ``STAGES`` (after the stages it needs),
 and the assets in ``stage2_assets``; the CLI, the rebuild sensor and the progress display follow the

@@ -29,11 +29,13 @@ from stage2_data.stages import (
     KIT_JOB,
     PROFILE_JOB,
     STORE,
+    STREAM_JOB,
     VERIFY_JOB,
+    stream_groups,
 )
 from stage2_pipelines.config import BuildConfig
 from stage2_pipelines.definitions import build_definitions
-from stage2_pipelines.rebuild import REBUILD_TAG, STAGE_TAG
+from stage2_pipelines.rebuild import PART_TAG, REBUILD_TAG, STAGE_TAG
 from stage2_pipelines.runner import run_selection
 from stage2_resources import AlertsResource
 
@@ -63,7 +65,7 @@ def test_schedules_are_off_by_default_and_request_the_right_runs(
         ctx = dg.build_schedule_context(instance=instance, scheduled_execution_time=when, repository_def=repo)
         data = weekly.evaluate_tick(ctx)
     reqs = data.run_requests or []
-    assert weekly.job_name == PROFILE_JOB  # a rebuild starts as `stage2 build` does: one run per stage
+    assert weekly.job_name == PROFILE_JOB  # a rebuild starts as `stage2 build` does: with the profile
     assert len(reqs) == 1 and "20261129" in (reqs[0].run_key or "")
     assert {(r.tags[REBUILD_TAG], r.tags[STAGE_TAG]) for r in reqs} == {("weekly-20261129", "profile")}
     # the verify job re-checks data on disk: it never downloads
@@ -222,14 +224,18 @@ def test_rebuild_sensor_records_skips_then_requests(demo: DemoPaths, tmp_path: P
 
 
 def test_a_rebuild_goes_through_every_stage_in_real_runs(
-    demo: DemoPaths, tmp_path: Path, dagster_home: Path, built: dict
+    demo: DemoPaths, tmp_path: Path, dagster_home: Path, built: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """weekly_rebuild starts a rebuild; advance_rebuilds requests each stage, one run each (a
-    partitioned stage is one run over its partition range), once the runs of the stages it needs
-    succeeded (the kit beside the downloads; the store after the extraction and the kit): the result
-    is the store `stage2 build` makes. A failed run (one archive failed) holds what needs it until it
-    is re-executed (same tags)."""
+    """weekly_rebuild starts a rebuild; advance_rebuilds requests each stage once the runs of the
+    stages it needs succeeded: after the profile, the kit's run and one download_and_extract run
+    per range of cache keys (the ranges `stage2 build` streams), all at once; after every streamed
+    run and the kit, the store. The result is the store `stage2 build` makes. A failed streamed run
+    (one archive failed) holds the store, whatever the other ranges did, until it is re-executed
+    (same tags)."""
+    monkeypatch.setenv("STAGE2_STREAM_RUN_MB", "3")  # the demo's 11 MB as three ranges
     prof = load_profile(demo.profile)
+    groups = stream_groups(prof, prof.cache_keys(), 3_000_000)
+    assert len(groups) >= 3
     instance = dg.DagsterInstance.get()
     with HubServer(demo.upstream, repo_id=demo.repo_id, revision=demo.revision) as hub:
         defs = build_definitions(
@@ -267,42 +273,60 @@ def test_a_rebuild_goes_through_every_stage_in_real_runs(
         profile_runs = list(weekly.run_requests or [])
         assert run(profile_runs) == [True]
         after_profile, cursor = tick(None)
-        assert [r.job_name for r in after_profile] == [ACQUIRE_JOB, KIT_JOB]  # the kit needs no archive
-        acquire, kit = after_profile[:1], after_profile[1:]
-        tags = acquire[0].tags
-        order = prof.cache_keys()  # archive_file is partitioned by cache key, as cache_dir is
-        assert (tags["dagster/asset_partition_range_start"], tags["dagster/asset_partition_range_end"]) == (
-            order[0],
-            order[-1],
-        )
-        victim = prof.archive_paths_largest_first()[0]
-        hub.faults.missing.add(victim)  # one archive fails: the run fails, the rebuild waits
-        assert run(acquire) == [False]
+        # the kit needs no archive: its run goes beside the streamed ones
+        assert [r.job_name for r in after_profile] == [STREAM_JOB] * len(groups) + [KIT_JOB]
+        streams, kit = after_profile[:-1], after_profile[-1:]
+        n = len(groups)
+        assert [r.tags[PART_TAG] for r in streams] == [f"{i}/{n}" for i in range(1, n + 1)]
+        assert {r.tags[STAGE_TAG] for r in streams} == {"stream"}
+        # each run over one whole range of the partitions (archive_file's are cache_dir's)
+        assert [
+            (r.tags["dagster/asset_partition_range_start"], r.tags["dagster/asset_partition_range_end"])
+            for r in streams
+        ] == [(g[0], g[-1]) for g in groups]
+        by_key = prof.archives_by_cache_key()
+        victim = by_key[groups[0][0]][0].path
+        hub.faults.missing.add(victim)  # one archive fails: its range's run fails, the rebuild waits
+        assert run(streams[:1]) == [False]
         assert tick(cursor)[0] == []
+        assert run(streams[1:]) == [True] * (n - 1)
+        assert tick(cursor)[0] == []  # one range is missing: the store waits for it
         assert run(kit) == [True]
-        assert tick(cursor)[0] == []  # the store needs the extraction too
+        assert tick(cursor)[0] == []
         hub.faults.missing.clear()
-        assert run(acquire) == [True]  # the failed run again (a re-execution keeps its tags)
-        extract, cursor = tick(cursor)
-        assert [(r.job_name, r.tags[STAGE_TAG], r.tags[REBUILD_TAG]) for r in extract] == [
-            (EXTRACT_JOB, "extract", "weekly-20261129")
+        assert run(streams[:1]) == [True]  # the failed run again (a re-execution keeps its tags)
+        store, cursor = tick(cursor)
+        assert [(r.job_name, r.partition_key, r.tags[STAGE_TAG], r.tags[REBUILD_TAG]) for r in store] == [
+            (KIT_AND_STORE_JOB, None, "store", "weekly-20261129")
         ]
         assert tick(cursor)[0] == []  # nothing new finished: nothing requested again
-        assert run(extract) == [True]
-        store, cursor = tick(cursor)
-        assert [(r.job_name, r.partition_key, r.tags[STAGE_TAG]) for r in store] == [
-            (KIT_AND_STORE_JOB, None, "store")
-        ]
         # its whole job, which is the stage's assets (the kit stage's run made the sidecars)
         assert store[0].asset_selection is None and store[0].asset_check_keys is None
         assert set(JOB_ASSETS[KIT_AND_STORE_JOB]) == set(STORE.assets)
         assert run(store) == [True]
         assert tick(cursor)[0] == []  # the last stage: the rebuild is done
+        # a rebuild started by hand with an acquire_archives run goes on stage by stage
+        by_hand = dg.RunRequest(
+            job_name=ACQUIRE_JOB,
+            tags={
+                REBUILD_TAG: "by-hand",
+                STAGE_TAG: "acquire",
+                "dagster/asset_partition_range_start": prof.cache_keys()[0],
+                "dagster/asset_partition_range_end": prof.cache_keys()[-1],
+            },
+        )
+        assert run([by_hand]) == [True]
+        nxt, cursor = tick(cursor)
+        assert [(r.job_name, r.tags[STAGE_TAG], r.tags[REBUILD_TAG]) for r in nxt] == [
+            (EXTRACT_JOB, "extract", "by-hand")
+        ]
     done = instance.get_run_records(dg.RunsFilter(tags={REBUILD_TAG: "weekly-20261129"}))
-    assert len(done) == 1 + 2 + 1 + 1 + 1  # profile, acquire (failed, then again), kit, extract, store
-    # every cache key's archives have their own materialization from the range run
+    # profile, the streamed runs (the first failed, then again), kit, store
+    assert len(done) == 1 + (n + 1) + 1 + 1
+    # every cache key's archives and extraction have their own materialization from the range runs
     for key in prof.cache_keys():
-        assert instance.get_latest_data_version_record(dg.AssetKey("archive_file"), False, key) is not None
+        for asset in ("archive_file", "cache_dir"):
+            assert instance.get_latest_data_version_record(dg.AssetKey(asset), False, key) is not None
     from stage2_data import layout
     from stage2_data.store import VinOfflineStoreReader
 

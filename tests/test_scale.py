@@ -3,6 +3,7 @@ worker processes, and the Kubernetes configuration validated against dagster-k8s
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -21,10 +22,12 @@ from helpers.cli import REPO, subprocess_env
 from helpers.env import environ, free_port
 
 from stage2_data import checks as C
+from stage2_data import layout
 from stage2_data.demo import DemoPaths
 from stage2_data.demo.hubserver import HubServer
 from stage2_data.profile import load_profile
 from stage2_data.stages import ACQUIRE_JOB, ARCHIVE_FILE, CACHE_DIR, STAGES
+from stage2_data.store import VinOfflineStoreReader
 from stage2_pipelines.config import BuildConfig
 from stage2_pipelines.runner import build_all
 
@@ -305,6 +308,87 @@ def test_daemon_runs_schedules_and_sensors_on_postgres(
     ticks = _sensor_ticks(postgres, pg_build["db"])
     assert len({sel for sel, _ in ticks}) >= DEFAULT_ON, (ticks, log)
     assert all(status != "FAILURE" for _, status in ticks), (ticks, log)
+
+
+def test_the_daemon_carries_a_rebuild_started_by_hand_streamed_two_at_once(
+    pg_build: dict, postgres: Postgres, demo_cache: DemoPaths, tmp_path: Path
+) -> None:
+    """A rebuild started as docs/operating.md says (`dagster job launch` of check_profile with the
+    rebuild's tags) on the production instance (deploy/dagster.yaml: the queued run coordinator), then
+    left to `dagster-daemon run`: the advance_rebuilds sensor requests the streamed runs (three ranges
+    here) and the kit's, the run queue starts at most two streamed runs at once, then the store's;
+    the store is the one `stage2 build` made."""
+    home = tmp_path / "home"
+    db = "stage2_rebuild"
+    postgres.create_database(db)
+    home.mkdir()
+    shutil.copy(DEPLOY / "dagster.yaml", home / "dagster.yaml")
+    root = tmp_path / "root"
+    rebuild = "by-hand"
+    with HubServer(demo_cache.upstream, repo_id=demo_cache.repo_id, revision=demo_cache.revision) as hub:
+        env = subprocess_env(
+            **_instance_env(postgres, db, home),
+            STAGE2_PROFILE=str(demo_cache.profile),
+            STAGE2_DATA_ROOT=str(root),
+            STAGE2_HUB_ENDPOINT=hub.url,
+            STAGE2_STREAM_RUN_MB="3",  # the demo's 11 MB as three ranges
+        )
+        bin_dir = Path(sys.executable).parent
+        tags = {"stage2/rebuild": rebuild, "stage2/stage": "profile"}
+        launched = subprocess.run(
+            [str(bin_dir / "dagster"), "job", "launch", "-w", str(REPO / "workspace.yaml"), "-j", "check_profile",
+             "--tags", json.dumps(tags)],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert launched.returncode == 0, launched.stderr[-3000:]
+        daemon = subprocess.Popen(
+            [str(bin_dir / "dagster-daemon"), "run", "-w", str(REPO / "workspace.yaml")],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=open(tmp_path / "daemon.log", "wb"),  # noqa: SIM115
+        )
+        records: list[dg.RunRecord] = []
+        try:
+            with environ(**_instance_env(postgres, db, home)):
+                instance = dg.DagsterInstance.get()
+                deadline = time.monotonic() + 420
+                while time.monotonic() < deadline and daemon.poll() is None:
+                    records = list(instance.get_run_records(dg.RunsFilter(tags={"stage2/rebuild": rebuild})))
+                    store = [r for r in records if r.dagster_run.tags.get("stage2/stage") == "store"]
+                    failed = [r for r in records if r.dagster_run.status == dg.DagsterRunStatus.FAILURE]
+                    if failed or (store and store[0].dagster_run.is_finished):
+                        break
+                    time.sleep(2)
+                instance.dispose()
+        finally:
+            daemon.terminate()
+            try:
+                daemon.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+                daemon.wait()
+    log = (tmp_path / "daemon.log").read_text()[-3000:]
+    by_stage: dict[str, list[dg.RunRecord]] = {}
+    for r in records:
+        by_stage.setdefault(r.dagster_run.tags.get("stage2/stage", ""), []).append(r)
+    assert sorted((k, len(v)) for k, v in by_stage.items()) == [
+        ("kit", 1),
+        ("profile", 1),
+        ("store", 1),
+        ("stream", 3),
+    ], (sorted((r.dagster_run.job_name, r.dagster_run.status.value) for r in records), log)
+    assert all(r.dagster_run.status == dg.DagsterRunStatus.SUCCESS for r in records), log
+    assert sorted(r.dagster_run.tags["stage2/part"] for r in by_stage["stream"]) == ["1/3", "2/3", "3/3"]
+    # the run queue's tag limit: never more than two streamed runs going at once
+    spans = [(r.start_time, r.end_time) for r in by_stage["stream"]]
+    assert all(a is not None and b is not None for a, b in spans)
+    most = max(sum(1 for a, b in spans if a <= t < b) for t, _ in spans)  # type: ignore[operator]
+    assert most <= 2, spans
+    # the store's run started after every streamed run ended
+    assert by_stage["store"][0].start_time >= max(b for _, b in spans)  # type: ignore[operator,type-var]
+    reader = VinOfflineStoreReader(layout.current_store_path(root, load_profile(demo_cache.profile).name))
+    assert reader.manifest["fingerprint"] == pg_build["summary"]["fingerprint"]
 
 
 DEFAULT_ON = 3  # sensors on by default: alert_on_failed_check, alert_on_failed_run, advance_rebuilds
