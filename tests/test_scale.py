@@ -260,6 +260,28 @@ def test_build_records_runs_and_checks_in_postgres(
     assert {st for (st,) in rows} == {"SUCCEEDED"}
 
 
+@contextmanager
+def _daemon(env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """`dagster-daemon run` over workspace.yaml, as deploy/dagster.yaml documents it, for the block;
+    its stderr in ``log``."""
+    daemon = subprocess.Popen(
+        [str(Path(sys.executable).parent / "dagster-daemon"), "run", "-w", str(REPO / "workspace.yaml")],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=open(log, "wb"),  # noqa: SIM115
+    )
+    try:
+        yield daemon
+    finally:
+        daemon.terminate()
+        try:
+            daemon.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            daemon.wait()
+
+
 def test_daemon_runs_schedules_and_sensors_on_postgres(
     pg_build: dict, postgres: Postgres, demo_cache: DemoPaths, tmp_path: Path
 ) -> None:
@@ -272,35 +294,20 @@ def test_daemon_runs_schedules_and_sensors_on_postgres(
         STAGE2_PROFILE=str(demo_cache.profile),
         STAGE2_DATA_ROOT=str(tmp_path / "root"),
     )
-    daemon = subprocess.Popen(
-        [str(Path(sys.executable).parent / "dagster-daemon"), "run", "-w", str(REPO / "workspace.yaml")],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=open(tmp_path / "daemon.log", "wb"),  # noqa: SIM115
-    )
     want = {"SCHEDULER", "SENSOR", "QUEUED_RUN_COORDINATOR"}
     got: set[str] = set()
-    try:
-        with environ(**_instance_env(postgres, pg_build["db"], home)):
-            instance = dg.DagsterInstance.get()
-            deadline = time.monotonic() + 90
-            while time.monotonic() < deadline and daemon.poll() is None:
-                got = set(instance.get_daemon_heartbeats())
-                if (
-                    want <= got
-                    and len({sel for sel, _ in _sensor_ticks(postgres, pg_build["db"])}) >= DEFAULT_ON
-                ):
-                    break
-                time.sleep(0.5)
-            instance.dispose()
-    finally:
-        daemon.terminate()
-        try:
-            daemon.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait()
+    with (
+        _daemon(env, tmp_path / "daemon.log") as daemon,
+        environ(**_instance_env(postgres, pg_build["db"], home)),
+    ):
+        instance = dg.DagsterInstance.get()
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and daemon.poll() is None:
+            got = set(instance.get_daemon_heartbeats())
+            if want <= got and len({sel for sel, _ in _sensor_ticks(postgres, pg_build["db"])}) >= DEFAULT_ON:
+                break
+            time.sleep(0.5)
+        instance.dispose()
     log = (tmp_path / "daemon.log").read_text()[-3000:]
     assert want <= got, log
     # every default-on sensor (the two alert sensors, advance_rebuilds) ticked without an error; their
@@ -341,33 +348,18 @@ def test_the_daemon_carries_a_rebuild_started_by_hand_streamed_two_at_once(
             cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False,
         )  # fmt: skip
         assert launched.returncode == 0, launched.stderr[-3000:]
-        daemon = subprocess.Popen(
-            [str(bin_dir / "dagster-daemon"), "run", "-w", str(REPO / "workspace.yaml")],
-            cwd=REPO,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=open(tmp_path / "daemon.log", "wb"),  # noqa: SIM115
-        )
         records: list[dg.RunRecord] = []
-        try:
-            with environ(**_instance_env(postgres, db, home)):
-                instance = dg.DagsterInstance.get()
-                deadline = time.monotonic() + 420
-                while time.monotonic() < deadline and daemon.poll() is None:
-                    records = list(instance.get_run_records(dg.RunsFilter(tags={"stage2/rebuild": rebuild})))
-                    store = [r for r in records if r.dagster_run.tags.get("stage2/stage") == "store"]
-                    failed = [r for r in records if r.dagster_run.status == dg.DagsterRunStatus.FAILURE]
-                    if failed or (store and store[0].dagster_run.is_finished):
-                        break
-                    time.sleep(2)
-                instance.dispose()
-        finally:
-            daemon.terminate()
-            try:
-                daemon.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                daemon.kill()
-                daemon.wait()
+        with _daemon(env, tmp_path / "daemon.log") as daemon, environ(**_instance_env(postgres, db, home)):
+            instance = dg.DagsterInstance.get()
+            deadline = time.monotonic() + 420
+            while time.monotonic() < deadline and daemon.poll() is None:
+                records = list(instance.get_run_records(dg.RunsFilter(tags={"stage2/rebuild": rebuild})))
+                store = [r for r in records if r.dagster_run.tags.get("stage2/stage") == "store"]
+                failed = [r for r in records if r.dagster_run.status == dg.DagsterRunStatus.FAILURE]
+                if failed or (store and store[0].dagster_run.is_finished):
+                    break
+                time.sleep(2)
+            instance.dispose()
     log = (tmp_path / "daemon.log").read_text()[-3000:]
     by_stage: dict[str, list[dg.RunRecord]] = {}
     for r in records:
