@@ -60,7 +60,7 @@ system-deps:
 test: lint system-deps
 	$(BIN)/python -m pytest -q
 
-# The fast tier (tests/_tiers.py): no browser, database, cluster, S3 server or whole build; about 2½ minutes.
+# The fast tier (tests/_tiers.py): no browser, database, cluster, S3 server or whole build; about 5 minutes.
 test-fast: $(DEV_STAMP)
 	$(BIN)/python -m pytest -q -m "not slow and not system"
 
