@@ -13,6 +13,7 @@ workspace.yaml`, the workspace's folder), and every one of them can be set expli
 | ``STAGE2_K8S_EXECUTOR_CONFIG`` | the ``k8s_job_executor`` config | ``deploy/k8s/executor.yaml`` as installed (``stage2_deploy``) |
 | ``STAGE2_WORKSPACE`` | the workspace file ``make ui`` serves | the module ``stage2_pipelines.definitions`` |
 | ``DAGSTER_HOME`` | the instance of ``make ui`` | ``./.dagster_home`` |
+| ``STAGE2_STREAM_RUN_MB`` | the archive MB a streamed run carries at least (a build's and a rebuild's) | ``stages.STREAM_RUN_BYTES`` |
 
 (and the hub, token, store, alert and executor settings of :meth:`BuildConfig.from_env`).
 """
@@ -27,7 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import stage2_deploy
+from stage2_data.errors import env_number
 from stage2_data.publish.atomic import current_umask
+from stage2_data.stages import STREAM_RUN_BYTES
 
 DEFAULT_PROFILE = Path("manifests") / "stage2_core_v1.toml"  # the real profile, in a checkout
 
@@ -51,6 +54,12 @@ def k8s_executor_config_path() -> Path:
     """``STAGE2_K8S_EXECUTOR_CONFIG``, else the ``deploy/k8s/executor.yaml`` shipped in the package."""
     env = os.environ.get("STAGE2_K8S_EXECUTOR_CONFIG")
     return Path(env) if env else stage2_deploy.path("k8s/executor.yaml")
+
+
+def stream_run_bytes() -> int:
+    """The archive bytes a streamed run carries at least: ``STAGE2_STREAM_RUN_MB`` (MB), else
+    ``stages.STREAM_RUN_BYTES``."""
+    return int(env_number("STAGE2_STREAM_RUN_MB", STREAM_RUN_BYTES / 1e6) * 1e6)
 
 
 def dagster_home() -> Path:

@@ -33,20 +33,20 @@ from typing import Any
 import dagster as dg
 
 from stage2_data.checks import CHECKS_BY_ASSET
-from stage2_data.errors import env_number
 from stage2_data.profile import Profile
 from stage2_data.stages import (
     JOB_ASSETS,
     PARTITIONS_TAG,
     STAGES,
     STREAM_JOB,
-    STREAM_RUN_BYTES,
     STREAMED,
     Stage,
     stage_partitions,
     stages_after,
     stream_groups,
 )
+
+from .config import stream_run_bytes
 
 REBUILD_TAG = "stage2/rebuild"
 STAGE_TAG = "stage2/stage"
@@ -117,12 +117,6 @@ def partition_tags(profile: Profile, keys: list[str]) -> dict[str, str]:
     if len(keys) != idx[-1] - idx[0] + 1:
         tags[PARTITIONS_TAG] = json.dumps(sorted(keys))
     return tags
-
-
-def stream_run_bytes() -> int:
-    """The archive bytes a streamed run carries at least: ``STAGE2_STREAM_RUN_MB`` (MB), else
-    ``stages.STREAM_RUN_BYTES``."""
-    return int(env_number("STAGE2_STREAM_RUN_MB", STREAM_RUN_BYTES / 1e6) * 1e6)
 
 
 def stage_requests(
@@ -227,9 +221,8 @@ def advance_rebuilds(
                     f"rebuild {rebuild_id}: stage(s) {', '.join(nxt.after)} complete; requesting stage {nxt.name}"
                 )
                 asked.add((rebuild_id, nxt.name))
-                # a streamed stage's own run (an acquire_archives run started by hand, say): the
-                # streamed stages after it go on stage by stage
-                alone = by_name[name] in STREAMED and name != STREAMED[-1].name
-                requests += stage_requests(rebuild_id, nxt, profile, stream=not alone)
+                # after a streamed stage's run (a streamed run, or an acquire_archives run started
+                # by hand), what follows goes stage by stage
+                requests += stage_requests(rebuild_id, nxt, profile, stream=by_name[name] not in STREAMED)
     runs.save()
     return requests or dg.SkipReason("no rebuild stage completed since the last tick")

@@ -53,10 +53,9 @@ from stage2_data.stages import (
 )
 from stage2_data.steps.status import record_store_stage
 
-from .config import BuildConfig, write_instance_yaml
+from .config import BuildConfig, stream_run_bytes, write_instance_yaml
 from .executors import local_dask_cluster
 from .launch import CodeServer, free_port, queued_warn_seconds, terminate_runs
-from .rebuild import stream_run_bytes
 from .runs import (  # re-exported: one run of a selection (tests and tools import them from here)
     execute_selection,
     job_for,
