@@ -7,7 +7,11 @@ run's events from the instance), and for the rest when the run ends. Bytes come 
 pinned archive sizes, so rate and ETA are exact in bytes, not guesses: a finished
 ``archive_file[k]`` run has downloaded what the archives of cache key ``k`` still missed when the
 build started (nothing, for archives already on disk: a stage where nothing downloads shows no
-bytes and no ETA); a finished ``cache_dir[k]`` run has read the archives of ``k``.
+bytes and no ETA); a finished ``cache_dir[k]`` run has read the archives of ``k``. With
+``data_root``, the download stage also counts the bytes of the downloads still going on, read from
+their files (``archives/.partial/<path>.part``, then ``archives/<path>``) at most every
+``LIVE_BYTES_EVERY`` seconds: a cache key of several GiB moves the line, its rate and its ETA while
+it downloads, not only when its run reports it.
 
 With ``data_root``, a stage is "up to date" when its runs succeeded and wrote nothing: the stats
 (inode, size, mtime) of what it writes (archives and their ``.verified.json`` records, extraction
@@ -25,15 +29,17 @@ them; otherwise only plain lines are written: one per finished run. Imported onl
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
 from rich.console import Console, RenderableType
 from rich.progress import BarColumn, Progress, ProgressColumn, Task, TaskID
+from rich.progress_bar import ProgressBar
 from rich.spinner import Spinner
 from rich.table import Column
 from rich.text import Text
@@ -58,6 +64,8 @@ from stage2_data.stages import (
     ready_stages,
     stage_of,
 )
+
+LIVE_BYTES_EVERY = 0.5  # seconds between two readings of the downloads' file sizes
 
 # Width of the live lines when they go to something that is not a terminal (live=True on a
 # StringIO): wide enough that no line is cut. On a terminal rich uses the terminal's width.
@@ -182,6 +190,7 @@ class _Stage:
     done: int = 0
     failed: int = 0
     bytes_done: int = 0
+    reported: set[str] = field(default_factory=set)  # partitions whose run has reported
     started: float | None = None
     finished: float | None = None
     task: TaskID | None = None
@@ -213,6 +222,13 @@ class BuildProgress:
         self._data_root = Path(data_root) if data_root is not None else None
         done_keys = extracted_keys(profile, self._data_root) if self._data_root is not None else set()
         self._bytes = partition_bytes(profile, data_root, done_keys)
+        # each archive's bytes on disk when the build started: what a download adds is counted live
+        self._local0 = (
+            {a.path: archive_state(self._data_root, a).bytes_local for a in profile.archives}
+            if self._data_root is not None
+            else {}
+        )
+        self._live: tuple[float, int] = (float("-inf"), 0)  # (when read, bytes)
         self._outputs = stage_outputs(profile, self._data_root) if self._data_root is not None else None
         expect = expected_up_to_date(profile, self._data_root, done_keys) if self._data_root else {}
         self.stages: dict[str, _Stage] = {}
@@ -236,7 +252,7 @@ class BuildProgress:
             )
             self._progress = Progress(
                 _StateColumn(self),
-                BarColumn(bar_width=12, complete_style="cyan", finished_style="green", pulse_style="cyan"),
+                _BarColumn(self),
                 _LineColumn(self),  # takes the rest of the width; cut at its end (elapsed, ETA) first
                 console=console,
                 expand=True,
@@ -272,7 +288,9 @@ class BuildProgress:
         if not r.get("success"):
             st.failed += n
         if stage.partitioned_by:
-            st.bytes_done += sum(self._bytes[stage.name].get(p, 0) for p in parts)
+            new = [p for p in parts if p not in st.reported]
+            st.reported.update(new)
+            st.bytes_done += sum(self._bytes[stage.name].get(p, 0) for p in new)
         self.current = stage.name
         self._update(st)
         if st.done >= st.total and st.finished is None:  # the stages that were waiting for it start now
@@ -307,6 +325,34 @@ class BuildProgress:
         st = self.stages[name or self.current]
         return f"{self._label(st)}  {self.details(st)}"
 
+    def shown_bytes(self, st: _Stage) -> int:
+        """The bytes stage ``st`` has moved: its reported partitions', and for the download stage
+        while it goes on, what the downloads of the partitions not reported yet have written."""
+        if st.stage is not ACQUIRE or st.started is None or st.finished is not None or not self._local0:
+            return st.bytes_done
+        now = time.monotonic()
+        when, live = self._live
+        if now - when >= LIVE_BYTES_EVERY:
+            with contextlib.suppress(OSError):  # unreadable for now: the last reading stands
+                live = self._downloading_bytes(st.reported)
+            self._live = (now, live)
+        return min(st.total_bytes, st.bytes_done + live)
+
+    def _downloading_bytes(self, reported: set[str]) -> int:
+        """What the archives of cache keys not in ``reported`` have gained on disk since the build
+        started (a stat each; never more than each was missing then)."""
+        assert self._data_root is not None
+        todo = self._bytes[ACQUIRE.name]
+        got = 0
+        for key, specs in self._profile.archives_by_cache_key().items():
+            if key in reported or not todo.get(key):
+                continue
+            for a in specs:
+                missing = max(0, int(a.size or 0) - self._local0[a.path])
+                now = archive_state(self._data_root, a).bytes_local
+                got += min(missing, max(0, now - self._local0[a.path]))
+        return got
+
     def details(self, st: _Stage) -> str:
         """Partitions done/total, bytes done/total, rate, ETA (while running), elapsed."""
         now = time.monotonic()
@@ -318,12 +364,13 @@ class BuildProgress:
         if st.total > 1:
             parts.append(f"{st.done}/{st.total} partitions" + (f" ({st.failed} failed)" if st.failed else ""))
         if st.total_bytes:
-            parts.append(f"{human_bytes(st.bytes_done)}/{human_bytes(st.total_bytes)}")
-            if st.bytes_done and elapsed > 0:
-                rate = st.bytes_done / elapsed
+            moved = self.shown_bytes(st)
+            parts.append(f"{human_bytes(moved)}/{human_bytes(st.total_bytes)}")
+            if moved and elapsed > 0:
+                rate = moved / elapsed
                 parts.append(f"{human_bytes(rate)}/s")
                 if st.finished is None:
-                    parts.append(f"ETA {human_seconds((st.total_bytes - st.bytes_done) / rate)}")
+                    parts.append(f"ETA {human_seconds((st.total_bytes - moved) / rate)}")
         parts.append(f"elapsed {human_seconds(elapsed)}")
         return "  ".join(parts)
 
@@ -412,6 +459,21 @@ class _StateColumn(ProgressColumn):
         if st.finished is None:
             return self._spinner.render(task.get_time())
         return Text("✗", style="red") if st.failed else Text("✓", style="green")
+
+
+class _BarColumn(BarColumn):
+    """The stage's bar: its bytes as :meth:`BuildProgress.shown_bytes` counts them (downloads that
+    are still going on included), else its partitions."""
+
+    def __init__(self, bar: BuildProgress) -> None:
+        super().__init__(bar_width=12, complete_style="cyan", finished_style="green", pulse_style="cyan")
+        self._bar = bar
+
+    def render(self, task: Task) -> ProgressBar:
+        st = self._bar.stages[task.fields["stage"]]
+        if st.total_bytes:
+            task = replace(task, completed=self._bar.shown_bytes(st))
+        return super().render(task)
 
 
 class _LineColumn(ProgressColumn):

@@ -298,3 +298,48 @@ def test_streamed_runs_keep_the_download_and_extract_stages_going_side_by_side(d
     assert extract.done == len(keys) - 1  # the failed key is never extracted
     bar.close()
     assert f"  run {failed[0]['run_id'][:8]} archive_file[{bad}]: FAILED" in stream.getvalue()
+
+
+def test_the_download_line_counts_the_bytes_of_downloads_still_going_on(
+    demo_cache: DemoPaths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At real scale a cache key downloads for minutes: the download stage's bytes, rate and ETA
+    move with the files being written (the partial file, then the published archive), before the
+    key's run reports; the run's report does not count them twice, and a partial file that was on
+    disk before the build counts only what is added to it."""
+    monkeypatch.setattr(progress, "LIVE_BYTES_EVERY", 0.0)
+    prof = load_profile(demo_cache.profile)
+    total = sum(a.size or 0 for a in prof.archives)
+    key, specs = next(iter(prof.archives_by_cache_key().items()))
+    a = specs[0]
+    root = tmp_path / "root"
+    partial = layout.partial_path(root, a.path)
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    partial.write_bytes(b"\0" * 100)  # left by an earlier build: not this build's bytes
+    bar = BuildProgress(prof, io.StringIO(), live=False, data_root=root)
+    remaining = total - 100
+    bar.on_run({"run_id": "0-run", "success": True, "partition": None, "selection": ["pinned_profile"],
+                "checks": [], "errors": []})  # fmt: skip
+    acquire = bar.stages["acquire"]
+    assert acquire.started is not None and bar.shown_bytes(acquire) == 0
+
+    partial.write_bytes(b"\0" * 4100)  # the download goes on: 4000 bytes of this build
+    line = bar.status_line("acquire")
+    assert f"{fsutil.human_bytes(4000)}/{fsutil.human_bytes(remaining)}" in line, line
+    assert "/s" in line and "ETA" in line, line
+
+    final = layout.archive_path(root, a.path)  # done: published under its own name
+    final.parent.mkdir(parents=True, exist_ok=True)
+    partial.rename(final)
+    with open(final, "ab") as f:
+        f.write(b"\0" * ((a.size or 0) - 4100))
+    assert bar.shown_bytes(acquire) == (a.size or 0) - 100
+
+    own = sum(max(0, (s.size or 0) - (100 if s.path == a.path else 0)) for s in specs)
+    bar.on_run({"run_id": "1-run", "success": True, "partition": key, "selection": ["archive_file"],
+                "checks": [], "errors": []})  # fmt: skip
+    assert acquire.bytes_done == own and bar.shown_bytes(acquire) == own  # counted once
+    bar.on_run({"run_id": "2-run", "success": True, "partition": key, "selection": ["archive_file"],
+                "checks": [], "errors": []})  # fmt: skip
+    assert acquire.bytes_done == own  # a partition reported again adds no bytes
+    bar.close()
