@@ -447,7 +447,6 @@ class Bench:
         self.clean = base / "clean"
         self.work = base / "work"
         self.env = {k: v for k, v in os.environ.items() if k.upper() not in ("DAGSTER_HOME", "CI")}
-        self.env.setdefault("STAGE2_WARMSTART", "0")
         self.env.pop("HF_HUB_OFFLINE", None)
         # Set per chain: its builds run with HF_HUB_OFFLINE=1 (nothing can be downloaded again, so a
         # damaged archive must be refused and moved aside, never deleted).
