@@ -316,8 +316,9 @@ def _whole_build(
 
 
 def whole_build_vs_shell_way(work: Path) -> dict[str, Any]:
-    """~400 MB of the real data set's shape (~1.7 MB of archive a trajectory)."""
-    return _whole_build(work, "whole_build_vs_shell_way", SCALE_400MB_SMALL, 1.5, full_cardinality=False)
+    """~400 MB of the real data set's shape (~1.7 MB of archive a trajectory); target 2.0 (issue #27:
+    fixed start-up costs are no longer a goal, the link is)."""
+    return _whole_build(work, "whole_build_vs_shell_way", SCALE_400MB_SMALL, 2.0, full_cardinality=False)
 
 
 def whole_full_cardinality_build_vs_shell_way(work: Path) -> dict[str, Any]:
