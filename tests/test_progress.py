@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.cli import python, python_argv, run, subprocess_env
+from helpers.cli import STAGE2, python, python_argv, run, subprocess_env
 
 from stage2_data import fsutil, layout
 from stage2_data.demo import DemoPaths
@@ -343,3 +343,28 @@ def test_the_download_line_counts_the_bytes_of_downloads_still_going_on(
                 "checks": [], "errors": []})  # fmt: skip
     assert acquire.bytes_done == own  # a partition reported again adds no bytes
     bar.close()
+
+
+@pytest.mark.slow
+def test_a_build_on_a_slow_link_shows_download_bytes_before_any_cache_key_is_done(
+    demo: DemoPaths, tmp_path: Path
+) -> None:
+    """`stage2 build` on a terminal, its hub's link paced to 1 MB/s for every download together
+    (about 11 s for the demo's archives): the download line counts bytes, with a rate and an ETA,
+    while no cache key has finished yet."""
+    from stage2_data.demo.hubserver import HubFaults, HubServer
+
+    faults = HubFaults(link_rate=1_000_000)
+    with HubServer(demo.upstream, repo_id=demo.repo_id, revision=demo.revision, faults=faults) as hub:
+        argv = [*STAGE2, "build", "--profile", str(demo.profile), "--data-root", str(tmp_path / "root"),
+                "--endpoint", hub.url]  # fmt: skip
+        out = _on_pty(argv, _env(DAGSTER_HOME=str(tmp_path / "home")), cols=160)
+    n = len(load_profile(demo.profile).cache_keys())
+    label = LABELS[STAGES.index(next(s for s in STAGES if s.name == "acquire"))]
+    going = [
+        ln
+        for ln in re.split(r"[\r\n]", ANSI.sub("", out))
+        if label in ln and f" 0/{n} partitions" in ln and "ETA" in ln and " 0 B/" not in ln
+    ]
+    assert going, ANSI.sub("", out)[-3000:]
+    assert re.search(r"0/\d+ partitions  \d+(\.\d+)? [KM]iB/", going[0]), going[0]
