@@ -23,7 +23,7 @@ from helpers.cli import STAGE2, python, python_argv, run, subprocess_env
 from stage2_data import fsutil, layout
 from stage2_data.demo import DemoPaths
 from stage2_data.profile import Profile, load_profile
-from stage2_data.stages import STAGES, Stage, stage_partitions
+from stage2_data.stages import ACQUIRE, STAGES, Stage, stage_partitions
 from stage2_pipelines import progress
 from stage2_pipelines.progress import BuildProgress
 
@@ -360,7 +360,7 @@ def test_a_build_on_a_slow_link_shows_download_bytes_before_any_cache_key_is_don
                 "--endpoint", hub.url]  # fmt: skip
         out = _on_pty(argv, _env(DAGSTER_HOME=str(tmp_path / "home")), cols=160)
     n = len(load_profile(demo.profile).cache_keys())
-    label = LABELS[STAGES.index(next(s for s in STAGES if s.name == "acquire"))]
+    label = LABELS[STAGES.index(ACQUIRE)]
     going = [
         ln
         for ln in re.split(r"[\r\n]", ANSI.sub("", out))
