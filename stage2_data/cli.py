@@ -3,7 +3,10 @@
 No traceback reaches a user: an error of the family (``Stage2Error``) is its one line and exit 2; an
 ``OSError`` that escaped a guard (a read-only or full disk, permission denied, a file where a folder
 should be) is named as a ``FileSystemError`` (exit 2); anything else is a bug, reported in one line
-with how to see its traceback (``STAGE2_TRACEBACK=1``), exit 3.
+with how to see its traceback (``STAGE2_TRACEBACK=1``), exit 3. A reader of the output that went
+away (``stage2 list ... | head``) ends the command quietly with 141, as SIGPIPE ends other tools.
+An argument a command does not take is named with that command's usage, and with the option meant
+when one is close (``--data-rot``) or when it is a positional argument given as an option.
 
 The core's commands live in ``stage2_data/commands/``, one module per group, each with
 ``register(subparsers)``; they need only the core install. Commands that need an extra are plugins:
@@ -16,7 +19,10 @@ one line saying what to install, and exits 2.
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
+import re
+import select
 import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
@@ -32,6 +38,7 @@ PLUGIN_GROUP = "stage2.commands"
 PLUGIN_EXTRA = "pipeline"  # the extra that provides the plugins
 DIST = "stage2-data"
 EXIT_BUG = 3  # an exception outside the family escaped: a bug (one line; STAGE2_TRACEBACK=1 shows it)
+EXIT_PIPE = 141  # stdout's reader went away: what a shell reports for a command SIGPIPE ended
 TRACEBACK_ENV = "STAGE2_TRACEBACK"
 
 
@@ -143,7 +150,12 @@ def plugin_commands() -> list[Callable[[Any], None]]:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    return _parser_and_commands()[0]
+
+
+def _parser_and_commands() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The ``stage2`` parser, and each command's own parser by name."""
+    parser = _Parser(
         prog="stage2",
         description="Turn a pinned profile of a Hugging Face dataset into a verified, immutable Zarr v3 training store.",
         epilog="Example: stage2 build --profile manifests/stage2_core_v1.toml --data-root /data/stage2",
@@ -152,17 +164,103 @@ def make_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for register in [*plugin_commands(), *(m.register for m in command_modules())]:
         register(sub)
-    return parser
+    return parser, dict(sub.choices)
+
+
+def _takes(command: argparse.ArgumentParser) -> tuple[list[str], list[str]]:
+    """The options and the positional arguments of ``command``, read from its usage line."""
+    usage = command.format_usage().split(command.prog, 1)[-1]
+    options = sorted(set(re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", usage)))
+    required = re.sub(r"\[[^\[\]]*\]", " ", re.sub(r"\[[^\[\]]*\]", " ", usage))
+    return options, [w for w in required.split() if re.fullmatch(r"[a-z][a-z0-9_]*", w)]
+
+
+def _not_taken(args: Sequence[str], command: argparse.ArgumentParser) -> list[str]:
+    """The options among ``args`` that ``command`` does not take (an unambiguous prefix of one it
+    takes is taken, as argparse takes it)."""
+    options, _ = _takes(command)
+    names = [a.split("=", 1)[0] for a in args if re.match(r"--?[A-Za-z]", a)]
+    return [n for n in names if not any(o.startswith(n) for o in options if n.startswith("--") or o == n)]
+
+
+def unrecognized_text(extra: Sequence[str], command: argparse.ArgumentParser) -> str:
+    """What a command says of arguments it does not take: each of them, and the fix: the option
+    meant when one is close (``--data-rot``: ``--data-root``), the positional argument meant when
+    ``--NAME`` is one (``stage2 list --profile P``), else its ``--help``."""
+    options, positionals = _takes(command)
+    fixes: list[str] = []
+    for arg in extra:
+        name = arg.split("=", 1)[0]
+        if not name.startswith("-"):
+            continue
+        bare = name.lstrip("-").replace("-", "_")
+        if bare in positionals:
+            fixes.append(f"give {bare} without {name} ({command.prog} ... {bare.upper()} ...)")
+        elif close := difflib.get_close_matches(name, options, n=1, cutoff=0.75):
+            fixes.append(f"{close[0]}, not {name}")
+    fix = "; ".join(fixes) or f"`{command.prog} --help` lists what it takes"
+    return f"unrecognized arguments: {' '.join(extra)}. Fix: {fix}"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose "required" error also names the options given that it does not take
+    (argparse reports a missing argument first: ``--data-rot X`` is then "--data-root is required"),
+    and whose "invalid choice" of a command names the command meant (``stage2 bild``)."""
+
+    given: Sequence[str] = ()  # the command line being parsed (set by :func:`main`)
+
+    def error(self, message: str) -> NoReturn:
+        if message.startswith("the following arguments are required"):
+            unknown = _not_taken(self.given, self)
+            if unknown:
+                message = f"{message}; {unrecognized_text(unknown, self)}"
+        elif (
+            typo := re.match(r"argument COMMAND: invalid choice: '(.*?)' \(choose from (.*)\)$", message)
+        ) and (close := difflib.get_close_matches(typo[1], re.findall(r"'([^']+)'", typo[2]), n=1)):
+            message = f"{message}. Fix: stage2 {close[0]}, not {typo[1]}"
+        super().error(message)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = make_parser()
+    parser, commands = _parser_and_commands()
+    _Parser.given = argv[1:]  # the command's own arguments
     args, extra = parser.parse_known_args(argv)
     if extra and not getattr(args, "any_arguments", False):
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        command = commands.get(args.command, parser)
+        command.error(unrecognized_text(extra, command))
     func: Callable[[argparse.Namespace], int] = args.func
     return _run_command(func, args)
+
+
+def stdout_reader_gone() -> bool:
+    """True when standard output is a pipe whose reader went away (``stage2 list | head``): its
+    flush fails with a broken pipe, or, with nothing left to flush, polling the pipe reports an
+    error (Linux and macOS report one for a pipe without a reader)."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return True
+    except (OSError, ValueError):
+        return False
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & select.POLLERR for _, ev in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _end_on_closed_stdout() -> int:
+    """The exit of a command whose output's reader went away: standard output pointed at the null
+    device (the interpreter's last flush then has nowhere to fail), no message, ``EXIT_PIPE``."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+    return EXIT_PIPE
 
 
 def _run_command(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
@@ -176,6 +274,8 @@ def _run_command(func: Callable[[argparse.Namespace], int], args: argparse.Names
         eprint("interrupted")
         return 130
     except OSError as err:  # an environment fault no guard named: named here
+        if isinstance(err, BrokenPipeError) and stdout_reader_gone():
+            return _end_on_closed_stdout()
         if os.environ.get(TRACEBACK_ENV):
             raise
         eprint(f"stage2 {args.command}: error: {fs_error(err, f'stage2 {args.command}')}")
@@ -198,7 +298,17 @@ def run(argv: Sequence[str] | None = None) -> NoReturn:
     # that spins for a while, taking CPU from the work in every process (the build, its beside
     # process, its workers, which inherit this); a user's own setting wins.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    sys.exit(main(argv))  # argparse's --help and usage errors raise SystemExit themselves
+    try:
+        code: Any = main(argv)
+        sys.stdout.flush()
+    except SystemExit as exiting:  # argparse's --help and usage errors
+        code = exiting.code
+        if stdout_reader_gone():
+            pipe = _end_on_closed_stdout()
+            code = pipe if code in (0, None) else code
+    except BrokenPipeError:  # the output's reader went away while --help or a command printed
+        code = _end_on_closed_stdout()
+    sys.exit(code)
 
 
 if __name__ == "__main__":

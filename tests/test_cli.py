@@ -1,15 +1,18 @@
 """The ``stage2`` executable (``stage2_data.cli.run``) ends as any Python program does (``sys.exit``
 with the command's code): threads that are not daemons waited for (a thread pool left open does not
-hold it), exit handlers run, buffered output written; and it keeps OpenBLAS to one thread unless
-told. Each case runs in a process of its own, as users run it."""
+hold it), exit handlers run, buffered output written; it keeps OpenBLAS to one thread unless told;
+a usage error is the command's own and says what was meant; output whose reader went away ends the
+command quietly. Each case runs in a process of its own, as users run it."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from helpers.cli import python, run, subprocess_env
+from helpers.cli import REPO, STAGE2, python, run, stage2, subprocess_env
 
 SCRIPT = """
 import atexit, sys, threading, time
@@ -67,3 +70,74 @@ def test_the_stage2_executable_keeps_openblas_to_one_thread_unless_told(given: s
         "cli.run(['validate', '--help'])"
     )
     assert python(code, env=env).last_json() == want
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        # a positional argument given as an option
+        (
+            ["list", "--profile", "p.toml", "--data-root", "root"],
+            "stage2 list: error: unrecognized arguments: --profile. Fix: give profile without --profile",
+        ),
+        # a misspelt option, next to the arguments a command takes
+        (
+            ["build", "--profile", "p.toml", "--data-root", "root", "--concurency", "2"],
+            "stage2 build: error: unrecognized arguments: --concurency 2. Fix: --concurrency, not --concurency",
+        ),
+        # a misspelt required option: argparse says the required one is missing; the typo is named too
+        (
+            ["list", "p.toml", "--data-rot", "root"],
+            "the following arguments are required: --data-root; unrecognized arguments: --data-rot. "
+            "Fix: --data-root, not --data-rot",
+        ),
+        # nothing close: the command's own --help
+        (
+            ["validate", "--bogus", "store"],
+            "stage2 validate: error: unrecognized arguments: --bogus. Fix: `stage2 validate --help`",
+        ),
+        # a misspelt command
+        (["bild"], "invalid choice: 'bild'"),
+    ],
+    ids=[
+        "positional-as-option",
+        "misspelt-option",
+        "misspelt-required-option",
+        "unknown-option",
+        "misspelt-command",
+    ],
+)
+def test_a_usage_error_names_the_command_and_what_was_meant(argv: list[str], says: str) -> None:
+    """A usage error is the command's own (its usage line, its name), and says what was meant."""
+    p = stage2(*argv, timeout=120)
+    assert p.returncode == 2, p.tail()
+    assert says in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr
+    if argv[0] == "bild":
+        assert p.stderr.rstrip().endswith("Fix: stage2 build, not bild"), p.stderr
+    else:
+        assert p.stderr.startswith(f"usage: stage2 {argv[0]} "), p.stderr
+
+
+@pytest.mark.parametrize("what", ["list", "help"])
+def test_output_whose_reader_went_away_ends_quietly_with_141(what: str, demo_cache, tmp_path: Path) -> None:
+    """``stage2 list ... | head``: a reader that stops reading is not a file system error. The
+    command ends with no message and exit 141 (what a shell reports for a command SIGPIPE ended),
+    here with the pipe's reader closed before the command writes anything."""
+    argv = (
+        [*STAGE2, "list", str(demo_cache.profile), "--data-root", str(tmp_path)]
+        if what == "list"
+        else [
+            *STAGE2,
+            "build",
+            "--help",
+        ]
+    )
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        p = subprocess.run(argv, stdout=w, stderr=subprocess.PIPE, text=True, cwd=REPO, timeout=120)
+    finally:
+        os.close(w)
+    assert p.returncode == 141, p.stderr
+    assert p.stderr == ""
