@@ -40,7 +40,7 @@ from stage2_data.profile import Profile, load_profile
 from stage2_data.publish import data_root_lock, sweep_data_root
 from stage2_data.stages import STAGES
 
-from .config import BuildConfig, demo_root
+from .config import BuildConfig, demo_root, ui_command
 from .stops import stop_guard
 from .uptodate import stage_status, up_to_date_build, up_to_date_summary
 
@@ -190,6 +190,7 @@ def _run_build(
     if stop.stopped:
         eprint(stop.message())
         return stop.exit_code
+    summary["ui"] = ui_command(config, Path(summary["dagster_home"]))
     if args.json:
         print_json(summary)
     else:
@@ -304,7 +305,8 @@ def print_build_summary(s: dict[str, Any]) -> None:
                 continue  # the step failed because of that check: said above
             part = f"[{e['partition']}]" if e.get("partition") else ""
             print(f"  error {e['step']}{part}: {e['message']}")
-    print(f"UI:           DAGSTER_HOME={s['dagster_home']} make ui   (then open http://127.0.0.1:3000)")
+    print(f"UI:           {s['ui']}")
+    print("              then open http://127.0.0.1:3000 (the build's runs are on their jobs' pages)")
 
 
 def _current_link(s: dict[str, Any]) -> str | None:

@@ -8,7 +8,7 @@ workspace.yaml`, the workspace's folder), and every one of them can be set expli
 | variable | what | default |
 |---|---|---|
 | ``STAGE2_DEMO_ROOT`` | the demo's folder (`make demo`, `make ui`) | ``./.demo`` |
-| ``STAGE2_PROFILE`` | the profile the definitions load | the demo's if generated, else ``./manifests/stage2_core_v1.toml`` |
+| ``STAGE2_PROFILE`` | the profile the definitions load (`make ui`: the demo unless set) | the demo's if generated, else ``./manifests/stage2_core_v1.toml`` |
 | ``STAGE2_DATA_ROOT`` | the data root | ``<demo root>/data`` |
 | ``STAGE2_K8S_EXECUTOR_CONFIG`` | the ``k8s_job_executor`` config | ``deploy/k8s/executor.yaml`` as installed (``stage2_deploy``) |
 | ``STAGE2_WORKSPACE`` | the workspace file ``make ui`` serves | the module ``stage2_pipelines.definitions`` |
@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -194,3 +196,47 @@ class BuildConfig:
             executor=os.environ.get("STAGE2_EXECUTOR") or "in_process",
             dask_address=os.environ.get("STAGE2_DASK_ADDRESS") or None,
         )
+
+
+def demo_settings() -> dict[str, str]:
+    """What `make ui` serves when no ``STAGE2_PROFILE`` is set: the demo of ``STAGE2_DEMO_ROOT``,
+    as `make demo` builds it (its profile, its data root, its hub folder served on loopback)."""
+    demo = demo_root()
+    return {
+        "STAGE2_PROFILE": str(demo / "demo" / "kit" / "profile.toml"),
+        "STAGE2_DATA_ROOT": os.environ.get("STAGE2_DATA_ROOT") or str(demo / "data"),
+        "STAGE2_HUB_FOLDER": os.environ.get("STAGE2_HUB_FOLDER") or str(demo / "demo" / "upstream"),
+    }
+
+
+# Settings of a build the UI command does not repeat: --reverify is for that build alone, alerts
+# are the UI's own setting, and storage options may hold credentials (said, not printed).
+_UI_UNSAID = {"STAGE2_REVERIFY", "STAGE2_ALERT_WEBHOOK", "STAGE2_STORE_OPTIONS"}
+_UI_DEFAULTS = {"STAGE2_TOKEN_ENV": "HF_TOKEN", "STAGE2_EXECUTOR": "in_process"}
+
+
+def ui_command(config: BuildConfig, home: Path, cwd: Path | None = None) -> str:
+    """The shell command that serves the web UI over a build's instance (``home``) with the build's
+    own settings, so that the UI's code location is the one its runs ran (Re-execute runs them
+    again as they ran): `make ui` in a checkout (``cwd`` holds the Makefile and workspace.yaml),
+    else this interpreter's ``-m stage2_pipelines.ui``; prefixed with the build's settings unless
+    they are the demo's that `make ui` serves by default."""
+    cwd = Path.cwd() if cwd is None else cwd
+    env = {k: v for k, v in config.to_env().items() if v and k not in _UI_UNSAID and _UI_DEFAULTS.get(k) != v}
+    from stage2_data.acquire import DEFAULT_ENDPOINT
+
+    if config.hub_folder or env.get("STAGE2_HUB_ENDPOINT") == DEFAULT_ENDPOINT:
+        env.pop(
+            "STAGE2_HUB_ENDPOINT", None
+        )  # a hub folder is served on loopback; the default hub is the default
+    said = {"DAGSTER_HOME": str(home)}
+    if not (
+        env.keys() == {"STAGE2_PROFILE", "STAGE2_DATA_ROOT", "STAGE2_HUB_FOLDER"} and env == demo_settings()
+    ):
+        said = {**env, **said}
+    checkout = (cwd / "Makefile").is_file() and (cwd / "workspace.yaml").is_file()
+    run = "make ui" if checkout else f"{shlex.quote(sys.executable)} -m stage2_pipelines.ui"
+    line = " ".join(f"{k}={shlex.quote(v)}" for k, v in said.items()) + f" {run}"
+    if config.store_options:  # a shell comment: the line still runs as pasted
+        line += "  # with STAGE2_STORE_OPTIONS set as for the build"
+    return line

@@ -7,9 +7,12 @@ the port from ``STAGE2_UI_PORT`` (3000) and the services' log level from ``STAGE
 (``warning``: the webserver and the daemon say something only when something goes wrong, not at
 every sensor or schedule tick).
 
-The code location gets the settings `stage2 demo` builds with (the demo's profile and data root, its
-hub folder served on loopback by each run that downloads: ``STAGE2_HUB_FOLDER``), so the demo's
-runs are runs of the jobs the UI shows, and Re-execute runs them again as they ran.
+The code location gets the settings of the environment when ``STAGE2_PROFILE`` is set (what
+`stage2 build` prints on its ``UI:`` line for its own build: ``config.ui_command``); otherwise the
+demo is generated if needed and the code location gets the settings `stage2 demo` builds with (the
+demo's profile and data root, its hub folder served on loopback by each run that downloads:
+``STAGE2_HUB_FOLDER``). Either way a build's runs are runs of the jobs the UI shows, and Re-execute
+runs them again as they ran.
 
 Starts `dagster dev` in its own process group and prints the UI's URL once the webserver answers
 (``/server_info``). On SIGINT or SIGTERM (Ctrl-C), or when `dagster dev` exits, it stops the group
@@ -33,7 +36,7 @@ from pathlib import Path
 from stage2_data.demo import generate_demo
 
 from . import definitions
-from .config import dagster_home, demo_root
+from .config import dagster_home, demo_root, demo_settings
 from .runner import write_instance_yaml
 
 STOP_GRACE = 5.0  # seconds a process group has to end after SIGTERM before it is killed
@@ -111,8 +114,10 @@ def wait_until_answering(url: str, proc: subprocess.Popen[bytes], timeout: float
 
 
 def main() -> int:
-    demo = generate_demo(demo_root() / "demo")
     env = dict(os.environ)
+    if not env.get("STAGE2_PROFILE"):  # the demo's settings, as `make demo` builds it
+        generate_demo(demo_root() / "demo")
+        env.update(demo_settings())
     env["DAGSTER_HOME"] = str(dagster_home())
     Path(env["DAGSTER_HOME"]).mkdir(parents=True, exist_ok=True)
     write_instance_yaml(Path(env["DAGSTER_HOME"]))
@@ -126,15 +131,14 @@ def main() -> int:
     signal.signal(signal.SIGINT, on_signal)
     procs: list[subprocess.Popen[str] | subprocess.Popen[bytes]] = []
     try:
-        env.update(
-            STAGE2_PROFILE=str(demo.profile),
-            STAGE2_DATA_ROOT=env.get("STAGE2_DATA_ROOT", str(demo_root() / "data")),
-            STAGE2_HUB_FOLDER=env.get("STAGE2_HUB_FOLDER", str(demo.upstream)),
-        )
         workspace = os.environ.get("STAGE2_WORKSPACE")
         location = ["-w", workspace] if workspace else ["-m", definitions.__name__, "-a", "defs"]
         ui_url = f"http://127.0.0.1:{port}"
-        print(f"starting the Dagster UI (instance {env['DAGSTER_HOME']}) ...", flush=True)
+        print(
+            f"starting the Dagster UI (instance {env['DAGSTER_HOME']}; profile {env['STAGE2_PROFILE']}, "
+            f"data root {env.get('STAGE2_DATA_ROOT') or 'the default'}) ...",
+            flush=True,
+        )
         ui = subprocess.Popen(
             [
                 sys.executable,

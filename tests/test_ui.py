@@ -7,9 +7,11 @@ from __future__ import annotations
 import contextlib
 import html
 import io
+import itertools
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -29,7 +31,7 @@ from stage2_data import checks as C
 from stage2_data.demo import DemoPaths
 from stage2_data.profile import load_profile
 from stage2_data.stages import ACQUIRE, PROFILE, STAGES, STORE, STREAM_JOB, STREAMED
-from stage2_pipelines.config import BuildConfig
+from stage2_pipelines.config import BuildConfig, ui_command
 from stage2_pipelines.progress import BuildProgress
 from stage2_pipelines.runner import build_all
 
@@ -84,12 +86,13 @@ def ui_instance(demo_cache: DemoPaths, tmp_path_factory: pytest.TempPathFactory)
         # so the runs carry the code location's origin; the settings are the webserver's (its
         # STAGE2_* environment), so its job snapshots are the runs' and Re-execute loads the same job.
         # The runs serve the hub folder on loopback themselves.
+        config = BuildConfig(
+            profile_path=str(demo_cache.profile),
+            data_root=str(base / "root"),
+            hub_folder=str(demo_cache.upstream),
+        )
         s = build_all(
-            BuildConfig(
-                profile_path=str(demo_cache.profile),
-                data_root=str(base / "root"),
-                hub_folder=str(demo_cache.upstream),
-            ),
+            config,
             concurrency=2,
             on_run=on_run,
             run_in_process=False,
@@ -101,6 +104,7 @@ def ui_instance(demo_cache: DemoPaths, tmp_path_factory: pytest.TempPathFactory)
     return {
         "home": home,
         "root": base / "root",
+        "config": config,
         "live": live.getvalue(),
         "plain": plain.getvalue(),
         "status": status,
@@ -141,6 +145,25 @@ def webserver(ui_instance: dict[str, Any], demo_cache: DemoPaths) -> Iterator[st
     finally:
         _stop(proc)
         log.close()
+
+
+def _resource_value(url: str, resource: str, key: str) -> set[str]:
+    """What the UI's code location loaded as ``key`` of its resource ``resource`` (each repository's)."""
+    data = _graphql(
+        url,
+        """{ workspaceOrError { ... on Workspace { locationEntries { locationOrLoadError {
+            ... on RepositoryLocation { repositories { allTopLevelResourceDetails {
+                name configuredValues { key value } } } } } } } } }""",
+    )
+    return {
+        json.loads(v["value"]) if v["value"].startswith('"') else v["value"]
+        for e in data["workspaceOrError"]["locationEntries"]
+        for r in e["locationOrLoadError"]["repositories"]
+        for res in r["allTopLevelResourceDetails"]
+        if res["name"] == resource
+        for v in res["configuredValues"]
+        if v["key"] == key
+    }
 
 
 def _graphql(url: str, query: str) -> dict[str, Any]:
@@ -598,20 +621,84 @@ def _group_members(pgid: int) -> list[str]:
     return out
 
 
+def test_the_ui_line_of_a_build_names_its_own_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ``UI:`` command of a build: `make ui` alone for the demo as `make demo` builds it (its
+    defaults); for any other build, the build's own settings before it (quoted for the shell),
+    never its storage options (credentials: a shell comment says to set them), and outside a
+    checkout this interpreter's ``-m stage2_pipelines.ui`` instead of `make ui`."""
+    from stage2_data.acquire import DEFAULT_ENDPOINT
+
+    demo = tmp_path / ".demo"
+    monkeypatch.setenv("STAGE2_DEMO_ROOT", str(demo))
+    for name in ("STAGE2_DATA_ROOT", "STAGE2_HUB_FOLDER"):
+        monkeypatch.delenv(name, raising=False)
+    home = tmp_path / "home"
+    as_make_demo = BuildConfig(
+        profile_path=str(demo / "demo" / "kit" / "profile.toml"),
+        data_root=str(demo / "data"),
+        hub_folder=str(demo / "demo" / "upstream"),
+    )
+    assert ui_command(as_make_demo, home, cwd=REPO) == f"DAGSTER_HOME={home} make ui"
+
+    own = BuildConfig(
+        profile_path="/data/kit/stage2_core_v1.toml",
+        data_root="/data/stage 2",
+        endpoint=DEFAULT_ENDPOINT,
+        kit_root="/data/kit",
+        store_url="s3://bucket/stores",
+        store_options={"secret": "do-not-print"},
+        executor="multiprocess",
+        reverify=True,
+    )
+    line = ui_command(own, home, cwd=tmp_path)
+    command, comment = line.split("  # ")
+    assert comment == "with STAGE2_STORE_OPTIONS set as for the build"
+    assert "do-not-print" not in line
+    assert shlex.split(command) == [
+        "STAGE2_PROFILE=/data/kit/stage2_core_v1.toml",
+        "STAGE2_DATA_ROOT=/data/stage 2",
+        "STAGE2_KIT_ROOT=/data/kit",
+        "STAGE2_STORE_URL=s3://bucket/stores",
+        "STAGE2_EXECUTOR=multiprocess",
+        f"DAGSTER_HOME={home}",
+        sys.executable,
+        "-m",
+        "stage2_pipelines.ui",
+    ]
+    in_checkout = ui_command(
+        BuildConfig(profile_path="/p.toml", data_root="/d", endpoint="http://127.0.0.1:9"), home, cwd=REPO
+    )
+    assert (
+        in_checkout
+        == f"STAGE2_PROFILE=/p.toml STAGE2_DATA_ROOT=/d STAGE2_HUB_ENDPOINT=http://127.0.0.1:9 DAGSTER_HOME={home} make ui"
+    )
+
+
 @pytest.mark.system
 def test_make_ui_says_its_url_when_it_answers_is_quiet_and_stops_on_ctrl_c(
     ui_instance: dict[str, Any], tmp_path: Path
 ) -> None:
-    """`make ui` (python -m stage2_pipelines.ui) over a built instance: the URL line comes only once
-    the webserver answers; nothing more is printed while nothing happens (no daemon tick lines);
-    Ctrl-C (SIGINT to its process group, as a terminal sends it) stops the UI, the daemon and the code
-    server within seconds, and it exits 0 (make reports no error). (No loopback hub of its own: the
-    runs serve the hub folder themselves, STAGE2_HUB_FOLDER.)"""
+    """The UI command a build prints (its ``UI:`` line, run outside a checkout: `make ui`'s
+    python -m stage2_pipelines.ui) over that build's instance: it serves the build's own settings,
+    not the demo's (no demo is generated; the code location's data root is the build's); the URL
+    line comes only once the webserver answers; nothing more is printed while nothing happens (no
+    daemon tick lines); Ctrl-C (SIGINT to its process group, as a terminal sends it) stops the UI,
+    the daemon and the code server within seconds, and it exits 0 (make reports no error). (No
+    loopback hub of its own: the runs serve the hub folder themselves, STAGE2_HUB_FOLDER.)"""
     port = free_port()
+    words = shlex.split(ui_command(ui_instance["config"], ui_instance["home"], cwd=tmp_path))
+    settings = dict(
+        w.split("=", 1) for w in itertools.takewhile(lambda w: re.match(r"[A-Z_0-9]+=", w), words)
+    )
+    assert words[len(settings) :] == [sys.executable, "-m", "stage2_pipelines.ui"], words
+    assert settings["DAGSTER_HOME"] == str(ui_instance["home"])
+    assert settings["STAGE2_DATA_ROOT"] == str(ui_instance["root"])
     env = subprocess_env(
-        DAGSTER_HOME=str(ui_instance["home"]),
+        drop=[k for k in os.environ if k.upper().startswith("STAGE2_")],
+        **settings,
         STAGE2_DEMO_ROOT=str(tmp_path / "demo-root"),
-        STAGE2_DATA_ROOT=str(ui_instance["root"]),
         STAGE2_UI_PORT=str(port),
     )
     out = open(tmp_path / "ui.out", "wb")  # noqa: SIM115
@@ -640,6 +727,9 @@ def test_make_ui_says_its_url_when_it_answers_is_quiet_and_stops_on_ctrl_c(
                     assert r.status == 200
                 break
         assert f"Dagster UI:   {url}" in said, (said, (tmp_path / "ui.out").read_text())
+        assert not (tmp_path / "demo-root").exists(), "the UI of a build generated the demo"
+        assert _resource_value(url, "data_root", "path") == {str(ui_instance["root"])}
+        assert _resource_value(url, "profile", "profile_path") == {str(ui_instance["config"].profile_path)}
         children = [int(p.name) for p in Path("/proc").glob("[0-9]*") if _ppid(p) == proc.pid]
         assert len(children) == 1, children  # `dagster dev`, in a group of its own
         # quiet while nothing happens: no more lines for a while (the daemon ticks every few seconds)
