@@ -40,7 +40,7 @@ from stage2_data.profile import Profile, load_profile
 from stage2_data.publish import data_root_lock, sweep_data_root
 from stage2_data.stages import STAGES
 
-from .config import BuildConfig, demo_root, ui_command
+from .config import BuildConfig, check_settings, demo_root, ui_command
 from .stops import stop_guard
 from .uptodate import stage_status, up_to_date_build, up_to_date_summary
 
@@ -121,16 +121,8 @@ def _preflight_endpoint(profile: Profile, data_root: Path, endpoint: str) -> Non
     )
 
 
-def _check_settings() -> None:
-    """The environment's settings a build reads late, refused before any work as ``stage2 gc``
-    refuses them: ``STAGE2_KEEP_STORES`` (the store stage applies it after publishing)."""
-    from stage2_data.store.retention import default_keep
-
-    default_keep()
-
-
 def cmd_build(args: argparse.Namespace) -> int:
-    _check_settings()
+    check_settings()
     profile = load_profile(args.profile, kit_root=args.kit_root)  # fail fast on a bad profile
     profile.require_known()  # nothing is ever requested under a guessed name
     data_root = Path(args.data_root).resolve()
@@ -342,7 +334,7 @@ def _print_store_counts(store: str | None) -> None:
 def cmd_demo(args: argparse.Namespace) -> int:
     from stage2_data.demo import generate_demo
 
-    _check_settings()
+    check_settings()
     out = Path(args.out).resolve() if args.out else demo_root()
     demo = generate_demo(out / "demo", full_cardinality=args.full_cardinality)
     eprint(f"demo generated at {demo.root} (profile {demo.profile})")

@@ -64,6 +64,19 @@ def stream_run_bytes() -> int:
     return int(env_number("STAGE2_STREAM_RUN_MB", STREAM_RUN_BYTES / 1e6) * 1e6)
 
 
+def check_settings() -> None:
+    """Refuse, before any work, the environment's settings that are read late:
+    ``STAGE2_KEEP_STORES`` (the store stage applies it after publishing) and
+    ``STAGE2_STREAM_RUN_MB`` (read when a build or a rebuild requests its streamed runs). `stage2
+    build` checks them at its start, and the code location when its definitions load, so a daemon
+    started with a bad value fails to load its code location with the named error, at once, instead
+    of failing a rebuild's sensor tick days later."""
+    from stage2_data.store.retention import default_keep
+
+    default_keep()
+    stream_run_bytes()
+
+
 def dagster_home() -> Path:
     """``DAGSTER_HOME`` for ``make ui`` (``stage2 build`` defaults to ``<data root>/.dagster``)."""
     return _path("DAGSTER_HOME", ".dagster_home")

@@ -36,7 +36,7 @@ from stage2_resources import (
     StoreTargetResource,
 )
 
-from .config import BuildConfig
+from .config import BuildConfig, check_settings
 from .executors import configured_executor, executor_def
 from .schedules import build_schedules
 from .sensors import build_sensors
@@ -151,7 +151,9 @@ def build_definitions(
 
 @functools.cache
 def defs_from_env() -> dg.Definitions:
-    """The Definitions for the environment's settings (``BuildConfig.from_env``), built once."""
+    """The Definitions for the environment's settings (``BuildConfig.from_env``), built once; a
+    setting read late that holds a bad value fails the load with its named error (``check_settings``)."""
+    check_settings()
     return build_definitions(BuildConfig.from_env())
 
 

@@ -4,10 +4,11 @@ raises it there and the caller sees it as raised: message, fix and the fields th
 from __future__ import annotations
 
 import pickle
+import sys
 from pathlib import Path
 
 import pytest
-from helpers.cli import stage2, subprocess_env
+from helpers.cli import run, stage2, subprocess_env
 
 from stage2_data.demo import DemoPaths
 from stage2_data.errors import (
@@ -57,3 +58,20 @@ def test_a_setting_that_does_not_parse_is_named_before_anything_runs(
     line = r.stderr.strip().splitlines()[-1]
     assert name in line and repr(value) in line and "Fix:" in line, line
     assert not (root / "archives").exists()
+
+
+@pytest.mark.parametrize(("name", "value"), [("STAGE2_STREAM_RUN_MB", "1GiB"), ("STAGE2_KEEP_STORES", "abc")])
+def test_the_code_location_refuses_to_load_with_a_setting_that_does_not_parse(name: str, value: str) -> None:
+    """The same settings in the environment of the UI's or the daemon's code location (read late: when
+    a rebuild requests its streamed runs, when the store stage applies retention): its definitions
+    fail to load with the named error (Dagster's own `definitions validate`, as a deployment checks
+    them), so a bad value is seen when the daemon starts, not when a weekly rebuild reaches it."""
+    r = run(
+        [str(Path(sys.executable).with_name("dagster")), "definitions", "validate",
+         "-m", "stage2_pipelines.definitions", "-a", "defs"],
+        env=subprocess_env(drop=("DAGSTER_HOME",), **{name: value}),
+        timeout=300,
+    )  # fmt: skip
+    said = r.stdout + r.stderr
+    assert r.returncode != 0, said[-3000:]
+    assert "Validation failed" in said and f"Error: {name}={value!r}" in said and "Fix:" in said, said[-3000:]
