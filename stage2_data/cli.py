@@ -236,16 +236,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 def stdout_reader_gone() -> bool:
     """True when standard output is a pipe whose reader went away (``stage2 list | head``): its
     flush fails with a broken pipe, or, with nothing left to flush, polling the pipe reports an
-    error (Linux and macOS report one for a pipe without a reader)."""
+    error (Linux and macOS report one for a pipe without a reader). False when there is no standard
+    output at all (started with it closed: the output has nowhere to go, as ``print`` then does)."""
+    stream = sys.stdout
+    if stream is None:
+        return False
     try:
-        sys.stdout.flush()
+        stream.flush()
     except BrokenPipeError:
         return True
     except (OSError, ValueError):
         return False
     try:
         poller = select.poll()
-        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        poller.register(stream.fileno(), select.POLLOUT)
         return any(ev & select.POLLERR for _, ev in poller.poll(0))
     except (OSError, ValueError, AttributeError):
         return False
@@ -300,7 +304,8 @@ def run(argv: Sequence[str] | None = None) -> NoReturn:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     try:
         code: Any = main(argv)
-        sys.stdout.flush()
+        if sys.stdout is not None:  # None: started with standard output closed
+            sys.stdout.flush()
     except SystemExit as exiting:  # argparse's --help and usage errors
         code = exiting.code
         if stdout_reader_gone():

@@ -141,3 +141,14 @@ def test_output_whose_reader_went_away_ends_quietly_with_141(what: str, demo_cac
         os.close(w)
     assert p.returncode == 141, p.stderr
     assert p.stderr == ""
+
+
+def test_a_command_started_with_its_output_closed_runs_and_exits_0(demo_cache, tmp_path: Path) -> None:
+    """``stage2 list ... >&-``: with no standard output at all the command still does its work, as
+    ``print`` then writes nowhere, and exits 0 with no traceback."""
+    argv = [*STAGE2, "list", str(demo_cache.profile), "--data-root", str(tmp_path)]
+    p = subprocess.run(
+        ["bash", "-c", 'exec "$@" >&-', "_", *argv], stderr=subprocess.PIPE, text=True, cwd=REPO, timeout=120
+    )
+    assert p.returncode == 0, p.stderr
+    assert "Traceback" not in p.stderr, p.stderr
