@@ -121,6 +121,46 @@ def test_validate_valid_invalid_and_deep(
     assert "incomplete or not a store" in cap.err
 
 
+@pytest.mark.parametrize(
+    "given", ["nothing", "a file", "a profile's stores folder", "a data root", "an empty folder"]
+)
+def test_a_path_that_is_no_store_is_named_with_the_store_meant(
+    small_store: Path, tmp_path: Path, given: str
+) -> None:
+    """`stage2 validate` (and every command that opens a store) on a path that holds no store says
+    what is there and what to pass instead: the `current` link of a stores folder, the stores of a
+    data root (each one a path that then validates)."""
+    root = tmp_path / "data"
+    stores = root / "stores" / "p"
+    stores.mkdir(parents=True)
+    shutil.copytree(small_store, stores / "v2-0")
+    (stores / "current").symlink_to("v2-0")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "notes.txt").write_text("not a store")
+    path, said, fix = {
+        "nothing": (tmp_path / "missing", "nothing is there", "check the path"),
+        "a file": (tmp_path / "notes.txt", "it is a file, not a store folder", "pass the store's folder"),
+        "a profile's stores folder": (
+            stores,
+            "it is a profile's stores folder",
+            f"pass its current store: {stores / 'current'}",
+        ),
+        "a data root": (root, "it is a data root", f"pass one of its stores: {stores / 'current'}"),
+        "an empty folder": (
+            tmp_path / "empty",
+            "manifest.json is missing (incomplete or not a store)",
+            "build it",
+        ),
+    }[given]
+    r = stage2("validate", str(path), timeout=120)
+    assert r.returncode == 2, r.tail()
+    line = r.stderr.strip()
+    assert line == line.splitlines()[0] and "Traceback" not in line, line
+    assert f"no complete VIN offline store at {path}: {said}. Fix: {fix}" in line, line
+    if given in ("a profile's stores folder", "a data root"):  # the path it names is the store
+        assert stage2("validate", line.split(": ")[-1].split(", ")[0], timeout=120).returncode == 0
+
+
 def test_version_refusal_small_store_json(small_store: Path, tmp_path: Path) -> None:
     s = tmp_path / "s"
     shutil.copytree(small_store, s)

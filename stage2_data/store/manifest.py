@@ -38,6 +38,33 @@ class ManifestFile:
 
 
 # ----- loading -------------------------------------------------------------------------------------
+def _no_store(loc: StoreLocation) -> StoreNotFoundError:
+    """Why ``loc`` holds no complete store, in the words that fit what is there: nothing; a file; a
+    profile's stores folder (the store is its ``current``); or a folder without a manifest."""
+    path = loc.url
+    what = f"{MANIFEST_NAME} is missing (incomplete or not a store)"
+    fix = f"build it: {rebuild_command(path, None)}"
+    if not loc.exists(loc.root):
+        what = "nothing is there"
+        fix = f"check the path (a store folder, or <data root>/stores/<profile>/current), or {fix}"
+    elif loc.is_file(loc.root):
+        what = "it is a file, not a store folder"
+        fix = "pass the store's folder (the one holding manifest.json), e.g. <data root>/stores/<profile>/current"
+    elif loc.is_file(loc.root / "current" / MANIFEST_NAME):
+        what = "it is a profile's stores folder"
+        fix = f"pass its current store: {loc.display(loc.root / 'current')}"
+    elif loc.is_dir(loc.root / "stores") and (
+        stores := [
+            loc.display(loc.root / "stores" / name / "current")
+            for name in sorted(loc.listdir_names(loc.root / "stores"))
+            if loc.is_file(loc.root / "stores" / name / "current" / MANIFEST_NAME)
+        ]
+    ):
+        what = "it is a data root"
+        fix = f"pass one of its stores: {', '.join(stores)}"
+    return StoreNotFoundError(f"no complete VIN offline store at {path}: {what}.", fix=fix)
+
+
 def load_manifest(loc: StoreLocation) -> ManifestFile:
     """The ONE reader of a store's ``manifest.json`` (any format or version); never raises for a
     missing, unreadable or non-object manifest (see :func:`read_manifest`)."""
@@ -45,14 +72,7 @@ def load_manifest(loc: StoreLocation) -> ManifestFile:
     mfile = loc.root / MANIFEST_NAME
     mpath = loc.display(mfile)
     if not loc.is_file(mfile):
-        return ManifestFile(
-            None,
-            "missing (incomplete or not a store)",
-            StoreNotFoundError(
-                f"no complete VIN offline store at {path}: {MANIFEST_NAME} is missing (incomplete or not a store).",
-                fix=f"build it: {rebuild_command(path, None)}",
-            ),
-        )
+        return ManifestFile(None, "missing (incomplete or not a store)", _no_store(loc))
     try:
         manifest = json.loads(loc.read_bytes(mfile).decode("utf-8"))
     except (OSError, ValueError) as e:
