@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -113,15 +114,40 @@ def wait_until_answering(url: str, proc: subprocess.Popen[bytes], timeout: float
     return False
 
 
+def port_problem(raw: str) -> str | None:
+    """Why the UI cannot serve on 127.0.0.1 port ``raw`` (``STAGE2_UI_PORT``), said before anything
+    starts; None when it can. A port another server holds (a second `make ui`, a web app's dev
+    server on 3000) would otherwise make the webserver fail to bind while this waits for it, or,
+    worse, find that other server answering in its place."""
+    fix = "stop what holds it, or choose another port, e.g. STAGE2_UI_PORT=3001 make ui"
+    try:
+        port = int(raw)
+    except ValueError:
+        port = -1
+    if not 0 < port < 65536:
+        return f"STAGE2_UI_PORT={raw!r} is not a TCP port (1-65535). Fix: set it to one, or unset it for 3000"
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the webserver binds
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as e:
+            return f"port {port} on 127.0.0.1 is not free ({e.strerror or e}). Fix: {fix}"
+    return None
+
+
 def main() -> int:
     env = dict(os.environ)
+    port = env.get("STAGE2_UI_PORT", "3000")
+    problem = port_problem(port)
+    if problem is not None:
+        print(f"make ui: {problem}", file=sys.stderr)
+        return 2
     if not env.get("STAGE2_PROFILE"):  # the demo's settings, as `make demo` builds it
         generate_demo(demo_root() / "demo")
         env.update(demo_settings())
     env["DAGSTER_HOME"] = str(dagster_home())
     Path(env["DAGSTER_HOME"]).mkdir(parents=True, exist_ok=True)
     write_instance_yaml(Path(env["DAGSTER_HOME"]))
-    port = env.get("STAGE2_UI_PORT", "3000")
     log_level = env.get("STAGE2_UI_LOG_LEVEL", "warning")
 
     def on_signal(*_: object) -> None:

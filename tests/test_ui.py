@@ -14,6 +14,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.cli import REPO, subprocess_env
+from helpers.cli import REPO, run, subprocess_env
 from helpers.env import environ, free_port
 
 from stage2_data import checks as C
@@ -674,6 +675,33 @@ def test_the_ui_line_of_a_build_names_its_own_settings(
         in_checkout
         == f"STAGE2_PROFILE=/p.toml STAGE2_DATA_ROOT=/d STAGE2_HUB_ENDPOINT=http://127.0.0.1:9 DAGSTER_HOME={home} make ui"
     )
+
+
+@pytest.mark.parametrize("port", ["taken", "abc", "70000"])
+def test_make_ui_refuses_a_port_it_cannot_serve_on_at_once(port: str, tmp_path: Path) -> None:
+    """`make ui` on a port another server holds (3000 is a common default of web apps' dev servers)
+    or on something that is not a port: one line naming it and the fix, exit 2, within seconds,
+    instead of waiting minutes for a webserver that failed to bind (or finding the other server)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        given = str(held.getsockname()[1]) if port == "taken" else port
+        env = subprocess_env(
+            STAGE2_PROFILE=str(tmp_path / "profile.toml"),
+            STAGE2_UI_PORT=given,
+            DAGSTER_HOME=str(tmp_path / "home"),
+        )
+        r = run([sys.executable, "-m", "stage2_pipelines.ui"], env=env, cwd=tmp_path, timeout=120)
+    assert r.returncode == 2, r.tail()
+    said = r.stderr.strip()
+    assert "Traceback" not in said and len(said.splitlines()) == 1, said
+    want = (
+        f"port {given} on 127.0.0.1 is not free"
+        if port == "taken"
+        else f"STAGE2_UI_PORT={given!r} is not a TCP port"
+    )
+    assert said.startswith(f"make ui: {want}") and "Fix:" in said, said
+    assert not (tmp_path / "home").exists()  # refused before anything started or was written
 
 
 @pytest.mark.system
