@@ -40,7 +40,7 @@ from stage2_data.profile import Profile, load_profile
 from stage2_data.publish import data_root_lock, sweep_data_root
 from stage2_data.stages import STAGES
 
-from .config import BuildConfig, check_settings, demo_root, ui_command
+from .config import BuildConfig, check_settings, demo_root, require_executor, ui_command
 from .stops import stop_guard
 from .uptodate import stage_status, up_to_date_build, up_to_date_summary
 
@@ -123,6 +123,7 @@ def _preflight_endpoint(profile: Profile, data_root: Path, endpoint: str) -> Non
 
 def cmd_build(args: argparse.Namespace) -> int:
     check_settings()
+    require_executor(args.executor)
     profile = load_profile(args.profile, kit_root=args.kit_root)  # fail fast on a bad profile
     profile.require_known()  # nothing is ever requested under a guessed name
     data_root = Path(args.data_root).resolve()

@@ -20,6 +20,7 @@ workspace.yaml`, the workspace's folder), and every one of them can be set expli
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shlex
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import stage2_deploy
-from stage2_data.errors import env_number
+from stage2_data.errors import SettingError, env_number
 from stage2_data.publish.atomic import current_umask
 from stage2_data.stages import STREAM_RUN_BYTES
 
@@ -62,6 +63,27 @@ def stream_run_bytes() -> int:
     """The archive bytes a streamed run carries at least: ``STAGE2_STREAM_RUN_MB`` (MB), else
     ``stages.STREAM_RUN_BYTES``."""
     return int(env_number("STAGE2_STREAM_RUN_MB", STREAM_RUN_BYTES / 1e6) * 1e6)
+
+
+# The extra of stage2-data each executor needs beyond the pipeline extra, and the modules it brings.
+EXECUTOR_EXTRAS = {"dask": ("dask", ("dagster_dask", "distributed")), "k8s": ("k8s", ("dagster_k8s",))}
+
+
+def require_executor(executor: str) -> None:
+    """Refuse ``executor`` when the extra it needs is not installed: a named error with the command
+    that installs it here, before any work (`stage2 build --executor dask`) or when the definitions
+    load (``STAGE2_EXECUTOR``), rather than an import error from inside Dagster."""
+    if executor not in EXECUTOR_EXTRAS:
+        return
+    extra, modules = EXECUTOR_EXTRAS[executor]
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        from stage2_data.cli import install_line
+
+        raise SettingError(
+            f"the {executor} executor needs the {extra!r} extra ({', '.join(missing)} not installed here).",
+            fix=f"install it with: {install_line(extra)}; or choose another executor (in_process, multiprocess)",
+        )
 
 
 def check_settings() -> None:

@@ -36,7 +36,7 @@ from typing import Any
 
 import dagster as dg
 
-from .config import BuildConfig, k8s_executor_config_path
+from .config import BuildConfig, k8s_executor_config_path, require_executor
 
 EXECUTORS = ("in_process", "multiprocess", "dask", "k8s")
 
@@ -208,6 +208,7 @@ def executor_def(executor: str) -> dg.ExecutorDefinition:
         return dg.in_process_executor
     if executor == "multiprocess":
         return dg.multiprocess_executor
+    require_executor(executor)
     if executor == "dask":
         return _dask_executor_def()
     if executor == "k8s":

@@ -62,3 +62,24 @@ def test_the_extras_are_the_checkouts() -> None:
     from stage2_data.cli import extras
 
     assert extras() == _extras()
+
+
+def test_an_executor_whose_extra_is_missing_says_what_to_install(tmp_path: Path) -> None:
+    """`stage2 build --executor dask` where the dask extra is not installed (its modules hidden as
+    Dagster is above): one line naming the extra and the command that installs it here, exit 2,
+    before any work, not an internal error from the import."""
+    from stage2_data.cli import install_line
+
+    root = tmp_path / "root"
+    hide = "import sys; sys.modules['dagster_dask'] = None; sys.modules['distributed'] = None; "
+    args = ["build", "--profile", str(tmp_path / "p.toml"), "--data-root", str(root), "--executor", "dask"]
+    code = hide + f"from stage2_data.cli import main; sys.exit(main({args!r}))"
+    p = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert p.returncode == 2, p.stderr
+    line = p.stderr.strip()
+    assert "internal error" not in line and "Traceback" not in line, line
+    assert line.startswith("stage2 build: error: the dask executor needs the 'dask' extra"), line
+    assert f"install it with: {install_line('dask')}" in line, line
+    assert not root.exists()
