@@ -35,7 +35,7 @@ from stage2_data.commands.common import (
     print_json,
     storage_options,
 )
-from stage2_data.errors import HubError
+from stage2_data.errors import HubError, HubSetupError, ProfileError
 from stage2_data.profile import Profile, load_profile
 from stage2_data.publish import data_root_lock, sweep_data_root
 from stage2_data.stages import STAGES
@@ -124,6 +124,16 @@ def _preflight_endpoint(profile: Profile, data_root: Path, endpoint: str) -> Non
 def cmd_build(args: argparse.Namespace) -> int:
     check_settings()
     require_executor(args.executor)
+    # folders the build reads, refused before any download (a step would find them missing late)
+    for option, folder, error in (
+        ("--kit-root", args.kit_root, ProfileError),
+        ("--hub-folder", args.hub_folder, HubSetupError),
+    ):
+        if folder and not Path(folder).is_dir():
+            what = "is not a folder" if Path(folder).exists() else "does not exist"
+            raise error(
+                f"{option} {folder} {what}.", fix=f"pass an existing folder to {option}, or leave it out"
+            )
     profile = load_profile(args.profile, kit_root=args.kit_root)  # fail fast on a bad profile
     profile.require_known()  # nothing is ever requested under a guessed name
     data_root = Path(args.data_root).resolve()

@@ -54,6 +54,11 @@ class HubError(Stage2Error):
     """The hub (or the loopback hub) refused or failed a request."""
 
 
+class HubSetupError(Stage2Error, ValueError):
+    """A loopback hub cannot serve what it was given: a folder that is not one, a revision that is
+    not a full commit, a repo id or type it does not take (``stage2 serve-hub``, ``--hub-folder``)."""
+
+
 class ChecksumMismatchError(Stage2Error):
     """A file's sha256 differs from its pin."""
 

@@ -152,3 +152,45 @@ def test_a_command_started_with_its_output_closed_runs_and_exits_0(demo_cache, t
     )
     assert p.returncode == 0, p.stderr
     assert "Traceback" not in p.stderr, p.stderr
+
+
+REV = "f9da5e59a8ad9dc371af6f29f76621420746df4d"
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (
+            ["serve-hub", "{missing}", "--repo-id", "a/b", "--revision", REV],
+            "the hub folder {missing} does not exist",
+        ),
+        (
+            ["serve-hub", "{tmp}", "--repo-id", "ab", "--revision", REV],
+            "repo_id 'ab' is not 'namespace/name'",
+        ),
+        (
+            ["serve-hub", "{tmp}", "--repo-id", "a/b", "--revision", "f9da"],
+            "revision 'f9da' is not a full 40-hex commit",
+        ),
+        (
+            ["build", "--profile", "{tmp}/p.toml", "--data-root", "{tmp}/root", "--hub-folder", "{missing}"],
+            "--hub-folder {missing} does not exist",
+        ),
+        (
+            ["build", "--profile", "{tmp}/p.toml", "--data-root", "{tmp}/root", "--kit-root", "{tmp}/p.toml"],
+            "--kit-root {tmp}/p.toml is not a folder",
+        ),
+    ],
+    ids=["serve-hub-folder", "serve-hub-repo-id", "serve-hub-revision", "build-hub-folder", "build-kit-root"],
+)
+def test_a_folder_or_id_argument_that_is_not_one_is_named(argv: list[str], says: str, tmp_path: Path) -> None:
+    """Arguments that name a folder or a hub identity, wrong: one line with the fix and exit 2 (not
+    an internal error), before anything is served, downloaded or written."""
+    (tmp_path / "p.toml").write_text("")
+    fill = {"tmp": str(tmp_path), "missing": str(tmp_path / "missing")}
+    p = stage2(*[a.format(**fill) for a in argv], timeout=120)
+    assert p.returncode == 2, p.tail()
+    line = p.stderr.strip()
+    assert line.startswith(f"stage2 {argv[0]}: error: {says.format(**fill)}") and "Fix:" in line, line
+    assert "internal error" not in line and len(line.splitlines()) == 1, line
+    assert not (tmp_path / "root").exists()

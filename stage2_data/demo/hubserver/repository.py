@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any, NamedTuple
 
+from ...errors import HubSetupError
 from ...hashing import sha256_file
 from ...layout import HEX40_RE
 
@@ -144,14 +145,26 @@ class HubRepository:
         token: str | None = None,
     ) -> None:
         if not HEX40_RE.match(revision):
-            raise ValueError(f"revision {revision!r} is not a full 40-hex commit")
+            raise HubSetupError(
+                f"revision {revision!r} is not a full 40-hex commit.",
+                fix="pass the whole commit id (40 hex digits), as the profile's [source] revision holds it",
+            )
         if repo_type not in REPO_TYPES:
-            raise ValueError(f"repo_type {repo_type!r} is not one of {REPO_TYPES}")
+            raise HubSetupError(
+                f"repo_type {repo_type!r} is not one of {', '.join(REPO_TYPES)}.", fix="pass one of them"
+            )
         if "/" not in repo_id:
-            raise ValueError(f"repo_id {repo_id!r} is not 'namespace/name'")
+            raise HubSetupError(
+                f"repo_id {repo_id!r} is not 'namespace/name'.",
+                fix="pass it as the profile's [source] repo_id holds it, e.g. robometer/processed_datasets",
+            )
         self.folder = Path(folder).resolve()
         if not self.folder.is_dir():
-            raise ValueError(f"{self.folder} is not a folder")
+            what = "is not a folder" if self.folder.exists() else "does not exist"
+            raise HubSetupError(
+                f"the hub folder {self.folder} {what}.",
+                fix="pass the folder to serve as the hub's repository (the demo's: .demo/demo/upstream)",
+            )
         self.repo_id = repo_id
         self.revision = revision
         self.repo_type = repo_type
