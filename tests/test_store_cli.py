@@ -161,6 +161,29 @@ def test_a_path_that_is_no_store_is_named_with_the_store_meant(
         assert stage2("validate", line.split(": ")[-1].split(", ")[0], timeout=120).returncode == 0
 
 
+@pytest.mark.parametrize("given", ["current", "a store folder", "a data root"])
+def test_gc_on_a_store_or_a_data_root_names_the_folder_meant(
+    small_store: Path, tmp_path: Path, given: str
+) -> None:
+    """`stage2 gc` takes a folder of stores; given a store (its `current` link or its folder) or a
+    data root, it names the folder meant, and gc on that folder then runs."""
+    root = tmp_path / "data"
+    stores = root / "stores" / "p"
+    stores.mkdir(parents=True)
+    shutil.copytree(small_store, stores / "v2-0")
+    (stores / "current").symlink_to("v2-0")
+    path, said, meant = {
+        "current": (stores / "current", "is a store, not a folder of stores", stores),
+        "a store folder": (stores / "v2-0", "is a store, not a folder of stores", stores),
+        "a data root": (root, "holds no stores", root / "stores"),
+    }[given]
+    r = stage2("gc", str(path), "--dry-run", timeout=120)
+    assert r.returncode == 2, r.tail()
+    line = r.stderr.strip()
+    assert line.startswith(f"stage2 gc: error: {path} {said}") and line.endswith(f": {meant}"), line
+    assert stage2("gc", str(meant), "--dry-run", timeout=120).returncode == 0
+
+
 def test_version_refusal_small_store_json(small_store: Path, tmp_path: Path) -> None:
     s = tmp_path / "s"
     shutil.copytree(small_store, s)

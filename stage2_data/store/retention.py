@@ -449,9 +449,16 @@ def profile_roots(
     roots = [loc.child(n) for n in sorted(loc.listdir_names(loc.root)) if not n.startswith(".")]
     roots = [r for r in roots if r.is_dir(r.root) and is_profile_root(r)]
     if not roots:
+        fix = "name a stores folder (<data_root>/stores) or one profile's (<data_root>/stores/<profile>)"
+        if loc.is_file(loc.root / MANIFEST_NAME):  # a store itself (a `current` link, a store folder)
+            parent = loc.root.resolve().parent if loc.is_local else loc.root.parent
+            fix = f"name the profile's stores folder that holds it: {loc.display(parent)}"
+            raise StoreError(f"{loc.url} is a store, not a folder of stores.", fix=fix)
+        if loc.is_dir(loc.root / "stores"):  # a data root
+            fix = f"name its stores folder: {loc.display(loc.root / 'stores')}"
         raise StoreError(
             f"{loc.url} holds no stores (no current link, no store folder, no profile folder with them).",
-            fix="name a stores folder (<data_root>/stores) or one profile's (<data_root>/stores/<profile>)",
+            fix=fix,
         )
     return roots
 
