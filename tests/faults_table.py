@@ -501,6 +501,22 @@ FAULTS: tuple[Fault, ...] = (
         "with path and cache_key set to the hub's name and `unknown = true` deleted, `stage2 pin` pins it and it downloads",
     ),
     Fault(
+        "prof_kit_root_missing",
+        "profile",
+        "`--kit-root` a folder that does not exist, or a file",
+        "`stage2 build` exits 2 before any work: --kit-root <path> does not exist (or is not a folder); fix: pass an existing folder to --kit-root, or leave it out",
+        "nothing; the data root is not created",
+        "an existing kit root (or none: the profile's folder): the build starts",
+    ),
+    Fault(
+        "prof_hub_folder_missing",
+        "profile",
+        "`--hub-folder` (the folder a loopback hub serves) that does not exist; `stage2 serve-hub` on one, or with a short revision or a repo id without a slash",
+        "exit 2 before anything is served or downloaded, one line naming the argument and the fix (not an internal error)",
+        "nothing; the data root is not created",
+        "an existing folder: the build starts, the hub serves",
+    ),
+    Fault(
         "prof_keep_text",
         "profile",
         "`STAGE2_KEEP_STORES=abc` (the retention setting, not a number)",

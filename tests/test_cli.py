@@ -172,16 +172,8 @@ REV = "f9da5e59a8ad9dc371af6f29f76621420746df4d"
             ["serve-hub", "{tmp}", "--repo-id", "a/b", "--revision", "f9da"],
             "revision 'f9da' is not a full 40-hex commit",
         ),
-        (
-            ["build", "--profile", "{tmp}/p.toml", "--data-root", "{tmp}/root", "--hub-folder", "{missing}"],
-            "--hub-folder {missing} does not exist",
-        ),
-        (
-            ["build", "--profile", "{tmp}/p.toml", "--data-root", "{tmp}/root", "--kit-root", "{tmp}/p.toml"],
-            "--kit-root {tmp}/p.toml is not a folder",
-        ),
     ],
-    ids=["serve-hub-folder", "serve-hub-repo-id", "serve-hub-revision", "build-hub-folder", "build-kit-root"],
+    ids=["serve-hub-folder", "serve-hub-repo-id", "serve-hub-revision"],
 )
 def test_a_folder_or_id_argument_that_is_not_one_is_named(argv: list[str], says: str, tmp_path: Path) -> None:
     """Arguments that name a folder or a hub identity, wrong: one line with the fix and exit 2 (not

@@ -146,3 +146,44 @@ def test_fault_prof_unknown_archive(prepared: Prepared, demo: DemoPaths, tmp_pat
         assert load_profile(demo.profile).archive(real) == spec
         assert run_selection(cfg, ["archive_file"], SMALL)["success"]
     demo.profile.write_text(good)
+
+
+@fault_cases(prof_kit_root_missing="--kit-root", prof_hub_folder_missing="--hub-folder")
+def test_fault_folder_option_missing(tmp_path: Path, demo_cache: DemoPaths, case: str) -> None:
+    """A folder option of `stage2 build` that names no folder: refused before any work (a missing
+    kit root used to be found only after every archive was downloaded and extracted); for the hub
+    folder, `stage2 serve-hub` refuses it the same way, with its other arguments."""
+    root = tmp_path / "root"
+    (tmp_path / "a-file").write_text("")
+    before = outside(tmp_path)
+    argv = ["build", "--profile", str(demo_cache.profile), "--data-root", str(root)]
+    if case == "--kit-root":
+        argv += ["--hub-folder", str(demo_cache.upstream)]
+    for given, what in ((tmp_path / "missing", "does not exist"), (tmp_path / "a-file", "is not a folder")):
+        r = stage2(*argv, case, str(given))
+        assert r.returncode == 2, r.tail()
+        line = r.stderr.strip()
+        assert (
+            line
+            == f"stage2 build: error: {case} {given} {what}. Fix: pass an existing folder to {case}, or leave it out"
+        ), line
+    assert not root.exists() and outside(tmp_path) == before
+    if case == "--hub-folder":
+        rev = demo_cache.revision
+        for args, said in (
+            (
+                [str(tmp_path / "missing"), "--repo-id", demo_cache.repo_id, "--revision", rev],
+                "does not exist",
+            ),
+            (
+                [str(demo_cache.upstream), "--repo-id", "no-slash", "--revision", rev],
+                "is not 'namespace/name'",
+            ),
+            (
+                [str(demo_cache.upstream), "--repo-id", demo_cache.repo_id, "--revision", rev[:8]],
+                "40-hex commit",
+            ),
+        ):
+            r = stage2("serve-hub", *args, timeout=60)
+            assert r.returncode == 2 and said in r.stderr and "Fix:" in r.stderr, r.tail()
+            assert "internal error" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
