@@ -754,12 +754,13 @@ def test_make_ui_says_its_url_when_it_answers_is_quiet_and_stops_on_ctrl_c(
                 with urllib.request.urlopen(url + "/server_info", timeout=5) as r:
                     assert r.status == 200
                 break
+        # `dagster dev`, in a group of its own: known before any assertion, so that `finally` stops it
+        children = [int(p.name) for p in Path("/proc").glob("[0-9]*") if _ppid(p) == proc.pid]
         assert f"Dagster UI:   {url}" in said, (said, (tmp_path / "ui.out").read_text())
+        assert len(children) == 1, children
         assert not (tmp_path / "demo-root").exists(), "the UI of a build generated the demo"
         assert _resource_value(url, "data_root", "path") == {str(ui_instance["root"])}
         assert _resource_value(url, "profile", "profile_path") == {str(ui_instance["config"].profile_path)}
-        children = [int(p.name) for p in Path("/proc").glob("[0-9]*") if _ppid(p) == proc.pid]
-        assert len(children) == 1, children  # `dagster dev`, in a group of its own
         # quiet while nothing happens: no more lines for a while (the daemon ticks every few seconds)
         out.flush()
         before = (tmp_path / "ui.out").read_text()
