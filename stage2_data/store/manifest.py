@@ -30,7 +30,9 @@ from .manifest_shape import manifest_shape_problems
 @dataclass(frozen=True)
 class ManifestFile:
     """What reading ``manifest.json`` gave: the manifest, or why there is none (``problem``: the short
-    form validation reports after the manifest's path; ``error``: what a reader raises)."""
+    form validation reports after the manifest's path; ``error``: what a reader raises, None for a
+    missing manifest: :func:`read_manifest` then looks at what is at the path, and only then, since
+    many callers merely probe whether a folder is a store)."""
 
     manifest: dict[str, Any] | None
     problem: str = ""
@@ -72,7 +74,7 @@ def load_manifest(loc: StoreLocation) -> ManifestFile:
     mfile = loc.root / MANIFEST_NAME
     mpath = loc.display(mfile)
     if not loc.is_file(mfile):
-        return ManifestFile(None, "missing (incomplete or not a store)", _no_store(loc))
+        return ManifestFile(None, "missing (incomplete or not a store)")
     try:
         manifest = json.loads(loc.read_bytes(mfile).decode("utf-8"))
     except (OSError, ValueError) as e:
@@ -97,8 +99,7 @@ def read_manifest(loc: StoreLocation) -> dict[str, Any]:
     there is none, StoreError when it is unreadable or not a JSON object."""
     got = load_manifest(loc)
     if got.manifest is None:
-        assert got.error is not None
-        raise got.error from None
+        raise (got.error or _no_store(loc)) from None
     return got.manifest
 
 
