@@ -256,19 +256,14 @@ def ui_command(config: BuildConfig, home: Path, cwd: Path | None = None) -> str:
     again as they ran): `make ui` in a checkout (``cwd`` holds the Makefile and workspace.yaml),
     else this interpreter's ``-m stage2_pipelines.ui``; prefixed with the build's settings unless
     they are the demo's that `make ui` serves by default."""
+    from stage2_data.acquire import DEFAULT_ENDPOINT  # loaded already by the build that asks
+
     cwd = Path.cwd() if cwd is None else cwd
     env = {k: v for k, v in config.to_env().items() if v and k not in _UI_UNSAID and _UI_DEFAULTS.get(k) != v}
-    from stage2_data.acquire import DEFAULT_ENDPOINT
-
     if config.hub_folder or env.get("STAGE2_HUB_ENDPOINT") == DEFAULT_ENDPOINT:
-        env.pop(
-            "STAGE2_HUB_ENDPOINT", None
-        )  # a hub folder is served on loopback; the default hub is the default
-    said = {"DAGSTER_HOME": str(home)}
-    if not (
-        env.keys() == {"STAGE2_PROFILE", "STAGE2_DATA_ROOT", "STAGE2_HUB_FOLDER"} and env == demo_settings()
-    ):
-        said = {**env, **said}
+        # a hub folder is served on loopback by the runs; the default hub needs no setting
+        env.pop("STAGE2_HUB_ENDPOINT", None)
+    said = {"DAGSTER_HOME": str(home)} if env == demo_settings() else {**env, "DAGSTER_HOME": str(home)}
     checkout = (cwd / "Makefile").is_file() and (cwd / "workspace.yaml").is_file()
     run = "make ui" if checkout else f"{shlex.quote(sys.executable)} -m stage2_pipelines.ui"
     line = " ".join(f"{k}={shlex.quote(v)}" for k, v in said.items()) + f" {run}"
