@@ -56,7 +56,8 @@ def build_sensors(profile: Profile, jobs: dict[str, Any]) -> list[dg.SensorDefin
 
     @dg.run_failure_sensor(
         name="alert_on_failed_run",
-        # True: runs started by `stage2 build` have no code-location origin; they must alert too.
+        # True: runs `stage2 build --run-in-process` executes have no code-location origin; they must
+        # alert too.
         monitor_all_code_locations=True,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description="Delivers an alert for every failed run.",

@@ -4,6 +4,8 @@ the clean content published (recomputed from the store's bytes). See tests/helpe
 
 Each run draws a fresh seed and prints it; ``STAGE2_MUTATION_SEED=<seed>`` replays a run, and
 ``STAGE2_MUTATIONS=<n>`` sets how many mutations it makes (100 by default; ``make soak N=1000``).
+They run in ``STAGE2_MUTATION_LANES`` lanes side by side (one a core, at most two, by default), each
+on a working copy of its own; a seed replays a run with the same number of lanes.
 Every class comes once in each 11 mutations and every (class, mutation) pair once in each 66 (in an
 order shuffled from the seed), so 100 cover every pair; chains of up to four mutations (an accepted one stays in place), the
 files and the parameters are drawn by Hypothesis. ``STAGE2_MUTATION_ESCAPES=<file>`` appends
@@ -18,9 +20,11 @@ import os
 import random
 import re
 import secrets
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +45,7 @@ def _env_int(name: str, default: int) -> int:
 
 SEED = _env_int("STAGE2_MUTATION_SEED", secrets.randbelow(2**32))
 N_MUTATIONS = _env_int("STAGE2_MUTATIONS", 100)
+LANES = _env_int("STAGE2_MUTATION_LANES", min(2, os.cpu_count() or 1))
 
 
 @pytest.fixture(scope="module")
@@ -88,22 +93,38 @@ def _schedule(run_seed: int, n: int) -> list[tuple[str, str]]:
     return out[:n]
 
 
-def test_random_mutations(mutation_bench: Bench) -> None:
-    bench = mutation_bench
-    print(f"\nSTAGE2_MUTATION_SEED={SEED} STAGE2_MUTATIONS={N_MUTATIONS}", flush=True)
+def _say(line: str) -> None:
+    """One line of a lane's progress, in one write (two lanes' lines never run into each other)."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def _lanes(n: int, lanes: int) -> list[range]:
+    """The schedule cut into ``lanes`` contiguous runs of mutations, one a lane (the union is the
+    whole schedule, so the coverage of every class and pair is the schedule's)."""
+    lanes = max(1, min(lanes, n))
+    return [range(n * i // lanes, n * (i + 1) // lanes) for i in range(lanes)]
+
+
+def _run_lane(
+    bench: Bench, lane: int, todo: range, schedule: list[tuple[str, str]], tag: str
+) -> list[Verdict]:
+    """The mutations ``todo`` of the schedule, in chains drawn by Hypothesis, on ``bench`` (a lane
+    of its own). Seeded by the run's seed and the lane, so a seed and a lane count replay a run."""
     verdicts: list[Verdict] = []
-    chain_escapes: list[str] = []
-    schedule = _schedule(SEED, N_MUTATIONS)
-    t0 = time.monotonic()
+    n = len(todo)
+
+    def say(text: str) -> None:
+        _say(tag + text)
 
     # One Hypothesis example is one chain of 1 to MAX_CHAIN mutations (an accepted mutation stays in
     # place for the next). The (class, kind) of each mutation comes from the schedule (every pair
     # once in every 66 mutations, whatever Hypothesis draws); Hypothesis draws the chain's length,
     # the file, the other file of a swap, the offset and the mask. No shrinking: a chain starts from
     # the clean content, so a failing chain is its own reproduction.
-    @seed(SEED)
+    @seed(SEED + lane * 2**32)
     @settings(
-        max_examples=2 * N_MUTATIONS + 10,
+        max_examples=2 * n + 10,
         database=None,
         deadline=None,
         derandomize=False,
@@ -118,11 +139,11 @@ def test_random_mutations(mutation_bench: Bench) -> None:
         # the files there are.
         # The file, the partner and the offset are uniform: Hypothesis's integers (and the seeds it
         # draws for st.randoms) favour 0 and the bounds, which would mutate the first file at its
-        # first byte again and again. A Random seeded by the run's seed, the mutation's number and
-        # a drawn salt gives them.
+        # first byte again and again. A Random seeded by the run's seed, the lane, the mutation's
+        # number and a drawn salt gives them.
         length = data.draw(st.integers(1, MAX_CHAIN), label="chain length")
         salt = data.draw(st.integers(0, 2**32), label="salt")
-        rnd = random.Random(f"{SEED}:{len(verdicts)}:{salt}")
+        rnd = random.Random(f"{SEED}:{lane}:{len(verdicts)}:{salt}")
         draws = [
             (
                 rnd.randrange(2**16),
@@ -133,14 +154,14 @@ def test_random_mutations(mutation_bench: Bench) -> None:
             for _ in range(length)
         ]
         offline = rnd.random() < OFFLINE_SHARE
-        if len(verdicts) < N_MUTATIONS:
+        if len(verdicts) < n:
             bench.offline = offline
             where = "offline (HF_HUB_OFFLINE=1)" if offline else "online"
-            print(f"-- chain of {min(length, N_MUTATIONS - len(verdicts))}, {where}", flush=True)
+            say(f"-- chain of {min(length, n - len(verdicts))}, {where}")
         for file_i, partner_i, pos, mask in draws:
-            if len(verdicts) >= N_MUTATIONS:
+            if len(verdicts) >= n:
                 break
-            cls, kind = schedule[len(verdicts)]
+            cls, kind = schedule[todo[len(verdicts)]]
             files = bench.candidates(cls)
             assert files, f"no file of class {cls} in the working copy"
             path = files[file_i % len(files)]
@@ -150,35 +171,64 @@ def test_random_mutations(mutation_bench: Bench) -> None:
                 kind = "edit"  # a class of one file has nothing to swap with
             v = bench.step(Mutation(cls, kind, path, partner, pos=pos, mask=mask))
             verdicts.append(v)
-            print(
-                f"[{len(verdicts)}/{N_MUTATIONS}] {v.outcome:8s} {v.mutation.describe()}: exit {v.first.rc}"
-                + (f" ({v.first.first_error()})" if v.first.rc else ""),
-                flush=True,
+            say(
+                f"[{todo.start + len(verdicts)}/{todo.stop}] {v.outcome:8s} {v.mutation.describe()}: "
+                f"exit {v.first.rc}" + (f" ({v.first.first_error()})" if v.first.rc else "")
             )
             if v.outcome != "accepted":
                 break  # the chain ended (restored, converged or reset)
         problems = bench.end_chain()
         bench.offline = False
         if problems:
-            chain_escapes.append("\n".join(problems))
-            print(f"    escape at the end of the chain: {problems}", flush=True)
+            v = verdicts[-1]
+            v.problems += [f"at the end of its chain: {p}" for p in problems if p not in v.problems]
+            v.outcome = "escape"
+            say(f"    escape at the end of the chain: {problems}")
 
     one()
+    assert len(verdicts) == n, f"{tag}Hypothesis ran {len(verdicts)} of {n} mutations"
+    return verdicts
+
+
+def test_random_mutations(mutation_bench: Bench) -> None:
+    """The schedule's mutations in ``STAGE2_MUTATION_LANES`` lanes side by side (default: one a core,
+    at most two), each on a working copy of its own: a build of the demo is mostly one core's work."""
+    lanes = _lanes(N_MUTATIONS, LANES)
+    print(f"\nSTAGE2_MUTATION_SEED={SEED} STAGE2_MUTATIONS={N_MUTATIONS} STAGE2_MUTATION_LANES={len(lanes)}")
+    schedule = _schedule(SEED, N_MUTATIONS)
+    t0 = time.monotonic()
+    tags = [f"lane {i}: " if len(lanes) > 1 else "" for i in range(len(lanes))]
+    benches = [mutation_bench] + [
+        mutation_bench.lane(str(i), log=lambda text, tag=tags[i]: _say(tag + text))
+        for i in range(1, len(lanes))
+    ]
+    with ThreadPoolExecutor(max_workers=len(lanes), thread_name_prefix="mutation-lane") as pool:
+        futures = [
+            pool.submit(_run_lane, bench, i, todo, schedule, tags[i])
+            for i, (bench, todo) in enumerate(zip(benches, lanes, strict=True))
+        ]
+        per_lane = [f.result() for f in futures]
+    verdicts = [v for lane in per_lane for v in lane]  # in the schedule's order
     elapsed = time.monotonic() - t0
-    escapes = [v.summary() for v in verdicts if v.escape] + chain_escapes
+    escapes = [v.summary() for v in verdicts if v.escape]
     by_class = Counter(v.mutation.cls for v in verdicts)
+    builds = sum(b.builds for b in benches)
+    resets = sum(b.resets for b in benches)
     print(
-        f"{len(verdicts)} mutations in {elapsed:.0f} s ({elapsed / max(len(verdicts), 1):.1f} s each, "
-        f"{bench.builds} builds, {bench.resets} resets): {dict(Counter(v.outcome for v in verdicts))}; "
-        f"by class {dict(by_class)}; seed {SEED}"
+        f"{len(verdicts)} mutations in {elapsed:.0f} s over {len(lanes)} lane(s) "
+        f"({elapsed / max(len(verdicts), 1):.1f} s each, {builds} builds, {resets} resets): "
+        f"{dict(Counter(v.outcome for v in verdicts))}; by class {dict(by_class)}; seed {SEED}"
     )
-    assert len(verdicts) == N_MUTATIONS, f"Hypothesis ran {len(verdicts)} of {N_MUTATIONS} mutations"
+    assert len(verdicts) == N_MUTATIONS, f"{len(verdicts)} of {N_MUTATIONS} mutations ran"
     if len(CLASSES) <= N_MUTATIONS:
         assert set(by_class) == set(CLASSES), by_class
     if len(CLASSES) * len(MUTATIONS) <= N_MUTATIONS:
-        pairs = {(v.mutation.cls, kind) for v, kind in zip(verdicts, (k for _, k in schedule), strict=False)}
+        pairs = {(v.mutation.cls, kind) for v, (_, kind) in zip(verdicts, schedule, strict=True)}
         assert len(pairs) == len(CLASSES) * len(MUTATIONS), sorted(pairs)
-    assert not escapes, f"{len(escapes)} escapes (STAGE2_MUTATION_SEED={SEED}):\n" + "\n".join(escapes)
+    assert not escapes, (
+        f"{len(escapes)} escapes (STAGE2_MUTATION_SEED={SEED} STAGE2_MUTATION_LANES={len(lanes)}):\n"
+        + "\n".join(escapes)
+    )
 
 
 # --------------------------------------------------------------------------------------------------

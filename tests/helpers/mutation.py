@@ -25,6 +25,7 @@ build (settled by one build, so that its stat records are its own).
 from __future__ import annotations
 
 import bisect
+import copy
 import hashlib
 import json
 import os
@@ -466,6 +467,19 @@ class Bench:
         # every archive of the clean build, by path: its sha256
         self.archives = {rel: _sha256(self.clean / rel) for rel in files_by_class(self.clean)["archives"]}
         self.reset()
+
+    def lane(self, name: str, *, log: Callable[[str], None]) -> Bench:
+        """A bench of its own over the same clean build: its own working copy (``work-<name>``),
+        chain and counts, so that two lanes of mutations run side by side, one on each core."""
+        other = copy.copy(self)
+        other.work = self.base / f"work-{name}"
+        other.log = log
+        other.pending = []
+        other.offline = False
+        other.resets = 0
+        other.builds = 0
+        other.reset()
+        return other
 
     # -- builds ------------------------------------------------------------------------------------
     def build(self, root: Path) -> Built:
