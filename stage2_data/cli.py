@@ -161,6 +161,7 @@ def _parser_and_commands() -> tuple[argparse.ArgumentParser, dict[str, argparse.
         epilog="Example: stage2 build --profile manifests/stage2_core_v1.toml --data-root /data/stage2",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for register in [*plugin_commands(), *(m.register for m in command_modules())]:
         register(sub)
@@ -196,10 +197,46 @@ def unrecognized_text(extra: Sequence[str], command: argparse.ArgumentParser) ->
         bare = name.lstrip("-").replace("-", "_")
         if bare in positionals:
             fixes.append(f"give {bare} without {name} ({command.prog} ... {bare.upper()} ...)")
+        elif name == "--version":  # an option of `stage2` itself, not of its commands
+            fixes.append("stage2 --version, before any command")
         elif close := difflib.get_close_matches(name, options, n=1, cutoff=0.75):
             fixes.append(f"{close[0]}, not {name}")
     fix = "; ".join(fixes) or f"`{command.prog} --help` lists what it takes"
     return f"unrecognized arguments: {' '.join(extra)}. Fix: {fix}"
+
+
+#: what ``stage2 --version`` reports beside stage2-data: the packages a bug report needs (the ones
+#: installed; the core install has no Dagster)
+VERSION_OF = ("dagster", "zarr", "numpy", "huggingface_hub")
+
+
+def version_text() -> str:
+    """``stage2-data <version>``, then each installed package of :data:`VERSION_OF` with its
+    version, and the Python that runs it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(dist: str) -> str | None:
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            return None
+
+    found = [f"{d} {v}" for d in VERSION_OF if (v := of(d)) is not None]
+    python = ".".join(map(str, sys.version_info[:3]))
+    return f"{DIST} {of(DIST) or 'unknown'} ({', '.join([*found, f'Python {python}'])})"
+
+
+class _Version(argparse.Action):
+    """``--version``: :func:`version_text` on stdout, exit 0 (computed only when asked)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kw: Any) -> None:
+        super().__init__(
+            option_strings, dest, nargs=0, help="print the versions of stage2-data and its parts, then exit"
+        )
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> NoReturn:
+        print(version_text())
+        parser.exit()
 
 
 class _Parser(argparse.ArgumentParser):

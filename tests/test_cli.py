@@ -98,6 +98,11 @@ def test_the_stage2_executable_keeps_openblas_to_one_thread_unless_told(given: s
         ),
         # a misspelt command
         (["bild"], "invalid choice: 'bild'"),
+        # stage2's own option after a command
+        (
+            ["summary", "--version", "store"],
+            "stage2 summary: error: unrecognized arguments: --version. Fix: stage2 --version, before any command",
+        ),
     ],
     ids=[
         "positional-as-option",
@@ -105,6 +110,7 @@ def test_the_stage2_executable_keeps_openblas_to_one_thread_unless_told(given: s
         "misspelt-required-option",
         "unknown-option",
         "misspelt-command",
+        "version-after-a-command",
     ],
 )
 def test_a_usage_error_names_the_command_and_what_was_meant(argv: list[str], says: str) -> None:
@@ -117,6 +123,19 @@ def test_a_usage_error_names_the_command_and_what_was_meant(argv: list[str], say
         assert p.stderr.rstrip().endswith("Fix: stage2 build, not bild"), p.stderr
     else:
         assert p.stderr.startswith(f"usage: stage2 {argv[0]} "), p.stderr
+
+
+def test_version_names_stage2_data_and_the_parts_a_bug_report_needs() -> None:
+    """``stage2 --version``: the installed stage2-data's version (from its metadata), then Dagster's,
+    zarr's, numpy's, the hub client's and Python's; exit 0, nothing on stderr."""
+    from importlib.metadata import version
+
+    p = stage2("--version", timeout=120)
+    assert p.returncode == 0 and p.stderr == "", p.tail()
+    assert p.stdout.startswith(f"stage2-data {version('stage2-data')} ("), p.stdout
+    for dist in ("dagster", "zarr", "numpy", "huggingface_hub"):
+        assert f"{dist} {version(dist)}" in p.stdout, p.stdout
+    assert f"Python {sys.version_info.major}.{sys.version_info.minor}." in p.stdout, p.stdout
 
 
 @pytest.mark.parametrize("what", ["list", "help"])
