@@ -168,6 +168,23 @@ def test_list_shows_missing_partial_verified(
     assert all(q["upstream"] for q in doc["quarantined"])
 
 
+def test_list_of_an_unpinned_profile_does_not_claim_to_know_the_disk_needed(
+    demo: DemoPaths, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An archive without a pinned size counts 0 in what the build needs: `list` says the need is a
+    lower bound and how to pin, and never that the disk is enough."""
+    path = demo.profile.with_name("unpinned-list.toml")
+    path.write_text(PIN_LINE.sub("", demo.profile.read_text()))
+    data_root = tmp_path / "data"
+    rc, out, _ = stage2(capsys, "list", str(path), "--data-root", str(data_root), "--json")
+    disk = json.loads(out)["disk"]
+    assert rc == 0 and (disk["enough"], disk["archives_without_size"]) == (False, 14), disk
+    rc, out, _ = stage2(capsys, "list", str(path), "--data-root", str(data_root))
+    assert rc == 0 and "disk       need at least 0 B for the rest of the build" in out, out
+    assert f"14 archive(s) have no pinned size, so they count 0 above. Fix: stage2 pin {path} --write" in out
+    assert "NOT ENOUGH" not in out
+
+
 # ----- disk --------------------------------------------------------------------------------------
 def test_build_refuses_before_any_download_when_the_disk_is_too_small(
     demo: DemoPaths, hub: HubServer, tmp_path: Path, dagster_home: Path

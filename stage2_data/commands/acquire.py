@@ -275,7 +275,14 @@ def cmd_list(args: argparse.Namespace) -> int:
         "to_extract_bytes": extraction,
         "required_free_bytes": download + extraction,
     }
-    disk = {"path": str(data_root), "free_bytes": free, "enough": free >= download + extraction}
+    # an archive without a pinned size counts 0 in what the build needs: the need is then a lower bound
+    unsized = sum(1 for r in rows if not r["size"] and r["state"] != "verified")
+    disk = {
+        "path": str(data_root),
+        "free_bytes": free,
+        "enough": free >= download + extraction and not unsized,
+        "archives_without_size": unsized,
+    }
     if args.json:
         print_json(
             {
@@ -334,11 +341,19 @@ def cmd_list(args: argparse.Namespace) -> int:
         f"verified {t['verified']} ({human_bytes(t['verified_bytes'])}), partial {t['partial']} "
         f"({human_bytes(t['partial_bytes'])}), present unverified {t['unverified']}, missing {t['missing']}"
     )
+    need = f"need {human_bytes(t['required_free_bytes'])}"
+    if unsized:
+        need = f"need at least {human_bytes(t['required_free_bytes'])}"
     print(
-        f"disk       need {human_bytes(t['required_free_bytes'])} for the rest of the build "
+        f"disk       {need} for the rest of the build "
         f"({human_bytes(download)} to download + {human_bytes(extraction)} to extract); "
-        f"{human_bytes(free)} free at {data_root}" + ("" if disk["enough"] else "  -> NOT ENOUGH")
+        f"{human_bytes(free)} free at {data_root}" + ("" if disk["enough"] or unsized else "  -> NOT ENOUGH")
     )
+    if unsized:
+        print(
+            f"           {unsized} archive(s) have no pinned size, so they count 0 above. "
+            f"Fix: stage2 pin {args.profile} --write"
+        )
     return 0
 
 
