@@ -31,6 +31,7 @@ from stage2_data.commands.common import (
     EXIT_ERROR,
     EXIT_FAILED,
     add_storage_option,
+    count_of,
     eprint,
     print_json,
     storage_options,
@@ -377,7 +378,7 @@ def _add_build_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token-env", default="HF_TOKEN", help="environment variable holding the hub token")
     p.add_argument(
         "--concurrency",
-        type=int,
+        type=count_of("a number of runs or partitions at once"),
         default=None,
         help="how much at once: launched download_and_extract runs (default 2), or a run's "
         "partitions with --run-in-process (default: sized for the machine); 1: one run per stage, "

@@ -125,6 +125,42 @@ def test_a_usage_error_names_the_command_and_what_was_meant(argv: list[str], say
         assert p.stderr.startswith(f"usage: stage2 {argv[0]} "), p.stderr
 
 
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (
+            ["build", "--profile", "p.toml", "--data-root", "root", "--concurrency", "0"],
+            "argument --concurrency: '0' is not a number of runs or partitions at once (an integer >= 1)",
+        ),
+        (
+            ["build", "--profile", "p.toml", "--data-root", "root", "--concurrency", "-2"],
+            "argument --concurrency: '-2' is not a number of runs or partitions at once (an integer >= 1)",
+        ),
+        (
+            ["verify", "p.toml", "--data-root", "root", "--workers", "many"],
+            "argument --workers: 'many' is not a number of hashing threads (an integer >= 1)",
+        ),
+        (
+            ["serve-hub", "folder", "--repo-id", "a/b", "--revision", "c" * 40, "--port", "70000"],
+            "argument --port: '70000' is not a TCP port (an integer >= 0 and <= 65535)",
+        ),
+        (
+            ["gc", "stores", "--keep", "-1"],
+            "argument --keep: '-1' is not a number of stores (an integer >= 0)",
+        ),
+    ],
+    ids=["concurrency-0", "concurrency-negative", "workers-word", "port-too-big", "keep-negative"],
+)
+def test_a_count_option_out_of_its_range_is_a_usage_error(argv: list[str], says: str) -> None:
+    """A count no command can use (no runs at once, no hashing threads, a port past 65535) is
+    refused before any work, with what the option takes; it is never read as "the default"."""
+    p = stage2(*argv, timeout=120)
+    assert p.returncode == 2, p.tail()
+    assert (
+        p.stderr.startswith(f"usage: stage2 {argv[0]} ") and f"stage2 {argv[0]}: error: {says}" in p.stderr
+    ), p.stderr
+
+
 def test_version_names_stage2_data_and_the_parts_a_bug_report_needs() -> None:
     """``stage2 --version``: the installed stage2-data's version (from its metadata), then Dagster's,
     zarr's, numpy's, the hub client's and Python's; exit 0, nothing on stderr."""

@@ -15,6 +15,23 @@ EXIT_FAILED = 1  # the command ran and found problems (a failed check, an invali
 EXIT_ERROR = 2  # the command could not run (bad input, bad arguments)
 
 
+def count_of(what: str, minimum: int = 1, maximum: int | None = None) -> Callable[[str], int]:
+    """An argparse ``type`` for ``what`` ("a number of stores"): an integer in ``[minimum, maximum]``;
+    anything else is a usage error that says what the option takes (``--concurrency 0``)."""
+
+    def parse(value: str) -> int:
+        try:
+            n = int(value)
+        except ValueError:
+            n = None
+        if n is None or n < minimum or (maximum is not None and n > maximum):
+            upto = f" and <= {maximum}" if maximum is not None else ""
+            raise argparse.ArgumentTypeError(f"{value!r} is not {what} (an integer >= {minimum}{upto})")
+        return n
+
+    return parse
+
+
 def print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 

@@ -8,6 +8,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from .common import count_of
+
 
 def cmd_serve_hub(args: argparse.Namespace) -> int:
     from ..demo.hubserver import HubServer
@@ -30,5 +32,10 @@ def register(sub: Any) -> None:
     p.add_argument("folder")
     p.add_argument("--repo-id", required=True)
     p.add_argument("--revision", required=True)
-    p.add_argument("--port", type=int, default=0)
+    p.add_argument(
+        "--port",
+        type=count_of("a TCP port", minimum=0, maximum=65535),
+        default=0,
+        help="0 (default): any free port",
+    )
     p.set_defaults(func=cmd_serve_hub)

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..errors import Stage2Error
 from ..fsutil import human_bytes
-from .common import EXIT_FAILED, finish_command, print_json
+from .common import EXIT_FAILED, count_of, finish_command, print_json
 
 
 def verify(
@@ -173,6 +173,9 @@ def register(sub: Any) -> None:
     p.add_argument("--kit-root", help="kit root (default: the folder holding the profile)")
     p.add_argument("--bytes", action="store_true", help="also hash every SHA256SUMS file and compare")
     p.add_argument(
-        "--workers", type=int, default=None, help="hashing threads for --bytes (default: one per core)"
+        "--workers",
+        type=count_of("a number of hashing threads"),
+        default=None,
+        help="hashing threads for --bytes (default: one per core)",
     )
     finish_command(p, cmd_verify, json_help="print one JSON object instead of the table")

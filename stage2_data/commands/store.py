@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from .common import EXIT_ERROR, EXIT_FAILED, eprint, finish_command, print_json, storage_options
+from .common import EXIT_ERROR, EXIT_FAILED, count_of, eprint, finish_command, print_json, storage_options
 
 STORE_EXAMPLE = ".demo/data/stores/stage2_core_v1_demo/current"
 
@@ -208,16 +208,6 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 
 # ----- gc ------------------------------------------------------------------------------------------
-def _non_negative(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number of stores (an integer >= 0)")
-    return n
-
-
 def _gc_data_root(target: Path) -> Path | None:
     """The data root ``target`` (``<root>/stores`` or ``<root>/stores/<profile>``) lies in, if any."""
     from .. import layout
@@ -368,7 +358,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--keep",
-        type=_non_negative,
+        type=count_of("a number of stores", minimum=0),
         default=None,
         metavar="N",
         help="previous stores kept besides current (default: STAGE2_KEEP_STORES, else 1)",
