@@ -20,9 +20,12 @@ class Stage2Error(Exception):
         super().__init__(self.__str__())
 
     def __str__(self) -> str:
-        if self.fix:
-            return f"{self.message} Fix: {self.fix}"
-        return self.message
+        if not self.fix:
+            return self.message
+        if "\n" in self.message:  # a list of problems: the fix on a line of its own, after it
+            return f"{self.message.rstrip()}\nFix: {self.fix}"
+        stop = "" if self.message.rstrip().endswith((".", "!", "?")) else "."
+        return f"{self.message.rstrip()}{stop} Fix: {self.fix}"
 
     def __reduce__(self) -> tuple[object, ...]:
         # Pickled whole (a worker process's error reaches the caller as it was raised): subclasses

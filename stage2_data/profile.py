@@ -316,18 +316,19 @@ def _loc(loc: tuple[Any, ...]) -> str:
     return out or "(top level)"
 
 
-def format_validation_error(err: ValidationError, source: str) -> list[str]:
+def format_validation_error(err: ValidationError) -> list[str]:
+    """Each problem pydantic found, by key (the caller names the file once)."""
     problems = []
     for e in err.errors():
         loc = _loc(tuple(e.get("loc", ())))
         kind = e.get("type", "")
         if kind == "extra_forbidden":
-            problems.append(f"{source}: unknown key {loc!r}; remove it or check its spelling")
+            problems.append(f"unknown key {loc!r}; remove it or check its spelling")
         elif kind == "missing":
-            problems.append(f"{source}: missing key {loc!r}")
+            problems.append(f"missing key {loc!r}")
         else:
             msg = e.get("msg", "").removeprefix("Value error, ")
-            problems.append(f"{source}: key {loc!r}: {msg}")
+            problems.append(f"key {loc!r}: {msg}")
     return problems
 
 
@@ -335,7 +336,7 @@ def parse_profile(data: dict[str, Any], *, source: str = "<profile>", path: Path
     try:
         prof = Profile.model_validate(data)
     except ValidationError as e:
-        problems = format_validation_error(e, source)
+        problems = format_validation_error(e)
         raise ProfileError(
             "invalid profile " + source + ": " + "; ".join(problems),
             fix="correct the named key(s) in the profile (see docs/spec/profile.md)",

@@ -41,6 +41,38 @@ def test_errors_survive_pickling(name: str) -> None:
 
 
 @pytest.mark.parametrize(
+    ("message", "shown"),
+    [
+        ("a.tar is missing", "a.tar is missing. Fix: do this"),
+        ("a.tar is missing.", "a.tar is missing. Fix: do this"),
+        ("a pin is short (run `stage2 pin`)", "a pin is short (run `stage2 pin`). Fix: do this"),
+        ("2 problem(s):\n  - a\n  - b", "2 problem(s):\n  - a\n  - b\nFix: do this"),
+    ],
+    ids=["no-stop", "stop", "parenthesis", "a-list"],
+)
+def test_the_fix_reads_as_a_sentence_of_its_own(message: str, shown: str) -> None:
+    """The one line a user reads: the message ends with a full stop before "Fix:", and under a list
+    of problems the fix is a line of its own (not glued to the last problem)."""
+    assert str(Stage2Error(message, fix="do this")) == shown
+
+
+def test_an_invalid_profile_names_its_file_once(demo: DemoPaths, tmp_path: Path) -> None:
+    """Every key problem of a profile in one line that names the file once, then the fix."""
+    text = demo.profile.read_text()
+    bad = tmp_path / "profile.toml"
+    revision = next(ln for ln in text.splitlines() if ln.startswith("revision = "))
+    bad.write_text("bogus = 1\n" + text.replace(revision, 'revision = "f9da5e59a8"', 1))
+    p = stage2("list", str(bad), "--data-root", str(tmp_path / "root"), timeout=120)
+    assert p.returncode == 2, p.tail()
+    err = p.stderr.strip()
+    assert err.count(str(bad)) == 1, err
+    assert err.startswith(f"stage2 list: error: invalid profile {bad}: "), err
+    assert "key 'source.revision': 'f9da5e59a8' is not a full 40-hex commit" in err, err
+    assert "unknown key 'bogus'; remove it or check its spelling" in err, err
+    assert err.endswith("spelling. Fix: correct the named key(s) in the profile (see docs/spec/profile.md)"), err
+
+
+@pytest.mark.parametrize(
     ("name", "value"),
     [("STAGE2_STREAM_RUN_MB", "1GiB"), ("STAGE2_STREAM_RUN_MB", "inf"), ("STAGE2_QUEUED_WARN_S", "-1")],
 )
