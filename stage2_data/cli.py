@@ -319,7 +319,7 @@ def _run_command(func: Callable[[argparse.Namespace], int], args: argparse.Names
             return _end_on_closed_stdout()
         if os.environ.get(TRACEBACK_ENV):
             raise
-        eprint(f"stage2 {args.command}: error: {fs_error(err, f'stage2 {args.command}')}")
+        eprint(f"stage2 {args.command}: error: {fs_error(err, '')}")  # the line names the command
         return EXIT_ERROR
     except Exception as err:  # noqa: BLE001 - the last guard: one line, never a traceback
         if os.environ.get(TRACEBACK_ENV):

@@ -29,20 +29,21 @@ def _paths(e: OSError) -> str:
 
 
 def fs_error(e: OSError, doing: str, *, where: str | None = None) -> Stage2Error:
-    """``e`` as one line: ``<doing>: <path>: <what the system said>.`` and the fix. ``where`` names
-    the folder to change (e.g. the data root) when the fix is "choose another one"."""
+    """``e`` as one line: ``<doing>: <path>: <what the system said>.`` (``doing`` may be empty) and
+    the fix. ``where`` names the folder to change (e.g. the data root) when the fix is "choose
+    another one"."""
     if isinstance(e, Stage2Error):
         return e
     path = _paths(e) or (where or "")
     code = e.errno
     reason = e.strerror or str(e) or type(e).__name__
-    at = f" {path}:" if path else ""
-    msg = f"{doing}:{at} {reason}."
+    # "<doing>: <path>: <reason>."; without ``doing`` (the caller's line already names the command)
+    # "<path>: <reason>."
+    msg = ": ".join(part for part in (doing, path, f"{reason}.") if part)
     other = f" (or choose another folder than {where})" if where else ""
     if code in _FULL:
-        return DiskSpaceError(
-            f"{doing}: the disk is full{f' at {path}' if path else ''}.", fix="free disk space, then re-run"
-        )
+        full = f"the disk is full{f' at {path}' if path else ''}."
+        return DiskSpaceError(f"{doing}: {full}" if doing else full, fix="free disk space, then re-run")
     if code == errno.EROFS:
         fix = f"remount the file system read-write{other}, then re-run"
     elif code in (errno.EACCES, errno.EPERM):

@@ -161,6 +161,17 @@ def test_a_count_option_out_of_its_range_is_a_usage_error(argv: list[str], says:
     ), p.stderr
 
 
+def test_a_file_system_error_no_guard_named_names_the_command_once(tmp_path: Path) -> None:
+    """An OSError that reaches the CLI's last guard is one line: the command once, the path, what
+    the system said, and the fix (here a file where `stage2 demo --out` needs a folder)."""
+    blocker = tmp_path / "afile"
+    blocker.write_text("not a folder\n")
+    p = stage2("demo", "--out", str(blocker), timeout=120)
+    assert p.returncode == 2, p.tail()
+    assert p.stderr.startswith(f"stage2 demo: error: {blocker}: "), p.stderr
+    assert p.stderr.count("stage2 demo") == 1 and "Fix: a file stands where a folder is needed" in p.stderr
+
+
 def test_version_names_stage2_data_and_the_parts_a_bug_report_needs() -> None:
     """``stage2 --version``: the installed stage2-data's version (from its metadata), then Dagster's,
     zarr's, numpy's, the hub client's and Python's; exit 0, nothing on stderr."""

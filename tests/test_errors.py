@@ -69,7 +69,9 @@ def test_an_invalid_profile_names_its_file_once(demo: DemoPaths, tmp_path: Path)
     assert err.startswith(f"stage2 list: error: invalid profile {bad}: "), err
     assert "key 'source.revision': 'f9da5e59a8' is not a full 40-hex commit" in err, err
     assert "unknown key 'bogus'; remove it or check its spelling" in err, err
-    assert err.endswith("spelling. Fix: correct the named key(s) in the profile (see docs/spec/profile.md)"), err
+    assert err.endswith(
+        "spelling. Fix: correct the named key(s) in the profile (see docs/spec/profile.md)"
+    ), err
 
 
 @pytest.mark.parametrize(

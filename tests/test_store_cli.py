@@ -122,7 +122,16 @@ def test_validate_valid_invalid_and_deep(
 
 
 @pytest.mark.parametrize(
-    "given", ["nothing", "a file", "a profile's stores folder", "a data root", "an empty folder"]
+    "given",
+    [
+        "nothing",
+        "a file",
+        "a profile's stores folder",
+        "a data root",
+        "an empty folder",
+        "a folder of other files",
+        "a store without its manifest",
+    ],
 )
 def test_a_path_that_is_no_store_is_named_with_the_store_meant(
     small_store: Path, tmp_path: Path, given: str
@@ -137,6 +146,10 @@ def test_a_path_that_is_no_store_is_named_with_the_store_meant(
     (stores / "current").symlink_to("v2-0")
     (tmp_path / "empty").mkdir()
     (tmp_path / "notes.txt").write_text("not a store")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "README.md").write_text("a folder, not a store")
+    shutil.copytree(small_store, tmp_path / "half")
+    (tmp_path / "half" / "manifest.json").unlink()
     path, said, fix = {
         "nothing": (tmp_path / "missing", "nothing is there", "check the path"),
         "a file": (tmp_path / "notes.txt", "it is a file, not a store folder", "pass the store's folder"),
@@ -148,6 +161,16 @@ def test_a_path_that_is_no_store_is_named_with_the_store_meant(
         "a data root": (root, "it is a data root", f"pass one of its stores: {stores / 'current'}"),
         "an empty folder": (
             tmp_path / "empty",
+            "manifest.json is missing (incomplete or not a store)",
+            "build it",
+        ),
+        "a folder of other files": (
+            tmp_path / "other",
+            "it is a folder of other files (no manifest.json, no shards/)",
+            "pass the store's folder (the one holding manifest.json)",
+        ),
+        "a store without its manifest": (
+            tmp_path / "half",
             "manifest.json is missing (incomplete or not a store)",
             "build it",
         ),

@@ -23,7 +23,16 @@ from typing import Any
 from ..errors import StoreError, StoreNotFoundError, StoreValidationError, StoreVersionError
 from ..fsutil import canonical_json
 from ..storage import StoreLocation, is_url
-from .format import FINGERPRINT_EXCLUDED, MANIFEST_NAME, OFFLINE_DATASET_VERSION, STORE_FORMAT
+from .format import (
+    FINGERPRINT_EXCLUDED,
+    MANIFEST_NAME,
+    OFFLINE_DATASET_VERSION,
+    PAIRS_NAME,
+    SAMPLE_INDEX_NAME,
+    SHARDS_DIR,
+    SPLITS_DIR,
+    STORE_FORMAT,
+)
 from .manifest_shape import manifest_shape_problems
 
 
@@ -40,9 +49,15 @@ class ManifestFile:
 
 
 # ----- loading -------------------------------------------------------------------------------------
+#: what a store's writer puts in its folder besides the manifest (written last): a folder holding one
+#: of them and no manifest is an incomplete store
+_STORE_PARTS = frozenset({SAMPLE_INDEX_NAME, PAIRS_NAME, SPLITS_DIR, SHARDS_DIR})
+
+
 def _no_store(loc: StoreLocation) -> StoreNotFoundError:
     """Why ``loc`` holds no complete store, in the words that fit what is there: nothing; a file; a
-    profile's stores folder (the store is its ``current``); or a folder without a manifest."""
+    profile's stores folder (the store is its ``current``); a data root; a folder of other files; or
+    a folder without a manifest (an incomplete store, or an empty folder)."""
     path = loc.url
     what = f"{MANIFEST_NAME} is missing (incomplete or not a store)"
     fix = f"build it: {rebuild_command(path, None)}"
@@ -64,6 +79,9 @@ def _no_store(loc: StoreLocation) -> StoreNotFoundError:
     ):
         what = "it is a data root"
         fix = f"pass one of its stores: {', '.join(stores)}"
+    elif (names := set(loc.listdir_names(loc.root))) and not names & _STORE_PARTS:
+        what = f"it is a folder of other files (no {MANIFEST_NAME}, no {SHARDS_DIR}/)"
+        fix = "pass the store's folder (the one holding manifest.json), e.g. <data root>/stores/<profile>/current"
     return StoreNotFoundError(f"no complete VIN offline store at {path}: {what}.", fix=fix)
 
 
