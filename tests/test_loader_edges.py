@@ -253,3 +253,31 @@ def test_a_batch_names_each_field_once(store: Path, kind: str) -> None:
         assert set(batch) == want_keys
         assert [int(n) for n in batch["lengths"]] == [min(stored[k], 4) for k in batch["sample_key"]]
         assert np.asarray(batch["frames"]).shape[1] == max(np.asarray(batch["lengths"]))
+
+
+# ----- indexing ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["dataset", "selection"])
+def test_an_index_out_of_range_or_not_an_integer_is_named_as_given(store: Path, kind: str) -> None:
+    """``ds[i]`` like a list: a negative index counts from the end; one out of range is named as it
+    was given, with the range; a sample key (or any non-integer) is a TypeError that says positions
+    are integers."""
+    from stage2_data.store import VinOfflineDataset
+
+    with VinOfflineDataset(store) if kind == "dataset" else Selection(store, None) as ds:
+        n = len(ds)
+        what = "a dataset" if kind == "dataset" else "a selection"
+        assert ds[-1]["sample_key"] == ds[n - 1]["sample_key"]
+        for i in (n, -n - 1, 10 * n):
+            with pytest.raises(IndexError) as e:
+                ds[i]
+            assert (
+                str(e.value)
+                == f"index {i} out of range for {what} of {n} samples (0 to {n - 1}, or -{n} to -1)"
+            )
+        key = ds[0]["sample_key"]
+        with pytest.raises(TypeError) as t:
+            ds[key]
+        assert (
+            str(t.value)
+            == f"{what} is indexed by a position (an integer from 0 to {n - 1}), not by str {key!r}"
+        )

@@ -20,13 +20,18 @@ from .reader import VinOfflineStoreReader
 
 
 def checked_index(i: Any, n: int, what: str) -> int:
-    """``i`` as a position in ``range(n)`` (negative counts from the end), or IndexError naming ``what``."""
-    i = operator.index(i)
-    if i < 0:
-        i += n
-    if not 0 <= i < n:
-        raise IndexError(f"index {i} out of range for {what} of {n} samples")
-    return i
+    """``i`` as a position in ``range(n)`` (negative counts from the end), or IndexError naming ``what``
+    and the index as given (TypeError for anything that is not an integer, a sample key included)."""
+    try:
+        given = operator.index(i)
+    except TypeError:
+        raise TypeError(
+            f"{what} is indexed by a position (an integer from 0 to {n - 1}), not by {type(i).__name__} {i!r}"
+        ) from None
+    at = given + n if given < 0 else given
+    if not 0 <= at < n:
+        raise IndexError(f"index {given} out of range for {what} of {n} samples (0 to {n - 1}, or -{n} to -1)")
+    return at
 
 
 class VinOfflineDataset:
