@@ -40,6 +40,7 @@ from stage2_data.errors import HubError, HubSetupError, ProfileError
 from stage2_data.profile import Profile, load_profile
 from stage2_data.publish import data_root_lock, sweep_data_root
 from stage2_data.stages import STAGES
+from stage2_data.storage import check_stores_url
 
 from .config import BuildConfig, check_settings, demo_root, require_executor, ui_command
 from .stops import stop_guard
@@ -125,6 +126,8 @@ def _preflight_endpoint(profile: Profile, data_root: Path, endpoint: str) -> Non
 def cmd_build(args: argparse.Namespace) -> int:
     check_settings()
     require_executor(args.executor)
+    if args.store_url:  # opened by the store stage, after every download: refused now if it cannot be
+        check_stores_url(args.store_url)
     # folders the build reads, refused before any download (a step would find them missing late)
     for option, folder, error in (
         ("--kit-root", args.kit_root, ProfileError),

@@ -89,14 +89,22 @@ def require_executor(executor: str) -> None:
 def check_settings() -> None:
     """Refuse, before any work, the environment's settings that are read late:
     ``STAGE2_KEEP_STORES`` (the store stage applies it after publishing) and
-    ``STAGE2_STREAM_RUN_MB`` (read when a build or a rebuild requests its streamed runs). `stage2
-    build` checks them at its start, and the code location when its definitions load, so a daemon
-    started with a bad value fails to load its code location with the named error, at once, instead
-    of failing a rebuild's sensor tick days later."""
+    ``STAGE2_STREAM_RUN_MB`` (read when a build or a rebuild requests its streamed runs) and
+    ``STAGE2_STORE_URL`` (opened by the store stage, after every download). `stage2 build` checks
+    them at its start, and the code location when its definitions load, so a daemon started with a
+    bad value fails to load its code location with the named error, at once, instead of failing a
+    rebuild's sensor tick or store step days later."""
+    from stage2_data.errors import StoreError
+    from stage2_data.storage import check_stores_url
     from stage2_data.store.retention import default_keep
 
     default_keep()
     stream_run_bytes()
+    if url := os.environ.get("STAGE2_STORE_URL"):
+        try:
+            check_stores_url(url)
+        except StoreError as e:
+            raise SettingError(f"STAGE2_STORE_URL={url!r}: {e.message}", fix=e.fix) from None
 
 
 def dagster_home() -> Path:

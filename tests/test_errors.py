@@ -94,7 +94,14 @@ def test_a_setting_that_does_not_parse_is_named_before_anything_runs(
     assert not (root / "archives").exists()
 
 
-@pytest.mark.parametrize(("name", "value"), [("STAGE2_STREAM_RUN_MB", "1GiB"), ("STAGE2_KEEP_STORES", "abc")])
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("STAGE2_STREAM_RUN_MB", "1GiB"),
+        ("STAGE2_KEEP_STORES", "abc"),
+        ("STAGE2_STORE_URL", "s3:/bucket/stores"),
+    ],
+)
 def test_the_code_location_refuses_to_load_with_a_setting_that_does_not_parse(name: str, value: str) -> None:
     """The same settings in the environment of the UI's or the daemon's code location (read late: when
     a rebuild requests its streamed runs, when the store stage applies retention): its definitions

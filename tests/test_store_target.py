@@ -121,3 +121,35 @@ def test_build_writes_the_store_to_s3_with_the_local_fingerprint(
     # the same inputs again: the store on S3 is reused, not rebuilt
     again = build_all(config, concurrency=1)
     assert again["ok"] and again["fingerprint"] == s["fingerprint"]
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        (
+            "s3:/bucket/stores",
+            "'s3:/bucket/stores' starts like a URL but is not one (a URL is s3://BUCKET/PREFIX)",
+        ),
+        ("s3:bucket", "'s3:bucket' starts like a URL but is not one"),
+        ("s3://", "'s3://' names no bucket. Fix: write s3://BUCKET/PREFIX"),
+        ("gs://bucket/stores", "gs://bucket/stores: cannot open the storage (Please install gcsfs"),
+    ],
+    ids=["one-slash", "no-slash", "no-bucket", "backend-not-installed"],
+)
+def test_a_store_url_that_cannot_be_one_is_refused_before_any_download(
+    url: str, says: str, demo_cache: DemoPaths, tmp_path: Path
+) -> None:
+    """`--store-url` is opened by the store stage, after every download: a URL mistyped into a local
+    path (which would have written a local folder `s3:`), a URL without a bucket, or a scheme whose
+    fsspec backend is missing is refused at the start, in one line, before anything is written."""
+    from helpers.cli import stage2
+
+    root = tmp_path / "root"
+    r = stage2(
+        "build", "--profile", str(demo_cache.profile), "--data-root", str(root),
+        "--hub-folder", str(demo_cache.upstream), "--store-url", url, cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 2, r.tail()
+    assert r.stderr.startswith("stage2 build: error: ") and says in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Fix:" in r.stderr, r.stderr
+    assert not root.exists() and not (tmp_path / "s3:").exists()

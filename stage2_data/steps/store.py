@@ -26,7 +26,7 @@ from ..kit import load_pairs
 from ..kit.sidecar_facts import SIDECAR_MARKER
 from ..profile import Profile
 from ..publish.readonly import make_writable
-from ..storage import CURRENT_OBJECT, StoreLocation
+from ..storage import CURRENT_OBJECT, StoreLocation, check_stores_url, join_url
 from ..store import (
     OFFLINE_DATASET_VERSION,
     PairSpec,
@@ -295,7 +295,8 @@ def stores_location(
     """Where the stores of ``profile`` live, as a StoreLocation: ``<data_root>/stores/<profile>/``,
     or ``<store_url>/<profile>/`` on object storage."""
     if store_url:
-        return StoreLocation.parse(f"{store_url.rstrip('/')}/{profile.name}", storage_options)
+        check_stores_url(store_url)
+        return StoreLocation.parse(join_url(store_url, profile.name), storage_options)
     return StoreLocation.parse(layout.stores_root(data_root, profile.name))
 
 

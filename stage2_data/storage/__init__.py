@@ -18,8 +18,16 @@ the commit protocol: :meth:`~StoreLocation.commit` (the manifest, LAST),
 
 from __future__ import annotations
 
-from ._base import CURRENT_OBJECT, StoreLocation, is_url
+from ._base import CURRENT_OBJECT, StoreLocation, check_stores_url, is_url, join_url
 from ._fsspec import FsspecLocation
 from ._local import LocalLocation
 
-__all__ = ["CURRENT_OBJECT", "FsspecLocation", "LocalLocation", "StoreLocation", "is_url"]
+__all__ = [
+    "CURRENT_OBJECT",
+    "FsspecLocation",
+    "LocalLocation",
+    "StoreLocation",
+    "check_stores_url",
+    "is_url",
+    "join_url",
+]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -24,6 +25,57 @@ def is_url(target: str | os.PathLike[str]) -> bool:
     """Whether ``target`` is an fsspec URL (``scheme://...``) rather than a local path."""
     s = os.fspath(target)
     return "://" in s and not s.startswith("file://")
+
+
+#: a URL scheme at the start of a target (two letters at least: ``s3:``, ``gs:``, ``memory:``)
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")
+
+
+def backend_error(target: str, e: Exception) -> StoreError:
+    """The error for an fsspec scheme whose backend cannot be loaded (fsspec names the package)."""
+    return StoreError(
+        f"{target}: cannot open the storage ({e}).",
+        fix="install the fsspec backend for this scheme (s3: `pip install s3fs`)",
+    )
+
+
+def check_stores_url(target: str | os.PathLike[str]) -> None:
+    """Refuse, before any work, a target for a profile's stores folder (``--store-url``) that cannot
+    be one: a URL mistyped into a local path (``s3:/bucket``, ``s3:bucket``: a local folder of that
+    name would be written), a URL without a bucket (``s3://``), or a scheme whose fsspec backend is
+    not installed. A local folder (or ``file://``) passes."""
+    s = os.fspath(target)
+    if s.startswith("file://"):
+        return
+    scheme = _SCHEME.match(s)
+    if not is_url(s):
+        if scheme:
+            raise StoreError(
+                f"{s!r} starts like a URL but is not one (a URL is {scheme[1]}://BUCKET/PREFIX); as a path, "
+                f"it would name a local folder {scheme[1]}:",
+                fix=f"write {scheme[1]}://BUCKET/PREFIX, with two slashes (for a local folder of that name: ./{s})",
+            )
+        return
+    protocol, rest = s.split("://", 1)
+    if not rest.strip("/"):
+        raise StoreError(
+            f"{s!r} names no bucket.",
+            fix=f"write {protocol}://BUCKET/PREFIX, e.g. {protocol}://bucket/stores",
+        )
+    import fsspec
+
+    try:
+        fsspec.get_filesystem_class(protocol)
+    except (ImportError, ValueError) as e:
+        raise backend_error(s, e) from None
+
+
+def join_url(target: str, name: str) -> str:
+    """``target`` (a local folder or a URL) with ``name`` under it; a URL keeps its ``scheme://``."""
+    if is_url(target):
+        protocol, rest = target.split("://", 1)
+        return f"{protocol}://{rest.rstrip('/')}/{name}"
+    return os.path.join(target, name)
 
 
 @dataclass(frozen=True, eq=False)

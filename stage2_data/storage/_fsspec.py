@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..errors import StoreError
-from ._base import _CHUNK, CURRENT_OBJECT, StoreLocation
+from ._base import _CHUNK, CURRENT_OBJECT, StoreLocation, backend_error
 
 
 @dataclass(frozen=True, eq=False)
@@ -32,10 +32,7 @@ class FsspecLocation(StoreLocation, backend="fsspec"):
         try:
             fs = fsspec.filesystem(protocol, **opts)
         except (ImportError, ValueError) as e:
-            raise StoreError(
-                f"{target}: cannot open the storage ({e}).",
-                fix="install the fsspec backend for this scheme (s3: `pip install s3fs`)",
-            ) from None
+            raise backend_error(target, e) from None
         key = fs._strip_protocol(target).rstrip("/")
         if not key or "/" not in key.strip("/"):
             raise StoreError(

@@ -30,7 +30,9 @@ def checked_index(i: Any, n: int, what: str) -> int:
         ) from None
     at = given + n if given < 0 else given
     if not 0 <= at < n:
-        raise IndexError(f"index {given} out of range for {what} of {n} samples (0 to {n - 1}, or -{n} to -1)")
+        raise IndexError(
+            f"index {given} out of range for {what} of {n} samples (0 to {n - 1}, or -{n} to -1)"
+        )
     return at
 
 
