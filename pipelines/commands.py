@@ -140,6 +140,7 @@ def cmd_build(args: argparse.Namespace) -> int:
             )
     profile = load_profile(args.profile, kit_root=args.kit_root)  # fail fast on a bad profile
     profile.require_known()  # nothing is ever requested under a guessed name
+    profile.require_kit_found()  # a wrong --kit-root: refused now, not after the downloads
     data_root = Path(args.data_root).resolve()
     endpoint = resolve_endpoint(args.endpoint)  # --endpoint, else $HF_ENDPOINT, else the real hub
     if not args.hub_folder:

@@ -237,6 +237,19 @@ class Profile(_Strict):
                 fix="put the kit's own files at those paths (a FIFO, device, socket or folder is never read)",
             )
 
+    def require_kit_found(self) -> None:
+        """Raise ProfileError when the kit root holds none of the kit's files: the wrong folder was
+        given (or the profile was copied away from its kit). One file missing is the step's to name;
+        none at all is refused before any download, since every later stage needs the kit."""
+        missing = [
+            f"{key} {self.kit_file(key)}" for key in KIT_KEYS if not os.path.lexists(self.kit_file(key))
+        ]
+        if len(missing) == len(KIT_KEYS):
+            raise ProfileError(
+                f"the kit root {self.kit_root} holds none of the kit's files (missing: {'; '.join(missing)}).",
+                fix="pass --kit-root the folder holding the kit (by default it is the profile's own folder)",
+            )
+
     def archive(self, path: str) -> ArchiveSpec:
         for a in self.archives:
             if a.path == path:

@@ -509,6 +509,14 @@ FAULTS: tuple[Fault, ...] = (
         "an existing kit root (or none: the profile's folder): the build starts",
     ),
     Fault(
+        "prof_kit_root_wrong",
+        "profile",
+        "`--kit-root` an existing folder that holds none of the kit's files (the wrong folder), or a profile copied away from its kit",
+        "`stage2 build` exits 2 before any work: the kit root <folder> holds none of the kit's files (missing: each one, with its path); fix: pass --kit-root the folder holding the kit",
+        "nothing; the data root is not created",
+        "the kit's folder as --kit-root: the build starts",
+    ),
+    Fault(
         "prof_hub_folder_missing",
         "profile",
         "`--hub-folder` (the folder a loopback hub serves) that does not exist; `stage2 serve-hub` on one, or with a short revision or a repo id without a slash",

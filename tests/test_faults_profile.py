@@ -7,6 +7,7 @@ The matrix: tests/faults_table.py (rows), tests/helpers/faults.py (what every ro
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -146,6 +147,41 @@ def test_fault_prof_unknown_archive(prepared: Prepared, demo: DemoPaths, tmp_pat
         assert load_profile(demo.profile).archive(real) == spec
         assert run_selection(cfg, ["archive_file"], SMALL)["success"]
     demo.profile.write_text(good)
+
+
+@fault_cases(prof_kit_root_wrong="wrong")
+def test_fault_kit_root_wrong(tmp_path: Path, demo_cache: DemoPaths, case: str) -> None:
+    """A kit root that holds none of the kit's files (a wrong --kit-root, or a profile copied away
+    from its kit): refused before any download, each missing file named; the right one builds."""
+    root = tmp_path / "root"
+    away = tmp_path / "away"
+    away.mkdir()
+    shutil.copy(demo_cache.profile, away / "profile.toml")
+    before = outside(tmp_path)
+    common = ["--data-root", str(root), "--hub-folder", str(demo_cache.upstream)]
+    for argv, kit in (
+        (["--profile", str(demo_cache.profile), "--kit-root", str(away)], away),
+        (["--profile", str(away / "profile.toml")], away),
+    ):
+        r = stage2("build", *argv, *common)
+        assert r.returncode == 2, r.tail()
+        line = r.stderr.strip()
+        assert line.startswith(
+            f"stage2 build: error: the kit root {kit} holds none of the kit's files (missing: "
+        ), line
+        assert f"pair_manifest {kit}/" in line and line.endswith(
+            "Fix: pass --kit-root the folder holding the kit (by default it is the profile's own folder)"
+        ), line
+    assert not root.exists() and outside(tmp_path) == before
+    r = stage2(
+        "build",
+        "--profile",
+        str(away / "profile.toml"),
+        "--kit-root",
+        str(demo_cache.profile.parent),
+        *common,
+    )
+    assert r.returncode == 0, r.tail()
 
 
 @fault_cases(prof_kit_root_missing="--kit-root", prof_hub_folder_missing="--hub-folder")
