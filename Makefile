@@ -65,11 +65,13 @@ test-fast: $(DEV_STAMP)
 	$(BIN)/python -m pytest -q -m "not slow and not system"
 
 # The mutation test (tests/test_mutation.py) with N random mutations instead of CI's 100: each a
-# random file of the built demo mutated, then `stage2 build`. A fresh seed each run (printed);
-# `make soak N=1000 SEED=<seed>` replays one.
+# random file of the built demo mutated, then `stage2 build`, in LANES lanes side by side (default:
+# one a core, at most two). A fresh seed each run (printed with its lanes);
+# `make soak N=1000 SEED=<seed> LANES=<lanes>` replays one.
 N ?= 1000
 soak: $(DEV_STAMP)
-	STAGE2_MUTATIONS=$(N) STAGE2_MUTATION_SEED=$(SEED) $(BIN)/python -m pytest -q -s -p no:cacheprovider \
+	STAGE2_MUTATIONS=$(N) STAGE2_MUTATION_SEED=$(SEED) STAGE2_MUTATION_LANES=$(LANES) \
+		$(BIN)/python -m pytest -q -s -p no:cacheprovider \
 		tests/test_mutation.py -k test_random_mutations
 
 ui: $(DEMO_STAMP)

@@ -244,6 +244,14 @@ def read_only_dir(tmp_path: Path) -> Iterator[Path]:
             d.chmod(0o755)
 
 
+def _kit_file(kit_root: Path) -> None:
+    """One file of the corpus profile's kit: a kit root holding none is refused before the data root
+    is looked at (the refusal these tests are after)."""
+    pairs = kit_root / "manifests" / "pairs.jsonl"
+    pairs.parent.mkdir(parents=True, exist_ok=True)
+    pairs.write_text("")
+
+
 def test_a_read_only_data_root_is_one_named_error(read_only_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(FileSystemError) as e, data_root_lock(read_only_dir):
         pass
@@ -260,6 +268,7 @@ def test_a_read_only_data_root_is_one_named_error(read_only_dir: Path, tmp_path:
     prof = tmp_path / "kit" / "profile.toml"
     prof.parent.mkdir()
     prof.write_bytes(base_toml())
+    _kit_file(prof.parent)
     out = stage2(
         "build", "--profile", str(prof), "--data-root", str(read_only_dir), "--hub-folder", str(tmp_path)
     )
@@ -285,6 +294,7 @@ def test_a_file_where_a_folder_should_be_is_one_named_error(tmp_path: Path) -> N
         extract_cache_dir(KEY, [p], good, archive_sha256={p.name: "ab" * 32})
     prof = tmp_path / "profile.toml"
     prof.write_bytes(base_toml())
+    _kit_file(tmp_path)
     out = stage2("build", "--profile", str(prof), "--data-root", str(root), "--hub-folder", str(tmp_path))
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.tail()
     assert (
