@@ -8,7 +8,9 @@ the port from ``STAGE2_UI_PORT`` (3000) and the services' log level from ``STAGE
 every sensor or schedule tick).
 
 The code location gets the settings of the environment when ``STAGE2_PROFILE`` is set (what
-`stage2 build` prints on its ``UI:`` line for its own build: ``config.ui_command``); otherwise the
+`stage2 build` prints on its ``UI:`` line for its own build: ``config.ui_command``), once its
+definitions load with them (a missing profile is refused in one line, not shown as a code location
+error in a UI that started anyway); otherwise the
 demo is generated if needed and the code location gets the settings `stage2 demo` builds with (the
 demo's profile and data root, its hub folder served on loopback by each run that downloads:
 ``STAGE2_HUB_FOLDER``). Either way a build's runs are runs of the jobs the UI shows, and Re-execute
@@ -35,6 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stage2_data.demo import generate_demo
+from stage2_data.errors import Stage2Error
 
 from . import definitions
 from .config import dagster_home, demo_root, demo_settings
@@ -145,6 +148,13 @@ def main() -> int:
     if not env.get("STAGE2_PROFILE"):  # the demo's settings, as `make demo` builds it
         generate_demo(demo_root() / "demo")
         env.update(demo_settings())
+    else:  # the environment's settings: the code location must load with them, or the UI shows
+        # nothing but its error; the same load `dagster dev` makes, said here in one line
+        try:
+            definitions.defs_from_env()
+        except Stage2Error as e:
+            print(f"make ui: the code location does not load with these settings: {e}", file=sys.stderr)
+            return 2
     env["DAGSTER_HOME"] = str(dagster_home())
     Path(env["DAGSTER_HOME"]).mkdir(parents=True, exist_ok=True)
     write_instance_yaml(Path(env["DAGSTER_HOME"]))

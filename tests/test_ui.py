@@ -704,6 +704,35 @@ def test_make_ui_refuses_a_port_it_cannot_serve_on_at_once(port: str, tmp_path: 
     assert not (tmp_path / "home").exists()  # refused before anything started or was written
 
 
+@pytest.mark.parametrize("profile", ["missing", "invalid"])
+def test_make_ui_refuses_settings_its_code_location_cannot_load(profile: str, tmp_path: Path) -> None:
+    """`make ui` with STAGE2_PROFILE naming no profile, or an invalid one: one line naming it and
+    the fix, exit 2, before the UI starts (it used to start and show only a code location error)."""
+    path = tmp_path / "profile.toml"
+    if profile == "invalid":
+        path.write_text('name = "x"\n')
+    env = subprocess_env(
+        STAGE2_PROFILE=str(path), STAGE2_UI_PORT=str(free_port()), DAGSTER_HOME=str(tmp_path / "home")
+    )
+    ui = subprocess.Popen(
+        [sys.executable, "-m", "stage2_pipelines.ui"], env=env, cwd=tmp_path, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        out, err = ui.communicate(timeout=60)
+    except subprocess.TimeoutExpired:  # it started the UI after all: stopped as Ctrl-C stops it
+        ui.send_signal(signal.SIGTERM)
+        out, err = ui.communicate(timeout=60)
+        pytest.fail(f"make ui started with a profile its code location cannot load:\n{out}{err}")
+    assert ui.returncode == 2, out + err
+    said = err.strip()
+    assert "Traceback" not in said and len(said.splitlines()) == 1, said
+    want = f"profile file {path} does not exist" if profile == "missing" else f"invalid profile {path}: "
+    assert said.startswith(f"make ui: the code location does not load with these settings: {want}"), said
+    assert "Fix:" in said and "starting the Dagster UI" not in out, out
+    assert not (tmp_path / "home").exists()
+
+
 @pytest.mark.system
 def test_make_ui_says_its_url_when_it_answers_is_quiet_and_stops_on_ctrl_c(
     ui_instance: dict[str, Any], tmp_path: Path
