@@ -23,11 +23,13 @@ checks fail stops the stages after it; every failed check and error is reported 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import os
 import sys
 import threading
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
@@ -93,20 +95,39 @@ def ensure_instance(data_root: Path) -> Path:
     return open_instance(data_root)[0]
 
 
+#: in an instance's folder: held while a build writes its dagster.yaml and creates its schema
+INSTANCE_LOCK = ".stage2-instance.lock"
+
+
+@contextlib.contextmanager
+def _instance_lock(home: Path) -> Iterator[None]:
+    """One build at a time sets up the instance in ``home``: builds of two data roots may share one
+    ``DAGSTER_HOME``, and two processes creating a new SQLite instance's tables at once fail (a
+    table "already exists") or leave its schedule storage stamped twice, which no later build can
+    open. Held for the set-up only; the runs share the instance as Dagster intends."""
+    with open(home / INSTANCE_LOCK, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def open_instance(data_root: Path) -> tuple[Path, dg.DagsterInstance]:
     """:func:`ensure_instance`, and the instance, which a build's runs in this process share (opening
     one reads its config and checks its three storages' schemas: once a build, not once a run)."""
     home = instance_home(data_root)
     home.mkdir(parents=True, exist_ok=True)
-    write_instance_yaml(home)
-    os.environ["DAGSTER_HOME"] = str(home)
-    instance = dg.DagsterInstance.get()
-    instance.get_runs(limit=1)  # create the schema once, before worker processes start
-    # Create the `downloads` pool's row once, here: concurrent first runs would race to insert it
-    # (a unique-key violation that aborts a run on PostgreSQL).
-    init_pool = getattr(instance.event_log_storage, "initialize_concurrency_limit_to_default", None)
-    if callable(init_pool):
-        init_pool(DOWNLOADS_POOL)
+    with _instance_lock(home):
+        write_instance_yaml(home)
+        os.environ["DAGSTER_HOME"] = str(home)
+        instance = dg.DagsterInstance.get()
+        instance.get_runs(limit=1)  # create the schema once, before worker processes start
+        # Create the `downloads` pool's row once, here: concurrent first runs would race to insert
+        # it (a unique-key violation that aborts a run on PostgreSQL).
+        init_pool = getattr(instance.event_log_storage, "initialize_concurrency_limit_to_default", None)
+        if callable(init_pool):
+            init_pool(DOWNLOADS_POOL)
     return home, instance
 
 

@@ -497,3 +497,46 @@ def test_a_cache_keys_archives_and_extraction_in_one_run(
         assert not failed.success
         assert prof.archive(victim).cache_key not in _materialized(failed, "archive_file")
         assert _materialized(failed, "cache_dir") == {}
+
+
+@pytest.mark.slow
+def test_builds_of_two_data_roots_share_one_new_instance(demo_cache: DemoPaths, tmp_path: Path) -> None:
+    """Two builds of two data roots with one DAGSTER_HOME (a Dagster user's usual setting) on a new
+    instance: the second waits while the first sets the instance up (creating a SQLite instance's
+    tables in two processes at once failed, or stamped its schedule storage twice so that no build
+    could open it again), then both build the same store, and a third build opens the instance."""
+    import fcntl
+    import subprocess
+    import time
+
+    from helpers.cli import STAGE2, subprocess_env
+
+    from stage2_pipelines.runner import INSTANCE_LOCK
+
+    home = tmp_path / "home"
+    home.mkdir()
+    env = subprocess_env(DAGSTER_HOME=str(home))
+
+    def argv(root: str) -> list[str]:
+        return [
+            *STAGE2, "build", "--profile", str(demo_cache.profile), "--data-root", str(tmp_path / root),
+            "--hub-folder", str(demo_cache.upstream), "--json", "--no-progress",
+        ]  # fmt: skip
+
+    # the lock held by another build's set-up: this build waits for it before creating anything
+    with open(home / INSTANCE_LOCK, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        first = subprocess.Popen(
+            argv("a"), env=env, cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        time.sleep(5)
+        assert first.poll() is None and not (home / "history").exists(), first.communicate()
+        second = subprocess.Popen(
+            argv("b"), env=env, cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        fcntl.flock(held, fcntl.LOCK_UN)
+    done = [p.communicate(timeout=600) for p in (first, second)]
+    assert [p.returncode for p in (first, second)] == [0, 0], done
+    assert len({json.loads(out)["fingerprint"] for out, _ in done}) == 1
+    third = stage2(*argv("c")[len(STAGE2) :], env=env, timeout=600)
+    assert third.returncode == 0, third.tail()
