@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import io
 import json
 import os
@@ -37,6 +38,7 @@ from stage2_data.commands.common import (
     storage_options,
 )
 from stage2_data.errors import HubError, HubSetupError, ProfileError
+from stage2_data.oserrors import fs_error
 from stage2_data.profile import Profile, load_profile
 from stage2_data.publish import data_root_lock, sweep_data_root
 from stage2_data.stages import STAGES
@@ -142,6 +144,8 @@ def cmd_build(args: argparse.Namespace) -> int:
     profile.require_known()  # nothing is ever requested under a guessed name
     profile.require_kit_found()  # a wrong --kit-root: refused now, not after the downloads
     data_root = Path(args.data_root).resolve()
+    if data_root.exists() and not data_root.is_dir():  # named as given, not as the first path below it
+        raise fs_error(NotADirectoryError(errno.ENOTDIR, "Not a directory", str(data_root)), "--data-root")
     endpoint = resolve_endpoint(args.endpoint)  # --endpoint, else $HF_ENDPOINT, else the real hub
     if not args.hub_folder:
         _preflight_endpoint(profile, data_root, endpoint)

@@ -300,6 +300,9 @@ def test_a_file_where_a_folder_should_be_is_one_named_error(tmp_path: Path) -> N
     assert (
         len(out.stderr.strip().splitlines()) == 1 and "a file stands where a folder is needed" in out.stderr
     )
+    # the data root itself is named, not the first path the build would have made below it
+    assert out.stderr.startswith(f"stage2 build: error: --data-root: {root}: Not a directory."), out.stderr
+    assert "archives" not in out.stderr, out.stderr
 
 
 # ----- the user-facing paths ----------------------------------------------------------------------------
