@@ -347,7 +347,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     print(
         f"disk       {need} for the rest of the build "
         f"({human_bytes(download)} to download + {human_bytes(extraction)} to extract); "
-        f"{human_bytes(free)} free at {data_root}" + ("" if disk["enough"] or unsized else "  -> NOT ENOUGH")
+        f"{human_bytes(free)} free at {data_root}"
+        + ("  -> NOT ENOUGH" if free < download + extraction else "")
     )
     if unsized:
         print(

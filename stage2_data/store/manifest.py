@@ -54,6 +54,12 @@ class ManifestFile:
 _STORE_PARTS = frozenset({SAMPLE_INDEX_NAME, PAIRS_NAME, SPLITS_DIR, SHARDS_DIR})
 
 
+#: the fix when the path given holds something else than a store
+_PASS_A_STORE = (
+    "pass the store's folder (the one holding manifest.json), e.g. <data root>/stores/<profile>/current"
+)
+
+
 def _no_store(loc: StoreLocation) -> StoreNotFoundError:
     """Why ``loc`` holds no complete store, in the words that fit what is there: nothing; a file; a
     profile's stores folder (the store is its ``current``); a data root; a folder of other files; or
@@ -66,7 +72,7 @@ def _no_store(loc: StoreLocation) -> StoreNotFoundError:
         fix = f"check the path (a store folder, or <data root>/stores/<profile>/current), or {fix}"
     elif loc.is_file(loc.root):
         what = "it is a file, not a store folder"
-        fix = "pass the store's folder (the one holding manifest.json), e.g. <data root>/stores/<profile>/current"
+        fix = _PASS_A_STORE
     elif loc.is_file(loc.root / "current" / MANIFEST_NAME):
         what = "it is a profile's stores folder"
         fix = f"pass its current store: {loc.display(loc.root / 'current')}"
@@ -81,7 +87,7 @@ def _no_store(loc: StoreLocation) -> StoreNotFoundError:
         fix = f"pass one of its stores: {', '.join(stores)}"
     elif (names := set(loc.listdir_names(loc.root))) and not names & _STORE_PARTS:
         what = f"it is a folder of other files (no {MANIFEST_NAME}, no {SHARDS_DIR}/)"
-        fix = "pass the store's folder (the one holding manifest.json), e.g. <data root>/stores/<profile>/current"
+        fix = _PASS_A_STORE
     return StoreNotFoundError(f"no complete VIN offline store at {path}: {what}.", fix=fix)
 
 
