@@ -1,21 +1,18 @@
-"""What one stored event costs in each local event-log storage (issue #27: the custom event log on
-Dagster's internals is kept only while it is worth more than 5% of a link-bound build).
+"""What one stored event costs in each local event-log storage (issue #27: the build's local
+instance names only Dagster's own, documented storage classes).
 
 - ``event_log_per_event`` (informational, no target): ``EVENTS`` asset materializations stored one
   after another through ``DagsterInstance.report_runless_asset_event`` (the public call that writes
   one event through the instance's event-log storage), on a fresh instance per variant, the
   variants alternated over ``ROUNDS`` rounds (order reversed every other round), median per variant:
 
-  - ours: stage2's own ``dagster.yaml`` (``pipelines/eventlog.py``: Dagster's consolidated SQLite
-    event log through one pooled engine with ``synchronous=NORMAL``);
-  - baseline: Dagster's public ``storage: sqlite:`` (its default local storage);
-  - ``consolidated_ms``: Dagster's own ``ConsolidatedSqliteEventLogStorage`` configured by
-    ``dagster.yaml`` (``dagster.core.storage.event_log``), the class ours extends, unchanged.
+  - ours: stage2's own ``dagster.yaml`` (``config.instance_config``: Dagster's
+    ``ConsolidatedSqliteEventLogStorage``, one SQLite database for every run's events);
+  - baseline: Dagster's ``storage: sqlite:`` (its default local storage: a database per run).
 
   ``ours_s`` / ``baseline_s`` are seconds per event. Multiplied by a build's events (a demo build
   stores ~200: each partition's materialization and check results, each step's start and end) it
-  gives what the storage adds to a build; ``link_rate_instance_storages`` (bench_link.py) measures the
-  whole link-bound build.
+  gives what the storage adds to a build.
 """
 
 from __future__ import annotations
@@ -31,7 +28,7 @@ from bench.run import entry
 
 EVENTS = int(os.environ.get("STAGE2_BENCH_EVENTS", "300"))
 ROUNDS = int(os.environ.get("STAGE2_BENCH_EVENT_ROUNDS", "3"))
-VARIANTS = ("stage2", "consolidated", "public")
+VARIANTS = ("stage2", "public")
 
 
 def _instance_yaml(variant: str, home: Path) -> dict[str, Any]:
@@ -39,16 +36,7 @@ def _instance_yaml(variant: str, home: Path) -> dict[str, Any]:
 
     if variant == "stage2":
         return instance_config(home)
-    base: dict[str, Any] = {"telemetry": {"enabled": False}}
-    if variant == "consolidated":
-        base["event_log_storage"] = {
-            "module": "dagster.core.storage.event_log",
-            "class": "ConsolidatedSqliteEventLogStorage",
-            "config": {"base_dir": str(home / "history")},
-        }
-    else:
-        base["storage"] = {"sqlite": {"base_dir": str(home / "storage")}}
-    return base
+    return {"telemetry": {"enabled": False}, "storage": {"sqlite": {"base_dir": str(home / "storage")}}}
 
 
 def _seconds_per_event(variant: str, work: Path) -> tuple[float, str]:
@@ -84,7 +72,6 @@ def event_log_per_event(work: Path) -> dict[str, Any]:
         None,
         events=EVENTS,
         rounds=ROUNDS,
-        consolidated_ms=round(med["consolidated"] * 1000, 2),
         ms_per_event={v: [round(x * 1000, 2) for x in xs] for v, xs in times.items()},
         storage_classes=storages,
         load_avg_1m=[round(load_before, 2), round(os.getloadavg()[0], 2)],

@@ -29,39 +29,13 @@ One round of each way (``STAGE2_BENCH_LINK_ROUNDS``; best of each): hf download 
 build; before each, the page cache is dropped (as root) and the disk left to go quiet; the
 machine's load average before each is recorded: the hub, the clients and the build's steps share
 the CPU with whatever else runs, so a loaded machine slows both ways below the link's rate.
-
-``STAGE2_BENCH_INSTANCE`` (``public-storage`` or ``public-all``; unset: stage2's own) runs the
-build on another instance configuration: the build's instance folder (``<data root>/.dagster``,
-the environment has no ``DAGSTER_HOME``) is created beforehand with a ``dagster.yaml`` that is not
-stage2's, which ``write_instance_yaml`` keeps (:func:`public_instance_yaml`).
-
-``link_rate_instance_storages`` (informational, no target) measures what the two storages kept on
-Dagster's internals (docs/architecture.md, "Kept on Dagster's internals") are worth on this build:
-the same first build, one variant after another in each round (the order reversed every other
-round, so that each variant sees the same load; ``STAGE2_BENCH_INSTANCE_ROUNDS``, default 2):
-
-- ``stage2``: stage2's own ``dagster.yaml`` (``pipelines/eventlog.py``'s consolidated event log
-  and ``pipelines/computelogs.py``'s step logs);
-- ``public-storage``: Dagster's public ``storage: sqlite:`` (a database per run) and stage2's step
-  logs;
-- ``public-all``: public storage and Dagster's default compute-log manager (only public
-  configuration).
-
-Per variant: each round's wall time, when the last paced byte left the hub, the time after it, the
-build's CPU seconds (its process and the children it waited for), the load average before it, and
-the difference of its mean wall time to ``stage2``'s as a share of ``stage2``'s; each build is
-checked (exit 0, a fingerprint, the same fingerprint for every variant) and so is the storage it
-really used (the instance's storage classes, and per-run event-log databases for the public
-storage). ``ours_s`` is ``public-all``'s mean wall time, ``baseline_s`` ``stage2``'s.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -74,71 +48,6 @@ from bench.run import caches_note, drop_caches, entry, wait_for_quiet_io
 LINK_MB_S = float(os.environ.get("STAGE2_BENCH_LINK_MB_S", "100"))
 ROUNDS = int(os.environ.get("STAGE2_BENCH_LINK_ROUNDS", "1"))
 SCALE = float(os.environ.get("STAGE2_BENCH_LINK_SCALE", str(SCALE_4GB)))
-INSTANCE = os.environ.get("STAGE2_BENCH_INSTANCE") or "stage2"
-INSTANCE_ROUNDS = int(os.environ.get("STAGE2_BENCH_INSTANCE_ROUNDS", "2"))
-INSTANCE_VARIANTS = ("stage2", "public-storage", "public-all")
-
-
-def public_instance_yaml(home: Path, variant: str) -> str:
-    """A ``dagster.yaml`` of Dagster's public configuration for the instance at ``home``:
-    ``public-storage``: ``storage: sqlite:`` under ``home/storage`` and stage2's step logs
-    (``pipelines/computelogs.py``, as stage2's own file configures them); ``public-all``: the same
-    storage and Dagster's default compute-log manager (``home/storage``). Its first line is not
-    ``INSTANCE_YAML_MARK``, so a build keeps it."""
-    import yaml
-
-    from stage2_pipelines.config import instance_config
-
-    if variant not in ("public-storage", "public-all"):
-        raise ValueError(f"unknown instance variant {variant!r} (public-storage | public-all)")
-    cfg: dict[str, Any] = {
-        "telemetry": {"enabled": False},
-        "nux": {"enabled": False},
-        "storage": {"sqlite": {"base_dir": str(home / "storage")}},
-    }
-    if variant == "public-storage":
-        cfg["compute_logs"] = instance_config(home)["compute_logs"]
-    return f"# bench: {variant} (Dagster's public storage configuration)\n" + yaml.safe_dump(
-        cfg, sort_keys=False
-    )
-
-
-def prewrite_instance(root: Path, variant: str) -> None:
-    """The instance folder of a build of ``root`` (``root/.dagster``) with ``variant``'s
-    ``dagster.yaml``; nothing for ``stage2`` (the build writes its own)."""
-    if variant == "stage2":
-        return
-    home = root / ".dagster"
-    home.mkdir(parents=True, exist_ok=True)
-    (home / "dagster.yaml").write_text(public_instance_yaml(home.resolve(), variant), encoding="utf-8")
-
-
-def _instance_evidence(home: Path) -> dict[str, Any]:
-    """What storage a build's instance really used: its storages' classes (as the instance loads
-    them from its ``dagster.yaml``), its runs, its SQLite files (per-run event-log databases
-    ``storage/history/runs/<run id>.db`` of the public storage; the consolidated ``history/``
-    database of stage2's) and its step-log files."""
-    import dagster as dg
-
-    inst = dg.DagsterInstance.from_config(str(home))
-    try:
-        classes = {
-            "run_storage": type(inst.run_storage).__name__,
-            "event_log_storage": f"{type(inst.event_log_storage).__module__}.{type(inst.event_log_storage).__name__}",
-            "compute_log_manager": f"{type(inst.compute_log_manager).__module__}.{type(inst.compute_log_manager).__name__}",
-        }
-        run_ids = {r.run_id for r in inst.get_runs()}
-    finally:
-        inst.dispose()
-    per_run = [f for f in (home / "storage" / "history" / "runs").glob("*.db") if f.stem in run_ids]
-    logs = [f for f in (home / "storage").rglob("*") if f.is_file() and f.suffix in (".out", ".err", ".log")]
-    return {
-        **classes,
-        "runs": len(run_ids),
-        "per_run_event_dbs": len(per_run),
-        "sqlite_files": sorted(str(f.relative_to(home)) for f in home.rglob("*.db") if f.stem not in run_ids),
-        "step_log_files": len(logs),
-    }
 
 
 def _load() -> float:
@@ -170,7 +79,6 @@ def _stage2_build(demo: Any, hub: Any, root: Path) -> tuple[float, float, float,
     and its JSON summary."""
     argv = [sys.executable, "-m", "stage2_data.cli", "build", "--profile", str(demo.profile),
             "--data-root", str(root), "--endpoint", hub.url, "--json", "--no-progress"]  # fmt: skip
-    prewrite_instance(root, INSTANCE)
     started = time.time()
     t0 = time.monotonic()
     p = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=_env())
@@ -288,120 +196,7 @@ def whole_build_at_link_rate(work: Path) -> dict[str, Any]:
         load_avg_1min_before=loads,
         waited_for_quiet_io_s=waited,
         caches=caches_note(dropped, "run"),
-        instance=INSTANCE,
     )
 
 
-def _variant_build(demo: Any, hub: Any, root: Path, variant: str) -> dict[str, Any]:
-    """One first build of ``root`` on ``variant``'s instance, checked: its times, CPU seconds,
-    fingerprint and what storage its instance used."""
-    prewrite_instance(root, variant)
-    argv = [sys.executable, "-m", "stage2_data.cli", "build", "--profile", str(demo.profile),
-            "--data-root", str(root), "--endpoint", hub.url, "--json", "--no-progress"]  # fmt: skip
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.time()
-    t0 = time.monotonic()
-    p = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=_env())
-    took = time.monotonic() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    last_byte = hub.link_free_at - t0
-    if p.returncode != 0:
-        raise RuntimeError(
-            f"stage2 build ({variant}) failed ({p.returncode}): {p.stdout[-2000:]}{p.stderr[-2000:]}"
-        )
-    summary = json.loads(p.stdout)
-    if not summary.get("fingerprint"):
-        raise RuntimeError(f"stage2 build ({variant}) gave no fingerprint: {p.stdout[-2000:]}")
-    home = Path(summary["dagster_home"])
-    evidence = _instance_evidence(home)
-    public = variant != "stage2"
-    if public != (evidence["per_run_event_dbs"] > 0) or public == (
-        "stage2_pipelines" in evidence["event_log_storage"]
-    ):
-        raise RuntimeError(f"build ({variant}) did not use the storage it was meant to: {evidence}")
-    if (variant == "public-all") == ("stage2_pipelines" in evidence["compute_log_manager"]):
-        raise RuntimeError(f"build ({variant}) did not use the step logs it was meant to: {evidence}")
-    _, steps, _ = _timeline(str(home), started, last_byte)
-    return {
-        "wall_s": round(took, 2),
-        "first_request_s": round(_first_request(hub, t0), 2),
-        "last_byte_s": round(last_byte, 2),
-        "after_last_byte_s": round(took - last_byte, 2),
-        "cpu_s": round(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, 2),
-        "steps_sum_s": round(sum(s["sum_s"] for s in steps.values()), 2),
-        "steps_after_last_byte_s": round(sum(s["after_last_byte_s"] for s in steps.values()), 2),
-        "fingerprint": summary["fingerprint"],
-        "instance": evidence,
-    }
-
-
-def link_rate_instance_storages(work: Path) -> dict[str, Any]:
-    from stage2_data.demo.hubserver import HubFaults, HubServer
-
-    demo = scaled_demo(work / "demo", SCALE)
-    archive_bytes = sum(f.stat().st_size for f in demo.upstream.rglob("*") if f.is_file())
-    got: dict[str, list[dict[str, Any]]] = {v: [] for v in INSTANCE_VARIANTS}
-    dropped = True
-    with HubServer(
-        demo.upstream,
-        repo_id=demo.repo_id,
-        revision=demo.revision,
-        faults=HubFaults(link_rate=LINK_MB_S * 1e6),
-    ) as hub:
-        for i in range(INSTANCE_ROUNDS):
-            order = INSTANCE_VARIANTS if i % 2 == 0 else INSTANCE_VARIANTS[::-1]
-            for variant in order:
-                root = work / f"root-{variant}-{i}"
-                dropped = drop_caches(page_cache=True) and dropped
-                waited = wait_for_quiet_io()
-                load = _load()
-                print(f"  round {i + 1} {variant} (load {load}) ...", file=sys.stderr, flush=True)
-                r = _variant_build(demo, hub, root, variant)
-                r.update(round=i + 1, load_avg_1min_before=load, waited_for_quiet_io_s=waited)
-                got[variant].append(r)
-                print(
-                    f"    {r['wall_s']} s, after last byte {r['after_last_byte_s']} s",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                shutil.rmtree(root, ignore_errors=True)
-    fingerprints = {r["fingerprint"] for rs in got.values() for r in rs}
-    if len(fingerprints) != 1:
-        raise RuntimeError(f"the variants built different stores: {sorted(fingerprints)}")
-    base = statistics.mean(r["wall_s"] for r in got["stage2"])
-    variants: dict[str, Any] = {}
-    for v, rs in got.items():
-        mean = statistics.mean(r["wall_s"] for r in rs)
-        variants[v] = {
-            "rounds": len(rs),
-            "wall_mean_s": round(mean, 2),
-            "wall_all_s": [r["wall_s"] for r in rs],
-            "after_last_byte_mean_s": round(statistics.mean(r["after_last_byte_s"] for r in rs), 2),
-            "after_last_byte_all_s": [r["after_last_byte_s"] for r in rs],
-            "cpu_mean_s": round(statistics.mean(r["cpu_s"] for r in rs), 2),
-            "delta_vs_stage2_pct_of_whole_build": round(100 * (mean - base) / base, 1),
-            "load_avg_1min_before": [r["load_avg_1min_before"] for r in rs],
-            "builds": rs,
-        }
-    storage = variants["public-storage"]["wall_mean_s"] - variants["stage2"]["wall_mean_s"]
-    logs = variants["public-all"]["wall_mean_s"] - variants["public-storage"]["wall_mean_s"]
-    return entry(
-        "link_rate_instance_storages",
-        variants["public-all"]["wall_mean_s"],
-        "the same first build on stage2's own dagster.yaml (eventlog.py + computelogs.py), mean wall",
-        base,
-        None,
-        link_mb_s=LINK_MB_S,
-        archive_bytes=archive_bytes,
-        link_floor_s=round(archive_bytes / (LINK_MB_S * 1e6), 2),
-        frame_scale=SCALE,
-        eventlog_worth_pct_of_whole_build=round(100 * storage / base, 1),
-        computelogs_worth_pct_of_whole_build=round(100 * logs / base, 1),
-        variants=variants,
-        fingerprint=fingerprints.pop(),
-        cpus=os.cpu_count(),
-        caches=caches_note(dropped, "build"),
-    )
-
-
-BENCHMARKS = [whole_build_at_link_rate, link_rate_instance_storages]
+BENCHMARKS = [whole_build_at_link_rate]

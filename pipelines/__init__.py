@@ -8,8 +8,6 @@ Modules, each importing only those before it (no cycle, nothing built at import)
   ``definitions`` the Definitions (``defs``, built on first use, is what ``workspace.yaml`` loads)
   ``uptodate``    the no-op build, answered before Dagster is imported
   ``watch``       a stage's run followed partition by partition (progress inside the run)
-  ``eventlog``    the event log of a build's local instance (SQLite, pooled, synchronous=NORMAL)
-  ``computelogs`` step logs of a build's local instance (files; the terminal under --verbose)
   ``runner``      ``stage2 build``: every stage as Dagster runs in one process
   ``commands``    the ``stage2 build`` / ``stage2 demo`` commands (a plugin of the core CLI)
   ``progress``    their progress display (rich; imported when a build runs)

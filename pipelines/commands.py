@@ -238,8 +238,8 @@ def build_exit_code(summary: dict[str, Any]) -> int:
 @contextlib.contextmanager
 def _terminal() -> Iterator[IO[str]]:
     """stderr as it is now, for the progress display: Dagster swaps file descriptor 2 for a step's
-    log file while the step runs (step logs, pipelines/computelogs.py), and the display must reach
-    the terminal, not the step's log."""
+    log file while the step runs (Dagster's step logs), and a quiet build sends the runs' console to
+    a file (``runner.runs_console``); the display must reach the terminal."""
     try:
         fd = os.dup(sys.stderr.fileno())
     except (AttributeError, OSError, ValueError, io.UnsupportedOperation):  # not a real file: as is

@@ -117,11 +117,10 @@ def dagster_home() -> Path:
 INSTANCE_YAML_MARK = "# Written by stage2 for a local instance."
 INSTANCE_YAML_HEAD = f"""\
 {INSTANCE_YAML_MARK} Rewritten by `stage2 build` when the instance's folder
-# moved (a copied or moved data root records into its own instance); delete this first line to keep
-# your own edits. Launched runs start at once (no queue waiting for a daemon). One consolidated
-# SQLite event log (WAL) instead of one database per run, stored through one pooled engine per
-# process with synchronous=NORMAL (pipelines/eventlog.py). Step logs go to files (the UI shows
-# them), mirrored to the terminal only under --verbose (pipelines/computelogs.py).
+# moved (a copied or moved data root records into its own instance) or this version of stage2
+# writes it otherwise; delete this first line to keep your own edits. Launched runs start at once
+# (no queue waiting for a daemon). One consolidated SQLite event log (WAL) instead of one database
+# per run. Step logs go to files (the UI shows them). Each is Dagster's own documented class.
 """
 
 
@@ -135,14 +134,16 @@ def instance_config(home: Path) -> dict[str, Any]:
         # runs start as soon as they are launched (`stage2 build`, the UI), without waiting in a queue
         # for a daemon; a daemon still runs schedules and sensors
         "run_coordinator": {"module": "dagster.core.run_coordinator", "class": "DefaultRunCoordinator"},
+        # Dagster's consolidated event log: one database for every run's events, where `storage:
+        # sqlite:` creates, migrates and opens a database per run (docs/architecture.md, "Instance")
         "event_log_storage": {
-            "module": "stage2_pipelines.eventlog",
-            "class": "FastSqliteEventLogStorage",
+            "module": "dagster.core.storage.event_log",
+            "class": "ConsolidatedSqliteEventLogStorage",
             "config": {"base_dir": str(home / "history")},
         },
         "compute_logs": {
-            "module": "stage2_pipelines.computelogs",
-            "class": "StepLogsToFiles",
+            "module": "dagster.core.storage.local_compute_log_manager",
+            "class": "LocalComputeLogManager",
             "config": {"base_dir": str(home / "storage")},
         },
     }

@@ -323,17 +323,56 @@ def _build_all(
     cfg = config.to_dict()
     cfg["data_root"] = str(data_root)
     # The build's code server loads the definitions while the stages' work is sized below.
-    server = (
-        None if in_process else CodeServer(config, home, verbose=not os.environ.get("STAGE2_RUN_LOG_LEVEL"))
-    )
+    quiet = bool(os.environ.get("STAGE2_RUN_LOG_LEVEL"))
+    server = None if in_process else CodeServer(config, home, verbose=not quiet)
     if server is not None:
         server.start()
     try:
-        return _walk(config, profile, data_root, home, instance, cfg, server, concurrency, on_run, status)
+        with runs_console(home, quiet=quiet and server is None):
+            return _walk(config, profile, data_root, home, instance, cfg, server, concurrency, on_run, status)
     finally:
         if server is not None:
             terminate_runs(instance, server.close())  # a stop or an error: none goes on alone
             server.stop()
+
+
+RUNS_CONSOLE_LOG = "runs-console.log"  # under <DAGSTER_HOME>/logs, beside the code server's log
+
+
+@contextlib.contextmanager
+def runs_console(home: Path, *, quiet: bool) -> Iterator[None]:
+    """While runs execute in this process quietly (`stage2 build` without ``--verbose``), this
+    process's standard output and error (file descriptors 1 and 2, which its step workers and their
+    helper processes inherit) go to ``<home>/logs/runs-console.log``, as a launched build's code
+    server and runs write to ``code-server.log``. Each step's own output is still captured by
+    Dagster's compute-log manager for the UI; what it mirrors to the console, Dagster's own debug
+    lines, and the tracebacks its ``watch_orphans.py`` helpers print when a terminal's Ctrl-C
+    reaches them, land in that file, not under the build's progress (which writes to a copy of the
+    terminal taken before: ``commands._terminal``). The file holds the last quiet build's console."""
+    if not quiet:
+        yield
+        return
+    logs = home / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            stream.flush()
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
+    try:
+        with open(logs / RUNS_CONSOLE_LOG, "wb") as log:
+            for fd in saved:
+                os.dup2(log.fileno(), fd)
+            try:
+                yield
+            finally:
+                for stream in (sys.stdout, sys.stderr):
+                    with contextlib.suppress(AttributeError, OSError, ValueError):
+                        stream.flush()
+                for fd, copy in saved.items():
+                    os.dup2(copy, fd)
+    finally:
+        for copy in saved.values():
+            os.close(copy)
 
 
 def _walk(

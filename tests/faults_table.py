@@ -759,6 +759,14 @@ FAULTS: tuple[Fault, ...] = (
         "(not needed)",
     ),
     Fault(
+        "proc_earlier_instance",
+        "process",
+        "a data root whose instance an earlier stage2 wrote, its dagster.yaml naming stage2's own event log and step-log classes (removed since)",
+        "nothing fails: the dagster.yaml is rewritten to Dagster's own classes on the same files",
+        "the earlier runs and their events, still in the instance the UI reads",
+        "(not needed)",
+    ),
+    Fault(
         "proc_check_failed",
         "process",
         "a blocking check of the last stage fails (a kit SHA256SUMS line changed)",

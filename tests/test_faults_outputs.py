@@ -286,6 +286,55 @@ def test_fault_proc_moved_root(world: dict[str, Any], tmp_path: Path) -> None:
     assert (moved / ".dagster" / "dagster.yaml").read_text() == own
 
 
+# The dagster.yaml stage2 wrote before its instance named only Dagster's own classes: an event log
+# and step logs of stage2's own modules, since removed (docs/architecture.md, "A build's local instance").
+_EARLIER_YAML = """\
+# Written by stage2 for a local instance. Rewritten by `stage2 build` when the instance's folder
+# moved (a copied or moved data root records into its own instance); delete this first line to keep
+# your own edits.
+telemetry:
+  enabled: false
+run_coordinator:
+  module: dagster.core.run_coordinator
+  class: DefaultRunCoordinator
+event_log_storage:
+  module: stage2_pipelines.eventlog
+  class: FastSqliteEventLogStorage
+  config:
+    base_dir: {home}/history
+compute_logs:
+  module: stage2_pipelines.computelogs
+  class: StepLogsToFiles
+  config:
+    base_dir: {home}/storage
+"""
+
+
+@pytest.mark.slow
+def test_fault_proc_earlier_instance(world: dict[str, Any], tmp_path: Path) -> None:
+    """A data root whose instance an earlier stage2 wrote, naming its own storage classes (gone
+    now): the next build rewrites the dagster.yaml to Dagster's classes, on the same files, so the
+    earlier runs and their events stay in the instance the UI reads."""
+    import dagster as dg
+
+    assert world["build"].returncode == 0, world["build"].tail()
+    root = tmp_path / "data"
+    shutil.copytree(world["root"], root, symlinks=True)
+    home = root / ".dagster"
+    (home / "dagster.yaml").write_text(_EARLIER_YAML.format(home=home), encoding="utf-8")
+    with sqlite3.connect(home / "history" / "runs.db") as db:
+        earlier = {row[0] for row in db.execute("select run_id from runs")}
+    r = _build(world["demo"], root, "--reverify")
+    assert r.returncode == 0, r.tail()
+    written = (home / "dagster.yaml").read_text(encoding="utf-8")
+    assert "stage2_pipelines" not in written and "ConsolidatedSqliteEventLogStorage" in written
+    assert _instance_paths(root) == [str(home / "history"), str(home / "storage")]
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        runs = {run.run_id for run in instance.get_runs()}
+        assert earlier < runs  # the earlier runs kept, the new ones added
+        assert all(instance.all_logs(run_id) for run_id in earlier)  # with their events
+
+
 @pytest.mark.slow
 def test_fault_proc_check_failed(world: dict[str, Any], tmp_path: Path) -> None:
     """A blocking check of the last stage fails (a kit SHA256SUMS line changed): exit 1, the check's

@@ -90,9 +90,9 @@ def _session_processes(sid: int) -> list[str]:
 
 
 def _tracebacks(text: str) -> list[str]:
-    """The tracebacks in ``text``. A terminal's Ctrl-C reaches every process of the foreground group;
-    Dagster's compute-log helpers (``watch_orphans.py``) printed their own tracebacks of it until the
-    build's instance stopped starting them (pipelines/computelogs.py): none is allowed now."""
+    """The tracebacks in ``text``. A terminal's Ctrl-C reaches every process of the foreground group,
+    Dagster's compute-log helpers (``watch_orphans.py``) among them: what they print goes to the
+    runs' console log (``runner.runs_console``), and none is allowed under the build's output."""
     return [b[:500] for b in text.split("Traceback (most recent call last):")[1:]]
 
 
