@@ -274,14 +274,6 @@ def local_dask_cluster(
         yield cluster.scheduler_address
 
 
-def dask_worker_slots(address: str) -> int:
-    """How many steps the cluster runs at once (sum of worker threads)."""
-    from dask.distributed import Client
-
-    with Client(address, timeout=30) as client:
-        return sum(client.nthreads().values())
-
-
 def configured_executor(config: BuildConfig) -> dg.ExecutorDefinition | None:
     """The default executor of the Definitions (runs launched from the UI, schedules, sensors and
     backfills) for ``BuildConfig.executor``; ``None`` keeps Dagster's default."""

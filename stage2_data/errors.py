@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 
 class Stage2Error(Exception):
@@ -195,7 +195,3 @@ class FileTypeError(FormatError):
     ) -> None:
         self.found = found
         super().__init__(detail, file=file, member=member, fix=fix)
-
-
-def join_problems(problems: Iterable[str]) -> str:
-    return "; ".join(problems)

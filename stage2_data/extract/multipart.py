@@ -71,10 +71,6 @@ class MultiPartReader(io.RawIOBase):
     def size(self) -> int:
         return self._size
 
-    @property
-    def part_sizes(self) -> list[int]:
-        return list(self._sizes)
-
     def readable(self) -> bool:
         return True
 
