@@ -27,7 +27,7 @@ from typing import IO, Any
 from urllib.parse import urlsplit
 
 from stage2_data import layout
-from stage2_data.acquire import archive_state, hub_offline, resolve_endpoint
+from stage2_data.acquire import archive_state, hub_offline, offline_error, resolve_endpoint
 from stage2_data.commands.common import (
     EXIT_ERROR,
     EXIT_FAILED,
@@ -94,13 +94,19 @@ def _quiet_runs(verbose: bool) -> None:
         os.environ["STAGE2_RUN_LOG_LEVEL"] = "CRITICAL"
 
 
-def _preflight_endpoint(profile: Profile, data_root: Path, endpoint: str) -> None:
-    """Fail in a second, with one line, when archives must be downloaded and the hub does not answer
-    (instead of every archive retrying with backoff). Nothing to download: no network needed."""
+def _preflight_hub(profile: Profile, data_root: Path, endpoint: str, *, reach: bool) -> None:
+    """Fail in a second, with one message, when archives must be downloaded and they cannot be:
+    offline (``HF_HUB_OFFLINE``: every missing archive named, nothing requested), or, with
+    ``reach``, the hub does not answer (instead of every archive retrying with backoff). Nothing to
+    download: no network needed."""
     # missing or partial archives need the hub; verified ones and unverified files on disk (re-hashed
     # locally) do not
     todo = [a.path for a in profile.archives if archive_state(data_root, a).state in ("missing", "partial")]
-    if not todo or hub_offline():  # offline: the download step names what is missing, asking nothing
+    if not todo:
+        return
+    if hub_offline():  # one message for the build, not one failed partition per cache key
+        raise offline_error(data_root, todo)
+    if not reach:  # a hub folder: served on loopback by the runs themselves
         return
     from stage2_data.acquire.retry import default_backoff  # imports the hub client
 
@@ -147,8 +153,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     if data_root.exists() and not data_root.is_dir():  # named as given, not as the first path below it
         raise fs_error(NotADirectoryError(errno.ENOTDIR, "Not a directory", str(data_root)), "--data-root")
     endpoint = resolve_endpoint(args.endpoint)  # --endpoint, else $HF_ENDPOINT, else the real hub
-    if not args.hub_folder:
-        _preflight_endpoint(profile, data_root, endpoint)
+    _preflight_hub(profile, data_root, endpoint, reach=not args.hub_folder)
     config = BuildConfig(
         profile_path=str(Path(args.profile).resolve()),
         data_root=str(data_root),

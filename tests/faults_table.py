@@ -116,7 +116,7 @@ FAULTS: tuple[Fault, ...] = (
         "net_offline",
         "network",
         "`HF_HUB_OFFLINE=1`",
-        "verified archives are used without a request; a missing one: HF_HUB_OFFLINE is set and 1 archive(s) are not verified on disk: <path>; nothing was requested; `stage2 pin`: needs the hub …, HF_HUB_OFFLINE is set",
+        "verified archives are used without a request; a missing one: HF_HUB_OFFLINE is set and 1 archive(s) are not on disk: <path>; nothing was requested; `stage2 build` says so for every missing archive at once, in one message, before any run (exit 2); `stage2 pin`: needs the hub …, HF_HUB_OFFLINE is set",
         "nothing; no request reaches the hub",
         "unset HF_HUB_OFFLINE: the missing archive downloads",
     ),

@@ -669,3 +669,21 @@ def test_resume_from_an_unaligned_partial_and_drop(
     assert layout.archive_path(tmp_path, path).read_bytes() == upstream.files[path]
     gets = [rng for m, rng in hub.file_requests(path) if m == "GET"]
     assert gets[0] == f"bytes={kept}-" and len(gets) == 2
+
+
+def test_a_cache_key_offline_names_each_missing_part_and_its_fix_once(
+    source: HubSource, hub: HubServer, profile: Profile, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both parts of a split archive missing offline: the cache key's one error names each part and
+    says their shared fix once, at its end."""
+    from stage2_data.steps.acquire import step_download_cache_dir
+
+    parts = ["split_key.tar.part-aa", "split_key.tar.part-ab"]
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(HubError) as ei:
+        step_download_cache_dir(profile, source, tmp_path, profile.archive(parts[0]).cache_key)
+    text = str(ei.value)
+    assert all(str(layout.archive_path(tmp_path, p)) in text for p in parts), text
+    assert text.count("Fix:") == 1 and "fix:" not in text, text
+    assert text.rstrip().endswith("re-run") and text.count("nothing was requested") == 2, text
+    assert hub.log_snapshot() == []

@@ -376,6 +376,26 @@ def test_fault_net_offline(
     assert run_selection(run_cfg(demo, root), ["cache_dir"], SMALL)["success"]
 
 
+def test_an_offline_build_names_every_missing_archive_at_once(demo: DemoPaths, tmp_path: Path) -> None:
+    """`stage2 build` offline with archives not on disk: refused before any run, in one message that
+    names each (here all of them, by the archives folder) and its fix once; nothing requested,
+    nothing written."""
+    root = tmp_path / "root"
+    archives = [a.path for a in load_profile(demo.profile).archives]
+    with demo_hub(demo) as hub:
+        out = stage2(
+            "build", "--profile", str(demo.profile), "--data-root", str(root), "--endpoint", hub.url,
+            env=subprocess_env(HF_HUB_OFFLINE="1"),
+        )  # fmt: skip
+        assert hub.log_snapshot() == []
+    assert out.returncode == 2 and out.stdout == "", out.tail()
+    (line,) = out.stderr.strip().splitlines()
+    assert f"{len(archives)} archive(s) are not on disk in {layout.archives_dir(root)}: " in line, line
+    assert all(p in line for p in archives) and "nothing was requested" in line, line
+    assert line.count("Fix:") == 1 and "unset HF_HUB_OFFLINE" in line, line
+    assert not root.exists()
+
+
 # ----- verified archives that disagree with their pin; messages whose fix works ------------------
 def _build(demo: DemoPaths, root: Path, url: str, **env: str) -> tuple[Any, dict[str, Any], str]:
     """``stage2 build --json`` of the demo into ``root`` against ``url``: (the process, its JSON

@@ -26,6 +26,7 @@ from .download import (
     download_archive,
     download_archives,
     download_profile,
+    offline_error,
 )
 from .endpoint import DEFAULT_ENDPOINT, hub_offline, resolve_endpoint
 from .hub import HubOfflineError, HubSource, RemoteFile
@@ -63,6 +64,7 @@ __all__ = [
     "RetryPolicy",
     "closest_files",
     "hub_offline",
+    "offline_error",
     "parse_retry_after",
     "resolve_endpoint",
     "with_retries",

@@ -272,7 +272,7 @@ def download_archive(
             )
         moved = _settle(source, spec, data_root, found, profile)
     if hub_offline():
-        raise _offline_error(data_root, [spec.path])
+        raise offline_error(data_root, [spec.path])
     backoff = default_backoff() if backoff is None else backoff  # read only when a request is made
     try:
         res = _download(source, spec, data_root, progress, max(1, attempts), backoff, cancel, t0)
@@ -327,11 +327,16 @@ def _download(
     )
 
 
-def _offline_error(data_root: Path, missing: list[str]) -> HubOfflineError:
-    where = ", ".join(str(layout.archive_path(data_root, p)) for p in missing)
+def offline_error(data_root: Path, missing: list[str]) -> HubOfflineError:
+    """Offline (``HF_HUB_OFFLINE``), and the archives ``missing`` (profile paths) are not on disk:
+    the one error that names each (one by its path; several by the archives folder, then their
+    names), said before anything is requested."""
+    if len(missing) == 1:
+        where = f"1 archive(s) are not on disk: {layout.archive_path(data_root, missing[0])}"
+    else:
+        where = f"{len(missing)} archive(s) are not on disk in {layout.archives_dir(data_root)}: {', '.join(missing)}"
     return HubOfflineError(
-        f"HF_HUB_OFFLINE is set and {len(missing)} archive(s) are not on disk: {where}; "
-        "nothing was requested.",
+        f"HF_HUB_OFFLINE is set and {where}; nothing was requested.",
         fix="unset HF_HUB_OFFLINE to download them, or copy each archive there (a file whose size and "
         "sha256 equal its pin is accepted) and re-run",
         missing=missing,
@@ -374,7 +379,7 @@ def download_archives(
         if missing:  # a file without its record is re-hashed below; only absent ones are refused here
             absent = [p for p in missing if not layout.archive_path(data_root, p).is_file()]
             if absent:
-                raise _offline_error(data_root, absent)
+                raise offline_error(data_root, absent)
     remaining = {s.path: remaining_download_bytes(data_root, s) for s in specs}
     if backoff is None and any(remaining.values()):  # a bad setting: one error, not one per archive
         backoff = default_backoff()

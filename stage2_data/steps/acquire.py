@@ -138,12 +138,18 @@ def _partition_failure(failures: list[Stage2Error], parts: list[StepResult]) -> 
     parts that succeeded moved aside. A failed partition is not materialized, so this message is
     the only place the build can say where those files went."""
     first = failures[0]
-    more = [f"also {e}" for e in failures[1:]]
+    # each other failure by its message, and by its fix only when that is not the first's (the
+    # first's fix ends the whole message): two parts missing offline say "Fix:" once
+    more = [
+        f"also {e.message.rstrip().rstrip('.')}"
+        + (f" (fix: {e.fix})" if e.fix and e.fix != first.fix else "")
+        for e in failures[1:]
+    ]
     moved = _moved_aside(parts)
     if moved:
         more.append(f"moved aside (kept, not deleted): {'; '.join(moved)}")
     if more:
-        first.message = f"{first.message} ({'; '.join(more)})"
+        first.message = f"{first.message.rstrip().rstrip('.')} ({'; '.join(more)})"
         first.args = (str(first),)  # what repr() and a re-raise in another process show
     return first
 
