@@ -354,9 +354,7 @@ def runs_console(home: Path, *, quiet: bool) -> Iterator[None]:
         return
     logs = home / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(AttributeError, OSError, ValueError):
-            stream.flush()
+    _flush_std_streams()  # what Python buffered goes where it was written for
     saved = {fd: os.dup(fd) for fd in (1, 2)}
     try:
         with open(logs / RUNS_CONSOLE_LOG, "wb") as log:
@@ -365,14 +363,20 @@ def runs_console(home: Path, *, quiet: bool) -> Iterator[None]:
             try:
                 yield
             finally:
-                for stream in (sys.stdout, sys.stderr):
-                    with contextlib.suppress(AttributeError, OSError, ValueError):
-                        stream.flush()
+                _flush_std_streams()
                 for fd, copy in saved.items():
                     os.dup2(copy, fd)
     finally:
         for copy in saved.values():
             os.close(copy)
+
+
+def _flush_std_streams() -> None:
+    """Flush ``sys.stdout`` and ``sys.stderr`` before their descriptors are swapped (a stream that
+    is closed or not a file is left as it is)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            stream.flush()
 
 
 def _walk(
