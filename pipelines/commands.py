@@ -393,7 +393,8 @@ def _add_build_args(p: argparse.ArgumentParser) -> None:
         "--concurrency",
         type=count_of("a number of runs or partitions at once"),
         default=None,
-        help="how much at once: launched download_and_extract runs (default 2), or a run's "
+        help="how much at once: launched download_and_extract runs downloading (default 2; the "
+        "next starts as soon as one's downloads are over), or a run's "
         "partitions with --run-in-process (default: sized for the machine); 1: one run per stage, "
         "one partition at a time",
     )

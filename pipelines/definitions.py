@@ -60,7 +60,7 @@ JOB_DESCRIPTIONS = {
     ACQUIRE_JOB: "Download and verify the archives of each cache key partition.",
     EXTRACT_JOB: "Extract cache-key partitions.",
     STREAM_JOB: "Download and verify the archives of a range of cache keys, then extract them (a launched "
-    "build runs one per range holding at least 1 GiB, two at once).",
+    "build runs one per range holding at least 1 GiB, two downloading at once).",
     KIT_JOB: "Verify the kit's action sidecar tar and unpack it (needs the profile only: runs beside the downloads).",
     KIT_AND_STORE_JOB: "Check extraction, join with the action sidecars, verify bytes, build the store.",
     VERIFY_JOB: "Re-check existing data on disk without downloading, rebuilding or materializing anything "

@@ -9,8 +9,8 @@ starts (``launch.CodeServer``), so the UI lists it on its job's page and can re-
   1. profile (check_profile): pinned_profile
   2.+4. acquire and extract, streamed (download_and_extract): one run per range of cache keys
      holding at least 1 GiB of archives (``stages.stream_groups``), its archive_file then its
-     cache_dir, two runs at once (:func:`stream_cache_keys`), so that one range extracts while the
-     next downloads
+     cache_dir, two runs downloading at once (:func:`stream_cache_keys`): the next range is
+     launched as soon as a range's downloads are over, so that it downloads while that one extracts
   3. kit (unpack_action_sidecars): action_sidecars; it needs the profile only, so its run goes on
      beside stages 2 and 4
   5. store (verify_kit_and_build_store): extraction_report, trajectory_join, subset_checksums, vin_store
@@ -214,20 +214,59 @@ def stream_cache_keys(
     server: CodeServer,
 ) -> None:
     """The streamed stages (``stages.STREAMED``) as one launched run of ``STREAM_JOB`` per group of
-    cache keys (``stages.stream_groups``, largest first), at most ``slots`` runs at once: in each
-    run Dagster extracts the group's keys once their archives verified, while the next runs
-    download. ``record`` has each run's summary as the run ends (:func:`stream_parts` splits it by
-    stage). The wait stays in this thread: a stop interrupts it at once, and the build then cancels
-    the runs (``_build_all``)."""
+    cache keys (``stages.stream_groups``, largest first), at most ``slots`` of them downloading at
+    once: in each run Dagster extracts the group's keys once their archives verified, and the next
+    run is launched as soon as a run's downloads are over (:func:`stream_runs`). ``record`` has each
+    run's summary as the run ends (:func:`stream_parts` splits it by stage)."""
     selection = [a for s in STREAMED for a in s.assets]
-    pool = ThreadPoolExecutor(max_workers=max(1, slots), thread_name_prefix="stage2-stream")
+
+    def run(keys: list[str], downloaded: Callable[[], None]) -> dict[str, Any]:
+        return run_selection(
+            cfg, selection, partition_keys=keys, on_first=downloaded, instance=instance, server=server
+        )
+
+    stream_runs(groups, slots, run, record)
+
+
+def stream_runs(
+    groups: list[list[str]],
+    slots: int,
+    run: Callable[[list[str], Callable[[], None]], dict[str, Any]],
+    record: Callable[[dict[str, Any]], None],
+    *,
+    poll: float = 0.2,
+) -> None:
+    """``run(keys, downloaded)`` for every group, in order, each in a thread of its own, started
+    while fewer than ``slots`` started runs are still downloading: a run downloads until it calls
+    ``downloaded()`` or ends. So the link never waits for an extraction: the next range downloads
+    while the last one extracts (at most ``2 * slots`` runs at once). ``record`` has each run's
+    result as it ends. The wait stays in this thread: a stop interrupts it at once, and the build
+    then cancels the runs (``_build_all``)."""
+    queue = list(groups)
+    downloading: set[int] = set()
+    lock = threading.Lock()
+
+    def over(i: int) -> None:
+        with lock:
+            downloading.discard(i)
+
+    def one(i: int, keys: list[str]) -> dict[str, Any]:
+        try:
+            return run(keys, lambda: over(i))
+        finally:
+            over(i)
+
+    pool = ThreadPoolExecutor(max_workers=max(1, 2 * slots), thread_name_prefix="stage2-stream")
+    pending: set[Future[dict[str, Any]]] = set()
+    started = 0
     try:
-        pending = {
-            pool.submit(run_selection, cfg, selection, partition_keys=keys, instance=instance, server=server)
-            for keys in groups
-        }
-        while pending:
-            finished, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
+        while queue or pending:
+            with lock:
+                while queue and len(downloading) < slots and len(pending) < 2 * slots:
+                    downloading.add(started)
+                    pending.add(pool.submit(one, started, queue.pop(0)))
+                    started += 1
+            finished, pending = wait(pending, timeout=poll, return_when=FIRST_COMPLETED)
             for f in finished:
                 record(f.result())
     finally:

@@ -128,6 +128,7 @@ def run_selection(
     partition_keys: list[str] | None = None,
     workers: int | None = None,
     on_partition: Callable[[dict[str, Any]], None] | None = None,
+    on_first: Callable[[], None] | None = None,
     instance: dg.DagsterInstance | None = None,
     server: CodeServer | None = None,
 ) -> dict[str, Any]:
@@ -137,7 +138,9 @@ def run_selection(
 
     ``on_partition`` is called (from a watcher thread, ``watch.RunWatcher``) with a partition's
     entry (as ``partition_runs`` makes them) as soon as the run has materialized the selection for
-    that partition; the summary lists those under ``reported``. ``instance``: the build's (else the
+    that partition; the summary lists those under ``reported``. ``on_first`` is called (from that
+    thread) once the first asset of ``selection`` has materialized for every partition (a streamed
+    run's downloads are over). ``instance``: the build's (else the
     one at DAGSTER_HOME). ``server``: the build's code server, to launch the run through the
     instance (else the run is executed in this process)."""
     cfg = BuildConfig(**config)
@@ -155,8 +158,15 @@ def run_selection(
         if on_partition is not None:
             on_partition(partition_entry(run_id, job_for(selection), selection, partition, done))
 
-    watcher = RunWatcher(instance, selection, partition_done)
-    with watcher if on_partition is not None and len(keys) > 1 else contextlib.nullcontext():
+    watcher = RunWatcher(
+        instance,
+        selection,
+        partition_done if on_partition is not None and len(keys) > 1 else None,
+        on_first=on_first,
+        partitions=keys,
+    )
+    watching = (on_partition is not None and len(keys) > 1) or on_first is not None
+    with watcher if watching else contextlib.nullcontext():
         if server is not None:
             run_id = launch_selection(
                 server, config, selection, {**tags, **watcher.tags}, instance, log_level=level

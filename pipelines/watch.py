@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import dagster as dg
@@ -24,14 +24,18 @@ CALL_TAG = "stage2/call"  # one value per run the runner launches: how the watch
 class RunWatcher:
     """Watch the run tagged ``CALL_TAG=<call>`` (see :attr:`tags`) in a thread, every ``interval``
     seconds, and call ``on_partition(run id, partition, materialized assets)`` once per partition whose
-    ``selection`` has all materialized. Use as a context manager around the run's execution."""
+    ``selection`` has all materialized, and ``on_first()`` once the first asset of ``selection`` has
+    materialized for every partition of ``partitions`` (a streamed run's downloads are over). Use as
+    a context manager around the run's execution."""
 
     def __init__(
         self,
         instance: dg.DagsterInstance,
         selection: list[str],
-        on_partition: Callable[[str, str, list[str]], None],
+        on_partition: Callable[[str, str, list[str]], None] | None = None,
         *,
+        on_first: Callable[[], None] | None = None,
+        partitions: Collection[str] = (),
         interval: float = 0.5,
     ) -> None:
         self.tags = {CALL_TAG: uuid.uuid4().hex}
@@ -39,6 +43,9 @@ class RunWatcher:
         self._instance = instance
         self._selection = set(selection)
         self._on_partition = on_partition
+        self._first = selection[0] if selection else None
+        self._on_first = on_first
+        self._first_pending = set(partitions)
         self._interval = interval
         self._run_id: str | None = None
         self._cursor: str | None = None
@@ -84,8 +91,16 @@ class RunWatcher:
     def _note(self, event: Any) -> None:
         if event is None or event.partition is None or event.asset_key is None:
             return
+        asset = event.asset_key.to_user_string()
         done = self._done.setdefault(event.partition, set())
-        done.add(event.asset_key.to_user_string())
+        done.add(asset)
+        if self._on_first is not None and asset == self._first:
+            self._first_pending.discard(event.partition)
+            if not self._first_pending:
+                on_first, self._on_first = self._on_first, None
+                on_first()
+        if self._on_partition is None:
+            return
         if event.partition not in self.reported and self._selection <= done:
             self.reported.add(event.partition)
             assert self._run_id is not None

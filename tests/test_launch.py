@@ -140,10 +140,10 @@ def test_a_launched_build_extracts_cache_keys_while_others_download(
     demo_cache: DemoPaths, tmp_path: Path
 ) -> None:
     """Streamed runs of 3 MB of archives each (``STAGE2_STREAM_RUN_MB``: the demo's 11 MB in three
-    runs, each a whole range of cache keys), two at once (``--concurrency 2``), each downloading its
-    keys' archives and then extracting them: the third run's archives are downloaded only after a
-    first run's extraction (it started when one of the first two ended). The store is the
-    in-process build's. At ``--concurrency 1`` the stages go one run each, as in process."""
+    runs, each a whole range of cache keys), two downloading at once (``--concurrency 2``), each
+    downloading its keys' archives and then extracting them: the third run is launched once one of
+    the first two has downloaded its archives (tests/test_stages.py checks that rule). The store is
+    the in-process build's. At ``--concurrency 1`` the stages go one run each, as in process."""
     home = tmp_path / "home"
     r = _build(demo_cache, tmp_path / "root", home, "--concurrency", "2", STAGE2_STREAM_RUN_MB="3")
     assert r.returncode == 0, r.tail()

@@ -1,5 +1,6 @@
 """The stage table (stage2_data.stages) and the build's walk over it (runner.walk_stages): what each
-stage needs, what a failure holds back, and the kit stage running beside the main line."""
+stage needs, what a failure holds back, and the kit stage running beside the main line; and when a
+launched build starts its streamed runs (runner.stream_runs)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from stage2_data.stages import (
     stages_after,
     stream_groups,
 )
-from stage2_pipelines.runner import walk_stages
+from stage2_pipelines.runner import stream_runs, walk_stages
 
 
 def test_every_stage_comes_after_the_stages_it_needs() -> None:
@@ -126,3 +127,63 @@ def test_streamed_runs_are_whole_ranges_of_at_least_the_bytes_asked(demo_cache) 
             assert whole or last_of_range, (least, g)
             assert size(g[:-1]) < least, (least, g)  # it ends as soon as it holds enough
         assert [size(g) for g in groups] == sorted((size(g) for g in groups), reverse=True)
+
+
+def test_the_next_streamed_run_starts_once_a_runs_downloads_are_over() -> None:
+    """Two slots. The first run says its downloads are over, then both it and the second (still
+    downloading) wait, up to 10 s each, for the third run to start: that can only pass if the third
+    run starts once the first run's downloads are over, while it still extracts, not once a run has
+    ended. Each run's result is recorded as it ends."""
+    third_started = threading.Event()
+    recorded: list[str] = []
+
+    def run(keys: list[str], downloaded) -> dict:
+        if keys == ["a"]:
+            downloaded()
+        if keys != ["c"]:
+            assert third_started.wait(10), f"run {keys} waited 10 s for the third run to start"
+        else:
+            third_started.set()
+        return {"keys": keys}
+
+    stream_runs([["a"], ["b"], ["c"]], 2, run, lambda r: recorded.append(r["keys"][0]), poll=0.05)
+    assert sorted(recorded) == ["a", "b", "c"]
+
+
+def test_streamed_runs_downloading_at_once_never_exceed_the_slots() -> None:
+    """Six runs, two slots: at no time do more than two runs download (a run downloads until it
+    says so or ends; half of them never say so), and every run starts in the groups' order."""
+    lock = threading.Lock()
+    downloading: set[str] = set()
+    most = 0
+    starts: list[str] = []
+
+    def run(keys: list[str], downloaded) -> dict:
+        nonlocal most
+        key = keys[0]
+        with lock:
+            starts.append(key)
+            downloading.add(key)
+            most = max(most, len(downloading))
+        time.sleep(0.05)
+        with lock:
+            downloading.discard(key)
+        if key in "ace":
+            downloaded()
+            time.sleep(0.1)  # extracting: no longer downloading
+        return {"keys": keys}
+
+    groups = [[k] for k in "abcdef"]
+    done: list[str] = []
+    stream_runs(groups, 2, run, lambda r: done.append(r["keys"][0]), poll=0.01)
+    assert most == 2 and starts == list("abcdef") and sorted(done) == list("abcdef")
+
+
+def test_a_streamed_runs_error_reaches_the_caller() -> None:
+    def run(keys: list[str], downloaded) -> dict:
+        if keys == ["b"]:
+            raise RuntimeError("run b broke")
+        return {"keys": keys}
+
+    with pytest.raises(RuntimeError, match="run b broke"):
+        stream_runs([["a"], ["b"], ["c"]], 2, run, lambda r: None, poll=0.01)

@@ -182,7 +182,7 @@ LAUNCHED = (
     "launched"  # in a case's arguments: the build launches its runs (the suite's default is in process)
 )
 # in a case's arguments: launched, every cache key streamed in a download_and_extract run of its own
-# (STAGE2_STREAM_RUN_MB=0), two at once: a stop finds several runs going and launches in flight
+# (STAGE2_STREAM_RUN_MB=0), two downloading at once: a stop finds several runs going and launches in flight
 STREAMED_RUNS = "streamed"
 
 CASES = {
