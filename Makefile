@@ -56,13 +56,20 @@ lint: $(DEV_STAMP)
 system-deps:
 	@bash scripts/system-deps.sh
 
-# The whole suite (what CI runs): lint, then every tier.
-test: lint system-deps
-	$(BIN)/python -m pytest -q
+# Tests run in one process a core, at most four (pytest-xdist): every test makes its own folders,
+# ports, hub and Dagster instance, so none depends on another's process. PYTEST_WORKERS=0 runs them
+# in this process, one after another.
+PYTEST_WORKERS ?= auto
+XDIST = -n $(PYTEST_WORKERS) --maxprocesses 4
 
-# The fast tier (tests/_tiers.py): no browser, database, cluster, S3 server or whole build; about 5 minutes.
+# The whole suite (what CI runs): lint, then every tier; about 23 minutes on 2 cores.
+test: lint system-deps
+	$(BIN)/python -m pytest -q $(XDIST)
+
+# The fast tier (tests/_tiers.py): no browser, database, cluster, S3 server or whole build; about 3
+# minutes on 2 cores.
 test-fast: $(DEV_STAMP)
-	$(BIN)/python -m pytest -q -m "not slow and not system"
+	$(BIN)/python -m pytest -q $(XDIST) -m "not slow and not system"
 
 # The mutation test (tests/test_mutation.py) with N random mutations instead of CI's 100: each a
 # random file of the built demo mutated, then `stage2 build`, in LANES lanes side by side (default:
