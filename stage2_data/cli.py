@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from .commands import command_modules
-from .commands.common import EXIT_ERROR, eprint
+from .commands.common import EXIT_ERROR, eprint, resolve_profile
 from .errors import Stage2Error
 from .oserrors import fs_error
 
@@ -266,6 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra and not getattr(args, "any_arguments", False):
         command = commands.get(args.command, parser)
         command.error(unrecognized_text(extra, command))
+    resolve_profile(args, commands.get(args.command, parser))
     func: Callable[[argparse.Namespace], int] = args.func
     return _run_command(func, args)
 

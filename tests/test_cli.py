@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.cli import REPO, STAGE2, python, run, stage2, subprocess_env
+from helpers.cli import REPO, STAGE2, Ran, python, run, stage2, subprocess_env
 
 SCRIPT = """
 import atexit, sys, threading, time
@@ -77,8 +77,8 @@ def test_the_stage2_executable_keeps_openblas_to_one_thread_unless_told(given: s
     [
         # a positional argument given as an option
         (
-            ["list", "--profile", "p.toml", "--data-root", "root"],
-            "stage2 list: error: unrecognized arguments: --profile. Fix: give profile without --profile",
+            ["validate", "--store", "store"],
+            "stage2 validate: error: unrecognized arguments: --store. Fix: give store without --store",
         ),
         # a misspelt option, next to the arguments a command takes
         (
@@ -123,6 +123,39 @@ def test_a_usage_error_names_the_command_and_what_was_meant(argv: list[str], say
         assert p.stderr.rstrip().endswith("Fix: stage2 build, not bild"), p.stderr
     else:
         assert p.stderr.startswith(f"usage: stage2 {argv[0]} "), p.stderr
+
+
+def test_a_command_taking_a_profile_also_takes_it_as_profile_option(demo_cache, tmp_path: Path) -> None:
+    """`stage2 verify`, `list` and `pin` take the profile as their first argument or, as `stage2
+    build` does, as ``--profile``: the same output either way; none, or two different ones, is the
+    command's usage error."""
+    prof, root = str(demo_cache.profile), str(tmp_path / "root")
+    as_argument = stage2("list", prof, "--data-root", root, "--json", timeout=120)
+    as_option = stage2("list", "--profile", prof, "--data-root", root, "--json", timeout=120)
+
+    def listed(p: Ran) -> dict:  # what the profile and data root say (not the disk's free bytes now)
+        assert p.returncode == 0, p.tail()
+        out = p.json()
+        out["disk"].pop("free_bytes")
+        return out
+
+    assert listed(as_option) == listed(as_argument)
+    both = stage2("list", prof, "--profile", prof, "--data-root", root, "--json", timeout=120)
+    assert listed(both) == listed(as_argument)
+    for argv, says in (
+        (["verify", "--data-root", root], "the following arguments are required: profile"),
+        (
+            ["pin", prof, "--profile", "other.toml", "--check"],
+            f"two profiles given: {prof} and --profile other.toml. Fix: give the profile once",
+        ),
+    ):
+        p = stage2(*argv, timeout=120)
+        assert p.returncode == 2 and says in p.stderr, p.tail()
+        assert p.stderr.startswith(f"usage: stage2 {argv[0]} ") and "Traceback" not in p.stderr
+    pin = stage2("pin", "--profile", prof, "--check", "--endpoint", "http://127.0.0.1:9", timeout=120)
+    assert pin.returncode == 2 and "unrecognized" not in pin.stderr and "required" not in pin.stderr, (
+        pin.tail()
+    )
 
 
 @pytest.mark.parametrize(

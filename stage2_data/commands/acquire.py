@@ -18,7 +18,7 @@ from ..fsutil import free_bytes, human_bytes
 from ..layout import HEX40_RE, quarantine_root
 from ..profile import Profile, load_profile, parse_profile
 from ..publish import atomic_write_text
-from .common import EXIT_ERROR, EXIT_FAILED, eprint, finish_command, print_json
+from .common import EXIT_ERROR, EXIT_FAILED, add_profile, eprint, finish_command, print_json
 
 if TYPE_CHECKING:
     from ..acquire import RemoteFile
@@ -371,7 +371,7 @@ def register(sub: Any) -> None:
         epilog="Example: stage2 pin manifests/stage2_core_v1.toml --write   "
         "(CI: stage2 pin manifests/stage2_core_v1.toml --check)",
     )
-    p.add_argument("profile", help="profile .toml")
+    add_profile(p)
     p.add_argument(
         "--endpoint",
         default=None,
@@ -394,7 +394,7 @@ def register(sub: Any) -> None:
         "unless --endpoint is given (then each archive is also checked against the hub's listing).",
         epilog="Example: stage2 list manifests/stage2_core_v1.toml --data-root /data/stage2 --json",
     )
-    p.add_argument("profile", help="profile .toml")
+    add_profile(p)
     p.add_argument("--data-root", required=True, help="the data root of the build")
     p.add_argument("--endpoint", default=None, help="also compare with the hub's listing at this endpoint")
     p.add_argument("--token-env", default="HF_TOKEN", help="environment variable holding the hub token")

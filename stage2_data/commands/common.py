@@ -68,6 +68,26 @@ def add_storage_option(p: Any) -> None:
     )
 
 
+def add_profile(p: Any) -> None:
+    """The profile .toml: the command's first argument, or ``--profile PROFILE`` as `stage2 build`
+    takes it (:func:`resolve_profile` makes them one ``args.profile``)."""
+    p.add_argument("profile", nargs="?", help="profile .toml (or --profile PROFILE)")
+    p.add_argument("--profile", dest="profile_option", metavar="PROFILE", help=argparse.SUPPRESS)
+
+
+def resolve_profile(args: argparse.Namespace, command: argparse.ArgumentParser) -> None:
+    """``args.profile`` from the argument or ``--profile`` (a command of :func:`add_profile`); the
+    command's usage error when neither or two different ones are given."""
+    if not hasattr(args, "profile_option"):
+        return
+    given = [v for v in (args.profile, args.profile_option) if v is not None]
+    if not given:
+        command.error("the following arguments are required: profile")
+    if len(set(given)) > 1:
+        command.error(f"two profiles given: {given[0]} and --profile {given[1]}. Fix: give the profile once")
+    args.profile = given[0]
+
+
 def finish_command(
     p: Any,
     func: Callable[[argparse.Namespace], int],

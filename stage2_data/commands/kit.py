@@ -8,7 +8,7 @@ from typing import Any
 
 from ..errors import Stage2Error
 from ..fsutil import human_bytes
-from .common import EXIT_FAILED, count_of, finish_command, print_json
+from .common import EXIT_FAILED, add_profile, count_of, finish_command, print_json
 
 
 def verify(
@@ -166,7 +166,7 @@ def register(sub: Any) -> None:
         "         stage2 verify manifests/stage2_core_v1.toml --kit-root /path/to/kit --data-root /data/stage2 --json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("profile", help="profile .toml")
+    add_profile(p)
     p.add_argument(
         "--data-root", required=True, help="the data root a build filled (processed_datasets/, derived/)"
     )
