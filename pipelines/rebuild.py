@@ -8,8 +8,10 @@ The weekly schedule and the profile-change sensor start a rebuild at ``REBUILD_F
 rebuild, it requests that stage's runs. After the profile: ``unpack_action_sidecars``, and the
 streamed stages (``stages.STREAMED``) as one ``download_and_extract`` run per range of cache keys
 (``stages.stream_groups``: the ranges `stage2 build` launches), each tagged ``stage2/stage=stream``
-and ``stage2/part=<i>/<n>``, all requested at once: the instance's run queue decides how many go
-together (deploy/dagster.yaml limits streamed runs to two, as `stage2 build` runs them). After
+and ``stage2/part=<i>/<n>``, all requested at once: the ``downloads`` concurrency pool of
+``archive_file`` decides how many go together (deploy/dagster.yaml: two slots; the run queue starts
+a streamed run once a slot is free, so the next range starts when a range's downloads are over, as
+`stage2 build` runs them). After
 every streamed run and the sidecars: ``verify_kit_and_build_store``. A failed run stops its
 rebuild there (the alert sensors report it, per partition); re-executing the failed run from the
 UI keeps its tags, so the rebuild goes on from there. Run keys make every request idempotent: a

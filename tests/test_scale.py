@@ -24,7 +24,7 @@ from helpers.env import environ, free_port
 from stage2_data import checks as C
 from stage2_data import layout
 from stage2_data.demo import DemoPaths
-from stage2_data.demo.hubserver import HubServer
+from stage2_data.demo.hubserver import HubFaults, HubServer
 from stage2_data.profile import load_profile
 from stage2_data.stages import ACQUIRE_JOB, ARCHIVE_FILE, CACHE_DIR, STAGES
 from stage2_data.store import VinOfflineStoreReader
@@ -323,8 +323,9 @@ def test_the_daemon_carries_a_rebuild_started_by_hand_streamed_two_at_once(
     """A rebuild started as docs/operating.md says (`dagster job launch` of check_profile with the
     rebuild's tags) on the production instance (deploy/dagster.yaml: the queued run coordinator), then
     left to `dagster-daemon run`: the advance_rebuilds sensor requests the streamed runs (three ranges
-    here) and the kit's, the run queue starts at most two streamed runs at once, then the store's;
-    the store is the one `stage2 build` made."""
+    here) and the kit's; the `downloads` pool's two slots let at most two ranges download at once
+    (the run queue holds the third until a slot frees); then the store's run; the store is the one
+    `stage2 build` made."""
     home = tmp_path / "home"
     db = "stage2_rebuild"
     postgres.create_database(db)
@@ -332,7 +333,12 @@ def test_the_daemon_carries_a_rebuild_started_by_hand_streamed_two_at_once(
     shutil.copy(DEPLOY / "dagster.yaml", home / "dagster.yaml")
     root = tmp_path / "root"
     rebuild = "by-hand"
-    with HubServer(demo_cache.upstream, repo_id=demo_cache.repo_id, revision=demo_cache.revision) as hub:
+    # one 1 MB/s link for every download (the demo's 11 MB: 11 s or more), so that the ranges'
+    # downloads would overlap without the pool's limit
+    slow = HubFaults(link_rate=1_000_000)
+    with HubServer(
+        demo_cache.upstream, repo_id=demo_cache.repo_id, revision=demo_cache.revision, faults=slow
+    ) as hub:
         env = subprocess_env(
             **_instance_env(postgres, db, home),
             STAGE2_PROFILE=str(demo_cache.profile),
@@ -359,6 +365,7 @@ def test_the_daemon_carries_a_rebuild_started_by_hand_streamed_two_at_once(
                 if failed or (store and store[0].dagster_run.is_finished):
                     break
                 time.sleep(2)
+            downloads = _step_spans(instance, [r.dagster_run.run_id for r in records], "archive_file")
             instance.dispose()
     log = (tmp_path / "daemon.log").read_text()[-3000:]
     by_stage: dict[str, list[dg.RunRecord]] = {}
@@ -372,15 +379,34 @@ def test_the_daemon_carries_a_rebuild_started_by_hand_streamed_two_at_once(
     ], (sorted((r.dagster_run.job_name, r.dagster_run.status.value) for r in records), log)
     assert all(r.dagster_run.status == dg.DagsterRunStatus.SUCCESS for r in records), log
     assert sorted(r.dagster_run.tags["stage2/part"] for r in by_stage["stream"]) == ["1/3", "2/3", "3/3"]
-    # the run queue's tag limit: never more than two streamed runs going at once
+    # the `downloads` pool's two slots: never more than two ranges downloading at once
     spans = [(r.start_time, r.end_time) for r in by_stage["stream"]]
     assert all(a is not None and b is not None for a, b in spans)
-    most = max(sum(1 for a, b in spans if a <= t < b) for t, _ in spans)  # type: ignore[operator]
-    assert most <= 2, spans
+    assert len(downloads) == 3, downloads
+    most = max(sum(1 for a, b in downloads if a <= t < b) for t, _ in downloads)
+    assert most <= 2, (downloads, spans)
     # the store's run started after every streamed run ended
     assert by_stage["store"][0].start_time >= max(b for _, b in spans)  # type: ignore[operator,type-var]
     reader = VinOfflineStoreReader(layout.current_store_path(root, load_profile(demo_cache.profile).name))
     assert reader.manifest["fingerprint"] == pg_build["summary"]["fingerprint"]
+
+
+def _step_spans(instance: dg.DagsterInstance, run_ids: list[str], step: str) -> list[tuple[float, float]]:
+    """(start, end) of the step ``step`` in each of the runs that ran it, from their event logs."""
+    spans = []
+    for run_id in run_ids:
+        times: dict[str, float] = {}
+        for entry in instance.all_logs(run_id):
+            ev = entry.dagster_event
+            if (
+                ev is not None
+                and entry.step_key == step
+                and ev.event_type_value in ("STEP_START", "STEP_SUCCESS")
+            ):
+                times[ev.event_type_value] = entry.timestamp
+        if times:
+            spans.append((times["STEP_START"], times["STEP_SUCCESS"]))
+    return spans
 
 
 DEFAULT_ON = 3  # sensors on by default: alert_on_failed_check, alert_on_failed_run, advance_rebuilds
