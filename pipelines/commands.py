@@ -37,7 +37,7 @@ from stage2_data.commands.common import (
     print_json,
     storage_options,
 )
-from stage2_data.errors import HubError, HubSetupError, ProfileError
+from stage2_data.errors import HubError, HubSetupError, ProfileError, Stage2Error
 from stage2_data.oserrors import fs_error
 from stage2_data.profile import Profile, load_profile
 from stage2_data.publish import data_root_lock, sweep_data_root
@@ -132,6 +132,30 @@ def _preflight_hub(profile: Profile, data_root: Path, endpoint: str, *, reach: b
 
 
 def cmd_build(args: argparse.Namespace) -> int:
+    try:
+        return _cmd_build(args)
+    except Stage2Error as err:
+        if args.json:  # one object on stdout whatever the outcome; the message still goes to stderr
+            print_json(refused_summary(args, err))
+        raise
+
+
+def refused_summary(args: argparse.Namespace, err: Stage2Error) -> dict[str, Any]:
+    """``--json``'s object for a build refused before it ran anything: the keys of a build's
+    summary, nothing run or published, the refusal as its one error."""
+    return {
+        "ok": False,
+        "profile": None,
+        "data_root": str(Path(args.data_root).resolve()),
+        "store": None,
+        "fingerprint": None,
+        "runs": [],
+        "checks": [],
+        "errors": [{"step": None, "partition": None, "message": str(err), "error": type(err).__name__}],
+    }
+
+
+def _cmd_build(args: argparse.Namespace) -> int:
     check_settings()
     require_executor(args.executor)
     if args.store_url:  # opened by the store stage, after every download: refused now if it cannot be

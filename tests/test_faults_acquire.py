@@ -379,20 +379,26 @@ def test_fault_net_offline(
 def test_an_offline_build_names_every_missing_archive_at_once(demo: DemoPaths, tmp_path: Path) -> None:
     """`stage2 build` offline with archives not on disk: refused before any run, in one message that
     names each (here all of them, by the archives folder) and its fix once; nothing requested,
-    nothing written."""
+    nothing written. With ``--json``, stdout still holds one object: nothing run or published, the
+    refusal as its one error (found by the mutation test: a script reading stdout got nothing)."""
     root = tmp_path / "root"
     archives = [a.path for a in load_profile(demo.profile).archives]
+    argv = ["build", "--profile", str(demo.profile), "--data-root", str(root)]
     with demo_hub(demo) as hub:
-        out = stage2(
-            "build", "--profile", str(demo.profile), "--data-root", str(root), "--endpoint", hub.url,
-            env=subprocess_env(HF_HUB_OFFLINE="1"),
-        )  # fmt: skip
+        out = stage2(*argv, "--endpoint", hub.url, env=subprocess_env(HF_HUB_OFFLINE="1"))
+        as_json = stage2(*argv, "--endpoint", hub.url, "--json", env=subprocess_env(HF_HUB_OFFLINE="1"))
         assert hub.log_snapshot() == []
     assert out.returncode == 2 and out.stdout == "", out.tail()
     (line,) = out.stderr.strip().splitlines()
     assert f"{len(archives)} archive(s) are not on disk in {layout.archives_dir(root)}: " in line, line
     assert all(p in line for p in archives) and "nothing was requested" in line, line
     assert line.count("Fix:") == 1 and "unset HF_HUB_OFFLINE" in line, line
+    assert not root.exists()
+    assert as_json.returncode == 2 and as_json.stderr == out.stderr, as_json.tail()
+    doc = as_json.json()
+    assert doc["ok"] is False and doc["store"] is None and doc["runs"] == [] and doc["checks"] == []
+    (error,) = doc["errors"]
+    assert error["error"] == "HubOfflineError" and line.endswith(error["message"]), error
     assert not root.exists()
 
 
