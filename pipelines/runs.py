@@ -158,15 +158,11 @@ def run_selection(
         if on_partition is not None:
             on_partition(partition_entry(run_id, job_for(selection), selection, partition, done))
 
+    per_partition = on_partition is not None and len(keys) > 1
     watcher = RunWatcher(
-        instance,
-        selection,
-        partition_done if on_partition is not None and len(keys) > 1 else None,
-        on_first=on_first,
-        partitions=keys,
+        instance, selection, partition_done if per_partition else None, on_first=on_first, partitions=keys
     )
-    watching = (on_partition is not None and len(keys) > 1) or on_first is not None
-    with watcher if watching else contextlib.nullcontext():
+    with watcher if per_partition or on_first is not None else contextlib.nullcontext():
         if server is not None:
             run_id = launch_selection(
                 server, config, selection, {**tags, **watcher.tags}, instance, log_level=level
