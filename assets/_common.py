@@ -21,7 +21,7 @@ from stage2_data.checks import CHECK_DESCRIPTIONS, CHECKS_BY_ASSET, NON_BLOCKING
 from stage2_data.errors import Stage2Error
 from stage2_data.extract import cancel_extractions
 from stage2_data.fsutil import human_bytes
-from stage2_data.stages import PARTITIONS_TAG
+from stage2_data.stages import PARTITIONS_TAG, READS
 from stage2_data.steps import StepResult
 
 
@@ -48,10 +48,11 @@ CODE_VERSION_TAG = "dagster/code_version"
 
 
 def stage_asset(name: str, *, group: str, description: str, kind: str, **asset_args: Any) -> Any:
-    """``@dg.asset`` for the asset called ``name``: its checks are ``CHECKS_BY_ASSET[name]``
-    (:func:`check_specs`), its code version ``CODE_VERSIONS[name]``; ``asset_args`` (deps,
-    partitions, pool) go to ``dg.asset`` as they are. A partitioned asset runs a range of partitions
-    in one run (``BackfillPolicy.single_run``; :func:`run_partitions`)."""
+    """``@dg.asset`` for the asset called ``name``: what it reads is ``READS[name]`` (the one
+    declaration of the graph's edges), its checks are ``CHECKS_BY_ASSET[name]`` (:func:`check_specs`),
+    its code version ``CODE_VERSIONS[name]``; ``asset_args`` (partitions, pool) go to ``dg.asset`` as
+    they are. A partitioned asset runs a range of partitions in one run
+    (``BackfillPolicy.single_run``; :func:`run_partitions`)."""
     if "partitions_def" in asset_args:
         asset_args.setdefault("backfill_policy", dg.BackfillPolicy.single_run())
         asset_args.setdefault("output_required", False)  # one materialization per partition that succeeded
@@ -59,6 +60,7 @@ def stage_asset(name: str, *, group: str, description: str, kind: str, **asset_a
         warnings.simplefilter("ignore", dg.BetaWarning)
         return dg.asset(
             name=name,
+            deps=list(READS[name]),
             group_name=group,
             check_specs=check_specs(name),
             description=description,

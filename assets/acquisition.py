@@ -67,7 +67,6 @@ def build_acquisition_assets(profile: Profile) -> list[Any]:
         ),
         kind="tar",
         partitions_def=cache_keys,
-        deps=[pinned_profile],
         pool=DOWNLOADS_POOL,
     )
     def archive_file(
@@ -95,7 +94,6 @@ def build_acquisition_assets(profile: Profile) -> list[Any]:
         description="processed_datasets/CACHE_KEY/ extracted safely from its archive (split parts read as one stream).",
         kind="folder",
         partitions_def=cache_keys,
-        deps=[archive_file],
     )
     def cache_dir(context: dg.AssetExecutionContext, profile: ProfileResource, data_root: DataRootResource):
         prof = profile.load()
@@ -124,7 +122,6 @@ def build_acquisition_assets(profile: Profile) -> list[Any]:
     extraction_report = step_asset(
         EXTRACTION_REPORT,
         group=GROUP,
-        deps=[cache_dir],
         description="extraction_report.json: per cache key files, bytes, trajectories; totals vs the profile.",
         kind="json",
         step=steps.step_extraction_report,

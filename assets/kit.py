@@ -85,11 +85,10 @@ def _bytes_outcome(res: steps.StepResult) -> C.CheckOutcome:
     return C.CheckOutcome(C.SUBSET_BYTES_ON_DISK_MATCH, not failed, desc, dict(res.metadata))
 
 
-def build_kit_assets(extraction_report: Any, pinned_profile: Any) -> list[Any]:
+def build_kit_assets() -> list[Any]:
     action_sidecars = step_asset(
         ACTION_SIDECARS,
         group=GROUP,
-        deps=[pinned_profile],
         description="derived/action_sidecars/: the sidecar tar unpacked after its sha256 check.",
         kind="npz",
         step=steps.step_sidecars,
@@ -97,7 +96,6 @@ def build_kit_assets(extraction_report: Any, pinned_profile: Any) -> list[Any]:
     trajectory_join = step_asset(
         TRAJECTORY_JOIN,
         group=GROUP,
-        deps=[extraction_report, action_sidecars],
         description="tables/trajectory_join.parquet: trajectories x sidecars joined by stage2_trajectory_id; link check.",
         kind="parquet",
         step=_join,
@@ -106,7 +104,6 @@ def build_kit_assets(extraction_report: Any, pinned_profile: Any) -> list[Any]:
     subset_checksums = step_asset(
         SUBSET_CHECKSUMS,
         group=GROUP,
-        deps=[extraction_report],
         description="Every subset frame file hashed (in parallel) and compared with the kit's SHA256SUMS.",
         kind="sha256",
         step=lambda prof, root: steps.step_verify_bytes(prof, root),

@@ -3,9 +3,8 @@
 (No ``from __future__ import annotations`` here: Dagster reads the resource parameters' types.)
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import dagster as dg
 
@@ -21,7 +20,6 @@ def step_asset(
     name: str,
     *,
     group: str,
-    deps: Sequence[Any],
     description: str,
     kind: str,
     step: Callable[[Profile, Path], StepResult],
@@ -31,7 +29,7 @@ def step_asset(
     ``standalone(profile, root, result)``: the results of the asset's standalone checks that the
     step's work gives (recorded with the materialization: ``run_step``)."""
 
-    @stage_asset(name, group=group, description=description, kind=kind, deps=list(deps))
+    @stage_asset(name, group=group, description=description, kind=kind)
     def _asset(context: dg.AssetExecutionContext, profile: ProfileResource, data_root: DataRootResource):
         prof = profile.load()
         root = data_root.root()

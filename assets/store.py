@@ -98,13 +98,12 @@ def store_bytes_as_built(res: steps.StepResult) -> list[C.CheckOutcome]:
     ]
 
 
-def build_store_assets(trajectory_join: Any, subset_checksums: Any) -> list[Any]:
+def build_store_assets() -> list[Any]:
     @stage_asset(
         VIN_STORE,
         group=GROUP,
         description="stores/PROFILE/current: the immutable, versioned, sharded Zarr v3 VIN offline store.",
         kind="zarr",
-        deps=[trajectory_join, subset_checksums],
     )
     def vin_store(
         context: dg.AssetExecutionContext,

@@ -3,11 +3,12 @@
 (``checks.py``) and the progress display (``stage2_pipelines.progress``) read. Dagster-free; imports nothing.
 
 A build goes through five stages. A stage materializes its assets in one run of its named job; a
-partitioned stage (per cache key) runs all its partitions in that one run (a
-single-run backfill), largest first. A stage starts when the stages it needs (``Stage.after``) are
-over, so stages that do not need each other run side by side: the kit stage (the action sidecars,
-read from the kit alone) runs beside the downloads and the extraction, and the store stage waits for
-both. What runs next is decided here, once:
+partitioned stage (per cache key) runs all its partitions in that one run (a single-run backfill),
+largest first. What each asset reads is declared once (``READS``): the assets take their deps from
+it, and a stage starts when the stages it needs (``Stage.after``: those holding an asset one of its
+assets reads) are over, so stages that do not need each other run side by side: the kit stage (the
+action sidecars, read from the kit alone) runs beside the downloads and the extraction, and the
+store stage waits for both. What runs next is decided here, once:
 
 - :func:`stages_after`: the stages that need a given one (none after the last);
 - :func:`ready_stages`: the stages whose needs are all over;
@@ -17,14 +18,13 @@ both. What runs next is decided here, once:
 
 `stage2 build` launches the stages' runs in this order (a stage beside the main line in a thread of
 its own; the acquire and extract stages ``STREAMED``: runs of ``STREAM_JOB``, one per range of
-cache keys (``stream_groups``)); a
-scheduled rebuild walks the same stages as Dagster runs (the ``advance_rebuilds`` sensor requests a
-stage once every stage it needs is complete, the streamed ones as the same ranges), starting at the
-profile stage like the build.
+cache keys (``stream_groups``)); a scheduled rebuild walks the same stages as Dagster runs (the
+``advance_rebuilds`` sensor requests a stage once every stage it needs is complete, the streamed
+ones as the same ranges), starting at the profile stage like the build.
 
-To add a stage: add its assets below, a :class:`Stage` to ``STAGES`` (after the stages it needs),
-and the assets in ``stage2_assets``; the CLI, the rebuild sensor and the progress display follow the
-table.
+To add a stage: add its assets below with what each reads (``READS``), a :class:`Stage` to
+``STAGES`` (after the stages it needs), and the assets in ``stage2_assets``; the CLI, the rebuild
+sensor and the progress display follow the table.
 """
 
 from __future__ import annotations
@@ -56,6 +56,20 @@ ASSETS: tuple[str, ...] = (
     VIN_STORE,
 )
 
+# What each asset reads: the asset graph's edges, declared once. The assets take their deps from it
+# (``stage2_assets``: ``stage_asset``), so Dagster's graph is this table, and the order of the
+# stages (``Stage.after``) is read from it too.
+READS: dict[str, tuple[str, ...]] = {
+    PINNED_PROFILE: (),
+    ARCHIVE_FILE: (PINNED_PROFILE,),
+    CACHE_DIR: (ARCHIVE_FILE,),
+    EXTRACTION_REPORT: (CACHE_DIR,),
+    ACTION_SIDECARS: (PINNED_PROFILE,),
+    TRAJECTORY_JOIN: (EXTRACTION_REPORT, ACTION_SIDECARS),
+    SUBSET_CHECKSUMS: (EXTRACTION_REPORT,),
+    VIN_STORE: (TRAJECTORY_JOIN, SUBSET_CHECKSUMS),
+}
+
 # how a stage is partitioned: by cache key (a cache directory: its archives, then its extraction)
 BY_CACHE_KEY = "cache_key"
 
@@ -85,18 +99,20 @@ class Stage:
     partitioned_by: str | None  # BY_CACHE_KEY | None: unpartitioned
     job: str  # the named job a run of the stage belongs to (what `stage2 build` and a rebuild launch)
     max_parallel: int | None = None  # at most this many partitions at once in its run (None: the build's)
-    after: tuple[str, ...] = ()  # the stages that must be over before it starts (by name)
     beside: bool = False  # runs beside the main line (`stage2 build`: in a process of its own)
+
+    @property
+    def after(self) -> tuple[str, ...]:
+        """The stages that must be over before it starts (by name, in table order): those holding
+        an asset that one of its assets reads (``READS``)."""
+        reads = {r for a in self.assets for r in READS[a]} - set(self.assets)
+        return tuple(s.name for s in STAGES if reads & set(s.assets))
 
 
 PROFILE = Stage("profile", "profile", (PINNED_PROFILE,), None, PROFILE_JOB)
-ACQUIRE = Stage(
-    "acquire", "download+verify archives", (ARCHIVE_FILE,), BY_CACHE_KEY, ACQUIRE_JOB, after=("profile",)
-)
+ACQUIRE = Stage("acquire", "download+verify archives", (ARCHIVE_FILE,), BY_CACHE_KEY, ACQUIRE_JOB)
 # the action sidecars need the kit only: unpacked beside the downloads and the extraction
-KIT = Stage(
-    "kit", "unpack+check sidecars", (ACTION_SIDECARS,), None, KIT_JOB, after=("profile",), beside=True
-)
+KIT = Stage("kit", "unpack+check sidecars", (ACTION_SIDECARS,), None, KIT_JOB, beside=True)
 EXTRACT = Stage(
     "extract",
     "extract cache dirs",
@@ -104,7 +120,6 @@ EXTRACT = Stage(
     BY_CACHE_KEY,
     EXTRACT_JOB,
     max_parallel=2,
-    after=("acquire",),
 )
 STORE = Stage(
     "store",
@@ -112,7 +127,6 @@ STORE = Stage(
     (EXTRACTION_REPORT, TRAJECTORY_JOIN, SUBSET_CHECKSUMS, VIN_STORE),
     None,
     KIT_AND_STORE_JOB,
-    after=("extract", "kit"),
 )
 STAGES: tuple[Stage, ...] = (PROFILE, ACQUIRE, KIT, EXTRACT, STORE)  # every stage after those it needs
 # A launched build streams these stages: one run of STREAM_JOB per range of cache keys

@@ -17,7 +17,7 @@ from stage2_data import layout
 from stage2_data.demo import DemoPaths, repin_profile, write_sidecar_sha256
 from stage2_data.demo.hubserver import HubServer
 from stage2_data.profile import load_profile
-from stage2_data.stages import ACQUIRE_JOB, EXTRACT_JOB, KIT_JOB, PROFILE_JOB, STAGES
+from stage2_data.stages import ACQUIRE_JOB, EXTRACT_JOB, KIT_JOB, PROFILE_JOB, READS, STAGES
 from stage2_data.store import VinOfflineDataset, VinOfflineStoreReader, validate_vin_offline_store
 from stage2_pipelines.config import BuildConfig
 from stage2_pipelines.definitions import build_definitions
@@ -49,6 +49,25 @@ def test_definitions_load_with_partitions_and_checks(demo_cache: DemoPaths) -> N
     assert check_names == {n for names in C.ALL_CHECKS_BY_ASSET.values() for n in names}
     for job in ("acquire_archives", "extract_cache_dirs", "verify_kit_and_build_store"):
         assert defs.resolve_job_def(job) is not None
+
+
+def test_the_asset_graph_is_the_one_table_of_what_reads_what(demo_cache: DemoPaths) -> None:
+    """Dagster's asset graph has exactly the edges of ``stages.READS`` (the assets take their deps
+    from it), and the stages' order is read from the same table."""
+    defs = build_definitions(BuildConfig(profile_path=str(demo_cache.profile), data_root="/nonexistent"))
+    graph = defs.resolve_asset_graph()
+    edges = {
+        k.to_user_string(): sorted(p.to_user_string() for p in graph.get(k).parent_keys)
+        for k in graph.get_all_asset_keys()
+    }
+    assert edges == {a: sorted(r) for a, r in READS.items()}
+    assert {s.name: s.after for s in STAGES} == {
+        "profile": (),
+        "acquire": ("profile",),
+        "kit": ("profile",),
+        "extract": ("acquire",),
+        "store": ("kit", "extract"),
+    }
 
 
 def test_workspace_module_loads_the_real_profile(monkeypatch: pytest.MonkeyPatch) -> None:
