@@ -46,7 +46,7 @@ from stage2_data.storage import check_stores_url
 
 from .config import BuildConfig, check_settings, demo_root, require_executor, ui_command
 from .stops import stop_guard
-from .uptodate import stage_status, up_to_date_build, up_to_date_summary
+from .uptodate import build_summary, stage_status, up_to_date_build, up_to_date_summary
 
 #: the pipeline extra is installed (Dagster is importable)
 HAVE_PIPELINE = find_spec("dagster") is not None
@@ -136,23 +136,17 @@ def cmd_build(args: argparse.Namespace) -> int:
         return _cmd_build(args)
     except Stage2Error as err:
         if args.json:  # one object on stdout whatever the outcome; the message still goes to stderr
-            print_json(refused_summary(args, err))
+            print_json(refused_summary(Path(args.data_root).resolve(), err))
         raise
 
 
-def refused_summary(args: argparse.Namespace, err: Stage2Error) -> dict[str, Any]:
-    """``--json``'s object for a build refused before it ran anything: the keys of a build's
-    summary, nothing run or published, the refusal as its one error."""
-    return {
-        "ok": False,
-        "profile": None,
-        "data_root": str(Path(args.data_root).resolve()),
-        "store": None,
-        "fingerprint": None,
-        "runs": [],
-        "checks": [],
-        "errors": [{"step": None, "partition": None, "message": str(err), "error": type(err).__name__}],
-    }
+def refused_summary(data_root: Path, err: Stage2Error) -> dict[str, Any]:
+    """``--json``'s object for a build refused before it ran anything: a build's summary
+    (``uptodate.build_summary``: every key), nothing run or published, the refusal as its one error."""
+    return build_summary(
+        data_root=str(data_root),
+        errors=[{"step": None, "partition": None, "message": str(err), "error": type(err).__name__}],
+    )
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
@@ -381,13 +375,22 @@ def _print_store_counts(store: str | None) -> None:
 
 # ----- demo --------------------------------------------------------------------------------------
 def cmd_demo(args: argparse.Namespace) -> int:
+    out = Path(args.out).resolve() if args.out else demo_root()
+    data_root = Path(args.data_root).resolve() if args.data_root else out / "data"
+    try:
+        return _cmd_demo(args, out, data_root)
+    except Stage2Error as err:
+        if args.json:  # as `stage2 build --json`: one object on stdout whatever the outcome
+            print_json(refused_summary(data_root, err))
+        raise
+
+
+def _cmd_demo(args: argparse.Namespace, out: Path, data_root: Path) -> int:
     from stage2_data.demo import generate_demo
 
     check_settings()
-    out = Path(args.out).resolve() if args.out else demo_root()
     demo = generate_demo(out / "demo", full_cardinality=args.full_cardinality)
     eprint(f"demo generated at {demo.root} (profile {demo.profile})")
-    data_root = Path(args.data_root).resolve() if args.data_root else out / "data"
     # The demo's hub folder, served on loopback by each run that downloads (LoopbackHubResource):
     # `make ui` loads the same settings, so the UI re-executes the demo's runs as they ran.
     eprint(f"hub: {demo.upstream}, served on loopback by the runs that download")

@@ -67,7 +67,14 @@ from .runs import (  # re-exported: one run of a selection (tests and tools impo
     run_tags,
     step_error_line,
 )
-from .uptodate import instance_home, published_store, stage_status, store_stage_settings, up_to_date_summary
+from .uptodate import (
+    build_summary,
+    instance_home,
+    published_store,
+    stage_status,
+    store_stage_settings,
+    up_to_date_summary,
+)
 
 __all__ = [
     "FINAL_STAGE",
@@ -538,25 +545,25 @@ def _walk(
         store, fingerprint = md.get("store"), md.get("fingerprint")
     elif ok:
         store, fingerprint = published_store(data_root, profile)
-    return {
-        "ok": ok,
-        "profile": profile.name,
-        "data_root": str(data_root),
-        "dagster_home": str(home),
-        "launched": server is not None,  # through the instance (else executed in this process)
-        "store": store,
-        "fingerprint": fingerprint,
-        "store_update": md.get("update"),  # reused, rebuilt or extended, and anything moved aside
-        "moved_aside": [m for r in runs for m in r.get("moved_aside", [])],
-        "stopped_after": stopped_at,
-        "runs": [
+    return build_summary(
+        ok=ok,
+        profile=profile.name,
+        data_root=str(data_root),
+        dagster_home=str(home),
+        launched=server is not None,
+        store=store,
+        fingerprint=fingerprint,
+        store_update=md.get("update"),
+        moved_aside=[m for r in runs for m in r.get("moved_aside", [])],
+        stopped_after=stopped_at,
+        runs=[
             {
                 k: r[k]
                 for k in ("run_id", "job", "success", "partition", "partitions", "selection", "materialized")
             }
             for r in runs
         ],
-        "up_to_date": up_to_date,  # stages with nothing to do: not run, not in "runs"
-        "checks": checks,
-        "errors": errors,
-    }
+        up_to_date=up_to_date,
+        checks=checks,
+        errors=errors,
+    )

@@ -6,7 +6,8 @@ few ``stat`` calls; importing Dagster and opening the instance costs far more. S
 this module first (under the data root's lock) and imports the runner only when a stage has work.
 
 Nothing here imports Dagster (``tests/test_layering.py`` checks it); the runner uses the same
-summary shapes, so a no-op answers exactly as a build whose stages all skipped.
+summary shapes, so a no-op answers exactly as a build whose stages all skipped, and every build's
+summary (run, no-op, refused) is made by :func:`build_summary`, with one set of keys.
 """
 
 from __future__ import annotations
@@ -33,6 +34,36 @@ def instance_home(data_root: Path) -> Path:
 def store_stage_settings(config: BuildConfig) -> dict[str, Any]:
     """What, besides the profile, the kit and the data root, changes the store stage's result."""
     return {"kit_root": config.kit_root, "store_url": config.store_url}
+
+
+# Every key of a build's summary (`stage2 build --json` prints it) and its value when nothing says
+# otherwise: a build that ran, a no-op build and a build refused before it ran all have these keys.
+SUMMARY_DEFAULTS: dict[str, Any] = {
+    "ok": False,
+    "profile": None,
+    "data_root": None,
+    "dagster_home": None,  # the instance the runs are recorded in (None: refused before it was opened)
+    "launched": False,  # the runs were launched through the instance (else executed in this process)
+    "store": None,  # the published store (resolved), None when nothing was published
+    "fingerprint": None,
+    "store_update": None,  # reused, rebuilt or extended, and anything moved aside
+    "moved_aside": [],
+    "stopped_after": None,  # the assets of the stage the build stopped after
+    "runs": [],
+    "up_to_date": [],  # stages with nothing to do: not run, not in "runs"
+    "checks": [],
+    "errors": [],
+    "ui": None,  # the command that serves the web UI over this build's instance
+}
+
+
+def build_summary(**given: Any) -> dict[str, Any]:
+    """A build's summary: every key of :data:`SUMMARY_DEFAULTS`, ``given`` replacing the defaults
+    (a key it does not know is a bug, named)."""
+    unknown = set(given) - set(SUMMARY_DEFAULTS)
+    if unknown:
+        raise KeyError(f"not a key of a build's summary: {sorted(unknown)}")
+    return {k: given.get(k, list(v) if isinstance(v, list) else v) for k, v in SUMMARY_DEFAULTS.items()}
 
 
 def up_to_date_summary(stage: Stage) -> dict[str, Any]:
@@ -94,18 +125,12 @@ def up_to_date_build(
     store, fingerprint = published_store(data_root, profile)
     if store is None:
         return None
-    return {
-        "ok": True,
-        "profile": profile.name,
-        "data_root": str(data_root),
-        "dagster_home": str(instance_home(data_root)),
-        "store": store,
-        "fingerprint": fingerprint,
-        "store_update": None,
-        "moved_aside": [],
-        "stopped_after": None,
-        "runs": [],
-        "up_to_date": [s.name for s in STAGES],
-        "checks": [],
-        "errors": [],
-    }
+    return build_summary(
+        ok=True,
+        profile=profile.name,
+        data_root=str(data_root),
+        dagster_home=str(instance_home(data_root)),
+        store=store,
+        fingerprint=fingerprint,
+        up_to_date=[s.name for s in STAGES],
+    )

@@ -254,6 +254,29 @@ def test_fault_proc_config(world: dict[str, Any], tmp_path: Path, case: dict[str
 
 
 @pytest.mark.slow
+def test_every_build_json_has_the_same_keys(world: dict[str, Any], tmp_path: Path) -> None:
+    """`stage2 build --json` prints an object with the same keys whatever happened: a build that
+    ran, a no-op build (every stage up to date: no run) and a build refused before it ran anything
+    (its data root a file). A script reads one shape."""
+    built = world["build"]
+    assert built.returncode == 0, built.tail()
+    copy = tmp_path / "copy" / "data"
+    shutil.copytree(world["root"], copy, symlinks=True)
+    first = _build(world["demo"], copy)  # a copy's files have new stats: checked again once
+    assert first.returncode == 0, first.tail()
+    noop = _build(world["demo"], copy, "--json")
+    assert noop.returncode == 0, noop.tail()
+    assert noop.json()["runs"] == [] and noop.json()["up_to_date"], noop.stdout
+    (tmp_path / "a-file").write_text("not a folder\n")
+    refused = _build(world["demo"], tmp_path / "a-file", "--json")
+    assert refused.returncode == 2, refused.tail()
+    assert refused.json()["errors"][0]["error"] == "FileSystemError", refused.stdout
+    keys = {name: sorted(r.json()) for name, r in (("ran", built), ("no-op", noop), ("refused", refused))}
+    assert keys["ran"] == keys["no-op"] == keys["refused"], keys
+    assert {"ok", "store", "fingerprint", "runs", "checks", "errors", "up_to_date", "ui"} <= set(keys["ran"])
+
+
+@pytest.mark.slow
 def test_fault_proc_moved_root(world: dict[str, Any], tmp_path: Path) -> None:
     """A data root copied, then moved: each build records into the instance of the data root it
     builds (its dagster.yaml rewritten for its place); the original's instance is untouched."""
@@ -382,11 +405,18 @@ def test_fault_prof_keep_stores(tmp_path: Path, demo_cache: DemoPaths, case: dic
     value = case["value"]
     said = f"STAGE2_KEEP_STORES={value!r} is not a number of stores"
     argv = ("build", "--profile", str(demo_cache.profile), "--data-root", str(root), "--endpoint", NOWHERE)
-    for args in (argv, ("demo", "--out", str(tmp_path / "demo"))):
+    demo = ("demo", "--out", str(tmp_path / "demo"))
+    for args in (argv, demo, (*argv, "--json"), (*demo, "--json")):
         r = stage2(*args, env=_env(STAGE2_KEEP_STORES=value))
         assert r.returncode == 2, r.tail()
         assert said in r.stderr and "Fix: set STAGE2_KEEP_STORES to an integer >= 0" in r.stderr, r.stderr
         assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        if "--json" in args:  # one object on stdout too: nothing run, the refusal its one error
+            doc = r.json()
+            assert doc["ok"] is False and doc["runs"] == [] and doc["store"] is None, doc
+            assert [said in e["message"] for e in doc["errors"]] == [True], doc["errors"]
+        else:
+            assert r.stdout == "", r.stdout
     assert not root.exists() and outside(tmp_path) == before
     gc = stage2("gc", str(tmp_path), "--dry-run", env=_env(STAGE2_KEEP_STORES=value))
     assert gc.returncode == 2 and said in gc.stderr, gc.tail()
