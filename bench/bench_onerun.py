@@ -36,12 +36,6 @@ FULL = os.environ.get("STAGE2_BENCH_ONERUN_SMALL", "") in ("", "0")
 WAYS = ("hf", "ours", "one_run")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _one_run(demo: Any, hub: Any, root: Path) -> tuple[float, float, float, float, Path, str]:
     """Wall seconds of the one-run build launched through a fresh instance (from before its code
     server starts to the run's end), when the hub got its first request and sent its last paced
@@ -49,13 +43,14 @@ def _one_run(demo: Any, hub: Any, root: Path) -> tuple[float, float, float, floa
     import json
 
     from stage2_pipelines.config import BuildConfig, write_instance_yaml
+    from stage2_pipelines.launch import free_port
 
     home = root / "dagster_home"
     write_instance_yaml(home)
     cfg = BuildConfig(profile_path=str(demo.profile), data_root=str(root / "data"), endpoint=hub.url)
     env = {**_env(), **cfg.to_env(), "DAGSTER_HOME": str(home), "PYTHONPATH": str(REPO)}
     dagster = str(Path(sys.executable).parent / "dagster")
-    port = _free_port()
+    port = free_port()
     ws = root / "workspace.yaml"
     ws.write_text(
         f"load_from:\n  - grpc_server:\n      host: 127.0.0.1\n      port: {port}\n      location_name: onerun\n"
@@ -123,7 +118,7 @@ def one_run_build_at_link_rate(work: Path) -> dict[str, Any]:
     with HubServer(
         demo.upstream, repo_id=demo.repo_id, revision=demo.revision, faults=HubFaults(link_rate=rate)
     ) as hub:
-        for way in ("hf", "ours", "one_run"):
+        for way in WAYS:
             dropped = drop_caches(page_cache=True) and dropped
             wait_for_quiet_io()
             root = work / way

@@ -132,11 +132,17 @@ def _preflight_hub(profile: Profile, data_root: Path, endpoint: str, *, reach: b
 
 
 def cmd_build(args: argparse.Namespace) -> int:
+    return _json_on_refusal(args, Path(args.data_root).resolve(), lambda: _cmd_build(args))
+
+
+def _json_on_refusal(args: argparse.Namespace, data_root: Path, run: Callable[[], int]) -> int:
+    """``run()``; with ``--json``, a refusal before anything ran still prints one object on stdout
+    (:func:`refused_summary`), and the message still goes to stderr (re-raised)."""
     try:
-        return _cmd_build(args)
+        return run()
     except Stage2Error as err:
-        if args.json:  # one object on stdout whatever the outcome; the message still goes to stderr
-            print_json(refused_summary(Path(args.data_root).resolve(), err))
+        if args.json:
+            print_json(refused_summary(data_root, err))
         raise
 
 
@@ -377,12 +383,7 @@ def _print_store_counts(store: str | None) -> None:
 def cmd_demo(args: argparse.Namespace) -> int:
     out = Path(args.out).resolve() if args.out else demo_root()
     data_root = Path(args.data_root).resolve() if args.data_root else out / "data"
-    try:
-        return _cmd_demo(args, out, data_root)
-    except Stage2Error as err:
-        if args.json:  # as `stage2 build --json`: one object on stdout whatever the outcome
-            print_json(refused_summary(data_root, err))
-        raise
+    return _json_on_refusal(args, data_root, lambda: _cmd_demo(args, out, data_root))
 
 
 def _cmd_demo(args: argparse.Namespace, out: Path, data_root: Path) -> int:
