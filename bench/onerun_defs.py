@@ -17,7 +17,7 @@ from typing import Any
 
 import dagster as dg
 
-from stage2_assets._common import run_step, stage_asset
+from stage2_assets._common import check_specs, run_step
 from stage2_data import steps
 from stage2_data.profile import load_profile
 from stage2_pipelines.config import BuildConfig
@@ -38,7 +38,9 @@ def build_defs() -> dg.Definitions:
     config = BuildConfig.from_env()
     profile = load_profile(config.profile_path, kit_root=config.kit_root)
 
-    @stage_asset("pinned_profile", group="acquire", description="", kind="toml")
+    # (dg.asset with the product's checks, not stage_asset: that one takes the deps of the product's
+    # graph, stages.READS, and here the store's inputs are the per-key assets below)
+    @dg.asset(name="pinned_profile", check_specs=check_specs("pinned_profile"), group_name="acquire")
     def pinned_profile(profile: ProfileResource, data_root: DataRootResource):
         prof = profile.load()
         yield from run_step("pinned_profile", lambda: steps.step_profile(prof, data_root.root()))
@@ -77,7 +79,7 @@ def build_defs() -> dg.Definitions:
         cache_dir_keys.append(made[1].key)
 
     def plain(name: str, deps: list[Any], step: Any) -> Any:
-        @stage_asset(name, group="store", description="", kind="json", deps=deps)
+        @dg.asset(name=name, deps=deps, check_specs=check_specs(name), group_name="store")
         def _a(profile: ProfileResource, data_root: DataRootResource):
             prof = profile.load()
             yield from run_step(name, lambda: step(prof, data_root.root()))
