@@ -104,6 +104,19 @@ def test_fault_gate_current_index_edited(gated: dict[str, Any], tmp_path: Path) 
     assert f'VinOfflineDataset("{current}", split="train")' in out.stdout
     listed = stage2("list", str(gated["demo"].profile), "--data-root", str(root), "--json")
     assert listed.returncode == 0 and str(aside[0] / "sample_index.jsonl") in listed.stdout, listed.tail()
+    # the store moved aside is one item of the listing (its every file counted), not a line per file
+    n_files = sum(1 for f in aside[0].rglob("*") if f.is_file())
+    (moved,) = listed.json()["quarantine"]["moved"]
+    assert (moved["path"], moved["is_dir"], moved["files"]) == (str(aside[0]), True, n_files), moved
+    assert moved["reason"] == "failed the publication gate"
+    rel = f"{aside[0].relative_to(layout.quarantine_root(root)).as_posix()}/"  # <time>/stores/<p>/<name>/
+    text = stage2("list", str(gated["demo"].profile), "--data-root", str(root))
+    lines = [ln for ln in text.stdout.splitlines() if rel in ln]
+    assert len(lines) == 1 and f"folder of {n_files} file(s)" in lines[0], text.stdout
+    dry = stage2("gc", str(root / layout.STORES_DIR), "--quarantine", "--dry-run")
+    assert [ln for ln in dry.stdout.splitlines() if "would remove  " in ln] == [
+        f"  would remove  {lines[0].strip().removesuffix('  failed the publication gate')}"
+    ], dry.stdout
     gc = stage2("gc", str(root / layout.STORES_DIR), "--quarantine", "--json")  # only when asked
     assert gc.returncode == 0 and not aside[0].exists(), gc.tail()
     _valid_clean(root, gated["profile"])

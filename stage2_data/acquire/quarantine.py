@@ -108,12 +108,31 @@ def quarantine_files(data_root: Path, files: list[Path], reason: str, **details:
     return [b for _, b in moved]
 
 
-def _reason(folder: Path) -> str:
-    with contextlib.suppress(OSError, ValueError, AttributeError):
+def _record(folder: Path) -> dict[str, Any]:
+    """The folder's ``moved.json`` ({} when it is missing or unreadable)."""
+    with contextlib.suppress(OSError, ValueError):
         import json
 
-        return str(json.loads((folder / MOVED_FILE).read_text(encoding="utf-8")).get("reason") or "")
-    return ""
+        doc = json.loads((folder / MOVED_FILE).read_text(encoding="utf-8"))
+        if isinstance(doc, dict):
+            return doc
+    return {}
+
+
+def _moved_units(folder: Path, record: dict[str, Any]) -> list[str]:
+    """What one move put into ``folder``, as paths under it (``archives/x.tar``, a store's folder
+    ``stores/<profile>/<name>``): the ``to`` of each entry of its ``moved.json``, read relative to
+    the folder's own name, so a data root moved elsewhere since still reads."""
+    units: list[str] = []
+    files = record.get("files")
+    for entry in files if isinstance(files, list) else []:
+        to = entry.get("to") if isinstance(entry, dict) else None
+        parts = Path(str(to)).parts if to else ()
+        if folder.name in parts:
+            rel = parts[len(parts) - parts[::-1].index(folder.name) :]
+            if rel:
+                units.append(Path(*rel).as_posix())
+    return units
 
 
 def quarantined_files(data_root: Path, *, records: bool = False) -> list[QuarantinedFile]:
@@ -124,7 +143,7 @@ def quarantined_files(data_root: Path, *, records: bool = False) -> list[Quarant
     if not root.is_dir():
         return out
     for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink()):
-        reason = _reason(folder)
+        reason = str(_record(folder).get("reason") or "")
         for dirpath, dirnames, filenames in os.walk(folder):
             dirnames.sort()
             for name in sorted(filenames):
@@ -142,6 +161,63 @@ def quarantined_files(data_root: Path, *, records: bool = False) -> list[Quarant
     return out
 
 
+@dataclass(frozen=True)
+class MovedItem:
+    """One thing moved aside: an archive, or a whole folder (a store that failed the publication
+    gate), with how many of the quarantine folder's files it holds and their size."""
+
+    path: Path  # where it is now
+    original: str  # its path under the data root before the move
+    folder: str  # the quarantine folder's name (its UTC time)
+    reason: str
+    is_dir: bool
+    files: int
+    size: int
+
+    def line(self) -> str:
+        from ..fsutil import human_bytes
+
+        what = f"folder of {self.files} file(s), " if self.is_dir else ""
+        return f"{self.folder}/{self.original}{'/' if self.is_dir else ''}  {what}{human_bytes(self.size)}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": str(self.path),
+            "original": self.original,
+            "folder": self.folder,
+            "reason": self.reason,
+            "is_dir": self.is_dir,
+            "files": self.files,
+            "size": self.size,
+        }
+
+
+def moved_items(files: list[QuarantinedFile], data_root: Path) -> list[MovedItem]:
+    """``files`` (from :func:`quarantined_files`) grouped by what was moved: a store moved aside is
+    one item, not its thousands of chunk files; a file no ``moved.json`` names is an item of its
+    own. In the order of ``files``."""
+    root = layout.quarantine_root(Path(data_root))
+    units: dict[str, list[str]] = {}
+    items: dict[tuple[str, str], list[QuarantinedFile]] = {}
+    for f in files:
+        if f.folder not in units:
+            units[f.folder] = _moved_units(root / f.folder, _record(root / f.folder))
+        unit = next(
+            (u for u in units[f.folder] if f.original == u or f.original.startswith(u + "/")), f.original
+        )
+        items.setdefault((f.folder, unit), []).append(f)
+    out = []
+    for (folder, unit), members in items.items():
+        path = root / folder / unit
+        is_dir = path.is_dir() and not path.is_symlink()
+        out.append(
+            MovedItem(
+                path, unit, folder, members[0].reason, is_dir, len(members), sum(m.size for m in members)
+            )
+        )
+    return out
+
+
 @dataclass
 class QuarantineRemoval:
     """What ``remove_quarantine`` removed (or, for a dry run, would remove)."""
@@ -149,19 +225,21 @@ class QuarantineRemoval:
     root: Path
     dry_run: bool
     files: list[QuarantinedFile]
+    items: list[MovedItem]
 
     @property
     def bytes(self) -> int:
         return sum(f.size for f in self.files)
 
     def lines(self) -> list[str]:
+        """One line per thing moved aside (a store's folder is one line), then the totals."""
         from ..fsutil import human_bytes
 
         verb = "would remove" if self.dry_run else "removed"
         if not self.files:
             return [f"quarantine {self.root}: empty, nothing {verb}"]
         out = [f"quarantine {self.root}:"]
-        out += [f"  {verb}  {f.folder}/{f.original}  {human_bytes(f.size)}" for f in self.files]
+        out += [f"  {verb}  {item.line()}" for item in self.items]
         out.append(f"quarantine: {verb} {len(self.files)} file(s), {human_bytes(self.bytes)}")
         return out
 
@@ -170,6 +248,7 @@ class QuarantineRemoval:
             "root": str(self.root),
             "dry_run": self.dry_run,
             "files": [f.to_dict() for f in self.files],
+            "moved": [item.to_dict() for item in self.items],
             "removed_files": 0 if self.dry_run else len(self.files),
             "bytes": self.bytes,
         }
@@ -180,6 +259,7 @@ def remove_quarantine(data_root: Path, *, dry_run: bool) -> QuarantineRemoval:
     included), one quarantine folder at a time; a dry run removes nothing and says what it would."""
     root = layout.quarantine_root(Path(data_root))
     files = quarantined_files(data_root, records=True)
+    items = moved_items(files, data_root)  # read before the folders go
     if not dry_run and root.is_dir():
         for folder in sorted(p for p in root.iterdir()):
             try:
@@ -191,4 +271,4 @@ def remove_quarantine(data_root: Path, *, dry_run: bool) -> QuarantineRemoval:
                 raise fs_error(e, "removing the quarantine folder", where=str(root)) from e
         with contextlib.suppress(OSError):
             root.rmdir()
-    return QuarantineRemoval(root, dry_run, files)
+    return QuarantineRemoval(root, dry_run, files, items)

@@ -250,12 +250,14 @@ def cmd_list(args: argparse.Namespace) -> int:
         {"path": q.path, "reason": q.reason, **({"upstream": q.path in remote} if remote is not None else {})}
         for q in profile.quarantined
     ]
-    from ..acquire.quarantine import quarantined_files
+    from ..acquire.quarantine import moved_items, quarantined_files
 
     aside = quarantined_files(data_root)
+    aside_items = moved_items(aside, data_root)
     aside_bytes = sum(f.size for f in aside)
     quarantine = {
         "folder": str(quarantine_root(data_root)),
+        "moved": [item.to_dict() for item in aside_items],
         "files": [f.to_dict() for f in aside],
         "bytes": aside_bytes,
     }
@@ -330,10 +332,11 @@ def cmd_list(args: argparse.Namespace) -> int:
         print()
         print(
             f"moved aside (quarantine folder {quarantine['folder']}, removed only by "
-            f"`stage2 gc <data_root>/stores --quarantine`): {len(aside)} file(s), {human_bytes(aside_bytes)}"
+            f"`stage2 gc <data_root>/stores --quarantine`): {len(aside_items)} item(s), {len(aside)} file(s), "
+            f"{human_bytes(aside_bytes)}"
         )
-        for f in aside:
-            print(f"  {f.folder}/{f.original}  {human_bytes(f.size)}  {f.reason}")
+        for item in aside_items:
+            print(f"  {item.line()}  {item.reason}")
     t = totals
     print()
     print(

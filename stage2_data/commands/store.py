@@ -346,7 +346,7 @@ def register(sub: Any) -> None:
         "pid X), nor anything that is not a complete store of this format; temps of dead writers are "
         "swept. One line per store (removed or kept, with its size). On object storage readers hold no "
         "lease: only --keep protects them. With --quarantine, the data root's quarantine folder (files "
-        "moved aside, never deleted otherwise) is emptied too, one line per file. Takes the data root's "
+        "moved aside, never deleted otherwise) is emptied too, one line per archive or store moved aside. Takes the data root's "
         "lock (refused while a build runs).",
         epilog="Example:\n  stage2 gc .demo/data/stores --dry-run\n"
         "  stage2 gc /data/stage2/stores/stage2_core_v1 --keep 2 --json\n"
