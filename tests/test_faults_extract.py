@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from helpers.built import build as build_cli
 from helpers.built import build_once, copy_built, fingerprint
-from helpers.cli import Ran
+from helpers.cli import Ran, stage2
 from helpers.faults import (
     SMALL,
     SPLIT,
@@ -567,6 +567,18 @@ def test_fault_arc_removed_cache_key(
     assert sorted(p.relative_to(moved) for p in moved.rglob("*")) == files
     assert list((unused / extra_key).iterdir()) == []
     assert (layout.unused_root(root) / layout.REPORTS_DIR / "extraction" / f"{extra_key}.1.json").is_file()
+    # `stage2 list` shows both folders under unused/ with their files and size, and says who removes them
+    listed = stage2("list", str(demo.profile), "--data-root", str(root), "--json")
+    assert listed.returncode == 0, listed.tail()
+    doc = listed.json()["unused"]
+    size = sum(p.stat().st_size for p in moved.rglob("*") if p.is_file())
+    assert doc["folder"] == str(layout.unused_root(root)) and doc["bytes"] == size
+    assert [(d["path"], d["cache_key"], d["files"], d["size"]) for d in doc["dirs"]] == [
+        (str(unused / extra_key), extra_key, 0, 0),
+        (str(moved), extra_key, len([f for f in files if (moved / f).is_file()]), size),
+    ]
+    text = stage2("list", str(demo.profile), "--data-root", str(root)).stdout
+    assert "nothing removes them" in text and f"  {extra_key}.1/  " in text, text
     shutil.move(foreign, tmp_path / "my_notes")
     r = build_cli(demo.profile, root)
     assert r.returncode == 0 and fingerprint(r) == prepared.fingerprint, r.tail()

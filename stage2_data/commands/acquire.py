@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..acquire import DEFAULT_ENDPOINT, archive_state, required_free_parts, resolve_endpoint
 from ..errors import HubError, ProfileError
 from ..fsutil import free_bytes, human_bytes
-from ..layout import HEX40_RE, quarantine_root
+from ..layout import HEX40_RE, quarantine_root, unused_root
 from ..profile import Profile, load_profile, parse_profile
 from ..publish import atomic_write_text
 from .common import EXIT_ERROR, EXIT_FAILED, add_profile, eprint, finish_command, print_json
@@ -261,6 +261,15 @@ def cmd_list(args: argparse.Namespace) -> int:
         "files": [f.to_dict() for f in aside],
         "bytes": aside_bytes,
     }
+    from ..extract.inspect import unused_cache_dirs
+
+    unused_dirs = unused_cache_dirs(data_root)
+    unused_bytes = sum(d.size for d in unused_dirs)
+    unused = {
+        "folder": str(unused_root(data_root)),
+        "dirs": [d.to_dict() for d in unused_dirs],
+        "bytes": unused_bytes,
+    }
     download, extraction = required_free_parts(profile, data_root)
     free = free_bytes(data_root)
     by_state = {
@@ -296,6 +305,7 @@ def cmd_list(args: argparse.Namespace) -> int:
                 "archives": rows,
                 "quarantined": quarantined,
                 "quarantine": quarantine,
+                "unused": unused,
                 "totals": totals,
                 "disk": disk,
             }
@@ -337,6 +347,15 @@ def cmd_list(args: argparse.Namespace) -> int:
         )
         for item in aside_items:
             print(f"  {item.line()}  {item.reason}")
+    if unused_dirs:
+        print()
+        print(
+            f"unused (cache directories the profile no longer lists, moved aside by a build into "
+            f"{unused['folder']}; nothing removes them: `rm -r` one you no longer need): "
+            f"{len(unused_dirs)} folder(s), {human_bytes(unused_bytes)}"
+        )
+        for d in unused_dirs:
+            print(f"  {d.path.name}/  {d.files} file(s), {human_bytes(d.size)}")
     t = totals
     print()
     print(
@@ -393,7 +412,7 @@ def register(sub: Any) -> None:
         help="every archive with size, pin and local state; quarantined ones; totals; free disk",
         description="Show every archive of the profile with its pinned size and sha256 and its state under the "
         "data root (missing, partial with the bytes so far, present but not verified, verified), the "
-        "quarantined files, the files moved aside into the data root's quarantine folder (with their size), totals, and the free disk against what the rest of the build needs. Local only, "
+        "quarantined files, what was moved aside into the data root's quarantine folder (one line per archive or store, with its size), the cache directories moved to unused/ because the profile no longer lists them, totals, and the free disk against what the rest of the build needs. Local only, "
         "unless --endpoint is given (then each archive is also checked against the hub's listing).",
         epilog="Example: stage2 list manifests/stage2_core_v1.toml --data-root /data/stage2 --json",
     )

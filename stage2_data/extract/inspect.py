@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -156,6 +158,39 @@ def stray_entries(data_root: Path, expected_cache_keys: Iterable[str]) -> list[s
                 continue
             out.append(entry.name)
     return sorted(out)
+
+
+@dataclass(frozen=True)
+class UnusedDir:
+    """A cache directory a build moved aside because the profile no longer lists it."""
+
+    path: Path  # <data_root>/unused/processed_datasets/<key>[.N]
+    cache_key: str  # the key it was extracted as (its name without a ``.N`` suffix)
+    files: int
+    size: int
+
+    def to_dict(self) -> dict[str, object]:
+        return {"path": str(self.path), "cache_key": self.cache_key, "files": self.files, "size": self.size}
+
+
+def unused_cache_dirs(data_root: Path) -> list[UnusedDir]:
+    """Every cache directory under ``<data_root>/unused/processed_datasets/`` (what
+    :func:`move_aside_unused` moved there), sorted by name, with its file count and size (links not
+    followed). Nothing removes them but the user: `stage2 list` shows them."""
+    root = layout.unused_root(Path(data_root)) / layout.PROCESSED_DIR
+    out: list[UnusedDir] = []
+    if not root.is_dir():
+        return out
+    for d in sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink()):
+        files = size = 0
+        for dirpath, _dirs, names in os.walk(d):
+            for name in names:
+                with contextlib.suppress(OSError):
+                    size += (Path(dirpath) / name).lstat().st_size
+                    files += 1
+        key = re.sub(r"\.\d+$", "", d.name)
+        out.append(UnusedDir(d, key, files, size))
+    return out
 
 
 def move_aside_unused(data_root: Path, expected_cache_keys: Iterable[str]) -> list[tuple[Path, Path]]:
