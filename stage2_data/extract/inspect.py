@@ -165,12 +165,23 @@ class UnusedDir:
     """A cache directory a build moved aside because the profile no longer lists it."""
 
     path: Path  # <data_root>/unused/processed_datasets/<key>[.N]
-    cache_key: str  # the key it was extracted as (its name without a ``.N`` suffix)
+    cache_key: str  # the key it was extracted as (its extraction record says; else its name)
     files: int
     size: int
 
     def to_dict(self) -> dict[str, object]:
         return {"path": str(self.path), "cache_key": self.cache_key, "files": self.files, "size": self.size}
+
+
+def _unused_key(d: Path) -> str:
+    """The cache key of an unused folder: its extraction record's (moved beside it, under
+    ``unused/reports/extraction/<name>.json``), else its name without a ``.N`` suffix."""
+    record = d.parent.parent / layout.REPORTS_DIR / "extraction" / f"{d.name}.json"
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        key = json.loads(record.read_text(encoding="utf-8")).get("cache_key")
+        if isinstance(key, str) and key:
+            return key
+    return re.sub(r"\.\d+$", "", d.name)
 
 
 def unused_cache_dirs(data_root: Path) -> list[UnusedDir]:
@@ -188,8 +199,7 @@ def unused_cache_dirs(data_root: Path) -> list[UnusedDir]:
                 with contextlib.suppress(OSError):
                     size += (Path(dirpath) / name).lstat().st_size
                     files += 1
-        key = re.sub(r"\.\d+$", "", d.name)
-        out.append(UnusedDir(d, key, files, size))
+        out.append(UnusedDir(d, _unused_key(d), files, size))
     return out
 
 
