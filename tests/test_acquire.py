@@ -687,3 +687,35 @@ def test_a_cache_key_offline_names_each_missing_part_and_its_fix_once(
     assert text.count("Fix:") == 1 and "fix:" not in text, text
     assert text.rstrip().endswith("re-run") and text.count("nothing was requested") == 2, text
     assert hub.log_snapshot() == []
+
+
+def test_what_was_moved_aside_is_listed_one_item_per_move_even_after_the_data_root_moved(
+    tmp_path: Path,
+) -> None:
+    """`stage2 list` and `gc --quarantine` show one item per thing moved aside: a store's folder is
+    one item with all its files, read from the quarantine folder's moved.json even after the data
+    root itself was moved elsewhere; a file that no moved.json names is an item of its own."""
+    from stage2_data.acquire.quarantine import moved_items, quarantine_files
+
+    root = tmp_path / "root"
+    store = root / "stores" / "p" / "v2-abc"
+    for rel in ("manifest.json", "shards/shard-000000/zarr.json", "shards/shard-000000/frames/c/0"):
+        (store / rel).parent.mkdir(parents=True, exist_ok=True)
+        (store / rel).write_bytes(b"x" * 10)
+    archive = layout.archive_path(root, "a.tar")
+    archive.parent.mkdir(parents=True)
+    archive.write_bytes(b"y" * 7)
+    quarantine_files(root, [store], "failed the publication gate")
+    quarantine_files(root, [archive], "disagreed with its pin")
+    moved = tmp_path / "elsewhere"
+    root.rename(moved)  # the data root moved: moved.json still names the old paths
+    stray = layout.quarantine_root(moved) / "by-hand" / "notes.txt"  # no moved.json
+    stray.parent.mkdir()
+    stray.write_text("mine")
+    items = moved_items(quarantined_files(moved), moved)
+    assert [(i.original, i.is_dir, i.files, i.size, i.reason) for i in items] == [
+        ("stores/p/v2-abc", True, 3, 30, "failed the publication gate"),
+        ("archives/a.tar", False, 1, 7, "disagreed with its pin"),
+        ("notes.txt", False, 1, 4, ""),  # in the folder "by-hand", which sorts after the UTC times
+    ], items
+    assert items[0].path == layout.quarantine_root(moved) / items[0].folder / "stores/p/v2-abc"
