@@ -99,6 +99,20 @@ def disk_full_as(message: str, fix: str) -> Iterator[None]:
         raise
 
 
+def tree_usage(root: Path, *, unique: bool = False) -> tuple[int, int]:
+    """(files, bytes) of the files under ``root``, links not followed (``unique``: only files with
+    no other hard link, what removing the tree frees). A file that vanishes meanwhile is skipped."""
+    files = total = 0
+    for dirpath, _dirs, names in os.walk(root):
+        for n in names:
+            with contextlib.suppress(OSError):
+                st = os.lstat(os.path.join(dirpath, n))
+                if not unique or st.st_nlink <= 1:
+                    files += 1
+                    total += st.st_size
+    return files, total
+
+
 def human_bytes(n: float) -> str:
     """A byte count for people, in IEC units: ``512 B``, ``1.5 KiB``, ``3.2 MiB``, ``1.0 GiB``, ``2.0 TiB``."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):

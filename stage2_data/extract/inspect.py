@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -16,6 +15,7 @@ from .. import layout
 from ..errors import ArchiveError
 from ..formats import FormatError
 from ..formats import arrow as farrow
+from ..fsutil import tree_usage
 from ..publish import is_temp_name
 
 _MAX_LISTED = 100  # per-kind cap on listed ids in inspection problems (the count is always given)
@@ -173,33 +173,22 @@ class UnusedDir:
         return {"path": str(self.path), "cache_key": self.cache_key, "files": self.files, "size": self.size}
 
 
-def _unused_key(d: Path) -> str:
-    """The cache key of an unused folder: its extraction record's (moved beside it, under
-    ``unused/reports/extraction/<name>.json``), else its name without a ``.N`` suffix."""
-    record = d.parent.parent / layout.REPORTS_DIR / "extraction" / f"{d.name}.json"
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        key = json.loads(record.read_text(encoding="utf-8")).get("cache_key")
-        if isinstance(key, str) and key:
-            return key
-    return re.sub(r"\.\d+$", "", d.name)
-
-
 def unused_cache_dirs(data_root: Path) -> list[UnusedDir]:
     """Every cache directory under ``<data_root>/unused/processed_datasets/`` (what
     :func:`move_aside_unused` moved there), sorted by name, with its file count and size (links not
-    followed). Nothing removes them but the user: `stage2 list` shows them."""
-    root = layout.unused_root(Path(data_root)) / layout.PROCESSED_DIR
+    followed) and the cache key its extraction record (moved beside it) names, else its name
+    without a ``.N`` suffix. Nothing removes them but the user: `stage2 list` shows them."""
+    from .extract import load_extraction_record
+
+    unused = layout.unused_root(Path(data_root))
+    root = unused / layout.PROCESSED_DIR
     out: list[UnusedDir] = []
     if not root.is_dir():
         return out
     for d in sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink()):
-        files = size = 0
-        for dirpath, _dirs, names in os.walk(d):
-            for name in names:
-                with contextlib.suppress(OSError):
-                    size += (Path(dirpath) / name).lstat().st_size
-                    files += 1
-        out.append(UnusedDir(d, _unused_key(d), files, size))
+        rec = load_extraction_record(unused, d.name)  # unused/reports/extraction/<name>.json
+        key = rec.cache_key if rec is not None and rec.cache_key else re.sub(r"\.\d+$", "", d.name)
+        out.append(UnusedDir(d, key, *tree_usage(d)))
     return out
 
 

@@ -38,7 +38,7 @@ from typing import Any
 
 from .. import layout
 from ..errors import Stage2Error, StoreError
-from ..fsutil import human_bytes
+from ..fsutil import human_bytes, tree_usage
 from ..publish import remove_stale, stale_temps, temp_path
 from ..publish.readonly import remove_tree
 from ..storage import CURRENT_OBJECT, StoreLocation
@@ -257,18 +257,6 @@ def resolve_keep(value: int | str | None, *, source: str = "keep_stores") -> int
     return n
 
 
-def _local_size(p: Path, *, unique: bool = False) -> int:
-    """Bytes of the files under ``p`` (``unique``: only files with no other hard link)."""
-    total = 0
-    for dirpath, _dirs, files in os.walk(p):
-        for n in files:
-            with contextlib.suppress(OSError):
-                st = os.lstat(os.path.join(dirpath, n))
-                if not unique or st.st_nlink <= 1:
-                    total += st.st_size
-    return total
-
-
 def _our_manifest(loc: StoreLocation) -> dict[str, Any] | None:
     m = load_manifest(loc).manifest
     return m if m is not None and m.get("format") == STORE_FORMAT else None
@@ -377,7 +365,7 @@ def collect_stores(
     for name in names:
         child = loc.child(name)
         if loc.is_local and child.root == current_path:
-            report.entries.append(StoreVerdict(name, "kept", "current", _local_size(child.root)))
+            report.entries.append(StoreVerdict(name, "kept", "current", tree_usage(child.root)[1]))
             continue
         if not loc.is_local and current_path is not None and child.root == current_path:
             report.entries.append(StoreVerdict(name, "kept", "current", sum(child.file_sizes().values())))
@@ -395,8 +383,8 @@ def collect_stores(
         return report
     stores.sort(reverse=True)  # newest first
     for i, (created, name, child) in enumerate(stores):
-        size = _local_size(child.root) if loc.is_local else sum(child.file_sizes().values())
-        freed = _local_size(child.root, unique=True) if loc.is_local else None
+        size = tree_usage(child.root)[1] if loc.is_local else sum(child.file_sizes().values())
+        freed = tree_usage(child.root, unique=True)[1] if loc.is_local else None
         if i < keep:
             report.entries.append(
                 StoreVerdict(name, "kept", f"previous ({i + 1} of {keep} kept)", size, created)
