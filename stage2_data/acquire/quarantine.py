@@ -36,6 +36,7 @@ class QuarantinedFile:
     size: int
     folder: str  # the quarantine folder's name (its UTC time)
     reason: str  # why it was moved ("" when moved.json is missing)
+    unit: str  # what one move put there that holds it (a store's folder, or the file itself)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -143,7 +144,9 @@ def quarantined_files(data_root: Path, *, records: bool = False) -> list[Quarant
     if not root.is_dir():
         return out
     for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink()):
-        reason = str(_record(folder).get("reason") or "")
+        record = _record(folder)
+        reason = str(record.get("reason") or "")
+        units = _moved_units(folder, record)
         for dirpath, dirnames, filenames in os.walk(folder):
             dirnames.sort()
             for name in sorted(filenames):
@@ -157,7 +160,9 @@ def quarantined_files(data_root: Path, *, records: bool = False) -> list[Quarant
                     size = p.lstat().st_size
                 except OSError:
                     continue
-                out.append(QuarantinedFile(p, rel.as_posix(), size, folder.name, reason))
+                original = rel.as_posix()
+                unit = next((u for u in units if original == u or original.startswith(u + "/")), original)
+                out.append(QuarantinedFile(p, original, size, folder.name, reason, unit))
     return out
 
 
@@ -197,15 +202,9 @@ def moved_items(files: list[QuarantinedFile], data_root: Path) -> list[MovedItem
     one item, not its thousands of chunk files; a file no ``moved.json`` names is an item of its
     own. In the order of ``files``."""
     root = layout.quarantine_root(Path(data_root))
-    units: dict[str, list[str]] = {}
     items: dict[tuple[str, str], list[QuarantinedFile]] = {}
     for f in files:
-        if f.folder not in units:
-            units[f.folder] = _moved_units(root / f.folder, _record(root / f.folder))
-        unit = next(
-            (u for u in units[f.folder] if f.original == u or f.original.startswith(u + "/")), f.original
-        )
-        items.setdefault((f.folder, unit), []).append(f)
+        items.setdefault((f.folder, f.unit), []).append(f)
     out = []
     for (folder, unit), members in items.items():
         path = root / folder / unit
