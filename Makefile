@@ -57,12 +57,15 @@ system-deps:
 	@bash scripts/system-deps.sh
 
 # Tests run in one process a core, at most four (pytest-xdist): every test makes its own folders,
-# ports, hub and Dagster instance, so none depends on another's process. PYTEST_WORKERS=0 runs them
-# in this process, one after another.
+# ports, hub and Dagster instance, so none depends on another's process. The tests that share an
+# expensive fixture (a whole build, a web server) run in one worker, which makes it once
+# (tests/_groups.py, --dist loadgroup); the others are handed out one by one. PYTEST_WORKERS=0
+# runs them in this process, one after another.
 PYTEST_WORKERS ?= auto
-XDIST = -n $(PYTEST_WORKERS) --maxprocesses 4
+XDIST = -n $(PYTEST_WORKERS) --maxprocesses 4 --dist loadgroup
 
-# The whole suite (what CI runs): lint, then every tier; about 23 minutes on 2 cores.
+# The whole suite (what CI runs): lint, then every tier; 23-70 minutes on 2 cores, as fast as the
+# machine is that day (docs/benchmarks.md, "The test suite").
 test: lint system-deps
 	$(BIN)/python -m pytest -q $(XDIST)
 

@@ -18,7 +18,7 @@ from stage2_data.demo.hubserver import HubServer
 
 # Test tiers (fast / slow / system) for `make test-fast`: see tests/_tiers.py. Fixture plugins
 # (lerobot style): tests/fixtures/*.py, each a module of fixtures that every test can use.
-pytest_plugins = ["_tiers", "fixtures.faults", "fixtures.stores"]
+pytest_plugins = ["_tiers", "_groups", "fixtures.faults", "fixtures.stores"]
 
 # The suite started by a background job of a non-interactive shell (`cmd &` in a script, as a CI
 # runner may) inherits SIGINT ignored. Dagster, run in this process, maps SIGTERM to SIGINT's
