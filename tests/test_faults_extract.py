@@ -578,7 +578,24 @@ def test_fault_arc_removed_cache_key(
         (str(moved), extra_key, len([f for f in files if (moved / f).is_file()]), size),
     ]
     text = stage2("list", str(demo.profile), "--data-root", str(root)).stdout
-    assert "nothing removes them" in text and f"  {extra_key}.1/  " in text, text
+    assert "stage2 gc <data_root>/stores --unused" in text and f"  {extra_key}.1/  " in text, text
+    # `stage2 gc --unused` removes what a build moved there (a dry run first), never the folder the
+    # user made (no extraction record beside it)
+    record = layout.unused_root(root) / layout.REPORTS_DIR / "extraction" / f"{extra_key}.1.json"
+    stores = str(root / layout.STORES_DIR)
+    dry = stage2("gc", stores, "--unused", "--dry-run", "--json")
+    assert dry.returncode == 0, dry.tail()
+    gone = dry.json()["unused"]
+    assert [d["path"] for d in gone["dirs"]] == [str(moved)] and gone["bytes"] == size, gone
+    assert [d["path"] for d in gone["kept"]] == [str(unused / extra_key)] and gone["removed_dirs"] == 0
+    assert moved.is_dir() and record.is_file()
+    r = stage2("gc", stores, "--unused")
+    assert r.returncode == 0, r.tail()
+    assert f"removed  {extra_key}.1 (cache key {extra_key}): " in r.stdout, r.stdout
+    assert f"kept  {extra_key}: no extraction record" in r.stdout, r.stdout
+    assert not moved.exists() and not record.exists() and (unused / extra_key).is_dir()
+    listed = stage2("list", str(demo.profile), "--data-root", str(root), "--json").json()["unused"]
+    assert [d["path"] for d in listed["dirs"]] == [str(unused / extra_key)], listed
     shutil.move(foreign, tmp_path / "my_notes")
     r = build_cli(demo.profile, root)
     assert r.returncode == 0 and fingerprint(r) == prepared.fingerprint, r.tail()

@@ -455,3 +455,44 @@ def test_store_metadata_and_unchanged_inputs_do_not_rebuild(
         assert md["bytes_on_disk"] == total
         assert "| frames | " in md["bytes_on_disk_per_block"]  # a Markdown table, sizes in IEC units
         assert md["size_on_disk"].endswith(("KiB", "MiB", "GiB"))
+
+
+def test_gc_unused_removes_what_a_build_moved_aside_and_keeps_the_users_own(tmp_path: Path) -> None:
+    """`stage2 gc --unused` removes each cache directory a build moved to unused/ (its extraction
+    record beside it) with that record, says so one line a folder, and keeps a folder no build
+    moved there; without the flag, or in a dry run, nothing there is touched."""
+    root = tmp_path / "root"
+    stores = root / layout.STORES_DIR
+    stores.mkdir(parents=True)  # no store published yet: gc --unused still runs
+    under = layout.unused_root(root) / layout.PROCESSED_DIR
+    moved = under / "cache_a.1"
+    (moved / "frames").mkdir(parents=True)
+    (moved / "frames" / "t0.npz").write_bytes(b"x" * 1000)
+    (moved / "dataset_info.json").write_text("{}")
+    record = layout.extraction_record_path(layout.unused_root(root), "cache_a.1")
+    record.parent.mkdir(parents=True)
+    record.write_text("{}")
+    mine = under / "notes"
+    mine.mkdir()
+    (mine / "a.txt").write_text("mine")
+
+    stage2("gc", str(stores), "--keep", "0")  # no store: refused, and unused/ untouched either way
+    assert moved.is_dir() and record.is_file() and mine.is_dir()
+    dry = stage2("gc", str(stores), "--unused", "--dry-run", "--json")
+    assert dry.returncode == 0, dry.tail()
+    doc = dry.json()["unused"]
+    assert [(d["path"], d["cache_key"], d["files"], d["size"]) for d in doc["dirs"]] == [
+        (str(moved), "cache_a", 2, 1002)
+    ]
+    assert [d["path"] for d in doc["kept"]] == [str(mine)] and doc["removed_dirs"] == 0
+    assert moved.is_dir() and record.is_file()
+
+    gc = stage2("gc", str(stores), "--unused")
+    assert gc.returncode == 0, gc.tail()
+    assert "removed  cache_a.1 (cache key cache_a): 2 file(s), 1002 B" in gc.stdout, gc.stdout
+    assert "kept  notes: no extraction record" in gc.stdout and "unused: removed 1 folder(s)" in gc.stdout
+    assert not moved.exists() and not record.exists() and (mine / "a.txt").read_text() == "mine"
+
+    elsewhere = stage2("gc", str(tmp_path / "somewhere"), "--unused")
+    assert elsewhere.returncode == 2 and "--unused needs the local stores folder" in elsewhere.stderr
+    assert "stage2 gc /data/stage2/stores --unused --dry-run" in elsewhere.stderr, elsewhere.tail()

@@ -351,7 +351,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         print()
         print(
             f"unused (cache directories the profile no longer lists, moved aside by a build into "
-            f"{unused['folder']}; nothing removes them: `rm -r` one you no longer need): "
+            f"{unused['folder']}; `stage2 gc <data_root>/stores --unused` removes them): "
             f"{len(unused_dirs)} folder(s), {human_bytes(unused_bytes)}"
         )
         for d in unused_dirs:

@@ -230,14 +230,16 @@ def cmd_gc(args: argparse.Namespace) -> int:
     target = _target(args.stores)
     opts = storage_options(args)
     data_root = _gc_data_root(target) if isinstance(target, Path) else None
-    if args.quarantine and data_root is None:
+    aside = [flag for flag, on in (("--quarantine", args.quarantine), ("--unused", args.unused)) if on]
+    if aside and data_root is None:
         raise StoreError(
-            f"{args.stores}: --quarantine needs the local stores folder of a data root "
-            "(<data_root>/stores or <data_root>/stores/<profile>): the quarantine folder is <data_root>/quarantine.",
-            fix="name <data_root>/stores, e.g. `stage2 gc /data/stage2/stores --quarantine --dry-run`",
+            f"{args.stores}: {' and '.join(aside)} needs the local stores folder of a data root "
+            "(<data_root>/stores or <data_root>/stores/<profile>): the folders it empties are "
+            "<data_root>/quarantine and <data_root>/unused.",
+            fix=f"name <data_root>/stores, e.g. `stage2 gc /data/stage2/stores {aside[0]} --dry-run`",
         )
     keep = args.keep if args.keep is not None else default_keep()
-    if keep is None and not args.quarantine:
+    if keep is None and not aside:
         msg = f"{KEEP_ENV}=all: every store is kept; nothing removed (pass --keep N to remove old stores)"
         if args.json:
             print_json({"ok": True, "keep": "all", "dry_run": args.dry_run, "roots": [], "freed_bytes": 0})
@@ -249,15 +251,15 @@ def cmd_gc(args: argparse.Namespace) -> int:
         try:
             roots = profile_roots(target, opts)
         except StoreError:
-            if not args.quarantine:
+            if not aside:
                 raise
-            # with --quarantine, a data root without stores yet (no build published) is fine
+            # with --quarantine or --unused, a data root without stores yet (no build published) is fine
     # a build writes stores under its data root's lock: gc takes it too (not for a dry run), so it
     # never judges a store a running build has just written and not yet published.
     guard = (
         data_root_lock(data_root) if data_root is not None and not args.dry_run else contextlib.nullcontext()
     )
-    removal = None
+    removal = unused = None
     with guard:
         reports = [collect_stores(r, keep, dry_run=args.dry_run) for r in roots] if keep is not None else []
         if args.quarantine:
@@ -265,6 +267,11 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
             assert data_root is not None
             removal = remove_quarantine(data_root, dry_run=args.dry_run)
+        if args.unused:
+            from ..extract.inspect import remove_unused
+
+            assert data_root is not None
+            unused = remove_unused(data_root, dry_run=args.dry_run)
     freed = sum(r.freed_bytes for r in reports)
     if args.json:
         doc: dict[str, Any] = {
@@ -276,6 +283,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
         }
         if removal is not None:
             doc["quarantine"] = removal.to_dict()
+        if unused is not None:
+            doc["unused"] = unused.to_dict()
         print_json(doc)
     else:
         if keep is None:
@@ -283,8 +292,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
         for r in reports:
             for line in r.lines():
                 print(line)
-        if removal is not None:
-            for line in removal.lines():
+        for extra in (removal, unused):
+            for line in extra.lines() if extra is not None else []:
                 print(line)
     return 0
 
@@ -346,11 +355,13 @@ def register(sub: Any) -> None:
         "pid X), nor anything that is not a complete store of this format; temps of dead writers are "
         "swept. One line per store (removed or kept, with its size). On object storage readers hold no "
         "lease: only --keep protects them. With --quarantine, the data root's quarantine folder (files "
-        "moved aside, never deleted otherwise) is emptied too, one line per archive or store moved aside. Takes the data root's "
-        "lock (refused while a build runs).",
+        "moved aside, never deleted otherwise) is emptied too, one line per archive or store moved aside; with --unused, "
+        "the cache directories a build moved to <data_root>/unused because the profile no longer lists them. "
+        "Takes the data root's lock (refused while a build runs).",
         epilog="Example:\n  stage2 gc .demo/data/stores --dry-run\n"
         "  stage2 gc /data/stage2/stores/stage2_core_v1 --keep 2 --json\n"
-        "  stage2 gc /data/stage2/stores --quarantine --dry-run",
+        "  stage2 gc /data/stage2/stores --quarantine --dry-run\n"
+        "  stage2 gc /data/stage2/stores --unused --dry-run",
         formatter_class=raw,
     )
     p.add_argument(
@@ -369,6 +380,13 @@ def register(sub: Any) -> None:
         action="store_true",
         help="also remove every file moved aside into <data_root>/quarantine (archives that disagreed "
         "with their pin; `stage2 list` shows them); without it gc never touches that folder",
+    )
+    p.add_argument(
+        "--unused",
+        action="store_true",
+        help="also remove the cache directories a build moved to <data_root>/unused because the "
+        "profile no longer lists them (`stage2 list` shows them; a later build re-extracts one from "
+        "its archives if the profile lists it again); without it gc never touches that folder",
     )
     finish_command(
         p,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,7 +178,8 @@ def unused_cache_dirs(data_root: Path) -> list[UnusedDir]:
     """Every cache directory under ``<data_root>/unused/processed_datasets/`` (what
     :func:`move_aside_unused` moved there), sorted by name, with its file count and size (links not
     followed) and the cache key its extraction record (moved beside it) names, else its name
-    without a ``.N`` suffix. Nothing removes them but the user: `stage2 list` shows them."""
+    without a ``.N`` suffix. `stage2 list` shows them; only the user removes them
+    (:func:`remove_unused`, `stage2 gc --unused`)."""
     from .extract import load_extraction_record
 
     unused = layout.unused_root(Path(data_root))
@@ -221,3 +223,69 @@ def move_aside_unused(data_root: Path, expected_cache_keys: Iterable[str]) -> li
         os.rename(layout.extraction_record_path(data_root, name), rec_root / f"{dest}.json")
         moved.append((src, dest_root / dest))
     return moved
+
+
+@dataclass
+class UnusedRemoval:
+    """What :func:`remove_unused` removed (or, for a dry run, would remove)."""
+
+    root: Path  # <data_root>/unused
+    dry_run: bool
+    dirs: list[UnusedDir]  # removed: moved here by a build (their extraction record beside them)
+    kept: list[UnusedDir]  # not moved here by a build (no extraction record): left as they are
+
+    @property
+    def bytes(self) -> int:
+        return sum(d.size for d in self.dirs)
+
+    def lines(self) -> list[str]:
+        """One line per cache directory, then the totals."""
+        from ..fsutil import human_bytes
+
+        verb = "would remove" if self.dry_run else "removed"
+        if not self.dirs and not self.kept:
+            return [f"unused {self.root}: empty, nothing {verb}"]
+        out = [f"unused {self.root}:"]
+        out += [
+            f"  {verb}  {d.path.name} (cache key {d.cache_key}): {d.files} file(s), {human_bytes(d.size)}"
+            for d in self.dirs
+        ]
+        out += [
+            f"  kept  {d.path.name}: no extraction record beside it, so no build moved it here "
+            "(remove it yourself if you no longer need it)"
+            for d in self.kept
+        ]
+        out.append(f"unused: {verb} {len(self.dirs)} folder(s), {human_bytes(self.bytes)}")
+        return out
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "root": str(self.root),
+            "dry_run": self.dry_run,
+            "dirs": [d.to_dict() for d in self.dirs],
+            "kept": [d.to_dict() for d in self.kept],
+            "removed_dirs": 0 if self.dry_run else len(self.dirs),
+            "bytes": self.bytes,
+        }
+
+
+def remove_unused(data_root: Path, *, dry_run: bool) -> UnusedRemoval:
+    """Remove every cache directory :func:`move_aside_unused` moved under ``<data_root>/unused/``,
+    with its extraction record; a dry run removes nothing and says what it would. A folder without
+    its record beside it was not moved there by a build (the user's own): it is kept, and said so.
+    The user asks for it (`stage2 gc --unused`): a build never removes these."""
+    from ..oserrors import fs_error
+    from ..publish.readonly import make_writable
+
+    unused = layout.unused_root(Path(data_root))
+    listed = unused_cache_dirs(data_root)
+    moved = [d for d in listed if layout.extraction_record_path(unused, d.path.name).is_file()]
+    if not dry_run:
+        for d in moved:
+            try:
+                make_writable(d.path)
+                shutil.rmtree(d.path)
+                layout.extraction_record_path(unused, d.path.name).unlink(missing_ok=True)
+            except OSError as e:
+                raise fs_error(e, "removing an unused cache directory", where=str(d.path)) from e
+    return UnusedRemoval(unused, dry_run, moved, [d for d in listed if d not in moved])
