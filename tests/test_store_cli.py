@@ -493,6 +493,10 @@ def test_gc_unused_removes_what_a_build_moved_aside_and_keeps_the_users_own(tmp_
     assert "kept  notes: no extraction record" in gc.stdout and "unused: removed 1 folder(s)" in gc.stdout
     assert not moved.exists() and not record.exists() and (mine / "a.txt").read_text() == "mine"
 
+    typo = tmp_path / "roto"  # no such data root: named, and not made by gc
+    r = stage2("gc", str(typo / layout.STORES_DIR), "--unused", "--dry-run")
+    assert r.returncode == 2 and f"no data root at {typo} (no such folder)" in r.stderr, r.tail()
+    assert not typo.exists()
     elsewhere = stage2("gc", str(tmp_path / "somewhere"), "--unused")
     assert elsewhere.returncode == 2 and "--unused needs the local stores folder" in elsewhere.stderr
     assert "stage2 gc /data/stage2/stores --unused --dry-run" in elsewhere.stderr, elsewhere.tail()

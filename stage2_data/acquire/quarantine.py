@@ -236,7 +236,7 @@ class QuarantineRemoval:
 
         verb = "would remove" if self.dry_run else "removed"
         if not self.files:
-            return [f"quarantine {self.root}: empty, nothing {verb}"]
+            return [f"quarantine {self.root}: empty, nothing {'to remove' if self.dry_run else 'removed'}"]
         out = [f"quarantine {self.root}:"]
         out += [f"  {verb}  {item.line()}" for item in self.items]
         out.append(f"quarantine: {verb} {len(self.files)} file(s), {human_bytes(self.bytes)}")

@@ -238,6 +238,13 @@ def cmd_gc(args: argparse.Namespace) -> int:
             "<data_root>/quarantine and <data_root>/unused.",
             fix=f"name <data_root>/stores, e.g. `stage2 gc /data/stage2/stores {aside[0]} --dry-run`",
         )
+    if aside and data_root is not None and not data_root.is_dir():  # a typo: never made, never "empty"
+        raise StoreError(
+            f"{args.stores}: no data root at {data_root} (no such folder), so there is no quarantine "
+            "or unused folder to empty there.",
+            fix="name the stores folder of the data root a build used (its --data-root), e.g. "
+            f"`stage2 gc /data/stage2/stores {aside[0]} --dry-run`",
+        )
     keep = args.keep if args.keep is not None else default_keep()
     if keep is None and not aside:
         msg = f"{KEEP_ENV}=all: every store is kept; nothing removed (pass --keep N to remove old stores)"

@@ -244,7 +244,7 @@ class UnusedRemoval:
 
         verb = "would remove" if self.dry_run else "removed"
         if not self.dirs and not self.kept:
-            return [f"unused {self.root}: empty, nothing {verb}"]
+            return [f"unused {self.root}: empty, nothing {'to remove' if self.dry_run else 'removed'}"]
         out = [f"unused {self.root}:"]
         out += [
             f"  {verb}  {d.path.name} (cache key {d.cache_key}): {d.files} file(s), {human_bytes(d.size)}"
