@@ -85,13 +85,25 @@ def _register(p: argparse.ArgumentParser, name: str, func: Callable[[argparse.Na
 
 
 # ----- build -------------------------------------------------------------------------------------
-def _quiet_runs(verbose: bool) -> None:
-    """The runs' own console log (a DEBUG line per event, tracebacks of expected failures) goes away
-    unless --verbose; every event is still recorded in the instance (see the UI)."""
+@contextlib.contextmanager
+def _quiet_runs(verbose: bool) -> Iterator[None]:
+    """For the length of the build, the runs' own console log (a DEBUG line per event, tracebacks of
+    expected failures) goes away unless --verbose; every event is still recorded in the instance (see
+    the UI). ``STAGE2_RUN_LOG_LEVEL`` says so to the runs and the processes the build starts; it is
+    put back as it was afterwards, so a build called in a longer-lived process (a notebook, a test
+    session) leaves that process's settings alone."""
+    before = os.environ.get("STAGE2_RUN_LOG_LEVEL")
     if verbose:
         os.environ.pop("STAGE2_RUN_LOG_LEVEL", None)
     else:
         os.environ["STAGE2_RUN_LOG_LEVEL"] = "CRITICAL"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("STAGE2_RUN_LOG_LEVEL", None)
+        else:
+            os.environ["STAGE2_RUN_LOG_LEVEL"] = before
 
 
 def _preflight_hub(profile: Profile, data_root: Path, endpoint: str, *, reach: bool) -> None:
@@ -205,10 +217,9 @@ def _run_build(
     """Run the build with a progress display (unless --json) and print its summary; the exit code."""
     from .progress import BuildProgress  # imports rich
 
-    _quiet_runs(args.verbose)
     # SIGTERM/SIGINT stop the build from any stage, workers included, and publish nothing (stops.py)
     current = None if config.store_url else layout.current_store_path(Path(config.data_root), profile.name)
-    with stop_guard(watch=current) as stop, contextlib.ExitStack() as held:
+    with _quiet_runs(args.verbose), stop_guard(watch=current) as stop, contextlib.ExitStack() as held:
         show = progress and not args.json
         bar = (
             BuildProgress(profile, stream=held.enter_context(_terminal()), data_root=Path(config.data_root))

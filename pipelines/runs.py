@@ -10,8 +10,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,42 @@ class RecordedRun:
 
     def materializations(self) -> list[Any]:
         return [e for e in self.events if e.event_type == dg.DagsterEventType.ASSET_MATERIALIZATION]
+
+
+class _LibraryLevel:
+    """The library's logger level held for runs going on at once in threads: the first run sets
+    it, the last one puts back the level it found."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.runs = 0
+        self.before = logging.NOTSET
+
+
+_LIBRARY_LEVEL = _LibraryLevel()
+
+
+@contextlib.contextmanager
+def library_log_level(level: str | None) -> Iterator[None]:
+    """The library's logger (``stage2_data``) at ``level`` while a run goes on (None: as it is), then
+    back as it was: the process that runs a build keeps its own logging (a test's captured warnings,
+    a notebook's)."""
+    if not level:
+        yield
+        return
+    logger, held = logging.getLogger("stage2_data"), _LIBRARY_LEVEL
+    with held.lock:
+        if held.runs == 0:
+            held.before = logger.level
+            logger.setLevel(level)
+        held.runs += 1
+    try:
+        yield
+    finally:
+        with held.lock:
+            held.runs -= 1
+            if held.runs == 0:
+                logger.setLevel(held.before)
 
 
 def launch_selection(
@@ -150,8 +187,6 @@ def run_selection(
     # STAGE2_RUN_LOG_LEVEL (set by `stage2 build` unless --verbose) quiets the run's console log; the
     # events are recorded in the instance either way.
     level = os.environ.get("STAGE2_RUN_LOG_LEVEL")
-    if level:
-        logging.getLogger("stage2_data").setLevel(level)
     tags = {**run_tags(profile, selection, keys, workers), DATA_ROOT_TAG: str(Path(cfg.data_root).resolve())}
 
     def partition_done(run_id: str, partition: str, done: list[str]) -> None:
@@ -162,7 +197,10 @@ def run_selection(
     watcher = RunWatcher(
         instance, selection, partition_done if per_partition else None, on_first=on_first, partitions=keys
     )
-    with watcher if per_partition or on_first is not None else contextlib.nullcontext():
+    with (
+        library_log_level(level),
+        watcher if per_partition or on_first is not None else contextlib.nullcontext(),
+    ):
         if server is not None:
             run_id = launch_selection(
                 server, config, selection, {**tags, **watcher.tags}, instance, log_level=level

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import threading
@@ -210,6 +211,35 @@ def test_build_refuses_before_any_download_when_the_disk_is_too_small(
     assert "not enough free disk" in msg and str(data_root) in msg
     assert hub.log_snapshot() == []  # no request at all: nothing was downloaded
     assert not (data_root / "archives").exists()
+
+
+def test_a_build_in_this_process_leaves_the_processs_logging_as_it_was(
+    demo: DemoPaths,
+    hub: HubServer,
+    tmp_path: Path,
+    dagster_home: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`stage2 build` quiets its runs' console log (``STAGE2_RUN_LOG_LEVEL``, the library's logger)
+    for the build only: a build called in a longer-lived process (a notebook; a test worker, where a
+    later test's captured warnings went missing) leaves the variable and the logger as they were."""
+    monkeypatch.delenv("STAGE2_RUN_LOG_LEVEL", raising=False)
+    library = logging.getLogger("stage2_data")
+    level = library.level
+    huge = demo.profile.with_name("huge.toml")  # refused at the profile stage: one short run
+    huge.write_text(re.sub(r"^size = \d+$", f"size = {10**15}", demo.profile.read_text(), flags=re.MULTILINE))
+    argv = ["build", "--profile", str(huge), "--data-root", str(tmp_path / "data"), "--endpoint", hub.url]
+    assert main([*argv, "--run-in-process", "--json"]) == 2  # not enough disk: could not run
+    assert "STAGE2_RUN_LOG_LEVEL" not in os.environ and library.level == level
+    # a run of its own (as the fault matrix runs them, quiet) likewise
+    monkeypatch.setenv("STAGE2_RUN_LOG_LEVEL", "CRITICAL")
+    config = BuildConfig(profile_path=str(huge), data_root=str(tmp_path / "data"), endpoint=hub.url)
+    assert not run_selection(config.to_dict(), ["pinned_profile"])["success"]
+    assert library.level == level
+    with caplog.at_level(logging.WARNING):
+        logging.getLogger("stage2_data.acquire.retry").warning("still heard")
+    assert "still heard" in caplog.text
 
 
 # ----- reverify ----------------------------------------------------------------------------------
