@@ -20,6 +20,10 @@ that sum lies after the last byte) come from the build's own Dagster instance (`
 its ``--json`` output), counted from the start of the build; ``ours_store_s`` splits the store
 step (``vin_store``) into writing the store and its publication gate (the step's own ``seconds``
 and ``gate_seconds``), the part a store built in shares behind the link could and could not hide.
+``ours_cpu_busy`` is how busy the machine's cores were (``/proc/stat``, every core, whatever ran
+on them: the build, the hub and the kernel) from the build's start to its first request, from the
+first request to the last byte, and from the last byte to its end, as a fraction of all cores: what
+is idle while the bytes arrive is the room a store written in shares would have behind the link.
 
 At another rate than the issue's 100 MB/s (``STAGE2_BENCH_LINK_MB_S``) the entry is named
 ``whole_build_at_link_rate_<rate>mb_s`` and has no target: the same build over a slower link says
@@ -38,6 +42,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -52,6 +57,49 @@ SCALE = float(os.environ.get("STAGE2_BENCH_LINK_SCALE", str(SCALE_4GB)))
 
 def _load() -> float:
     return round(os.getloadavg()[0], 2)
+
+
+class CpuSampler:
+    """The machine's busy and total CPU time (``/proc/stat``'s first line, in clock ticks), read every
+    ``interval`` seconds in a thread with its ``time.monotonic()``; :meth:`busy` is the fraction of
+    every core that was busy between two times. Use as a context manager."""
+
+    def __init__(self, interval: float = 0.25) -> None:
+        self.samples: list[tuple[float, int, int]] = []
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="cpu-sampler", daemon=True)
+
+    @staticmethod
+    def _read() -> tuple[int, int]:
+        with open("/proc/stat", encoding="ascii") as f:
+            ticks = [int(v) for v in f.readline().split()[1:]]
+        idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+        return sum(ticks) - idle, sum(ticks)
+
+    def _loop(self) -> None:
+        while True:
+            self.samples.append((time.monotonic(), *self._read()))
+            if self._stop.wait(self._interval):
+                self.samples.append((time.monotonic(), *self._read()))
+                return
+
+    def __enter__(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def busy(self, start: float, end: float) -> float | None:
+        """The busy fraction of all cores from ``start`` to ``end`` (``time.monotonic()``), between
+        the samples nearest inside them; None when fewer than two samples lie inside."""
+        inside = [s for s in self.samples if start <= s[0] <= end]
+        if len(inside) < 2 or inside[-1][2] == inside[0][2]:
+            return None
+        (_, b0, t0), (_, b1, t1) = inside[0], inside[-1]
+        return round((b1 - b0) / (t1 - t0), 3)
 
 
 def _first_request(hub: Any, t0: float) -> float:
@@ -76,16 +124,25 @@ def _hf_download(demo: Any, hub: Any, dest: Path) -> tuple[float, float, float]:
 def _stage2_build(demo: Any, hub: Any, root: Path) -> tuple[float, float, float, float, dict[str, Any]]:
     """Wall seconds of one `stage2 build --json`, when (seconds after its start) the hub got its
     first request and sent the last paced byte, the wall-clock time it started (``time.time()``)
-    and its JSON summary."""
+    and its JSON summary, with ``cpu_busy`` added (``CpuSampler``: before the first request, while
+    the bytes arrived, after the last byte)."""
     argv = [sys.executable, "-m", "stage2_data.cli", "build", "--profile", str(demo.profile),
             "--data-root", str(root), "--endpoint", hub.url, "--json", "--no-progress"]  # fmt: skip
     started = time.time()
-    t0 = time.monotonic()
-    p = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=_env())
-    took = time.monotonic() - t0
+    with CpuSampler() as cpu:
+        t0 = time.monotonic()
+        p = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=_env())
+        took = time.monotonic() - t0
     if p.returncode != 0:
         raise RuntimeError(f"stage2 build failed ({p.returncode}): {p.stdout[-2000:]}{p.stderr[-2000:]}")
-    return took, _first_request(hub, t0), hub.link_free_at - t0, started, json.loads(p.stdout)
+    first, last = _first_request(hub, t0), hub.link_free_at - t0
+    summary = json.loads(p.stdout)
+    summary["cpu_busy"] = {
+        "before_first_request": cpu.busy(t0, t0 + first),
+        "while_downloading": cpu.busy(t0 + first, t0 + last),
+        "after_last_byte": cpu.busy(t0 + last, t0 + took),
+    }
+    return took, first, last, started, summary
 
 
 def _timeline(dagster_home: str, started: float, last_byte_s: float) -> tuple[list[dict], dict, dict]:
@@ -189,6 +246,7 @@ def whole_build_at_link_rate(work: Path) -> dict[str, Any]:
         ours_runs=runs,
         ours_steps=steps,
         ours_store_s=store,
+        ours_cpu_busy=summary["cpu_busy"],
         fingerprint=summary.get("fingerprint"),
         frame_scale=SCALE,
         trajectories=load_profile(demo.profile).expected.trajectories,

@@ -146,6 +146,19 @@ def render_table(doc: dict) -> str:
     return "\n".join(lines)
 
 
+def machine_loop_seconds(steps: int = 10_000_000) -> float:
+    """Seconds of a plain Python loop of ``steps`` additions (best of two): the machine's speed for
+    interpreted work at the moment, recorded beside every entry (``machine_loop_s``)."""
+    best = float("inf")
+    for _ in range(2):
+        t0 = time.perf_counter()
+        s = 0
+        for i in range(steps):
+            s += i
+        best = min(best, time.perf_counter() - t0)
+    return round(best, 2)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bench")
     ap.add_argument("--only", action="append", default=None)
@@ -164,8 +177,12 @@ def main(argv: list[str] | None = None) -> int:
                 sub = work / fn.__name__
                 sub.mkdir(parents=True, exist_ok=True)
                 print(f"running {mod_path.stem}.{fn.__name__} ...", file=sys.stderr, flush=True)
+                # how fast the machine runs Python just before, and when: entries measured on other
+                # days are compared with these in mind (this 2-core machine's speed varies 3x)
+                loop_s, at = machine_loop_seconds(), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
                 got = fn(sub)
-                results.extend(got if isinstance(got, list) else [got])
+                for r in got if isinstance(got, list) else [got]:
+                    results.append({**r, "measured_at": at, "machine_loop_s": loop_s})
                 if not args.keep:
                     shutil.rmtree(sub, ignore_errors=True)
     finally:
