@@ -169,6 +169,9 @@ class UnusedDir:
     cache_key: str  # the key it was extracted as (its extraction record says; else its name)
     files: int
     size: int
+    # its extraction record, moved beside it under unused/reports/extraction/ (None: there is none,
+    # so no build moved the folder there)
+    record: Path | None = None
 
     def to_dict(self) -> dict[str, object]:
         return {"path": str(self.path), "cache_key": self.cache_key, "files": self.files, "size": self.size}
@@ -188,9 +191,10 @@ def unused_cache_dirs(data_root: Path) -> list[UnusedDir]:
     if not root.is_dir():
         return out
     for d in sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink()):
-        rec = load_extraction_record(unused, d.name)  # unused/reports/extraction/<name>.json
+        record = layout.extraction_record_path(unused, d.name)  # unused/reports/extraction/<name>.json
+        rec = load_extraction_record(unused, d.name)
         key = rec.cache_key if rec is not None and rec.cache_key else re.sub(r"\.\d+$", "", d.name)
-        out.append(UnusedDir(d, key, *tree_usage(d)))
+        out.append(UnusedDir(d, key, *tree_usage(d), record=record if record.is_file() else None))
     return out
 
 
@@ -277,15 +281,16 @@ def remove_unused(data_root: Path, *, dry_run: bool) -> UnusedRemoval:
     from ..oserrors import fs_error
     from ..publish.readonly import make_writable
 
-    unused = layout.unused_root(Path(data_root))
     listed = unused_cache_dirs(data_root)
-    moved = [d for d in listed if layout.extraction_record_path(unused, d.path.name).is_file()]
+    moved = [d for d in listed if d.record is not None]
     if not dry_run:
         for d in moved:
             try:
                 make_writable(d.path)
                 shutil.rmtree(d.path)
-                layout.extraction_record_path(unused, d.path.name).unlink(missing_ok=True)
+                if d.record is not None:
+                    d.record.unlink(missing_ok=True)
             except OSError as e:
                 raise fs_error(e, "removing an unused cache directory", where=str(d.path)) from e
-    return UnusedRemoval(unused, dry_run, moved, [d for d in listed if d not in moved])
+    kept = [d for d in listed if d.record is None]
+    return UnusedRemoval(layout.unused_root(Path(data_root)), dry_run, moved, kept)
