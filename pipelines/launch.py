@@ -1,12 +1,15 @@
 """Runs launched through the instance, as the UI, a schedule or a sensor launches them.
 
 `stage2 build` starts one code server for the build (``dagster api grpc`` over the project's
-definitions, with the build's settings in its environment: :meth:`BuildConfig.to_env`) and launches
-each stage's run with Dagster's own ``dagster job launch`` against it. The instance's run launcher
-starts the run's worker process from that server, so every run carries the code location's origin
-(``LOCATION_NAME``, the name ``workspace.yaml`` gives the same module): the UI lists it on its job's
-page and on the Overview timeline, and Re-execute loads the same job. A run's outcome is read back
-from the instance (``runs.RecordedRun``), whichever way it was started.
+definitions, with the build's settings in its environment: :meth:`BuildConfig.to_env`) and, beside
+it, Dagster's webserver over that server, and launches each stage's run as the UI's Launch button
+does: Dagster's GraphQL client (``dagster_graphql.DagsterGraphQLClient``) asks the webserver, which
+keeps the location's snapshot loaded, so a launch costs one request instead of a process that
+imports Dagster and loads the location again. The instance's run launcher starts the run's worker
+process from the code server, so every run carries the code location's origin (``LOCATION_NAME``,
+the name ``workspace.yaml`` gives the same module): the UI lists it on its job's page and on the
+Overview timeline, and Re-execute loads the same job. A run's outcome is read back from the
+instance (``runs.RecordedRun``), whichever way it was started.
 
 A stop cancels the build's runs through the instance (:func:`terminate_runs`): a run ends as
 canceled, its step interrupted, whatever signal the build's own process received.
@@ -24,6 +27,10 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
+import uuid
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -37,7 +44,11 @@ from .config import BuildConfig
 # ``defs``) calls it, so a build's runs and the UI's are runs of one location.
 LOCATION_NAME = "stage2_pipelines.definitions:defs"
 DEFINITIONS_MODULE = "stage2_pipelines.definitions"
+REPOSITORY_NAME = "__repository__"  # the one repository of a `Definitions`
 SERVER_START_TIMEOUT = 180.0  # seconds for the code server to load the definitions
+# every run a build launches carries this tag with the build's id: a stop cancels them all, also
+# one whose launch request was still going when the stop came
+BUILD_TAG = "stage2/build"
 FINISHED = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
 
 
@@ -46,10 +57,19 @@ class LaunchError(Stage2Error):
     the run. The message carries Dagster's own words and where its log is."""
 
 
-def _dagster_cli() -> str:
-    """The ``dagster`` command of this environment (beside this interpreter)."""
-    beside = Path(sys.executable).with_name("dagster")
-    return str(beside) if beside.exists() else (shutil.which("dagster") or "dagster")
+def _dagster_cli(name: str = "dagster") -> str:
+    """The ``dagster`` (or ``name``) command of this environment (beside this interpreter)."""
+    beside = Path(sys.executable).with_name(name)
+    return str(beside) if beside.exists() else (shutil.which(name) or name)
+
+
+@contextlib.contextmanager
+def _gql_calls() -> Iterator[None]:
+    """Around a call of Dagster's GraphQL client: it calls gql in a way gql 4 deprecates (a
+    ``DeprecationWarning`` each call), Dagster's to change and not the build's to show."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        yield
 
 
 def free_port() -> int:
@@ -60,13 +80,16 @@ def free_port() -> int:
 
 
 class CodeServer:
-    """One ``dagster api grpc`` server of the project's definitions for one build's settings; the
-    build's runs are launched against it (:meth:`launch`) and their worker processes are its
-    children. Use as a context manager: stopped (after its runs) when the build ends."""
+    """One ``dagster api grpc`` server of the project's definitions for one build's settings, and
+    Dagster's webserver over it; the build's runs are launched through the webserver
+    (:meth:`launch`) and their worker processes are the code server's children. Use as a context
+    manager: stopped (after its runs) when the build ends."""
 
     def __init__(self, config: BuildConfig, dagster_home: Path, *, verbose: bool = False) -> None:
         self.home = Path(dagster_home)
         self.port = free_port()
+        self.ui_port = free_port()
+        self.build_id = uuid.uuid4().hex
         self.env = {
             **os.environ,
             **config.to_env(),
@@ -76,7 +99,9 @@ class CodeServer:
         logs = self.home / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         self.log_path = logs / "code-server.log"
+        self.ui_log_path = logs / "webserver.log"
         self._log: IO[bytes] | None = None
+        self._ui_log: IO[bytes] | None = None
         self._verbose = verbose
         self._workdir = tempfile.mkdtemp(prefix="stage2-launch-")
         self.workspace = Path(self._workdir) / "workspace.yaml"
@@ -89,8 +114,11 @@ class CodeServer:
             encoding="utf-8",
         )
         self._proc: subprocess.Popen[bytes] | None = None
+        self._ui: subprocess.Popen[bytes] | None = None
+        self._client: Any = None  # the GraphQL client, once the webserver serves the location
         self.launched: list[str] = []  # every run id launched, in order
         self._lock = threading.Lock()
+        self._submit = threading.Lock()
         # set when the build stops: no run is launched after it, and one in flight is canceled
         # by the thread that launched it (runs.launch_selection)
         self.closed = threading.Event()
@@ -123,6 +151,20 @@ class CodeServer:
             stderr=out,
             start_new_session=False,
         )  # fmt: skip
+        # its requests are not the build's output: always to its own file
+        self._ui_log = open(self.ui_log_path, "wb")  # noqa: SIM115 (closed by stop)
+        self._ui = subprocess.Popen(
+            [
+                _dagster_cli("dagster-webserver"),
+                "-w", str(self.workspace),
+                "-h", "127.0.0.1",
+                "-p", str(self.ui_port),
+                "--log-level", "warning",
+            ],
+            env=self.env,
+            stdout=self._ui_log,
+            stderr=self._ui_log,
+        )  # fmt: skip
 
     def wait_ready(self) -> None:
         """Return once the server answers (it serves after the definitions loaded); a named error
@@ -139,62 +181,112 @@ class CodeServer:
             self._failure(f"the code server did not answer within {SERVER_START_TIMEOUT:.0f} s")
         )
 
-    def _failure(self, what: str) -> str:
+    def _failure(self, what: str, log: Path | None = None) -> str:
+        log = log or self.log_path
         tail = ""
         with contextlib.suppress(OSError):
-            lines = self.log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+            lines = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()
             tail = next((ln.strip() for ln in reversed(lines) if ln.strip()), "")
         return (
             f"{what} while loading {DEFINITIONS_MODULE}"
             + (f": {tail[:400]}" if tail else "")
-            + f". Its log: {self.log_path}. Fix what it names, then re-run (or `--run-in-process` to "
+            + f". Its log: {log}. Fix what it names, then re-run (or `--run-in-process` to "
             "run the steps in this process)"
         )
 
-    def launch(self, job: str, run_id: str, tags: dict[str, str], run_config: dict[str, Any]) -> None:
-        """Launch one run of ``job`` through the instance (Dagster's ``dagster job launch``)."""
+    def client(self) -> Any:
+        """The GraphQL client of the build's webserver, once the webserver answers and serves the
+        code location (loaded again now that the code server answers: the webserver may have
+        started first); a named error pointing at its log if it exited or never answered."""
+        if self._client is not None:
+            return self._client
         self.wait_ready()
+        assert self._ui is not None
+        from dagster_graphql import DagsterGraphQLClient
+
+        deadline = time.monotonic() + SERVER_START_TIMEOUT
+        while True:
+            if self._ui.poll() is not None:
+                raise LaunchError(
+                    self._failure(
+                        f"Dagster's webserver exited (code {self._ui.returncode})", self.ui_log_path
+                    )
+                )
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/server_info", timeout=1):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise LaunchError(
+                        self._failure("Dagster's webserver did not answer", self.ui_log_path)
+                    ) from None
+                time.sleep(0.05)
+        client = DagsterGraphQLClient("127.0.0.1", port_number=self.ui_port)
+        with _gql_calls():
+            info = client.reload_repository_location(LOCATION_NAME)
+        if getattr(info.status, "value", info.status) != "SUCCESS":
+            raise LaunchError(self._failure(f"the code location did not load: {info.message}"))
+        self._client = client
+        return client
+
+    def launch(self, job: str, tags: dict[str, str], run_config: dict[str, Any]) -> str:
+        """Launch one run of ``job`` through the instance, as the UI's Launch button does (the
+        webserver's ``launchPipelineExecution``); its run id."""
+        from dagster_graphql import DagsterGraphQLClientError
+
+        client = self.client()
         with self._lock:
             if self.closed.is_set():
                 raise LaunchError(f"not launching a run of {job}: the build is stopping")
-            self.launched.append(run_id)
-        cmd = [
-            _dagster_cli(), "job", "launch",
-            "-w", str(self.workspace),
-            "-j", job,
-            "--run-id", run_id,
-            "--tags", json.dumps(tags),
-            "--config-json", json.dumps(run_config),
-        ]  # fmt: skip
-        done = subprocess.run(cmd, env=self.env, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            lines = [ln for ln in (done.stderr or done.stdout).strip().splitlines() if ln.strip()]
-            said = lines[-1].strip() if lines else f"exit code {done.returncode}"
+        try:
+            with self._submit, _gql_calls():  # gql's client sends one request at a time
+                run_id = str(
+                    client.submit_job_execution(
+                        job,
+                        repository_location_name=LOCATION_NAME,
+                        repository_name=REPOSITORY_NAME,
+                        run_config=run_config,
+                        tags={**tags, BUILD_TAG: self.build_id},
+                    )
+                )
+        except DagsterGraphQLClientError as err:
+            # the client's own message repeats the query; what went wrong is its cause's
+            said = " ".join(str(err.__cause__ or err).split()) or type(err).__name__
             raise LaunchError(
                 f"Dagster did not launch a run of {job}: {said[:500]}. Fix what it names, then re-run"
-            )
+            ) from None
+        with self._lock:
+            self.launched.append(run_id)
+        return run_id
 
-    def close(self) -> list[str]:
-        """Launch no run from now on; every run id launched so far (a launch still in flight then
-        cancels its own run: ``runs.launch_selection``)."""
+    def close(self, instance: dg.DagsterInstance) -> list[str]:
+        """Launch no run from now on; every run of this build so far: those launched, and any the
+        webserver made from a request the stop interrupted (the build's tag). A launch still in
+        flight then cancels its own run: ``runs.launch_selection``."""
         with self._lock:
             self.closed.set()
-            return list(self.launched)
+            launched = list(self.launched)
+        tagged = [r.run_id for r in instance.get_runs(filters=dg.RunsFilter(tags={BUILD_TAG: self.build_id}))]
+        return list(dict.fromkeys([*launched, *tagged]))
 
     def stop(self) -> None:
         """Stop the server: it waits for nothing, its runs are over (or terminated) by now."""
         self.closed.set()
-        proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        for proc in (self._ui, self._proc):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+        for proc in (self._ui, self._proc):
+            if proc is not None:
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        self._ui = self._proc = None
+        for log in (self._log, self._ui_log):
+            if log is not None:
+                log.close()
+        self._log = self._ui_log = None
         shutil.rmtree(self._workdir, ignore_errors=True)
 
 

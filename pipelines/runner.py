@@ -378,7 +378,7 @@ def _build_all(
             return _walk(config, profile, data_root, home, instance, cfg, server, concurrency, on_run, status)
     finally:
         if server is not None:
-            terminate_runs(instance, server.close())  # a stop or an error: none goes on alone
+            terminate_runs(instance, server.close(instance))  # a stop or an error: none goes on alone
             server.stop()
 
 

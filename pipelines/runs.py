@@ -124,11 +124,10 @@ def launch_selection(
     """Launch the run of ``selection``'s job through the instance (``server``) and wait for its end;
     its run id. A stop interrupts the wait; the build then cancels every run it launched
     (``runner._build_all``)."""
-    run_id = str(uuid.uuid4())
     run_config = launch_run_config(config)
     if log_level:
         run_config["loggers"] = {"console": {"config": {"log_level": log_level}}}
-    server.launch(job_for(selection), run_id, tags, run_config)
+    run_id = server.launch(job_for(selection), tags, run_config)
     if server.closed.is_set():  # the build stopped while Dagster launched it: none goes on alone
         terminate_runs(instance, [run_id])
     wait_for_run(instance, run_id, stop=server.closed)
