@@ -25,9 +25,24 @@ on them: the build, the hub and the kernel) from the build's start to its first 
 first request to the last byte, and from the last byte to its end, as a fraction of all cores: what
 is idle while the bytes arrive is the room a store written in shares would have behind the link.
 
+``*_cpu_s`` is the CPU time each way used, user and system, from its start to its end: ``own``, its
+process and every descendant it waited for (``RUSAGE_CHILDREN``: the build's code server and run
+workers, which the code server reaps, are in it); ``hub``, this process (the loopback hub's
+threads, paced serving included); ``machine``, every core's busy time (``/proc/stat``).
+``ours_cpu_floor_s`` is the least wall time the build's own CPU time allows on this machine's cores,
+however its work were ordered (``own`` plus the hub's share over ``cpus``), and
+``cpu_floor_ratio`` that floor over the baseline's time: above the target, no orchestration meets
+the target on this machine; only less CPU work per byte, or more cores, does.
+``ours_cpu_by_process`` splits the build's CPU seconds by kind of process (``ProcessCpu``: the
+build's own process, the code server, the webserver, each run's worker, Dagster's step-log
+helpers), read from ``/proc`` while it runs.
+
 At another rate than the issue's 100 MB/s (``STAGE2_BENCH_LINK_MB_S``) the entry is named
-``whole_build_at_link_rate_<rate>mb_s`` and has no target: the same build over a slower link says
-how the fixed costs weigh as the transfer grows.
+``whole_build_at_link_rate_<rate>mb_s``, and at another frame scale than the ~4 GB profile's
+(``STAGE2_BENCH_LINK_SCALE``) ``whole_build_at_link_rate_scale<scale>``; neither has a target: the
+same build over a slower link says how the fixed costs weigh as the transfer grows, and at another
+scale (the same files, the same trajectories, fewer frame bytes) the CPU seconds of both scales
+split the build's work into a part per file and a part per byte.
 
 One round of each way (``STAGE2_BENCH_LINK_ROUNDS``; best of each): hf download first, then the
 build; before each, the page cache is dropped (as root) and the disk left to go quiet; the
@@ -39,6 +54,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -47,6 +63,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.bench_acquire import _cpu_children, _cpu_self
 from bench.bench_noop import HF, REPO, SCALE_4GB, _env, scaled_demo
 from bench.run import caches_note, drop_caches, entry, wait_for_quiet_io
 
@@ -92,6 +109,13 @@ class CpuSampler:
         self._stop.set()
         self._thread.join()
 
+    def busy_seconds(self, start: float, end: float) -> float | None:
+        """The CPU seconds every core was busy from ``start`` to ``end`` (as :meth:`busy`)."""
+        inside = [s for s in self.samples if start <= s[0] <= end]
+        if len(inside) < 2:
+            return None
+        return round((inside[-1][1] - inside[0][1]) / os.sysconf("SC_CLK_TCK"), 2)
+
     def busy(self, start: float, end: float) -> float | None:
         """The busy fraction of all cores from ``start`` to ``end`` (``time.monotonic()``), between
         the samples nearest inside them; None when fewer than two samples lie inside."""
@@ -102,46 +126,167 @@ class CpuSampler:
         return round((b1 - b0) / (t1 - t0), 3)
 
 
+def _kind(cmdline: list[str]) -> str:
+    """What a process of a build is, from its command line: ``dagster api grpc`` (the code server),
+    the webserver that launches its runs, ``dagster job launch``, a run's worker (``dagster api
+    execute_run``, with its job's name), a worker process of a step (``multiprocessing``), Dagster's
+    step-log helpers (``tail``, ``watch_orphans.py``), the build itself, else its first words (""
+    when it has none: a process that has exited)."""
+    text = " ".join(cmdline)
+    if "execute_run" in text:
+        job = re.search(r'\\?"(?:job|pipeline)_name\\?":\s*\\?"([A-Za-z0-9_]+)', text)
+        return f"run worker: {job.group(1) if job else '?'}"
+    for needle, kind in (
+        ("api grpc", "code server (dagster api grpc)"),
+        ("dagster-webserver", "webserver (dagster-webserver)"),
+        ("job launch", "dagster job launch"),
+        ("multiprocessing", "step's worker processes (multiprocessing)"),
+        ("watch_orphans", "step-log helper (watch_orphans.py)"),
+        ("stage2_data.cli", "stage2 build (the build's own process)"),
+    ):
+        if needle in text:
+            return kind
+    return " ".join(Path(a).name if i == 0 else a for i, a in enumerate(cmdline[:3]))[:80]
+
+
+class ProcessCpu:
+    """The CPU seconds (user and system) of every process that descends from ``root_pid``, by kind
+    (:func:`_kind`): ``/proc`` is read every ``interval`` seconds in a thread and each process's
+    last reading kept (a process that lived less than one interval is missed). Use as a context
+    manager around the way measured, once its process exists."""
+
+    def __init__(self, root_pid: int, interval: float = 0.2) -> None:
+        self.root = root_pid
+        self.seen: dict[int, tuple[str, float]] = {}
+        self._interval = interval
+        self._tick = os.sysconf("SC_CLK_TCK")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="process-cpu", daemon=True)
+
+    def _read(self) -> None:
+        parents: dict[int, int] = {}
+        cpu: dict[int, float] = {}
+        for proc in os.scandir("/proc"):
+            if not proc.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{proc.name}/stat", encoding="ascii", errors="replace") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            pid = int(proc.name)
+            parents[pid] = int(fields[1])
+            cpu[pid] = (int(fields[11]) + int(fields[12])) / self._tick
+        for pid, seconds in cpu.items():
+            p, depth = pid, 0
+            while p not in (0, 1, self.root) and depth < 64:
+                p, depth = parents.get(p, 0), depth + 1
+            if p != self.root and pid != self.root:
+                continue
+            try:  # read each time: a forked child takes its own command line when it execs
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+            except OSError:
+                continue
+            kind = _kind(cmd)
+            if not kind and pid in self.seen:  # exited (its command line gone): keep what it was
+                kind = self.seen[pid][0]
+            self.seen[pid] = (kind or "?", seconds)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval):
+            self._read()
+
+    def __enter__(self) -> ProcessCpu:
+        self._read()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def by_kind(self) -> dict[str, dict[str, float]]:
+        """Per kind: how many processes were seen and their CPU seconds, most CPU first."""
+        out: dict[str, dict[str, float]] = {}
+        for kind, seconds in self.seen.values():
+            k = out.setdefault(kind, {"processes": 0, "cpu_s": 0.0})
+            k["processes"] += 1
+            k["cpu_s"] += seconds
+        return {
+            k: {"processes": v["processes"], "cpu_s": round(v["cpu_s"], 2)}
+            for k, v in sorted(out.items(), key=lambda kv: -kv[1]["cpu_s"])
+        }
+
+
 def _first_request(hub: Any, t0: float) -> float:
     """Seconds after ``t0`` (``time.monotonic()``) of the hub's first request since then."""
     return min((t for t, *_ in hub.timed_log() if t >= t0), default=float("nan")) - t0
 
 
-def _hf_download(demo: Any, hub: Any, dest: Path) -> tuple[float, float, float]:
-    """Wall seconds of ``hf download`` of every archive of the profile, and when (seconds after its
-    start) the hub got its first request and sent the last paced byte."""
+class CpuUse(CpuSampler):
+    """A :class:`CpuSampler` that also counts, from its start to its end, the CPU seconds (user and
+    system) of this process's waited-for children (``own``: the way measured), of this process
+    (``hub``: the loopback hub's threads) and of every core (``machine``): :attr:`seconds`."""
+
+    def __enter__(self) -> CpuUse:
+        self._rusage = (_cpu_children(), _cpu_self(), time.monotonic())
+        super().__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
+        c0, s0, t0 = self._rusage
+        self.seconds: dict[str, float | None] = {
+            "own": round(_cpu_children() - c0, 2),
+            "hub": round(_cpu_self() - s0, 2),
+            "machine": self.busy_seconds(t0, time.monotonic()),
+        }
+
+
+def _hf_download(demo: Any, hub: Any, dest: Path) -> tuple[float, float, float, dict[str, float | None]]:
+    """Wall seconds of ``hf download`` of every archive of the profile, when (seconds after its
+    start) the hub got its first request and sent the last paced byte, and its CPU seconds
+    (:class:`CpuUse`)."""
     from stage2_data.profile import load_profile
 
     paths = [a.path for a in load_profile(demo.profile).archives]
     argv = [HF, "download", "--repo-type", "dataset", demo.repo_id, *paths,
             "--revision", demo.revision, "--local-dir", str(dest), "--quiet"]  # fmt: skip
-    t0 = time.monotonic()
-    subprocess.run(argv, check=True, env=_env(HF_ENDPOINT=hub.url), stdout=subprocess.DEVNULL)
-    took = time.monotonic() - t0
-    return took, _first_request(hub, t0), hub.link_free_at - t0
+    with CpuUse() as cpu:
+        t0 = time.monotonic()
+        subprocess.run(argv, check=True, env=_env(HF_ENDPOINT=hub.url), stdout=subprocess.DEVNULL)
+        took = time.monotonic() - t0
+    return took, _first_request(hub, t0), hub.link_free_at - t0, cpu.seconds
 
 
 def _stage2_build(demo: Any, hub: Any, root: Path) -> tuple[float, float, float, float, dict[str, Any]]:
     """Wall seconds of one `stage2 build --json`, when (seconds after its start) the hub got its
     first request and sent the last paced byte, the wall-clock time it started (``time.time()``)
     and its JSON summary, with ``cpu_busy`` added (``CpuSampler``: before the first request, while
-    the bytes arrived, after the last byte)."""
+    the bytes arrived, after the last byte) and ``cpu_s`` (:class:`CpuUse`)."""
     argv = [sys.executable, "-m", "stage2_data.cli", "build", "--profile", str(demo.profile),
             "--data-root", str(root), "--endpoint", hub.url, "--json", "--no-progress"]  # fmt: skip
     started = time.time()
-    with CpuSampler() as cpu:
+    with CpuUse() as cpu:
         t0 = time.monotonic()
-        p = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=_env())
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=_env()
+        )
+        with ProcessCpu(proc.pid) as processes:
+            out, err = proc.communicate()
         took = time.monotonic() - t0
-    if p.returncode != 0:
-        raise RuntimeError(f"stage2 build failed ({p.returncode}): {p.stdout[-2000:]}{p.stderr[-2000:]}")
+    if proc.returncode != 0:
+        raise RuntimeError(f"stage2 build failed ({proc.returncode}): {out[-2000:]}{err[-2000:]}")
     first, last = _first_request(hub, t0), hub.link_free_at - t0
-    summary = json.loads(p.stdout)
+    summary = json.loads(out)
     summary["cpu_busy"] = {
         "before_first_request": cpu.busy(t0, t0 + first),
         "while_downloading": cpu.busy(t0 + first, t0 + last),
         "after_last_byte": cpu.busy(t0 + last, t0 + took),
     }
+    summary["cpu_s"] = cpu.seconds
+    summary["cpu_by_process"] = processes.by_kind()
     return took, first, last, started, summary
 
 
@@ -199,7 +344,7 @@ def whole_build_at_link_rate(work: Path) -> dict[str, Any]:
     demo = scaled_demo(work / "demo", SCALE)
     archive_bytes = sum(f.stat().st_size for f in demo.upstream.rglob("*") if f.is_file())
     rate = LINK_MB_S * 1e6
-    base: list[tuple[float, float, float]] = []
+    base: list[tuple[float, float, float, dict[str, float | None]]] = []
     ours: list[tuple[float, float, float, float, dict[str, Any], Path]] = []
     waited: list[float] = []
     loads: list[float] = []
@@ -220,16 +365,21 @@ def whole_build_at_link_rate(work: Path) -> dict[str, Any]:
             shutil.rmtree(work / f"hf-{i}", ignore_errors=True)
     took, first_req, last_byte, started, summary, _ = min(ours, key=lambda o: o[0])
     runs, steps, store = _timeline(summary["dagster_home"], started, last_byte)
-    base_took, base_first, base_last = min(base, key=lambda b: b[0])
+    base_took, base_first, base_last, base_cpu = min(base, key=lambda b: b[0])
+    cpus = os.cpu_count() or 1
+    ours_cpu = summary["cpu_s"]
+    floor = (ours_cpu["own"] + ours_cpu["hub"]) / cpus
     for *_, r in ours:
         shutil.rmtree(r, ignore_errors=True)
     issue_rate = LINK_MB_S == 100.0
+    name = "whole_build_at_link_rate" + ("" if issue_rate else f"_{LINK_MB_S:g}mb_s")
+    name += "" if SCALE == SCALE_4GB else f"_scale{SCALE:g}"
     return entry(
-        "whole_build_at_link_rate" if issue_rate else f"whole_build_at_link_rate_{LINK_MB_S:g}mb_s",
+        name,
         took,
         f"`hf download` of the same archives alone over the same {LINK_MB_S:g} MB/s link",
         base_took,
-        1.1 if issue_rate else None,
+        1.1 if name == "whole_build_at_link_rate" else None,
         link_mb_s=LINK_MB_S,
         archive_bytes=archive_bytes,
         link_floor_s=round(archive_bytes / rate, 2),
@@ -247,10 +397,15 @@ def whole_build_at_link_rate(work: Path) -> dict[str, Any]:
         ours_steps=steps,
         ours_store_s=store,
         ours_cpu_busy=summary["cpu_busy"],
+        ours_cpu_s=ours_cpu,
+        baseline_cpu_s=base_cpu,
+        ours_cpu_by_process=summary["cpu_by_process"],
+        ours_cpu_floor_s=round(floor, 2),
+        cpu_floor_ratio=round(floor / base_took, 3),
         fingerprint=summary.get("fingerprint"),
         frame_scale=SCALE,
         trajectories=load_profile(demo.profile).expected.trajectories,
-        cpus=os.cpu_count(),
+        cpus=cpus,
         load_avg_1min_before=loads,
         waited_for_quiet_io_s=waited,
         caches=caches_note(dropped, "run"),

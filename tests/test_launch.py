@@ -61,7 +61,8 @@ def _build(demo: DemoPaths, root: Path, home: Path, *extra: str, hub: Path | Non
 
 def _runs(home: Path, *, label: str | None = None) -> list[dict[str, str]]:
     """Every run of the instance at ``home`` (only those the UI's job pages list for the code location
-    ``label``, when given): job name, status, and the code location's label from its origin."""
+    ``label``, when given): job name, status, the code location's label from its origin, and the
+    id of the build that launched it (its ``stage2/build`` tag)."""
     code = (
         "import json, sys, dagster as dg\n"
         "i = dg.DagsterInstance.get()\n"
@@ -71,7 +72,7 @@ def _runs(home: Path, *, label: str | None = None) -> list[dict[str, str]]:
         "for r in i.get_run_records(f):\n"
         "    o = r.dagster_run.remote_job_origin\n"
         "    out.append({'job': r.dagster_run.job_name, 'status': r.dagster_run.status.value,\n"
-        "                'run_id': r.dagster_run.run_id,\n"
+        "                'run_id': r.dagster_run.run_id, 'build': r.dagster_run.tags.get('stage2/build'),\n"
         "                'label': o.repository_origin.get_label() if o else None})\n"
         "print(json.dumps(out))\n"
     )
@@ -94,6 +95,8 @@ def test_launched_build_is_on_its_jobs_pages_and_equals_the_in_process_build(
     assert len(runs) == len(s["runs"]) == 4, runs
     assert {x["label"] for x in runs} == {REPOSITORY_LABEL}, runs
     assert {x["status"] for x in runs} == {"SUCCESS"}, runs
+    # one build's runs carry its id: a stop cancels every one of them, also one whose launch it cut
+    assert len({x["build"] for x in runs}) == 1 and runs[0]["build"], runs
     (streamed,) = [x for x in s["runs"] if x["job"] == "download_and_extract"]
     assert streamed["partitions"] == dict.fromkeys(keys, ["archive_file", "cache_dir"]), streamed
     # the job pages' filter lists every one of them
