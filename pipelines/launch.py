@@ -119,6 +119,7 @@ class CodeServer:
         self.launched: list[str] = []  # every run id launched, in order
         self._lock = threading.Lock()
         self._submit = threading.Lock()
+        self._ready = threading.Lock()
         # set when the build stops: no run is launched after it, and one in flight is canceled
         # by the thread that launched it (runs.launch_selection)
         self.closed = threading.Event()
@@ -169,11 +170,13 @@ class CodeServer:
     def wait_ready(self) -> None:
         """Return once the server answers (it serves after the definitions loaded); a named error
         pointing at its log if it exited or never answered."""
-        assert self._proc is not None
+        proc = self._proc
+        assert proc is not None
         deadline = time.monotonic() + SERVER_START_TIMEOUT
         while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise LaunchError(self._failure(f"the code server exited (code {self._proc.returncode})"))
+            self._stopping()
+            if proc.poll() is not None:
+                raise LaunchError(self._failure(f"the code server exited (code {proc.returncode})"))
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 0.5):
                 return
             time.sleep(0.05)
@@ -198,19 +201,28 @@ class CodeServer:
         """The GraphQL client of the build's webserver, once the webserver answers and serves the
         code location (loaded again now that the code server answers: the webserver may have
         started first); a named error pointing at its log if it exited or never answered."""
-        if self._client is not None:
+        with self._ready:  # the first launches may come from two threads (the kit's, the stream's)
+            if self._client is None:
+                self._client = self._connect()
             return self._client
+
+    def _stopping(self) -> None:
+        """Raise when the build is stopping: a thread waiting for the servers ends at once."""
+        if self.closed.is_set():
+            raise LaunchError("not launching a run: the build is stopping")
+
+    def _connect(self) -> Any:
         self.wait_ready()
-        assert self._ui is not None
+        ui = self._ui
+        assert ui is not None
         from dagster_graphql import DagsterGraphQLClient
 
         deadline = time.monotonic() + SERVER_START_TIMEOUT
         while True:
-            if self._ui.poll() is not None:
+            self._stopping()
+            if ui.poll() is not None:
                 raise LaunchError(
-                    self._failure(
-                        f"Dagster's webserver exited (code {self._ui.returncode})", self.ui_log_path
-                    )
+                    self._failure(f"Dagster's webserver exited (code {ui.returncode})", self.ui_log_path)
                 )
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/server_info", timeout=1):
@@ -226,7 +238,6 @@ class CodeServer:
             info = client.reload_repository_location(LOCATION_NAME)
         if getattr(info.status, "value", info.status) != "SUCCESS":
             raise LaunchError(self._failure(f"the code location did not load: {info.message}"))
-        self._client = client
         return client
 
     def launch(self, job: str, tags: dict[str, str], run_config: dict[str, Any]) -> str:
