@@ -63,6 +63,18 @@ def _dagster_cli(name: str = "dagster") -> str:
     return str(beside) if beside.exists() else (shutil.which(name) or name)
 
 
+def _spawn(argv: list[str], **popen: Any) -> subprocess.Popen[bytes]:
+    """``argv`` started; a Dagster command missing from this environment is named with the fix."""
+    try:
+        return subprocess.Popen(argv, **popen)
+    except FileNotFoundError:
+        raise LaunchError(
+            f"`{Path(argv[0]).name}` is not installed beside this Python ({sys.executable})",
+            fix="install the pipeline extra (`pip install 'stage2-data[pipeline]'`, or `make install`), "
+            "or build with --run-in-process",
+        ) from None
+
+
 @contextlib.contextmanager
 def _gql_calls() -> Iterator[None]:
     """Around a call of Dagster's GraphQL client: it calls gql in a way gql 4 deprecates (a
@@ -132,12 +144,20 @@ class CodeServer:
         self.stop()
 
     def start(self) -> None:
+        """Start the code server and the webserver; if either cannot start, neither is left running."""
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> None:
         out: Any = None
         if not self._verbose:
             # this build's server and runs only: the file holds the last build's log, not every one
             self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed by stop)
             out = self._log
-        self._proc = subprocess.Popen(
+        self._proc = _spawn(
             [
                 _dagster_cli(), "api", "grpc",
                 "--module-name", DEFINITIONS_MODULE,
@@ -154,7 +174,7 @@ class CodeServer:
         )  # fmt: skip
         # its requests are not the build's output: always to its own file
         self._ui_log = open(self.ui_log_path, "wb")  # noqa: SIM115 (closed by stop)
-        self._ui = subprocess.Popen(
+        self._ui = _spawn(
             [
                 _dagster_cli("dagster-webserver"),
                 "-w", str(self.workspace),

@@ -81,6 +81,27 @@ def test_workspace_module_loads_the_real_profile(monkeypatch: pytest.MonkeyPatch
     assert out.stdout.strip() == "13"  # the real profile's 13 cache directories (14 archive files)
 
 
+def test_a_missing_dagster_command_is_named_and_leaves_no_server_running(
+    demo_cache: DemoPaths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The build's servers: when Dagster's webserver command is not installed, the build names it
+    with the fix, and the code server it had started is not left running."""
+    from stage2_pipelines import launch
+
+    real = launch._dagster_cli
+    monkeypatch.setattr(
+        launch, "_dagster_cli", lambda name="dagster": str(tmp_path / name) if name != "dagster" else real()
+    )
+    server = launch.CodeServer(
+        _config(demo_cache, tmp_path / "root", "http://127.0.0.1:9"), tmp_path / "home"
+    )
+    with pytest.raises(launch.LaunchError) as err:
+        server.start()
+    assert "`dagster-webserver` is not installed beside this Python" in str(err.value)
+    assert "Fix: install the pipeline extra" in str(err.value)
+    assert server._proc is None and server._ui is None  # the code server it started was stopped
+
+
 def test_build_end_to_end(built: dict, demo_cache: DemoPaths) -> None:
     s1 = built["summary"]
     assert s1["ok"], (_failed(s1), s1["errors"])
