@@ -57,6 +57,31 @@ class LaunchError(Stage2Error):
     the run. The message carries Dagster's own words and where its log is."""
 
 
+# The build's own logs, under DAGSTER_HOME. Not Dagster's `logs` folder there: Dagster keeps its
+# telemetry log in it, and its webserver (the build's, `make ui`'s) moves that folder to
+# `.logs_queue` and posts each file in it to Dagster's telemetry server, whatever the instance's
+# telemetry setting (dagster._core.telemetry_upload in Dagster 1.13).
+LOGS_DIR = "stage2-logs"
+CODE_SERVER_LOG = "code-server.log"
+WEBSERVER_LOG = "webserver.log"
+RUNS_CONSOLE_LOG = "runs-console.log"  # a quiet build's runs executed in process (runner.runs_console)
+
+
+def logs_dir(home: Path) -> Path:
+    """``<home>/stage2-logs``, created. A log of ours that an earlier stage2 left in Dagster's
+    ``logs`` folder, or that a webserver then moved to ``.logs_queue``, is moved in first (nothing
+    lost, nothing of ours left where a webserver would send it away)."""
+    out = home / LOGS_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    for old in ("logs", ".logs_queue"):
+        for name in (CODE_SERVER_LOG, WEBSERVER_LOG, RUNS_CONSOLE_LOG):
+            src = home / old / name
+            if src.is_file() and not (out / name).exists():
+                with contextlib.suppress(OSError):
+                    src.rename(out / name)
+    return out
+
+
 def _dagster_cli(name: str = "dagster") -> str:
     """The ``dagster`` (or ``name``) command of this environment (beside this interpreter)."""
     beside = Path(sys.executable).with_name(name)
@@ -108,10 +133,9 @@ class CodeServer:
             "DAGSTER_HOME": str(self.home),
             "PYTHONUNBUFFERED": "1",
         }
-        logs = self.home / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        self.log_path = logs / "code-server.log"
-        self.ui_log_path = logs / "webserver.log"
+        logs = logs_dir(self.home)
+        self.log_path = logs / CODE_SERVER_LOG
+        self.ui_log_path = logs / WEBSERVER_LOG
         self._log: IO[bytes] | None = None
         self._ui_log: IO[bytes] | None = None
         self._verbose = verbose

@@ -57,7 +57,7 @@ from stage2_data.steps.status import record_store_stage
 
 from .config import BuildConfig, stream_run_bytes, write_instance_yaml
 from .executors import local_dask_cluster
-from .launch import CodeServer, free_port, queued_warn_seconds, terminate_runs
+from .launch import RUNS_CONSOLE_LOG, CodeServer, free_port, logs_dir, queued_warn_seconds, terminate_runs
 from .runs import (  # re-exported: one run of a selection (tests and tools import them from here)
     execute_selection,
     job_for,
@@ -382,14 +382,11 @@ def _build_all(
             server.stop()
 
 
-RUNS_CONSOLE_LOG = "runs-console.log"  # under <DAGSTER_HOME>/logs, beside the code server's log
-
-
 @contextlib.contextmanager
 def runs_console(home: Path, *, quiet: bool) -> Iterator[None]:
     """While runs execute in this process quietly (`stage2 build` without ``--verbose``), this
     process's standard output and error (file descriptors 1 and 2, which its step workers and their
-    helper processes inherit) go to ``<home>/logs/runs-console.log``, as a launched build's code
+    helper processes inherit) go to ``<home>/stage2-logs/runs-console.log``, as a launched build's code
     server and runs write to ``code-server.log``. Each step's own output is still captured by
     Dagster's compute-log manager for the UI; what it mirrors to the console, Dagster's own debug
     lines, and the tracebacks its ``watch_orphans.py`` helpers print when a terminal's Ctrl-C
@@ -398,8 +395,7 @@ def runs_console(home: Path, *, quiet: bool) -> Iterator[None]:
     if not quiet:
         yield
         return
-    logs = home / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
+    logs = logs_dir(home)
     _flush_std_streams()  # what Python buffered goes where it was written for
     saved = {fd: os.dup(fd) for fd in (1, 2)}
     try:

@@ -97,6 +97,10 @@ def test_launched_build_is_on_its_jobs_pages_and_equals_the_in_process_build(
     assert {x["status"] for x in runs} == {"SUCCESS"}, runs
     # one build's runs carry its id: a stop cancels every one of them, also one whose launch it cut
     assert len({x["build"] for x in runs}) == 1 and runs[0]["build"], runs
+    # the build's logs stay its own: not in Dagster's telemetry folder, which a webserver sends away
+    logs = home / "stage2-logs"
+    assert (logs / "code-server.log").is_file() and (logs / "webserver.log").is_file()
+    assert not [p.name for d in ("logs", ".logs_queue") if (home / d).is_dir() for p in (home / d).iterdir()]
     (streamed,) = [x for x in s["runs"] if x["job"] == "download_and_extract"]
     assert streamed["partitions"] == dict.fromkeys(keys, ["archive_file", "cache_dir"]), streamed
     # the job pages' filter lists every one of them

@@ -102,6 +102,31 @@ def test_a_missing_dagster_command_is_named_and_leaves_no_server_running(
     assert server._proc is None and server._ui is None  # the code server it started was stopped
 
 
+def test_the_builds_logs_leave_dagsters_telemetry_folders(tmp_path: Path) -> None:
+    """Logs an earlier stage2 wrote to ``<DAGSTER_HOME>/logs`` (Dagster's telemetry folder, which a
+    webserver moves to ``.logs_queue`` and posts away) are moved to ``stage2-logs``; Dagster's own
+    files there, and a log already in ``stage2-logs``, are left as they are."""
+    from stage2_pipelines.launch import logs_dir
+
+    (tmp_path / "logs").mkdir()
+    (tmp_path / ".logs_queue").mkdir()
+    (tmp_path / "logs" / "code-server.log").write_text("old server")
+    (tmp_path / "logs" / "event.log").write_text("dagster's own")
+    (tmp_path / ".logs_queue" / "runs-console.log").write_text("moved by a webserver")
+    (tmp_path / "stage2-logs").mkdir()
+    (tmp_path / "stage2-logs" / "webserver.log").write_text("newer")
+    (tmp_path / ".logs_queue" / "webserver.log").write_text("older")
+    out = logs_dir(tmp_path)
+    assert out == tmp_path / "stage2-logs"
+    assert {p.name: p.read_text() for p in out.iterdir()} == {
+        "code-server.log": "old server",
+        "runs-console.log": "moved by a webserver",
+        "webserver.log": "newer",
+    }
+    assert [p.name for p in (tmp_path / "logs").iterdir()] == ["event.log"]
+    assert [p.name for p in (tmp_path / ".logs_queue").iterdir()] == ["webserver.log"]
+
+
 def test_build_end_to_end(built: dict, demo_cache: DemoPaths) -> None:
     s1 = built["summary"]
     assert s1["ok"], (_failed(s1), s1["errors"])
