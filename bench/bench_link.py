@@ -128,10 +128,11 @@ class CpuSampler:
 
 def _kind(cmdline: list[str]) -> str:
     """What a process of a build is, from its command line: ``dagster api grpc`` (the code server),
-    the webserver that launches its runs, ``dagster job launch``, a run's worker (``dagster api
-    execute_run``, with its job's name), a worker process of a step (``multiprocessing``), Dagster's
-    step-log helpers (``tail``, ``watch_orphans.py``), the build itself, else its first words (""
-    when it has none: a process that has exited)."""
+    the webserver that launches its runs, ``dagster job launch``, a run's worker (the code server
+    starts each as a ``multiprocessing`` child, counted with the worker processes a step starts the
+    same way, e.g. the store writer's; a run launcher that runs ``dagster api execute_run`` gives its
+    job's name), Dagster's step-log helpers (``tail``, ``watch_orphans.py``), the build itself, else
+    its first words ("" when it has none: a process that has exited)."""
     text = " ".join(cmdline)
     if "execute_run" in text:
         job = re.search(r'\\?"(?:job|pipeline)_name\\?":\s*\\?"([A-Za-z0-9_]+)', text)
@@ -140,7 +141,7 @@ def _kind(cmdline: list[str]) -> str:
         ("api grpc", "code server (dagster api grpc)"),
         ("dagster-webserver", "webserver (dagster-webserver)"),
         ("job launch", "dagster job launch"),
-        ("multiprocessing", "step's worker processes (multiprocessing)"),
+        ("multiprocessing", "run workers and their worker processes (multiprocessing)"),
         ("watch_orphans", "step-log helper (watch_orphans.py)"),
         ("stage2_data.cli", "stage2 build (the build's own process)"),
     ):
