@@ -60,7 +60,7 @@ class LaunchError(Stage2Error):
 # The build's own logs, under DAGSTER_HOME. Not Dagster's `logs` folder there: Dagster keeps its
 # telemetry log in it, and its webserver (the build's, `make ui`'s) moves that folder to
 # `.logs_queue` and posts each file in it to Dagster's telemetry server, whatever the instance's
-# telemetry setting (dagster._core.telemetry_upload in Dagster 1.13).
+# telemetry setting (the telemetry upload `dagster-webserver` starts with, Dagster 1.13).
 LOGS_DIR = "stage2-logs"
 CODE_SERVER_LOG = "code-server.log"
 WEBSERVER_LOG = "webserver.log"
