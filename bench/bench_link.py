@@ -109,21 +109,25 @@ class CpuSampler:
         self._stop.set()
         self._thread.join()
 
-    def busy_seconds(self, start: float, end: float) -> float | None:
-        """The CPU seconds every core was busy from ``start`` to ``end`` (as :meth:`busy`)."""
+    def _ticks(self, start: float, end: float) -> tuple[int, int] | None:
+        """The busy and total clock ticks between the samples nearest inside ``start`` and ``end``
+        (``time.monotonic()``); None when fewer than two samples lie inside."""
         inside = [s for s in self.samples if start <= s[0] <= end]
         if len(inside) < 2:
             return None
-        return round((inside[-1][1] - inside[0][1]) / os.sysconf("SC_CLK_TCK"), 2)
+        (_, b0, t0), (_, b1, t1) = inside[0], inside[-1]
+        return b1 - b0, t1 - t0
+
+    def busy_seconds(self, start: float, end: float) -> float | None:
+        """The CPU seconds every core was busy from ``start`` to ``end``."""
+        ticks = self._ticks(start, end)
+        return None if ticks is None else round(ticks[0] / os.sysconf("SC_CLK_TCK"), 2)
 
     def busy(self, start: float, end: float) -> float | None:
-        """The busy fraction of all cores from ``start`` to ``end`` (``time.monotonic()``), between
-        the samples nearest inside them; None when fewer than two samples lie inside."""
-        inside = [s for s in self.samples if start <= s[0] <= end]
-        if len(inside) < 2 or inside[-1][2] == inside[0][2]:
-            return None
-        (_, b0, t0), (_, b1, t1) = inside[0], inside[-1]
-        return round((b1 - b0) / (t1 - t0), 3)
+        """The busy fraction of all cores from ``start`` to ``end``; None without two samples
+        inside or ticks between them."""
+        ticks = self._ticks(start, end)
+        return None if not ticks or ticks[1] == 0 else round(ticks[0] / ticks[1], 3)
 
 
 def _kind(cmdline: list[str]) -> str:

@@ -30,7 +30,7 @@ import time
 import urllib.request
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -211,22 +211,32 @@ class CodeServer:
             stderr=self._ui_log,
         )  # fmt: skip
 
-    def wait_ready(self) -> None:
-        """Return once the server answers (it serves after the definitions loaded); a named error
-        pointing at its log if it exited or never answered."""
-        proc = self._proc
+    def _await(
+        self, proc: subprocess.Popen[bytes] | None, who: str, log: Path, answers: Callable[[], bool]
+    ) -> None:
+        """Return once ``answers()`` (``proc``, the server called ``who``, serves); a named error
+        pointing at its ``log`` if it exited or never answered, :meth:`_stopping`'s if the build
+        stops meanwhile."""
         assert proc is not None
         deadline = time.monotonic() + SERVER_START_TIMEOUT
         while time.monotonic() < deadline:
             self._stopping()
             if proc.poll() is not None:
-                raise LaunchError(self._failure(f"the code server exited (code {proc.returncode})"))
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 0.5):
-                return
+                raise LaunchError(self._failure(f"{who} exited (code {proc.returncode})", log))
+            with contextlib.suppress(OSError):
+                if answers():
+                    return
             time.sleep(0.05)
-        raise LaunchError(
-            self._failure(f"the code server did not answer within {SERVER_START_TIMEOUT:.0f} s")
-        )
+        raise LaunchError(self._failure(f"{who} did not answer within {SERVER_START_TIMEOUT:.0f} s", log))
+
+    def wait_ready(self) -> None:
+        """Return once the code server answers (it serves after the definitions loaded)."""
+
+        def answers() -> bool:
+            with socket.create_connection(("127.0.0.1", self.port), 0.5):
+                return True
+
+        self._await(self._proc, "the code server", self.log_path, answers)
 
     def _failure(self, what: str, log: Path | None = None) -> str:
         log = log or self.log_path
@@ -250,33 +260,21 @@ class CodeServer:
                 self._client = self._connect()
             return self._client
 
-    def _stopping(self) -> None:
-        """Raise when the build is stopping: a thread waiting for the servers ends at once."""
+    def _stopping(self, job: str | None = None) -> None:
+        """Raise when the build is stopping: no run (of ``job``) is launched, and a thread waiting
+        for the servers ends at once."""
         if self.closed.is_set():
-            raise LaunchError("not launching a run: the build is stopping")
+            raise LaunchError(f"not launching a run{f' of {job}' if job else ''}: the build is stopping")
 
     def _connect(self) -> Any:
         self.wait_ready()
-        ui = self._ui
-        assert ui is not None
         from dagster_graphql import DagsterGraphQLClient
 
-        deadline = time.monotonic() + SERVER_START_TIMEOUT
-        while True:
-            self._stopping()
-            if ui.poll() is not None:
-                raise LaunchError(
-                    self._failure(f"Dagster's webserver exited (code {ui.returncode})", self.ui_log_path)
-                )
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/server_info", timeout=1):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise LaunchError(
-                        self._failure("Dagster's webserver did not answer", self.ui_log_path)
-                    ) from None
-                time.sleep(0.05)
+        def answers() -> bool:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/server_info", timeout=1):
+                return True
+
+        self._await(self._ui, "Dagster's webserver", self.ui_log_path, answers)
         client = DagsterGraphQLClient("127.0.0.1", port_number=self.ui_port)
         with _gql_calls():
             info = client.reload_repository_location(LOCATION_NAME)
@@ -290,9 +288,7 @@ class CodeServer:
         from dagster_graphql import DagsterGraphQLClientError
 
         client = self.client()
-        with self._lock:
-            if self.closed.is_set():
-                raise LaunchError(f"not launching a run of {job}: the build is stopping")
+        self._stopping(job)
         try:
             with self._submit, _gql_calls():  # gql's client sends one request at a time
                 run_id = str(
