@@ -30,7 +30,7 @@ import time
 import urllib.request
 import uuid
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -100,13 +100,14 @@ def _spawn(argv: list[str], **popen: Any) -> subprocess.Popen[bytes]:
         ) from None
 
 
-@contextlib.contextmanager
-def _gql_calls() -> Iterator[None]:
-    """Around a call of Dagster's GraphQL client: it calls gql in a way gql 4 deprecates (a
-    ``DeprecationWarning`` each call), Dagster's to change and not the build's to show."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        yield
+# Dagster's GraphQL client calls gql in a way gql 4 deprecates (a DeprecationWarning at each call):
+# Dagster's to change, not the build's to show. One filter for those two messages, installed once
+# (``warnings.catch_warnings`` around each call would race between the threads that launch runs).
+_GQL_DEPRECATIONS = r"Using (a DocumentNode|variable_values and operation_name arguments)"
+
+
+def _quiet_gql_deprecations() -> None:
+    warnings.filterwarnings("ignore", message=_GQL_DEPRECATIONS, category=DeprecationWarning)
 
 
 def free_port() -> int:
@@ -151,10 +152,10 @@ class CodeServer:
         )
         self._proc: subprocess.Popen[bytes] | None = None
         self._ui: subprocess.Popen[bytes] | None = None
-        self._client: Any = None  # the GraphQL client, once the webserver serves the location
+        self._connected = False  # the webserver answers and serves the code location
+        self._clients = threading.local()  # a GraphQL client per thread: gql's sends one request at a time
         self.launched: list[str] = []  # every run id launched, in order
         self._lock = threading.Lock()
-        self._submit = threading.Lock()
         self._ready = threading.Lock()
         # set when the build stops: no run is launched after it, and one in flight is canceled
         # by the thread that launched it (runs.launch_selection)
@@ -252,13 +253,24 @@ class CodeServer:
         )
 
     def client(self) -> Any:
-        """The GraphQL client of the build's webserver, once the webserver answers and serves the
-        code location (loaded again now that the code server answers: the webserver may have
-        started first); a named error pointing at its log if it exited or never answered."""
-        with self._ready:  # the first launches may come from two threads (the kit's, the stream's)
-            if self._client is None:
-                self._client = self._connect()
-            return self._client
+        """This thread's GraphQL client of the build's webserver, once the webserver answers and
+        serves the code location (loaded again now that the code server answers: the webserver may
+        have started first); a named error pointing at its log if it exited or never answered.
+        Each thread has its own, so that runs launched from two threads (the kit's, the stream's)
+        start their workers side by side."""
+        with self._ready:  # one connection however many threads ask at once
+            if not self._connected:
+                self._connect()
+                self._connected = True
+        client = getattr(self._clients, "client", None)
+        if client is None:
+            client = self._clients.client = self._new_client()
+        return client
+
+    def _new_client(self) -> Any:
+        from dagster_graphql import DagsterGraphQLClient
+
+        return DagsterGraphQLClient("127.0.0.1", port_number=self.ui_port)
 
     def _stopping(self, job: str | None = None) -> None:
         """Raise when the build is stopping: no run (of ``job``) is launched, and a thread waiting
@@ -266,21 +278,18 @@ class CodeServer:
         if self.closed.is_set():
             raise LaunchError(f"not launching a run{f' of {job}' if job else ''}: the build is stopping")
 
-    def _connect(self) -> Any:
+    def _connect(self) -> None:
         self.wait_ready()
-        from dagster_graphql import DagsterGraphQLClient
+        _quiet_gql_deprecations()
 
         def answers() -> bool:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/server_info", timeout=1):
                 return True
 
         self._await(self._ui, "Dagster's webserver", self.ui_log_path, answers)
-        client = DagsterGraphQLClient("127.0.0.1", port_number=self.ui_port)
-        with _gql_calls():
-            info = client.reload_repository_location(LOCATION_NAME)
+        info = self._new_client().reload_repository_location(LOCATION_NAME)
         if getattr(info.status, "value", info.status) != "SUCCESS":
             raise LaunchError(self._failure(f"the code location did not load: {info.message}"))
-        return client
 
     def launch(self, job: str, tags: dict[str, str], run_config: dict[str, Any]) -> str:
         """Launch one run of ``job`` through the instance, as the UI's Launch button does (the
@@ -290,16 +299,15 @@ class CodeServer:
         client = self.client()
         self._stopping(job)
         try:
-            with self._submit, _gql_calls():  # gql's client sends one request at a time
-                run_id = str(
-                    client.submit_job_execution(
-                        job,
-                        repository_location_name=LOCATION_NAME,
-                        repository_name=REPOSITORY_NAME,
-                        run_config=run_config,
-                        tags={**tags, BUILD_TAG: self.build_id},
-                    )
+            run_id = str(
+                client.submit_job_execution(
+                    job,
+                    repository_location_name=LOCATION_NAME,
+                    repository_name=REPOSITORY_NAME,
+                    run_config=run_config,
+                    tags={**tags, BUILD_TAG: self.build_id},
                 )
+            )
         except DagsterGraphQLClientError as err:
             # the client's own message repeats the query; what went wrong is its cause's
             said = " ".join(str(err.__cause__ or err).split()) or type(err).__name__
