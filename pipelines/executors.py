@@ -238,19 +238,6 @@ def executor_run_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return {}
 
 
-def launch_run_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``execution`` part of the run config of a run launched against the Definitions (whose
-    executor is :func:`configured_executor`'s): Dagster's default executor told which of its two
-    it is for ``in_process`` and ``multiprocess``; nothing for ``dask`` and ``k8s``, configured
-    already from the build's settings."""
-    executor = config.get("executor") or "in_process"
-    if executor == "in_process":
-        return {"execution": {"config": {"in_process": {}}}}
-    if executor == "multiprocess":
-        return {"execution": {"config": {"multiprocess": executor_run_config(config)["execution"]["config"]}}}
-    return {}
-
-
 @contextmanager
 def local_dask_cluster(
     address: str | None = None, n_workers: int = 2, env: Mapping[str, str] | None = None
@@ -274,15 +261,14 @@ def local_dask_cluster(
         yield cluster.scheduler_address
 
 
-def configured_executor(config: BuildConfig) -> dg.ExecutorDefinition | None:
-    """The default executor of the Definitions (runs launched from the UI, schedules, sensors and
-    backfills) for ``BuildConfig.executor``; ``None`` keeps Dagster's default."""
+def configured_executor(config: BuildConfig) -> dg.ExecutorDefinition:
+    """The executor of the Definitions, configured from ``BuildConfig.executor``: where the steps of
+    every run launched against the code location execute (`stage2 build`'s, the UI's, schedules',
+    sensors' and backfills', none of which passes an executor in its run config)."""
     executor = config.executor
-    if executor == "in_process":
-        return None
     if executor == "dask" and not config.dask_address:
         raise dg.DagsterInvariantViolationError(
             "STAGE2_EXECUTOR=dask needs STAGE2_DASK_ADDRESS (the scheduler, e.g. tcp://dask-scheduler:8786)"
         )
     exec_config = executor_run_config({"executor": executor, "dask_address": config.dask_address})
-    return executor_def(executor).configured(exec_config["execution"]["config"])
+    return executor_def(executor).configured(exec_config.get("execution", {}).get("config", {}))

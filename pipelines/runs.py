@@ -25,7 +25,7 @@ from stage2_data.stages import DATA_ROOT_TAG, JOB_ASSETS, VIN_STORE, stage_of
 
 from .config import BuildConfig
 from .definitions import ALL_ASSETS_JOB, build_job
-from .executors import executor_run_config, launch_run_config
+from .executors import executor_run_config
 from .launch import CodeServer, terminate_runs, wait_for_run
 from .rebuild import job_subset, partition_tags
 from .watch import RunWatcher
@@ -114,7 +114,6 @@ def library_log_level(level: str | None) -> Iterator[None]:
 
 def launch_selection(
     server: CodeServer,
-    config: dict[str, Any],
     selection: list[str],
     tags: dict[str, str],
     instance: dg.DagsterInstance,
@@ -124,7 +123,7 @@ def launch_selection(
     """Launch the run of ``selection``'s job through the instance (``server``) and wait for its end;
     its run id. A stop interrupts the wait; the build then cancels every run it launched
     (``runner._build_all``)."""
-    run_config = launch_run_config(config)
+    run_config: dict[str, Any] = {}  # the executor is the code location's own (configured_executor)
     if log_level:
         run_config["loggers"] = {"console": {"config": {"log_level": log_level}}}
     run_id = server.launch(job_for(selection), tags, run_config)
@@ -201,9 +200,7 @@ def run_selection(
         watcher if per_partition or on_first is not None else contextlib.nullcontext(),
     ):
         if server is not None:
-            run_id = launch_selection(
-                server, config, selection, {**tags, **watcher.tags}, instance, log_level=level
-            )
+            run_id = launch_selection(server, selection, {**tags, **watcher.tags}, instance, log_level=level)
         else:
             run_id = execute_selection(
                 config, selection, {**tags, **watcher.tags}, instance, log_level=level

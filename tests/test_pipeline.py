@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import dagster as dg
 import pytest
 from helpers.cli import REPO, python, stage2
 from helpers.env import environ
@@ -17,7 +18,7 @@ from stage2_data import layout
 from stage2_data.demo import DemoPaths, repin_profile, write_sidecar_sha256
 from stage2_data.demo.hubserver import HubServer
 from stage2_data.profile import load_profile
-from stage2_data.stages import ACQUIRE_JOB, EXTRACT_JOB, KIT_JOB, PROFILE_JOB, READS, STAGES
+from stage2_data.stages import ACQUIRE_JOB, EXTRACT_JOB, JOB_ASSETS, KIT_JOB, PROFILE_JOB, READS, STAGES
 from stage2_data.store import VinOfflineDataset, VinOfflineStoreReader, validate_vin_offline_store
 from stage2_pipelines.config import BuildConfig
 from stage2_pipelines.definitions import build_definitions
@@ -49,6 +50,23 @@ def test_definitions_load_with_partitions_and_checks(demo_cache: DemoPaths) -> N
     assert check_names == {n for names in C.ALL_CHECKS_BY_ASSET.values() for n in names}
     for job in ("acquire_archives", "extract_cache_dirs", "verify_kit_and_build_store"):
         assert defs.resolve_job_def(job) is not None
+
+
+@pytest.mark.parametrize("executor", [None, "in_process", "multiprocess"])
+def test_a_run_launched_without_run_config_runs_on_the_configured_executor(
+    demo_cache: DemoPaths, executor: str | None
+) -> None:
+    """The UI's Launch, schedules and sensors pass no executor in their run config: every job's own
+    is ``STAGE2_EXECUTOR``'s (docs/operating.md; in_process when unset), and no run config is
+    needed to launch it."""
+    more = {"executor": executor} if executor else {}
+    defs = build_definitions(
+        BuildConfig(profile_path=str(demo_cache.profile), data_root="/nonexistent", **more)
+    )
+    for name in JOB_ASSETS:
+        job = defs.resolve_job_def(name)
+        assert job.executor_def.name == (executor or "in_process"), name
+        assert dg.validate_run_config(job, {}) is not None
 
 
 def test_the_asset_graph_is_the_one_table_of_what_reads_what(demo_cache: DemoPaths) -> None:
