@@ -283,7 +283,9 @@ class BuildProgress:
         parts = [r["partition"]] if r.get("partition") else list(r.get("partitions") or [])
         if stage.partitioned_by and not parts:  # one run of the whole stage
             parts = list(self._bytes[stage.name])
-        n = max(1, len(parts)) if stage.partitioned_by else 1
+        # a partition shown already (while its run went on) comes again only with its problems
+        again = bool(stage.partitioned_by and parts and all(p in st.reported for p in parts))
+        n = 0 if again else max(1, len(parts)) if stage.partitioned_by else 1
         st.done += n
         if not r.get("success"):
             st.failed += n
@@ -300,7 +302,7 @@ class BuildProgress:
             for nxt in ready_stages(over, started):
                 self._start(self.stages[nxt.name], now)
                 self.current = nxt.name
-        self._emit_run(r, st)
+        self._emit_run(r, st, again=again)
         if self._progress is not None:
             self._progress.refresh()  # every run shows at once, not at the next tick
 
@@ -413,13 +415,13 @@ class BuildProgress:
         elif st.done:
             self._progress.update(st.task, total=1, completed=1)
 
-    def _emit_run(self, r: dict[str, Any], st: _Stage) -> None:
+    def _emit_run(self, r: dict[str, Any], st: _Stage, *, again: bool = False) -> None:
         what = ",".join(r.get("selection") or []) + (f"[{r['partition']}]" if r.get("partition") else "")
         status = "ok" if r.get("success") else "FAILED"
         count = f" ({st.done}/{st.total})" if st.total > 1 else ""
         lines = []
-        if self._progress is not None:
-            if not r.get("success"):  # keep failures on screen; successes show in the stage's line
+        if self._progress is not None or again:
+            if not r.get("success") or again:  # keep failures on screen; successes show in the stage's line
                 lines.append(f"  {what}: {status}")
         else:
             lines.append(f"  run {str(r.get('run_id', ''))[:8]} {what}: {status}{count}")

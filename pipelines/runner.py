@@ -413,6 +413,21 @@ def runs_console(home: Path, *, quiet: bool) -> Iterator[None]:
             os.close(copy)
 
 
+def entries_at_end(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """A finished run's entries for the progress display (``partition_runs``): those of partitions
+    not shown while it went on (``reported``), and those of shown ones that failed or carry a failed
+    check or an error."""
+    early = set(run.get("reported") or ())
+    return [
+        p
+        for p in partition_runs(run)
+        if p.get("partition") not in early
+        or not p["success"]
+        or p["errors"]
+        or any(not c["passed"] for c in p["checks"])
+    ]
+
+
 def _flush_std_streams() -> None:
     """Flush ``sys.stdout`` and ``sys.stderr`` before their descriptors are swapped (a stream that
     is closed or not a file is left as it is)."""
@@ -444,10 +459,8 @@ def _walk(
         else:
             runs.append(r)
         if on_run:
-            early = set(r.get("reported") or ())  # shown while the run went on (report)
-            for part in partition_runs(r):
-                if part.get("partition") not in early or not part["success"]:
-                    on_run(part)
+            for part in entries_at_end(r):
+                on_run(part)
 
     def report(part: dict[str, Any]) -> None:
         if on_run:

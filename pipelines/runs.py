@@ -447,11 +447,26 @@ def execute_selection(
 
 
 def partition_runs(run: dict[str, Any]) -> list[dict[str, Any]]:
-    """One entry per partition of a run over several (the progress display's unit), else the run."""
+    """One entry per partition of a run over several (the progress display's unit), else the run.
+    An entry holds its own partition's checks and errors; those of no partition go with the first
+    partition that failed (else the last), so that each is said once."""
     parts = run.get("partitions") or {}
     if len(parts) <= 1:
         return [run]
+    ok = {k: set(run["selection"]) <= set(done) for k, done in parts.items()}
+    rest = next((k for k in parts if not ok[k]), list(parts)[-1])
+
+    def mine(items: list[dict[str, Any]], k: str) -> list[dict[str, Any]]:
+        return [x for x in items if x.get("partition") == k or (x.get("partition") is None and k == rest)]
+
     return [
-        {**run, "partition": k, "success": set(run["selection"]) <= set(done), "materialized": done}
+        {
+            **run,
+            "partition": k,
+            "success": ok[k],
+            "materialized": done,
+            "checks": mine(run["checks"], k),
+            "errors": mine(run["errors"], k),
+        }
         for k, done in parts.items()
     ]

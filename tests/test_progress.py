@@ -24,7 +24,7 @@ from stage2_data import fsutil, layout
 from stage2_data.demo import DemoPaths
 from stage2_data.profile import Profile, load_profile
 from stage2_data.stages import ACQUIRE, STAGES, Stage, stage_partitions
-from stage2_pipelines import progress
+from stage2_pipelines import progress, runner
 from stage2_pipelines.progress import BuildProgress
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -368,3 +368,41 @@ def test_a_build_on_a_slow_link_shows_download_bytes_before_any_cache_key_is_don
     ]
     assert going, ANSI.sub("", out)[-3000:]
     assert re.search(r"0/\d+ partitions  \d+(\.\d+)? [KM]iB/", going[0]), going[0]
+
+
+def test_a_range_runs_failed_check_is_said_once_under_its_partition(demo_cache: DemoPaths) -> None:
+    """A run over several partitions is shown a partition at a time: a failed check (and an error)
+    comes once, under its own partition, also when the other partitions were shown while the run
+    went on; a partition shown then comes again only for a problem, and is not counted twice."""
+    prof = load_profile(demo_cache.profile)
+    keys = prof.cache_keys()[:3]
+    bad, early = keys[1], keys[2]
+    selection = list(ACQUIRE.assets)
+    check = {"asset": "archive_file", "check": "archive_sha256_matches_pin", "passed": False,
+             "partition": bad, "description": "the pin is wrong\nmore"}  # fmt: skip
+    warn = {"asset": "archive_file", "check": "archive_sizes", "passed": False, "partition": early,
+            "description": "size differs"}  # fmt: skip
+    run = {
+        "run_id": "abcdef0123", "success": False, "selection": selection, "reported": [early],
+        "partitions": {k: ([] if k == bad else selection) for k in keys},
+        "checks": [check, warn, *({"asset": "archive_file", "check": "archive_sizes", "passed": True,
+                                   "partition": k} for k in keys if k != early)],
+        "errors": [{"step": "archive_file", "partition": bad, "message": "the pin is wrong\nmore",
+                    "check": "archive_sha256_matches_pin", "asset": "archive_file"}],
+    }  # fmt: skip
+    stream = io.StringIO()
+    bar = BuildProgress(prof, stream, live=False)
+    bar.on_run(runner.partition_entry("abcdef0123", "acquire_archives", selection, early, selection))
+    for entry in runner.entries_at_end(run):
+        bar.on_run(entry)
+    bar.close()
+    lines = stream.getvalue().splitlines()
+    assert lines == [
+        f"  run abcdef01 archive_file[{early}]: ok (1/{len(prof.cache_keys())})",
+        f"  run abcdef01 archive_file[{keys[0]}]: ok (2/{len(prof.cache_keys())})",
+        f"  run abcdef01 archive_file[{bad}]: FAILED (3/{len(prof.cache_keys())})",
+        "    check archive_file:archive_sha256_matches_pin failed: the pin is wrong",
+        f"  archive_file[{early}]: ok",
+        "    check archive_file:archive_sizes failed: size differs",
+    ]
+    assert bar.stages[ACQUIRE.name].done == 3 and bar.stages[ACQUIRE.name].failed == 1
