@@ -17,8 +17,10 @@ With ``data_root``, a stage is "up to date" when its runs succeeded and wrote no
 (inode, size, mtime) of what it writes (archives and their ``.verified.json`` records, extraction
 records and cache directories, the extraction report, the sidecars' record, the join table, the
 stores' folder and the ``current`` link) are the same after it as when the build started. Its line then says so, in
-place of partitions and bytes; off a terminal the runs of a stage expected to be up to date are held
-back and the stage prints one ``up to date`` line instead (the held-back lines, if it was not). The
+place of partitions and bytes: ``up to date`` when the runner found nothing for it to do (no run),
+``checked, nothing changed`` when its runs ran (``--reverify``, or after a stage that ran) and found
+everything as it was. Off a terminal the runs of a stage expected to be up to date are held back
+and the stage prints that one line instead (the held-back lines, if it wrote something). The
 extract stage counts the archive bytes of the cache keys that are not up to date only.
 
 On a terminal (and not CI, not ``TERM=dumb``), rich draws one live line per stage as the stage starts
@@ -195,6 +197,7 @@ class _Stage:
     finished: float | None = None
     task: TaskID | None = None
     up_to_date: bool = False  # finished, every run succeeded, and it wrote nothing
+    ran: bool = False  # a run of it ran (not only the runner's "nothing to do")
     expected: bool = False  # expected up to date: off a terminal its run lines wait for its end
     held: list[str] = field(default_factory=list)
 
@@ -270,6 +273,7 @@ class BuildProgress:
         stage = stage_of(r.get("selection") or [])
         st = self.stages[stage.name]
         st.expected = st.expected or bool(r.get("up_to_date"))  # not run: the runner found nothing to do
+        st.ran = st.ran or not r.get("up_to_date")
         now = time.monotonic()
         for name in needs(stage):  # a stage runs: the stages it needs are over
             earlier = self.stages[name]
@@ -361,7 +365,7 @@ class BuildProgress:
         end = st.finished if st.finished is not None else now
         elapsed = end - (st.started if st.started is not None else end)
         if st.up_to_date:
-            return f"up to date  elapsed {human_seconds(elapsed)}"
+            return f"{_unchanged(st)}  elapsed {human_seconds(elapsed)}"
         parts = []
         if st.total > 1:
             parts.append(f"{st.done}/{st.total} partitions" + (f" ({st.failed} failed)" if st.failed else ""))
@@ -399,7 +403,7 @@ class BuildProgress:
         if self._progress is not None and st.task is not None:
             self._progress.stop_task(st.task)
         if self._progress is None and (st.held or st.expected):
-            lines = [f"{self._label(st)}: up to date"] if st.up_to_date else st.held
+            lines = [f"{self._label(st)}: {_unchanged(st)}"] if st.up_to_date else st.held
             st.held = []
             for ln in lines:
                 self.stream.write(ln + "\n")
@@ -446,6 +450,12 @@ class BuildProgress:
                 self.stream.write(ln + "\n")
             st.held = []
             self.stream.flush()
+
+
+def _unchanged(st: _Stage) -> str:
+    """What a stage that wrote nothing says: "up to date" when it did not run (nothing to do), else
+    that its runs checked what is there (`--reverify`, or a stage run after one that ran)."""
+    return "checked, nothing changed" if st.ran else "up to date"
 
 
 class _StateColumn(ProgressColumn):

@@ -421,7 +421,8 @@ def test_a_store_modified_in_place_makes_the_store_stage_run(noop_rebuilt: dict[
 
 
 def test_reverify_runs_every_stage(noop_rebuilt: dict[str, Any]) -> None:
-    """--reverify bypasses the status: every stage runs (one Dagster run each), nothing downloaded."""
+    """--reverify bypasses the status: every stage runs (one Dagster run each), nothing downloaded,
+    and the progress lines do not call a stage that ran "up to date"."""
     root: Path = noop_rebuilt["root"]
     hub: HubServer = noop_rebuilt["hub"]
     demo: DemoPaths = noop_rebuilt["demo"]
@@ -433,3 +434,7 @@ def test_reverify_runs_every_stage(noop_rebuilt: dict[str, Any]) -> None:
     assert _dagster_runs(root) == runs + len(STAGES)
     assert re.search(rf"^runs:\s+{len(STAGES)} ", out.stdout, re.M), out.stdout
     assert [r for r in hub.log_snapshot() if r[0] == "GET"] == []
+    # every stage ran: none is said to be "up to date" (nothing to do); those that found everything
+    # as it was say they checked it
+    assert _up_to_date(out) == [], out.stderr
+    assert "checked, nothing changed" in out.stderr, out.stderr
