@@ -133,8 +133,9 @@ def test_build_writes_the_store_to_s3_with_the_local_fingerprint(
         ("s3:bucket", "'s3:bucket' starts like a URL but is not one"),
         ("s3://", "'s3://' names no bucket. Fix: write s3://BUCKET/PREFIX"),
         ("gs://bucket/stores", "gs://bucket/stores: cannot open the storage (Please install gcsfs"),
+        ("gs://bucket/stores", "Fix: `pip install gcsfs`"),  # the package for this scheme, not s3fs
     ],
-    ids=["one-slash", "no-slash", "no-bucket", "backend-not-installed"],
+    ids=["one-slash", "no-slash", "no-bucket", "backend-not-installed", "backend-fix"],
 )
 def test_a_store_url_that_cannot_be_one_is_refused_before_any_download(
     url: str, says: str, demo_cache: DemoPaths, tmp_path: Path
@@ -153,3 +154,19 @@ def test_a_store_url_that_cannot_be_one_is_refused_before_any_download(
     assert r.stderr.startswith("stage2 build: error: ") and says in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Fix:" in r.stderr, r.stderr
     assert not root.exists() and not (tmp_path / "s3:").exists()
+
+
+@pytest.mark.parametrize("command", ["validate", "summary"])
+def test_a_store_url_mistyped_into_a_path_is_named_by_the_readers(command: str, tmp_path: Path) -> None:
+    """`stage2 validate s3:/bucket/x` reads a local path that does not exist: it is named as the
+    URL it was meant to be (as `--store-url` is), not as a missing local store; a local folder of
+    that name still opens."""
+    from helpers.cli import stage2
+
+    r = stage2(command, "s3:/bucket/x", cwd=tmp_path)
+    assert r.returncode == 2, r.tail()
+    assert "'s3:/bucket/x' starts like a URL but is not one" in r.stderr, r.stderr
+    assert "Fix: write s3://BUCKET/PREFIX, with two slashes" in r.stderr, r.stderr
+    (tmp_path / "s3:" / "bucket" / "x").mkdir(parents=True)
+    r = stage2(command, "s3:/bucket/x", cwd=tmp_path)
+    assert r.returncode == 2 and "no complete VIN offline store at" in r.stderr, r.stderr

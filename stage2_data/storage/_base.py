@@ -31,11 +31,30 @@ def is_url(target: str | os.PathLike[str]) -> bool:
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")
 
 
+#: the package that gives fsspec a scheme, for the schemes a store is most often on
+_BACKEND_PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs", "abfss": "adlfs"}  # fmt: skip
+
+
 def backend_error(target: str, e: Exception) -> StoreError:
     """The error for an fsspec scheme whose backend cannot be loaded (fsspec names the package)."""
+    package = _BACKEND_PACKAGES.get(target.split("://", 1)[0].lower())
     return StoreError(
         f"{target}: cannot open the storage ({e}).",
-        fix="install the fsspec backend for this scheme (s3: `pip install s3fs`)",
+        fix=f"`pip install {package}`"
+        if package
+        else "install the package fsspec names above for this scheme",
+    )
+
+
+def _url_typo(s: str) -> StoreError | None:
+    """The error for a URL mistyped into a local path (``s3:/bucket``, ``s3:bucket``), else None."""
+    scheme = _SCHEME.match(s)
+    if scheme is None or is_url(s):
+        return None
+    return StoreError(
+        f"{s!r} starts like a URL but is not one (a URL is {scheme[1]}://BUCKET/PREFIX); as a path, "
+        f"it would name a local folder {scheme[1]}:",
+        fix=f"write {scheme[1]}://BUCKET/PREFIX, with two slashes (for a local folder of that name: ./{s})",
     )
 
 
@@ -47,14 +66,9 @@ def check_stores_url(target: str | os.PathLike[str]) -> None:
     s = os.fspath(target)
     if s.startswith("file://"):
         return
-    scheme = _SCHEME.match(s)
     if not is_url(s):
-        if scheme:
-            raise StoreError(
-                f"{s!r} starts like a URL but is not one (a URL is {scheme[1]}://BUCKET/PREFIX); as a path, "
-                f"it would name a local folder {scheme[1]}:",
-                fix=f"write {scheme[1]}://BUCKET/PREFIX, with two slashes (for a local folder of that name: ./{s})",
-            )
+        if (typo := _url_typo(s)) is not None:
+            raise typo
         return
     protocol, rest = s.split("://", 1)
     if not rest.strip("/"):
@@ -113,13 +127,16 @@ class StoreLocation:
         storage_options: dict[str, Any] | None = None,
     ) -> StoreLocation:
         """A location from a local path, a ``file://`` URL, an fsspec URL (``s3://bucket/prefix``)
-        or a location (returned as is). Raises StoreError for an unusable URL."""
+        or a location (returned as is). Raises StoreError for an unusable URL, and for a path that
+        does not exist and reads as a mistyped URL (``s3:/bucket``)."""
         if isinstance(target, StoreLocation):
             return target
         s = os.fspath(target)
         if s.startswith("file://"):
             s = s[len("file://") :]
         if not is_url(s):
+            if not os.path.lexists(s) and (typo := _url_typo(s)) is not None:
+                raise typo  # a local folder of that name opens; a missing one was a URL's typo
             return _BACKENDS["local"].from_target(s, None)
         return _BACKENDS["fsspec"].from_target(s, storage_options)
 
