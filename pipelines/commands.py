@@ -31,6 +31,7 @@ from stage2_data.acquire import archive_state, hub_offline, offline_error, resol
 from stage2_data.commands.common import (
     EXIT_ERROR,
     EXIT_FAILED,
+    add_profile,
     add_storage_option,
     count_of,
     eprint,
@@ -413,8 +414,10 @@ def _cmd_demo(args: argparse.Namespace, out: Path, data_root: Path) -> int:
 
 
 def _add_build_args(p: argparse.ArgumentParser) -> None:
-    # required only where the command can run: without the extra, `stage2 build` says what to install
-    p.add_argument("--profile", required=HAVE_PIPELINE, help="profile .toml (see manifests/)")
+    # the profile as every profile command takes it: first argument, or --profile; required only
+    # where the command can run (without the extra, `stage2 build` says what to install)
+    add_profile(p)
+    p.set_defaults(profile_required=HAVE_PIPELINE)
     p.add_argument(
         "--data-root", required=HAVE_PIPELINE, help="where archives, extracted data and the store go"
     )

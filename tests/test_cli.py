@@ -126,9 +126,9 @@ def test_a_usage_error_names_the_command_and_what_was_meant(argv: list[str], say
 
 
 def test_a_command_taking_a_profile_also_takes_it_as_profile_option(demo_cache, tmp_path: Path) -> None:
-    """`stage2 verify`, `list` and `pin` take the profile as their first argument or, as `stage2
-    build` does, as ``--profile``: the same output either way; none, or two different ones, is the
-    command's usage error."""
+    """`stage2 build`, `verify`, `list` and `pin` take the profile as their first argument or as
+    ``--profile``: the same output either way; none, or two different ones, is the command's usage
+    error."""
     prof, root = str(demo_cache.profile), str(tmp_path / "root")
     as_argument = stage2("list", prof, "--data-root", root, "--json", timeout=120)
     as_option = stage2("list", "--profile", prof, "--data-root", root, "--json", timeout=120)
@@ -148,10 +148,19 @@ def test_a_command_taking_a_profile_also_takes_it_as_profile_option(demo_cache, 
             ["pin", prof, "--profile", "other.toml", "--check"],
             f"two profiles given: {prof} and --profile other.toml. Fix: give the profile once",
         ),
+        (["build", "--data-root", root], "the following arguments are required: profile"),
+        (
+            ["build", prof, "--profile", "other.toml", "--data-root", root],
+            f"two profiles given: {prof} and --profile other.toml. Fix: give the profile once",
+        ),
     ):
         p = stage2(*argv, timeout=120)
         assert p.returncode == 2 and says in p.stderr, p.tail()
         assert p.stderr.startswith(f"usage: stage2 {argv[0]} ") and "Traceback" not in p.stderr
+    # `stage2 build` takes it first too: the profile named is the one it reads
+    missing = str(tmp_path / "missing.toml")
+    build = stage2("build", missing, "--data-root", root, timeout=120)
+    assert build.returncode == 2 and f"profile file {missing} does not exist" in build.stderr, build.tail()
     pin = stage2("pin", "--profile", prof, "--check", "--endpoint", "http://127.0.0.1:9", timeout=120)
     assert pin.returncode == 2 and "unrecognized" not in pin.stderr and "required" not in pin.stderr, (
         pin.tail()

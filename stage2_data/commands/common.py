@@ -82,7 +82,9 @@ def resolve_profile(args: argparse.Namespace, command: argparse.ArgumentParser) 
         return
     given = [v for v in (args.profile, args.profile_option) if v is not None]
     if not given:
-        command.error("the following arguments are required: profile")
+        if getattr(args, "profile_required", True):
+            command.error("the following arguments are required: profile (or --profile PROFILE)")
+        return
     if len(set(given)) > 1:
         command.error(f"two profiles given: {given[0]} and --profile {given[1]}. Fix: give the profile once")
     args.profile = given[0]
