@@ -115,6 +115,10 @@ def _lines(p: Path) -> list[dict[str, Any]]:
 def test_failed_check_and_failed_run_alert_to_file_and_webhook(
     demo: DemoPaths, tmp_path: Path, dagster_home: Path, receiver: _Receiver
 ) -> None:
+    """A build's failed check and failed run are alerted once each, also when the sensors' first
+    tick comes after the build (no daemon ran while it ran: `stage2 build`, then `make ui`), and
+    when the run covered a range of partitions (its per-partition results, not the range's summary
+    of them)."""
     # A deliberately broken input: one archive's pinned sha256 is wrong in the profile.
     prof = load_profile(demo.profile)
     victim = prof.archive_paths()[0]
@@ -126,31 +130,28 @@ def test_failed_check_and_failed_run_alert_to_file_and_webhook(
     check_sensor = defs.resolve_sensor_def("alert_on_failed_check")
     run_sensor = defs.resolve_sensor_def("alert_on_failed_run")
     instance = dg.DagsterInstance.get()
-    # the run-failure sensor starts from "now" on its first tick, like the daemon does
-    first = run_sensor.evaluate_tick(
-        dg.build_sensor_context(
-            definitions=defs, instance=instance, cursor=None, resources={"alerts": alerts}
-        )
-    )
-    assert receiver.bodies == []
 
     with HubServer(demo.upstream, repo_id=demo.repo_id, revision=demo.revision) as hub:
         cfg = BuildConfig(profile_path=str(demo.profile), data_root=str(root), endpoint=hub.url)
         victim_key = prof.archive(victim).cache_key  # archive_file: one partition per cache key
-        other = next(k for k in prof.cache_keys() if k != victim_key)
-        r = run_selection(cfg.to_dict(), ["archive_file"], victim_key)
-        ok = run_selection(cfg.to_dict(), ["archive_file"], other)
-    assert not r["success"] and ok["success"]
+        keys = prof.cache_keys()
+        i = keys.index(victim_key)
+        both = keys[i : i + 2] if i + 1 < len(keys) else keys[i - 1 : i + 1]  # a range of two
+        r = run_selection(cfg.to_dict(), ["archive_file"], partition_keys=both)
+    assert not r["success"] and set(r["partitions"]) == set(both)
+
+    def tick(sensor: Any, cursor: str | None) -> Any:
+        return sensor.evaluate_tick(
+            dg.build_sensor_context(
+                definitions=defs, instance=instance, cursor=cursor, resources={"alerts": alerts}
+            )
+        )
 
     jsonl = dagster_home / "alerts" / "alerts.jsonl"
-    res = check_sensor.evaluate_tick(
-        dg.build_sensor_context(
-            definitions=defs, instance=instance, cursor=None, resources={"alerts": alerts}
-        )
-    )
+    res = tick(check_sensor, None)  # the daemon's first tick, after the build
     assert not res.run_requests
     got = _lines(jsonl)
-    assert len(got) == 1, got  # only the failed check; the passing one of the other partition is silent
+    assert len(got) == 1, got  # only the failed check, once; the other partition's passed
     a = got[0]
     assert a["kind"] == "asset_check_failed"
     assert (a["asset"], a["check"], a["partition"]) == (
@@ -162,31 +163,19 @@ def test_failed_check_and_failed_run_alert_to_file_and_webhook(
     assert a["run_id"] == r["run_id"] and a["run_link"] == f"http://127.0.0.1:3000/runs/{r['run_id']}"
     assert receiver.bodies == [a]  # the same alert reached the webhook
     # the next tick (with the cursor the sensor left) sends nothing new
-    again = check_sensor.evaluate_tick(
-        dg.build_sensor_context(
-            definitions=defs, instance=instance, cursor=res.cursor, resources={"alerts": alerts}
-        )
-    )
+    again = tick(check_sensor, res.cursor)
     assert again.skip_message and len(_lines(jsonl)) == 1 and len(receiver.bodies) == 1
 
-    # the failed run: the same path as the daemon (a tick over the instance's run-failure events)
-    tick = run_sensor.evaluate_tick(
-        dg.build_sensor_context(
-            definitions=defs, instance=instance, cursor=first.cursor, resources={"alerts": alerts}
-        )
-    )
+    # the failed run, from the run sensor's first tick after the build
+    first = tick(run_sensor, None)
     runs = [x for x in _lines(jsonl) if x["kind"] == "run_failed"]
     assert len(runs) == 1, _lines(jsonl)
     ra = runs[0]
-    assert ra["run_id"] == r["run_id"] and ra["partition"] == victim_key
+    assert ra["run_id"] == r["run_id"] and ra["job"] == "acquire_archives"
     assert ra["run_link"].endswith(f"/runs/{r['run_id']}") and ra["reason"]
     assert receiver.bodies[-1] == ra
-    tick2 = run_sensor.evaluate_tick(
-        dg.build_sensor_context(
-            definitions=defs, instance=instance, cursor=tick.cursor, resources={"alerts": alerts}
-        )
-    )
-    assert tick2.cursor is not None
+    tick2 = tick(run_sensor, first.cursor)
+    assert tick2.skip_message and tick2.cursor is not None
     assert len(_lines(jsonl)) == 2 and len(receiver.bodies) == 2
 
 
