@@ -500,6 +500,36 @@ def test_an_edited_sidecar_is_unpacked_again_a_touched_one_is_not(tmp_path: Path
     assert kit.sidecars_status(b.profile, b.data_root) is None
 
 
+def test_a_sidecar_tar_edited_in_place_is_refused_a_touched_one_is_not(tmp_path: Path) -> None:
+    """The kit's sidecar tar with one byte changed, its size and mtime put back, is not taken for the
+    tar unpacked (its ctime tells): hashed again, named against its .sha256 file, and the unpack
+    refuses it as a first unpack does. A tar whose stats changed and bytes did not is hashed once,
+    and the record takes its stats."""
+    b = build(tmp_path, unpack=False)
+    kit.unpack_sidecars(b.profile, b.data_root)
+    tar = b.profile.kit_file("sidecar_archive")
+    marker = b.data_root / "derived" / ".sidecars.json"
+
+    os.utime(tar, ns=(tar.stat().st_atime_ns, tar.stat().st_mtime_ns))  # ctime moves, bytes do not
+    assert kit.sidecars_status(b.profile, b.data_root) is None
+    recorded = marker.stat().st_mtime_ns
+    assert kit.sidecars_status(b.profile, b.data_root) is None
+    assert marker.stat().st_mtime_ns == recorded  # the tar's new stats recorded once
+    assert kit.unpack_sidecars(b.profile, b.data_root).skipped
+
+    st = tar.stat()
+    data = bytearray(tar.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    with open(tar, "r+b") as f:
+        f.write(data)
+    os.utime(tar, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert tar.stat().st_size == st.st_size and tar.stat().st_mtime_ns == st.st_mtime_ns
+    why = kit.sidecars_status(b.profile, b.data_root) or ""
+    assert f"{tar} changed since it was unpacked" in why, why
+    with pytest.raises(ChecksumMismatchError):
+        kit.unpack_sidecars(b.profile, b.data_root)
+
+
 def test_an_invalidated_sidecar_record_unpacks_again(tmp_path: Path) -> None:
     from stage2_data.kit.sidecars import invalidate_sidecars
 

@@ -190,13 +190,15 @@ def _check_members(
 
 
 def _unpacked_record(
-    derived: Path, tar_sha256: str, tar_stat: os.stat_result
+    derived: Path, tar_path: Path, tar_sha256: str, tar_stat: os.stat_result
 ) -> tuple[dict[str, Any] | None, str]:
     """(the sidecars' record, "") when ``derived/.sidecars.json`` records this tar (sha256 from its
-    ``.sha256`` file, size, mtime) and ``derived/action_sidecars/`` holds exactly the sidecars the
-    unpack wrote, with their bytes: every file's (inode, size, mtime_ns, ctime_ns) equal to the
-    record's (nothing read), or, for a file whose stats differ, its sha256 (the record's stats are
-    then refreshed). Else (None, why they must be unpacked again, naming the file)."""
+    ``.sha256`` file, size, mtime; its inode and ctime, else its bytes hashed again: size and mtime
+    can be kept while bytes change, ctime cannot) and ``derived/action_sidecars/`` holds exactly the
+    sidecars the unpack wrote, with their bytes: every file's (inode, size, mtime_ns, ctime_ns)
+    equal to the record's (nothing read), or, for a file whose stats differ, its sha256 (the
+    record's stats are then refreshed). Else (None, why they must be unpacked again, naming the
+    file)."""
     marker = derived / SIDECAR_MARKER
     try:
         rec = json.loads(marker.read_text(encoding="utf-8"))
@@ -214,6 +216,10 @@ def _unpacked_record(
         and rec.get("tar_mtime_ns") == tar_stat.st_mtime_ns
     ):
         return None, "the kit's sidecar tar is not the one unpacked"
+    if (rec.get("tar_ino"), rec.get("tar_ctime_ns")) != (tar_stat.st_ino, tar_stat.st_ctime_ns):
+        why = _tar_changed(derived, rec, tar_path, tar_sha256, tar_stat)
+        if why:
+            return None, why
     base = derived / layout.SIDECARS_DIR
     found = walk_stats(base)
     if found is None:
@@ -252,6 +258,27 @@ def _unpacked_record(
             )
     _refresh(derived, rec, index, now)
     return rec, ""
+
+
+def _tar_changed(
+    derived: Path, rec: dict[str, Any], tar_path: Path, tar_sha256: str, tar_stat: os.stat_result
+) -> str:
+    """Why the sidecar tar, whose inode or ctime is not the recorded one, is not the tar unpacked:
+    its bytes hashed again differ from its ``.sha256`` file; "" when they match (the record then
+    takes the tar's stats, once)."""
+    try:
+        actual = sha256_file(tar_path)
+    except OSError as e:
+        return f"{tar_path} cannot be read ({e})"
+    if actual != tar_sha256:
+        return (
+            f"{tar_path} changed since it was unpacked: sha256 {actual}, its .sha256 file says {tar_sha256}"
+        )
+    rec.update(tar_ino=tar_stat.st_ino, tar_ctime_ns=tar_stat.st_ctime_ns)
+    settle_ctimes(tar_stat.st_ctime_ns)
+    with contextlib.suppress(OSError):  # a read-only data root: the check holds, unrecorded
+        atomic_write_json(derived / SIDECAR_MARKER, rec)
+    return ""
 
 
 def _refresh(
@@ -296,7 +323,7 @@ def sidecars_status(profile: Profile, data_root: Path) -> str | None:
         st = tar_path.stat()
     except (OSError, Stage2Error) as e:
         return f"the kit's sidecar archive cannot be checked ({e})"
-    rec, why = _unpacked_record(layout.derived_root(Path(data_root)), expected, st)
+    rec, why = _unpacked_record(layout.derived_root(Path(data_root)), tar_path, expected, st)
     if rec is None:
         return f"the sidecars of {tar_path.name} must be unpacked again: {why}"
     return None
@@ -346,7 +373,7 @@ def _unpack_sidecars(profile: Profile, data_root: Path, *, force: bool) -> Sidec
     marker = derived / SIDECAR_MARKER
     st = tar_path.stat()
     if not force:
-        rec, _ = _unpacked_record(derived, expected, st)
+        rec, _ = _unpacked_record(derived, tar_path, expected, st)
         if rec is not None:
             return SidecarUnpackResult(
                 tar_path=tar_path,
@@ -429,7 +456,7 @@ def _unpack_sidecars(profile: Profile, data_root: Path, *, force: bool) -> Sidec
         seconds=0.0,
     )
     stats = {r: entry_stats(e) or (0, 0, 0, 0) for r, e in index.items()}
-    settle_ctimes(max((st[3] for st in stats.values()), default=0))
+    settle_ctimes(max((*(st[3] for st in stats.values()), st.st_ctime_ns), default=0))
     _write_index(derived / SIDECAR_INDEX, actual, index)
     atomic_write_json(
         marker,
@@ -439,6 +466,8 @@ def _unpack_sidecars(profile: Profile, data_root: Path, *, force: bool) -> Sidec
             "tar_sha256": actual,
             "tar_size": st.st_size,
             "tar_mtime_ns": st.st_mtime_ns,
+            "tar_ino": st.st_ino,
+            "tar_ctime_ns": st.st_ctime_ns,
             "files": result.files,
             "bytes": result.bytes,
             "by_source": result.by_source,
