@@ -48,7 +48,7 @@ def _verified_root(demo: DemoPaths, root: Path, prof: Profile, key: str) -> None
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(demo.upstream / a.path, dst)
         assert a.sha256
-        _write_record(root, a, dst, a.sha256, demo.revision)
+        _write_record(root, a, dst, a.sha256, (prof.source.repo_type, prof.source.repo_id, demo.revision))
 
 
 def _extracted(demo_cache: DemoPaths, root: Path) -> tuple[str, dict[str, str | None], Path]:
@@ -438,3 +438,40 @@ def test_reverify_runs_every_stage(noop_rebuilt: dict[str, Any]) -> None:
     # as it was say they checked it
     assert _up_to_date(out) == [], out.stderr
     assert "checked, nothing changed" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("field", ["revision", "repo_id"])
+def test_a_typo_in_the_pinned_source_never_stands_for_the_verified_archives(
+    noop_rebuilt: dict[str, Any], field: str
+) -> None:
+    """Every archive verified, then the profile's [source] revision or repo_id mistyped: the hub is
+    asked, as a first build asks it, and the build fails naming it; nothing is published, the
+    archives and their records stay. The profile put right, the next build is a no-op again."""
+    root: Path = noop_rebuilt["root"]
+    hub: HubServer = noop_rebuilt["hub"]
+    demo: DemoPaths = noop_rebuilt["demo"]
+    prof = load_profile(demo.profile)
+    _build(demo, root, hub)
+    current = layout.current_store_path(root, prof.name).resolve()
+    records = {a.path: layout.verified_record_path(root, a.path).read_text() for a in prof.archives}
+    old = getattr(prof.source, field)
+    new = (old[:-1] + ("1" if old[-1] == "0" else "0")) if field == "revision" else old + "z"
+    typo = demo.profile.with_name("profile-typo.toml")
+    typo.write_text(demo.profile.read_text().replace(f'"{old}"', f'"{new}"'))
+    try:
+        r = stage2(
+            "build", "--profile", str(typo), "--data-root", str(root), "--endpoint", hub.url,
+            env=subprocess_env(drop=("DAGSTER_HOME", "CI")),
+        )  # fmt: skip
+    finally:
+        typo.unlink()
+    assert r.returncode != 0, r.tail()
+    assert "BUILD FAILED" in r.stdout and new in r.stdout + r.stderr, r.tail()
+    assert "was left where it is" in r.stdout + r.stderr, r.tail()
+    assert "Traceback" not in r.stderr
+    assert layout.current_store_path(root, prof.name).resolve() == current  # nothing published
+    for a in prof.archives:  # every verified archive and its record as they were
+        assert layout.archive_path(root, a.path).is_file()
+        assert layout.verified_record_path(root, a.path).read_text() == records[a.path]
+    again, fp = _build(demo, root, hub)
+    assert fp == FINGERPRINT and _up_to_date(again) == [s.name for s in STAGES], again.stderr

@@ -35,13 +35,16 @@ from .quarantine import quarantine_files
 from .retry import DEFAULT_ATTEMPTS, default_backoff
 from .state import (
     LocalFile,
+    Origin,
     _write_record,
     archive_state,
     check_existing,
+    record_origin,
     remaining_download_bytes,
     require_build_space,
+    set_record_origin,
 )
-from .transport import fetch_partial
+from .transport import confirm_at_source, fetch_partial
 
 log = logging.getLogger(__name__)
 
@@ -264,9 +267,17 @@ def download_archive(
     t0 = time.monotonic()
     final = layout.archive_path(data_root, spec.path)
     moved: Path | None = None
+    origin = source_origin(source)
     if final.is_file():
-        found = check_existing(spec, data_root, final, source.revision, reverify)
+        prior = record_origin(data_root, spec)
+        if prior is not None and prior != origin:
+            # verified from another repo or revision than the profile now names: the hub confirms
+            # the file there first, as a first download would (a typo in a pin never stands)
+            _confirm_origin(source, spec, prior, attempts, backoff)
+        found = check_existing(spec, data_root, final, origin, reverify)
         if not isinstance(found, LocalFile):
+            if prior is not None and prior != origin:
+                set_record_origin(data_root, spec, origin)
             return DownloadResult(
                 spec.path, final, spec.size, found, time.monotonic() - t0, 0, 0, skipped=True, attempts=0
             )
@@ -313,7 +324,7 @@ def _download(
     final.parent.mkdir(parents=True, exist_ok=True)
     os.replace(part, final)
     fsync_dir(final.parent)
-    _write_record(data_root, spec, final, digest, source.revision)
+    _write_record(data_root, spec, final, digest, source_origin(source))
     return DownloadResult(
         spec.path,
         final,
@@ -325,6 +336,37 @@ def _download(
         skipped=False,
         attempts=fetched.attempts,
     )
+
+
+def source_origin(source: HubSource) -> Origin:
+    """What an archive's record names as the source it was verified from."""
+    return (source.repo_type, source.repo_id, source.revision)
+
+
+def _confirm_origin(
+    source: HubSource, spec: ArchiveSpec, prior: tuple[object, ...], attempts: int, backoff: float | None
+) -> None:
+    """Ask the hub whether the profile's source holds ``spec`` as pinned (``confirm_at_source``);
+    the verified file and its record stay as they are whatever it answers."""
+    was = "{}:{}@{}".format(*(p or "?" for p in prior))
+    if hub_offline():
+        raise HubOfflineError(
+            f"HF_HUB_OFFLINE is set and {spec.path} was verified from {was}, not from the profile's "
+            f"{source.repo_type}:{source.repo_id}@{source.revision}: the hub must confirm it there once; "
+            "nothing was requested.",
+            fix="unset HF_HUB_OFFLINE for one build (or correct [source] in the profile if it is a typo)",
+            missing=[spec.path],
+        )
+    try:
+        confirm_at_source(
+            source, spec, attempts=max(1, attempts), backoff=default_backoff() if backoff is None else backoff
+        )
+    except HubError as e:
+        e.message += (
+            f" ({spec.path} on disk was verified from {was}; it was left where it is. If the profile's "
+            "[source] repo_id or revision is a typo, correct it.)"
+        )
+        raise
 
 
 def offline_error(data_root: Path, missing: list[str]) -> HubOfflineError:

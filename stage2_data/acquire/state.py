@@ -2,11 +2,14 @@
 the build needs.
 
 Only a file whose sha256 equals its pin is published as ``archives/<path>``, next to a verification
-record ``archives/<path>.verified.json`` (path, size, inode, mtime_ns, ctime_ns, sha256, revision,
-verified_at). A later call that finds a record matching the file's (inode, size, mtime_ns,
-ctime_ns) and the pinned sha256 trusts the file without reading it and makes no request. Any other
-stat means the bytes may have changed (size and mtime can be restored after an edit; the ctime
-cannot): the file is re-hashed, never trusted and never deleted (``check_existing``).
+record ``archives/<path>.verified.json`` (path, size, inode, mtime_ns, ctime_ns, sha256, the source
+it was verified from: repo_type, repo_id, revision; verified_at). A later call that finds a record
+matching the file's (inode, size, mtime_ns, ctime_ns) and the pinned sha256 trusts the file without
+reading it. Any other stat means the bytes may have changed (size and mtime can be restored after
+an edit; the ctime cannot): the file is re-hashed, never trusted and never deleted
+(``check_existing``). A record of another source than the profile's (``record_origin``: a repo or
+revision changed in the profile) makes the download step ask the hub, as a first download does,
+before the file stands for the new source.
 """
 
 from __future__ import annotations
@@ -63,8 +66,31 @@ def _record_matches(rec: dict[str, Any] | None, spec: ArchiveSpec, st: os.stat_r
     )
 
 
-def _write_record(data_root: Path, spec: ArchiveSpec, final: Path, sha256: str, revision: str) -> None:
+#: (repo_type, repo_id, revision): the source a verified archive came from
+Origin = tuple[str, str, str]
+
+
+def record_origin(data_root: Path, spec: ArchiveSpec) -> tuple[Any, Any, Any] | None:
+    """The source the archive's record says it was verified from (``None`` fields for a record of
+    an earlier stage2, which kept the revision only); None without a record."""
+    rec = _read_record(layout.verified_record_path(data_root, spec.path))
+    if rec is None:
+        return None
+    return (rec.get("repo_type"), rec.get("repo_id"), rec.get("revision"))
+
+
+def set_record_origin(data_root: Path, spec: ArchiveSpec, origin: Origin) -> None:
+    """The archive's record, now naming ``origin`` (the hub confirmed the file there)."""
+    path = layout.verified_record_path(data_root, spec.path)
+    rec = _read_record(path)
+    if rec is not None:
+        rec.update(zip(("repo_type", "repo_id", "revision"), origin, strict=True))
+        atomic_write_json(path, rec)
+
+
+def _write_record(data_root: Path, spec: ArchiveSpec, final: Path, sha256: str, origin: Origin) -> None:
     st = final.stat()
+    repo_type, repo_id, revision = origin
     atomic_write_json(
         layout.verified_record_path(data_root, spec.path),
         {
@@ -74,6 +100,8 @@ def _write_record(data_root: Path, spec: ArchiveSpec, final: Path, sha256: str, 
             "mtime_ns": st.st_mtime_ns,
             "ctime_ns": st.st_ctime_ns,
             "sha256": sha256,
+            "repo_type": repo_type,
+            "repo_id": repo_id,
             "revision": revision,
             "verified_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         },
@@ -162,7 +190,7 @@ class LocalFile:
 
 
 def check_existing(
-    spec: ArchiveSpec, data_root: Path, final: Path, revision: str, reverify: bool
+    spec: ArchiveSpec, data_root: Path, final: Path, origin: Origin, reverify: bool
 ) -> str | LocalFile:
     """The pinned sha256 when the final file is good: its record matches its (inode, size,
     mtime_ns, ctime_ns) (nothing read), or it is re-hashed equal to its pin (its record rewritten).
@@ -178,7 +206,7 @@ def check_existing(
     except OSError as e:
         raise fs_error(e, f"reading {final} to check it against its pin") from e
     if st.st_size == spec.size and digest == spec.sha256:
-        _write_record(data_root, spec, final, digest, revision)
+        _write_record(data_root, spec, final, digest, origin)
         return digest
     return LocalFile(final, st.st_size, digest, rec)
 

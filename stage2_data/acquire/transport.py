@@ -154,6 +154,21 @@ def _disk_full(spec: ArchiveSpec, part: Path) -> DiskSpaceError:
     )
 
 
+def confirm_at_source(source: HubSource, spec: ArchiveSpec, *, attempts: int, backoff: float) -> None:
+    """The hub's answer to the HEAD of ``spec`` at the pinned revision (its commit, size and
+    sha256), checked as a download checks it before its first byte, without downloading: for a
+    verified file whose record names another source than the profile's. A HubError names what
+    disagrees (a revision or repo that does not exist, a file the hub holds with other bytes)."""
+    url = source.file_url(spec.path)
+    with_retries(
+        lambda _attempt: _check_metadata(source, spec, url),
+        source,
+        what=f"checking {spec.path} at {source.label}@{source.revision}",
+        path=spec.path,
+        policy=RetryPolicy(attempts=attempts, backoff=backoff),
+    )
+
+
 def _check_metadata(source: HubSource, spec: ArchiveSpec, url: str) -> None:
     meta = get_hf_file_metadata(url, token=source.token)
     if meta.commit_hash is None:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__, layout
-from ..acquire import archive_state, verified_sha256s
+from ..acquire import archive_state, record_origin, verified_sha256s
 from ..extract import EXTRACTOR_VERSION, check_extraction, load_extraction_record, write_json_if_changed
 from ..fsutil import canonical_json
 from ..kit.sidecar_facts import SIDECAR_MARKER
@@ -57,7 +57,15 @@ def _stat(p: Path) -> list[int] | None:
 
 
 def acquire_status(profile: Profile, data_root: Path) -> str | None:
-    todo = [a.path for a in profile.archives if archive_state(data_root, a).state != "verified"]
+    """None when every archive is verified, from the profile's source (repo and revision): a
+    record of another source is confirmed with the hub by the acquire stage."""
+    src = profile.source
+    origin = (src.repo_type, src.repo_id, src.revision)
+    todo = [
+        a.path
+        for a in profile.archives
+        if archive_state(data_root, a).state != "verified" or record_origin(data_root, a) != origin
+    ]
     if not todo:
         return None
     return f"{len(todo)} archive(s) to download or verify ({todo[0]}{', ...' if len(todo) > 1 else ''})"
