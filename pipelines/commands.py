@@ -342,7 +342,7 @@ def print_build_summary(s: dict[str, Any]) -> None:
         if current is not None:  # the path to keep: the versioned folder goes by the retention policy
             print(f"current:      {current}")
             print("open it:      from stage2_data.store import VinOfflineDataset")
-            print(f'              ds = VinOfflineDataset("{current}", split="train")')
+            print(f'              ds = VinOfflineDataset({_py_str(current)}, split="train")')
     else:
         print("BUILD FAILED" + (f" (stopped after {s['stopped_after']})" if s.get("stopped_after") else ""))
         for c in checks:
@@ -360,6 +360,15 @@ def print_build_summary(s: dict[str, Any]) -> None:
             print(f"  error {e['step']}{part}: {e['message']}")
     print(f"UI:           {s['ui']}")
     print("              then open http://127.0.0.1:3000 (the build's runs are on their jobs' pages)")
+
+
+def _py_str(text: str) -> str:
+    """``text`` as a Python string literal that pastes and runs whatever its characters (``"``,
+    ``'``, backslashes): ``repr``'s, in double quotes unless ``text`` holds one, as the docs show
+    the snippet. The same as ``stage2_data.preview.report.python_str``, not imported from there:
+    that package brings numpy and Pillow, which a no-op build does not load."""
+    quoted = repr(text)
+    return f'"{quoted[1:-1]}"' if quoted[0] == "'" and '"' not in text else quoted
 
 
 def _current_link(s: dict[str, Any]) -> str | None:

@@ -107,6 +107,99 @@ def check_settings() -> None:
             raise SettingError(f"STAGE2_STORE_URL={url!r}: {e.message}", fix=e.fix) from None
 
 
+_FLAG_TRUE = ("1", "true", "yes", "on")
+_FLAG_FALSE = ("", "0", "false", "no", "off")
+
+
+def env_flag(name: str) -> bool:
+    """The yes or no the environment variable ``name`` holds: ``1``/``true``/``yes``/``on`` or
+    ``0``/``false``/``no``/``off`` (any case), unset or empty for no. Anything else is refused rather
+    than read as yes (``false`` used to turn the setting on)."""
+    raw = os.environ.get(name, "")
+    if raw.strip().lower() in _FLAG_TRUE:
+        return True
+    if raw.strip().lower() in _FLAG_FALSE:
+        return False
+    raise SettingError(f"{name}={raw!r} is not a yes or no.", fix=f"set {name}=1 (yes), or unset it (no)")
+
+
+STORE_OPTIONS_EXAMPLE = """STAGE2_STORE_OPTIONS='{"endpoint_url": "http://127.0.0.1:9000"}'"""
+
+
+def env_store_options() -> dict[str, Any]:
+    """The fsspec storage options of ``STAGE2_STORE_OPTIONS``: a JSON object (``{}`` when unset or
+    empty). Anything else is refused naming the variable but not its value, which may hold
+    credentials (as ``ui_command`` never prints it)."""
+    raw = os.environ.get("STAGE2_STORE_OPTIONS", "").strip()
+    if not raw:
+        return {}
+    fix = f"set it to a JSON object of fsspec storage options, e.g. {STORE_OPTIONS_EXAMPLE}, or unset it"
+    try:
+        options = json.loads(raw)
+    except json.JSONDecodeError as e:  # said: where the text stops parsing, not the text
+        raise SettingError(
+            f"STAGE2_STORE_OPTIONS is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}; "
+            "the value is not shown: it may hold credentials).",
+            fix=fix,
+        ) from None
+    if not isinstance(options, dict):
+        raise SettingError(
+            f"STAGE2_STORE_OPTIONS holds a JSON {_json_kind(options)}, not an object of storage options.",
+            fix=fix,
+        )
+    return options
+
+
+def _json_kind(value: object) -> str:
+    """What JSON calls the type of the parsed ``value``."""
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bool):
+        return "boolean"
+    if value is None:
+        return "null"
+    return "number"
+
+
+#: every value ``STAGE2_EXECUTOR`` takes (the executors of ``executors.EXECUTORS``, which imports
+#: this module, so it cannot be imported here)
+EXECUTOR_NAMES = ("in_process", "multiprocess", *EXECUTOR_EXTRAS)
+
+
+def env_executor() -> tuple[str, str | None]:
+    """``STAGE2_EXECUTOR`` (default ``in_process``) and ``STAGE2_DASK_ADDRESS``, refused unless the
+    code location can build that executor: a known name, a scheduler address for ``dask``, its extra
+    installed (:func:`require_executor`), and for ``k8s`` its config file
+    (``STAGE2_K8S_EXECUTOR_CONFIG``) present. Otherwise the Definitions would fail to build with an
+    error that names no variable."""
+    executor = os.environ.get("STAGE2_EXECUTOR", "").strip() or "in_process"
+    dask_address = os.environ.get("STAGE2_DASK_ADDRESS", "").strip() or None
+    if executor not in EXECUTOR_NAMES:
+        raise SettingError(
+            f"STAGE2_EXECUTOR={executor!r} is not an executor ({', '.join(EXECUTOR_NAMES)}).",
+            fix="set it to one of them, or unset it for in_process",
+        )
+    if executor == "dask" and not dask_address:
+        raise SettingError(
+            "STAGE2_EXECUTOR=dask needs STAGE2_DASK_ADDRESS (the scheduler the steps run on).",
+            fix="set STAGE2_DASK_ADDRESS=tcp://<scheduler host>:8786, or choose another executor "
+            "(in_process, multiprocess)",
+        )
+    require_executor(executor)
+    if executor == "k8s" and not (path := k8s_executor_config_path()).is_file():
+        what = "is not a file" if path.exists() else "does not exist"
+        given = os.environ.get("STAGE2_K8S_EXECUTOR_CONFIG")
+        raise SettingError(
+            f"STAGE2_EXECUTOR=k8s: its executor config {path} {what}"
+            + (f" (STAGE2_K8S_EXECUTOR_CONFIG={given!r})." if given else " (the one installed with stage2)."),
+            fix="set STAGE2_K8S_EXECUTOR_CONFIG to a k8s_job_executor config file (as deploy/k8s/executor.yaml)"
+            + (", or unset it for the one installed" if given else ", or reinstall stage2-data"),
+        )
+    return executor, dask_address
+
+
 def dagster_home() -> Path:
     """``DAGSTER_HOME`` for ``make ui`` (``stage2 build`` defaults to ``<data root>/.dagster``)."""
     return _path("DAGSTER_HOME", ".dagster_home")
@@ -224,8 +317,12 @@ class BuildConfig:
 
     @classmethod
     def from_env(cls) -> BuildConfig:
+        """The config the environment's ``STAGE2_*`` settings give; a value that does not parse
+        raises :class:`SettingError` naming the variable and the fix (the code location then fails
+        to load with that one line, and `make ui` says it before anything starts)."""
         from stage2_data.acquire import resolve_endpoint  # $HF_ENDPOINT, read now (not at import)
 
+        executor, dask_address = env_executor()
         return cls(
             profile_path=str(_path("STAGE2_PROFILE", default_profile())),
             data_root=str(_path("STAGE2_DATA_ROOT", demo_root() / "data")),
@@ -233,12 +330,12 @@ class BuildConfig:
             kit_root=os.environ.get("STAGE2_KIT_ROOT") or None,
             hub_folder=os.environ.get("STAGE2_HUB_FOLDER") or None,
             token_env_var=os.environ.get("STAGE2_TOKEN_ENV", "HF_TOKEN"),
-            reverify=os.environ.get("STAGE2_REVERIFY", "") not in ("", "0"),
+            reverify=env_flag("STAGE2_REVERIFY"),
             webhook_url=os.environ.get("STAGE2_ALERT_WEBHOOK") or None,
             store_url=os.environ.get("STAGE2_STORE_URL") or None,
-            store_options=json.loads(os.environ.get("STAGE2_STORE_OPTIONS") or "{}"),
-            executor=os.environ.get("STAGE2_EXECUTOR") or "in_process",
-            dask_address=os.environ.get("STAGE2_DASK_ADDRESS") or None,
+            store_options=env_store_options(),
+            executor=executor,
+            dask_address=dask_address,
         )
 
 

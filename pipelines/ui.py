@@ -7,7 +7,10 @@ the port from ``STAGE2_UI_PORT`` (3000) and the services' log level from ``STAGE
 (``warning``: the webserver and the daemon say something only when something goes wrong, not at
 every sensor or schedule tick).
 
-The code location gets the settings of the environment when ``STAGE2_PROFILE`` is set (what
+The ``STAGE2_*`` settings the code location parses (``BuildConfig.from_env``: the executor, the
+storage options, ...) and those it reads late (``config.check_settings``) are checked first, demo or
+not: a bad one is refused in one line naming the variable and the fix. The code location gets the
+settings of the environment when ``STAGE2_PROFILE`` is set (what
 `stage2 build` prints on its ``UI:`` line for its own build: ``config.ui_command``), once its
 definitions load with them (a missing profile is refused in one line, not shown as a code location
 error in a UI that started anyway); otherwise the
@@ -40,7 +43,7 @@ from stage2_data.demo import generate_demo
 from stage2_data.errors import Stage2Error
 
 from . import definitions
-from .config import dagster_home, demo_root, demo_settings
+from .config import BuildConfig, check_settings, dagster_home, demo_root, demo_settings
 from .runner import write_instance_yaml
 
 STOP_GRACE = 5.0  # seconds a process group has to end after SIGTERM before it is killed
@@ -145,6 +148,14 @@ def main() -> int:
     if problem is not None:
         print(f"make ui: {problem}", file=sys.stderr)
         return 2
+    refused = "make ui: the code location does not load with these settings:"
+    try:  # the settings the code location parses (executor, storage options, ...), demo or not:
+        # a bad one is said here in one line, before a demo is generated or anything starts
+        check_settings()
+        BuildConfig.from_env()
+    except Stage2Error as e:
+        print(f"{refused} {e}", file=sys.stderr)
+        return 2
     if not env.get("STAGE2_PROFILE"):  # the demo's settings, as `make demo` builds it
         generate_demo(demo_root() / "demo")
         env.update(demo_settings())
@@ -153,7 +164,7 @@ def main() -> int:
         try:
             definitions.defs_from_env()
         except Stage2Error as e:
-            print(f"make ui: the code location does not load with these settings: {e}", file=sys.stderr)
+            print(f"{refused} {e}", file=sys.stderr)
             return 2
     env["DAGSTER_HOME"] = str(dagster_home())
     Path(env["DAGSTER_HOME"]).mkdir(parents=True, exist_ok=True)

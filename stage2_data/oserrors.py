@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
+import stat
 from collections.abc import Iterator
+from pathlib import Path
 
 from .errors import DiskSpaceError, FileSystemError, Stage2Error
 
@@ -26,6 +29,39 @@ _FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
 def _paths(e: OSError) -> str:
     names = [n for n in (e.filename, e.filename2) if n is not None]
     return " -> ".join(str(n) for n in names)
+
+
+# What a path that exists but is no folder is, by its mode (anything else is a "file")
+_KINDS = (
+    (stat.S_ISCHR, "character device"),
+    (stat.S_ISBLK, "block device"),
+    (stat.S_ISFIFO, "named pipe (FIFO)"),
+    (stat.S_ISSOCK, "socket"),
+)
+
+
+def _in_the_way(e: OSError) -> tuple[str, str] | None:
+    """The component of ``e``'s path that exists but is not a folder (links followed), the one a
+    "Not a directory" or "File exists" is about, and what it is ("file", "character device", ...);
+    None when every component that exists is a folder. The error names the deepest path it was
+    given (``<data root>/archives/x.tar``), but the component in the way may lie far above it. A
+    "File exists" of a link or a rename is about its destination (the second path) alone."""
+    names = (
+        (e.filename2,) if e.errno == errno.EEXIST and e.filename2 is not None else (e.filename, e.filename2)
+    )
+    for name in names:
+        if not isinstance(name, (str, bytes, os.PathLike)) or not os.fspath(name):
+            continue  # none, or a file descriptor: no path to walk
+        full = Path(os.fsdecode(name))
+        for part in (*reversed(full.parents), full):
+            try:
+                mode = os.stat(part).st_mode
+            except OSError:  # missing (nothing below it exists) or unreadable: nothing to name
+                break
+            if not stat.S_ISDIR(mode):
+                kind = next((k for test, k in _KINDS if test(mode)), "file")
+                return str(part), kind
+    return None
 
 
 def fs_error(e: OSError, doing: str, *, where: str | None = None) -> Stage2Error:
@@ -48,6 +84,20 @@ def fs_error(e: OSError, doing: str, *, where: str | None = None) -> Stage2Error
         fix = f"remount the file system read-write{other}, then re-run"
     elif code in (errno.EACCES, errno.EPERM):
         fix = f"give this user write (and read) access to {path or 'that path'}{other}, then re-run"
+    elif code in (errno.ENOTDIR, errno.EEXIST) and (blocker := _in_the_way(e)) is not None:
+        found, kind = blocker
+        # ``doing`` may be the option that gave the path (``--data-root``): the one to change
+        instead = f"another {doing}" if doing.startswith("--") else where and f"another folder than {where}"
+        if kind == "file":
+            fix = (
+                f"a file stands where a folder is needed: {found}; move or delete that file"
+                f"{f' (or choose {instead})' if instead else ''}, then re-run"
+            )
+        else:  # a device, a pipe, a socket: never to be deleted, so the path is what must change
+            fix = (
+                f"{found} is a {kind}, not a folder: leave it as it is and choose "
+                f"{instead or 'a path that does not go through it'}, then re-run"
+            )
     elif code in (errno.ENOTDIR, errno.EEXIST):
         fix = (
             f"a file stands where a folder is needed on the path {path or ''}: move or delete that file"

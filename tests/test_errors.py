@@ -95,14 +95,19 @@ def test_a_setting_that_does_not_parse_is_named_before_anything_runs(
 
 
 @pytest.mark.parametrize(
-    ("name", "value"),
+    ("name", "value", "says"),
     [
-        ("STAGE2_STREAM_RUN_MB", "1GiB"),
-        ("STAGE2_KEEP_STORES", "abc"),
-        ("STAGE2_STORE_URL", "s3:/bucket/stores"),
+        ("STAGE2_STREAM_RUN_MB", "1GiB", None),
+        ("STAGE2_KEEP_STORES", "abc", None),
+        ("STAGE2_STORE_URL", "s3:/bucket/stores", None),
+        # parsed when the definitions load (BuildConfig.from_env), not read late: named all the same
+        ("STAGE2_EXECUTOR", "foo", None),
+        ("STAGE2_STORE_OPTIONS", "[1]", "STAGE2_STORE_OPTIONS holds a JSON array"),
     ],
 )
-def test_the_code_location_refuses_to_load_with_a_setting_that_does_not_parse(name: str, value: str) -> None:
+def test_the_code_location_refuses_to_load_with_a_setting_that_does_not_parse(
+    name: str, value: str, says: str | None
+) -> None:
     """The same settings in the environment of the UI's or the daemon's code location (read late: when
     a rebuild requests its streamed runs, when the store stage applies retention): its definitions
     fail to load with the named error (Dagster's own `definitions validate`, as a deployment checks
@@ -115,4 +120,54 @@ def test_the_code_location_refuses_to_load_with_a_setting_that_does_not_parse(na
     )  # fmt: skip
     said = r.stdout + r.stderr
     assert r.returncode != 0, said[-3000:]
-    assert "Validation failed" in said and f"Error: {name}={value!r}" in said and "Fix:" in said, said[-3000:]
+    named = f"Error: {says or f'{name}={value!r}'}"
+    assert "Validation failed" in said and named in said and "Fix:" in said, said[-3000:]
+
+
+def _build_into(data_root: Path, demo: DemoPaths) -> tuple[int, str]:
+    """`stage2 build` of the demo into ``data_root``: its exit code and its one line of stderr."""
+    r = stage2(
+        "build", "--profile", str(demo.profile), "--data-root", str(data_root),
+        "--hub-folder", str(demo.upstream), timeout=120,
+    )  # fmt: skip
+    assert "Traceback" not in r.stdout + r.stderr, r.tail()
+    err = r.stderr.strip()
+    assert len(err.splitlines()) == 1, err
+    return r.returncode, err
+
+
+def test_a_data_root_that_is_a_device_is_not_to_be_deleted(demo_cache: DemoPaths, tmp_path: Path) -> None:
+    """`--data-root /dev/null`: named as the character device it is, and the fix is another data root;
+    never "delete that file" (deleting /dev/null breaks the machine)."""
+    code, err = _build_into(Path("/dev/null"), demo_cache)
+    assert code == 2, err
+    assert err.startswith("stage2 build: error: --data-root: /dev/null: Not a directory."), err
+    assert "Fix: /dev/null is a character device, not a folder" in err, err
+    assert "choose another --data-root" in err and "delete" not in err, err
+
+
+def test_a_file_above_the_data_root_is_the_one_named(demo_cache: DemoPaths, tmp_path: Path) -> None:
+    """`--data-root <file>/sub`: the fix names the file that is in the way (``<file>``), not the first
+    path the build would have made below it (``<file>/sub/archives/<tar>``)."""
+    blocker = tmp_path / "afile"
+    blocker.write_text("not a folder\n")
+    code, err = _build_into(blocker / "sub", demo_cache)
+    assert code == 2, err
+    assert f"Fix: a file stands where a folder is needed: {blocker}; move or delete that file" in err, err
+
+
+def test_a_pipe_in_the_way_is_named_as_one_and_left_alone(tmp_path: Path) -> None:
+    """An OSError whose path goes through a named pipe: the fix names the pipe as what it is and
+    says to choose another path (or the folder ``where`` names) instead of deleting it."""
+    import errno
+    import os
+
+    from stage2_data.oserrors import fs_error
+
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    e = NotADirectoryError(errno.ENOTDIR, "Not a directory", str(pipe / "sub" / "x.tar"))
+    said = str(fs_error(e, ""))
+    assert said.startswith(f"{pipe}/sub/x.tar: Not a directory. Fix: {pipe} is a named pipe (FIFO)"), said
+    assert "a path that does not go through it" in said and "delete" not in said, said
+    assert f"another folder than {tmp_path}" in str(fs_error(e, "extracting", where=str(tmp_path)))

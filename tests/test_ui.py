@@ -4,6 +4,7 @@ reported."""
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import html
 import io
@@ -731,6 +732,110 @@ def test_make_ui_refuses_settings_its_code_location_cannot_load(profile: str, tm
     assert said.startswith(f"make ui: the code location does not load with these settings: {want}"), said
     assert "Fix:" in said and "starting the Dagster UI" not in out, out
     assert not (tmp_path / "home").exists()
+
+
+def _make_ui_refusal(env: dict[str, str], cwd: Path) -> tuple[int, str, str]:
+    """`make ui` (``-m stage2_pipelines.ui``) with ``env``, expected to refuse at once: its exit
+    code, stdout and stderr; one that starts the UI after all is stopped as Ctrl-C stops it, and
+    fails the test."""
+    ui = subprocess.Popen(
+        [sys.executable, "-m", "stage2_pipelines.ui"], env=env, cwd=cwd, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        out, err = ui.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        ui.send_signal(signal.SIGTERM)
+        out, err = ui.communicate(timeout=60)
+        pytest.fail(f"make ui started with settings its code location cannot load:\n{out}{err}")
+    return ui.returncode, out, err
+
+
+BAD_LOCATION_SETTINGS = {
+    "options-not-json": ("STAGE2_STORE_OPTIONS", "{bad", "STAGE2_STORE_OPTIONS is not valid JSON"),
+    "options-not-an-object": ("STAGE2_STORE_OPTIONS", "[1]", "STAGE2_STORE_OPTIONS holds a JSON array"),
+    "executor-unknown": ("STAGE2_EXECUTOR", "foo", "STAGE2_EXECUTOR='foo' is not an executor"),
+    "dask-without-address": ("STAGE2_EXECUTOR", "dask", "STAGE2_EXECUTOR=dask needs STAGE2_DASK_ADDRESS"),
+    "reverify-not-a-flag": ("STAGE2_REVERIFY", "maybe", "STAGE2_REVERIFY='maybe' is not a yes or no"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_LOCATION_SETTINGS))
+def test_make_ui_names_a_setting_its_code_location_cannot_parse(
+    case: str, demo_cache: DemoPaths, tmp_path: Path
+) -> None:
+    """`make ui` with a ``STAGE2_*`` setting of the code location that does not parse (storage
+    options that are not a JSON object, an executor that is none or lacks its scheduler, a flag
+    that is not a yes or no): one line naming the variable and the fix, exit 2, before anything
+    starts; not the traceback of a JSON, type or value error. Storage options are not echoed."""
+    name, value, says = BAD_LOCATION_SETTINGS[case]
+    env = subprocess_env(
+        drop=("STAGE2_DASK_ADDRESS",),
+        STAGE2_PROFILE=str(demo_cache.profile),
+        STAGE2_DATA_ROOT=str(tmp_path / "data"),
+        STAGE2_UI_PORT=str(free_port()),
+        DAGSTER_HOME=str(tmp_path / "home"),
+        **{name: value},
+    )
+    code, out, err = _make_ui_refusal(env, tmp_path)
+    said = err.strip()
+    assert code == 2, out + err
+    assert "Traceback" not in out + err and len(said.splitlines()) == 1, said
+    assert said.startswith(f"make ui: the code location does not load with these settings: {says}"), said
+    assert "Fix: " in said and "starting the Dagster UI" not in out, out
+    if name == "STAGE2_STORE_OPTIONS":
+        assert value not in said, said  # storage options may hold credentials
+    assert not (tmp_path / "home").exists()
+
+
+def test_make_ui_names_a_bad_setting_before_it_generates_the_demo(tmp_path: Path) -> None:
+    """`make ui` without ``STAGE2_PROFILE`` (the demo) checks the same settings, before it
+    generates the demo: its code location would load them as well."""
+    env = subprocess_env(
+        drop=("STAGE2_PROFILE", "STAGE2_DATA_ROOT", "STAGE2_HUB_FOLDER"),
+        STAGE2_DEMO_ROOT=str(tmp_path / "demo"),
+        STAGE2_EXECUTOR="foo",
+        STAGE2_UI_PORT=str(free_port()),
+        DAGSTER_HOME=str(tmp_path / "home"),
+    )
+    code, out, err = _make_ui_refusal(env, tmp_path)
+    said = err.strip()
+    assert code == 2 and "Traceback" not in out + err and len(said.splitlines()) == 1, out + err
+    assert "STAGE2_EXECUTOR='foo' is not an executor" in said and "Fix: " in said, said
+    assert not (tmp_path / "demo").exists() and not (tmp_path / "home").exists()
+
+
+def test_the_open_it_lines_run_whatever_the_paths_characters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The build summary's ``open it:`` line and the store's open snippet (``preview.open_snippet``)
+    are Python that runs as pasted: a data root holding ``"``, ``'`` and a backslash is a correctly
+    quoted string literal; a plain path is in double quotes, as the docs show it."""
+    from stage2_data import layout
+    from stage2_data.preview import open_snippet
+    from stage2_pipelines.commands import print_build_summary
+
+    monkeypatch.chdir(tmp_path)  # a data root under the working folder: said relative to it
+    for root, shown in (
+        (Path("dä ta 'root\"\\x"), None),  # relative to the working folder, as the line says it
+        (Path("data"), '"data/stores/p/current"'),
+    ):
+        current = layout.current_store_path(root, "p")
+        summary = {
+            "profile": "p", "data_root": str(root), "runs": [], "dagster_home": str(tmp_path / "home"),
+            "checks": [], "up_to_date": True, "ok": True, "store": str(current), "fingerprint": "f" * 16,
+            "ui": "make ui",
+        }  # fmt: skip
+        print_build_summary(summary)
+        out = capsys.readouterr().out
+        line = next(ln for ln in out.splitlines() if "ds = VinOfflineDataset(" in ln)
+        for code in (line.strip(), open_snippet(str(current))):
+            call = ast.parse(code.splitlines()[1] if code.startswith("from ") else code).body[0]
+            assert isinstance(call, ast.Assign) and isinstance(call.value, ast.Call), code
+            assert ast.literal_eval(call.value.args[0]) == str(current), code
+        if shown is not None:
+            assert f'ds = VinOfflineDataset({shown}, split="train")' in line, line
+            assert f'VinOfflineDataset({shown}, split="train")' in open_snippet(str(current))
 
 
 @pytest.mark.system

@@ -33,13 +33,21 @@ def markdown_image(png: bytes, alt: str) -> str:
     return f"![{alt}](data:image/png;base64,{base64.b64encode(png).decode('ascii')})"
 
 
+def python_str(text: str) -> str:
+    """``text`` as a Python string literal that pastes and runs whatever its characters (``"``,
+    ``'``, backslashes): ``repr``'s, in double quotes unless ``text`` holds one, as the docs show
+    the snippet."""
+    quoted = repr(text)
+    return f'"{quoted[1:-1]}"' if quoted[0] == "'" and '"' not in text else quoted
+
+
 def open_snippet(published: str, storage_options: bool = False) -> str:
     """The three lines of Python that open the store published at ``published`` (the core install
-    is enough)."""
+    is enough); the path is a string literal that runs whatever its characters."""
     opts = ", storage_options={...}" if storage_options else ""
     return (
         "from stage2_data.store import VinOfflineDataset\n"
-        f'ds = VinOfflineDataset("{published}", split="train"{opts})\n'
+        f'ds = VinOfflineDataset({python_str(published)}, split="train"{opts})\n'
         "sample = ds[0]  # frames uint8 (T, H, W, 3), actions, task, quality_label, source, ..."
     )
 

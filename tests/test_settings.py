@@ -1,0 +1,132 @@
+"""The ``STAGE2_*`` settings the code location parses (``BuildConfig.from_env``): every value it
+takes, and every other one refused with a ``SettingError`` naming the variable and the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from stage2_data.errors import SettingError
+from stage2_pipelines.config import EXECUTOR_NAMES, BuildConfig, env_executor, env_flag, env_store_options
+from stage2_pipelines.executors import EXECUTORS
+
+
+@pytest.mark.parametrize(
+    ("raw", "value"),
+    [
+        ("", False),
+        ("0", False),
+        ("no", False),
+        ("False", False),
+        ("1", True),
+        ("true", True),
+        (" YES ", True),
+    ],
+)
+def test_a_flag_is_a_yes_or_a_no(raw: str, value: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STAGE2_REVERIFY", raw)
+    assert env_flag("STAGE2_REVERIFY") is value
+
+
+def test_a_flag_that_is_neither_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not read as yes: ``maybe`` (or a typo of ``false``) used to turn re-hashing on."""
+    monkeypatch.setenv("STAGE2_REVERIFY", "maybe")
+    with pytest.raises(SettingError, match=r"^STAGE2_REVERIFY='maybe' is not a yes or no\. Fix: "):
+        env_flag("STAGE2_REVERIFY")
+
+
+@pytest.mark.parametrize(
+    ("raw", "says"),
+    [
+        ("{bad", "STAGE2_STORE_OPTIONS is not valid JSON (Expecting property name"),
+        ("[1]", "STAGE2_STORE_OPTIONS holds a JSON array, not an object"),
+        ('"secret"', "STAGE2_STORE_OPTIONS holds a JSON string, not an object"),
+        ("null", "STAGE2_STORE_OPTIONS holds a JSON null, not an object"),
+    ],
+)
+def test_storage_options_that_are_not_an_object_are_refused_unechoed(
+    raw: str, says: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Named, with the fix (an example that works in a shell), and the value never echoed: storage
+    options may hold credentials."""
+    monkeypatch.setenv("STAGE2_STORE_OPTIONS", raw)
+    with pytest.raises(SettingError) as got:
+        env_store_options()
+    said = str(got.value)
+    assert said.startswith(says) and "Fix: set it to a JSON object" in said, said
+    assert raw in says or raw not in said.split(" Fix: ")[0], said  # ("null" is the kind it names)
+
+
+def test_storage_options_as_a_build_passes_them_parse(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``to_env`` of a config gives that config again (its settings, as a build's code server loads
+    them): storage options, the reverify flag, the executor and its scheduler."""
+    config = BuildConfig(
+        profile_path="/p.toml",
+        data_root="/d",
+        endpoint="http://127.0.0.1:9",
+        reverify=True,
+        store_url="s3://bucket/stores",
+        store_options={"endpoint_url": "http://127.0.0.1:9000", "anon": True},
+        executor="dask",
+        dask_address="tcp://127.0.0.1:8786",
+    )
+    for name, value in config.to_env().items():
+        monkeypatch.setenv(name, value)
+    assert BuildConfig.from_env() == config
+    monkeypatch.setenv("STAGE2_STORE_OPTIONS", "")
+    assert env_store_options() == {}
+
+
+def test_the_executor_names_are_the_executors() -> None:
+    """``config`` cannot import ``executors`` (which imports it): the names it accepts are kept equal here."""
+    assert EXECUTOR_NAMES == EXECUTORS
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        (
+            {"STAGE2_EXECUTOR": "foo"},
+            "STAGE2_EXECUTOR='foo' is not an executor (in_process, multiprocess, dask, k8s)",
+        ),
+        ({"STAGE2_EXECUTOR": "dask"}, "STAGE2_EXECUTOR=dask needs STAGE2_DASK_ADDRESS"),
+        (
+            {"STAGE2_EXECUTOR": "k8s", "STAGE2_K8S_EXECUTOR_CONFIG": "/nonexistent/executor.yaml"},
+            "STAGE2_EXECUTOR=k8s: its executor config /nonexistent/executor.yaml does not exist",
+        ),
+    ],
+    ids=["unknown", "dask-without-scheduler", "k8s-without-config"],
+)
+def test_an_executor_the_definitions_cannot_build_is_named(
+    env: dict[str, str], says: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("STAGE2_DASK_ADDRESS", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SettingError) as got:
+        env_executor()
+    assert str(got.value).startswith(says) and " Fix: " in str(got.value), str(got.value)
+
+
+def test_the_default_executor_is_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("STAGE2_EXECUTOR", raising=False)
+    monkeypatch.delenv("STAGE2_DASK_ADDRESS", raising=False)
+    assert env_executor() == ("in_process", None)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("STAGE2_REVERIFY", "maybe"),
+        ("STAGE2_STORE_OPTIONS", "{bad"),
+        ("STAGE2_STORE_OPTIONS", "[1]"),
+        ("STAGE2_EXECUTOR", "foo"),
+    ],
+)
+def test_the_config_of_the_environment_refuses_each_one(
+    name: str, value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``BuildConfig.from_env`` (what the code location loads) raises the named error, not the
+    JSON, type or value error of a parse, nor reads ``maybe`` as yes."""
+    monkeypatch.setenv(name, value)
+    with pytest.raises(SettingError, match=f"^{name}"):
+        BuildConfig.from_env()
