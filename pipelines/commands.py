@@ -240,14 +240,15 @@ def _run_build(
             if bar:
                 with contextlib.suppress(Exception):
                     bar.close()
+        if not stop.stopped:  # still guarded: a signal now is a stop after the store was published
+            summary["ui"] = ui_command(config, Path(summary["dagster_home"]))
+            if args.json:
+                print_json(summary)
+            else:
+                print_build_summary(summary)
     if stop.stopped:
         eprint(stop.message())
         return stop.exit_code
-    summary["ui"] = ui_command(config, Path(summary["dagster_home"]))
-    if args.json:
-        print_json(summary)
-    else:
-        print_build_summary(summary)
     return build_exit_code(summary)
 
 

@@ -134,7 +134,8 @@ class Stop:
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
         self._note(signum)
-        self.check()
+        if not self._done.is_set():  # the guard is ending: it reports the stop, nothing to interrupt
+            self.check()
 
     # ----- the watcher thread -----
     def _note(self, signum: int, *, counted: bool = False) -> None:

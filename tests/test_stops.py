@@ -474,3 +474,54 @@ def test_an_interrupted_step_worker_ends_quietly_on_more_stop_signals(tmp_path: 
     assert r.returncode == 0, r.stderr
     assert "exitcode 0" in r.stdout, r.stdout + r.stderr
     assert "Traceback" not in r.stderr, r.stderr
+
+
+_LATE = r"""
+import argparse, os, signal, sys
+from pathlib import Path
+from stage2_data import layout
+from stage2_data.profile import load_profile
+from stage2_pipelines import commands
+from stage2_pipelines.config import BuildConfig
+
+profile_path, root = sys.argv[1], Path(sys.argv[2])
+profile = load_profile(profile_path)
+link = layout.current_store_path(root, profile.name)
+
+
+def build(*args, **kwargs):  # a build that published its store
+    (link.parent / "v1").mkdir(parents=True)
+    os.symlink("v1", link)
+    return {"ok": True, "dagster_home": str(root / ".dagster")}
+
+
+def summary(s):  # the signal comes while the summary is printed
+    os.kill(os.getpid(), signal.SIGTERM)
+    print("summary", flush=True)
+
+
+commands._build_or_no_op = build
+commands.print_build_summary = summary
+args = argparse.Namespace(verbose=False, json=False, run_in_process=False)
+config = BuildConfig(profile_path=profile_path, data_root=str(root))
+sys.exit(commands._run_build(args, config, profile, concurrency=None, progress=False))
+"""
+
+
+def test_a_stop_after_the_store_was_published_says_so(demo_cache: DemoPaths, tmp_path: Path) -> None:
+    """SIGTERM once the build has published its store, while its summary is printed: the build
+    says it stopped after the store was published and exits 143 (not killed silently, not
+    'interrupted' with 130)."""
+    from helpers.cli import python_argv
+
+    p = subprocess.run(
+        python_argv(_LATE, str(demo_cache.profile), str(tmp_path / "root")),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=subprocess_env(PYTHONPATH=str(REPO)),
+        timeout=120,
+    )
+    assert p.returncode == 143, (p.returncode, p.stderr)
+    assert "stopped by SIGTERM after the store was published" in p.stderr, p.stderr
+    assert "interrupted" not in p.stderr and "Traceback" not in p.stderr, p.stderr
