@@ -8,6 +8,7 @@ import dagster as dg
 from stage2_data import checks as C
 from stage2_data import layout, preview, steps
 from stage2_data.errors import Stage2Error
+from stage2_data.preview.report import python_str
 from stage2_data.stages import VIN_STORE
 from stage2_data.store import VinOfflineStoreReader
 from stage2_resources import DataRootResource, ProfileResource, StoreTargetResource
@@ -40,7 +41,7 @@ def open_markdown_narrow(published: str, store: str, storage_options: bool = Fal
         "```python\n"
         "from stage2_data.store import VinOfflineDataset\n"
         "ds = VinOfflineDataset(\n"
-        f'    "{published}",\n'
+        f"    {python_str(published)},\n"
         f'    split="train",{opts}\n'
         ")\n"
         "sample = ds[0]  # frames, actions, task, ...\n"

@@ -808,9 +808,10 @@ def test_make_ui_names_a_bad_setting_before_it_generates_the_demo(tmp_path: Path
 def test_the_open_it_lines_run_whatever_the_paths_characters(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The build summary's ``open it:`` line and the store's open snippet (``preview.open_snippet``)
-    are Python that runs as pasted: a data root holding ``"``, ``'`` and a backslash is a correctly
-    quoted string literal; a plain path is in double quotes, as the docs show it."""
+    """The build summary's ``open it:`` line, the store's open snippet (``preview.open_snippet``) and
+    the store page's (``open_markdown_narrow``) are Python that runs as pasted: a data root holding
+    ``"``, ``'`` and a backslash is a correctly quoted string literal; a plain path is in double quotes, as the docs show it."""
+    from stage2_assets.store import open_markdown_narrow
     from stage2_data import layout
     from stage2_data.preview import open_snippet
     from stage2_pipelines.commands import print_build_summary
@@ -829,9 +830,11 @@ def test_the_open_it_lines_run_whatever_the_paths_characters(
         print_build_summary(summary)
         out = capsys.readouterr().out
         line = next(ln for ln in out.splitlines() if "ds = VinOfflineDataset(" in ln)
-        for code in (line.strip(), open_snippet(str(current))):
-            call = ast.parse(code.splitlines()[1] if code.startswith("from ") else code).body[0]
-            assert isinstance(call, ast.Assign) and isinstance(call.value, ast.Call), code
+        narrow = open_markdown_narrow(str(current), str(current)).split("```python\n")[1].split("```")[0]
+        assert isinstance(ast.parse(narrow).body[1], ast.Assign), narrow  # the store page's snippet
+        for code in (line.strip(), open_snippet(str(current)), narrow):
+            call = next(n for n in ast.parse(code).body if isinstance(n, ast.Assign))
+            assert isinstance(call.value, ast.Call), code
             assert ast.literal_eval(call.value.args[0]) == str(current), code
         if shown is not None:
             assert f'ds = VinOfflineDataset({shown}, split="train")' in line, line
