@@ -155,15 +155,25 @@ def _json_on_refusal(args: argparse.Namespace, data_root: Path, run: Callable[[]
         return run()
     except Stage2Error as err:
         if args.json:
-            print_json(refused_summary(data_root, err))
+            print_json(refused_summary(data_root, err, _profile_name(getattr(args, "profile", None))))
         raise
 
 
-def refused_summary(data_root: Path, err: Stage2Error) -> dict[str, Any]:
+def _profile_name(path: str | None) -> str | None:
+    """The name of the profile at ``path``, when it parses (a refusal may be about the profile)."""
+    try:
+        return load_profile(path).name if path else None
+    except Stage2Error:
+        return None
+
+
+def refused_summary(data_root: Path, err: Stage2Error, profile: str | None = None) -> dict[str, Any]:
     """``--json``'s object for a build refused before it ran anything: a build's summary
-    (``uptodate.build_summary``: every key), nothing run or published, the refusal as its one error."""
+    (``uptodate.build_summary``: every key), nothing run or published, the refusal as its one error;
+    the profile's name when the profile parsed."""
     return build_summary(
         data_root=str(data_root),
+        profile=profile,
         errors=[{"step": None, "partition": None, "message": str(err), "error": type(err).__name__}],
     )
 

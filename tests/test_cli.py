@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from helpers.cli import REPO, STAGE2, Ran, python, run, stage2, subprocess_env
 
+from stage2_data.profile import load_profile
+
 SCRIPT = """
 import atexit, sys, threading, time
 from pathlib import Path
@@ -294,3 +296,17 @@ def test_a_folder_or_id_argument_that_is_not_one_is_named(argv: list[str], says:
     assert line.startswith(f"stage2 {argv[0]}: error: {says.format(**fill)}") and "Fix:" in line, line
     assert "internal error" not in line and len(line.splitlines()) == 1, line
     assert not (tmp_path / "root").exists()
+
+
+def test_a_refused_builds_json_names_the_profile_when_it_parsed(demo_cache, tmp_path: Path) -> None:
+    """`stage2 build --json` refused before it ran (offline, nothing on disk) still prints one object
+    on stdout, naming the profile it read; a profile that does not parse leaves it null."""
+    env = subprocess_env(HF_HUB_OFFLINE="1")
+    root = str(tmp_path / "root")
+    p = stage2("build", str(demo_cache.profile), "--data-root", root, "--json", env=env, timeout=120)
+    assert p.returncode == 2, p.tail()
+    out = p.json()
+    assert out["profile"] == load_profile(demo_cache.profile).name and not out["ok"], out
+    assert out["errors"][0]["error"] == "HubOfflineError", out
+    bad = stage2("build", str(tmp_path / "none.toml"), "--data-root", root, "--json", env=env, timeout=120)
+    assert bad.returncode == 2 and bad.json()["profile"] is None, bad.tail()
