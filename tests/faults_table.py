@@ -662,6 +662,14 @@ FAULTS: tuple[Fault, ...] = (
         "(not needed: fingerprint = clean build's)",
     ),
     Fault(
+        "gate_symlink_in_store",
+        "store",
+        "a frames chunk of the published store replaced by a symbolic link to an identical copy outside it (every byte read through it is right), then a plain `stage2 build`",
+        'nothing fails, and the store is neither "up to date" nor reused: the publication gate fails a store holding anything but regular files and folders (a link, a FIFO, a device), naming each (<store>/<chunk>: a symbolic link to <copy>, not a regular file), before reading through it; the store is moved aside and a clean one published; a later edit of the outside copy changes nothing published',
+        "the store with its link, under <data_root>/quarantine/; the outside copy, untouched",
+        "(not needed: fingerprint = clean build's; the next build is a no-op)",
+    ),
+    Fault(
         "gate_store_disk_full",
         "store",
         "no room on the data root's disk for the store (everything else fits)",

@@ -31,6 +31,7 @@ from stage2_data import layout
 from stage2_data.demo import DemoPaths
 from stage2_data.demo.hubserver import HubServer
 from stage2_data.profile import load_profile
+from stage2_data.steps.status import gate_status
 
 
 def _build(demo: DemoPaths, root: Path, hub: HubServer, *extra: str) -> Ran:
@@ -161,6 +162,60 @@ def test_fault_gate_noop_sees_ctime(gated: dict[str, Any], tmp_path: Path) -> No
     again = _build(gated["demo"], root, gated["hub"])
     assert again.returncode == 0 and _fingerprint(again) == FINGERPRINT, again.tail()
     assert "5/5] join, bytes, store: up to date" in again.stderr, again.tail()  # gate not run again
+
+
+def _lstat_tree(root: Path) -> dict[str, list[int]]:
+    """The (inode, size, mtime_ns, ctime_ns) of every entry under ``root`` as lstat gives them (a
+    link's own, not its target's; folders end with ``/``): what a gate record held for a link."""
+    out: dict[str, list[int]] = {}
+    for p in sorted(root.rglob("*")):
+        st = p.lstat()
+        name = p.relative_to(root).as_posix() + ("/" if stat.S_ISDIR(st.st_mode) else "")
+        out[name] = [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    return out
+
+
+def test_fault_gate_symlink_in_store(gated: dict[str, Any], tmp_path: Path) -> None:
+    """A frames chunk of the published store replaced by a symbolic link to an identical copy
+    outside it (every byte read through it is right): the next build neither calls the store up to
+    date nor reuses it (a link's own stats say nothing of the file it points at, which can change
+    while no entry of the store does): the gate fails it, naming the link; it is moved aside and a
+    clean store published. Editing the outside copy afterwards changes nothing published."""
+    root, store = _copy(gated, tmp_path / "root")
+    m = json.loads((store / "manifest.json").read_text())
+    sh = m["shards"][3]
+    rel = next(f["path"] for f in sh["files"] if f["path"].startswith(f"{sh['dir']}/frames/c/"))
+    chunk = store / rel
+    outside = tmp_path / "outside-chunk"
+    shutil.copyfile(chunk, outside)
+    mode = stat.S_IMODE(chunk.parent.stat().st_mode)
+    os.chmod(chunk.parent, mode | stat.S_IWUSR)
+    chunk.unlink()
+    chunk.symlink_to(outside)
+    os.chmod(chunk.parent, mode)
+    assert chunk.read_bytes() == outside.read_bytes()
+    # a gate record that holds the link's own stats (what a gate that passed the link recorded)
+    # never makes the store up to date: the link is seen for what it is
+    record = layout.reports_dir(root) / "store_gate.json"
+    rec = json.loads(record.read_text())
+    record.write_text(json.dumps({**rec, "stats": _lstat_tree(store)}))
+    assert gate_status(load_profile(gated["demo"].profile), root) is not None
+    out = _build(gated["demo"], root, gated["hub"])
+    assert out.returncode == 0 and _fingerprint(out) == FINGERPRINT, out.tail()
+    assert "internal error" not in out.stdout + out.stderr
+    said = re.search(r"^store update: (.*)$", out.stdout, re.M)
+    assert said and "reused" not in said.group(1), out.stdout
+    assert "failed the publication gate" in said.group(1) and f"{rel}: a symbolic link" in said.group(1), said
+    aside = _aside(root, store.name)
+    assert len(aside) == 1 and (aside[0] / rel).is_symlink() and str(aside[0]) in said.group(1)
+    published = layout.current_store_path(root, gated["profile"]).resolve()
+    assert [p for p in published.rglob("*") if p.is_symlink() or not (p.is_file() or p.is_dir())] == []
+    _valid_clean(root, gated["profile"])
+    _same_size_edit(outside)  # the old link's target changes: nothing published reads it
+    again = _build(gated["demo"], root, gated["hub"])
+    assert again.returncode == 0 and _fingerprint(again) == FINGERPRINT, again.tail()
+    assert "5/5] join, bytes, store: up to date" in again.stderr, again.tail()
+    _valid_clean(root, gated["profile"])
 
 
 def test_fault_gate_published_store_read_only(gated: dict[str, Any], tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ goes through s3fs and zarr's ``FsspecStore`` exactly as it would against AWS or 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import pickle
 import uuid
@@ -155,7 +156,16 @@ def test_decode_validation_checks_every_sample(backend: Backend, up: Upstream) -
     rows = [json.loads(line) for line in text.splitlines()]
     # 1. a frames_sha256 that the decoded frames do not give (same size: only decoding sees it)
     victim = rows[5]
-    loc.write_bytes(loc.root / "sample_index.jsonl", text.replace(victim["frames_sha256"], "0" * 64).encode())
+    edited = text.replace(victim["frames_sha256"], "0" * 64).encode()
+    loc.write_bytes(loc.root / "sample_index.jsonl", edited)
+    loc.invalidate()
+    # plain validation checks the file read whole against the manifest's sha256 ...
+    assert [p for p in validate_vin_offline_store(loc) if "sample_index.jsonl: sha256" in p]
+    # ... so the manifest records the edited file: then only decoding sees the frames disagree
+    manifest = json.loads(loc.read_bytes(loc.root / MANIFEST_NAME))
+    (entry,) = [f for f in manifest["files"] if f["path"] == "sample_index.jsonl"]
+    entry["sha256"] = hashlib.sha256(edited).hexdigest()
+    loc.write_bytes(loc.root / MANIFEST_NAME, json.dumps(manifest).encode())
     loc.invalidate()
     assert validate_vin_offline_store(loc) == []
     problems = validate_vin_offline_store(loc, decode=True)

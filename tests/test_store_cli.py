@@ -121,6 +121,44 @@ def test_validate_valid_invalid_and_deep(
     assert "incomplete or not a store" in cap.err
 
 
+@pytest.mark.parametrize("table", ["sample_index.jsonl", "pairs.jsonl"])
+def test_validate_checks_the_tables_it_reads_whole_at_every_level(
+    small_store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], table: str
+) -> None:
+    """A same-length edit of a table validation reads whole (a sample's label failure -> success; a
+    pair's chosen and rejected swapped): plain `stage2 validate`, with --decode, and --deep each
+    exit 1 naming the file, its sha256 and the manifest's (no crc32c covers these files; their
+    sha256 does)."""
+    s = tmp_path / "s"
+    shutil.copytree(small_store, s)
+    path = s / table
+    text = path.read_text()
+    if table == "sample_index.jsonl":
+        old, new = '"quality_label":"failure"', '"quality_label":"success"'
+    else:
+        rows = [json.loads(line) for line in text.splitlines()]
+        p = next(
+            p
+            for p in rows
+            if len(str(p["chosen_sample_index"])) == len(str(p["rejected_sample_index"]))
+            and p["chosen_sample_index"] != p["rejected_sample_index"]
+        )
+        c, r = p["chosen_sample_index"], p["rejected_sample_index"]
+        old = f'"chosen_sample_index":{c},"rejected_sample_index":{r}'
+        new = f'"chosen_sample_index":{r},"rejected_sample_index":{c}'
+    assert old in text and len(old) == len(new)
+    path.write_text(text.replace(old, new, 1))
+    assert path.stat().st_size == (small_store / table).stat().st_size
+    for flags in ([], ["--decode"], ["--deep", "--decode"]):
+        assert main(["validate", str(s), *flags]) == 1, flags
+        out = capsys.readouterr().out
+        said = [line for line in out.splitlines() if f"{path}: sha256 " in line]
+        assert "INVALID" in out and len(said) == 1 and "the manifest says" in said[0], (flags, out)
+    assert main(["validate", str(s), "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ok"] is False and any(f"{path}: sha256 " in p for p in doc["problems"]), doc
+
+
 @pytest.mark.parametrize(
     "given",
     [

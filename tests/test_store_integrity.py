@@ -6,12 +6,17 @@
   --decode finds them in a store), so a NaN is always padding;
 * the frame bound ``max_frames`` refuses a trajectory before it is decoded; a frames file must hold
   the ``num_frames`` its processed_dataset row declares;
-* shards group samples of similar lengths: no short sample is padded to a rare long one.
+* shards group samples of similar lengths: no short sample is padded to a rare long one;
+* the files read whole (sample index, pairs, splits) are checked against the manifest's sha256
+  wherever they are read (the reader, the dataset, validation at every level);
+* a store holds only regular files and folders: validation names anything else and reads nothing
+  through it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -438,3 +443,90 @@ def test_decode_of_a_store_with_a_damaged_manifest_names_each_problem_once(
     assert any("shards[0]: dir 'elsewhere'" in p for p in plain)
     assert any("crc32c" in p or "checksum" in p for p in plain), plain
     assert decoded == plain
+
+
+# ----- the files read whole, and what a store may hold -------------------------------------------
+def _same_length_edit(path: Path, old: str, new: str) -> None:
+    """Replace the first ``old`` in ``path`` by ``new``, of the same length: the file keeps its size."""
+    assert len(old) == len(new)
+    text = path.read_text()
+    assert old in text, old
+    path.write_text(text.replace(old, new, 1))
+
+
+def _swap_a_pair(pairs: Path) -> tuple[str, int, int]:
+    """Swap the chosen and rejected sample of the first pair whose two indices have as many digits
+    (the file keeps its size); returns (pair_id, chosen, rejected) as written before."""
+    for line in pairs.read_text().splitlines():
+        p = json.loads(line)
+        c, r = p["chosen_sample_index"], p["rejected_sample_index"]
+        if len(str(c)) == len(str(r)) and c != r:
+            was = f'"chosen_sample_index":{c},"rejected_sample_index":{r}'
+            _same_length_edit(pairs, was, f'"chosen_sample_index":{r},"rejected_sample_index":{c}')
+            return p["pair_id"], c, r
+    raise AssertionError("no pair to swap")
+
+
+def test_a_same_length_edit_of_a_table_is_refused_by_the_reader_and_the_dataset(
+    tmp_path: Path, store: Path
+) -> None:
+    """sample_index.jsonl with one label changed (failure -> success) and pairs.jsonl with a pair's
+    sides swapped, sizes kept: no crc32c covers them, but the manifest records their sha256, which
+    the reader checks when it reads each one whole, before any row is used: StoreChecksumError
+    naming the store, the file and the fix. The dataset never returns the edited label."""
+    s = copy_store(store, tmp_path / "s")
+    index = s / "sample_index.jsonl"
+    victim = next(json.loads(line) for line in index.read_text().splitlines() if '"failure"' in line)
+    _same_length_edit(index, '"quality_label":"failure"', '"quality_label":"success"')
+    pair_id, _, _ = _swap_a_pair(s / "pairs.jsonl")
+    reader = VinOfflineStoreReader(s)  # the manifest alone is read at open
+    with pytest.raises(StoreChecksumError) as ei:
+        len(reader.sample_index)
+    msg = str(ei.value)
+    for part in (str(s), f"{index}: sha256", "the manifest says", "Fix: the store is damaged; rebuild it"):
+        assert part in msg, (part, msg)
+    with pytest.raises(StoreChecksumError):
+        reader.sample(victim["sample_index"])
+    with pytest.raises(StoreChecksumError, match=r"pairs\.jsonl: sha256"):
+        reader.pairs()
+    reader.close()
+    ds = VinOfflineDataset(s, split=victim["split"])
+    pos = int(np.nonzero(ds.indices == victim["sample_index"])[0][0])
+    with pytest.raises(StoreChecksumError, match=r"sample_index\.jsonl: sha256"):
+        ds[pos]
+    ds.close()
+    # a split file edited in place: refused when the dataset opens on it
+    split = s / "splits" / f"{victim['split']}.npy"
+    data = bytearray(split.read_bytes())
+    data[-1] ^= 0x01
+    split.write_bytes(bytes(data))
+    with pytest.raises(StoreChecksumError, match=rf"splits/{victim['split']}\.npy: sha256"):
+        VinOfflineDataset(s, split=victim["split"])
+    # the store as written reads as before
+    with VinOfflineDataset(store, split=victim["split"]) as clean:
+        assert clean[pos]["quality_label"] == "failure" and clean[pos]["sample_key"] == victim["sample_key"]
+        assert any(p["pair_id"] == pair_id for p in clean.reader.pairs())
+
+
+def test_validation_names_what_a_store_may_not_hold_and_reads_nothing_through_it(
+    tmp_path: Path, store: Path
+) -> None:
+    """A chunk replaced by a symbolic link to an identical copy outside the store, or a FIFO among
+    the store's files: plain validation (and deep, decode) names each entry as what it is and reads
+    nothing through it (a FIFO would block a read forever)."""
+    s = copy_store(store, tmp_path / "s")
+    obj = _shard_object(s, 1, "frames")
+    outside = tmp_path / "outside-chunk"
+    shutil.copyfile(obj, outside)
+    obj.unlink()
+    obj.symlink_to(outside)
+    assert obj.read_bytes() == outside.read_bytes()  # the same bytes, through the link
+    fifo = s / "shards" / "shard-000000" / "fifo"
+    os.mkfifo(fifo)
+    for kw in ({}, {"deep": True, "decode": True}):
+        problems = validate_vin_offline_store(s, **kw)
+        assert problems == [
+            f"{fifo}: a FIFO, not a regular file (a store holds only regular files and folders)",
+            f"{obj}: a symbolic link to {outside}, not a regular file (a store holds only regular files "
+            "and folders)",
+        ], problems

@@ -10,11 +10,20 @@ the manifest's fingerprint), every sample decoded as the reader does and compare
 that changed while it was checked fails. Those stats are what a no-op rebuild compares against
 (:func:`tree_stats`): only a rebuild that publishes nothing may skip the gate, and only while every
 entry still has the stats the last passed gate recorded.
+
+A store holds regular files and folders only. A symbolic link's own stats say nothing of the file
+it points at (that file may be replaced or edited while no entry of the store changes), and a FIFO
+or a device may block or never end when read; so the validation fails a local store holding any
+other entry, naming it, before anything is read through it (:func:`non_regular_entries`), and
+:func:`tree_stats` marks such an entry so that a tree holding one never equals a passed gate's
+record.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,10 +48,25 @@ class GateResult:
         return not self.problems
 
 
+#: what each kind of entry a store may not hold is called in a problem
+_KINDS = {
+    stat.S_IFLNK: "a symbolic link",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
+
+
 def tree_stats(root: Path) -> dict[str, list[int]] | None:
     """(inode, size, mtime_ns, ctime_ns) of every entry under ``root`` by relative path (folders
-    end with ``/``; one walk, no file read); None when ``root`` is not a folder. Size and mtime can
-    be kept while bytes change; ctime cannot."""
+    end with ``/``; one walk, no file read, no link followed); None when ``root`` is not a folder.
+    Size and mtime can be kept while bytes change; ctime cannot.
+
+    An entry that is neither a regular file nor a folder (a symbolic link, a FIFO, a socket, a
+    device) has a fifth value, its file type (``stat.S_IFMT``): the gate fails a store holding one,
+    so no passed gate's record holds such an entry, and a tree holding one never equals a record
+    (not even one that holds the link's own four stats)."""
     try:
         if not root.is_dir():
             return None
@@ -60,6 +84,23 @@ def tree_stats(root: Path) -> dict[str, list[int]] | None:
                 out[name] = [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
                 if is_dir:
                     stack.append((e.path, name))
+                elif not stat.S_ISREG(st.st_mode):
+                    out[name].append(stat.S_IFMT(st.st_mode))
+    return out
+
+
+def non_regular_entries(root: Path) -> list[str]:
+    """Every entry under ``root`` that is neither a regular file nor a folder, as a problem naming
+    it and what it is (a link: and where it points); sorted by path (one walk, no file read)."""
+    out: list[str] = []
+    for rel, st in sorted((tree_stats(root) or {}).items()):
+        if len(st) < 5:
+            continue
+        kind = _KINDS.get(st[4], f"a special file (type {st[4]:o})")
+        if st[4] == stat.S_IFLNK:
+            with contextlib.suppress(OSError):
+                kind += f" to {os.readlink(root / rel)}"
+        out.append(f"{root / rel}: {kind}, not a regular file (a store holds only regular files and folders)")
     return out
 
 

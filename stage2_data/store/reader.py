@@ -85,7 +85,10 @@ class VinOfflineStoreReader:
     checked against its crc32c and decoded (:func:`.shard_io.decode_checked`); anything else is read
     through zarr (whose crc32c codec checks the same bytes). Bytes that fail their crc32c raise
     :class:`StoreChecksumError` naming the store, the shard, the array and the sample; nothing
-    decoded from them is ever returned.
+    decoded from them is ever returned. The files read whole (``sample_index.jsonl``,
+    ``pairs.jsonl``, ``splits/<name>.npy``, each once, on first use) are checked against their
+    sha256 in the manifest before any of their rows is used (:func:`.tables.read_checked`): a
+    mismatch is a :class:`StoreChecksumError` naming the file.
 
     A local shard file is mapped read-only once (:class:`.mapped.MappedFiles`, at most
     ``_MAX_MAPPED_FILES`` at once): a read is then no system call and no copy, the checksum and
@@ -218,7 +221,7 @@ class VinOfflineStoreReader:
     @property
     def sample_index(self) -> list[dict[str, Any]]:
         if self._sample_index is None:
-            rows = read_jsonl(self.location, self.path / SAMPLE_INDEX_NAME)
+            rows = read_jsonl(self.location, self.manifest, SAMPLE_INDEX_NAME)
             if len(rows) != self.num_samples:
                 raise StoreError(
                     f"{self.path / SAMPLE_INDEX_NAME}: {len(rows)} rows but the manifest has {self.num_samples}.",
@@ -235,13 +238,13 @@ class VinOfflineStoreReader:
                 fix=f"use one of {', '.join(SPLIT_FILES)}",
             )
         if name not in self._splits:
-            arr = read_npy(self.location, self.path / SPLITS_DIR / f"{name}.npy")
+            arr = read_npy(self.location, self.manifest, f"{SPLITS_DIR}/{name}.npy")
             self._splits[name] = np.asarray(arr, dtype=np.int64)
         return self._splits[name]
 
     def pairs(self) -> list[dict[str, Any]]:
         if self._pairs is None:
-            self._pairs = read_jsonl(self.location, self.path / PAIRS_NAME)
+            self._pairs = read_jsonl(self.location, self.manifest, PAIRS_NAME)
         return self._pairs
 
     # -- zarr access ---------------------------------------------------------------------------------

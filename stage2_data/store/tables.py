@@ -1,22 +1,33 @@
 """The store's small files: ``sample_index.jsonl``, ``pairs.jsonl`` and ``splits/*.npy``, written and
-read back; each written file is recorded with its bytes and sha256 for the manifest.
+read back; each written file is recorded with its bytes and sha256 for the manifest, and a reader
+reads each one whole and checks it against that sha256 before using any of it (a same-length edit,
+e.g. a label or a pair's sides swapped, has no crc32c of its own to fail).
 """
 
 from __future__ import annotations
 
 import io
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..errors import StoreError
+from ..errors import StoreError, StoreValidationError
 from ..formats.jsonl import iter_json_lines, jsonl_bytes
 from ..formats.npz import npy_bytes
 from ..hashing import sha256_bytes
 from ..storage import StoreLocation
-from .format import PAIRS_NAME, SAMPLE_INDEX_NAME, SPLIT_FILES, SPLIT_NAMES, SPLITS_DIR
+from .format import (
+    MANIFEST_NAME,
+    PAIRS_NAME,
+    SAMPLE_INDEX_NAME,
+    SPLIT_FILES,
+    SPLIT_NAMES,
+    SPLITS_DIR,
+    StoreChecksumError,
+)
+from .manifest import rebuild_command
+from .manifest_shape import is_file_entry
 
 
 def write_file(loc: StoreLocation, rel: str, data: bytes) -> dict[str, Any]:
@@ -25,12 +36,38 @@ def write_file(loc: StoreLocation, rel: str, data: bytes) -> dict[str, Any]:
     return {"path": rel, "bytes": len(data), "sha256": sha256_bytes(data)}
 
 
-def read_jsonl(loc: StoreLocation, path: Path) -> list[dict[str, Any]]:
-    """Every row of a JSONL file of the store (blank lines skipped); a line that is not a JSON
-    object is a StoreError naming the file and line."""
+def read_checked(loc: StoreLocation, manifest: dict[str, Any], rel: str) -> bytes:
+    """The bytes of the store's file ``rel`` (relative path), read whole and checked against the
+    sha256 the manifest lists for it: StoreChecksumError naming the file when they differ,
+    StoreValidationError when the manifest lists no sha256 for it (both with the rebuild command)."""
+    path = loc.root / rel
+    files = manifest.get("files")
+    listed = (
+        [f for f in files if isinstance(f, dict) and f.get("path") == rel] if isinstance(files, list) else []
+    )
+    if len(listed) != 1 or not is_file_entry(listed[0]):
+        raise StoreValidationError(
+            f"VIN offline store {loc.url} has a damaged manifest",
+            [f"{loc.display(loc.root / MANIFEST_NAME)}: file {rel} is not listed with its sha256"],
+            fix=f"rebuild it: {rebuild_command(loc.root, manifest)}",
+        )
+    want = listed[0]["sha256"]
+    data = loc.read_bytes(path)
+    got = sha256_bytes(data)
+    if got != want:
+        raise StoreChecksumError(
+            f"VIN offline store {loc.url}: {loc.display(path)}: sha256 {got}; the manifest says {want} "
+            "(the file changed after the store was written)",
+            fix=f"the store is damaged; rebuild it: {rebuild_command(loc.root, manifest)}",
+        )
+    return data
+
+
+def parse_jsonl(where: str, data: bytes) -> list[dict[str, Any]]:
+    """Every row of the JSONL bytes of the store's file ``where`` (blank lines skipped); a line that
+    is not a JSON object is a StoreError naming the file and line."""
     rows: list[dict[str, Any]] = []
-    where = loc.display(path)
-    for jl in iter_json_lines(loc.read_bytes(path)):
+    for jl in iter_json_lines(data):
         if not jl.ok:
             raise StoreError(f"{where}:{jl.line}: not valid JSON ({jl.error}).")
         if not jl.is_object:
@@ -39,10 +76,20 @@ def read_jsonl(loc: StoreLocation, path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def read_npy(loc: StoreLocation, p: Path) -> np.ndarray[Any, Any]:
-    """One ``.npy`` file (a split), objects refused."""
-    arr: np.ndarray[Any, Any] = np.load(io.BytesIO(loc.read_bytes(p)), allow_pickle=False)
+def read_jsonl(loc: StoreLocation, manifest: dict[str, Any], rel: str) -> list[dict[str, Any]]:
+    """Every row of the store's JSONL file ``rel``, its sha256 checked first (:func:`read_checked`)."""
+    return parse_jsonl(loc.display(loc.root / rel), read_checked(loc, manifest, rel))
+
+
+def npy_from_bytes(data: bytes) -> np.ndarray[Any, Any]:
+    """The array of one ``.npy`` file's bytes (a split), objects refused."""
+    arr: np.ndarray[Any, Any] = np.load(io.BytesIO(data), allow_pickle=False)
     return arr
+
+
+def read_npy(loc: StoreLocation, manifest: dict[str, Any], rel: str) -> np.ndarray[Any, Any]:
+    """The store's ``.npy`` file ``rel`` (a split), its sha256 checked first (:func:`read_checked`)."""
+    return npy_from_bytes(read_checked(loc, manifest, rel))
 
 
 def write_metadata_files(

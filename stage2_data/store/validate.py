@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import StoreError, StoreValidationError
 from ..formats.jsonl import iter_json_lines
-from ..hashing import SHA256_RE
+from ..hashing import SHA256_RE, sha256_bytes
 from ..storage import StoreLocation
 from .format import (
     BLOCK_ACTIONS,
@@ -29,9 +29,10 @@ from .format import (
     SPLITS_DIR,
     pad_slack,
 )
+from .gate import non_regular_entries
 from .manifest import fingerprint_of, load_manifest, rebuild_command
 from .manifest_shape import blocks_by_name, is_int, manifest_shape_problems
-from .tables import read_npy
+from .tables import npy_from_bytes
 from .validate_shards import validate_arrays, validate_files
 
 
@@ -44,16 +45,20 @@ def validate_vin_offline_store(
 ) -> list[str]:
     """Read-only check of a store; returns every problem found (empty list = valid).
 
+    A local store holding anything but regular files and folders (a symbolic link, a FIFO, a
+    device) is not read further: each such entry is the problem (:func:`.gate.non_regular_entries`).
     Checks manifest fields, format/version, row counts, shard count, split files (sorted, disjoint,
     union == all, counts), unique sample keys, pairs (valid indices, matching split), required
     blocks and per-shard array shapes/dtypes (array metadata), every sample's ``num_frames`` within
     the store's ``max_frames`` and every shard's padding within its bound, the small per-row arrays
-    against the sample index, every listed file's size, and the crc32c of every stored chunk (read,
-    never decompressed). ``deep`` also hashes every file against the manifest and recomputes the
-    fingerprint. ``decode`` also decodes every sample as the reader does (a row at a time on a few
-    threads: memory stays bounded by a few rows; every chunk's crc32c is checked on the way) and
-    checks its frames against its ``frames_sha256``, the zero padding past ``num_frames``, actions
-    finite inside the row's length and width, and NaN past them.
+    against the sample index, every listed file's size, the sha256 of the files read whole
+    (``sample_index.jsonl``, ``pairs.jsonl``, ``splits/*.npy``, hashed from the bytes checked) and
+    the crc32c of every stored chunk (read, never decompressed). ``deep`` also hashes every file
+    against the manifest and recomputes the fingerprint. ``decode`` also decodes every sample as
+    the reader does (a row at a time on a few threads: memory stays bounded by a few rows; every
+    chunk's crc32c is checked on the way) and checks its frames against its ``frames_sha256``, the
+    zero padding past ``num_frames``, actions finite inside the row's length and width, and NaN past
+    them.
     """
     loc = StoreLocation.parse(path, storage_options)
     root = loc.root
@@ -73,6 +78,8 @@ def validate_store(
     ``checksums``: it has just computed them). ``checksums``: read every stored chunk and check its
     crc32c (done by the decoding itself when ``decode``)."""
     root = loc.root
+    if loc.is_local and (odd := non_regular_entries(root)):
+        return odd  # nothing is read through a link, a FIFO or a device: those entries are the finding
     mpath = loc.display(root / MANIFEST_NAME)
     problems, shards = manifest_shape_problems(m, str(mpath))
     # the reader refuses a manifest with problems of its own, so those shards are checked without
@@ -88,9 +95,11 @@ def validate_store(
             f"{mpath}: block {BLOCK_ACTIONS} materialized={blocks[BLOCK_ACTIONS].get('materialized')!r} "
             f"but {'some' if has_actions else 'no'} shard holds it"
         )
-    rows = _validate_index(loc, m, shards, problems)
-    _validate_splits(loc, m, rows, problems)
-    _validate_pairs(loc, m, rows, problems)
+    # the sha256 of each file read whole, from the very bytes checked here (a reader checks the same)
+    tables: dict[str, str] = {}
+    rows = _validate_index(loc, m, shards, problems, tables)
+    _validate_splits(loc, m, rows, problems, tables)
+    _validate_pairs(loc, m, rows, problems, tables)
     validate_arrays(loc, shards, rows, problems, decode=decode, checksums=checksums and not decode)
     hashes: dict[str, str] | None = None
     if deep:  # every file of the store hashed once: for the manifest's sha256s and the fingerprint
@@ -100,7 +109,7 @@ def validate_store(
             hashes = {r: by_path[str(root / r)] for r in rels}
         except (OSError, StoreError) as e:
             problems.append(f"{loc.url}: cannot hash its files ({e})")
-    validate_files(loc, m, shards, hashes, problems)
+    validate_files(loc, m, shards, {**(hashes or {}), **tables}, problems, every=hashes is not None)
     if hashes is not None and isinstance(m.get("fingerprint"), str):
         fp = fingerprint_of(m, sorted(hashes.items()))
         if fp != m["fingerprint"]:
@@ -131,7 +140,11 @@ def raise_if_invalid(
 
 # ----- the manifest and the small files -----------------------------------------------------------
 def _validate_index(
-    loc: StoreLocation, m: dict[str, Any], shards: list[dict[str, Any]], problems: list[str]
+    loc: StoreLocation,
+    m: dict[str, Any],
+    shards: list[dict[str, Any]],
+    problems: list[str],
+    tables: dict[str, str],
 ) -> list[dict[str, Any]]:
     root = loc.root
     ipath_p = root / SAMPLE_INDEX_NAME
@@ -140,7 +153,9 @@ def _validate_index(
         problems.append(f"{ipath}: missing")
         return []
     rows: list[dict[str, Any]] = []
-    for jl in iter_json_lines(loc.read_bytes(ipath_p), skip_blank=False):
+    data = loc.read_bytes(ipath_p)
+    tables[SAMPLE_INDEX_NAME] = sha256_bytes(data)
+    for jl in iter_json_lines(data, skip_blank=False):
         lineno, row = jl.line, jl.value
         if not jl.ok:
             problems.append(f"{ipath}:{lineno}: not valid JSON ({jl.error})")
@@ -214,7 +229,11 @@ def _validate_index(
 
 
 def _validate_splits(
-    loc: StoreLocation, m: dict[str, Any], rows: list[dict[str, Any]], problems: list[str]
+    loc: StoreLocation,
+    m: dict[str, Any],
+    rows: list[dict[str, Any]],
+    problems: list[str],
+    tables: dict[str, str],
 ) -> None:
     root = loc.root
     n = len(rows)
@@ -226,7 +245,9 @@ def _validate_splits(
             problems.append(f"{p}: missing split file")
             continue
         try:
-            arr = read_npy(loc, pp)
+            data = loc.read_bytes(pp)
+            tables[f"{SPLITS_DIR}/{name}.npy"] = sha256_bytes(data)
+            arr = npy_from_bytes(data)
         except (OSError, ValueError) as e:
             problems.append(f"{p}: unreadable ({e})")
             continue
@@ -265,7 +286,11 @@ def _validate_splits(
 
 
 def _validate_pairs(
-    loc: StoreLocation, m: dict[str, Any], rows: list[dict[str, Any]], problems: list[str]
+    loc: StoreLocation,
+    m: dict[str, Any],
+    rows: list[dict[str, Any]],
+    problems: list[str],
+    tables: dict[str, str],
 ) -> None:
     root = loc.root
     pp = root / PAIRS_NAME
@@ -276,7 +301,9 @@ def _validate_pairs(
     n = len(rows)
     count = 0
     seen: set[str] = set()
-    for jl in iter_json_lines(loc.read_bytes(pp), skip_blank=False):
+    data = loc.read_bytes(pp)
+    tables[PAIRS_NAME] = sha256_bytes(data)
+    for jl in iter_json_lines(data, skip_blank=False):
         tag, row = f"{p}:{jl.line}", jl.value
         if not jl.ok:
             problems.append(f"{tag}: not valid JSON ({jl.error})")

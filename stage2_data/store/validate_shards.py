@@ -1,7 +1,8 @@
 """Validation of the shard folders and the files: array metadata (shapes, dtypes, the store's
 layout), the crc32c of every stored chunk (read, not decompressed), the small per-row arrays against
 the sample index, optionally every sample decoded as the reader decodes it, and every listed file
-(present, its size, deep: its sha256; nothing unlisted under ``shards/``).
+(present, its size, its sha256 where hashed: the files read whole always, every file when deep;
+nothing unlisted under ``shards/``).
 """
 
 from __future__ import annotations
@@ -204,11 +205,15 @@ def validate_files(
     loc: StoreLocation,
     m: dict[str, Any],
     shards: list[dict[str, Any]],
-    hashes: dict[str, str] | None,
+    hashes: dict[str, str],
     problems: list[str],
+    *,
+    every: bool,
 ) -> None:
-    """Every listed file present with its size, no unlisted shard file, and (``hashes``: the sha256
-    of every file by relative path, when the validation is deep) each listed file's sha256."""
+    """Every listed file present with its size, no unlisted shard file, and the sha256 of each listed
+    file in ``hashes`` (sha256 by relative path: every file's when the validation is deep, else
+    those of the files read whole). ``every``: ``hashes`` holds every file, so a listed file without
+    one is a problem too."""
     root = loc.root
     disp = loc.display
     top = m.get("files")
@@ -252,8 +257,9 @@ def validate_files(
         for rel in shard_files:
             if rel not in listed_paths:
                 problems.append(f"{disp(root / rel)}: file not listed in the manifest")
-    if hashes is not None:
-        for f in present:
-            got = hashes.get(f["path"], "(not hashed)")
-            if got != f["sha256"]:
-                problems.append(f"{disp(root / f['path'])}: sha256 {got}; the manifest says {f['sha256']}")
+    for f in present:
+        if f["path"] not in hashes and not every:
+            continue
+        got = hashes.get(f["path"], "(not hashed)")
+        if got != f["sha256"]:
+            problems.append(f"{disp(root / f['path'])}: sha256 {got}; the manifest says {f['sha256']}")
