@@ -82,10 +82,11 @@ def test_the_stage2_executable_keeps_openblas_to_one_thread_unless_told(given: s
             ["validate", "--store", "store"],
             "stage2 validate: error: unrecognized arguments: --store. Fix: give store without --store",
         ),
-        # a misspelt option, next to the arguments a command takes
+        # a misspelt option, next to the arguments a command takes (its value, 2, is read as the
+        # build's optional profile argument: the misspelt option alone is unrecognized)
         (
             ["build", "--profile", "p.toml", "--data-root", "root", "--concurency", "2"],
-            "stage2 build: error: unrecognized arguments: --concurency 2. Fix: --concurrency, not --concurency",
+            "stage2 build: error: unrecognized arguments: --concurency. Fix: --concurrency, not --concurency",
         ),
         # a misspelt required option: argparse says the required one is missing; the typo is named too
         (
