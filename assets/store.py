@@ -8,7 +8,7 @@ import dagster as dg
 from stage2_data import checks as C
 from stage2_data import layout, preview, steps
 from stage2_data.errors import Stage2Error
-from stage2_data.preview.report import python_str
+from stage2_data.fsutil import python_str
 from stage2_data.stages import VIN_STORE
 from stage2_data.store import VinOfflineStoreReader
 from stage2_resources import DataRootResource, ProfileResource, StoreTargetResource

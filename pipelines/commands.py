@@ -39,6 +39,7 @@ from stage2_data.commands.common import (
     storage_options,
 )
 from stage2_data.errors import HubError, HubSetupError, ProfileError, Stage2Error
+from stage2_data.fsutil import python_str
 from stage2_data.oserrors import fs_error
 from stage2_data.profile import Profile, load_profile
 from stage2_data.publish import data_root_lock, sweep_data_root
@@ -353,7 +354,7 @@ def print_build_summary(s: dict[str, Any]) -> None:
         if current is not None:  # the path to keep: the versioned folder goes by the retention policy
             print(f"current:      {current}")
             print("open it:      from stage2_data.store import VinOfflineDataset")
-            print(f'              ds = VinOfflineDataset({_py_str(current)}, split="train")')
+            print(f'              ds = VinOfflineDataset({python_str(current)}, split="train")')
     else:
         print("BUILD FAILED" + (f" (stopped after {s['stopped_after']})" if s.get("stopped_after") else ""))
         for c in checks:
@@ -371,15 +372,6 @@ def print_build_summary(s: dict[str, Any]) -> None:
             print(f"  error {e['step']}{part}: {e['message']}")
     print(f"UI:           {s['ui']}")
     print("              then open http://127.0.0.1:3000 (the build's runs are on their jobs' pages)")
-
-
-def _py_str(text: str) -> str:
-    """``text`` as a Python string literal that pastes and runs whatever its characters (``"``,
-    ``'``, backslashes): ``repr``'s, in double quotes unless ``text`` holds one, as the docs show
-    the snippet. The same as ``stage2_data.preview.report.python_str``, not imported from there:
-    that package brings numpy and Pillow, which a no-op build does not load."""
-    quoted = repr(text)
-    return f'"{quoted[1:-1]}"' if quoted[0] == "'" and '"' not in text else quoted
 
 
 def _current_link(s: dict[str, Any]) -> str | None:

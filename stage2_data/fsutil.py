@@ -140,6 +140,14 @@ _KINDS = (
 )
 
 
+def python_str(text: str) -> str:
+    """``text`` (a path a snippet shows) as a Python string literal that pastes and runs whatever
+    its characters (``"``, ``'``, backslashes): ``repr``'s, in double quotes unless ``text`` holds
+    one, as the docs show the snippet."""
+    quoted = repr(text)
+    return f'"{quoted[1:-1]}"' if quoted[0] == "'" and '"' not in text else quoted
+
+
 def _what(mode: int) -> str:
     return next((what for test, what in _KINDS if test(mode)), "a special file")
 

@@ -14,6 +14,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from ..fsutil import python_str
 from ._draw import png_bytes
 from .histogram import length_histogram
 from .sheet import contact_sheet, known_sources
@@ -31,14 +32,6 @@ def markdown_image(png: bytes, alt: str) -> str:
     """A Markdown image embedding ``png``: ``![alt](data:image/png;base64,...)``."""
     alt = alt.replace("[", "(").replace("]", ")")
     return f"![{alt}](data:image/png;base64,{base64.b64encode(png).decode('ascii')})"
-
-
-def python_str(text: str) -> str:
-    """``text`` as a Python string literal that pastes and runs whatever its characters (``"``,
-    ``'``, backslashes): ``repr``'s, in double quotes unless ``text`` holds one, as the docs show
-    the snippet."""
-    quoted = repr(text)
-    return f'"{quoted[1:-1]}"' if quoted[0] == "'" and '"' not in text else quoted
 
 
 def open_snippet(published: str, storage_options: bool = False) -> str:
