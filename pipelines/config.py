@@ -163,8 +163,7 @@ def _json_kind(value: object) -> str:
     return "number"
 
 
-#: every value ``STAGE2_EXECUTOR`` takes (the executors of ``executors.EXECUTORS``, which imports
-#: this module, so it cannot be imported here)
+#: every value ``STAGE2_EXECUTOR`` takes (``executors.EXECUTORS``)
 EXECUTOR_NAMES = ("in_process", "multiprocess", *EXECUTOR_EXTRAS)
 
 

@@ -36,9 +36,9 @@ from typing import Any
 
 import dagster as dg
 
-from .config import BuildConfig, k8s_executor_config_path, require_executor
+from .config import EXECUTOR_NAMES, BuildConfig, k8s_executor_config_path, require_executor
 
-EXECUTORS = ("in_process", "multiprocess", "dask", "k8s")
+EXECUTORS = EXECUTOR_NAMES
 
 
 class _Opaque:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..formats.sha256sums import file_kind
 from ..publish.readonly import make_read_only
 from ..storage import StoreLocation
 
@@ -46,16 +47,6 @@ class GateResult:
     @property
     def passed(self) -> bool:
         return not self.problems
-
-
-#: what each kind of entry a store may not hold is called in a problem
-_KINDS = {
-    stat.S_IFLNK: "a symbolic link",
-    stat.S_IFIFO: "a FIFO",
-    stat.S_IFSOCK: "a socket",
-    stat.S_IFCHR: "a character device",
-    stat.S_IFBLK: "a block device",
-}
 
 
 def tree_stats(root: Path) -> dict[str, list[int]] | None:
@@ -96,7 +87,7 @@ def non_regular_entries(root: Path) -> list[str]:
     for rel, st in sorted((tree_stats(root) or {}).items()):
         if len(st) < 5:
             continue
-        kind = _KINDS.get(st[4], f"a special file (type {st[4]:o})")
+        kind = file_kind(st[4])
         if st[4] == stat.S_IFLNK:
             with contextlib.suppress(OSError):
                 kind += f" to {os.readlink(root / rel)}"
