@@ -50,6 +50,7 @@ from .state import (
     require_build_space,
     required_free_bytes,
     required_free_parts,
+    source_origin,
     verified_sha256s,
 )
 from .transport import DownloadCancelled
@@ -79,6 +80,7 @@ __all__ = [
     "RemoteFile",
     "archive_state",
     "record_origin",
+    "source_origin",
     "check_revision",
     "default_workers",
     "download_archive",

@@ -35,7 +35,6 @@ from .quarantine import quarantine_files
 from .retry import DEFAULT_ATTEMPTS, default_backoff
 from .state import (
     LocalFile,
-    Origin,
     _write_record,
     archive_state,
     check_existing,
@@ -43,6 +42,7 @@ from .state import (
     remaining_download_bytes,
     require_build_space,
     set_record_origin,
+    source_origin,
 )
 from .transport import confirm_at_source, fetch_partial
 
@@ -336,11 +336,6 @@ def _download(
         skipped=False,
         attempts=fetched.attempts,
     )
-
-
-def source_origin(source: HubSource) -> Origin:
-    """What an archive's record names as the source it was verified from."""
-    return (source.repo_type, source.repo_id, source.revision)
 
 
 def _confirm_origin(

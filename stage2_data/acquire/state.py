@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from .. import layout
 from ..fsutil import human_bytes, require_free_space
@@ -43,6 +43,7 @@ class ArchiveState:
     bytes_local: int
     size: int | None  # the pinned size
     sha256: str | None  # the verified sha256 (from the record) when verified, else None
+    origin: tuple[Any, Any, Any] | None = None  # the record's source (``record_origin``) when verified
 
 
 def _read_record(record: Path) -> dict[str, Any] | None:
@@ -70,13 +71,30 @@ def _record_matches(rec: dict[str, Any] | None, spec: ArchiveSpec, st: os.stat_r
 Origin = tuple[str, str, str]
 
 
+class _Source(Protocol):
+    @property
+    def repo_type(self) -> str: ...
+    @property
+    def repo_id(self) -> str: ...
+    @property
+    def revision(self) -> str: ...
+
+
+def source_origin(source: _Source) -> Origin:
+    """What an archive's record names as the source it was verified from: the profile's ``[source]``
+    or the hub source made from it."""
+    return (source.repo_type, source.repo_id, source.revision)
+
+
+def _origin(rec: dict[str, Any]) -> tuple[Any, Any, Any]:
+    return (rec.get("repo_type"), rec.get("repo_id"), rec.get("revision"))
+
+
 def record_origin(data_root: Path, spec: ArchiveSpec) -> tuple[Any, Any, Any] | None:
     """The source the archive's record says it was verified from (``None`` fields for a record of
     an earlier stage2, which kept the revision only); None without a record."""
     rec = _read_record(layout.verified_record_path(data_root, spec.path))
-    if rec is None:
-        return None
-    return (rec.get("repo_type"), rec.get("repo_id"), rec.get("revision"))
+    return None if rec is None else _origin(rec)
 
 
 def set_record_origin(data_root: Path, spec: ArchiveSpec, origin: Origin) -> None:
@@ -120,7 +138,8 @@ def archive_state(data_root: Path, spec: ArchiveSpec) -> ArchiveState:
     if st is not None:
         rec = _read_record(layout.verified_record_path(data_root, spec.path))
         if _record_matches(rec, spec, st):
-            return ArchiveState(spec.path, "verified", st.st_size, spec.size, spec.sha256)
+            assert rec is not None
+            return ArchiveState(spec.path, "verified", st.st_size, spec.size, spec.sha256, _origin(rec))
         return ArchiveState(spec.path, "unverified", st.st_size, spec.size, None)
     try:
         return ArchiveState(spec.path, "partial", part.stat().st_size, spec.size, None)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__, layout
-from ..acquire import archive_state, record_origin, verified_sha256s
+from ..acquire import archive_state, source_origin, verified_sha256s
 from ..extract import EXTRACTOR_VERSION, check_extraction, load_extraction_record, write_json_if_changed
 from ..fsutil import canonical_json
 from ..kit.sidecar_facts import SIDECAR_MARKER
@@ -59,13 +59,9 @@ def _stat(p: Path) -> list[int] | None:
 def acquire_status(profile: Profile, data_root: Path) -> str | None:
     """None when every archive is verified, from the profile's source (repo and revision): a
     record of another source is confirmed with the hub by the acquire stage."""
-    src = profile.source
-    origin = (src.repo_type, src.repo_id, src.revision)
-    todo = [
-        a.path
-        for a in profile.archives
-        if archive_state(data_root, a).state != "verified" or record_origin(data_root, a) != origin
-    ]
+    origin = source_origin(profile.source)
+    states = [archive_state(data_root, a) for a in profile.archives]
+    todo = [s.path for s in states if s.state != "verified" or s.origin != origin]
     if not todo:
         return None
     return f"{len(todo)} archive(s) to download or verify ({todo[0]}{', ...' if len(todo) > 1 else ''})"
