@@ -670,6 +670,14 @@ FAULTS: tuple[Fault, ...] = (
         "(not needed: fingerprint = clean build's; the next build is a no-op)",
     ),
     Fault(
+        "gate_other_store_under_its_name",
+        "store",
+        "a valid store of other inputs (another profile's, copied or restored) in the folder of this build's store: every file matches its own manifest",
+        "nothing fails, and it is never reused nor published: its manifest names other inputs, so the gate fails it before reading its data, naming each difference (<store>/manifest.json: profile not this build's (name: <theirs>, this build <ours>)); it is moved aside and a clean store is built and published",
+        "the other store, byte for byte, under <data_root>/quarantine/",
+        "(not needed: fingerprint = clean build's)",
+    ),
+    Fault(
         "gate_store_disk_full",
         "store",
         "no room on the data root's disk for the store (everything else fits)",

@@ -218,6 +218,36 @@ def test_fault_gate_symlink_in_store(gated: dict[str, Any], tmp_path: Path) -> N
     _valid_clean(root, gated["profile"])
 
 
+def test_fault_gate_other_store_under_its_name(gated: dict[str, Any], tmp_path: Path) -> None:
+    """A valid store of other inputs (a small store of another profile) in the folder of this
+    build's store: every file matches its own manifest, so it validates, but it is not what this
+    build would write. The gate fails it from its manifest, naming what differs; it is moved aside,
+    byte for byte, and a clean store is built and published."""
+    from test_store import build as write_store
+    from test_store import make_upstream
+
+    root, store = _copy(gated, tmp_path / "root")
+    other = tmp_path / "other" / "store"
+    write_store(other, make_upstream(tmp_path / "up", range(1, 6)))
+    assert stage2("validate", str(other), "--deep", "--decode").returncode == 0
+    theirs = json.loads((other / "manifest.json").read_text())["fingerprint"]
+    for p in [store, *store.rglob("*")]:
+        if p.is_dir():
+            os.chmod(p, 0o755)
+    shutil.rmtree(store)
+    shutil.copytree(other, store)
+    out = _build(gated["demo"], root, gated["hub"])
+    assert out.returncode == 0 and _fingerprint(out) == FINGERPRINT, out.tail()
+    said = re.search(r"^store update: (.*)$", out.stdout, re.M)
+    assert said and "reused" not in said.group(1), out.stdout
+    assert "manifest.json: profile not this build's (name: " in said.group(1), said.group(1)
+    assert "a store of other inputs under this build's name (and 2 more)" in said.group(1), said.group(1)
+    aside = _aside(root, store.name)
+    assert len(aside) == 1 and str(aside[0]) in said.group(1), said.group(1)
+    assert json.loads((aside[0] / "manifest.json").read_text())["fingerprint"] == theirs
+    _valid_clean(root, gated["profile"])
+
+
 def test_fault_gate_published_store_read_only(gated: dict[str, Any], tmp_path: Path) -> None:
     """A published store has no write bit on any file or folder (a user's tool writing into it
     fails); `stage2 gc` still removes an old store (it gives the folders their write bit back)."""

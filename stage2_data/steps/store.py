@@ -139,10 +139,13 @@ def step_store(
     update = f"reused {name} (same inputs; passed the publication gate)"
     gate: GateResult | None = None
     set_aside = ""
+    # what the manifest of this build's store records: a store under this name that records
+    # anything else is not this build's, however well it validates
+    expect = {"profile": profile.identity(), "inputs": inputs, "options": settings}
     if out.is_file(out.root / "manifest.json"):
         # a store of these inputs is already there (kept, current, or left by a stopped build):
         # it is reused only after the same full check a new store passes
-        gate = publication_gate(out)
+        gate = publication_gate(out, expect)
         if gate.passed:
             rebuilt = False
         else:
@@ -211,7 +214,7 @@ def step_store(
     t1 = time.perf_counter()
     drawn: dict[str, Any] = {}
     if rebuilt:
-        gate, drawn = gate_new_store(out, alongside)
+        gate, drawn = gate_new_store(out, alongside, expect)
     assert gate is not None
     problems = list(gate.problems)
     validate_seconds = time.perf_counter() - t1 if rebuilt else gate.seconds
@@ -246,16 +249,17 @@ def step_store(
 
 
 def gate_new_store(
-    out: Any, alongside: Callable[[str], dict[str, Any]] | None
+    out: Any, alongside: Callable[[str], dict[str, Any]] | None, expect: dict[str, Any] | None = None
 ) -> tuple[GateResult, dict[str, Any]]:
-    """A new store through the publication gate, and what ``alongside(out.url)`` drew meanwhile on
+    """A new store through the publication gate (``expect``: what its manifest must record), and
+    what ``alongside(out.url)`` drew meanwhile on
     another thread ({} without it, and for a store that failed: it is not published, and what
     failed is the gate's to say, whatever the drawing raised). Both only read the store."""
     if alongside is None:
-        return publication_gate(out), {}
+        return publication_gate(out, expect), {}
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="stage2-alongside") as pool:
         drawn = pool.submit(alongside, out.url)
-        gate = publication_gate(out)
+        gate = publication_gate(out, expect)
         if not gate.passed:
             wait([drawn])  # done with the store before the caller removes it
             return gate, {}

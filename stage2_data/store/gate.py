@@ -5,7 +5,8 @@ led there (docs/spec/vin-store.md, "Publication gate").
 The gate is :func:`~.validate.validate_vin_offline_store` with ``deep`` and ``decode``: every file
 of the store hashed against the manifest and the content recomputed from those hashes (it must give
 the manifest's fingerprint), every sample decoded as the reader does and compared with its
-``frames_sha256``. A local store is made read-only first (stage2_data/publish/readonly.py) and the
+``frames_sha256``. For a build, the store must also be the build's own (:func:`other_build`: the
+manifest's profile, inputs and writer options), checked first. A local store is made read-only first (stage2_data/publish/readonly.py) and the
 (inode, size, mtime, ctime) of every entry is taken before the check and again after it: a store
 that changed while it was checked fails. Those stats are what a no-op rebuild compares against
 (:func:`tree_stats`): only a rebuild that publishes nothing may skip the gate, and only while every
@@ -25,10 +26,12 @@ import contextlib
 import os
 import stat
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import StoreError
 from ..formats.sha256sums import file_kind
 from ..publish.readonly import make_read_only
 from ..storage import StoreLocation
@@ -95,12 +98,47 @@ def non_regular_entries(root: Path) -> list[str]:
     return out
 
 
-def publication_gate(loc: StoreLocation, **validate_kw: Any) -> GateResult:
-    """Run the full check on the store at ``loc`` (see the module's docstring). ``validate_kw`` is
-    passed to the validation (``storage_options``)."""
+def other_build(loc: StoreLocation, expect: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Problems when the manifest at ``loc`` records another build than ``expect`` says: for each
+    manifest key (``profile``, ``inputs``, ``options``), the values it must hold, each key named
+    when it differs. A store that validates holds what its manifest says, not what this build
+    would write: a store of other inputs (a copy, a folder restored under another name) is never
+    published for this build. [] when the manifest is unreadable (the validation names that)."""
+    from .manifest import read_manifest
+
+    try:
+        manifest = read_manifest(loc)
+    except StoreError:
+        return []
+    out: list[str] = []
+    for field_name, want in expect.items():
+        have = manifest.get(field_name)
+        have = have if isinstance(have, dict) else {}
+        keys = set(want) if field_name == "options" else set(want) | set(have)
+        differ = sorted(k for k in keys if have.get(k) != want.get(k))
+        if differ:
+            shown = ", ".join(f"{k}: {have.get(k)!r}, this build {want.get(k)!r}" for k in differ[:3])
+            more = f" and {len(differ) - 3} more" if len(differ) > 3 else ""
+            out.append(
+                f"{loc.url}/manifest.json: {field_name} not this build's ({shown}{more}): "
+                "a store of other inputs under this build's name"
+            )
+    return out
+
+
+def publication_gate(
+    loc: StoreLocation, expect: Mapping[str, Mapping[str, Any]] | None = None, **validate_kw: Any
+) -> GateResult:
+    """Run the full check on the store at ``loc`` (see the module's docstring). With ``expect``,
+    the store must also be this build's (:func:`other_build`): checked first, from the manifest
+    alone. ``validate_kw`` is passed to the validation (``storage_options``)."""
     from .validate import validate_vin_offline_store  # zarr: not for a no-op build's tree_stats
 
     t0 = time.perf_counter()
+    if expect:
+        foreign = other_build(loc, expect)
+        if foreign:
+            return GateResult(foreign, None, time.perf_counter() - t0)
     before: dict[str, list[int]] | None = None
     if loc.is_local:
         try:
