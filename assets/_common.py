@@ -13,6 +13,7 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -23,6 +24,7 @@ from stage2_data.extract import cancel_extractions
 from stage2_data.fsutil import human_bytes
 from stage2_data.stages import PARTITIONS_TAG, READS
 from stage2_data.steps import StepResult
+from stage2_data.steps.status import clear_store_records
 
 
 def check_specs(asset: str) -> list[dg.AssetCheckSpec]:
@@ -195,6 +197,13 @@ def record_standalone_results(
         )
 
 
+def forget_on_failure(data_root: Path | None, passed: Sequence[bool]) -> None:
+    """A check that failed (any False in ``passed``) leaves no record by which the next build
+    would skip it: the store stage's success records are cleared (stage2_data.steps.status)."""
+    if data_root is not None and not all(passed):
+        clear_store_records(data_root)
+
+
 def run_step(
     asset: str,
     step: Callable[[], StepResult],
@@ -202,18 +211,23 @@ def run_step(
     *,
     context: dg.AssetExecutionContext | None = None,
     standalone: Callable[[StepResult], list[CheckOutcome]] | None = None,
+    data_root: Path | None = None,
 ) -> Iterator[Any]:
     """Run a library step; on an expected failure, fail the asset's first check with the message
     (so the UI and alerts show which check and why) and fail the step with the fix. ``data_version``
     names what the step produced (else Dagster derives one from the inputs' versions and the code's).
     ``standalone(result)``: the standalone checks' results the step's work gives, recorded against
-    the materialization once it is made (:func:`record_standalone_results`; needs ``context``)."""
+    the materialization once it is made (:func:`record_standalone_results`; needs ``context``).
+    With ``data_root``, a failed check or step clears the records that let a later build call the
+    store stage up to date (:func:`forget_on_failure`), whichever way the run was launched."""
     try:
         res = step()
     except Stage2Error as err:
+        forget_on_failure(data_root, [False])
         first = CHECKS_BY_ASSET[asset][0]
         yield check_result(False, str(err), check_name=first)
         raise dg.Failure(description=str(err), metadata={"error": type(err).__name__}) from None
+    forget_on_failure(data_root, [c.passed for c in res.checks])
     version = data_version(res) if data_version else None
     yield dg.MaterializeResult(
         data_version=dg.DataVersion(version) if version else None,

@@ -56,7 +56,8 @@ def build_acquisition_assets(profile: Profile) -> list[Any]:
                     f"{prof.source.repo_id}@{prof.source.revision}; configure the hub resource from the profile"
                 )
             )
-        yield from run_step(PINNED_PROFILE, lambda: steps.step_profile(prof, data_root.root()))
+        root = data_root.root()
+        yield from run_step(PINNED_PROFILE, lambda: steps.step_profile(prof, root), data_root=root)
 
     @stage_asset(
         ARCHIVE_FILE,

@@ -15,7 +15,7 @@ from stage2_data.profile import Profile
 from stage2_data.stages import ACTION_SIDECARS, SUBSET_CHECKSUMS, TRAJECTORY_JOIN
 from stage2_resources import DataRootResource, ProfileResource
 
-from ._common import check_result, standalone_check
+from ._common import check_result, forget_on_failure, standalone_check
 from .step_asset import step_asset
 
 GROUP = "kit"
@@ -121,12 +121,14 @@ def build_kit_checks(trajectory_join: Any, subset_checksums: Any) -> list[Any]:
     ) -> dg.AssetCheckResult:
         prof = profile.load()
         res = _links_outcome(prof, link_check(prof, data_root.root()))
+        forget_on_failure(data_root.root(), [res.passed])
         return check_result(res.passed, res.description, res.metadata)
 
     @standalone_check(trajectory_join, C.SIDECARS_ON_DISK_SANE)
     def sidecars_on_disk_sane(data_root: DataRootResource) -> dg.AssetCheckResult:
         rep = check_sidecars_on_disk(data_root.root())
         res = C.outcome(C.SIDECARS_ON_DISK_SANE, rep.problems)
+        forget_on_failure(data_root.root(), [res.passed])
         return check_result(
             res.passed, res.description, {"sidecars": rep.files, "seconds": round(rep.seconds, 3)}
         )
@@ -136,6 +138,7 @@ def build_kit_checks(trajectory_join: Any, subset_checksums: Any) -> list[Any]:
         profile: ProfileResource, data_root: DataRootResource
     ) -> dg.AssetCheckResult:
         res = _bytes_outcome(steps.step_verify_bytes(profile.load(), data_root.root()))
+        forget_on_failure(data_root.root(), [res.passed])
         return check_result(res.passed, res.description, res.metadata)
 
     return [links_on_disk_match_expected, sidecars_on_disk_sane, subset_bytes_on_disk_match]

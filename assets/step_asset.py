@@ -38,6 +38,7 @@ def step_asset(
             lambda: step(prof, root),
             context=context,
             standalone=(lambda res: standalone(prof, root, res)) if standalone else None,
+            data_root=root,
         )
 
     return _asset

@@ -131,6 +131,7 @@ def build_store_assets() -> list[Any]:
             lambda res: str(res.metadata.get("store") or "").rstrip("/").rsplit("/", 1)[-1] or None,
             context=context,
             standalone=store_bytes_as_built,
+            data_root=data_root.root(),
         )
 
     return [vin_store]

@@ -475,3 +475,75 @@ def test_a_typo_in_the_pinned_source_never_stands_for_the_verified_archives(
         assert layout.verified_record_path(root, a.path).read_text() == records[a.path]
     again, fp = _build(demo, root, hub)
     assert fp == FINGERPRINT and _up_to_date(again) == [s.name for s in STAGES], again.stderr
+
+
+def _failing_build(profile: Path, root: Path, hub: HubServer) -> Any:
+    out = stage2(
+        "build", "--profile", str(profile), "--data-root", str(root), "--endpoint", hub.url,
+        env=subprocess_env(drop=("DAGSTER_HOME", "CI")),
+    )  # fmt: skip
+    assert out.returncode == 1 and "BUILD FAILED" in out.stdout, out.tail()
+    assert "Traceback" not in out.stderr and "internal error" not in out.stdout + out.stderr
+    return out
+
+
+def test_a_kit_file_behind_a_link_is_checked_again_when_the_file_it_names_changes(
+    noop_rebuilt: dict[str, Any], tmp_path: Path
+) -> None:
+    """The kit's SHA256SUMS is a symbolic link to a file outside the kit (a link to a kit file is
+    followed). An edit of that file, its size and mtime kept, makes the next build check the bytes
+    again, as a first build does: it fails, and leaves no record by which the build after it would
+    skip the check (that one fails too). The file put right, the build passes again."""
+    root: Path = noop_rebuilt["root"]
+    hub: HubServer = noop_rebuilt["hub"]
+    demo: DemoPaths = noop_rebuilt["demo"]
+    kit = tmp_path / "kit"
+    shutil.copytree(demo.profile.parent, kit)
+    sums = kit / "manifests" / "stage2_subset_SHA256SUMS"
+    outside = tmp_path / "outside" / "SHA256SUMS"
+    outside.parent.mkdir()
+    shutil.copyfile(sums, outside)
+    sums.unlink()
+    sums.symlink_to(outside)
+    profile = kit / demo.profile.name
+    _, fp = _build(demo, root, hub, "--profile", str(profile))
+    assert fp == FINGERPRINT
+    assert _up_to_date(_build(demo, root, hub, "--profile", str(profile))[0]) == [s.name for s in STAGES]
+    good = outside.read_bytes()
+    st = outside.stat()
+    line = good.split(b"\n", 1)[0]
+    bad = (b"0" if line[:1] != b"0" else b"1") + good[1:]  # the first file's sha256, its first digit
+    outside.write_bytes(bad)
+    os.utime(outside, ns=(st.st_atime_ns, st.st_mtime_ns))
+    record = layout.reports_dir(root) / "store_stage.json"
+    assert record.is_file()
+    out = _failing_build(profile, root, hub)
+    assert "subset_bytes_match_sha256sums" in out.stdout, out.stdout
+    assert not record.exists()  # a failed build: nothing lets the next one skip the check
+    _failing_build(profile, root, hub)
+    outside.write_bytes(good)
+    _, fp = _build(demo, root, hub, "--profile", str(profile))
+    assert fp == FINGERPRINT
+
+
+def test_a_stray_entry_of_processed_datasets_fails_every_build_until_it_is_gone(
+    noop_rebuilt: dict[str, Any],
+) -> None:
+    """An entry of ``processed_datasets/`` that is no cache key of the profile fails a first build's
+    extraction report (no_stray_entries); a rebuild sees it too, by the folder's stats, and fails
+    naming it, build after build, until it is gone."""
+    root: Path = noop_rebuilt["root"]
+    hub: HubServer = noop_rebuilt["hub"]
+    demo: DemoPaths = noop_rebuilt["demo"]
+    _build(demo, root, hub)
+    assert _up_to_date(_build(demo, root, hub)[0]) == [s.name for s in STAGES]
+    stray = layout.processed_root(root) / "stray.txt"
+    stray.write_text("x")
+    try:
+        for _ in range(2):
+            out = _failing_build(demo.profile, root, hub)
+            assert "no_stray_entries" in out.stdout and "stray.txt" in out.stdout, out.stdout
+    finally:
+        stray.unlink()
+    _, fp = _build(demo, root, hub)
+    assert fp == FINGERPRINT

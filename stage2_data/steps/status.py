@@ -7,8 +7,8 @@ skips its work).
   names the archives' verified sha256 and this extractor; one ``scandir`` walk matches it);
 - ``kit``: the sidecars' record names the kit's sidecar tar as it is now (``kit.sidecars_status``);
 - ``store``: the fingerprint of the stage's inputs and outputs (:func:`store_stage_fingerprint`:
-  the stats of every kit file and of the profile, every extraction record's digests, the archive
-  pins, the stats of the extraction report, the sidecars' record, the join table, the stores'
+  the stats of every kit file (and of the file a link names) and of the profile, every extraction
+  record's digests, the archive pins, the stats of ``processed_datasets/`` and of the extraction report, the sidecars' record, the join table, the stores'
   folder, the ``current`` link and every file of the store it points at, the versions and the
   settings) equals the one recorded by :func:`record_store_stage` after the last successful store
   stage;
@@ -26,6 +26,7 @@ import contextlib
 import hashlib
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -48,12 +49,23 @@ def store_stage_record_path(data_root: Path) -> Path:
     return layout.reports_dir(data_root) / STORE_STAGE_RECORD
 
 
-def _stat(p: Path) -> list[int] | None:
+def _stat(p: Path) -> list[int | None] | None:
+    """(inode, size, mtime_ns, ctime_ns) of ``p`` itself; for a symbolic link (a kit file may be
+    one), then those of the file it names, or None where it names nothing: a link's own stats say
+    nothing of the file read through it, which can be edited while the link stays the same."""
     try:
         st = os.lstat(p)
     except OSError:
         return None
-    return [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    out: list[int | None] = [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            t = os.stat(p)
+        except OSError:
+            out.append(None)
+        else:
+            out += [t.st_ino, t.st_size, t.st_mtime_ns, t.st_ctime_ns]
+    return out
 
 
 def acquire_status(profile: Profile, data_root: Path) -> str | None:
@@ -172,6 +184,8 @@ def _fingerprints(
         "kit": kit,
         "extraction_records": records,
         "outputs": {
+            # its entries' names: an entry that is not a cache key fails the extraction report
+            "processed_datasets": _stat(layout.processed_root(data_root)),
             "extraction_report": _stat(layout.extraction_report_path(data_root)),
             "sidecar_marker": _stat(derived / SIDECAR_MARKER),
             "sidecars": _stat(derived / layout.SIDECARS_DIR),
