@@ -48,7 +48,14 @@ from stage2_data.storage import check_stores_url
 
 from .config import BuildConfig, check_settings, demo_root, require_executor, ui_command
 from .stops import stop_guard
-from .uptodate import build_summary, stage_status, up_to_date_build, up_to_date_summary
+from .uptodate import (
+    build_summary,
+    instance_home,
+    published_store,
+    stage_status,
+    up_to_date_build,
+    up_to_date_summary,
+)
 
 #: the pipeline extra is installed (Dagster is importable)
 HAVE_PIPELINE = find_spec("dagster") is not None
@@ -258,9 +265,27 @@ def _run_build(
             else:
                 print_build_summary(summary)
     if stop.stopped:
+        if args.json:  # one object whatever happened: the stop is its one error
+            print_json(stopped_summary(config, profile, stop))
         eprint(stop.message())
         return stop.exit_code
     return build_exit_code(summary)
+
+
+def stopped_summary(config: BuildConfig, profile: Profile, stop: Any) -> dict[str, Any]:
+    """``--json``'s object for a build stopped by a signal: a build's summary (every key), the stop
+    as its one error (``"error": "Stopped"``, the message says whether the store was published)."""
+    store, fingerprint = (None, None)
+    if stop.published() and not config.store_url:
+        store, fingerprint = published_store(Path(config.data_root), profile)
+    return build_summary(
+        profile=profile.name,
+        data_root=config.data_root,
+        dagster_home=str(instance_home(Path(config.data_root))),
+        store=store,
+        fingerprint=fingerprint,
+        errors=[{"step": None, "partition": None, "message": stop.message(), "error": "Stopped"}],
+    )
 
 
 #: errors of the environment, not of the data: the build could not run (README: exit 2)

@@ -15,6 +15,7 @@ partial download with bytes; the stage's temp folder).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -190,6 +191,8 @@ CASES = {
     "download-sigterm-bg-in-process": ("download", signal.SIGTERM, True, ["--concurrency", "1"]),
     "download-sigterm-bg-workers": ("download", signal.SIGTERM, True, ["--executor", "multiprocess", "--concurrency", "2"]),
     "extract-sigterm-bg-in-process": ("extract", signal.SIGTERM, True, ["--concurrency", "1"]),
+    # --json: one object on stdout even for a stop, the stop its one error
+    "extract-sigterm-bg-json": ("extract", signal.SIGTERM, True, ["--concurrency", "1", "--json"]),
     "extract-sigint-fg-workers": ("extract", signal.SIGINT, False, ["--executor", "multiprocess", "--concurrency", "2"]),
     "store-sigterm-bg-workers": ("store", signal.SIGTERM, True, ["--executor", "multiprocess", "--concurrency", "2"]),
     "store-sigint-fg-in-process": ("store", signal.SIGINT, False, ["--concurrency", "1"]),
@@ -231,6 +234,11 @@ def test_stop(case: str, demo: DemoPaths, tmp_path: Path) -> None:
         f"stopped by {name_}: nothing was published; rerun to resume (partial downloads kept)" in s.ran.stderr
     )
     assert _tracebacks(said) == [], s.ran.tail()
+    if "--json" in extra:
+        got = json.loads(s.ran.stdout)
+        assert got["ok"] is False and got["store"] is None and got["profile"] == name, got
+        assert [e["error"] for e in got["errors"]] == ["Stopped"], got
+        assert got["errors"][0]["message"].startswith(f"stopped by {name_}: nothing was published"), got
     # the stop path: every thread stopped (downloads and extractions cancelled), not the last resort
     assert HARD_EXIT_MARK not in said, s.ran.tail()
     assert s.leftover == [], s.leftover
