@@ -18,9 +18,11 @@ canceled, its step interrupted, whatever signal the build's own process received
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -37,6 +39,7 @@ from typing import IO, Any
 import dagster as dg
 
 from stage2_data.errors import Stage2Error, env_number
+from stage2_data.publish.lock import LAUNCHING_BUILD_ENV
 
 from .config import BuildConfig
 
@@ -88,10 +91,33 @@ def _dagster_cli(name: str = "dagster") -> str:
     return str(beside) if beside.exists() else (shutil.which(name) or name)
 
 
+PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def _ends_with_build() -> Callable[[], None] | None:
+    """On Linux, what a server's child process runs before exec: the kernel sends it SIGTERM when
+    the process that started it dies, however it dies (SIGKILL and the OOM killer included), so no
+    server outlives its build (it would hold a port and launch nothing). The signal follows the
+    thread that started the child: the servers are started from the build's main thread. None
+    elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    parent = os.getpid()
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child only calls it
+
+    def child() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the build died before the line above: end now
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return child
+
+
 def _spawn(argv: list[str], **popen: Any) -> subprocess.Popen[bytes]:
-    """``argv`` started; a Dagster command missing from this environment is named with the fix."""
+    """``argv`` started, ending with this process (:func:`_ends_with_build`); a Dagster command
+    missing from this environment is named with the fix."""
     try:
-        return subprocess.Popen(argv, **popen)
+        return subprocess.Popen(argv, preexec_fn=_ends_with_build(), **popen)  # noqa: PLW1509
     except FileNotFoundError:
         raise LaunchError(
             f"`{Path(argv[0]).name}` is not installed beside this Python ({sys.executable})",
@@ -133,6 +159,7 @@ class CodeServer:
             **config.to_env(),
             "DAGSTER_HOME": str(self.home),
             "PYTHONUNBUFFERED": "1",
+            LAUNCHING_BUILD_ENV: str(os.getpid()),  # its runs publish only while this build holds the lock
         }
         logs = logs_dir(self.home)
         self.log_path = logs / CODE_SERVER_LOG

@@ -266,6 +266,79 @@ def test_stop(case: str, demo: DemoPaths, tmp_path: Path) -> None:
     shutil.rmtree(root, ignore_errors=True)
 
 
+def _run_messages(home: Path) -> list[str]:
+    """Every event message of every run in the instance at ``home``."""
+    import dagster as dg
+
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        return [
+            str(e.message or "") + " " + str(getattr(e.dagster_event, "event_specific_data", "") or "")
+            for r in instance.get_runs()
+            for e in instance.all_logs(r.run_id)
+        ]
+
+
+# In a run a build launched: the first write inside a temp folder of the store waits until that
+# build is gone, then every write goes on at full speed (the run outlives its build mid-store).
+_UNTIL_BUILD_GONE = r"""
+import os, re, sys, time
+_pat, _pid = os.environ.get("STAGE2_TEST_SLOW_AT"), os.environ.get("STAGE2_BUILD_PID")
+if _pat and _pid:
+    _rx = re.compile(_pat)
+    def _gone():
+        try:
+            os.kill(int(_pid), 0)
+        except ProcessLookupError:
+            return True
+        return False
+    def _wait(event, args):
+        if event == "open" and args and isinstance(args[0], (str, bytes, os.PathLike)):
+            if _rx.search(os.fsdecode(args[0])):
+                end = time.monotonic() + 300
+                while not _gone() and time.monotonic() < end:
+                    time.sleep(0.05)
+    sys.addaudithook(_wait)
+"""
+
+
+def test_a_killed_launched_build_leaves_nothing_that_publishes(demo: DemoPaths, tmp_path: Path) -> None:
+    """`stage2 build` (runs launched through the instance) killed by SIGKILL, as the OOM killer
+    kills, while its store run writes the store: no signal handler runs. Its servers end with it
+    (nothing of its session stays), and the run it launched publishes nothing: once the build is
+    gone it no longer holds the data root's lock, which another build may take, so the run fails
+    at publication, naming the build. The next build resumes and publishes."""
+    root = tmp_path / "root"
+    home = tmp_path / "home"
+    write_instance_yaml(home)
+    sitedir = tmp_path / "site"
+    sitedir.mkdir()
+    (sitedir / "sitecustomize.py").write_text(_UNTIL_BUILD_GONE)
+    env = subprocess_env(
+        drop=("HF_TOKEN", "STAGE2_TEST_SLOW_AT"), DAGSTER_HOME=str(home), PYTHONPATH=f"{sitedir}:{REPO}"
+    )
+    env.pop("STAGE2_RUN_IN_PROCESS", None)
+    name = load_profile(demo.profile).name
+    s = _stop_build(demo, root, env, stage="store", sig=signal.SIGKILL, background=True, extra=[])
+    assert s.ran.returncode == -signal.SIGKILL, s.ran.tail()
+    deadline = time.monotonic() + 120
+    while (left := _session_processes(s.pid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert left == [], left
+    assert not layout.current_store_path(root, name).exists()  # nothing published
+    stores = layout.stores_root(root, name)
+    written = [p.name for p in stores.iterdir() if ".tmp-" not in p.name] if stores.is_dir() else []
+    said = _run_messages(home)  # the store's run went on, and was refused at publication
+    assert any("no longer holds the data root's lock" in m for m in said), said[-20:]
+    with HubServer(demo.upstream, repo_id=demo.repo_id, revision=demo.revision) as hub:
+        env.pop("STAGE2_TEST_SLOW_AT", None)
+        r = stage2(*_build_args(demo, root, hub.url, ["--json"]), env=env, timeout=600)
+    assert r.returncode == 0, r.tail()
+    assert r.json()["fingerprint"] == DEMO_FINGERPRINT
+    if written:  # the store the run wrote, complete, is published only through the gate
+        assert r.json()["store_update"].startswith(f"reused {written[0]} "), r.json()["store_update"]
+        assert "passed the publication gate" in r.json()["store_update"]
+
+
 # ----- fast: the pieces, without a build -----------------------------------------------------------
 def test_cancel_downloads_wakes_a_blocked_read_and_keeps_the_partial(demo: DemoPaths, tmp_path: Path) -> None:
     """``cancel_downloads`` (what a stop calls) ends a download blocked on a slow hub with

@@ -33,7 +33,19 @@ from .. import layout
 from ..errors import Stage2Error
 from ..oserrors import fs_error
 
-__all__ = ["DataRootLockedError", "data_root_lock", "lock_path", "read_holder"]
+__all__ = [
+    "LAUNCHING_BUILD_ENV",
+    "BuildGoneError",
+    "DataRootLockedError",
+    "data_root_lock",
+    "lock_path",
+    "read_holder",
+    "require_launching_build",
+]
+
+#: Set in the environment of the runs a build launches: the pid of the `stage2 build` that holds
+#: the data root's lock for them (pipelines/launch.py)
+LAUNCHING_BUILD_ENV = "STAGE2_BUILD_PID"
 
 # Data roots this process holds: resolved path -> (thread that holds it, nesting depth).
 _HELD: dict[Path, tuple[int, int]] = {}
@@ -79,6 +91,41 @@ def _locked_error(data_root: Path, waited: float) -> DataRootLockedError:
         holder=holder,
         fix=f"wait for that build to finish{stop}, then run again; "
         "for a build in parallel, use another --data-root",
+    )
+
+
+class BuildGoneError(Stage2Error):
+    """A run launched by a build is about to publish, but that build no longer holds the data
+    root's lock (it was killed): nothing is published."""
+
+
+def require_launching_build(data_root: Path) -> None:
+    """In a run launched by `stage2 build` (:data:`LAUNCHING_BUILD_ENV` set), raise BuildGoneError
+    unless that build still holds the data root's lock. The build holds the lock for its runs; a
+    build killed by SIGKILL (or the OOM killer) releases it at once while a run it launched may go
+    on, and such a run must not publish into a data root another build may now hold. Elsewhere (a
+    run launched from the UI, a build's own process) nothing is checked."""
+    pid = os.environ.get(LAUNCHING_BUILD_ENV)
+    if not pid:
+        return
+    path = lock_path(Path(data_root))
+    held = False
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as e:
+            held = e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+        else:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+    if held and str(read_holder(Path(data_root)).get("pid")) == pid:
+        return
+    raise BuildGoneError(
+        f"the build that launched this run (pid {pid}) no longer holds the data root's lock "
+        f"({path}): it was stopped or killed, so this run publishes nothing",
+        fix="run `stage2 build` again: it resumes from what was verified",
     )
 
 

@@ -25,6 +25,7 @@ from ..hashing import sha256_file
 from ..kit import load_pairs
 from ..kit.sidecar_facts import SIDECAR_MARKER
 from ..profile import Profile
+from ..publish.lock import require_launching_build
 from ..publish.readonly import make_writable
 from ..storage import CURRENT_OBJECT, StoreLocation, check_stores_url, join_url
 from ..store import (
@@ -219,6 +220,7 @@ def step_store(
     problems = list(gate.problems)
     validate_seconds = time.perf_counter() - t1 if rebuilt else gate.seconds
     if not problems:
+        require_launching_build(data_root)  # a run of a killed build publishes nothing
         root_loc.publish_current(name)  # the `current` symlink, or the CURRENT object after the manifest
         if out.is_local:
             write_gate_record(data_root, profile.name, name, gate.stats)
