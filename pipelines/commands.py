@@ -46,7 +46,7 @@ from stage2_data.publish import data_root_lock, sweep_data_root
 from stage2_data.stages import STAGES
 from stage2_data.storage import check_stores_url
 
-from .config import BuildConfig, check_settings, demo_root, require_executor, ui_command
+from .config import BuildConfig, check_settings, demo_root, env_flag, require_executor, ui_command
 from .stops import stop_guard
 from .uptodate import (
     build_summary,
@@ -188,6 +188,7 @@ def refused_summary(data_root: Path, err: Stage2Error, profile: str | None = Non
 
 def _cmd_build(args: argparse.Namespace) -> int:
     check_settings()
+    reverify = args.reverify or env_flag("STAGE2_REVERIFY")  # the flag, or the setting
     require_executor(args.executor)
     if args.store_url:  # opened by the store stage, after every download: refused now if it cannot be
         check_stores_url(args.store_url)
@@ -216,7 +217,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
         kit_root=str(Path(args.kit_root).resolve()) if args.kit_root else None,
         hub_folder=str(Path(args.hub_folder).resolve()) if args.hub_folder else None,
         token_env_var=args.token_env,
-        reverify=args.reverify,
+        reverify=reverify,
         executor=args.executor,
         dask_address=args.dask_address,
         store_url=args.store_url,

@@ -438,6 +438,16 @@ def test_reverify_runs_every_stage(noop_rebuilt: dict[str, Any]) -> None:
     # as it was say they checked it
     assert _up_to_date(out) == [], out.stderr
     assert "checked, nothing changed" in out.stderr, out.stderr
+    # the setting does what the flag does (docs/operating.md's settings); a word it does not know
+    # is refused before anything runs
+    env = subprocess_env(drop=("DAGSTER_HOME", "CI"), STAGE2_REVERIFY="yes")
+    argv = ["build", "--profile", str(demo.profile), "--data-root", str(root), "--endpoint", hub.url]
+    again = stage2(*argv, env=env)
+    assert again.returncode == 0 and _dagster_runs(root) == runs + 2 * len(STAGES), again.tail()
+    env["STAGE2_REVERIFY"] = "maybe"
+    refused = stage2(*argv, env=env)
+    assert refused.returncode == 2 and "STAGE2_REVERIFY='maybe' is not a yes or no" in refused.stderr
+    assert _dagster_runs(root) == runs + 2 * len(STAGES)
 
 
 @pytest.mark.parametrize("field", ["revision", "repo_id"])
