@@ -57,6 +57,9 @@ SLOW_TESTS = {
     "test_foreign_profile.py::test_build_on_a_foreign_profile",  # a whole `stage2 build` (~25 s)
     "test_pipeline.py::test_wrong_archive_sha256_fails_its_check",  # build_all, then a repaired rebuild
     "test_stops.py::test_stop",  # a `stage2 build` stopped by a signal, then a whole rebuild (per case)
+    "test_stops.py::test_a_killed_launched_build_leaves_nothing_that_publishes",  # killed, then rebuilt
+    # six training processes with real loader workers, killed (spawn and forkserver start slowly)
+    "test_loader_orphans.py::test_workers_and_shm_go_when_the_training_process_is_killed",
 }
 
 

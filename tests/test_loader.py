@@ -392,7 +392,7 @@ def test_pool_loader_reuses_released_shared_files_without_touching_held_batches(
         del batch  # released: its files go back to the workers
         for folder in shm.iterdir():
             if folder.name.startswith(mine):
-                files_seen |= {f.name for f in folder.iterdir()}
+                files_seen |= {f.name for f in folder.iterdir() if f.name.startswith("batch-")}
     for batch, keys in held:
         _check_batch(batch, up, keys)  # unchanged after every later batch
     assert 0 < len(files_seen) < through_shm / 2, (files_seen, through_shm)  # files were reused

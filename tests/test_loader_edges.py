@@ -76,6 +76,30 @@ def test_resolutions_as_pairs_or_hxw_strings(store: Path, up: Upstream) -> None:
         assert sorted(both.sample_keys) == sorted(every.sample_keys)
 
 
+def test_a_bare_string_is_one_source_task_or_resolution(store: Path, up: Upstream) -> None:
+    """``sources="racer"`` is ``sources=["racer"]`` (not the letters of "racer"); so for ``tasks=``,
+    and for the per-position resolutions of a ResolutionBatches."""
+    train = [s for s in up.samples if s.split == "train"]
+    task = train[0].task
+    for field, name in (("sources", "racer"), ("tasks", task)):
+        want = sorted(s.sample_key for s in train if getattr(s, field[:-1]) == name)
+        assert want
+        with (
+            Selection(store, "train", **{field: name}) as one,
+            Selection(store, "train", **{field: [name]}) as listed,
+        ):
+            assert sorted(one.sample_keys) == sorted(listed.sample_keys) == want, field
+    racer = next(s for s in train if s.source == "racer")
+    h, w = up.frames[racer.sample_key].shape[1:3]
+    with Selection(store, "train", sources="racer", tasks=racer.task, resolutions=f"{h}x{w}") as sel:
+        assert racer.sample_key in sel.sample_keys
+        assert set(sel.sources) == {"racer"} and set(sel.resolutions) == {(h, w)}
+    with pytest.raises(LoaderError, match=r"has no source 'nobody'; it has 'autoeval', 'racer'"):
+        Selection(store, "train", sources="nobody")
+    order = ResolutionBatches("8x10", 4, seed=0)  # one position's resolution
+    assert order.size == 1 and list(order) == [[0]]
+
+
 @pytest.mark.parametrize(
     "given",
     [["48by64"], ["8x10x3"], ["8x"], [(0, 10)], [(8, -10)], [(8,)], [(8, 10, 3)], [("8", "10")], [8.0], 8],
@@ -169,7 +193,9 @@ def test_consumed_counts_from_the_iteration_under_way() -> None:
     with pytest.raises(LoaderError, match=r"handed out only 2 samples of epoch 0 \(from item 3\)"):
         order.state_dict(consumed=5)
     assert taken == order.items(0)[3:5]
-    with pytest.raises(LoaderError, match=r"times batch_size when a DataLoader batches this sampler"):
+    with pytest.raises(
+        LoaderError, match=r"a running sum of len\(batch\['sample_key'\]\), not \(step \+ 1\)"
+    ):
         order.state_dict()
     order.set_epoch(4)  # placed: nothing handed out since
     assert order.state_dict() == {

@@ -28,11 +28,13 @@ that iterates them (never in a worker).
   prefetching) or a :class:`~stage2_data.loader.PoolLoader` takes items from the order ahead of the
   training loop, so the order cannot know how many were trained on: ``state_dict()`` without
   ``consumed`` then raises :class:`~stage2_data.errors.LoaderError` rather than save the read-ahead
-  position. In ``for step, batch in enumerate(loader)`` save ``state_dict(consumed=step + 1)``
-  (with a ``batch_sampler``, e.g. :class:`ResolutionBatches`; with a ``sampler`` and ``batch_size=B``,
-  ``consumed=(step + 1) * B`` samples). ``consumed`` larger than what the order has handed out is
-  refused too (the loop cannot have taken more). Before any item is handed out, ``state_dict()`` is
-  the order's own ``epoch`` / ``start``.
+  position. With a ``batch_sampler`` (e.g. :class:`ResolutionBatches`), in ``for step, batch in
+  enumerate(loader)`` save ``state_dict(consumed=step + 1)``; with a ``sampler`` (e.g.
+  :class:`SeededOrder`) and ``batch_size=B``, save the samples taken, a running sum of
+  ``len(batch["sample_key"])`` (not ``(step + 1) * B``: an epoch's last batch may be shorter).
+  ``consumed`` larger than what the order has handed out is refused too (the loop cannot have
+  taken more). Before any item is handed out, ``state_dict()`` is the order's own ``epoch`` /
+  ``start``.
 * **Bound to its store.** An order built from a :class:`~stage2_data.loader.Selection`
   (``ResolutionBatches(sel, batch_size)``, ``SeededOrder(sel)``) holds the store's ``fingerprint``
   and writes it into its state; ``load_state_dict`` refuses a state saved on a store of another
@@ -169,7 +171,9 @@ class _EpochOrder(Generic[Item]):
                     fix=f"pass consumed= the number of {self.kind} your training loop has taken from this "
                     "iteration, e.g. state_dict(consumed=step + 1) in `for step, batch in enumerate(loader)`"
                     + (
-                        " (times batch_size when a DataLoader batches this sampler)"
+                        " (when a DataLoader batches this sampler: the samples taken, a running sum of "
+                        "len(batch['sample_key']), not (step + 1) * batch_size: an epoch's last batch may "
+                        "be shorter)"
                         if self.kind == "samples"
                         else ""
                     ),
@@ -360,7 +364,7 @@ class ResolutionBatches(_EpochOrder[list[int]]):
     ``resolutions`` is a :class:`~stage2_data.loader.Selection` (its ``resolutions``, and its store's
     ``fingerprint`` for the saved state), or a sequence whose item ``i`` is position ``i``'s (H, W)
     (a pair or an ``"HxW"`` string; such an order has no fingerprint unless ``fingerprint=`` gives
-    it). Per epoch, each
+    it; a bare ``"HxW"`` string is one position's, never a sequence of characters). Per epoch, each
     resolution's positions are permuted (seeded by ``(seed, epoch)``), cut into batches of
     ``batch_size`` (the last one of a resolution smaller unless ``drop_last``), and the batches of
     every resolution are then permuted together, so resolutions are mixed across batches, never
@@ -390,6 +394,8 @@ class ResolutionBatches(_EpochOrder[list[int]]):
         self.drop_last = bool(drop_last)
         store = _store_of(resolutions, fingerprint)
         per_position = getattr(resolutions, "resolutions", resolutions)
+        if isinstance(per_position, str):
+            per_position = [per_position]  # one position's, not one per character
         groups: dict[tuple[int, int], list[int]] = {}
         for pos, value in enumerate(per_position):
             res = parse_resolution(value)

@@ -21,17 +21,36 @@ garbage-collected) is handed back to a worker for a later batch, so its memory i
 and zeroed again (which costs more than the copy). The folder is removed when the iteration ends;
 arrays still held stay valid. Without a writable ``/dev/shm`` (or with ``shared_memory=False``)
 batches are pickled.
+
+A worker whose loader's process dies without ending it (``kill -TERM`` / ``-KILL`` by SLURM,
+Kubernetes or a shell: Python's default SIGTERM ends the process without running finalizers, so no
+``close`` runs) notices within :data:`PARENT_CHECK_SECONDS`: its parent process changed
+(``os.getppid()``, as a torch DataLoader worker's watchdog checks). It then removes the loader's
+``/dev/shm`` folder (renamed first, so no worker writes a new file into it meanwhile) and exits, so
+no worker outlives its loader holding the store's files and its lease. The library installs no
+signal handler: that is the application's to choose.
+
+A folder nobody removed (its loader's process and workers killed together, e.g. ``kill -KILL`` of
+a process group, or the OOM killer) is removed by the next PoolLoader that makes a folder: each
+folder holds a file ``.alive`` that its loader's process keeps locked (``flock``, shared) while it
+uses the folder (its fork workers too); the kernel drops the lock when that process dies, however
+it dies, so a folder whose ``.alive`` nobody holds locked is an orphan. The pid in a folder's name
+decides nothing, so a live loader of another PID namespace sharing ``/dev/shm`` (a container) is
+never taken for an orphan.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import fcntl
 import mmap
 import multiprocessing
 import os
 import shutil
 import tempfile
+import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -57,10 +76,62 @@ def numpy_collate(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
 # the dataset and collate of this worker process (set once by the pool's initializer)
 _WORKER: dict[str, Any] = {}
 
+#: how often a worker checks that the process of its loader still lives (seconds)
+PARENT_CHECK_SECONDS = 0.25
 
-def _init_worker(dataset: Any, collate_fn: Collate) -> None:
+
+def _init_worker(dataset: Any, collate_fn: Collate, loader_pid: int, folder: str | None) -> None:
     _WORKER["dataset"] = dataset
     _WORKER["collate"] = collate_fn
+    watch = threading.Thread(
+        target=_watch_parent,
+        args=(os.getppid(), loader_pid, folder),
+        name="stage2-loader-parent-watch",
+        daemon=True,
+    )
+    watch.start()
+
+
+def _parent_gone(parent: int, loader_pid: int) -> bool:
+    """Whether the loader's process (``loader_pid``) is gone: this worker's parent (``parent`` at
+    its start: the loader's process under fork and spawn, the server under forkserver, which ends
+    with it) is no longer its parent (it died: the worker went to init or a subreaper). The
+    worker's parent being another process from the start (forkserver, or the loader's process died
+    before this worker started), the loader's process no longer existing counts too."""
+    if os.getppid() != parent:
+        return True
+    if parent == loader_pid:
+        return False
+    try:
+        os.kill(loader_pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def _watch_parent(parent: int, loader_pid: int, folder: str | None) -> None:
+    """A worker's watchdog thread: once the loader's process is gone (:func:`_parent_gone`), remove
+    the loader's ``/dev/shm`` folder and end this process (its store files and lease with it)."""
+    while not _parent_gone(parent, loader_pid):
+        time.sleep(PARENT_CHECK_SECONDS)
+    try:
+        if folder is not None:
+            _remove_orphaned(folder)
+    finally:
+        os._exit(1)
+
+
+def _remove_orphaned(folder: str) -> None:
+    """Remove the folder of a loader whose process died: renamed first (one worker wins the rename;
+    a worker still loading a batch then finds no folder to write a new file in), then removed."""
+    gone = f"{folder}-orphaned-{os.getpid()}"
+    try:
+        os.rename(folder, gone)
+    except OSError:
+        return  # another worker took it (or it is gone already)
+    shutil.rmtree(gone, ignore_errors=True)
 
 
 def _items(ds: Any, collate_fn: Collate, positions: Sequence[int]) -> list[Any]:
@@ -168,14 +239,56 @@ def _receive(batch: Any, free: list[str], maps: dict[str, mmap.mmap]) -> Any:
     return out
 
 
-def _shm_folder() -> str | None:
-    """A new private folder in ``/dev/shm``, or None where there is none to write to."""
+_ALIVE = ".alive"  # in a loader's /dev/shm folder: locked by the loader's process while it lives
+
+
+def _shm_folder() -> tuple[str, int] | None:
+    """A new private folder in ``/dev/shm`` and the descriptor of its ``.alive`` file, locked
+    (shared) for as long as this process keeps it open; None where there is no folder to write to.
+    Orphaned folders of earlier loaders are removed first (:func:`_sweep_orphaned`)."""
     if not os.path.isdir("/dev/shm") or not os.access("/dev/shm", os.W_OK):
         return None
+    _sweep_orphaned("/dev/shm")
     try:
-        return tempfile.mkdtemp(prefix=f"stage2-loader-{os.getpid()}-", dir="/dev/shm")
+        folder = tempfile.mkdtemp(prefix=f"stage2-loader-{os.getpid()}-", dir="/dev/shm")
     except OSError:
         return None
+    fd = -1
+    try:
+        fd, locking = tempfile.mkstemp(dir=folder, prefix=f"{_ALIVE}-")
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        os.rename(locking, os.path.join(folder, _ALIVE))  # named .alive only once locked
+    except OSError:
+        if fd >= 0:
+            os.close(fd)
+        shutil.rmtree(folder, ignore_errors=True)
+        return None
+    return folder, fd
+
+
+def _sweep_orphaned(root: str) -> None:
+    """Remove the loader folders of ``root`` whose ``.alive`` no process holds locked (their
+    loader's process died without removing them). A folder without one (being made right now, or
+    another user's, which this process cannot open) is left alone."""
+    try:
+        names = [n for n in os.listdir(root) if n.startswith("stage2-loader-")]
+    except OSError:
+        return
+    for name in names:
+        folder = os.path.join(root, name)
+        try:
+            fd = os.open(os.path.join(folder, _ALIVE), os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue  # a live loader holds it
+        try:
+            _remove_orphaned(folder)
+        finally:
+            os.close(fd)
 
 
 class PoolLoader:
@@ -190,7 +303,10 @@ class PoolLoader:
     ``persistent_workers`` (as a DataLoader's): the workers, their ``/dev/shm`` folder and its
     files live from the first iteration until :meth:`close` (or the end of a ``with`` block, or
     the loader's garbage collection), so later epochs start no process, open no shard and find
-    their batch files allocated already; the workers keep the dataset they were started with."""
+    their batch files allocated already; the workers keep the dataset they were started with.
+
+    The workers end by themselves, removing the ``/dev/shm`` folder, when this process dies without
+    closing the loader (SIGTERM, SIGKILL; see the module docstring)."""
 
     def __init__(
         self,
@@ -218,6 +334,7 @@ class PoolLoader:
         self.persistent_workers = persistent_workers
         self._pool: ProcessPoolExecutor | None = None
         self._folder: str | None = None
+        self._alive: int | None = None  # the folder's .alive, locked while this loader uses it
         self._free: list[str] = []  # files of the folder no batch maps any more
         self._maps: dict[str, mmap.mmap] = {}  # the folder's files, each mapped once here
 
@@ -229,12 +346,15 @@ class PoolLoader:
         valid); the next iteration starts new ones."""
         pool, self._pool = self._pool, None
         folder, self._folder = self._folder, None
+        alive, self._alive = self._alive, None
         self._free = []
         self._maps = {}  # (the mappings of batches still held live on with them)
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
+        if alive is not None:
+            os.close(alive)
 
     def __enter__(self) -> PoolLoader:
         return self
@@ -249,13 +369,14 @@ class PoolLoader:
     def _start(self) -> tuple[ProcessPoolExecutor, str | None]:
         if self._pool is None:
             ctx = multiprocessing.get_context(self.context)
+            made = _shm_folder() if self.shared_memory else None
+            self._folder, self._alive = made if made is not None else (None, None)
             self._pool = ProcessPoolExecutor(
                 self.workers,
                 mp_context=ctx,
                 initializer=_init_worker,
-                initargs=(self.dataset, self.collate_fn),
+                initargs=(self.dataset, self.collate_fn, os.getpid(), self._folder),
             )
-            self._folder = _shm_folder() if self.shared_memory else None
             self._free = []
             self._maps = {}
         return self._pool, self._folder

@@ -99,6 +99,14 @@ def parse_resolution(value: object) -> tuple[int, int] | None:
     return (h, w) if h > 0 and w > 0 else None
 
 
+def _names(value: Collection[str] | str | None) -> set[str] | None:
+    """``sources=`` / ``tasks=`` as a set of names: a bare string is one name (``"racer"``, not
+    its characters); None is any."""
+    if value is None:
+        return None
+    return {value} if isinstance(value, str) else set(value)
+
+
 def resolution_name(res: tuple[int, int]) -> str:
     """(H, W) as ``"HxW"``, the form a saved order state and the error messages use."""
     return f"{res[0]}x{res[1]}"
@@ -107,6 +115,10 @@ def resolution_name(res: tuple[int, int]) -> str:
 class Selection:
     """The samples of the store at ``path`` in ``split`` (None: every split) whose source is one of
     ``sources``, task one of ``tasks`` and (H, W) one of ``resolutions`` (None: any).
+
+    Each of ``sources``, ``tasks`` and ``resolutions`` is a collection, or one value alone: a bare
+    string is one value, never a collection of characters (``sources="racer"`` is
+    ``sources=["racer"]``, ``tasks="close_jar"`` is ``tasks=["close_jar"]``).
 
     A resolution is given as a pair ``(H, W)`` or a string ``"HxW"`` (``resolutions=[(48, 64)]``
     and ``resolutions=["48x64"]`` select the same samples; one resolution alone, ``(48, 64)`` or
@@ -132,8 +144,8 @@ class Selection:
         path: str | os.PathLike[str] | StoreLocation,
         split: str | None = None,
         *,
-        sources: Collection[str] | None = None,
-        tasks: Collection[str] | None = None,
+        sources: Collection[str] | str | None = None,
+        tasks: Collection[str] | str | None = None,
         resolutions: Collection[tuple[int, int] | str] | tuple[int, int] | str | None = None,
         transform: Transform | None = None,
         storage_options: dict[str, Any] | None = None,
@@ -145,10 +157,7 @@ class Selection:
         try:
             rows = self.dataset.reader.sample_index
             idx = self.dataset.indices.tolist()
-            wanted = {
-                "source": None if sources is None else set(sources),
-                "task": None if tasks is None else set(tasks),
-            }
+            wanted = {"source": _names(sources), "task": _names(tasks)}
             for field, names in wanted.items():
                 held = {rows[i][field] for i in idx}
                 if names is not None and names - held:
