@@ -531,6 +531,10 @@ def register_demo(sub: Any) -> None:
     p = sub.add_parser(
         "demo",
         help="generate the embedded demo, serve it on a loopback hub, and build it" + NOT_INSTALLED,
+        description="Generate the embedded demo (a small upstream repository and its kit) under "
+        "OUT/demo, serve its repository on a loopback hub for the runs that download, and build it "
+        "into OUT/data (or --data-root) as stage2 build does; exit 0 only when every asset "
+        "materialized and every check passed.",
         epilog="Example: stage2 demo --out .demo",
     )
     p.add_argument(

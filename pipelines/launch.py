@@ -38,6 +38,7 @@ from typing import IO, Any
 
 import dagster as dg
 
+from stage2_data.cli import install_line
 from stage2_data.errors import Stage2Error, env_number
 from stage2_data.publish.lock import LAUNCHING_BUILD_ENV
 
@@ -121,7 +122,7 @@ def _spawn(argv: list[str], **popen: Any) -> subprocess.Popen[bytes]:
     except FileNotFoundError:
         raise LaunchError(
             f"`{Path(argv[0]).name}` is not installed beside this Python ({sys.executable})",
-            fix="install the pipeline extra (`pip install 'stage2-data[pipeline]'`, or `make install`), "
+            fix=f"install the pipeline extra (`{install_line()}`, or `make install`), "
             "or build with --run-in-process",
         ) from None
 

@@ -19,6 +19,7 @@ one line saying what to install, and exits 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import os
 import re
@@ -29,7 +30,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, NoReturn
 
-from .commands import command_modules
+from .commands import command_modules, common
 from .commands.common import EXIT_ERROR, eprint, resolve_profile
 from .errors import Stage2Error
 from .oserrors import fs_error
@@ -107,14 +108,12 @@ def install_line(extra: str = PLUGIN_EXTRA) -> str:
 
 def missing_extra_text(name: str, extra: str = PLUGIN_EXTRA) -> str:
     """What ``stage2 <name>`` says without its extra, on one line: the command that installs it here
-    (and the package-index form when that is another), and every extra."""
-    line = install_line(extra)
-    index = f"pip install '{DIST}[{extra}]'"
-    alt = f"; from a package index: {index}" if line != index else ""
+    (from the checkout or the wheel it was installed from: stage2-data is on no package index), and
+    every extra."""
     every = ", ".join(extras()) or extra
     return (
         f"stage2 {name} needs the {extra!r} extra (Dagster), not installed here; install it with: "
-        f"{line} (every extra of {DIST}: {every}{alt})"
+        f"{install_line(extra)} (every extra of {DIST}: {every})"
     )
 
 
@@ -255,6 +254,20 @@ class _Parser(argparse.ArgumentParser):
             typo := re.match(r"argument COMMAND: invalid choice: '(.*?)' \(choose from (.*)\)$", message)
         ) and (close := difflib.get_close_matches(typo[1], re.findall(r"'([^']+)'", typo[2]), n=1)):
             message = f"{message}. Fix: stage2 {close[0]}, not {typo[1]}"
+        if "--json" in self.given:  # one JSON object on stdout too, as for any other error
+            said, _, fix = message.partition(". Fix: ")
+            command = self.prog.removeprefix("stage2").strip() or "stage2"
+            with contextlib.suppress(OSError, ValueError):
+                common.print_json(
+                    {
+                        "ok": False,
+                        "command": command,
+                        "error": "UsageError",
+                        "message": said,
+                        "fix": fix or f"`{self.prog} --help` lists what it takes",
+                        "problems": [message],
+                    }
+                )
         super().error(message)
 
 
@@ -305,31 +318,45 @@ def _end_on_closed_stdout() -> int:
     return EXIT_PIPE
 
 
+def _json_error(args: argparse.Namespace, err: BaseException, **said: str) -> None:
+    """With ``--json``, a command that printed no JSON object before failing prints one now
+    (:func:`~.commands.common.error_document`: ``ok`` false, the error and its fix); a command that
+    printed its own (``build``'s summary, ``validate``'s report) is left as it is."""
+    if getattr(args, "json", False) and common.json_printed == 0:
+        with contextlib.suppress(OSError, ValueError):  # no standard output to print on: stderr said it
+            common.print_json(common.error_document(args.command, err, **said))
+
+
 def _run_command(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
-    """``func(args)``, every expected failure as one line and an exit code."""
+    """``func(args)``, every expected failure as one line and an exit code (and, with ``--json``,
+    as one JSON object on stdout: :func:`_json_error`)."""
+    common.json_printed = 0
     try:
         return func(args)
     except Stage2Error as err:
         eprint(f"stage2 {args.command}: error: {err}")
+        _json_error(args, err)
         return EXIT_ERROR
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
         eprint("interrupted")
+        _json_error(args, err, message="interrupted", fix="")
         return 130
     except OSError as err:  # an environment fault no guard named: named here
         if isinstance(err, BrokenPipeError) and stdout_reader_gone():
             return _end_on_closed_stdout()
         if os.environ.get(TRACEBACK_ENV):
             raise
-        eprint(f"stage2 {args.command}: error: {fs_error(err, '')}")  # the line names the command
+        named = fs_error(err, "")
+        eprint(f"stage2 {args.command}: error: {named}")  # the line names the command
+        _json_error(args, named)
         return EXIT_ERROR
     except Exception as err:  # noqa: BLE001 - the last guard: one line, never a traceback
         if os.environ.get(TRACEBACK_ENV):
             raise
         what = " ".join(f"{type(err).__name__}: {err}".split())[:500]
-        eprint(
-            f"stage2 {args.command}: internal error: {what}. This is a bug. "
-            f"Fix: re-run with {TRACEBACK_ENV}=1 to see the traceback, and report it"
-        )
+        fix = f"re-run with {TRACEBACK_ENV}=1 to see the traceback, and report it"
+        eprint(f"stage2 {args.command}: internal error: {what}. This is a bug. Fix: {fix}")
+        _json_error(args, err, message=f"internal error: {what}. This is a bug.", fix=fix)
         return EXIT_BUG
 
 

@@ -7,6 +7,7 @@ is reported at once, naming the key and the file, before anything is downloaded.
 from __future__ import annotations
 
 import os
+import shlex
 import stat
 import tomllib
 from collections import defaultdict
@@ -295,15 +296,16 @@ class Profile(_Strict):
         """Raise UnknownArchivesError (before anything is requested) when an entry is marked unknown."""
         unknown = self.unknown_archives()
         if unknown:
+            where = shlex.quote(str(self.profile_path)) if self.profile_path else "<profile>"
             raise UnknownArchivesError(
                 f"profile {self.profile_path or self.name}: {len(unknown)} [[archives]] "
                 f"entr{'y is' if len(unknown) == 1 else 'ies are'} marked unknown = true (their upstream "
                 "names are not known, and nothing is ever requested under a guessed name): "
                 + ", ".join(f"archives[{i}] ({a.path})" for i, a in unknown)
                 + ".",
-                fix=f"run `stage2 pin {self.profile_path or '<profile>'}`: it names the closest files "
+                fix=f"run `stage2 pin {where}`: it names the closest files "
                 "in the hub's listing for each; set that entry's path and cache_key to the right one, "
-                "delete its `unknown = true` line, and run `stage2 pin --write`",
+                f"delete its `unknown = true` line, and run `stage2 pin {where} --write`",
                 entries=[a.path for _, a in unknown],
             )
 
@@ -329,6 +331,16 @@ def _loc(loc: tuple[Any, ...]) -> str:
     return out or "(top level)"
 
 
+#: what a string key's pattern allows, in words (a pattern itself is no help to a user)
+PATTERN_WORDS = {
+    r"^[A-Za-z0-9][\w.\-]*$": "it may hold only letters, digits, '_', '.' and '-', and must start "
+    "with a letter or a digit",
+    r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$": "it must be OWNER/NAME, each of letters, digits, '_', '.' and "
+    "'-', the owner starting with a letter or a digit (e.g. robometer/processed_datasets)",
+    r"^(dataset|model|space)$": "it must be dataset, model or space",
+}
+
+
 def format_validation_error(err: ValidationError) -> list[str]:
     """Each problem pydantic found, by key (the caller names the file once)."""
     problems = []
@@ -339,6 +351,10 @@ def format_validation_error(err: ValidationError) -> list[str]:
             problems.append(f"unknown key {loc!r}; remove it or check its spelling")
         elif kind == "missing":
             problems.append(f"missing key {loc!r}")
+        elif kind == "string_pattern_mismatch":
+            pattern = str((e.get("ctx") or {}).get("pattern"))
+            said = PATTERN_WORDS.get(pattern, f"it must match the pattern {pattern!r}")
+            problems.append(f"key {loc!r} = {e.get('input')!r}: {said}")
         else:
             msg = e.get("msg", "").removeprefix("Value error, ")
             problems.append(f"key {loc!r}: {msg}")

@@ -381,3 +381,25 @@ def test_asset_metadata_is_tables_and_sizes_not_json(store: dict[str, Any]) -> N
         None,
     )
     assert set(bad.metadata) == {"store"}
+
+
+def test_cli_out_ending_in_a_slash_is_a_folder_made_when_new(store: dict[str, Any], tmp_path: Path) -> None:
+    """`--out DIR/` (a trailing slash) is a folder, as the help says: made when it does not exist,
+    with the default name inside; never a file named DIR."""
+    new = tmp_path / "new" / "sheets"
+    p = stage2("preview", str(store["current"]), "--out", f"{new}/", "--json", timeout=120)
+    assert p.returncode == 0, p.tail()
+    out = Path(p.json()["out"])
+    assert new.is_dir() and out.parent == new and out.name.startswith("stage2-preview-"), out
+    assert _pixels(out).std() > 20
+    # a file in the way of DIR/ is named, and left alone
+    (tmp_path / "afile").write_bytes(b"x")
+    f = stage2("preview", str(store["current"]), "--out", f"{tmp_path / 'afile'}/", timeout=120)
+    assert f.returncode == 2 and "is not a folder" in f.stderr, f.tail()
+    assert (tmp_path / "afile").read_bytes() == b"x"
+    # the same rule for export-rrd
+    r = stage2(
+        "export-rrd", str(store["current"]), "0", "--out", f"{tmp_path / 'rrds'}/", "--json", timeout=120
+    )
+    assert r.returncode == 0, r.tail()
+    assert Path(r.json()["out"]).parent == tmp_path / "rrds"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable
@@ -28,7 +29,7 @@ from ..errors import ChecksumMismatchError, HubError, ProblemsError, ProfileErro
 from ..fsutil import require_free_space
 from ..profile import ArchiveSpec, Profile
 from ..publish import fsync_dir
-from .endpoint import hub_offline
+from .endpoint import hub_offline, pin_check_command
 from .hub import HubOfflineError, HubSource, RemoteFile
 from .listing import list_remote_files
 from .quarantine import quarantine_files
@@ -160,8 +161,9 @@ def _settle(
                     f"the pin {pinned} is wrong: the verified file {found}, and the hub's listing of "
                     f"{source.label} at {source.revision} ({source.api_endpoint}) lists the same size and "
                     "sha256 for it. The file was left where it is; nothing was downloaded.",
-                    fix=f"correct the pin to the upstream value: {file_values} (`stage2 pin {pin.where} "
-                    "--check` shows the same disagreement); then re-run: nothing needs downloading",
+                    fix=f"correct the pin to the upstream value: {file_values} "
+                    f"({pin_check_command(pin.where, source.api_endpoint)} shows the same disagreement); then re-run: "
+                    "nothing needs downloading",
                     path=spec.path,
                     keys=pin.keys,
                 )
@@ -188,8 +190,9 @@ def _settle(
         raise HubOfflineError(
             f"HF_HUB_OFFLINE is set and {found}, which disagrees with its pin {pinned}: it was moved "
             f"to {where} (not deleted); nothing was requested.",
-            fix=f"if the pin is wrong (the file is the upstream one: `stage2 pin {pin.where} --check` online "
-            f"tells), correct it ({file_values}) and move the file back: mv {where} {local.path}; "
+            fix=f"if the pin is wrong (the file is the upstream one: {pin_check_command(pin.where, source.api_endpoint)} "
+            f"online tells), correct it ({file_values}) and move the file back: "
+            f"mv {shlex.quote(str(where))} {shlex.quote(str(local.path))}; "
             "else unset HF_HUB_OFFLINE to download the pinned file again",
             missing=[spec.path],
         )

@@ -34,6 +34,7 @@ from ..hashing import SHA256_RE, hasher_of_prefix
 from ..profile import ArchiveSpec
 from .cancel import cancelled as _cancelled
 from .cancel import live_socket as _live_socket
+from .endpoint import pin_check_command
 from .hub import HubSource, _first_line, _httpx
 from .retry import RetryPolicy, with_retries
 from .sink import _BlockSink
@@ -210,7 +211,7 @@ def _answer_disagrees(source: HubSource, spec: ArchiveSpec, said: str) -> HubErr
             f"{said}; {pinned}, and the hub's listing could not be read to tell which is right "
             f"({e.message.splitlines()[0]}).",
             fix="check the endpoint (--endpoint / HF_ENDPOINT) and any proxy (HTTPS_PROXY), then re-run; "
-            "`stage2 pin <profile> --check` compares the pins with the listing",
+            f"{pin_check_command('<profile>', source.api_endpoint)} compares the pins with the listing",
         )
     if listed is not None and (listed.size, listed.sha256) == (spec.size, spec.sha256):
         return HubError(
@@ -227,8 +228,9 @@ def _answer_disagrees(source: HubSource, spec: ArchiveSpec, said: str) -> HubErr
     )
     return HubError(
         f"{said}; {pinned}, and {upstream}: the pin disagrees with upstream.",
-        fix="correct this archive's size and sha256 in the profile to the listing's (`stage2 pin <profile> "
-        "--check` names the entry and both values), or check [source] revision",
+        fix="correct this archive's size and sha256 in the profile to the listing's "
+        f"({pin_check_command('<profile>', source.api_endpoint)} names the entry and both values), or check "
+        "[source] revision",
     )
 
 

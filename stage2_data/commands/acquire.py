@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import os
 import re
+import shlex
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +21,7 @@ from ..fsutil import free_bytes, human_bytes
 from ..layout import HEX40_RE, quarantine_root, unused_root
 from ..profile import Profile, load_profile, parse_profile
 from ..publish import atomic_write_text
-from .common import EXIT_ERROR, EXIT_FAILED, add_profile, eprint, finish_command, print_json
+from .common import EXIT_FAILED, add_profile, eprint, finish_command, print_json
 
 if TYPE_CHECKING:
     from ..acquire import RemoteFile
@@ -26,6 +29,20 @@ if TYPE_CHECKING:
 
 def _token(env: str | None) -> str | None:
     return (os.environ.get(env) or None) if env else None
+
+
+def _pin_again(args: argparse.Namespace, mode: str) -> str:
+    """``stage2 pin`` with this command's profile and hub (``--endpoint``, ``--hub-folder``), paths
+    quoted for a shell, then ``mode`` (``--write``): the command to paste."""
+    hub = [
+        f"{option} {shlex.quote(str(value))}"
+        for option, value in (
+            ("--endpoint", getattr(args, "endpoint", None)),
+            ("--hub-folder", getattr(args, "hub_folder", None)),
+        )
+        if value
+    ]
+    return " ".join(["stage2 pin", shlex.quote(str(args.profile)), *hub, mode])
 
 
 # ----- pin ---------------------------------------------------------------------------------------
@@ -124,12 +141,38 @@ def rewrite_pins(text: str, pinned: Profile) -> str:
 
 
 def cmd_pin(args: argparse.Namespace) -> int:
+    path = Path(args.profile).resolve()
+    token = _token(args.token_env)
+    if args.hub_folder:  # served on loopback for this command, as `stage2 build --hub-folder` does
+        with _served(path, args.hub_folder) as endpoint:
+            return _pin(args, path, endpoint, token)
+    return _pin(args, path, resolve_endpoint(args.endpoint), token)
+
+
+@contextlib.contextmanager
+def _served(path: Path, folder: str) -> Iterator[str]:
+    """``folder`` served on loopback as the profile's repository at its pinned revision, for the
+    length of the block; its URL. HubSetupError when the folder cannot be served."""
+    from ..demo.hubserver import HubServer
+    from ..errors import HubSetupError
+
+    if not Path(folder).is_dir():
+        what = "is not a folder" if Path(folder).exists() else "does not exist"
+        raise HubSetupError(
+            f"--hub-folder {folder} {what}.",
+            fix="pass --hub-folder the folder `stage2 build --hub-folder` served (the repository's files)",
+        )
+    src = load_profile(path).source
+    with HubServer(
+        Path(folder), repo_id=src.repo_id, revision=src.revision, repo_type=src.repo_type
+    ) as server:
+        yield server.url
+
+
+def _pin(args: argparse.Namespace, path: Path, endpoint: str, token: str | None) -> int:
     from ..acquire import HubSource, PinError, pin_profile
     from ..acquire.pin import UnknownEntry
 
-    path = Path(args.profile).resolve()
-    token = _token(args.token_env)
-    endpoint = resolve_endpoint(args.endpoint)
     if path.is_file():
         _refuse_floating_revision(path, endpoint, token)
     profile = load_profile(path)
@@ -137,13 +180,10 @@ def cmd_pin(args: argparse.Namespace) -> int:
     unknown: list[UnknownEntry] = []
     try:
         pinned, changes = pin_profile(profile, source, unknown_out=unknown)
-    except PinError as e:
-        eprint(
-            f"stage2 pin: error: {path}: {e.message.splitlines()[0]} "
-            + "; ".join(e.problems)
-            + f". Fix: {e.fix}"
-        )
-        return EXIT_ERROR
+    except PinError as e:  # one line (the CLI's, and --json's object): the profile, every problem, the fix
+        raise ProfileError(
+            f"{path}: {e.message.splitlines()[0]} " + "; ".join(e.problems), fix=e.fix
+        ) from None
     old = path.read_text(encoding="utf-8")
     new = rewrite_pins(old, pinned)
     check = parse_profile(tomllib.loads(new), source=str(path), path=path)
@@ -181,7 +221,7 @@ def cmd_pin(args: argparse.Namespace) -> int:
         for c in changes:
             print(f"  {c}")
     elif args.check:
-        print(f"{path}: {len(changes)} archive(s) not pinned yet (run `stage2 pin {args.profile} --write`)")
+        print(f"{path}: {len(changes)} archive(s) not pinned yet (run `{_pin_again(args, '--write')}`)")
         for c in changes:
             print(f"  {c}")
     else:
@@ -197,7 +237,7 @@ def cmd_pin(args: argparse.Namespace) -> int:
         eprint(
             "  Fix: set each entry's path and cache_key to the right upstream archive (every part of a split "
             "one: one [[archives]] entry per part), delete its `unknown = true` line, then run "
-            f"`stage2 pin {args.profile} --write`"
+            f"`{_pin_again(args, '--write')}`"
         )
     if (changed and not written) or unknown:
         return EXIT_FAILED
@@ -375,7 +415,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     if unsized:
         print(
             f"           {unsized} archive(s) have no pinned size, so they count 0 above. "
-            f"Fix: stage2 pin {args.profile} --write"
+            f"Fix: {_pin_again(args, '--write')}"
         )
     return 0
 
@@ -394,10 +434,18 @@ def register(sub: Any) -> None:
         "(CI: stage2 pin manifests/stage2_core_v1.toml --check)",
     )
     add_profile(p)
-    p.add_argument(
+    hub = p.add_mutually_exclusive_group()
+    hub.add_argument(
         "--endpoint",
         default=None,
         help=f"hub endpoint (default: $HF_ENDPOINT if set, else {DEFAULT_ENDPOINT})",
+    )
+    hub.add_argument(
+        "--hub-folder",
+        default=None,
+        metavar="DIR",
+        help="serve this local folder on loopback as the hub instead of --endpoint (as `stage2 build "
+        "--hub-folder` does)",
     )
     p.add_argument("--token-env", default="HF_TOKEN", help="environment variable holding the hub token")
     mode = p.add_mutually_exclusive_group()

@@ -32,8 +32,35 @@ def count_of(what: str, minimum: int = 1, maximum: int | None = None) -> Callabl
     return parse
 
 
+#: how many JSON objects :func:`print_json` printed in this process (a command's ``--json`` prints
+#: one; the CLI prints :func:`error_document` on an error only when the command printed none)
+json_printed = 0
+
+
 def print_json(obj: Any) -> None:
+    global json_printed
     sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+    json_printed += 1
+
+
+def error_document(
+    command: str, err: BaseException, *, message: str | None = None, fix: str | None = None
+) -> dict[str, Any]:
+    """``--json``'s one object for a command that could not run: ``ok`` false, the command, the
+    error's class, its message and fix (a :class:`~stage2_data.errors.Stage2Error`'s, else the
+    ``message``/``fix`` given), and ``problems``: the one line stderr shows. The same keys as
+    ``stage2 validate``'s object for a store it cannot open."""
+    msg = message if message is not None else str(getattr(err, "message", None) or err)
+    fix = fix if fix is not None else getattr(err, "fix", None)
+    line = str(err) if message is None else (f"{msg} Fix: {fix}" if fix else msg)
+    return {
+        "ok": False,
+        "command": command,
+        "error": type(err).__name__,
+        "message": msg,
+        "fix": fix,
+        "problems": [line],
+    }
 
 
 def eprint(*a: Any) -> None:

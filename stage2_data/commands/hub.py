@@ -27,15 +27,24 @@ def register(sub: Any) -> None:
     p = sub.add_parser(
         "serve-hub",
         help="serve a folder as a dataset repo over the hub's HTTP protocol on 127.0.0.1",
+        description="Serve FOLDER as one Hugging Face dataset repository at one commit, over the hub's HTTP "
+        "protocol on 127.0.0.1, until interrupted (Ctrl-C or SIGTERM); the URL to pass as --endpoint (to "
+        "`stage2 build`, `pin`, `list`) is printed on one line.",
         epilog="Example: stage2 serve-hub .demo/demo/upstream --repo-id robometer/processed_datasets --revision <40-hex>",
     )
-    p.add_argument("folder")
-    p.add_argument("--repo-id", required=True)
-    p.add_argument("--revision", required=True)
+    p.add_argument("folder", help="the folder whose files are served as the repository's files")
+    p.add_argument(
+        "--repo-id", required=True, help="the repository it is served as (e.g. robometer/processed_datasets)"
+    )
+    p.add_argument(
+        "--revision",
+        required=True,
+        help="the full 40-hex commit it is served at (the profile's [source] revision)",
+    )
     p.add_argument(
         "--port",
         type=count_of("a TCP port", minimum=0, maximum=65535),
         default=0,
-        help="0 (default): any free port",
+        help="the port to listen on on 127.0.0.1; 0 (default): any free port",
     )
     p.set_defaults(func=cmd_serve_hub)

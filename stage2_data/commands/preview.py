@@ -120,7 +120,8 @@ def _out_arg(p: argparse.ArgumentParser, metavar: str, what: str, default: str) 
         "--out",
         default=None,
         metavar=metavar,
-        help=f"{what} (a folder: the default name inside it); default {default}",
+        help=f"{what} (an existing folder, or a path ending in / (made if new): the default name inside it); "
+        f"default {default}",
     )
 
 
@@ -156,7 +157,7 @@ def register(sub: Any) -> None:
         description="Write one sample of the store as a Rerun recording: its frames as stored on a `frame` "
         "timeline, its aligned actions as one scalar series per dimension, its task text and metadata; open "
         "it with `rerun FILE.rrd` (the viewer LeRobot's dataset visualizer uses). Needs the rerun-sdk "
-        "package (pip install 'stage2-data[rerun]'). Without --out the file is "
+        "package (the 'rerun' extra of stage2-data, or pip install rerun-sdk). Without --out the file is "
         "./stage2-<store>-<sample key>.rrd; its path is printed.",
         epilog=f"Example:\n  stage2 export-rrd {STORE_EXAMPLE} 0\n"
         f"  stage2 export-rrd {STORE_EXAMPLE} <sample key> --out traj.rrd",

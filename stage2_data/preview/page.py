@@ -99,21 +99,36 @@ def resolve_out(out: str | os.PathLike[str] | None, reader: Any, source: str | N
 
 
 def out_path(out: str | os.PathLike[str] | None, default: Path, example: str) -> Path:
-    """``--out`` as a file to write: ``out``; ``default``'s name inside ``out`` when it is a folder;
-    ``default`` when None. PreviewError (its fix naming ``--out ./<example>``) when its folder is
+    """``--out`` as a file to write: ``out``; ``default``'s name inside ``out`` when it is a folder
+    (or ends with a slash: a folder, made when it does not exist yet); ``default`` when None. PreviewError (its fix naming ``--out ./<example>``) when its folder is
     missing, not a folder, or not writable; PreviewError too when it is not safe to replace
     (``fsutil.check_output_path``: a link, a special file, a path inside a store)."""
     path = default if out is None else Path(out)
+    fix = f"pass --out a file in an existing, writable folder (e.g. --out ./{example})"
+    if out is not None and os.fspath(out).endswith(("/", os.sep)) and not path.is_dir():
+        _make_out_folder(path, fix)  # a trailing slash: a folder, created when it is new
     if path.is_dir():
         path = path / default.name
     parent = path.parent if str(path.parent) else Path(".")
-    fix = f"pass --out a file in an existing, writable folder (e.g. --out ./{example})"
     if not parent.is_dir():
         what = "is not a folder" if parent.exists() else "does not exist"
         raise PreviewError(f"--out {path}: cannot write there: {parent} {what}.", fix=fix)
     if not os.access(parent, os.W_OK | os.X_OK):
         raise PreviewError(f"--out {path}: cannot write there: {parent} is not writable.", fix=fix)
     return check_output_path(path, option="--out", error=PreviewError)
+
+
+def _make_out_folder(folder: Path, fix: str) -> None:
+    """``--out FOLDER/`` (a trailing slash) that is not a folder yet: made (with its missing parents)
+    once nothing is there and it lies in no store; PreviewError otherwise."""
+    if folder.exists() or folder.is_symlink():
+        raise PreviewError(f"--out {folder}/: {folder} is not a folder.", fix=fix)
+    check_output_path(folder, option="--out", kind="folder", error=PreviewError)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        reason = os.strerror(err.errno) if err.errno else str(err)
+        raise PreviewError(f"--out {folder}/: cannot make that folder: {reason}.", fix=fix) from None
 
 
 def write_png(path: Path, data: bytes) -> Path:

@@ -11,7 +11,7 @@ and, as static entries, ``task`` (the task text) and ``info`` (sample key, sourc
 label, length, resolution, the store's folder and fingerprint). Its recording id is the sample key,
 so a second export of the same sample is the same recording to the viewer.
 
-Rerun is an optional dependency (``pip install 'stage2-data[rerun]'``); without it the export is a
+Rerun is an optional dependency (the ``rerun`` extra, or ``pip install rerun-sdk``); without it the export is a
 named error that says so, and nothing else in the package needs it.
 """
 
@@ -49,9 +49,11 @@ def _rerun() -> Any:
     try:
         import rerun
     except ImportError:
+        from ..cli import install_line  # from the checkout or wheel installed (on no package index)
+
         raise PreviewError(
             "exporting to a Rerun recording needs the rerun-sdk package, which is not installed.",
-            fix="pip install 'stage2-data[rerun]' (or pip install rerun-sdk)",
+            fix=f"{install_line('rerun')} (or pip install rerun-sdk)",
         ) from None
     return rerun
 

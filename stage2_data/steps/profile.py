@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from .. import checks as C
@@ -26,7 +27,7 @@ def step_profile(profile: Profile, data_root: Path | None = None) -> StepResult:
         else f"{profile.profile_path}: archive {p!r} has no size/sha256"
         for p in unpinned
     ]
-    pin_fix = f"run `stage2 pin {profile.profile_path}` to fill them from the hub's listing"
+    pin_fix = f"run `stage2 pin {shlex.quote(str(profile.profile_path))} --write` to fill them from the hub's listing"
     if pin_problems:
         pin_problems.append(pin_fix)
     e = profile.expected
