@@ -3,6 +3,7 @@ stale temp folders of killed builds, and the vin_store asset's metadata across m
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pickle
@@ -285,6 +286,85 @@ def test_merge_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["merge", str(base), str(base), "--out", str(tmp_path / "m2")]) == 2
     assert "sample keys are in both stores" in capsys.readouterr().err
     assert not (tmp_path / "m2").exists()
+
+
+def _merge_inputs(tmp_path: Path) -> tuple[Path, Path]:
+    """A base store and a sidecar store of new trajectories (as test_merge_cli)."""
+    base, side = tmp_path / "base", tmp_path / "side"
+    build(base, make_upstream(tmp_path / "u1", range(1, 9), seed=5))
+    build(side, make_upstream(tmp_path / "u2", range(30, 35), seed=6), rows_per_shard=2)
+    return base, side
+
+
+def _same_length_edit(path: Path, old: str, new: str) -> None:
+    assert len(old) == len(new)
+    text = path.read_text()
+    assert old in text, old
+    path.write_text(text.replace(old, new, 1))
+
+
+def _left_at(tmp_path: Path, name: str) -> list[str]:
+    """``name`` and any staging folder of it left in ``tmp_path``."""
+    return sorted(p.name for p in tmp_path.iterdir() if p.name == name or p.name.startswith(f".{name}."))
+
+
+def test_merge_hashes_every_file_it_links_and_leaves_nothing_when_one_changed(tmp_path: Path) -> None:
+    """A same-length edit of a base shard's ``zarr.json`` (``"endian": "little"`` -> ``"big"``):
+    plain validation of the base passes it, and a merge hard-linked it into its output, exited 0
+    with a fingerprint, and the merged store failed `validate --deep`. Now every file the merge
+    links or copies is hashed against its input manifest's sha256: `stage2 merge` refuses (one
+    line, exit 2) naming the file, and nothing is left at --out."""
+    base, side = _merge_inputs(tmp_path)
+    meta = base / "shards" / "shard-000000" / "actions" / "aligned" / "zarr.json"
+    _same_length_edit(meta, '"endian": "little"', '"endian":    "big"')
+    assert stage2("validate", str(base)).returncode == 0  # plain: sizes and crc32c only
+    assert stage2("validate", str(base), "--deep").returncode != 0
+    out = tmp_path / "merged"
+    r = stage2("merge", str(base), str(side), "--out", str(out))
+    assert r.returncode == 2, r.tail()
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+    for part in (str(meta), "sha256", "differs from its manifest", f"stage2 validate {base} --deep"):
+        assert part in r.stderr, (part, r.stderr)
+    assert r.stdout == "" and _left_at(tmp_path, "merged") == []
+
+
+def test_merge_output_passes_the_publication_gate_before_it_is_published(tmp_path: Path) -> None:
+    """A base store whose sample index says another frames_sha256 for one sample, with the
+    manifest's sha256 of the index changed to match (the base's fingerprint no longer does, which
+    only deep validation recomputes): every file the merge takes agrees with the base manifest,
+    and a merge published a store that `validate --deep --decode` refuses. Now the merged store
+    passes the publication gate (deep validation and the decode round trip) before it is
+    published: `stage2 merge` exits 2 naming the sample's frames and the gate, and leaves
+    nothing at --out; an --out that existed (an empty folder) is left as it was."""
+    base, side = _merge_inputs(tmp_path)
+    index = base / "sample_index.jsonl"
+    manifest = base / "manifest.json"
+    as_written = {p: p.read_bytes() for p in (index, manifest)}
+    row = json.loads(index.read_text().splitlines()[0])
+    old_sha = row["frames_sha256"]
+    _same_length_edit(index, old_sha, old_sha[::-1])
+    listed = next(f for f in json.loads(manifest.read_text())["files"] if f["path"] == "sample_index.jsonl")
+    _same_length_edit(manifest, listed["sha256"], hashlib.sha256(index.read_bytes()).hexdigest())
+    assert stage2("validate", str(base)).returncode == 0  # plain: the tables agree with the manifest
+    out = tmp_path / "merged"
+    r = stage2("merge", str(base), str(side), "--out", str(out))
+    assert r.returncode == 2, r.tail()
+    assert "Traceback" not in r.stderr and r.stdout == ""
+    for part in ("failed the publication gate", f"nothing was written at {out}", "frames", "--deep --decode"):
+        assert part in r.stderr, (part, r.stderr)
+    assert _left_at(tmp_path, "merged") == []
+    out.mkdir()  # an empty folder at --out stays as it was
+    r = stage2("merge", str(base), str(side), "--out", str(out))
+    assert r.returncode == 2 and "failed the publication gate" in r.stderr, r.tail()
+    assert out.is_dir() and list(out.iterdir()) == [] and _left_at(tmp_path, "merged") == ["merged"]
+    # the inputs as written merge, and the merged store is published read-only, as a published store
+    for p, data in as_written.items():
+        p.write_bytes(data)
+    out.rmdir()
+    r = stage2("merge", str(base), str(side), "--out", str(out), "--json")
+    assert r.returncode == 0, r.tail()
+    assert validate_vin_offline_store(out, deep=True, decode=True) == []
+    assert not os.stat(out / "manifest.json").st_mode & 0o222
 
 
 # ----- killed builds ---------------------------------------------------------------------------------

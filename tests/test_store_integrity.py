@@ -530,3 +530,57 @@ def test_validation_names_what_a_store_may_not_hold_and_reads_nothing_through_it
             f"{obj}: a symbolic link to {outside}, not a regular file (a store holds only regular files "
             "and folders)",
         ], problems
+
+
+def test_a_changed_zarr_json_is_refused_by_the_reader_and_the_dataset(tmp_path: Path, store: Path) -> None:
+    """A shard's array metadata edited (actions float32 -> int32 with fill 0, frames uint8 -> int8):
+    zarr would read the same chunks as other numbers. The reader checks every ``zarr.json`` it uses
+    against the manifest's sha256, from the very bytes zarr parses, before any value is decoded with
+    it: StoreChecksumError naming the store, the file and the rebuild command; the dataset never
+    returns the reinterpreted values. The store as written reads as before."""
+    s = copy_store(store, tmp_path / "s")
+    with VinOfflineStoreReader(store) as clean:
+        i = next(k for k, r in enumerate(clean.sample_index) if r["action_width"] > 0)
+        row = clean.sample_index[i]
+        want_actions, want_frames = clean.read_actions(i), clean.read_frames(i)
+    assert want_actions is not None and want_actions.dtype == np.float32
+    shard = s / clean.manifest["shards"][row["shard_id"]]["dir"]
+    actions_meta, frames_meta = shard / "actions" / "aligned" / "zarr.json", shard / "frames" / "zarr.json"
+    text = actions_meta.read_text()
+    actions_meta.write_text(text.replace('"float32"', '"int32"').replace('"NaN"', "0"))
+    frames_meta.write_text(frames_meta.read_text().replace('"uint8"', '"int8"'))
+    with VinOfflineStoreReader(s) as reader:
+        with pytest.raises(StoreChecksumError) as ei:
+            reader.read_actions(i)
+        msg = str(ei.value)
+        for part in (str(s), f"{actions_meta}: sha256", "the manifest says", "Fix: the store is damaged"):
+            assert part in msg, (part, msg)
+        assert "stage2 build" in msg or "rebuild it:" in msg
+        with pytest.raises(StoreChecksumError, match=r"frames/zarr\.json: sha256"):
+            reader.read_frames(i)
+        out = np.zeros((row["num_frames"], *want_frames.shape[1:]), dtype=np.uint8)
+        with pytest.raises(StoreChecksumError, match=r"frames/zarr\.json: sha256"):
+            reader.read_frames_into(i, out)
+        assert not out.any()
+    with VinOfflineDataset(s, split=row["split"]) as ds:
+        pos = int(np.nonzero(ds.indices == i)[0][0])
+        with pytest.raises(StoreChecksumError, match=r"zarr\.json: sha256"):
+            ds[pos]
+    # a same-length edit of a group's zarr.json (no dtype involved) is refused the same way
+    g = copy_store(store, tmp_path / "g")
+    group_meta = g / clean.manifest["shards"][row["shard_id"]]["dir"] / "zarr.json"
+    _same_length_edit(group_meta, '"zarr_format": 3,', '"zarr_format":3 ,')
+    with VinOfflineStoreReader(g) as reader, pytest.raises(StoreChecksumError) as ei:
+        reader.read_frames(i)
+    assert f"{group_meta}: sha256" in str(ei.value)
+    # a shard's metadata file the manifest does not list: a damaged manifest, named
+    m = json.loads((s / "manifest.json").read_text())
+    sh = m["shards"][row["shard_id"]]
+    sh["files"] = [f for f in sh["files"] if not f["path"].endswith("/frames/zarr.json")]
+    copy_store(store, tmp_path / "t")
+    (tmp_path / "t" / "manifest.json").write_text(json.dumps(m))
+    with VinOfflineStoreReader(tmp_path / "t") as reader, pytest.raises(StoreError, match="not listed"):
+        reader.read_frames(i)
+    with VinOfflineStoreReader(store) as clean:
+        assert np.array_equal(clean.read_actions(i), want_actions, equal_nan=True)
+        assert np.array_equal(clean.read_frames(i), want_frames)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -11,9 +12,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from .. import layout
+from ..errors import StoreError
 from ..hashing import sha256_files_parallel
 from ..publish.atomic import UMASK_MODE, atomic_symlink, atomic_write_bytes, fsync_dir
-from ..publish.readonly import remove_tree
+from ..publish.readonly import make_writable, remove_tree
 from ._base import StoreLocation
 
 
@@ -106,7 +108,40 @@ class LocalLocation(StoreLocation, backend="local"):
         with contextlib.suppress(OSError):
             if os.readlink(link) == name:
                 return  # already current: the link (and its mtime) stays as it is
+        if os.path.lexists(link) and not link.is_symlink():
+            self._move_current_aside(link)
         atomic_symlink(name, link)
+
+    def _move_current_aside(self, link: Path) -> None:
+        """``current`` is not a symbolic link (a folder a user copied there, a file): it is moved,
+        never deleted, into the data root's quarantine folder
+        (``quarantine/<UTC time>/stores/<profile>/current``, with its ``moved.json``: ``stage2 list``
+        shows it, only ``stage2 gc --quarantine`` removes it), as a store that fails the
+        publication gate is, so that the link can be made. Outside a data root's
+        ``stores/<profile>/`` there is no quarantine folder: StoreError saying what ``current`` is
+        and the command that moves it."""
+        from ..acquire.quarantine import quarantine_files  # (the acquire layer: only when needed)
+        from ..formats.sha256sums import file_kind
+
+        kind = file_kind(os.lstat(link).st_mode)
+        data_root = self.root.parent.parent
+        if self.root.parent.name != layout.STORES_DIR:
+            raise StoreError(
+                f"{link} is {kind}, not a symbolic link: `current` must be a link to the published "
+                "store's folder, and this is not a data root's stores folder to move it aside in.",
+                fix=f"move it out of the way (mv {shlex.quote(str(link))} "
+                f"{shlex.quote(str(link.with_name('current.moved')))}) and run the build again",
+            )
+        if kind == "a folder":
+            make_writable(link)  # a folder moved to another parent needs its own write bit
+        (dest,) = quarantine_files(
+            data_root,
+            [link],
+            f"`current` was {kind}, not a symbolic link to a store: moved aside to publish the link",
+            store=layout.CURRENT_LINK,
+        )
+        if kind == "a folder":
+            make_writable(dest)  # `stage2 gc --quarantine` may remove its files
 
     def current(self) -> StoreLocation | None:
         link = self.root / layout.CURRENT_LINK

@@ -246,7 +246,8 @@ def extend_store(ext: Extension, out: Path, **writer_kw: Any) -> ExtendReport:
     :class:`VinOfflineWriter`'s keywords, in a staging folder next to ``out``), merge it with the
     published store into ``out`` (published atomically), delete the sidecar. The merged manifest
     records ``extended_from`` (the old store's folder name, fingerprint, samples and shards) beside
-    ``merged_from``."""
+    ``merged_from``. The merge hashes every file it takes from either store against their manifests;
+    the publication gate on ``out`` is the caller's (the store step's, as for a fresh build)."""
     bm = ext.base_manifest
     with VinOfflineStoreReader(ext.base) as base_reader:
         old_samples, old_pairs = len(base_reader.sample_index), len(base_reader.pairs())
@@ -270,6 +271,7 @@ def extend_store(ext: Extension, out: Path, **writer_kw: Any) -> ExtendReport:
             inputs=writer_kw["inputs"],
             local=dict(writer.local),
             extra={"extended_from": extended_from},
+            gate=False,  # the store step gates ``out`` before ``current`` names it, as a fresh build
         )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

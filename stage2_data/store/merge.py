@@ -1,16 +1,19 @@
 """Merge: a new store = a base store + a sidecar store of NEW trajectories built by the same writer.
 
-Existing shards are never rewritten: base shards are hard-linked (or copied and verified), sidecar
-shards copied whole; both are numbered in the order a fresh build of all the rows gives them, so a
+Existing shards are never rewritten: base shards are hard-linked (or copied), sidecar shards copied
+whole, every file's bytes checked against the sha256 its input manifest lists (hashed while copied,
+or once linked); both are numbered in the order a fresh build of all the rows gives them, so a
 merge of stores of disjoint cache directories equals that build, fingerprint included; the sample
-index, pairs, splits and manifest are written anew and the result published like a fresh build.
+index, pairs, splits and manifest are written anew, and the result passes the publication gate
+(:func:`.gate.publication_gate`: every file hashed, the fingerprint recomputed, every sample decoded)
+before it is published at ``out``: a merge checks no less than a first build. A merge that fails
+leaves nothing at ``out``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 from collections import defaultdict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -18,11 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import StoreError
+from ..errors import StoreError, StoreValidationError
+from ..hashing import sha256_file
 from ..publish import make_staging_dir, publish_dir
+from ..publish.readonly import remove_tree
 from ..storage import StoreLocation
 from .commit import finish_manifest
-from .format import MANIFEST_NAME, PairSpec, StoreInputError, shard_dir_name
+from .format import MANIFEST_NAME, PairSpec, StoreChecksumError, StoreInputError, shard_dir_name
+from .gate import publication_gate
 from .plan import row_order
 from .reader import VinOfflineStoreReader
 from .target import check_out_dir, check_remote_out
@@ -40,15 +46,24 @@ def merge_vin_offline_stores(
     inputs: dict[str, str] | None = None,
     local: dict[str, Any] | None = None,
     extra: dict[str, Any] | None = None,
+    gate: bool = True,
 ) -> dict[str, Any]:
     """A new store at ``out`` = ``base`` + ``sidecar`` (a store of NEW trajectories from the same writer).
 
-    Base shards are hard-linked (copied and verified where linking fails); sidecar shards are copied
-    whole (bytes verified against the sidecar manifest); all are numbered in the order a fresh
-    build of every row gives them (``_canonical_layout``). Sample index, pairs (sorted by
-    pair_id), splits and manifest are written anew; the result is validated like a fresh build,
-    then published atomically. Neither input store is
-    modified. Returns the new manifest.
+    Base shards are hard-linked (copied where linking fails); sidecar shards are copied whole;
+    every file linked or copied is checked against the sha256 its input manifest lists (hashed
+    while copied, or once linked: the bytes the output holds), StoreChecksumError naming the input
+    file when they differ. All are numbered in the order a fresh build of every row gives them
+    (``_canonical_layout``). Sample index, pairs (sorted by pair_id), splits and manifest are
+    written anew; the result then passes the publication gate (deep validation and the decode
+    round trip, as a published store) before it is published atomically at ``out``; a result that
+    fails is removed (StoreValidationError naming each problem): nothing is left at ``out``.
+    ``gate=False`` is for a caller that runs the gate itself on ``out`` before any reader is
+    pointed at it (the store step's extension, :mod:`.extend`, as for a fresh build): the merge
+    then publishes at ``out`` after the checks a first build makes while it writes. Neither
+    input store's bytes change; the gate makes the merged store read-only, as every published
+    store, and a hard-linked file shares its inode (a base store that was writable loses its shard
+    files' write bits). Returns the new manifest.
 
     Any of the three may be an object-storage URL (``storage_options`` apply to all of them): shard
     objects are then copied whole (streamed, sha256 verified), and on object storage the output is
@@ -76,7 +91,7 @@ def merge_vin_offline_stores(
     # strict (format/version); each reader resolves its store once (a `current` link: the store it
     # names now) and holds a lease on it (retention) until the merge is done
     with VinOfflineStoreReader(base_l) as rb, VinOfflineStoreReader(side_l) as rs:
-        return _merge(rb, rs, rb.location, rs.location, out_l, pairs, profile, inputs, local, extra)
+        return _merge(rb, rs, rb.location, rs.location, out_l, pairs, profile, inputs, local, extra, gate)
 
 
 def _merge(
@@ -90,6 +105,7 @@ def _merge(
     inputs: dict[str, str] | None,
     local: dict[str, Any] | None,
     extra: dict[str, Any] | None,
+    gate: bool = True,
 ) -> dict[str, Any]:
     base_p, side_p, out_p = base_l.root, side_l.root, out_l.root
     for loc in (base_l, side_l):
@@ -169,8 +185,12 @@ def _merge(
     def _copy(src: StoreLocation, sp: Path, dp: Path, sha: str, link: bool) -> None:
         if link and src.is_local and target.is_local:
             dp.parent.mkdir(parents=True, exist_ok=True)
-            with contextlib.suppress(OSError):
+            try:
                 os.link(sp, dp)  # a base shard: the same bytes, no copy
+            except OSError:
+                pass  # (another file system, no links there): copied below
+            else:
+                _check_linked(src, sp, dp, sha)  # the bytes the output now holds, hashed
                 return
         target.copy_verified(src, sp, dp, sha)  # streamed, sha256 verified
 
@@ -229,16 +249,52 @@ def _merge(
                 ],
             },
         )
+        if gate:  # the full check of a published store, before anything is at ``out``
+            _gate(target, out_l, staging, base_l, side_l)
         if target.is_local:
             publish_dir(staging, out_p)
     except BaseException:
         if target.is_local:
-            shutil.rmtree(staging, ignore_errors=True)
+            remove_tree(staging)  # (the gate made it read-only)
         else:  # no manifest was written: best-effort removal of the copied objects
             with contextlib.suppress(Exception):
                 out_l.withdraw(MANIFEST_NAME)
         raise
     return manifest
+
+
+def _check_linked(src: StoreLocation, sp: Path, dp: Path, sha: str) -> None:
+    """The file ``dp`` just hard-linked to ``src``'s ``sp`` hashed against ``sha``, the sha256 the
+    input manifest lists for it (the link is removed when they differ): linking copies nothing, so
+    nothing else would check the bytes the merged store takes from its base."""
+    got = sha256_file(dp)
+    if got != sha:
+        dp.unlink(missing_ok=True)
+        raise StoreChecksumError(
+            f"{src.display(sp)}: sha256 {got} differs from its manifest ({sha}); refusing to merge it "
+            "(the file changed after the store was written).",
+            fix=f"the input store is damaged: check it with `stage2 validate {src.url} --deep`, rebuild it, "
+            "and merge again",
+        )
+
+
+def _gate(
+    target: StoreLocation, out_l: StoreLocation, staging: Path, base_l: StoreLocation, side_l: StoreLocation
+) -> None:
+    """The merged store (in its staging folder, or in place on object storage) through the
+    publication gate; StoreValidationError naming each problem (at the path it would have had)
+    when it fails (the caller then removes it)."""
+    result = publication_gate(target)
+    if result.passed:
+        return
+    shown = [p.replace(str(staging), str(out_l.root)) for p in result.problems] if target.is_local else []
+    raise StoreValidationError(
+        f"the merged store failed the publication gate (deep validation and the decode round trip); "
+        f"nothing was written at {out_l.url}",
+        shown or list(result.problems),
+        fix=f"check both inputs with `stage2 validate <store> --deep --decode` ({base_l.url}, {side_l.url}), "
+        "rebuild the one that fails, and merge again",
+    )
 
 
 @dataclass

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import zarr
+from zarr.storage import WrapperStore
 
 from .. import layout
 from ..errors import LoaderError, StoreError, StoreNotFoundError, StoreValidationError
@@ -39,10 +40,43 @@ from .manifest import load_manifest_strict, rebuild_command
 from .mapped import MappedFiles
 from .retention import StoreLease, acquire_lease
 from .shard_io import MISSING, DirectArray, decode_checked, direct_array
-from .tables import read_jsonl, read_npy
+from .tables import check_sha256, listed_sha256, read_jsonl, read_npy
 
 #: shard files a local reader keeps mapped (least recently used unmapped first)
 _MAX_MAPPED_FILES = 64
+
+
+#: the metadata document of a zarr group or array (every one a shard folder holds is in the manifest)
+_ZARR_JSON = "zarr.json"
+
+
+class _CheckedMetadata(WrapperStore[Any]):
+    """A shard folder's zarr store whose ``zarr.json`` documents are checked against the manifest's
+    sha256 (``check(key, data)``, raising) from the very bytes zarr then parses: the dtype, shape,
+    fill value and codecs a reader decodes with are the ones the store was written with. Every other
+    key (the shard objects, each chunk with its own crc32c) is read as it is."""
+
+    def __init__(self, store: Any, check: Any) -> None:
+        super().__init__(store)
+        self._check = check
+
+    def _with_store(self, store: Any) -> _CheckedMetadata:
+        return type(self)(store, self._check)
+
+    async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
+        if key.rsplit("/", 1)[-1] != _ZARR_JSON:
+            return await self._store.get(key, prototype, byte_range)
+        buf = await self._store.get(key, prototype)
+        if buf is None:
+            return None  # absent: zarr says so (a damaged store, named by the reader)
+        self._check(key, buf.to_bytes())
+        return buf if byte_range is None else await self._store.get(key, prototype, byte_range)
+
+    async def get_partial_values(self, prototype: Any, key_ranges: Any) -> list[Any]:
+        key_ranges = list(key_ranges)
+        if not any(k.rsplit("/", 1)[-1] == _ZARR_JSON for k, _ in key_ranges):
+            return await self._store.get_partial_values(prototype, key_ranges)  # type: ignore[no-any-return]
+        return [await self.get(k, prototype, r) for k, r in key_ranges]
 
 
 def resolve_store(
@@ -80,6 +114,11 @@ class VinOfflineStoreReader:
     takes its own lease where it is unpickled.
 
     Shard groups are opened lazily (one ``zarr.open_group`` per shard on first use, then cached).
+    Every ``zarr.json`` zarr reads for them (the shard's group, each array it opens) is checked
+    against the sha256 the shard's manifest entry lists for it, from the very bytes zarr parses
+    (:class:`_CheckedMetadata`), before any value is decoded with its dtype, shape, fill value or
+    codecs: a mismatch is a :class:`StoreChecksumError` naming the file and the rebuild command; a
+    ``zarr.json`` the manifest does not list is a damaged manifest (:class:`StoreValidationError`).
     Arrays with the layout this module writes are read directly: the shard index once per shard
     (checked against its crc32c, then cached), then ONE ranged read of the sample's own inner chunk,
     checked against its crc32c and decoded (:func:`.shard_io.decode_checked`); anything else is read
@@ -269,11 +308,15 @@ class VinOfflineStoreReader:
             entry = self._shards[shard_id]
             try:
                 g = zarr.open_group(
-                    store=self._open_store(self.path / entry["dir"]),
+                    store=_CheckedMetadata(
+                        self._open_store(self.path / entry["dir"]), self._metadata_check(shard_id)
+                    ),
                     mode="r",
                     zarr_format=3,
                     use_consolidated=False,
                 )
+            except StoreError:  # a zarr.json that is not the manifest's (or is not listed in it)
+                raise
             except Exception as e:  # zarr parsing the group's zarr.json: any failure is a damaged store
                 raise self._damaged_metadata(shard_id, "", e) from e
             self._groups[shard_id] = g
@@ -285,10 +328,29 @@ class VinOfflineStoreReader:
         if a is None:
             try:
                 a = g[name]
+            except StoreError:  # a zarr.json that is not the manifest's (or is not listed in it)
+                raise
             except Exception as e:  # zarr parsing the array's zarr.json: any failure is a damaged store
                 raise self._damaged_metadata(shard_id, name, e) from e
             self._arrays[(shard_id, name)] = a
         return a
+
+    def _metadata_check(self, shard_id: int) -> Any:
+        """``check(key, data)`` for the shard's zarr store (:class:`_CheckedMetadata`): the bytes
+        of the shard folder's ``key`` (a ``zarr.json``) against the sha256 the shard's manifest
+        entry lists for it. StoreChecksumError naming the file and the rebuild command when they
+        differ; StoreValidationError when the manifest does not list it. Each document is read and
+        checked once per reader (zarr's group and arrays are cached)."""
+        # (no reference to the reader itself: the group zarr caches holds this, and a cycle through
+        # the reader would keep it, and its lease, alive after its last use until a GC pass)
+        entry, loc, manifest = self._shards[shard_id], self.location, self.manifest
+
+        def check(key: str, data: bytes) -> None:
+            rel = f"{entry['dir']}/{key}"
+            want = listed_sha256(loc, manifest, rel, entry.get("files") or [])
+            check_sha256(loc, manifest, rel, data, want)
+
+        return check
 
     def _damaged_metadata(self, shard_id: int, name: str, e: Exception) -> StoreValidationError:
         """The error for a shard's group or array metadata (``zarr.json``) that zarr cannot open."""

@@ -36,12 +36,11 @@ def write_file(loc: StoreLocation, rel: str, data: bytes) -> dict[str, Any]:
     return {"path": rel, "bytes": len(data), "sha256": sha256_bytes(data)}
 
 
-def read_checked(loc: StoreLocation, manifest: dict[str, Any], rel: str) -> bytes:
-    """The bytes of the store's file ``rel`` (relative path), read whole and checked against the
-    sha256 the manifest lists for it: StoreChecksumError naming the file when they differ,
-    StoreValidationError when the manifest lists no sha256 for it (both with the rebuild command)."""
-    path = loc.root / rel
-    files = manifest.get("files")
+def listed_sha256(loc: StoreLocation, manifest: dict[str, Any], rel: str, files: Any = None) -> str:
+    """The sha256 the manifest lists for the store's file ``rel`` (relative to the store): in
+    ``files`` (a shard entry's ``files``) or, by default, the manifest's top-level ``files``;
+    StoreValidationError (with the rebuild command) when it is not listed once with its sha256."""
+    files = manifest.get("files") if files is None else files
     listed = (
         [f for f in files if isinstance(f, dict) and f.get("path") == rel] if isinstance(files, list) else []
     )
@@ -51,15 +50,28 @@ def read_checked(loc: StoreLocation, manifest: dict[str, Any], rel: str) -> byte
             [f"{loc.display(loc.root / MANIFEST_NAME)}: file {rel} is not listed with its sha256"],
             fix=f"rebuild it: {rebuild_command(loc.root, manifest)}",
         )
-    want = listed[0]["sha256"]
-    data = loc.read_bytes(path)
+    return str(listed[0]["sha256"])
+
+
+def check_sha256(loc: StoreLocation, manifest: dict[str, Any], rel: str, data: bytes, want: str) -> None:
+    """StoreChecksumError naming the store's file ``rel`` (and the rebuild command) when the sha256
+    of ``data``, the bytes read from it, is not ``want`` (the manifest's)."""
     got = sha256_bytes(data)
     if got != want:
         raise StoreChecksumError(
-            f"VIN offline store {loc.url}: {loc.display(path)}: sha256 {got}; the manifest says {want} "
-            "(the file changed after the store was written)",
+            f"VIN offline store {loc.url}: {loc.display(loc.root / rel)}: sha256 {got}; the manifest says "
+            f"{want} (the file changed after the store was written)",
             fix=f"the store is damaged; rebuild it: {rebuild_command(loc.root, manifest)}",
         )
+
+
+def read_checked(loc: StoreLocation, manifest: dict[str, Any], rel: str) -> bytes:
+    """The bytes of the store's file ``rel`` (relative path), read whole and checked against the
+    sha256 the manifest lists for it: StoreChecksumError naming the file when they differ,
+    StoreValidationError when the manifest lists no sha256 for it (both with the rebuild command)."""
+    want = listed_sha256(loc, manifest, rel)
+    data = loc.read_bytes(loc.root / rel)
+    check_sha256(loc, manifest, rel, data, want)
     return data
 
 
