@@ -216,3 +216,61 @@ def test_a_damaged_record_is_named_by_the_extraction_report(
         text = json.dumps(res.metadata, default=str) + " ".join(str(c) for c in res.checks)
         if load_extraction_record(tmp_path, KEY) is None:
             assert f"{path}: extraction record unreadable (materialize cache_dir[{KEY}])" in text, key
+
+
+def _quarantined(root: Path) -> dict[str, bytes]:
+    """Every file of the quarantine folder (moved.json left out), by its path under its folder."""
+    q = layout.quarantine_root(root)
+    return {
+        p.relative_to(q).as_posix().split("/", 1)[1]: p.read_bytes()
+        for p in sorted(q.rglob("*"))
+        if p.is_file() and p.name != "moved.json"
+    }
+
+
+@pytest.mark.parametrize("with_record", [True, False])
+def test_a_reextraction_moves_aside_what_its_extraction_did_not_write(
+    demo_cache: DemoPaths, tmp_path: Path, with_record: bool
+) -> None:
+    """The cache directory an extraction replaces keeps nothing the user has: a file its record does
+    not list (a folder of them moves whole) and a file edited since are moved into the quarantine
+    folder, under their path in the data root, and the record returned says from where to where;
+    an extracted file whose bytes are unchanged (touched or not) is deleted, made again. Without a
+    record, a file whose bytes are what the new extraction writes there counts as extracted."""
+    shas, cdir = _extracted(demo_cache, tmp_path)
+    files = sorted(p for p in cdir.rglob("*") if p.is_file())
+    edited, touched = files[0], files[1]
+    before = edited.read_bytes()
+    _same_size_edit(edited)
+    os.utime(touched, ns=(touched.stat().st_atime_ns, touched.stat().st_mtime_ns + 10**9))
+    (cdir / "my_notes.txt").write_text("notes")
+    (cdir / "mine").mkdir()
+    (cdir / "mine" / "e.pt").write_text("x")
+    (cdir / layout.FRAMES_SUBDIR / "mine.npz").write_text("y")  # in a folder the extraction makes
+    if not with_record:
+        layout.extraction_record_path(tmp_path, KEY).unlink()
+    prof = load_profile(demo_cache.profile)
+    specs = prof.archives_by_cache_key()[KEY]
+    rec = extract_cache_dir(KEY, [demo_cache.upstream / a.path for a in specs], tmp_path, archive_sha256=shas)
+
+    under = f"{layout.PROCESSED_DIR}/{KEY}"
+    moved = _quarantined(tmp_path)
+    assert sorted(moved) == sorted(
+        f"{under}/{r}"
+        for r in (edited.relative_to(cdir).as_posix(), "my_notes.txt", "mine/e.pt", "frames/mine.npz")
+    )
+    assert moved[f"{under}/my_notes.txt"] == b"notes" and moved[f"{under}/mine/e.pt"] == b"x"
+    assert moved[f"{under}/{edited.relative_to(cdir).as_posix()}"] != before  # the user's edit, kept
+    (folder,) = layout.quarantine_root(tmp_path).iterdir()
+    doc = json.loads((folder / "moved.json").read_text())
+    assert "never deleted" in doc["reason"]
+    assert sorted(rec.moved_aside) == sorted(f"{e['from']} -> {e['to']}" for e in doc["files"])
+    assert f"{cdir / 'mine'} -> {folder / under / 'mine'}" in rec.moved_aside  # the folder, whole
+    assert f"{cdir / 'my_notes.txt'} -> {folder / under / 'my_notes.txt'}" in rec.moved_aside
+    # the cache directory is what the archive holds, and its record says so (without "moved_aside")
+    assert edited.read_bytes() == before and not (cdir / "my_notes.txt").exists()
+    assert check_extraction(tmp_path, KEY, shas)[1] is None
+    assert "moved_aside" not in json.loads(layout.extraction_record_path(tmp_path, KEY).read_text())
+    # an extraction over an untouched cache directory moves nothing
+    rec = extract_cache_dir(KEY, [demo_cache.upstream / a.path for a in specs], tmp_path, archive_sha256=shas)
+    assert rec.moved_aside == [] and len(list(layout.quarantine_root(tmp_path).iterdir())) == 1

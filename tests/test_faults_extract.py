@@ -599,3 +599,50 @@ def test_fault_arc_removed_cache_key(
     shutil.move(foreign, tmp_path / "my_notes")
     r = build_cli(demo.profile, root)
     assert r.returncode == 0 and fingerprint(r) == prepared.fingerprint, r.tail()
+
+
+def _listed_aside(profile: Path, root: Path) -> dict[str, str]:
+    """What `stage2 list --json` says was moved aside into the quarantine folder: each moved
+    item's path under the data root before the move -> its reason."""
+    r = stage2("list", str(profile), "--data-root", str(root), "--json")
+    assert r.returncode == 0, r.tail()
+    return {m["original"]: m["reason"] for m in json.loads(r.stdout)["quarantine"]["moved"]}
+
+
+def test_a_reextraction_moves_the_users_files_aside_never_deletes_them(
+    prepared: Prepared, built: Path, tmp_path: Path
+) -> None:
+    """A file and a folder of the user's in a cache directory make it extracted again (they are not
+    what its extraction wrote); the build passes, and they are moved into the data root's quarantine
+    folder under their path (`stage2 list` shows them), never deleted; the extracted files are not
+    moved (they are made again from the verified archive)."""
+    from stage2_data.extract import load_extraction_record
+
+    demo = prepared.demo
+    key = "jesbu1_epic_rfm_epic"
+    root = copy_built(built, tmp_path / "root")
+    cdir = layout.cache_dir(root, key)
+    (cdir / "my_notes.txt").write_text("notes\n")
+    (cdir / "mine").mkdir()
+    (cdir / "mine" / "e.pt").write_text("x\n")
+    r = build_cli(demo.profile, root)
+    assert r.returncode == 0 and fingerprint(r) == prepared.fingerprint, r.tail()
+    rec = load_extraction_record(root, key)
+    assert rec is not None and {p.name for p in cdir.iterdir()} == {r.split("/", 1)[0] for r in rec.entries}
+    (folder,) = layout.quarantine_root(root).iterdir()
+    under = folder / layout.PROCESSED_DIR / key
+    assert (under / "my_notes.txt").read_text() == "notes\n"
+    assert (under / "mine" / "e.pt").read_text() == "x\n"
+    assert sorted(p.relative_to(under).as_posix() for p in under.rglob("*")) == [
+        "mine",
+        "mine/e.pt",
+        "my_notes.txt",
+    ]
+    listed = _listed_aside(demo.profile, root)
+    assert sorted(listed) == [
+        f"{layout.PROCESSED_DIR}/{key}/mine",
+        f"{layout.PROCESSED_DIR}/{key}/my_notes.txt",
+    ]
+    assert all(key in why and "never deleted" in why for why in listed.values()), listed
+    said = [ln for ln in r.stdout.splitlines() if ln.startswith("moved aside:")]  # the build says where
+    assert len(said) == 2 and all(str(under) in ln for ln in said), r.stdout

@@ -560,3 +560,28 @@ def test_fault_kit_sums_other_release(
     restore(saved)
     r = build_cli(demo.profile, root)
     assert r.returncode == 0 and fingerprint(r) == prepared.fingerprint, r.tail()
+
+
+def test_a_reunpack_moves_the_users_files_aside_never_deletes_them(
+    prepared: Prepared, built: Path, tmp_path: Path
+) -> None:
+    """A file of the user's among the unpacked sidecars makes the build unpack them again (it passes);
+    the file is moved into the data root's quarantine folder under its path (`stage2 list` shows
+    it), never deleted; the unpacked sidecars are not moved (they are made again from the kit's tar)."""
+    demo = prepared.demo
+    root = copy_built(built, tmp_path / "root")
+    base = layout.derived_root(root) / layout.SIDECARS_DIR
+    (base / "my_extra.txt").write_text("mine\n")
+    r = build_cli(demo.profile, root)
+    assert r.returncode == 0 and fingerprint(r) == prepared.fingerprint, r.tail()
+    assert any(ln.startswith("moved aside:") and "quarantine" in ln for ln in r.stdout.splitlines()), r.stdout
+    assert not (base / "my_extra.txt").exists()
+    (folder,) = layout.quarantine_root(root).iterdir()
+    kept = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    assert kept == ["derived/action_sidecars/my_extra.txt", "moved.json"]
+    assert (folder / "derived" / "action_sidecars" / "my_extra.txt").read_text() == "mine\n"
+    ls = stage2("list", str(demo.profile), "--data-root", str(root), "--json")
+    assert ls.returncode == 0, ls.tail()
+    moved = json.loads(ls.stdout)["quarantine"]["moved"]
+    assert [m["original"] for m in moved] == ["derived/action_sidecars/my_extra.txt"]
+    assert "never deleted" in moved[0]["reason"]

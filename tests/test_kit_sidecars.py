@@ -558,3 +558,84 @@ def test_a_damaged_index_entry_means_unpack_again_never_a_crash(tmp_path: Path, 
     assert why is not None and str(derived / rel) in why
     assert not kit.unpack_sidecars(b.profile, b.data_root).skipped
     assert kit.sidecars_status(b.profile, b.data_root) is None
+
+
+def test_a_reunpack_moves_aside_what_the_unpack_did_not_write(tmp_path: Path) -> None:
+    """The sidecar folder an unpack replaces keeps nothing the user has: a file the record does not
+    list and a sidecar edited since are moved into the data root's quarantine folder, under their
+    path in the data root (``res.moved_aside`` says from where to where); a sidecar as unpacked is
+    deleted, unpacked again."""
+    b = build(tmp_path, unpack=False)
+    kit.unpack_sidecars(b.profile, b.data_root)
+    derived = b.data_root / "derived"
+    base = derived / "action_sidecars"
+    (base / "my_extra.txt").write_text("mine")
+    (base / "autoeval" / "notes.txt").write_text("notes")
+    (base / "mine").mkdir()
+    (base / "mine" / "x.npz").write_text("x")
+    edited = derived / sidecar_rel("roboarena", B[0])
+    old = edited.read_bytes()
+    data = bytearray(old)
+    data[len(data) // 2] ^= 0x01
+    edited.write_bytes(bytes(data))
+    assert kit.sidecars_status(b.profile, b.data_root) is not None
+    res = kit.unpack_sidecars(b.profile, b.data_root)
+    assert not res.skipped and edited.read_bytes() == old
+    q = b.data_root / "quarantine"
+    (folder,) = q.iterdir()
+    kept = {
+        p.relative_to(folder).as_posix(): p.read_bytes()
+        for p in folder.rglob("*")
+        if p.is_file() and p.name != "moved.json"
+    }
+    assert kept == {
+        "derived/action_sidecars/my_extra.txt": b"mine",
+        "derived/action_sidecars/autoeval/notes.txt": b"notes",
+        "derived/action_sidecars/mine/x.npz": b"x",
+        f"derived/{sidecar_rel('roboarena', B[0])}": bytes(data),
+    }
+    doc = json.loads((folder / "moved.json").read_text())
+    assert "never deleted" in doc["reason"]
+    assert sorted(res.moved_aside) == sorted(f"{e['from']} -> {e['to']}" for e in doc["files"])
+    assert f"{base / 'mine'} -> {folder / 'derived' / 'action_sidecars' / 'mine'}" in res.moved_aside
+    assert sorted(p.name for p in base.iterdir()) == ["autoeval", "roboarena"]
+    assert kit.sidecars_status(b.profile, b.data_root) is None
+    again = kit.unpack_sidecars(b.profile, b.data_root, force=True)  # nothing foreign: nothing moved
+    assert again.moved_aside == [] and len(list(q.iterdir())) == 1
+
+
+@pytest.mark.parametrize(
+    "field, value, said",
+    [
+        ("files", 99, "action_sidecars holds 10 sidecars, the unpack wrote 99"),  # (the count check)
+        ("bytes", 7, ".sidecars.json is inconsistent (it counts 7 bytes and its index's sidecars hold"),
+        (
+            "content_digest",
+            "0" * 64,
+            ".sidecars.json is inconsistent (its content_digest is not the digest of its sidecars' sha256",
+        ),
+    ],
+)
+@pytest.mark.parametrize("tree_digest", ["kept", "nulled"])
+def test_a_sidecars_record_at_odds_with_its_index_is_unpacked_again(
+    tmp_path: Path, field: str, value: object, said: str, tree_digest: str
+) -> None:
+    """The sidecars' record checks itself as an extraction record does: a file count, byte count or
+    content_digest (what a store's input key folds in) that its index's sidecars do not give is
+    named, the sidecars unpacked again and the record written right; a stats refresh (its
+    tree_digest nulled) never carries it over."""
+    b = build(tmp_path, unpack=False)
+    kit.unpack_sidecars(b.profile, b.data_root)
+    marker = b.data_root / "derived" / ".sidecars.json"
+    doc = json.loads(marker.read_text())
+    right = doc[field]
+    doc[field] = value
+    if tree_digest == "nulled":
+        doc["tree_digest"] = None
+    marker.write_text(json.dumps(doc))
+    why = kit.sidecars_status(b.profile, b.data_root) or ""
+    assert said in why, why
+    assert json.loads(marker.read_text())[field] == value  # no refresh wrote it over
+    assert not kit.unpack_sidecars(b.profile, b.data_root).skipped
+    assert json.loads(marker.read_text())[field] == right
+    assert kit.sidecars_status(b.profile, b.data_root) is None

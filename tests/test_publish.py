@@ -214,6 +214,40 @@ def test_publish_dir_replaces_and_leaves_no_temp(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["final", "link"]
 
 
+@pytest.mark.parametrize("exchange", [True, False])
+def test_publish_dir_keep_sees_the_old_version_and_a_failure_undoes_the_swap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exchange: bool
+) -> None:
+    """``keep`` is given the old version, complete, before it is deleted (what it moves out stays);
+    when it raises, the old version is back at ``final``, whole, and the error is raised."""
+    if not exchange:
+        monkeypatch.setattr(patomic, "rename_exchange", lambda a, b: False)
+    final = _dir_with(tmp_path / "final", "old")
+    (final / "mine.txt").write_text("mine")
+    seen: list[str] = []
+
+    def keep(old: Path) -> None:
+        seen.append((old / "manifest.json").read_text())
+        os.rename(old / "mine.txt", tmp_path / "kept.txt")
+
+    publish.publish_dir(_dir_with(tmp_path / "s1", "new"), final, keep=keep)
+    assert seen == ["old"] and (final / "manifest.json").read_text() == "new"
+    assert (tmp_path / "kept.txt").read_text() == "mine" and not (final / "mine.txt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["final", "kept.txt"]
+
+    (final / "yours.txt").write_text("yours")
+
+    def fail(old: Path) -> None:
+        raise OSError("cannot move it aside")
+
+    s2 = _dir_with(tmp_path / "s2", "newer")
+    with pytest.raises(OSError, match="cannot move it aside"):
+        publish.publish_dir(s2, final, keep=fail)
+    assert (final / "manifest.json").read_text() == "new" and (final / "yours.txt").read_text() == "yours"
+    assert (s2 / "manifest.json").read_text() == "newer"  # the new version back at its staging name
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["final", "kept.txt", "s2"]
+
+
 def test_publish_dir_never_leaves_final_missing(tmp_path: Path) -> None:
     final = _dir_with(tmp_path / "final", "0")
     if not publish.rename_exchange(_dir_with(tmp_path / "probe", "p"), final):

@@ -11,7 +11,10 @@ and inspection of an extracted cache directory.
   renamed into place) and its records (every file's sha256 and stats); :func:`check_extraction` says
   whether a cache directory is still what its record says (by stats when they are unchanged, by
   content when they are not), or why it must be re-extracted;
-- :mod:`.inspect`: what an extracted cache directory holds (counts cross-checked, its rows).
+- :mod:`.inspect`: what an extracted cache directory holds (counts cross-checked, its rows);
+- :mod:`.aside`: what a re-extraction (or a re-unpack of the sidecars) finds in the folder it
+  replaces that the last one did not write, unchanged (a user's files, an edit): moved into the
+  data root's quarantine folder, never deleted.
 """
 
 from __future__ import annotations

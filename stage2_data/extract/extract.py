@@ -7,7 +7,10 @@
    archive file(s) with ``copy_file_range`` (in-kernel, no Python buffers; a ``pread``/``write``
    loop where the file system does not support it), then it is published in place
    (:func:`~stage2_data.publish.publish_dir`). A rerun first removes the staging folders of this
-   cache key whose owner process is gone.
+   cache key whose owner process is gone. The replaced cache directory is deleted, but not what
+   its record says the last extraction did not write, unchanged (a user's files, an edited file):
+   that is moved aside into the data root's quarantine folder first (:mod:`.aside`), and the
+   returned record's ``moved_aside`` says from where to where.
 
 Member data is never held in memory: only the member headers (``TarInfo``) are.
 
@@ -29,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import stat
 import threading
@@ -72,6 +76,8 @@ _HASH_BLOCK = 4 * 1024 * 1024
 _OPEN_FLAGS = (
     os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 )
+
+log = logging.getLogger(__name__)
 
 _CANCEL = threading.Event()  # set by cancel_extractions(): every extraction in this process stops
 
@@ -219,9 +225,14 @@ class ExtractionRecord:
     # every file: path relative to the cache directory -> [sha256, inode, size, mtime_ns, ctime_ns]
     entries: dict[str, list[Any]] = field(default_factory=dict)
     invalidated: str = ""  # set by a check that found an extracted file damaged: re-extract
+    # not written to the record: what this extraction moved aside from the cache directory it
+    # replaced (a user's files or edits; "<from> -> <to>" lines, see .aside)
+    moved_aside: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        del d["moved_aside"]
+        return d
 
     def file_stats(self) -> dict[str, FileStat]:
         return {k: (int(v[1]), int(v[2]), int(v[3]), int(v[4])) for k, v in self.entries.items()}
@@ -375,6 +386,7 @@ def _extract(
     final = layout.cache_dir(data_root, cache_key)
     record_path = layout.extraction_record_path(data_root, cache_key)
     remove_stale(proc_root, final=cache_key)  # a rerun after a failure or kill starts clean
+    previous = _recorded_files(record_path, cache_key)  # read before the record is removed
     tar = open_archive_parts(archive_files, verified=verified)
     assert isinstance(tar, _PartsTarFile)
     with tar:
@@ -419,7 +431,22 @@ def _extract(
                 wait(futures.values())  # nothing reads the staging folder once it is removed
                 raise
             record_path.unlink(missing_ok=True)  # a record only ever describes what is in place
-            publish_dir(tmp, final)
+            moved: list[str] = []
+
+            def keep(old: Path) -> None:  # what the last extraction did not write is moved aside
+                from .aside import set_aside_foreign
+
+                written_now = {rel: (sha, st[1]) for rel, (sha, st) in hashed.items()}
+                reason = (
+                    f"not what the previous extraction of cache directory {cache_key} wrote (a file "
+                    f"its record does not list, or one changed since) when it was extracted again "
+                    f"from {archive}: moved aside, never deleted"
+                )
+                moved.extend(set_aside_foreign(data_root, old, final, previous, written_now, reason))
+
+            publish_dir(tmp, final, keep=keep)
+            for line in moved:
+                log.warning("cache_dir[%s]: not written by its extraction; moved aside: %s", cache_key, line)
         archives = [p.name for p in tar.archive_parts]
     from .inspect import (
         inspect_cache_dir,  # pyarrow: imported when an extraction ends, not by the stat checks
@@ -442,6 +469,7 @@ def _extract(
         tree_digest=stats_digest({rel: st for rel, (_, st) in hashed.items()}),
         content_digest=content_digest_of({rel: sha for rel, (sha, _) in hashed.items()}),
         entries={rel: [sha, *st] for rel, (sha, st) in sorted(hashed.items())},
+        moved_aside=moved,
     )
     _settle(hashed)
     atomic_write_json(record_path, record.to_dict())
@@ -529,6 +557,16 @@ def check_extraction(
         return record, reason
     _refresh(path, record_stat, record, refreshed)
     return record, None
+
+
+def _recorded_files(path: Path, cache_key: str) -> dict[str, tuple[str, FileStat]]:
+    """What the record at ``path`` says the last extraction of ``cache_key`` wrote: (sha256,
+    stats) by path in the cache directory ({} when there is no record of that key to trust)."""
+    record, _ = _load_record(path)
+    if record is None or record.cache_key != cache_key or _inconsistency(record):
+        return {}
+    stats = record.file_stats()
+    return {r: (str(e[0]), stats[r]) for r, e in record.entries.items()}
 
 
 def _inconsistency(record: ExtractionRecord) -> str:

@@ -8,13 +8,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tarfile
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -49,6 +50,8 @@ __all__ = ["SidecarUnpackResult", "invalidate_sidecars", "sidecars_status", "unp
 #: The form of the unpack's record (``derived/.sidecars.json`` and its index); a record of another
 #: form is not trusted: the sidecars are unpacked again. 2: every sidecar's sha256 and stats.
 SIDECAR_RECORD_VERSION = 2
+
+log = logging.getLogger(__name__)
 
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
 _READ_CHUNK = 4 * 1024 * 1024  # of the tar, read at once for the members in it
@@ -124,6 +127,9 @@ class SidecarUnpackResult:
     by_source: dict[str, int]
     seconds: float
     skipped: bool = False
+    # what this unpack moved aside from the folder it replaced (a user's files or edits), as
+    # "<from> -> <to>" lines (stage2_data.extract.aside)
+    moved_aside: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -197,8 +203,9 @@ def _unpacked_record(
     can be kept while bytes change, ctime cannot) and ``derived/action_sidecars/`` holds exactly the
     sidecars the unpack wrote, with their bytes: every file's (inode, size, mtime_ns, ctime_ns)
     equal to the record's (nothing read), or, for a file whose stats differ, its sha256 (the
-    record's stats are then refreshed). Else (None, why they must be unpacked again, naming the
-    file)."""
+    record's stats are then refreshed), and the record agrees with its index (its file count, byte
+    count and ``content_digest`` are its sidecars', as an extraction record's must be). Else (None,
+    why they must be unpacked again, naming the file)."""
     marker = derived / SIDECAR_MARKER
     try:
         rec = json.loads(marker.read_text(encoding="utf-8"))
@@ -225,9 +232,12 @@ def _unpacked_record(
     if found is None:
         return None, f"{base} is missing"
     stats = {f"{layout.SIDECARS_DIR}/{r}": v for r, v in found.items()}
-    if len(stats) == rec.get("files") and stats_digest(stats) == rec.get("tree_digest"):
-        return rec, ""  # every sidecar's stats are the recorded ones: nothing read
     index = recorded_sidecars(derived)
+    # a record at odds with its own index (its content_digest is what a store's input key folds
+    # in) is not trusted; said once no sidecar is named
+    inconsistent = _inconsistency(rec, index)
+    if not inconsistent and len(stats) == rec.get("files") and stats_digest(stats) == rec.get("tree_digest"):
+        return rec, ""  # every sidecar's stats are the recorded ones: nothing read
     missing = sorted(set(index) - set(stats))
     extra = sorted(set(stats) - set(index))
     if missing or extra or len(index) != rec.get("files"):
@@ -256,8 +266,47 @@ def _unpacked_record(
                 f"{derived / r} was modified since it was unpacked: sha256 {sha}, unpacked as "
                 f"{index[r].get('sha256')}"
             )
+    if inconsistent:
+        return None, f"{marker} is inconsistent ({inconsistent})"
     _refresh(derived, rec, index, now)
     return rec, ""
+
+
+def _inconsistency(rec: dict[str, Any], index: dict[str, dict[str, Any]]) -> str:
+    """What in the sidecars' record disagrees with its index (every sidecar's sha256 and size):
+    a damaged or edited record, or ""."""
+    try:
+        shas = {r: str(e["sha256"]) for r, e in index.items()}
+        size = sum(int(e["size"]) for e in index.values())
+    except (KeyError, TypeError, ValueError):
+        return "an entry of its index has no sha256 or size"
+    if len(shas) != rec.get("files"):
+        return f"it counts {rec.get('files')} sidecars and its index lists {len(shas)}"
+    if size != rec.get("bytes"):
+        return f"it counts {rec.get('bytes')} bytes and its index's sidecars hold {size}"
+    if content_digest_of(shas) != rec.get("content_digest"):
+        return "its content_digest is not the digest of its sidecars' sha256"
+    return ""
+
+
+def _recorded_files(derived: Path) -> dict[str, tuple[str, tuple[int, int, int, int]]]:
+    """What the last unpack wrote, by path under ``derived/action_sidecars/``: (sha256, stats); {}
+    when its record and index are absent or disagree (then only bytes equal to what the new unpack
+    writes count as the unpack's)."""
+    try:
+        rec = json.loads((derived / SIDECAR_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    index = recorded_sidecars(derived)
+    if not isinstance(rec, dict) or _inconsistency(rec, index):
+        return {}
+    prefix = f"{layout.SIDECARS_DIR}/"
+    out: dict[str, tuple[str, tuple[int, int, int, int]]] = {}
+    for r, e in index.items():
+        st = entry_stats(e)
+        if r.startswith(prefix) and st is not None:
+            out[r.removeprefix(prefix)] = (str(e.get("sha256")), st)
+    return out
 
 
 def _tar_changed(
@@ -407,6 +456,8 @@ def _unpack_sidecars(profile: Profile, data_root: Path, *, force: bool) -> Sidec
             total = sum(m.size for _, _, m in files)
             require_free_space(derived, total + 16 * 1024 * 1024, f"unpacking {tar_path.name}")
             by_source: Counter[str] = Counter()
+            previous = _recorded_files(derived)  # read before the record is removed
+            moved: list[str] = []
             for stale in (marker, derived / SIDECAR_INDEX):
                 stale.unlink(missing_ok=True)
             index: dict[str, dict[str, Any]] = {}
@@ -442,7 +493,24 @@ def _unpack_sidecars(profile: Profile, data_root: Path, *, force: bool) -> Sidec
                     else:  # too large to parse: hashed from the file written (read again by the join)
                         sha, _ = hash_regular_file(dest)
                         _record(index, rel, written_st, sha, None)
-                publish_dir(tmp, final)
+                prefix = f"{layout.SIDECARS_DIR}/"
+                written = {
+                    r.removeprefix(prefix): (str(e["sha256"]), int(e["size"])) for r, e in index.items()
+                }
+
+                def keep(old: Path) -> None:  # what the last unpack did not write is moved aside
+                    from ..extract.aside import set_aside_foreign
+
+                    reason = (
+                        "not what the previous unpack of the action sidecars wrote (a file its record "
+                        "does not list, or one changed since) when they were unpacked again from the "
+                        f"kit's {tar_path.name}: moved aside, never deleted"
+                    )
+                    moved.extend(set_aside_foreign(Path(data_root), old, final, previous, written, reason))
+
+                publish_dir(tmp, final, keep=keep)
+            for line in moved:
+                log.warning("action sidecars: not written by their unpack; moved aside: %s", line)
     except (tarfile.TarError, EOFError) as e:
         raise ArchiveError(
             f"{tar_path}: not a readable tar ({e})", fix=f"re-copy {tar_path.name} from the kit"
@@ -454,6 +522,7 @@ def _unpack_sidecars(profile: Profile, data_root: Path, *, force: bool) -> Sidec
         bytes=total,
         by_source=dict(sorted(by_source.items())),
         seconds=0.0,
+        moved_aside=moved,
     )
     stats = {r: entry_stats(e) or (0, 0, 0, 0) for r, e in index.items()}
     settle_ctimes(max((*(st[3] for st in stats.values()), st.st_ctime_ns), default=0))

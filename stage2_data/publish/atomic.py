@@ -6,7 +6,8 @@
   swapped with ``renameat2(RENAME_EXCHANGE)`` (Linux), so there is no instant without a complete
   version at ``final``; where that call is unavailable the old one is renamed aside
   (``.<final>.old-<owner>``), the new one renamed in (a window of two renames during which
-  ``final`` is absent, never half-written). The old version is deleted afterwards;
+  ``final`` is absent, never half-written). The old version is deleted afterwards (``keep`` first
+  moves out of it what must not be deleted);
 * :func:`atomic_symlink`: point a link at a new target (temp link + rename);
 * :func:`atomic_write_bytes` / ``_text`` / ``_json``: a file written under a temp name, fsynced,
   renamed over ``final``.
@@ -25,7 +26,7 @@ import json
 import os
 import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -140,19 +141,40 @@ def staging(
         remove_path(tmp)
 
 
-def publish_dir(tmp: Path, final: Path) -> None:
+def publish_dir(tmp: Path, final: Path, *, keep: Callable[[Path], None] | None = None) -> None:
     """Move a complete staging folder ``tmp`` to ``final``; an existing ``final`` (folder, file or
-    link) stays complete until the swap and is deleted after it."""
+    link) stays complete until the swap and is deleted after it.
+
+    ``keep``, when given, is called with the old version (at a temp name, complete) once ``final``
+    holds the new one and before the old one is deleted: it moves out of it whatever must not be
+    deleted (a user's files). When it raises, the swap is undone (the old version back at
+    ``final``, the new one at ``tmp``) and its error is raised: nothing of the old version is
+    deleted."""
     if final.exists() or final.is_symlink():
         if rename_exchange(tmp, final):
             fsync_dir(final.parent)
-            remove_path(tmp)  # now holds the old version
+            old = tmp  # now holds the old version
+
+            def undo() -> None:
+                if not rename_exchange(tmp, final):  # pragma: no cover - it worked a moment ago
+                    raise OSError(errno.ENOSYS, "renameat2(RENAME_EXCHANGE) is unavailable", str(final))
         else:
             old = temp_path(final, "old")
             os.replace(final, old)
             os.replace(tmp, final)
-            fsync_dir(final.parent)
-            remove_path(old)
+
+            def undo() -> None:
+                os.replace(final, tmp)
+                os.replace(old, final)
+
+        if keep is not None:
+            try:
+                keep(old)
+            except BaseException:
+                undo()
+                fsync_dir(final.parent)
+                raise
+        remove_path(old)
     else:
         os.replace(tmp, final)
         fsync_dir(final.parent)

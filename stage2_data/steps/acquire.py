@@ -196,6 +196,8 @@ def step_extract(
         "up_to_date": reason is None,
         "extracted_because": reason,
     }
+    if getattr(rec, "moved_aside", None):  # a user's files in the old folder: kept, never deleted
+        md["moved_aside"] = "\n".join(rec.moved_aside)
     return StepResult(md, [outcome(C.CACHE_DIR_COUNTS_CONSISTENT, problems)], rec)
 
 

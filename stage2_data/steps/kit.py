@@ -33,6 +33,8 @@ def step_sidecars(profile: Profile, data_root: Path) -> StepResult:
         "MB/s": rate(res.bytes, res.seconds),
         "by_source": {"__markdown__": table},
     }
+    if res.moved_aside:  # a user's files in the old folder: kept, never deleted
+        md["moved_aside"] = "\n".join(res.moved_aside)
     return StepResult(
         md,
         [
