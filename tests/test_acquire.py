@@ -33,11 +33,11 @@ from stage2_data.acquire import (
     required_free_bytes,
 )
 from stage2_data.acquire.download import PinDisagreesError
-from stage2_data.acquire.quarantine import quarantined_files
 from stage2_data.acquire.retry import BACKOFF_ENV
 from stage2_data.demo.hubserver import HubServer
 from stage2_data.errors import ChecksumMismatchError, HubError, ProfileError
 from stage2_data.profile import ArchiveSpec, Profile, QuarantinedSpec, parse_profile
+from stage2_data.publish.quarantine import quarantined_files
 
 REPO = "org/robot-data"
 REV = "1a8eb2d279c70964fadeaf8019a77c490c3abe02"
@@ -695,7 +695,7 @@ def test_what_was_moved_aside_is_listed_one_item_per_move_even_after_the_data_ro
     """`stage2 list` and `gc --quarantine` show one item per thing moved aside: a store's folder is
     one item with all its files, read from the quarantine folder's moved.json even after the data
     root itself was moved elsewhere; a file that no moved.json names is an item of its own."""
-    from stage2_data.acquire.quarantine import moved_items, quarantine_files
+    from stage2_data.publish.quarantine import moved_items, quarantine_files
 
     root = tmp_path / "root"
     store = root / "stores" / "p" / "v2-abc"

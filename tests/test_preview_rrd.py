@@ -112,6 +112,9 @@ def test_without_rerun_the_error_says_what_to_install(
     store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(sys.modules, "rerun", None)  # what `import rerun` meets when it is not installed
-    with VinOfflineStoreReader(store) as reader, pytest.raises(PreviewError, match="stage2-data\\[rerun\\]"):
+    from stage2_data.cli import install_line
+
+    with VinOfflineStoreReader(store) as reader, pytest.raises(PreviewError) as got:
         export_rrd(reader, 0, tmp_path / "x.rrd")
+    assert install_line("rerun") in str(got.value) and "rerun-sdk" in str(got.value)
     assert list(tmp_path.iterdir()) == []

@@ -29,10 +29,10 @@ from ..errors import ChecksumMismatchError, HubError, ProblemsError, ProfileErro
 from ..fsutil import require_free_space
 from ..profile import ArchiveSpec, Profile
 from ..publish import fsync_dir
+from ..publish.quarantine import quarantine_files
 from .endpoint import hub_offline, pin_check_command
 from .hub import HubOfflineError, HubSource, RemoteFile
 from .listing import list_remote_files
-from .quarantine import quarantine_files
 from .retry import DEFAULT_ATTEMPTS, default_backoff
 from .state import (
     LocalFile,

@@ -290,7 +290,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         {"path": q.path, "reason": q.reason, **({"upstream": q.path in remote} if remote is not None else {})}
         for q in profile.quarantined
     ]
-    from ..acquire.quarantine import moved_items, quarantined_files
+    from ..publish.quarantine import moved_items, quarantined_files
 
     aside = quarantined_files(data_root)
     aside_items = moved_items(aside, data_root)

@@ -270,7 +270,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
     with guard:
         reports = [collect_stores(r, keep, dry_run=args.dry_run) for r in roots] if keep is not None else []
         if args.quarantine:
-            from ..acquire.quarantine import remove_quarantine
+            from ..publish.quarantine import remove_quarantine
 
             assert data_root is not None
             removal = remove_quarantine(data_root, dry_run=args.dry_run)

@@ -128,12 +128,12 @@ def move_aside(
     before it is in ``moved.json`` too."""
     if not rels:
         return []
-    from ..acquire.quarantine import MOVED_FILE, _new_folder  # (the one format `stage2 list` reads)
+    from ..publish.quarantine import MOVED_FILE, new_quarantine_folder  # (the one format `stage2 list` reads)
 
     data_root = Path(data_root)
     moved: list[tuple[Path, Path]] = []
     try:
-        folder = _new_folder(layout.quarantine_root(data_root))
+        folder = new_quarantine_folder(layout.quarantine_root(data_root))
         try:
             for rel in rels:
                 dst = folder / under / rel if rel else folder / under

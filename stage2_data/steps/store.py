@@ -16,7 +16,6 @@ import pyarrow.parquet as pq
 
 from .. import checks as C
 from .. import layout
-from ..acquire.quarantine import quarantine_files
 from ..checks import CheckOutcome, compare_totals, outcome
 from ..errors import StoreError, StoreNotFoundError
 from ..extract import load_extraction_record
@@ -26,6 +25,7 @@ from ..kit import load_pairs
 from ..kit.sidecar_facts import SIDECAR_MARKER
 from ..profile import Profile
 from ..publish.lock import require_launching_build
+from ..publish.quarantine import quarantine_files
 from ..publish.readonly import make_writable
 from ..storage import CURRENT_OBJECT, StoreLocation, check_stores_url, join_url
 from ..store import (

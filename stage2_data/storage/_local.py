@@ -120,8 +120,8 @@ class LocalLocation(StoreLocation, backend="local"):
         publication gate is, so that the link can be made. Outside a data root's
         ``stores/<profile>/`` there is no quarantine folder: StoreError saying what ``current`` is
         and the command that moves it."""
-        from ..acquire.quarantine import quarantine_files  # (the acquire layer: only when needed)
         from ..formats.sha256sums import file_kind
+        from ..publish.quarantine import quarantine_files
 
         kind = file_kind(os.lstat(link).st_mode)
         data_root = self.root.parent.parent

@@ -5,7 +5,9 @@ does not say the pin is the wrong side, is moved, with its ``.verified.json`` re
 ``<data_root>/quarantine/<UTC time>/archives/<path>``: one new folder per move (named by its UTC
 time, ``-1``, ``-2`` ... added when that name exists), so nothing there is ever overwritten. Each
 folder holds a ``moved.json`` saying what was moved from where, and why. ``stage2 list`` shows the
-files and their size; only ``stage2 gc STORES_DIR --quarantine`` removes them.
+files and their size; only ``stage2 gc STORES_DIR --quarantine`` removes them. The same folder
+takes what any step sets aside: a store that fails the publication gate, a ``current`` that is not
+a link, a user's files in a folder extracted again (``extract/aside.py``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 
 from .. import layout
 from ..oserrors import fs_error
-from ..publish import atomic_write_json, fsync_dir
+from .atomic import atomic_write_json, fsync_dir
 
 MOVED_FILE = "moved.json"
 """In each quarantine folder: what was moved there (from, to), when and why."""
@@ -48,7 +50,7 @@ class QuarantinedFile:
         }
 
 
-def _new_folder(root: Path) -> Path:
+def new_quarantine_folder(root: Path) -> Path:
     """A new, empty folder under ``root`` named by the UTC time (never an existing one)."""
     root.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -87,7 +89,7 @@ def quarantine_files(data_root: Path, files: list[Path], reason: str, **details:
     ``OSError`` is raised as a named error (the path and the fix)."""
     data_root = Path(data_root)
     try:
-        folder = _new_folder(layout.quarantine_root(data_root))
+        folder = new_quarantine_folder(layout.quarantine_root(data_root))
         moved: list[tuple[Path, Path]] = []
         for f in files:
             if not os.path.lexists(f):
