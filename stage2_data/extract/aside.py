@@ -20,17 +20,12 @@ cannot be made again.
 
 from __future__ import annotations
 
-import errno
 import os
-import shutil
 import stat
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 
-from .. import layout
-from ..oserrors import fs_error
-from ..publish import atomic_write_json, fsync_dir
+from ..publish.quarantine import quarantine_moves
 from .extract import FileStat, hash_regular_file
 
 #: What the previous extraction (unpack) recorded of a file: (sha256, (inode, size, mtime_ns, ctime_ns)),
@@ -90,34 +85,6 @@ def foreign_entries(old: Path, new: Path, recorded: Recorded, written: Written) 
     return out
 
 
-def _move(src: Path, dst: Path) -> None:
-    """``src`` (a file, link or folder) renamed to ``dst`` (absent); across file systems copied
-    (links as links), made durable, then the original removed."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.rename(src, dst)
-    except OSError as e:
-        if e.errno != errno.EXDEV:
-            raise
-        if stat.S_ISDIR(os.lstat(src).st_mode):
-            shutil.copytree(src, dst, symlinks=True)
-            for dirpath, _dirs, files in os.walk(dst):
-                for name in files:
-                    p = Path(dirpath) / name
-                    if not p.is_symlink():
-                        with open(p, "rb") as f:
-                            os.fsync(f.fileno())
-                fsync_dir(Path(dirpath))
-            shutil.rmtree(src)
-        else:
-            shutil.copy2(src, dst, follow_symlinks=False)
-            if not dst.is_symlink():
-                with open(dst, "rb") as f:
-                    os.fsync(f.fileno())
-            src.unlink()
-    fsync_dir(dst.parent)
-
-
 def move_aside(
     data_root: Path, old: Path, under: str, rels: Sequence[str], reason: str
 ) -> list[tuple[Path, Path]]:
@@ -126,33 +93,13 @@ def move_aside(
     ``moved.json`` says from where (``<data_root>/<under>/<rel>``, the path the user knew) and why.
     Returns [(that path, where it is now)]. An ``OSError`` is raised as a named error; what was moved
     before it is in ``moved.json`` too."""
-    if not rels:
-        return []
-    from ..publish.quarantine import MOVED_FILE, new_quarantine_folder  # (the one format `stage2 list` reads)
-
     data_root = Path(data_root)
-    moved: list[tuple[Path, Path]] = []
-    try:
-        folder = new_quarantine_folder(layout.quarantine_root(data_root))
-        try:
-            for rel in rels:
-                dst = folder / under / rel if rel else folder / under
-                _move(old / rel if rel else old, dst)
-                moved.append((data_root / under / rel if rel else data_root / under, dst))
-        finally:
-            atomic_write_json(
-                folder / MOVED_FILE,
-                {
-                    "moved_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                    "reason": reason,
-                    "files": [{"from": str(a), "to": str(b)} for a, b in moved],
-                },
-            )
-    except OSError as e:
-        raise fs_error(
-            e, f"moving what the build did not write in {data_root / under} aside", where=str(data_root)
-        ) from e
-    return moved
+    return quarantine_moves(
+        data_root,
+        [(old / rel if rel else old, data_root / under / rel if rel else data_root / under) for rel in rels],
+        reason,
+        doing=f"moving what the build did not write in {data_root / under} aside",
+    )
 
 
 def set_aside_foreign(

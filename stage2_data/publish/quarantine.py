@@ -16,6 +16,8 @@ import contextlib
 import errno
 import os
 import shutil
+import stat
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -65,50 +67,76 @@ def new_quarantine_folder(root: Path) -> Path:
 
 
 def _move(src: Path, dst: Path) -> None:
-    """Move ``src`` to ``dst`` (which does not exist): a rename, or across file systems a copy made
-    durable before the original is unlinked."""
+    """``src`` (a file, a link or a folder) moved to ``dst`` (absent): a rename, or across file
+    systems a copy (links as links) made durable before the original is removed."""
     dst.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.rename(src, dst)
     except OSError as e:
         if e.errno != errno.EXDEV:
             raise
-        shutil.copy2(src, dst)
-        with open(dst, "rb") as f:
-            os.fsync(f.fileno())
-        fsync_dir(dst.parent)
-        src.unlink()
+        if stat.S_ISDIR(os.lstat(src).st_mode):
+            shutil.copytree(src, dst, symlinks=True)
+            for dirpath, _dirs, files in os.walk(dst):
+                for name in files:
+                    p = Path(dirpath) / name
+                    if not p.is_symlink():
+                        with open(p, "rb") as f:
+                            os.fsync(f.fileno())
+                fsync_dir(Path(dirpath))
+            shutil.rmtree(src)
+        else:
+            shutil.copy2(src, dst, follow_symlinks=False)
+            if not dst.is_symlink():
+                with open(dst, "rb") as f:
+                    os.fsync(f.fileno())
+            src.unlink()
     fsync_dir(dst.parent)
     fsync_dir(src.parent)
 
 
 def quarantine_files(data_root: Path, files: list[Path], reason: str, **details: Any) -> list[Path]:
     """Move each of ``files`` that exists (paths under ``data_root``) into a new quarantine folder,
-    keeping its path under the data root; write that folder's ``moved.json`` (``reason`` and
-    ``details``). Returns the new paths, in the order given (absent files are left out). An
-    ``OSError`` is raised as a named error (the path and the fix)."""
+    keeping its path under the data root (:func:`quarantine_moves`). Returns the new paths, in the
+    order given (absent files are left out)."""
+    present = [(Path(f), Path(f)) for f in files if os.path.lexists(f)]
+    return [b for _, b in quarantine_moves(data_root, present, reason, **details)]
+
+
+def quarantine_moves(
+    data_root: Path, moves: Sequence[tuple[Path, Path]], reason: str, *, doing: str = "", **details: Any
+) -> list[tuple[Path, Path]]:
+    """Move each ``(src, known_as)`` of ``moves`` into one new quarantine folder, at ``known_as``'s
+    path under ``data_root`` (``known_as``: where the user knew it; ``src``: where it is now, the
+    same path or a replaced folder's temp name); write that folder's ``moved.json`` (``reason``,
+    ``details``, and from where to where, also when a move fails part way). Returns
+    [(known_as, its new path)]. An ``OSError`` is raised as a named error (the path and the fix)."""
     data_root = Path(data_root)
+    moved: list[tuple[Path, Path]] = []
+    if not moves:
+        return moved
     try:
         folder = new_quarantine_folder(layout.quarantine_root(data_root))
-        moved: list[tuple[Path, Path]] = []
-        for f in files:
-            if not os.path.lexists(f):
-                continue
-            dst = folder / Path(f).relative_to(data_root)
-            _move(Path(f), dst)
-            moved.append((Path(f), dst))
-        atomic_write_json(
-            folder / MOVED_FILE,
-            {
-                "moved_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                "reason": reason,
-                "files": [{"from": str(a), "to": str(b)} for a, b in moved],
-                **details,
-            },
-        )
+        try:
+            for src, known_as in moves:
+                dst = folder / Path(known_as).relative_to(data_root)
+                _move(Path(src), dst)
+                moved.append((Path(known_as), dst))
+        finally:
+            atomic_write_json(
+                folder / MOVED_FILE,
+                {
+                    "moved_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                    "reason": reason,
+                    "files": [{"from": str(a), "to": str(b)} for a, b in moved],
+                    **details,
+                },
+            )
     except OSError as e:
-        raise fs_error(e, "moving a file aside into the quarantine folder", where=str(data_root)) from e
-    return [b for _, b in moved]
+        raise fs_error(
+            e, doing or "moving a file aside into the quarantine folder", where=str(data_root)
+        ) from e
+    return moved
 
 
 def _record(folder: Path) -> dict[str, Any]:
