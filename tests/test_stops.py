@@ -205,18 +205,24 @@ CASES = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_stop(case: str, demo: DemoPaths, tmp_path: Path) -> None:
-    stage, sig, background, extra = CASES[case]
-    root = tmp_path / "root"
+def _build_env(tmp_path: Path, sitecustomize: str) -> dict[str, str]:
+    """The environment of a build to stop: its own instance (``tmp_path/home``), and
+    ``sitecustomize`` (the audit hook that holds the stage) loaded by every process it starts."""
     home = tmp_path / "home"
     write_instance_yaml(home)
     sitedir = tmp_path / "site"
     sitedir.mkdir()
-    (sitedir / "sitecustomize.py").write_text(_SITECUSTOMIZE)
-    env = subprocess_env(
+    (sitedir / "sitecustomize.py").write_text(sitecustomize)
+    return subprocess_env(
         drop=("HF_TOKEN", "STAGE2_TEST_SLOW_AT"), DAGSTER_HOME=str(home), PYTHONPATH=f"{sitedir}:{REPO}"
     )
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_stop(case: str, demo: DemoPaths, tmp_path: Path) -> None:
+    stage, sig, background, extra = CASES[case]
+    root = tmp_path / "root"
+    env = _build_env(tmp_path, _SITECUSTOMIZE)
     if LAUNCHED in extra or STREAMED_RUNS in extra:
         if STREAMED_RUNS in extra:
             env["STAGE2_STREAM_RUN_MB"] = "0"
@@ -309,13 +315,7 @@ def test_a_killed_launched_build_leaves_nothing_that_publishes(demo: DemoPaths, 
     at publication, naming the build. The next build resumes and publishes."""
     root = tmp_path / "root"
     home = tmp_path / "home"
-    write_instance_yaml(home)
-    sitedir = tmp_path / "site"
-    sitedir.mkdir()
-    (sitedir / "sitecustomize.py").write_text(_UNTIL_BUILD_GONE)
-    env = subprocess_env(
-        drop=("HF_TOKEN", "STAGE2_TEST_SLOW_AT"), DAGSTER_HOME=str(home), PYTHONPATH=f"{sitedir}:{REPO}"
-    )
+    env = _build_env(tmp_path, _UNTIL_BUILD_GONE)
     env.pop("STAGE2_RUN_IN_PROCESS", None)
     name = load_profile(demo.profile).name
     s = _stop_build(demo, root, env, stage="store", sig=signal.SIGKILL, background=True, extra=[])
