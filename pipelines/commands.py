@@ -38,7 +38,7 @@ from stage2_data.commands.common import (
     print_json,
     storage_options,
 )
-from stage2_data.errors import HubError, HubSetupError, ProfileError, Stage2Error
+from stage2_data.errors import HubError, HubSetupError, ProfileError, SettingError, Stage2Error
 from stage2_data.fsutil import python_str
 from stage2_data.oserrors import fs_error
 from stage2_data.profile import Profile, load_profile
@@ -189,6 +189,12 @@ def refused_summary(data_root: Path, err: Stage2Error, profile: str | None = Non
 def _cmd_build(args: argparse.Namespace) -> int:
     check_settings()
     reverify = args.reverify or env_flag("STAGE2_REVERIFY")  # the flag, or the setting
+    if args.dask_address and args.executor != "dask":  # it would be ignored, yet shown on the UI line
+        raise SettingError(
+            f"--dask-address {args.dask_address} is for --executor dask; this build's executor is "
+            f"{args.executor}.",
+            fix="add --executor dask to run the steps on that scheduler, or leave out --dask-address",
+        )
     require_executor(args.executor)
     if args.store_url:  # opened by the store stage, after every download: refused now if it cannot be
         check_stores_url(args.store_url)

@@ -311,3 +311,19 @@ def test_a_refused_builds_json_names_the_profile_when_it_parsed(demo_cache, tmp_
     assert out["errors"][0]["error"] == "HubOfflineError", out
     bad = stage2("build", str(tmp_path / "none.toml"), "--data-root", root, "--json", env=env, timeout=120)
     assert bad.returncode == 2 and bad.json()["profile"] is None, bad.tail()
+
+
+def test_a_dask_address_without_the_dask_executor_is_refused(tmp_path: Path) -> None:
+    """`--dask-address` names the scheduler of `--executor dask`; with another executor it would
+    be ignored (and yet printed on the build's UI line): refused before anything runs, naming both
+    and the two fixes."""
+    p = stage2(
+        "build", "p.toml", "--data-root", str(tmp_path / "root"), "--dask-address", "tcp://h:8786",
+        timeout=120,
+    )  # fmt: skip
+    assert p.returncode == 2, p.tail()
+    assert (
+        "--dask-address tcp://h:8786 is for --executor dask; this build's executor is in_process" in p.stderr
+    )
+    assert "Fix: add --executor dask" in p.stderr and "Traceback" not in p.stderr
+    assert not (tmp_path / "root").exists()
