@@ -168,7 +168,11 @@ def test_a_folder_left_by_a_loader_killed_with_its_workers_goes_with_the_next_lo
         train = Selection(store, "train")
         with PoolLoader(train, ResolutionBatches(train, 2, seed=0), workers=2, context="fork") as live:
             batches = iter(live)
-            next(batches)  # its folder made, the orphan removed
+            next(batches)  # its folder made, the orphan removed (by it, or by another loader's
+            # sweep that took the orphan's lock first and is still removing it: wait for that one)
+            deadline = time.monotonic() + WAIT
+            while any(f.exists() for f in folders) and time.monotonic() < deadline:
+                time.sleep(0.1)
             assert live._folder is not None and not any(f.exists() for f in folders)
             with PoolLoader(train, ResolutionBatches(train, 2, seed=0), workers=1, context="fork") as other:
                 more = iter(other)
