@@ -36,7 +36,6 @@ from typing import Any
 
 import dagster as dg
 
-from stage2_data.acquire.endpoint import HUB_FOLDER_ENV
 from stage2_data.profile import load_profile
 from stage2_data.publish import data_root_lock, sweep_data_root
 from stage2_data.stages import (
@@ -375,31 +374,12 @@ def _build_all(
     if server is not None:
         server.start()
     try:
-        with runs_console(home, quiet=quiet and server is None), _hub_folder_env(config, server is None):
+        with runs_console(home, quiet=quiet and server is None):
             return _walk(config, profile, data_root, home, instance, cfg, server, concurrency, on_run, status)
     finally:
         if server is not None:
             terminate_runs(instance, server.close(instance))  # a stop or an error: none goes on alone
             server.stop()
-
-
-@contextlib.contextmanager
-def _hub_folder_env(config: BuildConfig, in_process: bool) -> Iterator[None]:
-    """Runs executed in this process see the build's hub folder in ``STAGE2_HUB_FOLDER``, as the
-    code server's runs do (``BuildConfig.to_env``): the fixes that name a `stage2 pin` command name
-    the same folder either way. Restored afterwards."""
-    if not (in_process and config.hub_folder):
-        yield
-        return
-    before = os.environ.get(HUB_FOLDER_ENV)
-    os.environ[HUB_FOLDER_ENV] = config.hub_folder
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(HUB_FOLDER_ENV, None)
-        else:
-            os.environ[HUB_FOLDER_ENV] = before
 
 
 @contextlib.contextmanager

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import dagster as dg
@@ -54,6 +55,9 @@ class LoopbackHubResource(HubSourceResource):
     folder: str = Field(description="folder served as the dataset repo")
     endpoint: str = Field(default="", description="filled in when the server starts")
     _server: object = PrivateAttr(default=None)
+
+    def source(self) -> HubSource:
+        return replace(super().source(), hub_folder=self.folder)
 
     @contextmanager
     def yield_for_execution(self, context: dg.InitResourceContext) -> Iterator[LoopbackHubResource]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from helpers.cli import REPO, Ran, stage2, subprocess_env
 
 from stage2_data.acquire import HubSource, download_archive
 from stage2_data.acquire.download import PinDisagreesError
-from stage2_data.acquire.endpoint import HUB_FOLDER_ENV, pin_check_command
+from stage2_data.acquire.endpoint import pin_check_command
 from stage2_data.demo import DemoPaths
 from stage2_data.demo.hubserver import HubServer
 from stage2_data.profile import load_profile
@@ -42,7 +43,7 @@ def _spaced_demo(demo: DemoPaths, tmp_path: Path) -> Path:
 
 
 def test_a_wrong_pin_names_a_pin_command_that_runs_against_the_folder_the_build_served(
-    demo: DemoPaths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    demo: DemoPaths, tmp_path: Path
 ) -> None:
     profile_path = _spaced_demo(demo, tmp_path)
     profile = load_profile(profile_path)
@@ -56,10 +57,9 @@ def test_a_wrong_pin_names_a_pin_command_that_runs_against_the_folder_the_build_
         profile_path.write_text(text.replace(f"size = {spec.size}\n", f"size = {spec.size + 1}\n", 1))
         bad = load_profile(profile_path)
         # the build's runs serve its --hub-folder on a loopback port of their own, gone when it ends
-        monkeypatch.setenv(HUB_FOLDER_ENV, str(demo.upstream))
+        served = replace(source, hub_folder=str(demo.upstream))
         with pytest.raises(PinDisagreesError) as ei:
-            download_archive(source, bad.archives[0], root, profile=bad, **FAST)  # type: ignore[arg-type]
-        monkeypatch.delenv(HUB_FOLDER_ENV)
+            download_archive(served, bad.archives[0], root, profile=bad, **FAST)  # type: ignore[arg-type]
         with pytest.raises(PinDisagreesError) as unknown_folder:
             download_archive(source, bad.archives[0], root, profile=bad, **FAST)  # type: ignore[arg-type]
     (command,) = _backquoted(ei.value.fix or "", "stage2 pin")

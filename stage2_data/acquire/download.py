@@ -162,7 +162,7 @@ def _settle(
                     f"{source.label} at {source.revision} ({source.api_endpoint}) lists the same size and "
                     "sha256 for it. The file was left where it is; nothing was downloaded.",
                     fix=f"correct the pin to the upstream value: {file_values} "
-                    f"({pin_check_command(pin.where, source.api_endpoint)} shows the same disagreement); then re-run: "
+                    f"({pin_check_command(pin.where, source.api_endpoint, source.hub_folder)} shows the same disagreement); then re-run: "
                     "nothing needs downloading",
                     path=spec.path,
                     keys=pin.keys,
@@ -190,7 +190,7 @@ def _settle(
         raise HubOfflineError(
             f"HF_HUB_OFFLINE is set and {found}, which disagrees with its pin {pinned}: it was moved "
             f"to {where} (not deleted); nothing was requested.",
-            fix=f"if the pin is wrong (the file is the upstream one: {pin_check_command(pin.where, source.api_endpoint)} "
+            fix=f"if the pin is wrong (the file is the upstream one: {pin_check_command(pin.where, source.api_endpoint, source.hub_folder)} "
             f"online tells), correct it ({file_values}) and move the file back: "
             f"mv {shlex.quote(str(where))} {shlex.quote(str(local.path))}; "
             "else unset HF_HUB_OFFLINE to download the pinned file again",

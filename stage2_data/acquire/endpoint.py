@@ -28,24 +28,21 @@ def hub_offline() -> bool:
     return raw.strip().lower() in _TRUE or bool(getattr(constants, "HF_HUB_OFFLINE", False))
 
 
-#: the environment variable a build's runs get their ``--hub-folder`` from (``pipelines/config.py``)
-HUB_FOLDER_ENV = "STAGE2_HUB_FOLDER"
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
-def pin_check_command(where: str, endpoint: str) -> str:
+def pin_check_command(where: str, endpoint: str, hub_folder: str | None = None) -> str:
     """The ``stage2 pin <where> ... --check`` that asks the hub at ``endpoint``, in backquotes, as
     pasted in a shell (every path quoted). The real hub: no ``--endpoint``; another (lasting)
-    endpoint: with it. A loopback hub is served for a build's runs only (``--hub-folder``; its port is gone once the
-    build ends): ``--hub-folder`` with the folder the build served (``STAGE2_HUB_FOLDER``), else
-    with ``DIR`` and what it stands for."""
+    endpoint: with it. A loopback hub is served for a build's runs only (``--hub-folder``; its port
+    is gone once the build ends): ``--hub-folder`` with the folder it served (``hub_folder``, the
+    source's), else with ``DIR`` and what it stands for."""
     from urllib.parse import urlsplit
 
     profile = where if where == "<profile>" else shlex.quote(where)
     if urlsplit(endpoint).hostname in _LOOPBACK:
-        folder = os.environ.get(HUB_FOLDER_ENV)
-        if folder:
-            return f"`stage2 pin {profile} --hub-folder {shlex.quote(folder)} --check`"
+        if hub_folder:
+            return f"`stage2 pin {profile} --hub-folder {shlex.quote(hub_folder)} --check`"
         return (
             f"`stage2 pin {profile} --hub-folder DIR --check`, DIR being the folder served as the hub "
             f"at {endpoint} (the build's --hub-folder)"

@@ -69,6 +69,8 @@ class HubSource:
     revision: str
     endpoint: str | None = None
     token: str | None = field(default=None, repr=False)
+    # the local folder a loopback endpoint serves (`stage2 pin --hub-folder` takes it), when known
+    hub_folder: str | None = None
 
     def __post_init__(self) -> None:
         if self.repo_type not in ("dataset", "model", "space"):

@@ -211,7 +211,7 @@ def _answer_disagrees(source: HubSource, spec: ArchiveSpec, said: str) -> HubErr
             f"{said}; {pinned}, and the hub's listing could not be read to tell which is right "
             f"({e.message.splitlines()[0]}).",
             fix="check the endpoint (--endpoint / HF_ENDPOINT) and any proxy (HTTPS_PROXY), then re-run; "
-            f"{pin_check_command('<profile>', source.api_endpoint)} compares the pins with the listing",
+            f"{pin_check_command('<profile>', source.api_endpoint, source.hub_folder)} compares the pins with the listing",
         )
     if listed is not None and (listed.size, listed.sha256) == (spec.size, spec.sha256):
         return HubError(
@@ -229,7 +229,7 @@ def _answer_disagrees(source: HubSource, spec: ArchiveSpec, said: str) -> HubErr
     return HubError(
         f"{said}; {pinned}, and {upstream}: the pin disagrees with upstream.",
         fix="correct this archive's size and sha256 in the profile to the listing's "
-        f"({pin_check_command('<profile>', source.api_endpoint)} names the entry and both values), or check "
+        f"({pin_check_command('<profile>', source.api_endpoint, source.hub_folder)} names the entry and both values), or check "
         "[source] revision",
     )
 
