@@ -8,9 +8,9 @@ skips its work).
 - ``kit``: the sidecars' record names the kit's sidecar tar as it is now (``kit.sidecars_status``);
 - ``store``: the fingerprint of the stage's inputs and outputs (:func:`store_stage_fingerprint`:
   the stats of every kit file (and of the file a link names) and of the profile, every extraction
-  record's digests, the archive pins, the stats of ``processed_datasets/`` and of the extraction report, the sidecars' record, the join table, the stores'
-  folder, the ``current`` link and every file of the store it points at, the versions and the
-  settings) equals the one recorded by :func:`record_store_stage` after the last successful store
+  record's digests, the archive pins, the stats of ``processed_datasets/``, of the extraction
+  report, the sidecars' record, the join table, the stores' folder, the ``current`` link and every
+  file of the store it points at, the versions and the settings) equals the one recorded by :func:`record_store_stage` after the last successful store
   stage;
 - ``profile`` writes nothing: it is up to date when the acquire and extract stages are and the
   profile and the kit are those the last successful store stage recorded (a store modified in

@@ -254,9 +254,9 @@ def gate_new_store(
     out: Any, alongside: Callable[[str], dict[str, Any]] | None, expect: dict[str, Any] | None = None
 ) -> tuple[GateResult, dict[str, Any]]:
     """A new store through the publication gate (``expect``: what its manifest must record), and
-    what ``alongside(out.url)`` drew meanwhile on
-    another thread ({} without it, and for a store that failed: it is not published, and what
-    failed is the gate's to say, whatever the drawing raised). Both only read the store."""
+    what ``alongside(out.url)`` drew meanwhile on another thread ({} without it, and for a store
+    that failed: it is not published, and what failed is the gate's to say, whatever the drawing
+    raised). Both only read the store."""
     if alongside is None:
         return publication_gate(out, expect), {}
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="stage2-alongside") as pool:
