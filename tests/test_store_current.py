@@ -107,3 +107,28 @@ def test_build_moves_a_current_folder_aside_and_publishes_the_link(
     listed = stage2("list", str(prepared.demo.profile), "--data-root", str(root))
     moved = f"{folder.name}/{layout.STORES_DIR}/{prepared.profile_name}/{layout.CURRENT_LINK}/"
     assert listed.returncode == 0 and moved in listed.stdout, listed.tail()
+
+
+@pytestmark_build
+def test_a_current_folder_is_never_read_as_the_published_store(
+    prepared: Prepared, built: Path, tmp_path: Path
+) -> None:
+    """A folder named ``current`` (a copy of a store, or anything else) is not a publication: the
+    build extends nothing from it, and the published-store lookup of the nightly verify and the
+    training API says what stands there and what to run, instead of reading the folder."""
+    from stage2_data.errors import StoreNotFoundError
+    from stage2_data.profile import load_profile
+    from stage2_data.steps import current_store
+
+    root = copy_built(built, tmp_path / "root")
+    stores = layout.stores_root(root, prepared.profile_name)
+    current = stores / layout.CURRENT_LINK
+    name = os.readlink(current)
+    current.unlink()
+    shutil.copytree(stores / name, current, symlinks=True)
+    assert StoreLocation.parse(stores).current() is None
+    with pytest.raises(StoreNotFoundError) as ei:
+        current_store(load_profile(prepared.demo.profile), root)
+    msg = str(ei.value)
+    assert "is a folder or file, not the symbolic link a build publishes" in msg, msg
+    assert str(layout.quarantine_root(root)) in msg, msg

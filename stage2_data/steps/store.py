@@ -322,9 +322,14 @@ def current_store(
         return current
     fix = f"build it: stage2 build --profile {profile.profile_path} --data-root {data_root}"
     if not store_url:
-        raise StoreNotFoundError(
-            f"no store is published at {layout.current_store_path(data_root, profile.name)}.", fix=fix
-        )
+        link = layout.current_store_path(data_root, profile.name)
+        if os.path.lexists(link) and not link.is_symlink():
+            raise StoreNotFoundError(
+                f"no store is published at {link}: it is a folder or file, not the symbolic link a "
+                "build publishes, so it is not read as the published store.",
+                fix=f"{fix} (the build moves it aside into {layout.quarantine_root(Path(data_root))}/)",
+            )
+        raise StoreNotFoundError(f"no store is published at {link}.", fix=fix)
     raise StoreNotFoundError(f"no store is published at {root.url} (no {CURRENT_OBJECT} object).", fix=fix)
 
 

@@ -144,8 +144,12 @@ class LocalLocation(StoreLocation, backend="local"):
             make_writable(dest)  # `stage2 gc --quarantine` may remove its files
 
     def current(self) -> StoreLocation | None:
+        """The store ``current`` links to; None when there is no link or it names nothing. A
+        folder or file named ``current`` is not a publication (only a build's symbolic link is:
+        :meth:`publish_current` moves such a thing aside), so it is never read as the published
+        store."""
         link = self.root / layout.CURRENT_LINK
-        if not link.exists():
+        if not link.is_symlink() or not link.exists():
             return None
         return LocalLocation.from_target(str(link.resolve()))
 
