@@ -307,3 +307,36 @@ def test_an_index_out_of_range_or_not_an_integer_is_named_as_given(store: Path, 
             str(t.value)
             == f"{what} is indexed by a position (an integer from 0 to {n - 1}), not by str {key!r}"
         )
+
+
+# ----- the orders' arguments ----------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("name", "value", "said"),
+    [
+        ("batch_size", 2.5, "batch_size=2.5 is not an integer"),
+        ("batch_size", True, "batch_size=True is not an integer"),
+        ("batch_size", "8", "batch_size='8' is not an integer"),
+        ("batch_size", None, "batch_size=None is not an integer"),
+        ("seed", None, "seed=None is not an integer"),
+        ("seed", 1.0, "seed=1.0 is not an integer"),
+        ("seed", -1, "seed=-1 is negative"),
+        ("epoch", 0.5, "epoch=0.5 is not an integer"),
+        ("start", "1", "start='1' is not an integer"),
+        ("world_size", 2.0, "world_size=2.0 is not an integer"),
+    ],
+)
+def test_an_orders_arguments_are_integers_named_when_not(name: str, value: Any, said: str) -> None:
+    """A float, a bool, text or None where an order takes a count or a seed is a LoaderError that
+    names the argument; it was taken silently (``batch_size=2.5`` gave batches of 2 and 1, ``True``
+    batches of 1) or failed inside numpy with a TypeError."""
+    given: dict[str, Any] = {"batch_size": 2, "seed": 0} | {name: value}
+    with pytest.raises(LoaderError) as e:
+        ResolutionBatches(["32x32"] * 5, **given)
+    assert said in str(e.value), str(e.value)
+    if name != "batch_size":
+        with pytest.raises(LoaderError) as e:
+            SeededOrder(5, **{name: value})
+        assert said in str(e.value), str(e.value)
+    order = SeededOrder(5, seed=np.int64(3))  # numpy's integers are integers
+    with pytest.raises(LoaderError, match="epoch=1.5 is not an integer"):
+        order.set_epoch(1.5)  # type: ignore[arg-type]

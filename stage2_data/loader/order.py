@@ -84,6 +84,10 @@ class _EpochOrder(Generic[Item]):
         fingerprint: str | None = None,
         store: str | None = None,
     ) -> None:
+        seed = _count(seed, "seed")
+        rank, world_size = _count(rank, "rank"), _count(world_size, "world_size")
+        if seed < 0:  # numpy's SeedSequence takes non-negative integers only
+            raise LoaderError(f"seed={seed} is negative.", fix="give seed as an integer >= 0")
         if world_size < 1 or not 0 <= rank < world_size:
             raise LoaderError(
                 f"rank {rank} of world_size {world_size}: need world_size >= 1 and 0 <= rank < world_size.",
@@ -141,6 +145,7 @@ class _EpochOrder(Generic[Item]):
         self._place(epoch, start)
 
     def _place(self, epoch: int, start: int) -> None:
+        epoch, start = _count(epoch, "epoch"), _count(start, "start")
         if epoch < 0 or start < 0:
             raise LoaderError(
                 f"epoch {epoch} and start {start}: both must be >= 0.",
@@ -388,7 +393,7 @@ class ResolutionBatches(_EpochOrder[list[int]]):
         world_size: int = 1,
         fingerprint: str | None = None,
     ) -> None:
-        if batch_size < 1:
+        if _count(batch_size, "batch_size") < 1:
             raise LoaderError(f"batch_size {batch_size} is not positive.", fix="give batch_size >= 1")
         self.batch_size = int(batch_size)
         self.drop_last = bool(drop_last)
