@@ -236,8 +236,13 @@ def test_cli_default_out_is_printed(store: dict[str, Any], tmp_path: Path) -> No
             ["--out", "{tmp}/no/such/folder/s.png"],
             "--out .*/s.png: cannot write there: .*/no/such/folder does not exist",
         ),
+        (
+            ["--out", "{tmp}/sheet.jpg"],
+            r"--out .*/sheet.jpg: this writes a PNG file, and the name says .jpg. "
+            r"Fix: name it with .png \(e.g. --out .*/sheet.png\)",
+        ),
     ],
-    ids=["unknown-source", "n-zero", "n-negative", "out-under-a-file", "out-folder-missing"],
+    ids=["unknown-source", "n-zero", "n-negative", "out-under-a-file", "out-folder-missing", "out-not-png"],
 )
 def test_cli_refusals_name_the_culprit_and_write_nothing(
     store: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str

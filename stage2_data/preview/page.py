@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,15 +101,23 @@ def resolve_out(out: str | os.PathLike[str] | None, reader: Any, source: str | N
 
 def out_path(out: str | os.PathLike[str] | None, default: Path, example: str) -> Path:
     """``--out`` as a file to write: ``out``; ``default``'s name inside ``out`` when it is a folder
-    (or ends with a slash: a folder, made when it does not exist yet); ``default`` when None. PreviewError (its fix naming ``--out ./<example>``) when its folder is
-    missing, not a folder, or not writable; PreviewError too when it is not safe to replace
-    (``fsutil.check_output_path``: a link, a special file, a path inside a store)."""
+    (or ends with a slash: a folder, made when it does not exist yet); ``default`` when None.
+    PreviewError (its fix naming ``--out ./<example>``) when its folder is missing, not a folder, or
+    not writable; PreviewError too when it is not safe to replace (``fsutil.check_output_path``: a
+    link, a special file, a path inside a store), or when its suffix is not ``default``'s (the bytes
+    written are always that format)."""
     path = default if out is None else Path(out)
     fix = f"pass --out a file in an existing, writable folder (e.g. --out ./{example})"
     if out is not None and os.fspath(out).endswith(("/", os.sep)) and not path.is_dir():
         _make_out_folder(path, fix)  # a trailing slash: a folder, created when it is new
     if path.is_dir():
         path = path / default.name
+    if path.suffix.lower() != default.suffix:  # the bytes are always this format, whatever the name
+        raise PreviewError(
+            f"--out {path}: this writes a {default.suffix[1:].upper()} file, and the name says "
+            f"{path.suffix or 'no format'}.",
+            fix=f"name it with {default.suffix} (e.g. --out {shlex.quote(str(path.with_suffix(default.suffix)))})",
+        )
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         what = "is not a folder" if parent.exists() else "does not exist"
