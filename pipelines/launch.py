@@ -13,6 +13,12 @@ instance (``runs.RecordedRun``), whichever way it was started.
 
 A stop cancels the build's runs through the instance (:func:`terminate_runs`): a run ends as
 canceled, its step interrupted, whatever signal the build's own process received.
+
+The code server's ``workspace.yaml`` lives in a folder of the system's temp folder named after the
+build's process (``stage2-launch-<pid>-<start>-<host>-<rand>``: :func:`make_launch_dir`), removed when
+the server stops. A build killed outright (SIGKILL) cannot remove it: the next launch set-up removes
+the folders whose owner is dead, judged as the data root's temps are
+(:func:`stage2_data.publish.names.owner_alive`), never a live build's (:func:`sweep_launch_dirs`).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import contextlib
 import ctypes
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -41,6 +48,7 @@ import dagster as dg
 from stage2_data.cli import install_line
 from stage2_data.errors import Stage2Error, env_number
 from stage2_data.publish.lock import LAUNCHING_BUILD_ENV
+from stage2_data.publish.names import host_tag, owner_alive, proc_start_time
 
 from .config import BuildConfig
 
@@ -84,6 +92,53 @@ def logs_dir(home: Path) -> Path:
                 with contextlib.suppress(OSError):
                     src.rename(out / name)
     return out
+
+
+# The launch folder's name: ``stage2-launch-<pid>-<start>-<host>-<mkdtemp's random suffix>``, the
+# owner's identity as a temp name of the data root records it (stage2_data/publish/names.py).
+LAUNCH_DIR_PREFIX = "stage2-launch-"
+_LAUNCH_DIR_RE = re.compile(
+    rf"^{re.escape(LAUNCH_DIR_PREFIX)}(?P<pid>\d+)-(?P<start>\d+)-(?P<host>[0-9a-f]{{8}})-[A-Za-z0-9_]+$"
+)
+
+
+def sweep_launch_dirs(tmp: str | os.PathLike[str] | None = None) -> list[Path]:
+    """Remove the launch folders (:func:`make_launch_dir`) in ``tmp`` (the system's temp folder by
+    default) whose owner build is dead: no such process on this host, or its pid now names a later
+    process. A live owner's folder is never touched, nor another host's, nor another user's, nor a
+    folder whose name records no owner (an older stage2's ``stage2-launch-<rand>``: it cannot be
+    judged). Returns what was removed."""
+    base = Path(tempfile.gettempdir() if tmp is None else tmp)
+    try:
+        entries = sorted(os.scandir(base), key=lambda e: e.name)
+    except OSError:
+        return []
+    removed: list[Path] = []
+    for e in entries:
+        m = _LAUNCH_DIR_RE.match(e.name)
+        if m is None:
+            continue
+        try:
+            if not e.is_dir(follow_symlinks=False) or e.stat(follow_symlinks=False).st_uid != os.getuid():
+                continue
+        except OSError:
+            continue
+        if owner_alive(int(m["pid"]), int(m["start"]), m["host"]):
+            continue
+        shutil.rmtree(e.path, ignore_errors=True)
+        if not os.path.lexists(e.path):
+            removed.append(Path(e.path))
+    return removed
+
+
+def make_launch_dir(tmp: str | os.PathLike[str] | None = None) -> Path:
+    """A fresh launch folder in ``tmp`` (the system's temp folder by default) named after this
+    process (pid, start time, host), once the folders dead builds left there are removed
+    (:func:`sweep_launch_dirs`)."""
+    sweep_launch_dirs(tmp)
+    pid = os.getpid()
+    prefix = f"{LAUNCH_DIR_PREFIX}{pid}-{proc_start_time(pid)}-{host_tag()}-"
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=None if tmp is None else os.fspath(tmp)))
 
 
 def _dagster_cli(name: str = "dagster") -> str:
@@ -168,7 +223,7 @@ class CodeServer:
         self._log: IO[bytes] | None = None
         self._ui_log: IO[bytes] | None = None
         self._verbose = verbose
-        self._workdir = tempfile.mkdtemp(prefix="stage2-launch-")
+        self._workdir = str(make_launch_dir())  # removed at stop; after a SIGKILL, by a later build
         self.workspace = Path(self._workdir) / "workspace.yaml"
         self.workspace.write_text(
             "load_from:\n"

@@ -25,10 +25,16 @@ from stage2_data.demo import DemoPaths
 from stage2_data.demo.hubserver import HubServer
 from stage2_data.extract import check_extraction, extract_cache_dir, load_extraction_record, scan_tree
 from stage2_data.extract import extract as extract_mod
+from stage2_data.kit import SIDECAR_INDEX
 from stage2_data.profile import Profile, load_profile
 from stage2_data.stages import EXTRACT, STAGES, STORE
 from stage2_data.steps import step_extract
-from stage2_data.steps.status import build_status, record_store_stage
+from stage2_data.steps.status import (
+    build_status,
+    record_store_stage,
+    reported_extraction,
+    store_stage_fingerprint,
+)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -483,10 +489,12 @@ def test_a_typo_in_the_pinned_source_never_stands_for_the_verified_archives(
     for a in prof.archives:  # every verified archive and its record as they were
         assert layout.archive_path(root, a.path).is_file()
         assert layout.verified_record_path(root, a.path).read_text() == records[a.path]
-    # the failed build left no record to skip a check by: the profile and store stages check again
-    # (nothing changed), the archives, sidecars and extraction stay as verified; then a no-op
+    # the failed build left no record to skip a check by: the profile, extract and store stages check
+    # again (nothing changed: the extraction records are checked, nothing is extracted), the
+    # archives and sidecars stay as verified; then a no-op
     again, fp = _build(demo, root, hub)
-    assert fp == FINGERPRINT and _up_to_date(again) == ["acquire", "kit", "extract"], again.stderr
+    assert fp == FINGERPRINT and _up_to_date(again) == ["acquire", "kit"], again.stderr
+    assert f"{EXTRACT.label}: checked, nothing changed" in again.stderr, again.stderr
     again, fp = _build(demo, root, hub)
     assert fp == FINGERPRINT and _up_to_date(again) == [s.name for s in STAGES], again.stderr
 
@@ -561,3 +569,96 @@ def test_a_stray_entry_of_processed_datasets_fails_every_build_until_it_is_gone(
         stray.unlink()
     _, fp = _build(demo, root, hub)
     assert fp == FINGERPRINT
+
+
+def test_what_the_extraction_records_say_is_what_the_report_shows(noop_rebuilt: dict[str, Any]) -> None:
+    """After a build, every extraction record says what the extraction report shows of it
+    (``status.reported_extraction`` spells the report's entry as ``write_extraction_report`` writes
+    it): the no-op compares them, so a drift between the two would make every build check again."""
+    root: Path = noop_rebuilt["root"]
+    prof = load_profile(noop_rebuilt["demo"].profile)
+    _build(noop_rebuilt["demo"], root, noop_rebuilt["hub"])
+    shown = json.loads(layout.extraction_report_path(root).read_text())["cache_keys"]
+    for key in prof.cache_keys():
+        rec = load_extraction_record(root, key)
+        assert rec is not None and reported_extraction(rec) == shown[key], key
+    assert build_status(prof, root)["extract"] is None
+
+
+def test_the_store_fingerprint_covers_what_the_records_say(noop_rebuilt: dict[str, Any]) -> None:
+    """An extraction record's ``problems`` or counts, or the sidecars' index, edited with its mtime
+    set back (only its bytes and ctime tell): the store stage's fingerprint is not the recorded one.
+    A refresh of the record's file stats (a file touched, its bytes the same) leaves it as it was."""
+    root: Path = noop_rebuilt["root"]
+    prof = load_profile(noop_rebuilt["demo"].profile)
+    _build(noop_rebuilt["demo"], root, noop_rebuilt["hub"])
+    record_store_stage(prof, root)
+    fp = store_stage_fingerprint(prof, root)
+    key = sorted(prof.cache_keys())[0]
+    path = layout.extraction_record_path(root, key)
+    good = path.read_bytes()
+
+    def edited(p: Path, data: bytes) -> str:
+        kept, was = p.read_bytes(), p.stat()
+        p.write_bytes(data)
+        os.utime(p, ns=(was.st_atime_ns, was.st_mtime_ns))
+        try:
+            return store_stage_fingerprint(prof, root)
+        finally:
+            p.write_bytes(kept)
+            os.utime(p, ns=(was.st_atime_ns, was.st_mtime_ns))
+
+    doc = json.loads(good)
+    for field, value in [("problems", ["an edited problem"]), ("rows", doc["rows"] + 1), ("frame_files", 0)]:
+        assert edited(path, json.dumps({**doc, field: value}).encode()) != fp, field
+    assert store_stage_fingerprint(prof, root) == fp  # put back: the same content
+    # a touched extracted file (same bytes): its record's stats are refreshed, the fingerprint stays
+    f = _a_file(layout.cache_dir(root, key))
+    fst = f.stat()
+    os.utime(f, ns=(fst.st_atime_ns, fst.st_mtime_ns + 1_000_000_000))
+    assert build_status(prof, root)["extract"] is None and path.read_bytes() != good  # refreshed
+    assert store_stage_fingerprint(prof, root) == fp
+    # the sidecars' index (the join trusts its facts): by its stats, as the sidecars' record
+    index = layout.derived_root(root) / SIDECAR_INDEX
+    data = index.read_bytes()
+    assert edited(index, data.replace(b'"size"', b'"sizf"', 1)) != fp  # same size, same mtime
+
+
+@pytest.mark.parametrize("edit", ["problems", "rows"])
+def test_an_edited_extraction_record_is_checked_again(noop_rebuilt: dict[str, Any], edit: str) -> None:
+    """A build, then one cache key's extraction record edited (a problem added to its ``problems``,
+    or its ``rows`` count changed; its mtime set back): the next build is no no-op. Its extract
+    stage checks the record again, as a first build's does, and the build fails naming the cache
+    key and what the record says (exit 1), build after build, until the record is put back; then
+    the build passes with the clean build's fingerprint and the one after it is a no-op again."""
+    root: Path = noop_rebuilt["root"]
+    hub: HubServer = noop_rebuilt["hub"]
+    demo: DemoPaths = noop_rebuilt["demo"]
+    prof = load_profile(demo.profile)
+    _build(demo, root, hub)
+    assert _up_to_date(_build(demo, root, hub)[0]) == [s.name for s in STAGES]
+    key = sorted(prof.cache_keys())[0]
+    path = layout.extraction_record_path(root, key)
+    good, st = path.read_bytes(), path.stat()
+    doc = json.loads(good)
+    if edit == "problems":
+        doc["problems"] = [f"{layout.cache_dir(root, key)}: an edited problem"]
+        says = "an edited problem"
+    else:
+        doc["rows"] += 1
+        says = f"processed_dataset rows {doc['rows']}"
+    path.write_text(json.dumps(doc, indent=2, sort_keys=True))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    try:
+        for _ in range(2):
+            out = _failing_build(demo.profile, root, hub)
+            assert "up to date" not in " ".join(ln for ln in _stage_lines(out) if EXTRACT.label in ln)
+            assert f"cache_dir[{key}]" in out.stdout and "cache_dir_counts_consistent" in out.stdout, (
+                out.stdout
+            )
+            assert says in out.stdout, out.stdout
+    finally:
+        path.write_bytes(good)
+    _, fp = _build(demo, root, hub)
+    assert fp == FINGERPRINT
+    assert _up_to_date(_build(demo, root, hub)[0]) == [s.name for s in STAGES]

@@ -420,3 +420,66 @@ def test_gc_command_refused_while_a_build_holds_the_data_root(
         r = stage2("gc", str(profile_root), "--keep", "0")
     assert r.returncode == 2 and "in use by another build" in r.stderr, r.tail()
     assert sorted(p.name for p in profile_root.glob("v1-*")) == [f"v1-000{i}" for i in range(1, 5)]
+
+
+# ----- something in the way of the leases ---------------------------------------------------------------
+def _refused(err: Stage2Error, where: Path) -> None:
+    text = f"{err} {err.fix or ''}"
+    assert str(where) in text and "move" in (err.fix or ""), text
+
+
+@pytest.mark.parametrize("what", ["file", "dangling link", "gate folder"])
+def test_something_in_the_way_of_the_leases_refuses_readers_and_gc(
+    tmp_path: Path, built: tuple[Path, Path], what: str
+) -> None:
+    """``.leases`` a regular file (or a link to nothing), or a store's gate a folder: no reader
+    opens a store of that folder without its lease (each is refused, naming the path and the
+    fix), and gc (dry run or not, the library and the command) removes no store and leaves the
+    user's entry exactly as it is. Moved out of the way, readers lease again and gc removes."""
+    profile_root = four_stores(tmp_path, built[0])
+    leases = profile_root / LEASES_DIR
+    if what == "file":
+        leases.write_text("a user's notes\n")
+        blocker = leases
+    elif what == "dangling link":
+        leases.symlink_to(tmp_path / "nowhere")
+        blocker = leases
+    else:
+        blocker = lease_path(profile_root / "v1-0001")
+        blocker.mkdir(parents=True)
+        (blocker / "mine.txt").write_text("kept")
+    before = sorted(p.name for p in profile_root.iterdir())
+
+    for target in (profile_root / "v1-0001", profile_root / "current"):
+        if what == "gate folder" and target.name == "current":
+            continue  # only v1-0001's gate is in the way
+        with pytest.raises(Stage2Error) as exc:
+            VinOfflineStoreReader(target)
+        _refused(exc.value, blocker)
+    with pytest.raises(Stage2Error) as exc:
+        VinOfflineDataset(profile_root / "v1-0001", split="train")
+    _refused(exc.value, blocker)
+
+    for dry_run in (True, False):
+        with pytest.raises(Stage2Error) as exc:
+            collect_stores(profile_root, keep=0, dry_run=dry_run)
+        _refused(exc.value, blocker)
+    r = stage2("gc", str(profile_root), "--keep", "0")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.tail()
+    (line,) = r.stderr.strip().splitlines()
+    assert str(blocker) in line and "Fix:" in line, line
+    assert sorted(p.name for p in profile_root.iterdir()) == before  # no store removed
+    if what == "file":
+        assert leases.read_text() == "a user's notes\n"
+    elif what == "dangling link":
+        assert leases.is_symlink() and os.readlink(leases) == str(tmp_path / "nowhere")
+    else:
+        assert (blocker / "mine.txt").read_text() == "kept"
+
+    # moved out of the way: a reader takes its lease, gc keeps the leased store and removes the rest
+    blocker.rename(tmp_path / "moved-aside")
+    with VinOfflineStoreReader(profile_root / "v1-0001") as reader:
+        assert reader.lease is not None and reader.lease.held
+        got = actions_of(collect_stores(profile_root, keep=0))
+        assert got["v1-0001"][0] == "kept" and got["v1-0001"][1].startswith("in use by pid ")
+        assert got["v1-0002"][0] == got["v1-0003"][0] == "removed"

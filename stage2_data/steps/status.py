@@ -4,20 +4,26 @@ skips its work).
 
 - ``acquire``: every archive has a ``.verified.json`` record matching its file (no request, no hash);
 - ``extract``: every cache key passes :func:`~stage2_data.extract.check_extraction` (its record
-  names the archives' verified sha256 and this extractor; one ``scandir`` walk matches it);
+  names the archives' verified sha256 and this extractor; one ``scandir`` walk matches it), and
+  what its record says that the extract stage checks and the extraction report shows (counts,
+  ``problems``, ...: :func:`reported_extraction`) is what the last successful store stage saw of
+  it (``reports/extraction_records_seen.json``, removed when a check or a build fails): a record
+  changed since (an edit), or any record after a failed build, is checked again by the extract
+  stage, as a first build checks it, build after build;
 - ``kit``: the sidecars' record names the kit's sidecar tar as it is now (``kit.sidecars_status``);
 - ``store``: the fingerprint of the stage's inputs and outputs (:func:`store_stage_fingerprint`:
   the stats of every kit file (and of the file a link names) and of the profile, every extraction
-  record's digests, the archive pins, the stats of ``processed_datasets/``, of the extraction
-  report, the sidecars' record, the join table, the stores' folder, the ``current`` link and every
-  file of the store it points at, the versions and the settings) equals the one recorded by :func:`record_store_stage` after the last successful store
-  stage;
+  record's content (all but the file stats a check refreshes), the archive pins, the stats of
+  ``processed_datasets/``, of the extraction report, of the sidecars' record and its index, the
+  join table, the stores' folder, the ``current`` link and every file of the store it points at,
+  the versions and the settings) equals the one recorded by :func:`record_store_stage` after the
+  last successful store stage;
 - ``profile`` writes nothing: it is up to date when the acquire and extract stages are and the
   profile and the kit are those the last successful store stage recorded (a store modified in
   place makes the store stage alone run).
 
 :func:`build_status` returns ``{stage: None | why it must run}``. Nothing here writes, except
-:func:`record_store_stage` (and only when the fingerprint changed).
+:func:`record_store_stage` (and only when what it records changed).
 """
 
 from __future__ import annotations
@@ -32,9 +38,15 @@ from typing import Any
 
 from .. import __version__, layout
 from ..acquire import archive_state, source_origin, verified_sha256s
-from ..extract import EXTRACTOR_VERSION, check_extraction, load_extraction_record, write_json_if_changed
+from ..extract import (
+    EXTRACTOR_VERSION,
+    ExtractionRecord,
+    check_extraction,
+    load_extraction_record,
+    write_json_if_changed,
+)
 from ..fsutil import canonical_json
-from ..kit.sidecar_facts import SIDECAR_MARKER
+from ..kit.sidecar_facts import SIDECAR_INDEX, SIDECAR_MARKER
 from ..kit.sidecars import sidecars_status
 from ..profile import Profile
 from ..stages import ACQUIRE, EXTRACT, KIT, PROFILE, STAGES, STORE
@@ -43,6 +55,9 @@ from ..store.gate import tree_stats
 
 STORE_STAGE_RECORD = "store_stage.json"
 STORE_GATE_RECORD = "store_gate.json"
+#: what the last successful store stage saw of each extraction record: the extract stage's reference
+#: (removed when a check or a build fails: the extract stage then checks every record again)
+RECORDS_SEEN_RECORD = "extraction_records_seen.json"
 
 
 def store_stage_record_path(data_root: Path) -> Path:
@@ -79,9 +94,70 @@ def acquire_status(profile: Profile, data_root: Path) -> str | None:
     return f"{len(todo)} archive(s) to download or verify ({todo[0]}{', ...' if len(todo) > 1 else ''})"
 
 
+def reported_extraction(rec: ExtractionRecord) -> dict[str, Any]:
+    """What a build reports and checks of one extraction record besides what
+    :func:`~stage2_data.extract.check_extraction` compares with the cache directory: its entry in
+    the extraction report (``cache_keys`` of ``extraction_report.json``, as
+    :func:`~stage2_data.extract.write_extraction_report` writes it): the counts and ``problems``
+    the extract stage checks, and the rest the report shows."""
+    return {
+        "archives": list(rec.archives),
+        "layout": rec.layout,
+        "files": rec.files,
+        "bytes": rec.bytes,
+        "trajectories_found": rec.frame_files,
+        "rows": rec.rows,
+        "total_trajectories": rec.total_trajectories,
+        "seconds": rec.seconds,
+        "problems": list(rec.problems),
+    }
+
+
+def records_seen_path(data_root: Path) -> Path:
+    return layout.reports_dir(data_root) / RECORDS_SEEN_RECORD
+
+
+def _records_seen(data_root: Path) -> dict[str, Any] | None:
+    """What the last successful store stage saw of each extraction record
+    (:func:`reported_extraction`, by cache key); None when no store stage recorded it yet."""
+    try:
+        doc = json.loads(records_seen_path(data_root).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _changed_since_seen(rec: ExtractionRecord, seen: dict[str, Any] | None, data_root: Path) -> str | None:
+    """Why the extract stage must check the extraction record ``rec`` again: what it says is not
+    what the last successful build saw of it (it was edited, or written by an extraction whose build
+    did not succeed; ``seen`` None: the last build failed, or none recorded it yet); None when it is
+    the same."""
+    record = layout.extraction_record_path(data_root, rec.cache_key)
+    if seen is None:
+        return f"its extraction record {record} is checked again (no successful build since it was seen)"
+    was = seen.get(rec.cache_key)
+    if not isinstance(was, dict):
+        return f"its extraction record {record} was not seen by a successful build yet"
+    says = reported_extraction(rec)
+    differ = sorted(k for k in says if says[k] != was.get(k))
+    if differ:
+        k = differ[0]
+        return (
+            f"its extraction record {record} says {k} {says[k]!r}, the last successful build saw "
+            f"{was.get(k)!r}: checked again"
+        )
+    return None
+
+
 def extract_status(profile: Profile, data_root: Path) -> str | None:
+    """None when every cache key passes :func:`~stage2_data.extract.check_extraction` and its
+    record says what the last successful store stage saw of it (:func:`reported_extraction`), else
+    why the extract stage must run (it checks the record's counts and problems again)."""
+    seen = _records_seen(data_root)
     for key in profile.cache_keys():
-        _, reason = check_extraction(data_root, key, verified_sha256s(profile, data_root, key))
+        rec, reason = check_extraction(data_root, key, verified_sha256s(profile, data_root, key))
+        if reason is None and rec is not None:
+            reason = _changed_since_seen(rec, seen, data_root)
         if reason is not None:
             return f"cache_dir[{key}]: {reason}"
     return None
@@ -114,8 +190,10 @@ def write_gate_record(
 
 
 def clear_store_records(data_root: Path) -> None:
-    """A failed store check: remove the records that would let a later build skip the store stage."""
-    for p in (gate_record_path(data_root), store_stage_record_path(data_root)):
+    """A failed check or build: remove the records that would let a later build skip the store stage,
+    or an extraction record's check (what a successful build saw of them: a record edited before
+    this failure is checked again, build after build, until a build succeeds)."""
+    for p in (gate_record_path(data_root), store_stage_record_path(data_root), records_seen_path(data_root)):
         with contextlib.suppress(FileNotFoundError):
             p.unlink()
 
@@ -166,10 +244,17 @@ def _fingerprints(
     kit_fp = hashlib.sha256(canonical_json(kit_blob).encode()).hexdigest()
     if data_root is None:
         return "", kit_fp
-    records = {}
+    records: dict[str, Any] = {}
     for key in profile.cache_keys():
+        # what the record says, all of it but the file stats a check refreshes when a file's stats
+        # change and its bytes do not (``entries``' stats, ``tree_digest``; every file's sha256 is
+        # in ``content_digest``): its counts and ``problems`` are what a build reports and checks
         rec = load_extraction_record(data_root, key)
-        records[key] = None if rec is None else [rec.content_digest, rec.archive_sha256, rec.files, rec.bytes]
+        records[key] = (
+            None
+            if rec is None
+            else {k: v for k, v in rec.to_dict().items() if k not in ("entries", "tree_digest")}
+        )
     derived = layout.derived_root(data_root)
     link = layout.current_store_path(data_root, profile.name)
     try:
@@ -188,6 +273,8 @@ def _fingerprints(
             "processed_datasets": _stat(layout.processed_root(data_root)),
             "extraction_report": _stat(layout.extraction_report_path(data_root)),
             "sidecar_marker": _stat(derived / SIDECAR_MARKER),
+            # the unpack's index: the join trusts its facts for every sidecar still as written
+            "sidecar_index": _stat(derived / SIDECAR_INDEX),
             "sidecars": _stat(derived / layout.SIDECARS_DIR),
             "join": _stat(layout.join_table_path(data_root)),
             "stores": _stat(layout.stores_root(data_root, profile.name)),
@@ -215,12 +302,19 @@ def store_status(profile: Profile, data_root: Path, settings: dict[str, Any] | N
 
 
 def record_store_stage(profile: Profile, data_root: Path, settings: dict[str, Any] | None = None) -> bool:
-    """After a successful store stage: record its fingerprint (written only when it changed; the
-    record is not one of the stats the fingerprint covers). True when written."""
+    """After a successful store stage: record its fingerprint, and what it saw of each extraction
+    record (:func:`reported_extraction`: what ``extract_status`` compares); each written only when
+    it changed (neither record is one of the stats the fingerprint covers). True when written."""
     fingerprint, kit_fp = _fingerprints(profile, data_root, settings)
-    return write_json_if_changed(
+    seen: dict[str, Any] = {}
+    for key in profile.cache_keys():
+        rec = load_extraction_record(data_root, key)
+        seen[key] = None if rec is None else reported_extraction(rec)
+    wrote_seen = write_json_if_changed(records_seen_path(data_root), seen)
+    wrote = write_json_if_changed(
         store_stage_record_path(data_root), {"fingerprint": fingerprint, "kit": kit_fp}
     )
+    return wrote or wrote_seen
 
 
 def profile_status(profile: Profile, data_root: Path) -> str | None:

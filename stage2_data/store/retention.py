@@ -11,7 +11,11 @@ reader that was waiting then finds its gate unlinked or the store gone and says 
 half-deleted store. The kernel releases a ``flock`` when its holder exits, however it exits
 (SIGKILL included): a crashed reader never blocks removal. A process forked from a reader (a
 DataLoader worker) inherits the lease; a reader unpickled in a spawned process takes its own. Where
-the gate cannot be created (a read-only mount) a reader reads without a lease.
+the gate cannot be created (a read-only mount) a reader reads without a lease. Where something else
+stands in the way (``.leases`` a file, not a folder; a gate that is a folder) a reader is refused
+with a named error and ``gc`` removes nothing of that profile's stores: a reader never reads
+without a lease that ``gc`` would need to see, and the user's file is left where it is (the fix
+says to move it).
 
 **Object storage** has no locks: readers there hold no lease, and ``gc`` keeps the ``keep`` most
 recent previous stores and removes the rest, saying that a reader still reading a removed store
@@ -31,6 +35,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -39,6 +44,7 @@ from typing import Any
 from .. import layout
 from ..errors import Stage2Error, StoreError
 from ..fsutil import human_bytes, tree_usage
+from ..oserrors import fs_error
 from ..publish import remove_stale, stale_temps, temp_path
 from ..publish.readonly import remove_tree
 from ..storage import CURRENT_OBJECT, StoreLocation
@@ -70,12 +76,48 @@ DEFAULT_KEEP = 1
 KEEP_ENV = "STAGE2_KEEP_STORES"
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+#: what taking or checking a gate meets when something that is not a folder stands where the
+#: leases folder should be (or a folder where the gate file should be): never read past
+_IN_THE_WAY = (errno.ENOTDIR, errno.EEXIST, errno.EISDIR, errno.ELOOP)
 
 
 # ----- leases ---------------------------------------------------------------------------------------
 def lease_path(store: Path) -> Path:
     """The gate file of a local store folder: ``<parent>/.leases/<name>.lock``."""
     return store.parent / LEASES_DIR / f"{store.name}.lock"
+
+
+def _gate_in_the_way(store: Path, e: OSError, doing: str) -> Stage2Error:
+    """``e`` (something not a folder where ``.leases`` should be, or not a file where the gate
+    should be) as a named error: the path in the way and the fix (move it; nothing is deleted)."""
+    return fs_error(e, f"{doing} {store} (its readers' lease: `stage2 gc` keeps a store while it is read)")
+
+
+def _check_leases_folder(store: Path, doing: str) -> None:
+    """Raise the named error when ``<store's folder>/.leases`` exists and is not a folder (a file,
+    a link to no folder), or the store's gate is a folder: no lease can be taken or seen there."""
+    gate = lease_path(store)
+    leases = gate.parent
+
+    def in_the_way(code: int, what: str, path: Path) -> Stage2Error:
+        return _gate_in_the_way(store, OSError(code, what, str(path)), doing)
+
+    try:
+        st = os.stat(leases)
+    except FileNotFoundError:
+        if os.path.islink(leases):
+            raise in_the_way(
+                errno.EEXIST, "a link to nothing, where the readers' leases folder should be", leases
+            ) from None
+        return
+    except OSError as e:
+        if e.errno in _IN_THE_WAY:
+            raise _gate_in_the_way(store, e, doing) from e
+        return  # no permission and the like: taking the gate says what it says
+    if not stat.S_ISDIR(st.st_mode):
+        raise in_the_way(errno.EEXIST, "not a folder, where the readers' leases folder should be", leases)
+    if os.path.isdir(gate):
+        raise in_the_way(errno.EISDIR, "a folder, where a store's lease file should be", gate)
 
 
 def _same_file(fd: int, path: Path) -> bool:
@@ -114,13 +156,18 @@ def acquire_lease(store: Path) -> StoreLease | None:
     """Take a shared lease on the local store folder ``store`` (see the module doc).
 
     Waits only while a remover holds the gate (a rename). None when the gate cannot be created
-    here (a read-only mount, no permission): the caller reads without a lease."""
+    here (a read-only mount, no permission): the caller reads without a lease. Raises a named
+    error (FileSystemError) when something stands in the way (``.leases`` a file, the gate a
+    folder): a reader never reads without the lease ``stage2 gc`` would see."""
     gate = lease_path(store)
     for _ in range(50):
+        _check_leases_folder(store, "opening")
         try:
             gate.parent.mkdir(exist_ok=True)
             fd = os.open(gate, os.O_RDONLY | os.O_CREAT | _CLOEXEC, 0o666)
-        except OSError:
+        except OSError as e:
+            if e.errno in _IN_THE_WAY:
+                raise _gate_in_the_way(store, e, "opening") from e
             return None
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)
@@ -276,17 +323,23 @@ def _lock_exclusive(fd: int) -> bool:
 def _remove_local(store: Path, current: Path | None, dry_run: bool) -> tuple[str, str]:
     """Remove one local store unless a reader holds its gate; (action, reason)."""
     gate = lease_path(store)
-    if dry_run:
-        if not gate.exists():
-            return "would remove", ""
-        fd = os.open(gate, os.O_RDONLY | _CLOEXEC)
-        try:
-            held = not _lock_exclusive(fd)
-        finally:
-            os.close(fd)
-        return ("kept", _in_use(store)) if held else ("would remove", "")
-    gate.parent.mkdir(exist_ok=True)
-    fd = os.open(gate, os.O_RDONLY | os.O_CREAT | _CLOEXEC, 0o666)
+    _check_leases_folder(store, "removing")  # else readers may hold leases gc cannot see
+    try:
+        if dry_run:
+            if not os.path.lexists(gate):
+                return "would remove", ""
+            fd = os.open(gate, os.O_RDONLY | _CLOEXEC)
+            try:
+                held = not _lock_exclusive(fd)
+            finally:
+                os.close(fd)
+            return ("kept", _in_use(store)) if held else ("would remove", "")
+        gate.parent.mkdir(exist_ok=True)
+        fd = os.open(gate, os.O_RDONLY | os.O_CREAT | _CLOEXEC, 0o666)
+    except OSError as e:
+        if e.errno in _IN_THE_WAY:
+            raise _gate_in_the_way(store, e, "removing") from e
+        raise
     try:
         if not _lock_exclusive(fd):
             return "kept", _in_use(store)
@@ -382,6 +435,9 @@ def collect_stores(
             report.entries.append(StoreVerdict(name, "kept", "no current store to judge it against"))
         return report
     stores.sort(reverse=True)  # newest first
+    if loc.is_local:  # something in the way of a lease: refused before anything is removed
+        for _, _, child in stores[keep:]:
+            _check_leases_folder(child.root, "removing")
     for i, (created, name, child) in enumerate(stores):
         size = tree_usage(child.root)[1] if loc.is_local else sum(child.file_sizes().values())
         freed = tree_usage(child.root, unique=True)[1] if loc.is_local else None
