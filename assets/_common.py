@@ -3,6 +3,7 @@ Nothing domain-specific lives here."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import multiprocessing
@@ -11,7 +12,7 @@ import os
 import signal
 import threading
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,8 @@ from stage2_data.checks import CHECK_DESCRIPTIONS, CHECKS_BY_ASSET, NON_BLOCKING
 from stage2_data.errors import Stage2Error
 from stage2_data.extract import cancel_extractions
 from stage2_data.fsutil import human_bytes
-from stage2_data.stages import PARTITIONS_TAG, READS
+from stage2_data.publish.lock import run_step_lock
+from stage2_data.stages import BUILD_TAG, PARTITIONS_TAG, READS
 from stage2_data.steps import StepResult
 from stage2_data.steps.status import clear_store_records
 
@@ -204,6 +206,43 @@ def forget_on_failure(data_root: Path | None, passed: Sequence[bool]) -> None:
         clear_store_records(data_root)
 
 
+def _run_label(context: Any, what: str) -> str:
+    """The run and step a shared lock's record names (a build refused meanwhile prints it)."""
+    run = getattr(context, "run", None) if context is not None else None
+    run_id = getattr(run, "run_id", None)
+    job = getattr(context, "job_name", None) if context is not None else None
+    return f"run {run_id} of job {job}, {what}" if run_id else what
+
+
+def _build_id(context: Any) -> str | None:
+    """The id of the `stage2 build` that started this run (its ``stage2/build`` tag), if any."""
+    run = getattr(context, "run", None) if context is not None else None
+    tags = getattr(run, "tags", None)
+    value = tags.get(BUILD_TAG) if isinstance(tags, Mapping) else None
+    return value if isinstance(value, str) and value else None
+
+
+@contextlib.contextmanager
+def data_root_step_lock(data_root: Path | None, context: Any = None, *, what: str = "") -> Iterator[None]:
+    """Hold the data root's lock for the block as a step of this run must (``publish.lock``,
+    :func:`run_step_lock`): nothing in a run a build covers (launched by it, or in its process),
+    shared in any other run (the UI, a schedule, a sensor). When a build holds it, the step fails
+    at once with the error's message and fix (no traceback), before anything is written: no check
+    result is recorded (nothing was checked) and no record is cleared (:func:`forget_on_failure`
+    would write into the build's data root). ``data_root`` None: nothing is locked."""
+    if data_root is None:
+        yield
+        return
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(
+                run_step_lock(Path(data_root), label=_run_label(context, what), build_id=_build_id(context))
+            )
+        except Stage2Error as err:
+            raise dg.Failure(description=str(err), metadata={"error": type(err).__name__}) from None
+        yield
+
+
 def run_step(
     asset: str,
     step: Callable[[], StepResult],
@@ -219,15 +258,18 @@ def run_step(
     ``standalone(result)``: the standalone checks' results the step's work gives, recorded against
     the materialization once it is made (:func:`record_standalone_results`; needs ``context``).
     With ``data_root``, a failed check or step clears the records that let a later build call the
-    store stage up to date (:func:`forget_on_failure`), whichever way the run was launched."""
-    try:
-        res = step()
-    except Stage2Error as err:
-        forget_on_failure(data_root, [False])
-        first = CHECKS_BY_ASSET[asset][0]
-        yield check_result(False, str(err), check_name=first)
-        raise dg.Failure(description=str(err), metadata={"error": type(err).__name__}) from None
-    forget_on_failure(data_root, [c.passed for c in res.checks])
+    store stage up to date (:func:`forget_on_failure`), whichever way the run was launched, and the
+    step works under the data root's lock (:func:`data_root_step_lock`: shared in a run no build
+    covers, refused at once while a build writes)."""
+    with data_root_step_lock(data_root, context, what=f"step {asset}"):
+        try:
+            res = step()
+        except Stage2Error as err:
+            forget_on_failure(data_root, [False])
+            first = CHECKS_BY_ASSET[asset][0]
+            yield check_result(False, str(err), check_name=first)
+            raise dg.Failure(description=str(err), metadata={"error": type(err).__name__}) from None
+        forget_on_failure(data_root, [c.passed for c in res.checks])
     version = data_version(res) if data_version else None
     yield dg.MaterializeResult(
         data_version=dg.DataVersion(version) if version else None,
@@ -354,6 +396,13 @@ def _output_for_partitions(
     return dg.MaterializeResult()
 
 
+def resource_data_root(context: dg.AssetExecutionContext) -> Path | None:
+    """The data root of the run's ``data_root`` resource (``DataRootResource``), None without one."""
+    res = getattr(context.resources, "data_root", None)
+    root = getattr(res, "root", None)
+    return Path(root()) if callable(root) else None
+
+
 def run_partitions(
     context: dg.AssetExecutionContext,
     asset: str,
@@ -362,6 +411,21 @@ def run_partitions(
     data_version: Callable[[str, StepResult], str],
     workers: int,
     inputs: Callable[[str], dict[str, Sequence[str | None]]] = lambda _key: {},
+) -> Iterator[Any]:
+    """:func:`_run_partitions` under the data root's lock (:func:`data_root_step_lock`; the data
+    root of the asset's ``data_root`` resource), held until the step's last partition is over."""
+    with data_root_step_lock(resource_data_root(context), context, what=f"step {asset}"):
+        yield from _run_partitions(context, asset, keys, step, data_version, workers, inputs)
+
+
+def _run_partitions(
+    context: dg.AssetExecutionContext,
+    asset: str,
+    keys: Sequence[str],
+    step: Callable[[str], StepResult],
+    data_version: Callable[[str, StepResult], str],
+    workers: int,
+    inputs: Callable[[str], dict[str, Sequence[str | None]]],
 ) -> Iterator[Any]:
     """Run ``step`` for every partition in ``keys`` (``workers`` at once, threads) inside one run.
 

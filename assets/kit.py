@@ -15,7 +15,7 @@ from stage2_data.profile import Profile
 from stage2_data.stages import ACTION_SIDECARS, SUBSET_CHECKSUMS, TRAJECTORY_JOIN
 from stage2_resources import DataRootResource, ProfileResource
 
-from ._common import check_result, forget_on_failure, standalone_check
+from ._common import check_result, data_root_step_lock, forget_on_failure, standalone_check
 from .step_asset import step_asset
 
 GROUP = "kit"
@@ -113,22 +113,27 @@ def build_kit_assets() -> list[Any]:
 
 
 def build_kit_checks(trajectory_join: Any, subset_checksums: Any) -> list[Any]:
-    """Checks that re-read the kit's data on disk and write nothing (the verify job runs them)."""
+    """Checks that re-read the kit's data on disk (the verify job runs them). Each holds the data
+    root's lock as a step does (``data_root_step_lock``: shared, refused while a build writes): what
+    a build is replacing would read as a false failure, and a failure clears the build's records
+    (``forget_on_failure``)."""
 
     @standalone_check(trajectory_join, C.LINKS_ON_DISK_MATCH_EXPECTED)
     def links_on_disk_match_expected(
         profile: ProfileResource, data_root: DataRootResource
     ) -> dg.AssetCheckResult:
         prof = profile.load()
-        res = _links_outcome(prof, link_check(prof, data_root.root()))
-        forget_on_failure(data_root.root(), [res.passed])
+        with data_root_step_lock(data_root.root(), what=f"check {C.LINKS_ON_DISK_MATCH_EXPECTED}"):
+            res = _links_outcome(prof, link_check(prof, data_root.root()))
+            forget_on_failure(data_root.root(), [res.passed])
         return check_result(res.passed, res.description, res.metadata)
 
     @standalone_check(trajectory_join, C.SIDECARS_ON_DISK_SANE)
     def sidecars_on_disk_sane(data_root: DataRootResource) -> dg.AssetCheckResult:
-        rep = check_sidecars_on_disk(data_root.root())
-        res = C.outcome(C.SIDECARS_ON_DISK_SANE, rep.problems)
-        forget_on_failure(data_root.root(), [res.passed])
+        with data_root_step_lock(data_root.root(), what=f"check {C.SIDECARS_ON_DISK_SANE}"):
+            rep = check_sidecars_on_disk(data_root.root())
+            res = C.outcome(C.SIDECARS_ON_DISK_SANE, rep.problems)
+            forget_on_failure(data_root.root(), [res.passed])
         return check_result(
             res.passed, res.description, {"sidecars": rep.files, "seconds": round(rep.seconds, 3)}
         )
@@ -137,8 +142,10 @@ def build_kit_checks(trajectory_join: Any, subset_checksums: Any) -> list[Any]:
     def subset_bytes_on_disk_match(
         profile: ProfileResource, data_root: DataRootResource
     ) -> dg.AssetCheckResult:
-        res = _bytes_outcome(steps.step_verify_bytes(profile.load(), data_root.root()))
-        forget_on_failure(data_root.root(), [res.passed])
+        prof = profile.load()
+        with data_root_step_lock(data_root.root(), what=f"check {C.SUBSET_BYTES_ON_DISK_MATCH}"):
+            res = _bytes_outcome(steps.step_verify_bytes(prof, data_root.root()))
+            forget_on_failure(data_root.root(), [res.passed])
         return check_result(res.passed, res.description, res.metadata)
 
     return [links_on_disk_match_expected, sidecars_on_disk_sane, subset_bytes_on_disk_match]

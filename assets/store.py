@@ -13,7 +13,7 @@ from stage2_data.stages import VIN_STORE
 from stage2_data.store import VinOfflineStoreReader
 from stage2_resources import DataRootResource, ProfileResource, StoreTargetResource
 
-from ._common import check_result, run_step, stage_asset, standalone_check
+from ._common import check_result, data_root_step_lock, run_step, stage_asset, standalone_check
 
 GROUP = "store"
 
@@ -139,18 +139,23 @@ def build_store_assets() -> list[Any]:
 
 def build_store_checks(vin_store: Any) -> list[Any]:
     """Checks that run on their own over the published store (the nightly verify job runs them;
-    the UI's Checks tab can execute them at any time); nothing is rebuilt."""
+    the UI's Checks tab can execute them at any time); nothing is rebuilt. The check holds the data
+    root's lock as a step does (``data_root_step_lock``: shared, refused while a build writes): a
+    build may be swapping `current` and removing old stores, and a failure clears the build's
+    records (``verify_current_store``)."""
 
     @standalone_check(vin_store, C.STORE_BYTES_MATCH_MANIFEST)
     def store_bytes_match_manifest(
         profile: ProfileResource, data_root: DataRootResource, store_target: StoreTargetResource
     ) -> dg.AssetCheckResult:
-        res = steps.verify_current_store(
-            profile.load(),
-            data_root.root(),
-            store_url=store_target.url,
-            storage_options=store_target.storage_options,
-        )
+        prof = profile.load()
+        with data_root_step_lock(data_root.root(), what=f"check {C.STORE_BYTES_MATCH_MANIFEST}"):
+            res = steps.verify_current_store(
+                prof,
+                data_root.root(),
+                store_url=store_target.url,
+                storage_options=store_target.storage_options,
+            )
         return check_result(res.passed, res.description, res.metadata)
 
     return [store_bytes_match_manifest]

@@ -47,8 +47,9 @@ import dagster as dg
 
 from stage2_data.cli import install_line
 from stage2_data.errors import Stage2Error, env_number
-from stage2_data.publish.lock import LAUNCHING_BUILD_ENV
+from stage2_data.publish.lock import LAUNCHING_BUILD_ENV, held_build_id
 from stage2_data.publish.names import host_tag, owner_alive, proc_start_time
+from stage2_data.stages import BUILD_TAG
 
 from .config import BuildConfig
 
@@ -60,7 +61,6 @@ REPOSITORY_NAME = "__repository__"  # the one repository of a `Definitions`
 SERVER_START_TIMEOUT = 180.0  # seconds for the code server to load the definitions
 # every run a build launches carries this tag with the build's id: a stop cancels them all, also
 # one whose launch request was still going when the stop came
-BUILD_TAG = "stage2/build"
 FINISHED = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
 
 
@@ -209,7 +209,8 @@ class CodeServer:
         self.home = Path(dagster_home)
         self.port = free_port()
         self.ui_port = free_port()
-        self.build_id = uuid.uuid4().hex
+        # the id the build wrote into the data root's lock: its runs' steps are covered by that lock
+        self.build_id = held_build_id(Path(config.data_root)) or uuid.uuid4().hex
         self.env = {
             **os.environ,
             **config.to_env(),

@@ -21,7 +21,8 @@ import dagster as dg
 from stage2_assets import WORKERS_TAG
 from stage2_data.errors import Stage2Error
 from stage2_data.profile import Profile, load_profile
-from stage2_data.stages import DATA_ROOT_TAG, JOB_ASSETS, VIN_STORE, stage_of
+from stage2_data.publish.lock import held_build_id
+from stage2_data.stages import BUILD_TAG, DATA_ROOT_TAG, JOB_ASSETS, VIN_STORE, stage_of
 
 from .config import BuildConfig
 from .definitions import ALL_ASSETS_JOB, build_job
@@ -186,6 +187,9 @@ def run_selection(
     # events are recorded in the instance either way.
     level = os.environ.get("STAGE2_RUN_LOG_LEVEL")
     tags = {**run_tags(profile, selection, keys, workers), DATA_ROOT_TAG: str(Path(cfg.data_root).resolve())}
+    build_id = held_build_id(Path(cfg.data_root))
+    if build_id:  # the build's lock covers this run's steps wherever they execute
+        tags[BUILD_TAG] = build_id
 
     def partition_done(run_id: str, partition: str, done: list[str]) -> None:
         if on_partition is not None:

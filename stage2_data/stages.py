@@ -89,6 +89,10 @@ PARTITIONS_TAG = "stage2/partitions"
 # the tag of a run `stage2 build` starts naming its data root: a step executed by a process whose
 # code location has another one (a Dask worker or pod with other settings) refuses to run
 DATA_ROOT_TAG = "stage2/data_root"
+#: the tag every run of one `stage2 build` carries: that build's id, which it also writes into the
+#: data root's lock while it holds it (``publish.lock``): a step of such a run is covered by the
+#: build's lock wherever it executes (a Dask worker, a pod), a re-executed old run is not
+BUILD_TAG = "stage2/build"
 
 
 @dataclass(frozen=True)

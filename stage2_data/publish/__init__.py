@@ -5,7 +5,7 @@
 * :mod:`.sweep` -- remove the temps of dead owners (one folder, or the whole data root);
 * :mod:`.atomic` -- staging folders, ``publish_dir`` (``renameat2`` exchange, with a fallback),
   ``atomic_symlink``, ``atomic_write_bytes/text/json``;
-* :mod:`.lock` -- the data root's lock (one build at a time).
+* :mod:`.lock` -- the data root's lock (a build exclusively, or the steps of other runs shared).
 
 Object storage has no rename: its manifest-last protocol is on
 :class:`stage2_data.storage.StoreLocation` (``commit`` / ``withdraw`` / ``publish_current``).
@@ -27,7 +27,16 @@ from .atomic import (
     rename_exchange,
     staging,
 )
-from .lock import DataRootLockedError, data_root_lock, lock_path, read_holder
+from .lock import (
+    DataRootInUseError,
+    DataRootLockedError,
+    data_root_lock,
+    holds_data_root_lock,
+    lock_path,
+    read_holder,
+    read_shared_holders,
+    run_step_lock,
+)
 from .names import (
     TempName,
     host_tag,
@@ -42,6 +51,7 @@ from .sweep import data_root_temp_folders, remove_stale, stale_temps, sweep_data
 
 __all__ = [
     "UMASK_MODE",
+    "DataRootInUseError",
     "DataRootLockedError",
     "TempName",
     "atomic_symlink",
@@ -52,6 +62,7 @@ __all__ = [
     "data_root_lock",
     "data_root_temp_folders",
     "fsync_dir",
+    "holds_data_root_lock",
     "host_tag",
     "is_temp_name",
     "lock_path",
@@ -62,9 +73,11 @@ __all__ = [
     "proc_start_time",
     "publish_dir",
     "read_holder",
+    "read_shared_holders",
     "remove_path",
     "rename_exchange",
     "remove_stale",
+    "run_step_lock",
     "stale_temps",
     "staging",
     "sweep_data_root",
