@@ -304,7 +304,7 @@ COULD_NOT_RUN = frozenset(
         "PermissionError",
         "IsADirectoryError",
         "NotADirectoryError",
-        "PinDisagreesError",  # bad input: the pin is wrong, the file on disk matches the hub
+        "PinDisagreesError",  # bad input: a pin the hub's listing contradicts (on disk or downloading)
         "HubOfflineError",  # offline, and what the build needs is not on disk
     }
 )

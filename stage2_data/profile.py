@@ -7,6 +7,7 @@ is reported at once, naming the key and the file, before anything is downloaded.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import stat
 import tomllib
@@ -361,15 +362,123 @@ def format_validation_error(err: ValidationError) -> list[str]:
     return problems
 
 
-def parse_profile(data: dict[str, Any], *, source: str = "<profile>", path: Path | None = None) -> Profile:
+#: a TOML table header (``[expected]``, ``[ expected . sidecars_by_source ]``), not an array's
+_TABLE_RE = re.compile(r"^\s*\[\s*([A-Za-z0-9_.\s\"']+?)\s*\]\s*(?:#.*)?$")
+_ARRAY_RE = re.compile(r"^\s*\[\[")
+
+
+def _key_line(text: str | None, table: str, key: str) -> int | None:
+    """The line (1-based) of ``key = ...`` under ``[table]`` in the profile's text, when it is
+    written so (an inline table or a dotted key elsewhere: None)."""
+    if text is None:
+        return None
+    here: str | None = ""
+    key_re = re.compile(rf"^\s*{re.escape(key)}\s*=")
+    for n, line in enumerate(text.splitlines(), 1):
+        if _ARRAY_RE.match(line):
+            here = None
+            continue
+        m = _TABLE_RE.match(line)
+        if m:
+            here = re.sub(r"\s+", "", m.group(1))
+            continue
+        if here == table and key_re.match(line):
+            return n
+    return None
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def totals_problems(data: dict[str, Any], text: str | None = None) -> tuple[list[str], dict[str, int]]:
+    """The ``[expected]`` totals that the profile's own entries already contradict, read from the
+    TOML alone (no download, no kit): ``archives`` (one per ``[[archives]]`` entry, unknown ones
+    included), ``cache_dirs`` (one per distinct ``cache_key``), and ``resolved_sidecars`` against the
+    sum of ``[expected.sidecars_by_source]`` (every resolved sidecar counts under its source). Works
+    on the raw mapping, so these come with every other problem of the file; a value of the wrong
+    form is left to the model. Returns (problems, {key: the value that matches})."""
+    archives, expected = data.get("archives"), data.get("expected")
+    if not isinstance(archives, list) or not isinstance(expected, dict):
+        return [], {}
+    problems: list[str] = []
+    values: dict[str, int] = {}
+
+    def named(key: str, value: int, table: str = "expected") -> str:
+        line = _key_line(text, table, key)
+        return f"key '{table}.{key}' = {value}" + (f" (line {line})" if line else "")
+
+    keys = [a.get("cache_key") if isinstance(a, dict) else None for a in archives]
+    declared = _count(expected.get("cache_dirs"))
+    if declared is not None and all(isinstance(k, str) for k in keys):
+        found = len(set(keys))
+        if declared != found:
+            values["cache_dirs"] = found
+            problems.append(
+                f"{named('cache_dirs', declared)}, but [[archives]] name {found} distinct "
+                f"cache_key{'' if found == 1 else 's'} (one cache directory each): write "
+                f"`cache_dirs = {found}` under [expected], or correct the entries' cache_key"
+            )
+    listed = len(archives)
+    declared = _count(expected.get("archives"))
+    if declared is not None and declared != listed:
+        values["archives"] = listed
+        problems.append(
+            f"{named('archives', declared)}, but [[archives]] lists {listed} entr"
+            f"{'y' if listed == 1 else 'ies'} (one per file, unknown ones included): write "
+            f"`archives = {listed}` under [expected], or "
+            + ("list the missing entries" if declared > listed else "remove the extra entries")
+        )
+    by_source = expected.get("sidecars_by_source")
+    declared = _count(expected.get("resolved_sidecars"))
+    if isinstance(by_source, dict) and by_source and declared is not None:
+        counts = {s: _count(n) for s, n in by_source.items()}
+        if all(n is not None for n in counts.values()):
+            total = sum(n for n in counts.values() if n is not None)
+            if total != declared:
+                values["resolved_sidecars"] = total
+                terms = " + ".join(f"{s} {n}" for s, n in sorted(counts.items()))
+                problems.append(
+                    f"{named('resolved_sidecars', declared)}, but [expected.sidecars_by_source] sums "
+                    f"to {total} ({terms}), and every resolved sidecar counts under its source: write "
+                    f"`resolved_sidecars = {total}` under [expected], or correct sidecars_by_source"
+                )
+    return problems, values
+
+
+def parse_profile(
+    data: dict[str, Any],
+    *,
+    source: str = "<profile>",
+    path: Path | None = None,
+    check_totals: bool = False,
+    text: str | None = None,
+) -> Profile:
+    """The profile of ``data`` (a parsed TOML file), or ProfileError naming every problem at once.
+    ``check_totals``: also the ``[expected]`` totals its own entries contradict (``totals_problems``:
+    a profile file is held to them when it loads; one built in code, e.g. a test's, need not be);
+    ``text`` (the file's text) lets those name their line."""
+    problems: list[str] = []
+    prof: Profile | None = None
     try:
         prof = Profile.model_validate(data)
     except ValidationError as e:
         problems = format_validation_error(e)
-        raise ProfileError(
-            "invalid profile " + source + ": " + "; ".join(problems),
-            fix="correct the named key(s) in the profile (see docs/spec/profile.md)",
-        ) from None
+    totals, values = totals_problems(data, text) if check_totals else ([], {})
+    if problems or totals:
+        fix = "correct the named key(s) in the profile (see docs/spec/profile.md)"
+        if totals:
+            exact = ", ".join(f"`{k} = {v}`" for k, v in values.items())
+            fix = (
+                f"{fix}; " if problems else ""
+            ) + f"under [expected], write {exact} (or correct what they count)"
+            if "archives" in values or "cache_dirs" in values:
+                fix += (
+                    "; a profile whose archives changed also needs a kit made for those archives, and "
+                    "that kit's totals (trajectories, pair_rows, ...) under [expected]"
+                )
+        raise ProfileError("invalid profile " + source + ": " + "; ".join(problems + totals), fix=fix)
+    assert prof is not None
     if path is not None:
         prof = prof.model_copy(update={"profile_path": path})
     return prof
@@ -401,7 +510,7 @@ def load_profile(path: str | Path, *, kit_root: str | Path | None = None) -> Pro
         raise ProfileError(f"profile {p} is not valid TOML: {e}.", fix="correct the TOML syntax") from None
     except RecursionError:
         raise ProfileError(f"profile {p} is nested too deeply.", fix="correct the TOML") from None
-    prof = parse_profile(data, source=str(p), path=p).with_kit_root(
+    prof = parse_profile(data, source=str(p), path=p, check_totals=True, text=text).with_kit_root(
         Path(kit_root).resolve() if kit_root else None
     )
     prof.require_kit_paths()  # a FIFO, device or folder where a kit file should be: named, never read

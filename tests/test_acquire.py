@@ -353,8 +353,9 @@ def test_wrong_revision_and_size(
     with pytest.raises(ProfileError, match="not a full 40-hex commit"):
         download_archive(HubSource(REPO, "dataset", "main", endpoint=hub.url), spec, tmp_path, **FAST)
     assert hub.log_snapshot() == []
-    with pytest.raises(HubError, match="the profile pins"):
+    with pytest.raises(PinDisagreesError, match=f"the pin size = {spec.size + 1} .* is wrong") as ei:
         download_archive(source, spec_of(upstream, path, size=spec.size + 1), tmp_path, **FAST)
+    assert ei.value.keys == ["size"] and ei.value.upstream == (spec.size, spec.sha256)  # a bad profile
     assert [m for m, _ in hub.file_requests(path)] == ["HEAD"]  # refused before any GET
     assert not layout.partial_path(tmp_path, path).exists()
 

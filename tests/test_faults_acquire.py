@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import threading
@@ -473,6 +475,48 @@ def test_fault_arc_pin_typo(prepared: Prepared, demo: DemoPaths, tmp_path: Path)
         assert resolve_gets(hub) == []
     assert _fingerprint(root, prepared) == prepared.fingerprint
     assert outside(tmp_path, root, demo.root) == before
+
+
+def test_a_wrong_pin_exits_2_whether_its_archive_is_on_disk_or_downloading(
+    prepared: Prepared, demo: DemoPaths, tmp_path: Path
+) -> None:
+    """The same mistake, a typo in one pin's sha256, found against the verified archive on disk and
+    then during its download: the same refusal and exit 2 (a bad profile: docs/commands.md), naming
+    the pin by its key in the profile and the upstream value; the `stage2 pin` its fix names runs as
+    pasted; the pin corrected as the fix says, the build converges."""
+    root = copy_root(prepared, tmp_path / "root")
+    victim = f"{SMALL}.tar"
+    prof = load_profile(demo.profile)
+    spec = prof.archive(victim)
+    key = f"{demo.profile}: archives[{prof.archives.index(spec)}].sha256"
+    _set_pin(demo, victim, "sha256", _typo(spec, "sha256"))
+    argv = ["build", "--profile", str(demo.profile), "--data-root", str(root), "--json",
+            "--hub-folder", str(demo.upstream)]  # fmt: skip
+    env = subprocess_env(drop=("HF_TOKEN", "HF_HUB_OFFLINE", "HF_ENDPOINT"), **FAST_RETRIES)
+    fixes = []
+    for where in ("on disk", "downloading"):
+        if where == "downloading":
+            forget_archive(root, victim)
+        out = stage2(*argv, env=env, timeout=300)
+        assert out.returncode == 2, (where, out.tail())
+        assert "Traceback" not in out.stderr and "internal error" not in out.stdout + out.stderr, out.tail()
+        errors = out.json()["errors"]
+        assert [e["error"] for e in errors] == ["PinDisagreesError"], (where, errors)
+        message, _, fix = errors[0]["message"].partition(" Fix: ")
+        assert f"the pin {key} = {_typo(spec, 'sha256')} is wrong" in message, (where, message)
+        assert f'{key} = "{spec.sha256}"' in fix, (where, fix)
+        fixes.append(fix)
+        on_disk = layout.archive_path(root, victim).is_file()
+        assert on_disk == (where == "on disk") and _quarantine(root) == [], where
+    for fix in fixes:  # the pin command each names runs as pasted, against the folder the build served
+        (command,) = re.findall(r"`(stage2 pin [^`]+)`", fix)
+        pin = stage2(*shlex.split(command)[1:], timeout=120)
+        assert pin.returncode == 2 and f", {spec.sha256} upstream" in pin.stderr, pin.tail()
+    (value,) = set(re.findall(rf'{re.escape(key)} = ("[0-9a-f]{{64}}")', fixes[0]))
+    _set_pin(demo, victim, "sha256", value)
+    out = stage2(*argv, env=env, timeout=300)
+    assert out.returncode == 0, out.tail()
+    assert _fingerprint(root, prepared) == prepared.fingerprint
 
 
 def test_fault_arc_pin_typo_offline(prepared: Prepared, demo: DemoPaths, tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ The matrix: tests/faults_table.py (rows), tests/helpers/faults.py (what every ro
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -223,3 +224,67 @@ def test_fault_folder_option_missing(tmp_path: Path, demo_cache: DemoPaths, case
             r = stage2("serve-hub", *args, timeout=60)
             assert r.returncode == 2 and said in r.stderr and "Fix:" in r.stderr, r.tail()
             assert "internal error" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def _without_entry(text: str, path: str) -> str:
+    """``text`` (a profile) without the ``[[archives]]`` table of ``path`` (and its blank line)."""
+    start = text.index(f'[[archives]]\npath = "{path}"\n')
+    end = text.index("\n\n", start) + 2
+    return text[:start] + text[end:]
+
+
+def test_expected_totals_the_entries_contradict_are_refused_when_the_profile_loads(
+    demo: DemoPaths, tmp_path: Path
+) -> None:
+    """An archive removed from a copied profile (and a sidecar total off by one): `stage2 build` and
+    `stage2 pin` refuse it when they load it, before any server starts or anything is written, each
+    total named with its line and the value that matches, with the file's other problems; the
+    values written as said, the profile loads."""
+    good = demo.profile.read_text()
+    prof = load_profile(demo.profile)
+    e = prof.expected
+    gone = next(a for a in prof.archives if len(prof.archives_by_cache_key()[a.cache_key]) == 1)
+    sidecars = sum(e.sidecars_by_source.values())
+    assert e.resolved_sidecars == sidecars  # the demo's own totals agree with its entries
+    text = _without_entry(good, gone.path).replace(
+        f"resolved_sidecars = {sidecars}\n", f"resolved_sidecars = {sidecars + 1}\n"
+    )
+    lines = text.splitlines()
+    line = {k: lines.index(f"{k} = {getattr(e, k) + (k == 'resolved_sidecars')}") + 1 for k in
+            ("cache_dirs", "archives", "resolved_sidecars")}  # fmt: skip
+    want = {"cache_dirs": e.cache_dirs - 1, "archives": e.archives - 1, "resolved_sidecars": sidecars}
+    root = tmp_path / "root"
+    # alone (a build used to start its servers and fail a check of its first run, exit 1), then
+    # with another problem of the file (an unknown key on line 1): said in the same line
+    for bogus in ("", "bogus = 1\n"):
+        demo.profile.write_text(bogus + text)
+        before = outside(tmp_path)
+        for argv in (
+            [
+                "build",
+                "--profile",
+                str(demo.profile),
+                "--data-root",
+                str(root),
+                "--hub-folder",
+                str(demo.upstream),
+            ],
+            ["pin", str(demo.profile), "--hub-folder", str(demo.upstream)],
+        ):
+            out = stage2(*argv, timeout=120)
+            assert out.returncode == 2, out.tail()
+            said = out.stderr.strip()
+            assert len(said.splitlines()) == 1 and "Traceback" not in said, said
+            assert str(demo.profile) in said and ("unknown key 'bogus'" in said) == bool(bogus), said
+            for key, value in want.items():
+                was = getattr(e, key) + (key == "resolved_sidecars")
+                assert f"key 'expected.{key}' = {was} (line {line[key] + bool(bogus)})" in said, said
+                assert f"`{key} = {value}`" in said.split("Fix: ", 1)[1], said
+            assert not root.exists() and outside(tmp_path) == before
+    # the values its fix names, written at the lines it names: the profile loads
+    fixed = text.splitlines()
+    for key, value in re.findall(r"`(\w+) = (\d+)`", said.split("Fix: ", 1)[1]):
+        fixed[line[key] - 1] = f"{key} = {value}"
+    demo.profile.write_text("\n".join(fixed) + "\n")
+    assert load_profile(demo.profile).expected.archives == e.archives - 1
+    demo.profile.write_text(good)

@@ -12,9 +12,11 @@ runs (job pages, Overview, Re-execute) is the browser test's (tests/test_ui.py).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -183,19 +185,23 @@ def test_a_launched_build_extracts_cache_keys_while_others_download(
 
 
 def test_a_launched_runs_failure_is_named_as_in_process(demo_cache: DemoPaths, tmp_path: Path) -> None:
-    """A corrupt archive in the hub's folder: the launched acquire run fails; the build exits 1 and
-    names the archive, its partition and the fix, as a build executed in process does."""
-    hub = tmp_path / "hub"
+    """An archive in the hub's folder that is not the one the profile pins (a byte changed: the hub's
+    listing gives it another sha256, so the pin is wrong): the launched acquire run fails; the build
+    exits 2 (a wrong pin is a bad profile, as against a verified file on disk) and names the archive,
+    its partition and the fix, as a build executed in process does. In both, the fix's `stage2 pin`
+    names the profile and the folder the build served (not `--hub-folder DIR`); it runs as pasted."""
+    hub = tmp_path / "the hub"  # a space: the folder is quoted in the fix
     shutil.copytree(demo_cache.upstream, hub, symlinks=True)
     victim = next(p for p in sorted(hub.rglob("*.tar*")) if p.is_file() and not p.is_symlink())
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0xFF
     victim.unlink()
     victim.write_bytes(bytes(data))
+    pinned = load_profile(demo_cache.profile).archive(victim.relative_to(hub).as_posix()).sha256
     outs = {}
     for mode, extra in (("launched", ()), ("in_process", ("--run-in-process",))):
         r = _build(demo_cache, tmp_path / mode, tmp_path / f"home-{mode}", *extra, hub=hub)
-        assert r.returncode == 1, r.tail()
+        assert r.returncode == 2, r.tail()
         assert "Traceback" not in r.stderr and "internal error" not in r.stdout, r.tail()
         outs[mode] = r.json()
     launched, in_process = outs["launched"], outs["in_process"]
@@ -207,6 +213,14 @@ def test_a_launched_runs_failure_is_named_as_in_process(demo_cache: DemoPaths, t
 
     assert sorted(map(key, launched["errors"])) == sorted(map(key, in_process["errors"]))
     assert victim.name.split(".")[0] in json.dumps(launched["errors"])
+    pin = f"`stage2 pin {shlex.quote(str(demo_cache.profile))} --hub-folder {shlex.quote(str(hub))} --check`"
+    for mode, out in outs.items():
+        assert [e["error"] for e in out["errors"]] == ["PinDisagreesError"], (mode, out["errors"])
+        fix = out["errors"][0]["message"].partition(" Fix: ")[2]
+        assert pin in fix and "DIR" not in fix, (mode, fix)
+    p = stage2(*shlex.split(pin.strip("`"))[1:], timeout=120)
+    upstream = hashlib.sha256(data).hexdigest()
+    assert p.returncode == 2 and f"{pinned} in the profile, {upstream} upstream" in p.stderr, p.tail()
 
 
 def test_a_code_server_that_does_not_load_is_named(demo_cache: DemoPaths, tmp_path: Path) -> None:

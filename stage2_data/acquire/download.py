@@ -31,7 +31,7 @@ from ..profile import ArchiveSpec, Profile
 from ..publish import fsync_dir
 from ..publish.quarantine import quarantine_files
 from .endpoint import hub_offline, pin_check_command
-from .hub import HubOfflineError, HubSource, RemoteFile
+from .hub import HubOfflineError, HubSource, PinDisagreesError, RemoteFile
 from .listing import list_remote_files
 from .retry import DEFAULT_ATTEMPTS, default_backoff
 from .state import (
@@ -90,16 +90,6 @@ class DownloadsFailedError(ProblemsError, HubError):
         super().__init__(title, problems, fix=fix)
 
 
-class PinDisagreesError(ProfileError):
-    """A verified archive on disk disagrees with its pin, and the hub's listing at the pinned revision
-    agrees with the file: the pin is wrong. The file is left where it is; nothing is downloaded."""
-
-    def __init__(self, message: str, *, fix: str, path: str, keys: list[str]) -> None:
-        self.path = path
-        self.keys = keys
-        super().__init__(message, fix=fix)
-
-
 def _value(key: str, value: object) -> str:
     return f'{key} = "{value}"' if key == "sha256" else f"{key} = {value}"
 
@@ -120,10 +110,9 @@ class _Pin:
         return f"{self.head}{body}{self.tail}"
 
 
-def _pin_of(spec: ArchiveSpec, local: LocalFile, profile: Profile | None) -> _Pin:
-    keys = [
-        k for k, a, b in (("size", spec.size, local.size), ("sha256", spec.sha256, local.sha256)) if a != b
-    ]
+def _pin_of(spec: ArchiveSpec, size: int, sha256: str, profile: Profile | None) -> _Pin:
+    """The pin of ``spec``, its keys those whose value is not ``size`` / ``sha256`` (the file's)."""
+    keys = [k for k, a, b in (("size", spec.size, size), ("sha256", spec.sha256, sha256)) if a != b]
     index = None
     if profile is not None:
         index = next((i for i, a in enumerate(profile.archives) if a.path == spec.path), None)
@@ -143,7 +132,7 @@ def _settle(
     pin, with neither, or cannot be asked), the file and its record are moved to the quarantine
     folder, never deleted; returns the file's new path (the caller downloads again). Offline
     (``HF_HUB_OFFLINE``), the file is moved as well and HubOfflineError says where."""
-    pin = _pin_of(spec, local, profile)
+    pin = _pin_of(spec, local.size, local.sha256, profile)
     pinned = pin.named({"size": spec.size, "sha256": spec.sha256})
     file_values = pin.named({"size": local.size, "sha256": local.sha256})
     found = f"{local.path} holds {local.size} bytes with sha256 {local.sha256}"
@@ -197,6 +186,33 @@ def _settle(
             missing=[spec.path],
         )
     return where
+
+
+def _wrong_pin(
+    source: HubSource, spec: ArchiveSpec, err: PinDisagreesError, profile: Profile | None
+) -> PinDisagreesError:
+    """A download's answer disagreed with the pin and the hub's listing gives the file other values
+    than the pin (``err``, raised where the profile is not known): the same refusal as for a
+    verified file on disk (``_settle``), naming the pin by its key in the profile file and the
+    upstream value to write there."""
+    if err.upstream is None:
+        return err
+    size, sha256 = err.upstream
+    pin = _pin_of(spec, size, sha256, profile)
+    pinned = pin.named({"size": spec.size, "sha256": spec.sha256})
+    upstream = pin.named({"size": size, "sha256": sha256})
+    return PinDisagreesError(
+        f"the pin {pinned} is wrong: {err.said}, and the hub's listing of {source.label} at "
+        f"{source.revision} ({source.api_endpoint}) lists {spec.path} with {size} bytes, sha256 {sha256}. "
+        "The archive was not downloaded.",
+        fix=f"correct the pin to the upstream value: {upstream} "
+        f"({pin_check_command(pin.where, source.api_endpoint, source.hub_folder)} shows the same "
+        "disagreement); then re-run",
+        path=spec.path,
+        keys=pin.keys,
+        upstream=err.upstream,
+        said=err.said,
+    )
 
 
 def _precheck(
@@ -291,9 +307,12 @@ def download_archive(
     try:
         res = _download(source, spec, data_root, progress, max(1, attempts), backoff, cancel, t0)
     except Stage2Error as e:
+        err = _wrong_pin(source, spec, e, profile) if isinstance(e, PinDisagreesError) else e
         if moved is not None:  # the message says where the file that was there went
-            e.message += f" (The file that was at {final} disagreed with its pin and was moved to {moved}.)"
-        raise
+            err.message += f" (The file that was at {final} disagreed with its pin and was moved to {moved}.)"
+        if err is e:
+            raise
+        raise err from None
     res.moved_aside = moved
     return res
 

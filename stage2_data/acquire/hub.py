@@ -49,6 +49,31 @@ class HubOfflineError(HubError):
         super().__init__(message, fix=fix)
 
 
+class PinDisagreesError(ProfileError):
+    """A pin (an archive's ``size`` or ``sha256`` in the profile) is wrong: the hub's listing at the
+    pinned revision gives the file other values, found against a verified archive on disk (the
+    listing agrees with the file, which stays) or by the hub's answer to its download. A bad
+    profile, however it was found: the build cannot run (exit 2, docs/commands.md).
+    ``upstream``: the listing's (size, sha256), when a download found it; ``said``: what the
+    download's answer said."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        fix: str,
+        path: str,
+        keys: list[str],
+        upstream: tuple[int, str] | None = None,
+        said: str | None = None,
+    ) -> None:
+        self.path = path
+        self.keys = keys
+        self.upstream = upstream
+        self.said = said
+        super().__init__(message, fix=fix)
+
+
 def require_online(source: HubSource, what: str) -> None:
     """Raise HubOfflineError when offline mode is on: ``what`` needs the hub."""
     if hub_offline():

@@ -35,7 +35,7 @@ from ..profile import ArchiveSpec
 from .cancel import cancelled as _cancelled
 from .cancel import live_socket as _live_socket
 from .endpoint import pin_check_command
-from .hub import HubSource, _first_line, _httpx
+from .hub import HubSource, PinDisagreesError, _first_line, _httpx
 from .retry import RetryPolicy, with_retries
 from .sink import _BlockSink
 
@@ -196,11 +196,13 @@ def _check_metadata(source: HubSource, spec: ArchiveSpec, url: str) -> None:
         )
 
 
-def _answer_disagrees(source: HubSource, spec: ArchiveSpec, said: str) -> HubError:
+def _answer_disagrees(source: HubSource, spec: ArchiveSpec, said: str) -> Stage2Error:
     """A download answer disagrees with the pin (``said``: what it said). The hub's listing at the
     pinned revision (the source ``stage2 pin`` reads) tells which side is wrong: a listing that
     agrees with the pin means the answer is wrong (a proxy, a CDN, the wrong endpoint), not the
-    pin, so ``stage2 pin`` would change nothing; a listing that disagrees means the pin is wrong."""
+    pin, so ``stage2 pin`` would change nothing (a HubError); a listing that lists the file with
+    other values means the pin is wrong: PinDisagreesError (a bad profile, as for a verified file
+    on disk; ``download_archive`` names the pin by its key in the profile)."""
     from .listing import list_remote_files  # the error path only
 
     pinned = f"the profile pins {spec.size} bytes, sha256 {spec.sha256}"
@@ -221,16 +223,31 @@ def _answer_disagrees(source: HubSource, spec: ArchiveSpec, said: str) -> HubErr
             fix="check the endpoint (--endpoint / HF_ENDPOINT) and any proxy between (HTTPS_PROXY / NO_PROXY); "
             "retry later: the partial file is kept and resumes",
         )
-    upstream = (
-        f"the hub's listing at {source.revision} does not list it"
-        if listed is None
-        else f"the hub's listing at {source.revision} says {listed.size} bytes, sha256 {listed.sha256}"
-    )
-    return HubError(
-        f"{said}; {pinned}, and {upstream}: the pin disagrees with upstream.",
+    if listed is None or listed.sha256 is None:  # not listed, or not as an LFS file: no upstream pin
+        upstream = (
+            "does not list it"
+            if listed is None
+            else f"lists it with {listed.size} bytes and no sha256 (not an LFS file)"
+        )
+        return HubError(
+            f"{said}; {pinned}, and the hub's listing at {source.revision} {upstream}: the pin "
+            "disagrees with upstream.",
+            fix="check the archive's path and the [source] revision in the profile "
+            f"({pin_check_command('<profile>', source.api_endpoint, source.hub_folder)} names the entry)",
+        )
+    return PinDisagreesError(
+        f"{said}; {pinned}, and the hub's listing at {source.revision} says {listed.size} bytes, sha256 "
+        f"{listed.sha256}: the pin disagrees with upstream.",
         fix="correct this archive's size and sha256 in the profile to the listing's "
-        f"({pin_check_command('<profile>', source.api_endpoint, source.hub_folder)} names the entry and both values), or check "
-        "[source] revision",
+        f"({pin_check_command('<profile>', source.api_endpoint, source.hub_folder)} names the entry and both values)",
+        path=spec.path,
+        keys=[
+            k
+            for k, a, b in (("size", spec.size, listed.size), ("sha256", spec.sha256, listed.sha256))
+            if a != b
+        ],
+        upstream=(listed.size, listed.sha256),
+        said=said,
     )
 
 
