@@ -618,9 +618,9 @@ def test_random_access_reads_only_its_chunk(store: Path) -> None:
         def _open_store(self, shard_dir: Path) -> Any:
             return CountingStore(LocalStore(shard_dir, read_only=True), log)
 
-        def _read_range(self, path: Path, offset: int, length: int) -> bytes:
-            file_reads.append((path, offset, length))
-            return super()._read_range(path, offset, length)
+        def _read_into(self, path: Path, offset: int, buffers: Any) -> None:
+            file_reads.append((path, offset, sum(memoryview(b).nbytes for b in buffers)))
+            super()._read_into(path, offset, buffers)
 
     reader = CountingReader(store)
     # a sample in the middle of a full shard

@@ -127,21 +127,25 @@ def test_a_flipped_byte_in_a_shard_index_or_a_small_array(tmp_path: Path, store:
         zarr.open_array(s / "shards" / "shard-000002" / "num_frames", mode="r")[...]
 
 
-def test_a_reader_maps_each_shard_file_once(store: Path, up: Upstream) -> None:
-    """The direct path maps a shard file once (no per-read open, no copy); close() unmaps them; a
-    reader used again after close() maps them again."""
+def test_a_reader_opens_each_shard_file_once(store: Path, up: Upstream) -> None:
+    """The direct path opens a shard file once (no per-read open) and reads it with pread, never
+    a mapping (a file truncated under a mapping is SIGBUS: tests/test_store_reader_damage.py);
+    close() closes them; a reader used again after close() opens them again."""
     reader = VinOfflineStoreReader(store)
     for i in range(reader.num_samples):
         reader.read_frames(i)
         reader.read_actions(i)
-    held = dict(reader._maps)
+    held = reader._open_paths
     n_files = sum(len(sh["arrays"]) for sh in reader.manifest["shards"]) - 2 * len(reader.manifest["shards"])
-    assert held and len(held) == n_files  # frames and actions/aligned: num_frames, width go through zarr
+    assert held and len(held) == len(set(held)) == n_files  # frames, actions/aligned: not num_frames, width
     assert all(p.is_file() for p in held)
+    maps = Path("/proc/self/maps").read_text()
+    assert not any(str(p) in maps for p in held)  # read, never mapped
     reader.close()
-    assert reader._maps == {} and all(m.closed for m in held.values())
+    assert reader._open_paths == []
     key = reader.sample_index[0]["sample_key"]
     assert np.array_equal(reader.read_frames(0), up.frames[key])
+    reader.close()
 
 
 def test_read_frames_into_a_batch_slot_decodes_only_the_sample_and_zeros_the_rest(

@@ -7,6 +7,7 @@ refused in one line (found vs expected, and the command that rebuilds it), exit 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,24 @@ def _target(value: str) -> Path | str:
 
 
 # ----- validate ------------------------------------------------------------------------------------
+def _check_current(store: Path | str, opts: dict[str, Any] | None, command: str) -> None:
+    """Refuse a target read through a ``CURRENT`` object that names no store (object storage: a
+    name with no complete store under it, ``../x``, ``/etc``, empty) with that named error, before
+    the reader would say only that nothing is at ``.../current``."""
+    from ..storage import current_error
+
+    if isinstance(store, str) and (err := current_error(store, opts, command=command)) is not None:
+        raise err
+
+
+def _resolved_note(given: Path | str, resolved: str, opts: dict[str, Any] | None) -> str:
+    """`` (the store it names: <resolved>)`` when ``given`` (``.../current``, a link, a profile's
+    folder on object storage) is not the store folder read; else ``""``."""
+    from ..storage import StoreLocation
+
+    return "" if StoreLocation.parse(given, opts).url == resolved else f" (the store it names: {resolved})"
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from ..errors import StoreError
     from ..store import VinOfflineStoreReader, validate_vin_offline_store
@@ -50,7 +69,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     store = _target(args.store)
     opts = storage_options(args)
     try:
-        VinOfflineStoreReader(store, opts)  # strict open: version / missing manifest refused with the fix
+        _check_current(store, opts, "stage2 validate")
+        # strict open: version / missing manifest refused with the fix. ``current`` (a link, or the
+        # CURRENT object on object storage) is resolved here once, as every reader resolves it, and
+        # the store it names is what is validated (held by the reader's lease meanwhile, locally)
+        reader = VinOfflineStoreReader(store, opts)
     except StoreError as err:
         if not args.json:
             raise  # the CLI prints "stage2 validate: error: <what> Fix: <command>" and exits 2
@@ -68,11 +91,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
             }
         )
         return EXIT_ERROR
-    problems = validate_vin_offline_store(store, deep=args.deep, storage_options=opts, decode=args.decode)
+    with reader:
+        resolved = reader.location
+        problems = validate_vin_offline_store(resolved, deep=args.deep, decode=args.decode)
+    named = f"{store}{_resolved_note(store, resolved.url, opts)}"
     if args.json:
         print_json(
             {
                 "store": str(store),
+                "resolved": resolved.url,
                 "deep": args.deep,
                 "decode": args.decode,
                 "ok": not problems,
@@ -81,7 +108,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             }
         )
     elif problems:
-        print(f"store {store} is INVALID: {len(problems)} problem(s)")
+        print(f"store {named} is INVALID: {len(problems)} problem(s)")
         for p in problems:
             print(f"  - {p}")
     else:
@@ -89,7 +116,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             *(["deep: every file re-hashed, fingerprint recomputed"] if args.deep else []),
             *(["decode: every sample decoded against its frames_sha256 and padding"] if args.decode else []),
         ]
-        print(f"store {store} is valid" + (f" ({'; '.join(done)})" if done else ""))
+        print(f"store {named} is valid" + (f" ({'; '.join(done)})" if done else ""))
     return 0 if not problems else EXIT_FAILED
 
 
@@ -166,6 +193,7 @@ def cmd_summary(args: argparse.Namespace) -> int:
     from ..store import VinOfflineStoreReader
 
     opts = storage_options(args)
+    _check_current(_target(args.store), opts, "stage2 summary")
     VinOfflineStoreReader(_target(args.store), opts)  # strict open
     doc = summary_document(_target(args.store), opts)
     if args.json:
@@ -220,6 +248,86 @@ def _gc_data_root(target: Path) -> Path | None:
     return None
 
 
+@dataclass
+class _RemoteQuarantine:
+    """What ``stage2 gc URL --quarantine`` removed (or would): the stores a build moved aside into
+    ``<url>/<profile>/.quarantine/<UTC time>/<name>/`` (object storage has no data root)."""
+
+    root: str
+    dry_run: bool
+    moved: list[dict[str, Any]]
+
+    @property
+    def files(self) -> int:
+        return sum(int(m["files"]) for m in self.moved)
+
+    @property
+    def bytes(self) -> int:
+        return sum(int(m["size"]) for m in self.moved)
+
+    def lines(self) -> list[str]:
+        verb = "would remove" if self.dry_run else "removed"
+        if not self.moved:
+            return [f"quarantine {self.root}: empty, nothing {'to remove' if self.dry_run else 'removed'}"]
+        out = [f"quarantine {self.root}:"]
+        out += [
+            f"  {verb}  {m['path']}/  folder of {m['files']} file(s), {_human(m['size'])}  {m['reason']}".rstrip()
+            for m in self.moved
+        ]
+        return [*out, f"quarantine: {verb} {self.files} file(s), {_human(self.bytes)}"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "root": self.root,
+            "dry_run": self.dry_run,
+            "moved": self.moved,
+            "removed_files": 0 if self.dry_run else self.files,
+            "bytes": self.bytes,
+        }
+
+
+def _remote_quarantine(target: str, opts: dict[str, Any] | None, roots: list[Any], *, dry_run: bool) -> Any:
+    """Empty ``.quarantine/`` of each profile stores folder ``target`` names on object storage (one
+    entry per quarantine folder, with what its ``moved.json`` says); a dry run removes nothing."""
+    import json
+
+    from ..storage import MOVED_FILE, QUARANTINE_DIR, StoreLocation
+
+    loc = StoreLocation.parse(target, opts)
+    if not roots:  # a profile folder holding only what was moved aside, or a folder of such
+        roots = [loc] if loc.is_dir(loc.root / QUARANTINE_DIR) else []
+        roots += [
+            loc.child(n)
+            for n in sorted(loc.listdir_names(loc.root))
+            if not n.startswith(".") and loc.is_dir(loc.root / n / QUARANTINE_DIR)
+        ]
+    moved: list[dict[str, Any]] = []
+    for r in roots:
+        q = r.child(QUARANTINE_DIR)
+        for folder in sorted(q.listdir_names(q.root)):
+            f = q.child(folder)
+            sizes = f.file_sizes()
+            try:
+                record = json.loads(f.read_bytes(f.root / MOVED_FILE))
+            except (OSError, ValueError):
+                record = {}
+            record = record if isinstance(record, dict) else {}
+            for name in sorted(n for n in f.listdir_names(f.root) if n != MOVED_FILE):
+                mine = {k: v for k, v in sizes.items() if k == name or k.startswith(name + "/")}
+                moved.append(
+                    {
+                        "path": f.display(f.root / name),
+                        "folder": folder,
+                        "reason": str(record.get("reason") or ""),
+                        "files": len(mine),
+                        "size": sum(mine.values()),
+                    }
+                )
+            if not dry_run:
+                f.delete_tree()
+    return _RemoteQuarantine(loc.url, dry_run, moved)
+
+
 def cmd_gc(args: argparse.Namespace) -> int:
     import contextlib
 
@@ -231,7 +339,14 @@ def cmd_gc(args: argparse.Namespace) -> int:
     opts = storage_options(args)
     data_root = _gc_data_root(target) if isinstance(target, Path) else None
     aside = [flag for flag, on in (("--quarantine", args.quarantine), ("--unused", args.unused)) if on]
-    if aside and data_root is None:
+    remote = isinstance(target, str)  # object storage: --quarantine empties each <profile>/.quarantine/
+    if remote and args.unused:
+        raise StoreError(
+            f"{args.stores}: --unused needs the local stores folder of a data root (<data_root>/stores): "
+            "the folder it empties is <data_root>/unused, which is never on object storage.",
+            fix="name <data_root>/stores, e.g. `stage2 gc /data/stage2/stores --unused --dry-run`",
+        )
+    if aside and data_root is None and not remote:
         raise StoreError(
             f"{args.stores}: {' and '.join(aside)} needs the local stores folder of a data root "
             "(<data_root>/stores or <data_root>/stores/<profile>): the folders it empties are "
@@ -266,10 +381,13 @@ def cmd_gc(args: argparse.Namespace) -> int:
     guard = (
         data_root_lock(data_root) if data_root is not None and not args.dry_run else contextlib.nullcontext()
     )
-    removal = unused = None
+    removal: Any = None
+    unused = None
     with guard:
         reports = [collect_stores(r, keep, dry_run=args.dry_run) for r in roots] if keep is not None else []
-        if args.quarantine:
+        if args.quarantine and remote:
+            removal = _remote_quarantine(str(target), opts, roots, dry_run=args.dry_run)
+        elif args.quarantine:
             from ..publish.quarantine import remove_quarantine
 
             assert data_root is not None
@@ -386,7 +504,9 @@ def register(sub: Any) -> None:
         "--quarantine",
         action="store_true",
         help="also remove every file moved aside into <data_root>/quarantine (archives that disagreed "
-        "with their pin; `stage2 list` shows them); without it gc never touches that folder",
+        "with their pin, stores that failed the publication gate; `stage2 list` shows them) or, on "
+        "object storage, <url>/<profile>/.quarantine (stores that failed the publication gate); "
+        "without it gc never touches those folders",
     )
     p.add_argument(
         "--unused",

@@ -27,7 +27,7 @@ from ..profile import Profile
 from ..publish.lock import require_launching_build
 from ..publish.quarantine import quarantine_files
 from ..publish.readonly import make_writable
-from ..storage import CURRENT_OBJECT, StoreLocation, check_stores_url, join_url
+from ..storage import CURRENT_OBJECT, StoreLocation, check_stores_url, join_url, option_args
 from ..store import (
     OFFLINE_DATASET_VERSION,
     PairSpec,
@@ -140,6 +140,7 @@ def step_store(
     update = f"reused {name} (same inputs; passed the publication gate)"
     gate: GateResult | None = None
     set_aside = ""
+    moved_aside: list[str] = []  # "<from> -> <to>": a store set aside, never deleted
     # what the manifest of this build's store records: a store under this name that records
     # anything else is not this build's, however well it validates
     expect = {"profile": profile.identity(), "inputs": inputs, "options": settings}
@@ -150,13 +151,15 @@ def step_store(
         if gate.passed:
             rebuilt = False
         else:
-            set_aside = move_store_aside(out, data_root, profile.name, gate.problems)
+            moved, set_aside = move_store_aside(out, data_root, profile.name, gate.problems)
+            moved_aside.append(moved)
     elif out.is_local and out.root.is_dir() and not out.root.is_symlink() and any(out.root.iterdir()):
         # a store folder of these inputs without its manifest (a damaged store; the writer's own
         # staging never has this name): not ours to delete, not a store to publish: moved aside
-        set_aside = move_store_aside(
+        moved, set_aside = move_store_aside(
             out, data_root, profile.name, [f"{out.root}/manifest.json: missing (not a complete store)"]
         )
+        moved_aside.append(moved)
     if rebuilt:
         table = pq.read_table(layout.join_table_path(data_root)).to_pylist()
         derived = layout.derived_root(data_root)
@@ -240,6 +243,8 @@ def step_store(
         validate_seconds=validate_seconds,
     )
     result.metadata["update"] = update
+    if moved_aside:  # the build's `moved aside:` lines and its --json `moved_aside`
+        result.metadata["moved_aside"] = "\n".join(moved_aside)
     if not problems:  # published: old stores go by the retention policy (``keep_stores``: None reads
         # STAGE2_KEEP_STORES, default 1; "all" keeps every one); never current, never a leased one
         result.metadata["retention"] = retention_after_publish(root_loc, keep_stores)
@@ -268,24 +273,27 @@ def gate_new_store(
         return gate, drawn.result()
 
 
-def move_store_aside(out: Any, data_root: Path, profile_name: str, problems: list[str]) -> str:
-    """A store already there that failed the publication gate: a local one is moved (never deleted)
+def move_store_aside(out: Any, data_root: Path, profile_name: str, problems: list[str]) -> tuple[str, str]:
+    """A store already there that failed the publication gate is moved, never deleted: a local one
     into the data root's quarantine folder (``quarantine/<UTC time>/stores/<profile>/<name>``, with
-    its ``moved.json``: ``stage2 list`` shows it, only ``stage2 gc --quarantine`` removes it); one on
-    object storage is withdrawn (its manifest first, so it is no longer a store) and built again.
-    Returns the line that says what happened and where."""
+    its ``moved.json``: ``stage2 list`` shows it); one on object storage, which has no rename, is
+    copied to ``<url>/<profile>/.quarantine/<UTC time>/<name>/`` (with its ``moved.json``), the copy
+    checked, and only then withdrawn (its manifest first): :meth:`FsspecLocation.move_aside`. Only
+    ``stage2 gc --quarantine`` removes either. Returns ``"<from> -> <to>"`` (the step's
+    ``moved_aside``) and the line that says what happened and where."""
     first = problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
     if not out.is_local:
-        out.delete_tree()
-        return (
-            f"the store already at {out.url} failed the publication gate ({first}): removed and built again"
+        moved = out.move_aside("failed the publication gate", store=out.root.name, problems=problems[:20])
+        return f"{out.url} -> {moved.url}", (
+            f"the store already at {out.url} failed the publication gate ({first}): moved to {moved.url} "
+            "and built again from the verified inputs"
         )
     make_writable(out.root)  # a folder moved to another parent needs its own write bit
     (dest,) = quarantine_files(
         data_root, [out.root], "failed the publication gate", store=out.root.name, problems=problems[:20]
     )
     make_writable(dest)  # no longer a published store: `stage2 gc --quarantine` may remove its files
-    return (
+    return f"{out.root} -> {dest}", (
         f"the store already at {out.root} failed the publication gate ({first}): moved to {dest} "
         "and built again from the verified inputs"
     )
@@ -330,6 +338,11 @@ def current_store(
                 fix=f"{fix} (the build moves it aside into {layout.quarantine_root(Path(data_root))}/)",
             )
         raise StoreNotFoundError(f"no store is published at {link}.", fix=fix)
+    fix += f" --store-url {store_url} {option_args(storage_options)}".rstrip()
+    if (why := root.current_problem()) is not None:  # a CURRENT object naming no store
+        raise StoreNotFoundError(
+            f"{why}.", fix=f"{fix} (it publishes the store and rewrites {CURRENT_OBJECT})"
+        )
     raise StoreNotFoundError(f"no store is published at {root.url} (no {CURRENT_OBJECT} object).", fix=fix)
 
 

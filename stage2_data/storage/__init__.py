@@ -18,16 +18,30 @@ the commit protocol: :meth:`~StoreLocation.commit` (the manifest, LAST),
 
 from __future__ import annotations
 
-from ._base import CURRENT_OBJECT, StoreLocation, check_stores_url, is_url, join_url
-from ._fsspec import FsspecLocation
+from ._base import (
+    CURRENT_OBJECT,
+    MANIFEST_NAME,
+    MOVED_FILE,
+    QUARANTINE_DIR,
+    StoreLocation,
+    check_stores_url,
+    is_url,
+    join_url,
+)
+from ._fsspec import FsspecLocation, current_error, option_args
 from ._local import LocalLocation
 
 __all__ = [
     "CURRENT_OBJECT",
+    "MANIFEST_NAME",
+    "MOVED_FILE",
+    "QUARANTINE_DIR",
     "FsspecLocation",
     "LocalLocation",
     "StoreLocation",
     "check_stores_url",
+    "current_error",
     "is_url",
     "join_url",
+    "option_args",
 ]

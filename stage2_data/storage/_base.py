@@ -19,6 +19,15 @@ _CHUNK = 8 << 20
 _BACKENDS: dict[str, type[StoreLocation]] = {}
 #: On object storage: the object naming the published store folder under ``<url>/<profile>/``.
 CURRENT_OBJECT = "CURRENT"
+#: A store's commit marker, written last (``store.format.MANIFEST_NAME``; the storage layer imports
+#: nothing of the store module): a folder without it is not a complete store.
+MANIFEST_NAME = "manifest.json"
+#: On object storage: the folder of a profile's stores folder (``<url>/<profile>/.quarantine/``) that a
+#: store failing the publication gate is moved into, under ``<UTC time>/<name>/`` (no rename exists
+#: there: copied, then withdrawn). Hidden, as ``.leases`` is locally: retention never lists it.
+QUARANTINE_DIR = ".quarantine"
+#: In each quarantine folder: what was moved there (from, to), when and why (as locally).
+MOVED_FILE = "moved.json"
 
 
 def is_url(target: str | os.PathLike[str]) -> bool:
@@ -282,6 +291,12 @@ class StoreLocation:
     def current(self) -> StoreLocation | None:
         """The published child folder (:meth:`publish_current`), or None when none is published."""
         raise NotImplementedError
+
+    def current_problem(self) -> str | None:
+        """Why what stands for ``current`` here publishes no store (a ``CURRENT`` object naming a
+        folder without a manifest, or no folder of this location), in one line; None when nothing
+        stands there or it names a store. Only object storage says more than :meth:`current`."""
+        return None
 
 
 __all__ = ["CURRENT_OBJECT", "StoreLocation", "is_url"]

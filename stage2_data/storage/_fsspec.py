@@ -8,15 +8,31 @@ validation refuse it), and the ``CURRENT`` object, naming the published store, a
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
+import json
+import re
+import shlex
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from ..errors import StoreError
-from ._base import _CHUNK, CURRENT_OBJECT, StoreLocation, backend_error
+from ..errors import StoreError, StoreNotFoundError
+from ._base import (
+    _CHUNK,
+    CURRENT_OBJECT,
+    MANIFEST_NAME,
+    MOVED_FILE,
+    QUARANTINE_DIR,
+    StoreLocation,
+    backend_error,
+)
+
+#: a store folder's name as ``CURRENT`` may hold it: one path component, not hidden (``.quarantine``)
+_PLAIN_NAME = re.compile(r"[^./\\\x00-\x1f][^/\\\x00-\x1f]{0,254}")
 
 
 @dataclass(frozen=True, eq=False)
@@ -42,14 +58,7 @@ class FsspecLocation(StoreLocation, backend="fsspec"):
         return cls(root=Path(key), url=f"{protocol}://{key}", protocol=protocol, storage_options=opts, fs=fs)
 
     def child(self, rel: str) -> StoreLocation:
-        p = self.root / rel
-        return FsspecLocation(
-            root=p,
-            url=f"{self.protocol}://{p.as_posix()}",
-            protocol=self.protocol,
-            storage_options=self.storage_options,
-            fs=self.fs,
-        )
+        return self._at(self.root / rel)
 
     def display(self, p: Path | None = None) -> str:
         return self.url if p is None else f"{self.protocol}://{p.as_posix()}"
@@ -148,6 +157,65 @@ class FsspecLocation(StoreLocation, backend="fsspec"):
     def invalidate(self) -> None:
         self.fs.invalidate_cache()
 
+    # -- moving aside ------------------------------------------------------------------------------
+    def move_aside(self, reason: str, **details: Any) -> FsspecLocation:
+        """Move this store folder (``<prefix>/<profile>/<name>``) aside, never deleting it: every
+        object copied (server side; the manifest last, as a store is written) to
+        ``<prefix>/<profile>/.quarantine/<UTC time>/<name>/``, the copy's sizes checked against the
+        original's, that folder's ``moved.json`` written (why, from where to where, ``details``),
+        and only then the original withdrawn (its manifest first). Object storage has no rename:
+        a failure before the withdrawal leaves the original whole (StoreError saying so).
+        Returns the copy's location (``stage2 gc --quarantine`` removes it, nothing else does)."""
+        parent = self.root.parent
+        folder = parent / QUARANTINE_DIR / self._new_quarantine_name(parent / QUARANTINE_DIR)
+        dest = self._at(folder / self.root.name)
+        sizes = self.file_sizes()
+        try:
+            rels = sorted(r for r in sizes if r != MANIFEST_NAME)
+            with ThreadPoolExecutor(max_workers=8) as pool:
+                list(pool.map(lambda r: self.fs.copy(self._k(self.root / r), self._k(dest.root / r)), rels))
+            if MANIFEST_NAME in sizes:
+                self.fs.copy(self._k(self.root / MANIFEST_NAME), self._k(dest.root / MANIFEST_NAME))
+            self.invalidate()
+            copied = dest.file_sizes()
+            if copied != sizes:
+                differ = sorted(r for r in set(sizes) | set(copied) if sizes.get(r) != copied.get(r))
+                raise OSError(f"the copy differs from the original in {len(differ)} file(s): {differ[:5]}")
+            record = {
+                "moved_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "reason": reason,
+                "files": [{"from": self.url, "to": dest.url}],
+                **details,
+            }
+            self.write_bytes(folder / MOVED_FILE, (json.dumps(record, indent=2) + "\n").encode())
+        except Exception as e:
+            raise StoreError(
+                f"{self.url}: could not move it aside to {dest.url} ({type(e).__name__}: {e}); the "
+                "store is still where it was, whole.",
+                fix="check that the storage accepts writes under that prefix, then run the build again",
+            ) from e
+        self.withdraw(MANIFEST_NAME)
+        return dest
+
+    def _at(self, p: Path) -> FsspecLocation:
+        return FsspecLocation(
+            root=p,
+            url=f"{self.protocol}://{p.as_posix()}",
+            protocol=self.protocol,
+            storage_options=self.storage_options,
+            fs=self.fs,
+        )
+
+    def _new_quarantine_name(self, root: Path) -> str:
+        """A quarantine folder's name under ``root``: the UTC time, ``-1``, ``-2`` ... added when a
+        folder of that name is there (as :func:`stage2_data.publish.quarantine.new_quarantine_folder`)."""
+        taken = self.listdir_names(root)
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        n = 0
+        while (name := stamp if n == 0 else f"{stamp}-{n}") in taken:
+            n += 1
+        return name
+
     # -- the commit protocol -------------------------------------------------------------------------
     def commit(self, p: Path, data: bytes) -> None:
         self.write_bytes(p, data)  # one PUT, LAST: the commit marker
@@ -156,11 +224,105 @@ class FsspecLocation(StoreLocation, backend="fsspec"):
     def publish_current(self, name: str) -> None:
         self.write_bytes(self.root / CURRENT_OBJECT, (name + "\n").encode())
 
-    def current(self) -> StoreLocation | None:
+    def current_problem(self) -> str | None:
+        """Why the ``CURRENT`` object here names no store, in one line (None when there is no
+        ``CURRENT`` object, or it names a complete store): a name that is not a plain folder name
+        of this prefix (empty, ``../x``, ``/etc``, ``a/b``), or a folder without ``manifest.json``."""
         marker = self.root / CURRENT_OBJECT
         if not self.is_file(marker):
             return None
-        return self.child(self.read_bytes(marker).decode().strip())
+        name, why = self._current_name()
+        if why is None and not self.is_file(self.root / name / MANIFEST_NAME):
+            why = f"no {MANIFEST_NAME} under {self.display(self.root / name)}: nothing complete is there"
+        if why is None:
+            return None
+        return f"the {CURRENT_OBJECT} object at {self.display(marker)} names {name!r}, which is not a store ({why})"
+
+    def _current_name(self) -> tuple[str, str | None]:
+        """The name the ``CURRENT`` object holds, and why it is not a store folder's name (None when
+        it is one: a single path component, not hidden, as :meth:`publish_current` writes)."""
+        raw = self.read_bytes(self.root / CURRENT_OBJECT)
+        try:
+            name = raw.decode("utf-8").strip()
+        except UnicodeDecodeError:
+            return raw[:40].decode("utf-8", "replace"), "it is not text"
+        if not name:
+            return name, "it is empty"
+        if not _PLAIN_NAME.fullmatch(name):
+            return name, f"not the name of a folder directly under {self.url}"
+        return name, None
+
+    def current(self) -> StoreLocation | None:
+        """The store folder the ``CURRENT`` object names; None when there is no ``CURRENT`` object,
+        or it names no complete store (:meth:`current_problem` says why): such an object is not a
+        publication, so nothing reads it as the published store and retention judges nothing by it."""
+        marker = self.root / CURRENT_OBJECT
+        if not self.is_file(marker):
+            return None
+        name, why = self._current_name()
+        if why is not None or not self.is_file(self.root / name / MANIFEST_NAME):
+            return None
+        return self.child(name)
 
 
-__all__ = ["FsspecLocation"]
+#: storage options never repeated in a fix a user pastes (they stay where the user keeps them)
+_SECRET_OPTIONS = ("secret", "token", "password", "key")
+
+
+def option_args(storage_options: dict[str, Any] | None) -> str:
+    """``storage_options`` as the ``--storage-option KEY=VALUE`` arguments of a command to paste
+    (JSON for what is not text); credentials are left out (said so): they stay in the environment
+    or the command the user ran."""
+    parts, left_out = [], []
+    for k, v in (storage_options or {}).items():
+        if any(s in k.lower() for s in _SECRET_OPTIONS):
+            left_out.append(k)
+            continue
+        value = v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
+        parts.append(f"--storage-option {shlex.quote(f'{k}={value}')}")
+    if left_out:
+        parts.append(f"(and your {', '.join(left_out)} options)")
+    return " ".join(parts)
+
+
+def current_error(
+    target: str | StoreLocation, storage_options: dict[str, Any] | None = None, *, command: str = ""
+) -> StoreNotFoundError | None:
+    """The error for a target on object storage that a reader resolves through a ``CURRENT`` object
+    (``<profile>/current`` or ``<profile>``, with no manifest of its own) when that object names no
+    store (:meth:`FsspecLocation.current_problem`); None for any other target. ``command`` (e.g.
+    ``stage2 validate``): the fix names it with a complete store of that folder, ready to paste."""
+    loc = StoreLocation.parse(target, storage_options)
+    if loc.is_local or loc.is_file(loc.root / MANIFEST_NAME):
+        return None
+    candidates = [loc]
+    if loc.root.name == "current":  # ``layout.CURRENT_LINK``, as the reader's ``resolve_store``
+        parent = loc.root.parent
+        candidates.insert(
+            0, dataclasses.replace(loc, root=parent, url=f"{loc.protocol}://{parent.as_posix()}")
+        )
+    for c in candidates:
+        if not isinstance(c, FsspecLocation) or (why := c.current_problem()) is None:
+            continue
+        stores = sorted(
+            n
+            for n in c.listdir_names(c.root)
+            if _PLAIN_NAME.fullmatch(n) and c.is_file(c.root / n / MANIFEST_NAME)
+        )
+        build = (
+            f"a build of this profile with --store-url {c.display(c.root.parent)} publishes its store "
+            f"again and rewrites {CURRENT_OBJECT}"
+        )
+        if stores and command:
+            which = "it" if len(stores) == 1 else f"one of {', '.join(stores)}"
+            fix = (
+                f"{build}; to read a complete store of that folder meanwhile, name {which}: "
+                f"{command} {c.display(c.root / stores[0])} {option_args(c.storage_options)}".rstrip()
+            )
+        else:
+            fix = build + (f" (no complete store is under {c.url})" if not stores else "")
+        return StoreNotFoundError(f"{why}.", fix=fix)
+    return None
+
+
+__all__ = ["FsspecLocation", "current_error", "option_args"]

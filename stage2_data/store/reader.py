@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import mmap
 import operator
 import os
+import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,35 +38,59 @@ from .format import (
     StoreChecksumError,
 )
 from .manifest import load_manifest_strict, rebuild_command
-from .mapped import MappedFiles
 from .retention import StoreLease, acquire_lease
-from .shard_io import MISSING, DirectArray, decode_checked, direct_array
+from .shard_files import ShardFiles
+from .shard_io import (
+    MISSING,
+    DirectArray,
+    decode_checked,
+    direct_array,
+    split_buffers,
+    split_checked,
+    uncompressed_size,
+)
 from .tables import check_sha256, listed_sha256, read_jsonl, read_npy
 
-#: shard files a local reader keeps mapped (least recently used unmapped first)
-_MAX_MAPPED_FILES = 64
+#: shard files a local reader keeps open (least recently used closed first)
+_MAX_OPEN_FILES = 64
 
 
 #: the metadata document of a zarr group or array (every one a shard folder holds is in the manifest)
 _ZARR_JSON = "zarr.json"
 
 
+class _Unreadable(StoreChecksumError):
+    """Bytes of a shard file the reader cannot have (the file is missing, or shorter than its
+    index says): ``detail`` says which and why; the reader names the shard, array and sample."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
 class _CheckedMetadata(WrapperStore[Any]):
     """A shard folder's zarr store whose ``zarr.json`` documents are checked against the manifest's
     sha256 (``check(key, data)``, raising) from the very bytes zarr then parses: the dtype, shape,
     fill value and codecs a reader decodes with are the ones the store was written with. Every other
-    key (the shard objects, each chunk with its own crc32c) is read as it is."""
+    key (the shard objects, each chunk with its own crc32c) is read as it is, but never as absent:
+    zarr reads an absent chunk as the array's fill value (zero frames, NaN actions), while a store's
+    writer writes every chunk (``write_empty_chunks``) and lists each in the manifest, so an absent
+    one is a damaged store: ``missing(key)`` raises (:class:`_Unreadable`)."""
 
-    def __init__(self, store: Any, check: Any) -> None:
+    def __init__(self, store: Any, check: Any, missing: Callable[[str], None]) -> None:
         super().__init__(store)
         self._check = check
+        self._missing = missing
 
     def _with_store(self, store: Any) -> _CheckedMetadata:
-        return type(self)(store, self._check)
+        return type(self)(store, self._check, self._missing)
 
     async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
         if key.rsplit("/", 1)[-1] != _ZARR_JSON:
-            return await self._store.get(key, prototype, byte_range)
+            got = await self._store.get(key, prototype, byte_range)
+            if got is None:
+                self._missing(key)
+            return got
         buf = await self._store.get(key, prototype)
         if buf is None:
             return None  # absent: zarr says so (a damaged store, named by the reader)
@@ -74,9 +99,13 @@ class _CheckedMetadata(WrapperStore[Any]):
 
     async def get_partial_values(self, prototype: Any, key_ranges: Any) -> list[Any]:
         key_ranges = list(key_ranges)
-        if not any(k.rsplit("/", 1)[-1] == _ZARR_JSON for k, _ in key_ranges):
-            return await self._store.get_partial_values(prototype, key_ranges)  # type: ignore[no-any-return]
-        return [await self.get(k, prototype, r) for k, r in key_ranges]
+        if any(k.rsplit("/", 1)[-1] == _ZARR_JSON for k, _ in key_ranges):
+            return [await self.get(k, prototype, r) for k, r in key_ranges]
+        got: list[Any] = await self._store.get_partial_values(prototype, key_ranges)
+        for (k, _), b in zip(key_ranges, got, strict=True):
+            if b is None:
+                self._missing(k)
+        return got
 
 
 def resolve_store(
@@ -124,19 +153,23 @@ class VinOfflineStoreReader:
     checked against its crc32c and decoded (:func:`.shard_io.decode_checked`); anything else is read
     through zarr (whose crc32c codec checks the same bytes). Bytes that fail their crc32c raise
     :class:`StoreChecksumError` naming the store, the shard, the array and the sample; nothing
-    decoded from them is ever returned. The files read whole (``sample_index.jsonl``,
+    decoded from them is ever returned. So do bytes the reader cannot have: a shard object that is
+    missing (zarr would read it as the fill value: the writer writes every chunk, so absent is
+    damaged, never zeros or NaN), shorter than its index says, or a row its index lists no chunk
+    for. The files read whole (``sample_index.jsonl``,
     ``pairs.jsonl``, ``splits/<name>.npy``, each once, on first use) are checked against their
     sha256 in the manifest before any of their rows is used (:func:`.tables.read_checked`): a
     mismatch is a :class:`StoreChecksumError` naming the file.
 
-    A local shard file is mapped read-only once (:class:`.mapped.MappedFiles`, at most
-    ``_MAX_MAPPED_FILES`` at once): a read is then no system call and no copy, the checksum and
-    Blosc read the page cache in place, and it takes no lock.
+    A local shard file is opened once (:class:`.shard_files.ShardFiles`, at most ``_MAX_OPEN_FILES``
+    at once) and read with ``preadv``, never mapped: a file truncated while it is open is a short
+    read, named, where a mapping would kill the process with SIGBUS.
 
     :meth:`read_frames` returns the sample's ``T`` frames as a new array (a chunk Blosc stored
-    uncompressed is copied, those frames only, then checked over the copy; a compressed one is
-    checked, then decoded by Blosc); :meth:`read_frames_into` decodes them into an array of yours (a
-    padded batch's slot: one copy from the page cache, after the crc32c check).
+    uncompressed is read straight into it, those frames only, the rest of the chunk into the
+    reader's buffer, then checked over both; a compressed one is read into the reader's buffer,
+    checked, then decoded by Blosc); :meth:`read_frames_into` decodes them into an array of yours
+    (a padded batch's slot: read into the reader's buffer, checked, then copied).
     """
 
     def __init__(
@@ -172,7 +205,8 @@ class VinOfflineStoreReader:
         self._groups: dict[int, Any] = {}
         self._arrays: dict[tuple[int, str], Any] = {}
         self._direct_cache: dict[tuple[int, str], DirectArray | None] = {}
-        self._files = MappedFiles(_MAX_MAPPED_FILES)
+        self._files = ShardFiles(_MAX_OPEN_FILES)
+        self._tls = threading.local()  # per thread: ``buf``, the buffer chunks are read into
         self._pid = os.getpid()
 
     def _take_lease(self) -> StoreLease | None:
@@ -198,7 +232,7 @@ class VinOfflineStoreReader:
 
     def close(self) -> None:
         """Release the lease (the store may be removed by ``stage2 gc`` from then on) and close the
-        shard files this reader has mapped."""
+        shard files this reader has open."""
         self._close_files()
         lease, self.lease = self.lease, None
         if lease is not None:
@@ -210,9 +244,9 @@ class VinOfflineStoreReader:
             files.close()
 
     @property
-    def _maps(self) -> dict[Path, mmap.mmap]:
-        """The shard files mapped now, by path (least recently used first)."""
-        return self._files.maps
+    def _open_paths(self) -> list[Path]:
+        """The shard files open now (least recently used first)."""
+        return self._files.paths
 
     def __enter__(self) -> VinOfflineStoreReader:
         return self
@@ -235,12 +269,14 @@ class VinOfflineStoreReader:
         state["_arrays"] = {}
         state["_direct_cache"] = {}
         state["_files"] = None
+        state["_tls"] = None
         state["lease"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._files = MappedFiles(_MAX_MAPPED_FILES)
+        self._files = ShardFiles(_MAX_OPEN_FILES)
+        self._tls = threading.local()
         self._pid = os.getpid()
         self.lease = self._take_lease()
         if self.location.is_local and not (self.location.root / MANIFEST_NAME).is_file():
@@ -296,9 +332,8 @@ class VinOfflineStoreReader:
             self._groups = {}
             self._arrays = {}
             self._direct_cache = {}
-            self._files = MappedFiles(
-                _MAX_MAPPED_FILES
-            )  # the parent's: dropped here, unmapped in this child only
+            self._files = ShardFiles(_MAX_OPEN_FILES)  # the parent's: dropped here (its files stay open)
+            self._tls = threading.local()
             self._pid = os.getpid()
 
     def _group(self, shard_id: int) -> Any:
@@ -309,7 +344,9 @@ class VinOfflineStoreReader:
             try:
                 g = zarr.open_group(
                     store=_CheckedMetadata(
-                        self._open_store(self.path / entry["dir"]), self._metadata_check(shard_id)
+                        self._open_store(self.path / entry["dir"]),
+                        self._metadata_check(shard_id),
+                        self._missing_check(shard_id),
                     ),
                     mode="r",
                     zarr_format=3,
@@ -352,6 +389,22 @@ class VinOfflineStoreReader:
 
         return check
 
+    def _missing_check(self, shard_id: int) -> Callable[[str], None]:
+        """``missing(key)`` for the shard's zarr store (:class:`_CheckedMetadata`): raises
+        :class:`_Unreadable` for a chunk key of the shard folder that zarr found absent."""
+        entry, loc = self._shards[shard_id], self.location
+
+        def missing(key: str) -> None:
+            rel = f"{entry['dir']}/{key}"
+            listed = any(isinstance(f, dict) and f.get("path") == rel for f in entry.get("files") or [])
+            why = "listed in the manifest" if listed else "not even listed in the manifest"
+            raise _Unreadable(
+                f"{loc.display(loc.root / rel)} is missing ({why}; a store's writer writes every chunk, "
+                "and zarr would read an absent one as the fill value)"
+            )
+
+        return missing
+
     def _damaged_metadata(self, shard_id: int, name: str, e: Exception) -> StoreValidationError:
         """The error for a shard's group or array metadata (``zarr.json``) that zarr cannot open."""
         where = self.path / self._shards[shard_id]["dir"] / name / "zarr.json"  # name "": the group's
@@ -362,38 +415,68 @@ class VinOfflineStoreReader:
         )
 
     # -- direct shard reads ------------------------------------------------------------------------
-    def _read_range(self, path: Path, offset: int, length: int) -> bytes | memoryview:
-        """``length`` bytes of ``path`` at ``offset`` (a hook: tests wrap it to count reads); for a
-        local store a view of the mapped file (no copy)."""
+    def _read_into(self, path: Path, offset: int, buffers: Sequence[Any]) -> None:
+        """Fill ``buffers`` (writable byte buffers, in order) with the bytes of ``path`` from
+        ``offset`` on: one ``preadv`` of a local file (a hook: tests wrap it to count reads).
+        :class:`_Unreadable` when the file is missing or ends first (truncated)."""
         self._check_fork()
-        data: bytes | memoryview
-        if self.location.is_local:
-            try:
-                data = self._files.read(path, offset, length)
-            except FileNotFoundError:
-                raise StoreNotFoundError(
-                    f"{path}: missing (the store is incomplete or was removed).",
-                    fix=f"validate the store and rebuild it: {rebuild_command(self.path, self.manifest)}",
-                ) from None
-        else:
-            data = self.location.read_range(path, offset, length)
-        if len(data) != length:
-            raise StoreError(
-                f"{path}: truncated ({len(data)} of {length} bytes at offset {offset}).",
-                fix=f"validate the store with --deep and rebuild it: {rebuild_command(self.path, self.manifest)}",
+        views = [memoryview(b).cast("B") for b in buffers]
+        length = sum(len(v) for v in views)
+        try:
+            if self.location.is_local:
+                got = self._files.read_into(path, offset, views)
+            else:
+                data = self.location.read_range(path, offset, length)
+                got, at = len(data), 0
+                for v in views:
+                    part = data[at : at + len(v)]
+                    v[: len(part)] = part
+                    at += len(v)
+        except FileNotFoundError:
+            raise _Unreadable(f"{path} is missing") from None
+        if got != length:
+            raise _Unreadable(
+                f"{path} is truncated ({got} of {length} bytes at offset {offset}: "
+                "the file ends before its index says)"
             )
-        return data
+
+    def _buffer(self, length: int) -> memoryview:
+        """This thread's read buffer, ``length`` bytes of it (valid until this thread's next read;
+        grown by a new buffer, never resized under a view of the old one)."""
+        tls = self._tls
+        buf = getattr(tls, "buf", None)
+        if buf is None or len(buf) < length:
+            buf = tls.buf = bytearray(max(length, 1 << 16))
+        return memoryview(buf)[:length]
+
+    def _read_range(self, path: Path, offset: int, length: int) -> memoryview:
+        """``length`` bytes of ``path`` at ``offset``, in this thread's read buffer: valid until
+        this thread's next read (:meth:`_read_into`)."""
+        view = self._buffer(length)
+        self._read_into(path, offset, [view])
+        return view
 
     def _direct(self, shard_id: int, name: str) -> DirectArray | None:
         """The shard index of one array, read once and cached, when the array has the layout this
-        module writes (else None: zarr reads it). A sample then costs one read of its own chunk."""
+        module writes (else None: zarr reads it). A sample then costs one read of its own chunk.
+        :class:`_Unreadable` when its shard object is missing or too short for its index."""
         key = (shard_id, name)
         if key in self._direct_cache:
             return self._direct_cache[key]
         arr = self._array(shard_id, name)
-        d = direct_array(
-            arr, self.path / self._shards[shard_id]["dir"] / name, self._read_range, self.location.size
-        )
+        path = self.path / self._shards[shard_id]["dir"] / name
+        try:
+            d = direct_array(arr, path, self._read_range, self.location.size)
+        except FileNotFoundError as e:
+            where = self.location.display(Path(e.filename)) if e.filename else self.location.display(path)
+            raise _Unreadable(
+                f"{where} is missing (a store's writer writes every chunk, and zarr would read an absent "
+                "one as the fill value)"
+            ) from None
+        except StoreChecksumError:
+            raise
+        except StoreError as e:  # too short to hold its index: truncated
+            raise _Unreadable(f"{e.message} (truncated)") from None
         self._direct_cache[key] = d
         return d
 
@@ -417,13 +500,28 @@ class VinOfflineStoreReader:
         """The first ``n`` entries of row ``row`` of a direct array, its crc32c checked: a new array
         (``out`` None), or decoded into ``out[:n]`` (:func:`.shard_io.decode_checked`)."""
         off, nbytes = d.entries[row]
-        if off == MISSING and nbytes == MISSING:  # an empty chunk (never written by this module)
-            got = np.full((n, *d.inner[2:]), d.fill, dtype=d.dtype)
-            if out is not None:
-                out[:n] = got
-            return got if out is None else out
+        if off == MISSING and nbytes == MISSING:  # never written by a store's writer
+            raise self._corrupt(
+                shard_id,
+                name,
+                row,
+                "the shard index lists no chunk for it (a store's writer writes every chunk)",
+            )
         try:
+            if out is None and nbytes == uncompressed_size(d):
+                header, copy, rest = split_buffers(d, n)  # its data read straight into the new array
+                tail = self._buffer(rest)
+                self._read_into(d.path, off, [header, copy, tail])
+                got = split_checked(d, header, copy, tail)
+                if got is False:
+                    raise self._corrupt(
+                        shard_id, name, row, f"{nbytes} bytes at offset {off} fail their crc32c"
+                    )
+                if got is not True:
+                    return got
             decoded = decode_checked(d, self._read_range(d.path, off, nbytes), n, out)
+        except _Unreadable as e:
+            raise self._corrupt(shard_id, name, row, e.detail) from None
         except (RuntimeError, ValueError) as e:  # intact bytes that Blosc refuses: not our writer's
             raise self._corrupt(shard_id, name, row, f"cannot be decompressed ({e})") from None
         if decoded is None:
@@ -433,6 +531,8 @@ class VinOfflineStoreReader:
     def _checked_direct(self, shard_id: int, name: str, row: int) -> DirectArray | None:
         try:
             return self._direct(shard_id, name)
+        except _Unreadable as e:
+            raise self._corrupt(shard_id, name, row, e.detail) from None
         except StoreChecksumError as e:
             raise self._corrupt(
                 shard_id, name, row, f"the shard index fails its crc32c ({e.message})"
@@ -448,10 +548,12 @@ class VinOfflineStoreReader:
     def _zarr_read(self, shard_id: int, name: str, sel: Any) -> np.ndarray[Any, Any]:
         """``array[sel]`` through zarr; bytes failing zarr's crc32c codec raise StoreChecksumError."""
         arr = self._array(shard_id, name)
+        row = sel[0] if isinstance(sel, tuple) and isinstance(sel[0], int) else None
         try:
             return np.asarray(arr[sel])
+        except _Unreadable as e:  # a chunk zarr found absent (it would give the fill value)
+            raise self._corrupt(shard_id, name, row, e.detail) from None
         except ValueError as e:  # a crc32c mismatch, or bytes the array's metadata cannot decode
-            row = sel[0] if isinstance(sel, tuple) and isinstance(sel[0], int) else None
             detail = f"fails its crc32c ({e})" if "checksum" in str(e) else f"cannot be decoded ({e})"
             raise self._corrupt(shard_id, name, row, detail) from None
 

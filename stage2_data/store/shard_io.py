@@ -415,22 +415,53 @@ def direct_array(
     size_of: Callable[[Path], int] = lambda p: p.stat().st_size,
 ) -> DirectArray | None:
     """The index of an array in our layout with one row per inner chunk (read once, verified with
-    its crc32c), so that a row costs one ranged read; None for any other array (zarr reads it)."""
+    its crc32c), so that a row costs one ranged read; None for any other array (zarr reads it).
+    Raises FileNotFoundError when the array's shard object is missing (``size_of``'s), StoreError
+    when it is too short to hold its index, StoreChecksumError when the index fails its crc32c."""
     layout = shard_layout(arr)
     if layout is None or layout.inner[0] != 1:
         return None
     n = layout.nchunks
     path = array_dir / layout.key
-    try:
-        size = size_of(path)
-    except FileNotFoundError:
-        return None  # never written: zarr gives the fill value
-    nidx = index_size(n)
+    size = size_of(path)  # FileNotFoundError: a missing shard object (never "the fill value": every
+    nidx = index_size(n)  # chunk is written, write_empty_chunks; the caller names the damage)
     if size < nidx:
         raise StoreError(f"{path}: {size} bytes cannot hold the shard index of {n} chunks.")
     index = decode_index(read_range(path, size - nidx, nidx), n, path)
     entries = [(int(o), int(b)) for o, b in index.tolist()]
     return DirectArray(path, index, layout.codec, layout.inner, np.dtype(arr.dtype), arr.fill_value, entries)
+
+
+def uncompressed_size(d: DirectArray) -> int:
+    """The stored size (Blosc header, data, crc32c) of a row chunk of ``d`` that Blosc stored
+    uncompressed: a chunk of this size can be read straight into the array returned for it
+    (:func:`split_checked`)."""
+    return _BLOSC_HEADER + math.prod(d.inner[1:]) * d.dtype.itemsize + CRC_BYTES
+
+
+def split_buffers(d: DirectArray, n: int) -> tuple[bytearray, np.ndarray[Any, Any], int]:
+    """For a row chunk of ``d`` of :func:`uncompressed_size`: the buffers one read fills in order,
+    the Blosc header (16 bytes), the new array of the row's first ``n`` entries (its data, read
+    in place: no other copy), and the length of the rest (the padding entries and the crc32c)."""
+    copy = np.empty((n, *d.inner[2:]), dtype=d.dtype)
+    return bytearray(_BLOSC_HEADER), copy, uncompressed_size(d) - _BLOSC_HEADER - copy.nbytes
+
+
+def split_checked(
+    d: DirectArray, header: bytes | bytearray, copy: np.ndarray[Any, Any], rest: bytes | memoryview
+) -> np.ndarray[Any, Any] | bool:
+    """A row chunk of ``d`` read as :func:`split_buffers` lays it out: ``copy`` (the row's first
+    entries) when the chunk is intact and Blosc stored it uncompressed; False when it fails its
+    crc32c (nothing to return); True when it is intact but compressed after all (Blosc never makes
+    a compressed chunk this long; then decode the joined bytes)."""
+    c = crc32c.crc32c(header)
+    c = crc32c.crc32c(copy.data, c)
+    if int(crc32c.crc32c(rest, c)) != CRC32C_RESIDUE:
+        return False
+    nbytes = math.prod(d.inner[1:]) * d.dtype.itemsize
+    if header[2] & _BLOSC_MEMCPYED and int.from_bytes(header[4:8], "little") == nbytes:
+        return copy
+    return True
 
 
 def decode_checked(

@@ -2,7 +2,7 @@
 layout), the crc32c of every stored chunk (read, not decompressed), the small per-row arrays against
 the sample index, optionally every sample decoded as the reader decodes it, and every listed file
 (present, its size, its sha256 where hashed: the files read whole always, every file when deep;
-nothing unlisted under ``shards/``).
+no file anywhere in the store that the manifest does not list, but the manifest itself).
 """
 
 from __future__ import annotations
@@ -210,7 +210,8 @@ def validate_files(
     *,
     every: bool,
 ) -> None:
-    """Every listed file present with its size, no unlisted shard file, and the sha256 of each listed
+    """Every listed file present with its size, no file the manifest does not list anywhere in the
+    store (but ``manifest.json`` itself: at every level), and the sha256 of each listed
     file in ``hashes`` (sha256 by relative path: every file's when the validation is deep, else
     those of the files read whole). ``every``: ``hashes`` holds every file, so a listed file without
     one is a problem too."""
@@ -243,20 +244,21 @@ def validate_files(
     sroot = root / SHARDS_DIR
     if remote_sizes is None:
         on_disk = loc.listdir_names(sroot)
-        shard_files = loc.tree_files(sroot) if on_disk else []
+        every_file = loc.tree_files(root)
     else:
-        shard_files = sorted(r for r in remote_sizes if r.startswith(SHARDS_DIR + "/"))
-        on_disk = {r.split("/")[1] for r in shard_files}
+        every_file = sorted(remote_sizes)
+        on_disk = {r.split("/")[1] for r in every_file if r.startswith(SHARDS_DIR + "/")}
     for d in sorted(expected_dirs - on_disk):
         problems.append(f"{disp(sroot / d)}: shard folder missing")
     for d in sorted(on_disk - expected_dirs):
         problems.append(
             f"{disp(sroot / d)}: unexpected shard folder (the manifest lists {len(shards)} shards)"
         )
-    if on_disk:
-        for rel in shard_files:
-            if rel not in listed_paths:
-                problems.append(f"{disp(root / rel)}: file not listed in the manifest")
+    # a store is exactly its manifest and the files it lists: anything else anywhere in it (a
+    # top-level file, an extra split, a file in a shard folder) is not the store that was written
+    for rel in every_file:
+        if rel != MANIFEST_NAME and rel not in listed_paths:
+            problems.append(f"{disp(root / rel)}: file not listed in the manifest")
     for f in present:
         if f["path"] not in hashes and not every:
             continue
