@@ -82,7 +82,7 @@ class KitSpec(_Strict):
 class ArchiveSpec(_Strict):
     path: str
     cache_key: Annotated[str, Field(pattern=r"^[A-Za-z0-9][\w.\-]*$")]
-    size: Annotated[int, Field(gt=0)] | None = None
+    size: Annotated[int, Field(gt=0, strict=True)] | None = None
     sha256: str | None = None
     # The upstream name of this entry is not known: ``path`` and ``cache_key`` are a guess, used only
     # by `stage2 pin` to name the closest existing files; never requested, downloaded or extracted.
@@ -131,16 +131,16 @@ EXPECTED_TOTALS = (
 
 
 class ExpectedTotals(_Strict):
-    cache_dirs: Annotated[int, Field(ge=0)]
-    archives: Annotated[int, Field(ge=0)]
-    trajectories: Annotated[int, Field(ge=0)]
-    pair_rows: Annotated[int, Field(ge=0)]
-    unique_frame_files: Annotated[int, Field(ge=0)]
-    action_manifest_rows: Annotated[int, Field(ge=0)]
-    resolved_sidecars: Annotated[int, Field(ge=0)]
-    sidecars_by_source: dict[str, Annotated[int, Field(ge=0)]] = Field(default_factory=dict)
+    cache_dirs: Annotated[int, Field(ge=0, strict=True)]
+    archives: Annotated[int, Field(ge=0, strict=True)]
+    trajectories: Annotated[int, Field(ge=0, strict=True)]
+    pair_rows: Annotated[int, Field(ge=0, strict=True)]
+    unique_frame_files: Annotated[int, Field(ge=0, strict=True)]
+    action_manifest_rows: Annotated[int, Field(ge=0, strict=True)]
+    resolved_sidecars: Annotated[int, Field(ge=0, strict=True)]
+    sidecars_by_source: dict[str, Annotated[int, Field(ge=0, strict=True)]] = Field(default_factory=dict)
     # Optional extension (not in the spec's example): the raw action width each source must have.
-    action_width_by_source: dict[str, Annotated[int, Field(gt=0)]] = Field(default_factory=dict)
+    action_width_by_source: dict[str, Annotated[int, Field(gt=0, strict=True)]] = Field(default_factory=dict)
 
 
 class Profile(_Strict):
@@ -494,7 +494,8 @@ def load_profile(path: str | Path, *, kit_root: str | Path | None = None) -> Pro
         what = "does not exist" if mode is None else f"is {file_kind(mode)}, not a regular file"
         raise ProfileError(f"profile file {p} {what}.", fix="pass the path of a profile .toml")
     try:
-        text = read_regular_bytes(p).decode("utf-8")
+        # a UTF-8 byte-order mark (some Windows editors write one) is not part of the TOML
+        text = read_regular_bytes(p).decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as e:
         raise ProfileError(
             f"profile {p} is not UTF-8 text ({e.reason} at byte {e.start}).", fix="save the profile as UTF-8"

@@ -66,8 +66,26 @@ def _dotdot(demo: DemoPaths) -> list[tuple[str, tuple[str, ...]]]:
     ]
 
 
+def _wrong_type(demo: DemoPaths) -> list[tuple[str, tuple[str, ...]]]:
+    """A count written as a bool, text or a float was taken as a number (`size = true` as 1 B: a
+    verified archive then disagreed with its pin)."""
+    good = demo.profile.read_text()
+    size = re.search(r"^size = (\d+)$", good, re.M)
+    cache_dirs = re.search(r"^cache_dirs = (\d+)$", good, re.M)
+    assert size and cache_dirs
+    one = good.replace(size.group(0), "size = true", 1)
+    text = good.replace(cache_dirs.group(0), f'cache_dirs = "{cache_dirs.group(1)}"', 1)
+    floats = good.replace(size.group(0), f"size = {size.group(1)}.0", 1)
+    return [
+        (one, ("key 'archives[0].size'", "valid integer")),
+        (text, ("key 'expected.cache_dirs'", "valid integer")),
+        (floats, ("key 'archives[0].size'", "valid integer")),
+    ]
+
+
 @fault_cases(
     net_branch=_branch,
+    prof_wrong_type=_wrong_type,
     prof_unknown_key=_unknown_key,
     prof_quarantined_active=_quarantined_active,
     prof_dotdot=_dotdot,
@@ -288,3 +306,16 @@ def test_expected_totals_the_entries_contradict_are_refused_when_the_profile_loa
     demo.profile.write_text("\n".join(fixed) + "\n")
     assert load_profile(demo.profile).expected.archives == e.archives - 1
     demo.profile.write_text(good)
+
+
+def test_a_profile_saved_with_a_byte_order_mark_loads(demo: DemoPaths, tmp_path: Path) -> None:
+    """Some editors save UTF-8 with a byte-order mark; TOML parsers refuse it as "Invalid statement
+    (at line 1, column 1)", where nothing visible is wrong. It is not part of the text: the
+    profile loads as without it."""
+    bom = tmp_path / "profile.toml"
+    bom.write_bytes(b"\xef\xbb\xbf" + demo.profile.read_bytes())
+    plain = load_profile(demo.profile)
+    got = load_profile(bom, kit_root=demo.profile.parent)
+    assert got.model_dump(exclude={"profile_path", "kit_root"}) == plain.model_dump(
+        exclude={"profile_path", "kit_root"}
+    )
