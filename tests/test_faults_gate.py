@@ -100,6 +100,8 @@ def test_fault_gate_current_index_edited(gated: dict[str, Any], tmp_path: Path) 
     said = re.search(r"^store update: (.*)$", out.stdout, re.M)
     assert said and "failed the publication gate" in said.group(1) and str(aside[0]) in said.group(1)
     assert "sample_index.jsonl" in said.group(1), said.group(1)  # what failed, named
+    # the published store was there: why it was rebuilt is that it failed, not "none is published"
+    assert said.group(1).startswith(f"rebuilt: the store already at {store} failed"), said.group(1)
     current = layout.current_store_path(root, gated["profile"])
     assert f"current:      {current}\n" in out.stdout  # the path to keep, and how to open it
     assert f'VinOfflineDataset("{current}", split="train")' in out.stdout

@@ -143,6 +143,26 @@ def test_readers_name_a_current_object_that_names_no_store(
     assert f"{root.url}/{STORES[0]}" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("named", ["v2-typo", ""], ids=["typo", "empty"])
+def test_the_training_api_names_a_current_object_that_names_no_store(
+    profile_root: tuple[StoreLocation, dict[str, Any], list[str]], named: str
+) -> None:
+    """``VinOfflineDataset`` (and so preview, export-rrd and the loader, which open through the
+    same reader) says what the ``CURRENT`` object holds, not "nothing is there"."""
+    from stage2_data.errors import StoreNotFoundError
+    from stage2_data.store import VinOfflineDataset
+
+    root, opts, _ = profile_root
+    root.write_bytes(root.root / CURRENT_OBJECT, (named + "\n").encode())
+    root.invalidate()
+    for target in (f"{root.url}/current", root.url):
+        with pytest.raises(StoreNotFoundError) as ei:
+            VinOfflineDataset(target, storage_options=opts)
+        msg = str(ei.value)
+        assert f"the {CURRENT_OBJECT} object at {root.url}/{CURRENT_OBJECT} names {named!r}" in msg, msg
+        assert "nothing is there" not in msg, msg
+
+
 def test_the_build_s_published_store_names_a_current_object_that_names_no_store(
     profile_root: tuple[StoreLocation, dict[str, Any], list[str]], tmp_path: Path
 ) -> None:

@@ -193,9 +193,10 @@ def step_store(
         ]
         # a sidecar store of the new trajectories merged into the published store when the new
         # inputs only add trajectories (stage2_data/store/extend.py), else a full build; one line says which
+        base = root_loc.current()
         update = write_or_extend(
             out,
-            root_loc.current(),
+            base,
             samples,
             pairs,
             profile=profile.identity(),
@@ -209,8 +210,8 @@ def step_store(
             actions_input=f"kit/{profile.kit.sidecar_archive}",
             processes=store_processes(len(samples)),
         )
-        if set_aside:
-            update = f"{update}; {set_aside}"
+        if set_aside:  # with no store left to extend, what was set aside is why it was rebuilt
+            update = f"rebuilt: {set_aside}" if base is None else f"{update}; {set_aside}"
     seconds = time.perf_counter() - t0
     # A new store passes the publication gate (every file hashed, the content recomputed, every
     # sample decoded through zarr and compared with its frames_sha256) before it becomes current,

@@ -26,7 +26,7 @@ from zarr.storage import WrapperStore
 from .. import layout
 from ..errors import LoaderError, StoreError, StoreNotFoundError, StoreValidationError
 from ..publish import is_temp_name
-from ..storage import StoreLocation
+from ..storage import StoreLocation, current_error
 from .format import (
     BLOCK_ACTIONS,
     BLOCK_FRAMES,
@@ -130,6 +130,9 @@ def resolve_store(
         cur = c.current()
         if cur is not None:
             return cur
+    err = current_error(loc)  # a CURRENT object that names no store: said so, not "nothing there"
+    if err is not None:
+        raise err
     return loc
 
 
