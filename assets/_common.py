@@ -398,7 +398,7 @@ def _output_for_partitions(
 
 def resource_data_root(context: dg.AssetExecutionContext) -> Path | None:
     """The data root of the run's ``data_root`` resource (``DataRootResource``), None without one."""
-    res = getattr(context.resources, "data_root", None)
+    res = getattr(getattr(context, "resources", None), "data_root", None)
     root = getattr(res, "root", None)
     return Path(root()) if callable(root) else None
 

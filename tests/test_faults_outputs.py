@@ -11,6 +11,7 @@ The matrix: tests/faults_table.py (rows), tests/helpers/faults.py (what every ro
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -203,7 +204,8 @@ def _instance_paths(root: Path) -> list[str]:
 
 def _runs(root: Path) -> int:
     """The runs the data root's own instance recorded."""
-    with sqlite3.connect(root / ".dagster" / "history" / "runs.db") as db:
+    # closed here, not when collected: SQLite removes its -wal and -shm files at the last close
+    with contextlib.closing(sqlite3.connect(root / ".dagster" / "history" / "runs.db")) as db:
         return int(db.execute("select count(*) from runs").fetchone()[0])
 
 

@@ -112,19 +112,20 @@ def out_path(out: str | os.PathLike[str] | None, default: Path, example: str) ->
         _make_out_folder(path, fix)  # a trailing slash: a folder, created when it is new
     if path.is_dir():
         path = path / default.name
-    if path.suffix.lower() != default.suffix:  # the bytes are always this format, whatever the name
-        raise PreviewError(
-            f"--out {path}: this writes a {default.suffix[1:].upper()} file, and the name says "
-            f"{path.suffix or 'no format'}.",
-            fix=f"name it with {default.suffix} (e.g. --out {shlex.quote(str(path.with_suffix(default.suffix)))})",
-        )
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         what = "is not a folder" if parent.exists() else "does not exist"
         raise PreviewError(f"--out {path}: cannot write there: {parent} {what}.", fix=fix)
     if not os.access(parent, os.W_OK | os.X_OK):
         raise PreviewError(f"--out {path}: cannot write there: {parent} is not writable.", fix=fix)
-    return check_output_path(path, option="--out", error=PreviewError)
+    path = check_output_path(path, option="--out", error=PreviewError)  # what stands there first
+    if path.suffix.lower() != default.suffix:  # the bytes are always this format, whatever the name
+        raise PreviewError(
+            f"--out {path}: this writes a {default.suffix[1:].upper()} file, and the name says "
+            f"{path.suffix or 'no format'}.",
+            fix=f"name it with {default.suffix} (e.g. --out {shlex.quote(str(path.with_suffix(default.suffix)))})",
+        )
+    return path
 
 
 def _make_out_folder(folder: Path, fix: str) -> None:
