@@ -507,11 +507,11 @@ def _walk(
 
             def streamed(run: dict[str, Any]) -> None:
                 parts = [p for part in stream_parts(run) for p in partition_runs(part)]
+                bad = [(stage_of(p["selection"]), p["partition"]) for p in parts if not p["success"]]
                 with lock:
                     runs.append(run)
-                    failed.extend(
-                        (stage_of(p["selection"]), p["partition"]) for p in parts if not p["success"]
-                    )
+                    # a failed run whose failure no partition holds fails its stage: nothing after runs
+                    failed.extend(bad if bad or run["success"] else [(stage_of(run["selection"]), None)])
                     if on_run is not None:
                         for part in parts:
                             on_run(part)
@@ -534,7 +534,8 @@ def _walk(
             if stage.partitioned_by is None:
                 failed.extend([] if run["success"] else [(stage, None)])
             else:
-                failed.extend((stage, p["partition"]) for p in partition_runs(run) if not p["success"])
+                bad = [(stage, p["partition"]) for p in partition_runs(run) if not p["success"]]
+                failed.extend(bad if bad or run["success"] else [(stage, None)])
 
     walk_stages(run_one, beside=beside)
     failed.sort(key=lambda f: STAGES.index(f[0]))

@@ -19,6 +19,7 @@ from typing import Any
 import dagster as dg
 
 from stage2_assets import WORKERS_TAG
+from stage2_data.checks import NON_BLOCKING
 from stage2_data.errors import Stage2Error
 from stage2_data.profile import Profile, load_profile
 from stage2_data.publish.lock import held_build_id
@@ -457,7 +458,12 @@ def partition_runs(run: dict[str, Any]) -> list[dict[str, Any]]:
     parts = run.get("partitions") or {}
     if len(parts) <= 1:
         return [run]
-    ok = {k: set(run["selection"]) <= set(done) for k, done in parts.items()}
+    # a partition succeeded when its every asset materialized and none failed a blocking check (an
+    # asset a blocking check fails is materialized, then its step fails: nothing after it may run)
+    failed_checks = {
+        c.get("partition") for c in run["checks"] if not c["passed"] and c.get("check") not in NON_BLOCKING
+    }
+    ok = {k: set(run["selection"]) <= set(done) and k not in failed_checks for k, done in parts.items()}
     rest = next((k for k in parts if not ok[k]), list(parts)[-1])
 
     def mine(items: list[dict[str, Any]], k: str) -> list[dict[str, Any]]:

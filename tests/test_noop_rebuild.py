@@ -657,6 +657,9 @@ def test_an_edited_extraction_record_is_checked_again(noop_rebuilt: dict[str, An
                 out.stdout
             )
             assert says in out.stdout, out.stdout
+            # a blocking check failed: nothing after it runs (no store step, nothing published)
+            assert "BUILD FAILED (stopped after cache_dir)" in out.stdout, out.stdout
+            assert "store update:" not in out.stdout, out.stdout
     finally:
         path.write_bytes(good)
     _, fp = _build(demo, root, hub)
