@@ -214,11 +214,17 @@ def _run_label(context: Any, what: str) -> str:
     return f"run {run_id} of job {job}, {what}" if run_id else what
 
 
+# the tag Dagster sets on a re-executed run (its parent), spelled as Dagster's run tags spell it
+PARENT_RUN_TAG = "dagster/parent_run_id"
+
+
 def _build_id(context: Any) -> str | None:
     """The id of the `stage2 build` that started this run (its ``stage2/build`` tag), if any."""
     run = getattr(context, "run", None) if context is not None else None
     tags = getattr(run, "tags", None)
-    value = tags.get(BUILD_TAG) if isinstance(tags, Mapping) else None
+    if not isinstance(tags, Mapping) or PARENT_RUN_TAG in tags:
+        return None  # a re-execution (from the UI) carries its parent's tags: not the build's run
+    value = tags.get(BUILD_TAG)
     return value if isinstance(value, str) and value else None
 
 

@@ -57,7 +57,9 @@ def build_acquisition_assets(profile: Profile) -> list[Any]:
                 )
             )
         root = data_root.root()
-        yield from run_step(PINNED_PROFILE, lambda: steps.step_profile(prof, root), data_root=root)
+        yield from run_step(
+            PINNED_PROFILE, lambda: steps.step_profile(prof, root), context=context, data_root=root
+        )
 
     @stage_asset(
         ARCHIVE_FILE,

@@ -266,7 +266,14 @@ def test_a_step_of_the_builds_own_run_elsewhere_is_covered_by_its_build_id(
 
 
 # ----- through Dagster and the CLI ----------------------------------------------------------------
-def _materialize(demo: DemoPaths, root: Path, url: str, asset: str, partition: str | None) -> Any:
+def _materialize(
+    demo: DemoPaths,
+    root: Path,
+    url: str,
+    asset: str,
+    partition: str | None,
+    tags: dict[str, str] | None = None,
+) -> Any:
     """One run of ``asset`` as the UI launches it (the implicit asset job, executed directly: no
     build, no build's lock)."""
     import dagster as dg
@@ -281,6 +288,7 @@ def _materialize(demo: DemoPaths, root: Path, url: str, asset: str, partition: s
         asset_selection=[dg.AssetKey(asset)],
         partition_key=partition,
         raise_on_error=False,
+        tags=tags,
     )
 
 
@@ -328,6 +336,34 @@ def test_a_ui_run_fails_at_once_and_writes_nothing_while_a_build_holds_the_data_
         assert r.success
         assert layout.archives_dir(root).is_dir()
         assert not list(shared_holders_dir(root).iterdir())  # released with the step
+
+
+def test_a_re_execution_of_a_builds_run_is_not_covered_by_that_build(
+    demo_cache: DemoPaths,
+    tmp_path: Path,
+    dagster_home: Path,
+    holders: list[Holder],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Dagster copies a run's tags into its re-execution, the build's ``stage2/build`` among them:
+    a run re-executed from the UI while that build runs is refused like any UI run (it re-ran the
+    build's downloads, or published a store, beside the build). A run of the build carries the tag
+    without a parent run and is covered."""
+    from stage2_data.publish import read_holder
+    from stage2_data.stages import BUILD_TAG
+
+    monkeypatch.delenv("STAGE2_RUN_IN_PROCESS", raising=False)
+    root = tmp_path / "root"
+    with HubServer(demo_cache.upstream, repo_id=demo_cache.repo_id, revision=demo_cache.revision) as hub:
+        holders.append(build := Holder(root, "exclusive"))
+        build_id = str(read_holder(root)["build_id"])
+        own = _materialize(demo_cache, root, hub.url, "pinned_profile", None, {BUILD_TAG: build_id})
+        assert own.success, _failure_descriptions(own)
+        again = {BUILD_TAG: build_id, "dagster/parent_run_id": own.run_id, "dagster/root_run_id": own.run_id}
+        r = _materialize(demo_cache, root, hub.url, "pinned_profile", None, again)
+        assert not r.success
+        (desc,) = _failure_descriptions(r)
+        assert f"build pid {build.pid}" in desc and "this run wrote nothing" in desc, desc
 
 
 def test_stage2_build_is_refused_while_a_ui_run_holds_the_data_root(
