@@ -319,3 +319,8 @@ def test_a_profile_saved_with_a_byte_order_mark_loads(demo: DemoPaths, tmp_path:
     assert got.model_dump(exclude={"profile_path", "kit_root"}) == plain.model_dump(
         exclude={"profile_path", "kit_root"}
     )
+    # `stage2 pin` reads the file itself too (to rewrite its pins in place)
+    demo.profile.write_bytes(bom.read_bytes())
+    checked = stage2("pin", str(demo.profile), "--check", "--hub-folder", str(demo.upstream))
+    assert checked.returncode == 0, checked.tail()
+    assert "internal error" not in checked.stdout + checked.stderr

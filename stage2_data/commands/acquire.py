@@ -49,7 +49,7 @@ def _pin_again(args: argparse.Namespace, mode: str) -> str:
 def _refuse_floating_revision(path: Path, endpoint: str, token: str | None) -> None:
     """A branch name, tag or short hash in [source] revision: refuse, naming the commit it resolves to."""
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(path.read_text(encoding="utf-8-sig"))
     except (OSError, tomllib.TOMLDecodeError):
         return  # load_profile reports it
     src = data.get("source") if isinstance(data, dict) else None
@@ -184,7 +184,7 @@ def _pin(args: argparse.Namespace, path: Path, endpoint: str, token: str | None)
         raise ProfileError(
             f"{path}: {e.message.splitlines()[0]} " + "; ".join(e.problems), fix=e.fix
         ) from None
-    old = path.read_text(encoding="utf-8")
+    old = path.read_text(encoding="utf-8-sig")  # a byte-order mark is not part of the TOML
     new = rewrite_pins(old, pinned)
     check = parse_profile(tomllib.loads(new), source=str(path), path=path)
     if check.archives != pinned.archives:  # never write a file that does not say what the listing says
