@@ -111,6 +111,23 @@ def test_a_missing_shard_object_is_named_by_every_read_never_the_fill_value(
         _named(ei, s, shard, array, i, key)
 
 
+@pytest.mark.parametrize("rel", ["sample_index.jsonl", "pairs.jsonl", "splits/train.npy"])
+def test_a_missing_metadata_file_is_named_with_the_rebuild(tmp_path: Path, store: Path, rel: str) -> None:
+    """A metadata file the manifest lists, removed: the dataset opened (its length is the
+    manifest's) and then raised a bare FileNotFoundError at every read, and `stage2 summary` said
+    "create the missing folder". Both name the file, the store and the rebuild now."""
+    s = copy_store(store, tmp_path / "s")
+    (s / rel).unlink()
+    with pytest.raises(StoreChecksumError) as ei, VinOfflineDataset(s, split="train") as ds:
+        ds.reader.sample_index, ds.reader.pairs(), ds.reader.split("train")
+    assert f"{s / rel}: missing; the manifest lists it" in str(ei.value), str(ei.value)
+    assert "rebuild it: stage2 build" in str(ei.value)
+    if rel == "sample_index.jsonl":  # what `stage2 summary` reads
+        r = stage2("summary", str(s))
+        assert r.returncode != 0 and f"{s / rel}: missing" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr and "create the missing folder" not in r.stderr
+
+
 def test_a_missing_shard_object_is_named_in_a_loader_worker(tmp_path: Path, store: Path) -> None:
     s = copy_store(store, tmp_path / "s")
     with VinOfflineStoreReader(s) as r:

@@ -68,9 +68,17 @@ def check_sha256(loc: StoreLocation, manifest: dict[str, Any], rel: str, data: b
 def read_checked(loc: StoreLocation, manifest: dict[str, Any], rel: str) -> bytes:
     """The bytes of the store's file ``rel`` (relative path), read whole and checked against the
     sha256 the manifest lists for it: StoreChecksumError naming the file when they differ,
-    StoreValidationError when the manifest lists no sha256 for it (both with the rebuild command)."""
+    StoreValidationError when the manifest lists no sha256 for it, StoreChecksumError too when the
+    file is missing (each with the rebuild command)."""
     want = listed_sha256(loc, manifest, rel)
-    data = loc.read_bytes(loc.root / rel)
+    try:
+        data = loc.read_bytes(loc.root / rel)
+    except FileNotFoundError:
+        raise StoreChecksumError(
+            f"VIN offline store {loc.url}: {loc.display(loc.root / rel)}: missing; the manifest lists it "
+            f"(sha256 {want}): the store is incomplete",
+            fix=f"the store is damaged; rebuild it: {rebuild_command(loc.root, manifest)}",
+        ) from None
     check_sha256(loc, manifest, rel, data, want)
     return data
 
