@@ -660,8 +660,16 @@ def test_an_edited_extraction_record_is_checked_again(noop_rebuilt: dict[str, An
             # a blocking check failed: nothing after it runs (no store step, nothing published)
             assert "BUILD FAILED (stopped after cache_dir)" in out.stdout, out.stdout
             assert "store update:" not in out.stdout, out.stdout
+            assert f"as its extraction record {path} says" in out.stdout, out.stdout
+        # the fix as it says: the record moved aside, the cache directory is extracted anew
+        path.rename(f"{path}.edited")
+        _, fp = _build(demo, root, hub)
+        assert fp == FINGERPRINT
+        assert json.loads(path.read_bytes())[edit] == json.loads(good)[edit]  # written anew
     finally:
-        path.write_bytes(good)
+        Path(f"{path}.edited").unlink(missing_ok=True)
+        if not path.exists():
+            path.write_bytes(good)
     _, fp = _build(demo, root, hub)
     assert fp == FINGERPRINT
     assert _up_to_date(_build(demo, root, hub)[0]) == [s.name for s in STAGES]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +180,13 @@ def step_extract(
             0,
             f"{layout.cache_dir(data_root, cache_key)}: frame files {rec.frame_files}, processed_dataset rows "
             f"{rec.rows}, dataset_info.json total_trajectories {rec.total_trajectories} disagree",
+        )
+    if problems and reason is None:  # what its record says, not what an extraction just found
+        record = layout.extraction_record_path(data_root, cache_key)
+        problems.append(
+            f"(as its extraction record {record} says; if that file was edited, move it aside, "
+            f"e.g. `mv {shlex.quote(str(record))} {shlex.quote(str(record) + '.edited')}`, and build "
+            "again: the cache directory is then extracted anew)"
         )
     md = {
         "cache_key": cache_key,
