@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import shlex
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -27,21 +26,11 @@ from stage2_data.errors import StoreNotFoundError
 from stage2_data.storage import CURRENT_OBJECT, QUARANTINE_DIR, StoreLocation
 from stage2_data.store import MANIFEST_NAME, VinOfflineWriter
 
-moto_server = pytest.importorskip("moto.server", reason="moto[server] is a dev dependency (pyproject)")
+pytest.importorskip("moto.server", reason="moto[server] is a dev dependency (pyproject)")
 pytest.importorskip("s3fs", reason="s3fs is a dev dependency (pyproject)")
+from test_store_backends import s3_endpoint  # noqa: E402,F401 - the S3 server on loopback, one per session
 
 STORES = ("v2-aaaa000000000001", "v2-bbbb000000000002")
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +46,9 @@ def local_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def profile_root(
-    s3_endpoint: str, local_store: Path, monkeypatch: pytest.MonkeyPatch
+    s3_endpoint: str,  # noqa: F811 - the fixture imported above
+    local_store: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> tuple[StoreLocation, dict[str, Any], list[str]]:
     """``s3://<new bucket>/stores/p`` holding two complete stores; the options and the matching
     ``--storage-option`` arguments (credentials in the environment, as a user keeps them)."""
