@@ -176,6 +176,10 @@ def test_a_row_the_shard_index_lists_no_chunk_for_is_named(tmp_path: Path, store
         reader.read_frames(i)
     msg = str(ei.value)
     assert f"sample {i} ({key})" in msg and "lists no chunk" in msg, msg
+    # `validate --decode` decodes every row: the row is named under its shard, path and text apart
+    found = validate_vin_offline_store(s, decode=True)
+    said = [p for p in found if "cannot decode" in p]
+    assert said and f"shard-{shard:06d}: cannot decode" in said[0], found
 
 
 def test_a_missing_shard_object_on_s3_is_named(s3_endpoint: str, tmp_path: Path) -> None:  # noqa: F811

@@ -160,9 +160,8 @@ def _validate_decoded(
         rows = [j for j, ks in enumerate(found) if key in ks]
         if rows:
             keys = ", ".join(str(mine[j]["sample_key"]) for j in rows[:3])
-            problems.append(
-                f"{sdir}/{what.get(key, key)} in {len(rows)} row(s) (first rows {rows[:3]}: {keys})"
-            )
+            said = f"{sdir}/{what[key]}" if key in what else f"{sdir}: {key}"  # an array's, or the row's
+            problems.append(f"{said} in {len(rows)} row(s) (first rows {rows[:3]}: {keys})")
 
 
 def _check_chunks(
