@@ -233,7 +233,7 @@ def test_fault_arc_missing_part(prepared: Prepared, demo: DemoPaths, tmp_path: P
     refused(r, ab, "missing", "Fix:", "download it again")
     # left out of the profile: the parts present are read as one (truncated) stream
     good = demo.profile.read_text()
-    demo.profile.write_text(good.replace(_archive_block(good, ab), ""))
+    demo.profile.write_text(_expected(good.replace(_archive_block(good, ab), ""), "archives", -1))
     r = run_selection(run_cfg(demo, root), ["cache_dir"], SPLIT)
     refused(r, f"{SPLIT}.tar", "truncated or corrupt", aa, "missing or out of order", "Fix:")
     demo.profile.write_text(good)
@@ -493,14 +493,20 @@ def test_fault_arc_extracted_flip_reverify(prepared: Prepared, built: Path, tmp_
 def _add_archive(demo: DemoPaths, path: str, key: str, trajectories: int) -> None:
     """List ``path`` (in the demo's upstream) under [[archives]] for ``key``, pinned, and count it
     (and its ``trajectories``) in the profile's [expected] table."""
-    with open(demo.profile, "a", encoding="utf-8") as f:
-        f.write(f'\n[[archives]]\npath = "{path}"\ncache_key = "{key}"\n')
-    repin_profile(demo)
-    text = demo.profile.read_text(encoding="utf-8")
+    text = (
+        demo.profile.read_text(encoding="utf-8") + f'\n[[archives]]\npath = "{path}"\ncache_key = "{key}"\n'
+    )
+    # counted first: a profile whose totals contradict its entries does not load (nor pin)
     for name, more in (("archives", 1), ("cache_dirs", 1), ("trajectories", trajectories)):
-        n = int(re.findall(rf"^{name} = (\d+)$", text, re.M)[0])
-        text = re.sub(rf"^{name} = \d+$", f"{name} = {n + more}", text, count=1, flags=re.M)
+        text = _expected(text, name, more)
     demo.profile.write_text(text, encoding="utf-8")
+    repin_profile(demo)
+
+
+def _expected(text: str, name: str, more: int) -> str:
+    """``text`` (a profile) with its [expected] ``name`` total changed by ``more``."""
+    n = int(re.findall(rf"^{name} = (\d+)$", text, re.M)[0])
+    return re.sub(rf"^{name} = \d+$", f"{name} = {n + more}", text, count=1, flags=re.M)
 
 
 def _frame_count(tar: Path) -> int:

@@ -380,8 +380,10 @@ def test_a_range_runs_failed_check_is_said_once_under_its_partition(demo_cache: 
     selection = list(ACQUIRE.assets)
     check = {"asset": "archive_file", "check": "archive_sha256_matches_pin", "passed": False,
              "partition": bad, "description": "the pin is wrong\nmore"}  # fmt: skip
-    warn = {"asset": "archive_file", "check": "archive_sizes", "passed": False, "partition": early,
-            "description": "size differs"}  # fmt: skip
+    # a failed check that does not block (the one of stage2_data.checks.NON_BLOCKING): said, the
+    # partition still ok (a blocking one fails its partition: nothing after it runs)
+    warn = {"asset": "archive_file", "check": "sidecars_by_source_match_expected", "passed": False,
+            "partition": early, "description": "size differs"}  # fmt: skip
     run = {
         "run_id": "abcdef0123", "success": False, "selection": selection, "reported": [early],
         "partitions": {k: ([] if k == bad else selection) for k in keys},
@@ -403,6 +405,6 @@ def test_a_range_runs_failed_check_is_said_once_under_its_partition(demo_cache: 
         f"  run abcdef01 archive_file[{bad}]: FAILED (3/{len(prof.cache_keys())})",
         "    check archive_file:archive_sha256_matches_pin failed: the pin is wrong",
         f"  archive_file[{early}]: ok",
-        "    check archive_file:archive_sizes failed: size differs",
+        "    check archive_file:sidecars_by_source_match_expected failed: size differs",
     ]
     assert bar.stages[ACQUIRE.name].done == 3 and bar.stages[ACQUIRE.name].failed == 1
