@@ -179,7 +179,12 @@ class Stop:
             # to the stderr the build started with: during a step Dagster points fd 2 at the step's
             # compute log (echoed by a `tail` that was just killed); no lock: the main thread may hold it
             lines = [] if said else [self.message()]
-            lines.append(f"{HARD_EXIT_MARK} a thread did not stop within {self.hard_deadline:g} s")
+            # which threads were still running: where a stop that needed the last resort was stuck
+            alive = [t.name for t in threading.enumerate() if t is not threading.current_thread()]
+            lines.append(
+                f"{HARD_EXIT_MARK} a thread did not stop within {self.hard_deadline:g} s "
+                f"(still running: {', '.join(alive[:8]) or 'none'})"
+            )
             os.write(self._stderr_fd, "".join(f"{line}\n" for line in lines).encode())
         os._exit(self.exit_code or 1)
 

@@ -606,3 +606,21 @@ def test_a_stop_after_the_store_was_published_says_so(demo_cache: DemoPaths, tmp
     assert p.returncode == 143, (p.returncode, p.stderr)
     assert "stopped by SIGTERM after the store was published" in p.stderr, p.stderr
     assert "interrupted" not in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+def test_the_last_resort_names_the_threads_still_running(tmp_path: Path) -> None:
+    """The hard exit (a thread that did not stop within the deadline) says which threads were still
+    running, so that a stop that needed it can be traced to the step that did not stop."""
+    code = (
+        "import signal, threading, time\n"
+        "from stage2_pipelines.stops import Stop\n"
+        "threading.Thread(target=time.sleep, args=(60,), name='stuck-partition', daemon=True).start()\n"
+        "stop = Stop(signum=int(signal.SIGTERM))\n"
+        "stop.terminate_workers = lambda kill=False: None\n"
+        "stop._hard_exit()\n"
+    )
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 143, ran.stderr
+    last = ran.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"{HARD_EXIT_MARK} a thread did not stop within"), ran.stderr
+    assert "still running: stuck-partition" in last, last
