@@ -573,8 +573,8 @@ def test_a_stray_entry_of_processed_datasets_fails_every_build_until_it_is_gone(
 
 def test_what_the_extraction_records_say_is_what_the_report_shows(noop_rebuilt: dict[str, Any]) -> None:
     """After a build, every extraction record says what the extraction report shows of it
-    (``status.reported_extraction`` spells the report's entry as ``write_extraction_report`` writes
-    it): the no-op compares them, so a drift between the two would make every build check again."""
+    (``reported_extraction``, the entry ``write_extraction_report`` writes for each record): the
+    no-op compares them, so a drift between the two would make every build check again."""
     root: Path = noop_rebuilt["root"]
     prof = load_profile(noop_rebuilt["demo"].profile)
     _build(noop_rebuilt["demo"], root, noop_rebuilt["hub"])

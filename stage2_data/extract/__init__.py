@@ -34,6 +34,7 @@ from .extract import (
     hash_regular_file,
     invalidate_extraction,
     load_extraction_record,
+    reported_extraction,
     scan_tree,
     settle_ctimes,
     stats_digest,
@@ -79,6 +80,7 @@ __all__ = [
     "stats_digest",
     "stray_entries",
     "walk_stats",
+    "reported_extraction",
     "write_extraction_report",
     "write_json_if_changed",
 ]

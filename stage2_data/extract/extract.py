@@ -682,6 +682,22 @@ def load_extraction_record(data_root: Path, cache_key: str) -> ExtractionRecord 
     return _load_record(layout.extraction_record_path(data_root, cache_key))[0]
 
 
+def reported_extraction(rec: ExtractionRecord) -> dict[str, Any]:
+    """One cache key's entry in the extraction report: the counts and ``problems`` the extract
+    stage checks, and the rest the report shows (what a no-op build compares a record by)."""
+    return {
+        "archives": list(rec.archives),
+        "layout": rec.layout,
+        "files": rec.files,
+        "bytes": rec.bytes,
+        "trajectories_found": rec.frame_files,
+        "rows": rec.rows,
+        "total_trajectories": rec.total_trajectories,
+        "seconds": rec.seconds,
+        "problems": list(rec.problems),
+    }
+
+
 def write_extraction_report(data_root: Path, records: Sequence[ExtractionRecord]) -> Path:
     """Write ``extraction_report.json`` at the data root (atomically): one entry per cache key
     plus totals. Returns its path."""
@@ -689,17 +705,7 @@ def write_extraction_report(data_root: Path, records: Sequence[ExtractionRecord]
     for r in records:
         if r.cache_key in by_key:
             raise ValueError(f"two extraction records for cache key {r.cache_key!r}")
-        by_key[r.cache_key] = {
-            "archives": list(r.archives),
-            "layout": r.layout,
-            "files": r.files,
-            "bytes": r.bytes,
-            "trajectories_found": r.frame_files,
-            "rows": r.rows,
-            "total_trajectories": r.total_trajectories,
-            "seconds": r.seconds,
-            "problems": list(r.problems),
-        }
+        by_key[r.cache_key] = reported_extraction(r)
     report = {
         "cache_keys": dict(sorted(by_key.items())),
         "totals": {

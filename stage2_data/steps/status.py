@@ -43,6 +43,7 @@ from ..extract import (
     ExtractionRecord,
     check_extraction,
     load_extraction_record,
+    reported_extraction,
     write_json_if_changed,
 )
 from ..fsutil import canonical_json
@@ -92,25 +93,6 @@ def acquire_status(profile: Profile, data_root: Path) -> str | None:
     if not todo:
         return None
     return f"{len(todo)} archive(s) to download or verify ({todo[0]}{', ...' if len(todo) > 1 else ''})"
-
-
-def reported_extraction(rec: ExtractionRecord) -> dict[str, Any]:
-    """What a build reports and checks of one extraction record besides what
-    :func:`~stage2_data.extract.check_extraction` compares with the cache directory: its entry in
-    the extraction report (``cache_keys`` of ``extraction_report.json``, as
-    :func:`~stage2_data.extract.write_extraction_report` writes it): the counts and ``problems``
-    the extract stage checks, and the rest the report shows."""
-    return {
-        "archives": list(rec.archives),
-        "layout": rec.layout,
-        "files": rec.files,
-        "bytes": rec.bytes,
-        "trajectories_found": rec.frame_files,
-        "rows": rec.rows,
-        "total_trajectories": rec.total_trajectories,
-        "seconds": rec.seconds,
-        "problems": list(rec.problems),
-    }
 
 
 def records_seen_path(data_root: Path) -> Path:
