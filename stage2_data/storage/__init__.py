@@ -28,7 +28,7 @@ from ._base import (
     is_url,
     join_url,
 )
-from ._fsspec import FsspecLocation, current_error, option_args
+from ._fsspec import FsspecLocation, current_candidates, current_error, option_args
 from ._local import LocalLocation
 
 __all__ = [
@@ -40,6 +40,7 @@ __all__ = [
     "LocalLocation",
     "StoreLocation",
     "check_stores_url",
+    "current_candidates",
     "current_error",
     "is_url",
     "join_url",

@@ -285,6 +285,15 @@ def option_args(storage_options: dict[str, Any] | None) -> str:
     return " ".join(parts)
 
 
+def current_candidates(loc: StoreLocation) -> list[StoreLocation]:
+    """The folders whose ``CURRENT`` object a target on object storage is resolved through, in
+    order: ``<profile>`` for ``<profile>/current`` (``layout.CURRENT_LINK``), then the target."""
+    if loc.root.name != "current":
+        return [loc]
+    parent = loc.root.parent
+    return [dataclasses.replace(loc, root=parent, url=f"{loc.protocol}://{parent.as_posix()}"), loc]
+
+
 def current_error(
     target: str | StoreLocation, storage_options: dict[str, Any] | None = None, *, command: str = ""
 ) -> StoreNotFoundError | None:
@@ -295,13 +304,7 @@ def current_error(
     loc = StoreLocation.parse(target, storage_options)
     if loc.is_local or loc.is_file(loc.root / MANIFEST_NAME):
         return None
-    candidates = [loc]
-    if loc.root.name == "current":  # ``layout.CURRENT_LINK``, as the reader's ``resolve_store``
-        parent = loc.root.parent
-        candidates.insert(
-            0, dataclasses.replace(loc, root=parent, url=f"{loc.protocol}://{parent.as_posix()}")
-        )
-    for c in candidates:
+    for c in current_candidates(loc):
         if not isinstance(c, FsspecLocation) or (why := c.current_problem()) is None:
             continue
         stores = sorted(
@@ -325,4 +328,4 @@ def current_error(
     return None
 
 
-__all__ = ["FsspecLocation", "current_error", "option_args"]
+__all__ = ["FsspecLocation", "current_candidates", "current_error", "option_args"]

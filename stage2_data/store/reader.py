@@ -11,7 +11,6 @@ whatever a rebuild publishes meanwhile. A local reader holds a lease on its stor
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import operator
 import os
 import threading
@@ -26,7 +25,7 @@ from zarr.storage import WrapperStore
 from .. import layout
 from ..errors import LoaderError, StoreError, StoreNotFoundError, StoreValidationError
 from ..publish import is_temp_name
-from ..storage import StoreLocation, current_error
+from ..storage import StoreLocation, current_candidates, current_error
 from .format import (
     BLOCK_ACTIONS,
     BLOCK_FRAMES,
@@ -120,13 +119,7 @@ def resolve_store(
         return StoreLocation.parse(os.path.realpath(loc.root))
     if loc.is_file(loc.root / MANIFEST_NAME):
         return loc
-    candidates = [loc]
-    if loc.root.name == layout.CURRENT_LINK:
-        parent = loc.root.parent
-        candidates.insert(
-            0, dataclasses.replace(loc, root=parent, url=f"{loc.protocol}://{parent.as_posix()}")
-        )
-    for c in candidates:
+    for c in current_candidates(loc):
         cur = c.current()
         if cur is not None:
             return cur
