@@ -182,18 +182,25 @@ def test_a_row_the_shard_index_lists_no_chunk_for_is_named(tmp_path: Path, store
     assert said and f"shard-{shard:06d}: cannot decode" in said[0], found
 
 
-def test_a_missing_shard_object_on_s3_is_named(s3_endpoint: str, tmp_path: Path) -> None:  # noqa: F811
-    up = make_upstream(tmp_path / "up", range(1, 9))
+def _s3_store(endpoint: str, tmp_path: Path, trajectories: int) -> StoreLocation:
+    """A store of ``trajectories`` trajectories (3 rows a shard) written to a new bucket of the
+    loopback S3 server, as its location."""
+    up: Upstream = make_upstream(tmp_path / "up", range(1, trajectories + 1))
     options = {
         "key": "testing",
         "secret": "testing",
-        "client_kwargs": {"endpoint_url": s3_endpoint, "region_name": "us-east-1"},
+        "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
     }
-    url = f"s3://{make_bucket(s3_endpoint)}/stores/s"
+    url = f"s3://{make_bucket(endpoint)}/stores/s"
     VinOfflineWriter(url, profile=PROFILE, inputs=INPUTS, storage_options=options, rows_per_shard=3).write(
         up.samples, up.pairs
     )
-    loc = StoreLocation.parse(url, options)
+    return StoreLocation.parse(url, options)
+
+
+def test_a_missing_shard_object_on_s3_is_named(s3_endpoint: str, tmp_path: Path) -> None:  # noqa: F811
+    loc = _s3_store(s3_endpoint, tmp_path, 8)
+    url, options = loc.url, loc.storage_options
     with VinOfflineStoreReader(loc) as r:
         shard, i = _with_actions(r)
         key = r.sample_index[i]["sample_key"]
@@ -288,17 +295,8 @@ def test_validation_names_every_file_the_manifest_does_not_list(tmp_path: Path, 
 
 
 def test_validation_names_unlisted_files_on_s3(s3_endpoint: str, tmp_path: Path) -> None:  # noqa: F811
-    up: Upstream = make_upstream(tmp_path / "up", range(1, 6))
-    options = {
-        "key": "testing",
-        "secret": "testing",
-        "client_kwargs": {"endpoint_url": s3_endpoint, "region_name": "us-east-1"},
-    }
-    url = f"s3://{make_bucket(s3_endpoint)}/stores/s"
-    VinOfflineWriter(url, profile=PROFILE, inputs=INPUTS, storage_options=options, rows_per_shard=3).write(
-        up.samples, up.pairs
-    )
-    loc = StoreLocation.parse(url, options)
+    loc = _s3_store(s3_endpoint, tmp_path, 5)
+    url, options = loc.url, loc.storage_options
     assert validate_vin_offline_store(loc, deep=True) == []
     rels = _add_strays(lambda rel, data: loc.write_bytes(loc.root / rel, data))
     loc.invalidate()
