@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from helpers.cli import REPO, python_argv, stage2, subprocess_env
+from helpers.env import read_only_mount
 
 from stage2_data import layout
 from stage2_data.demo import DemoPaths
@@ -118,6 +119,26 @@ def test_a_step_is_refused_while_a_build_holds_the_lock(tmp_path: Path, holders:
         assert part in msg, (part, msg)
     assert isinstance(ei.value, DataRootLockedError) and ei.value.holder["pid"] == build.pid
     assert not shared_holders_dir(root).exists()
+    assert sorted(p.name for p in root.iterdir()) == [layout.LOCK_FILE]
+
+
+def test_a_read_only_view_of_the_data_root_is_locked_through_its_lock_file(
+    tmp_path: Path, holders: list[Holder]
+) -> None:
+    """Through a read-only mount (a host that only verifies) a step takes the lock shared by the
+    lock file opened read-only: a build elsewhere (the writable path) refuses while it is held and
+    the step is refused while the build holds it; nothing is written through the mount."""
+    root = tmp_path / "root"
+    with data_root_lock(root):
+        pass  # the lock file, as a build leaves it
+    with read_only_mount(root) as ro:
+        with run_step_lock(ro) as got:
+            assert got == "shared"
+            with pytest.raises(DataRootLockedError), data_root_lock(root):
+                pytest.fail("a build ran while a step held the data root")
+        holders.append(Holder(root, "exclusive"))
+        with pytest.raises(DataRootInUseError), run_step_lock(ro):
+            pytest.fail("the step ran while a build held the data root")
     assert sorted(p.name for p in root.iterdir()) == [layout.LOCK_FILE]
 
 

@@ -11,13 +11,14 @@ from typing import Any
 import dagster as dg
 import pytest
 from helpers.cli import REPO, python, stage2
-from helpers.env import environ
+from helpers.env import environ, read_only_mount
 
 from stage2_data import checks as C
 from stage2_data import layout
 from stage2_data.demo import DemoPaths, repin_profile, write_sidecar_sha256
 from stage2_data.demo.hubserver import HubServer
 from stage2_data.profile import load_profile
+from stage2_data.publish.lock import shared_holders_dir
 from stage2_data.stages import ACQUIRE_JOB, EXTRACT_JOB, JOB_ASSETS, KIT_JOB, PROFILE_JOB, READS, STAGES
 from stage2_data.store import VinOfflineDataset, VinOfflineStoreReader, validate_vin_offline_store
 from stage2_pipelines.config import BuildConfig
@@ -481,6 +482,45 @@ def test_nightly_verify_rechecks_the_published_store(
     bad = evals[C.STORE_BYTES_MATCH_MANIFEST]
     assert not bad.passed and rel in (bad.description or ""), bad.description
     assert all(e.passed for name, e in evals.items() if name != C.STORE_BYTES_MATCH_MANIFEST)
+
+
+def test_the_verify_job_checks_a_read_only_data_root(
+    built: dict, demo_cache: DemoPaths, tmp_path: Path, dagster_home: Path
+) -> None:
+    """A data root on a read-only mount (a host that only verifies): the verify job's steps take
+    the data root's lock shared through its lock file opened read-only, write no holder record,
+    and check; a flipped byte there still fails its check. Without a lock file (no build ever ran
+    there) nothing is locked and the steps still check."""
+    import dagster as dg
+
+    from stage2_data.stages import VERIFY_JOB
+
+    root = tmp_path / "root"
+    shutil.copytree(built["root"], root, symlinks=True, ignore=shutil.ignore_patterns(".dagster"))
+    assert (root / layout.LOCK_FILE).is_file()  # the build made it
+    current = layout.current_store_path(root, load_profile(demo_cache.profile).name).resolve()
+    rel = json.loads((current / "manifest.json").read_text())["shards"][0]["files"][-1]["path"]
+    instance = dg.DagsterInstance.get()
+
+    def verify(data_root: Path) -> dict:
+        defs = build_definitions(BuildConfig(profile_path=str(demo_cache.profile), data_root=str(data_root)))
+        r = defs.resolve_job_def(VERIFY_JOB).execute_in_process(instance=instance, raise_on_error=False)
+        assert r.success, [e.message for e in r.all_events if e.is_failure]
+        return {e.check_name: e for e in r.get_asset_check_evaluations()}
+
+    with read_only_mount(root) as ro:
+        evals = verify(ro)
+        assert evals and all(e.passed for e in evals.values()), [n for n, e in evals.items() if not e.passed]
+        holders = shared_holders_dir(root)
+        assert not holders.exists() or not any(holders.iterdir())  # nothing could be written
+    data = bytearray((current / rel).read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (current / rel).write_bytes(bytes(data))
+    (root / layout.LOCK_FILE).unlink()
+    with read_only_mount(root) as ro:
+        evals = verify(ro)
+    assert not evals[C.STORE_BYTES_MATCH_MANIFEST].passed
+    assert rel.split("/")[-1] in (evals[C.STORE_BYTES_MATCH_MANIFEST].description or "")
 
 
 def test_a_step_failed_by_its_blocking_checks_is_reported_as_those_checks() -> None:

@@ -427,10 +427,11 @@ def _acquire_shared(root: Path, label: str, build_id: str | None) -> bool:
             return True
         doing = f"cannot lock the data root {root} ({layout.LOCK_FILE}) for this run's step"
         try:
-            root.mkdir(parents=True, exist_ok=True)
-            fd = os.open(lock_path(root), os.O_RDONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+            fd = _open_lock_file(root)
         except OSError as e:
             raise fs_error(e, doing, where=str(root)) from None
+        if fd is None:
+            return True  # a data root no build has locked, this process cannot write: nothing to share
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except OSError as e:
@@ -456,12 +457,37 @@ def _acquire_shared(root: Path, label: str, build_id: str | None) -> bool:
             }
             _record_path(root, os.getpid()).write_text(json.dumps(record, sort_keys=True) + "\n", "utf-8")
         except OSError as e:
-            with contextlib.suppress(OSError):
-                fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
-            raise fs_error(e, doing, where=str(root)) from None
+            if e.errno not in _READ_ONLY_ERRNOS:
+                with contextlib.suppress(OSError):
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+                os.close(fd)
+                raise fs_error(e, doing, where=str(root)) from None
+            # a data root this process may read but not write (a read-only mount, another user's
+            # folder): the lock is held all the same, only without the record that names its holder
         _SHARED[key] = [fd, 1]
         return True
+
+
+# What opening or writing in a data root this process may only read raises.
+_READ_ONLY_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def _open_lock_file(root: Path) -> int | None:
+    """The data root's lock file opened for a shared lock (created if missing). A data root this
+    process cannot write (a read-only mount: the verify job's steps only read) has its lock file
+    opened read-only, which ``flock`` takes as well; None when it has none (no build ever ran
+    there) and none can be made."""
+    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        return os.open(lock_path(root), flags | os.O_CREAT, 0o644)
+    except OSError as e:
+        if e.errno not in _READ_ONLY_ERRNOS or not root.is_dir():
+            raise
+    try:
+        return os.open(lock_path(root), flags)
+    except FileNotFoundError:
+        return None
 
 
 def _release_shared(root: Path) -> None:

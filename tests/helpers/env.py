@@ -1,12 +1,14 @@
-"""Environment for a block of a session-scoped fixture (``monkeypatch`` is function-scoped), and a
-free loopback port for a server a test starts."""
+"""Environment for a block of a session-scoped fixture (``monkeypatch`` is function-scoped), a
+free loopback port for a server a test starts, and a read-only view of a folder."""
 
 from __future__ import annotations
 
 import os
 import socket
+import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 
 @contextmanager
@@ -29,3 +31,23 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@contextmanager
+def read_only_mount(path: Path) -> Iterator[Path]:
+    """``path`` seen through a read-only bind mount (a data root on a read-only volume, as a
+    verifying host mounts it), at ``<path>.ro``; skips the test where mounting is not permitted."""
+    import pytest
+
+    target = path.with_name(path.name + ".ro")
+    target.mkdir()
+    bind = subprocess.run(["mount", "--bind", str(path), str(target)], capture_output=True, text=True)
+    if bind.returncode != 0:
+        target.rmdir()
+        pytest.skip(f"a bind mount is not permitted here: {bind.stderr.strip()}")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(target)], check=True, capture_output=True)
+        yield target
+    finally:
+        subprocess.run(["umount", str(target)], check=True, capture_output=True)
+        target.rmdir()
