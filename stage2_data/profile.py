@@ -342,29 +342,75 @@ PATTERN_WORDS = {
 }
 
 
-def format_validation_error(err: ValidationError) -> list[str]:
-    """Each problem pydantic found, by key (the caller names the file once)."""
+#: pydantic's error types for a value that is not a whole number, in words that say what to write
+_INT_TYPES = {"int_type", "int_parsing", "int_from_float"}
+
+
+def format_validation_error(err: ValidationError, text: str | None = None) -> list[str]:
+    """Each problem pydantic found, by key, with the value found and, given the file's ``text``,
+    its line (the caller names the file once)."""
     problems = []
     for e in err.errors():
-        loc = _loc(tuple(e.get("loc", ())))
+        parts = tuple(e.get("loc", ()))
+        loc = _loc(parts)
         kind = e.get("type", "")
+        line = _loc_line(text, parts, header=kind == "missing")
+        at = f" (line {line})" if line else ""
         if kind == "extra_forbidden":
-            problems.append(f"unknown key {loc!r}; remove it or check its spelling")
+            problems.append(f"unknown key {loc!r}{at}; remove it or check its spelling")
         elif kind == "missing":
-            problems.append(f"missing key {loc!r}")
+            problems.append(f"missing key {loc!r}" + (f" in the table at line {line}" if line else ""))
         elif kind == "string_pattern_mismatch":
             pattern = str((e.get("ctx") or {}).get("pattern"))
             said = PATTERN_WORDS.get(pattern, f"it must match the pattern {pattern!r}")
-            problems.append(f"key {loc!r} = {e.get('input')!r}: {said}")
+            problems.append(f"key {loc!r} = {e.get('input')!r}{at}: {said}")
+        elif kind in _INT_TYPES:
+            key = str(parts[-1]) if parts else "key"
+            problems.append(
+                f"key {loc!r} = {e.get('input')!r}{at}: it must be a whole number, written without "
+                f"quotes or a decimal point (e.g. `{key} = 4096`)"
+            )
         else:
             msg = e.get("msg", "").removeprefix("Value error, ")
-            problems.append(f"key {loc!r}: {msg}")
+            shown = e.get("input")
+            # a validator of ours quotes the value in its message already
+            simple = isinstance(shown, str | int | float | bool) and kind != "value_error"
+            value = f" = {shown!r}" if simple else ""
+            problems.append(f"key {loc!r}{value}{at}: {msg}")
     return problems
+
+
+def _loc_line(text: str | None, loc: tuple[Any, ...], *, header: bool = False) -> int | None:
+    """The line (1-based) in the profile's ``text`` of the key at ``loc`` (``('archives', 0,
+    'size')``: ``size = ...`` in the first ``[[archives]]`` table), or with ``header`` of the table
+    that should hold it; None when it is not written as ``key = ...`` under its own header."""
+    if text is None or not loc:
+        return None
+    table: tuple[Any, ...] = tuple(loc[:-1])
+    key = str(loc[-1])
+    here: tuple[Any, ...] = ()
+    arrays: dict[str, int] = {}
+    key_re = re.compile(rf"^\s*{re.escape(key)}\s*=")
+    for n, line in enumerate(text.splitlines(), 1):
+        if m := _ARRAY_HEADER_RE.match(line):
+            name = re.sub(r"\s+", "", m.group(1))
+            arrays[name] = arrays.get(name, -1) + 1
+            here = (*name.split("."), arrays[name])
+        elif m := _TABLE_RE.match(line):
+            here = tuple(re.sub(r"\s+", "", m.group(1)).split("."))
+        else:
+            if not header and here == table and key_re.match(line):
+                return n
+            continue
+        if header and here == table:
+            return n
+    return None
 
 
 #: a TOML table header (``[expected]``, ``[ expected . sidecars_by_source ]``), not an array's
 _TABLE_RE = re.compile(r"^\s*\[\s*([A-Za-z0-9_.\s\"']+?)\s*\]\s*(?:#.*)?$")
 _ARRAY_RE = re.compile(r"^\s*\[\[")
+_ARRAY_HEADER_RE = re.compile(r"^\s*\[\[\s*([A-Za-z0-9_.\s]+?)\s*\]\]\s*(?:#.*)?$")
 
 
 def _key_line(text: str | None, table: str, key: str) -> int | None:
@@ -463,7 +509,7 @@ def parse_profile(
     try:
         prof = Profile.model_validate(data)
     except ValidationError as e:
-        problems = format_validation_error(e)
+        problems = format_validation_error(e, text)
     totals, values = totals_problems(data, text) if check_totals else ([], {})
     if problems or totals:
         fix = "correct the named key(s) in the profile (see docs/spec/profile.md)"

@@ -480,8 +480,8 @@ FAULTS: tuple[Fault, ...] = (
         "prof_wrong_type",
         "profile",
         'a number written as `true`, text or a float (`size = true`, `cache_dirs = "13"`)',
-        "`stage2 build` exits 2: key 'archives[0].size': Input should be a valid integer (the key named, "
-        "never taken as 1 or 13)",
+        "`stage2 build` exits 2: key 'archives[0].size' = True (line 19): it must be a whole number "
+        "(the key, its value and line named, never taken as 1 or 13)",
         "nothing; the data root is not created",
         "the build starts",
     ),

@@ -67,8 +67,9 @@ def test_an_invalid_profile_names_its_file_once(demo: DemoPaths, tmp_path: Path)
     err = p.stderr.strip()
     assert err.count(str(bad)) == 1, err
     assert err.startswith(f"stage2 list: error: invalid profile {bad}: "), err
-    assert "key 'source.revision': 'f9da5e59a8' is not a full 40-hex commit" in err, err
-    assert "unknown key 'bogus'; remove it or check its spelling" in err, err
+    line = 1 + next(n for n, ln in enumerate(text.splitlines(), 1) if ln == revision)  # after "bogus"
+    assert f"key 'source.revision' (line {line}): 'f9da5e59a8' is not a full 40-hex commit" in err, err
+    assert "unknown key 'bogus' (line 1); remove it or check its spelling" in err, err
     assert err.endswith(
         "spelling. Fix: correct the named key(s) in the profile (see docs/spec/profile.md)"
     ), err

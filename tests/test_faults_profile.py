@@ -76,10 +76,15 @@ def _wrong_type(demo: DemoPaths) -> list[tuple[str, tuple[str, ...]]]:
     one = good.replace(size.group(0), "size = true", 1)
     text = good.replace(cache_dirs.group(0), f'cache_dirs = "{cache_dirs.group(1)}"', 1)
     floats = good.replace(size.group(0), f"size = {size.group(1)}.0", 1)
+
+    def line(m: re.Match[str]) -> str:  # each message names the line of the value, and the value
+        return f"(line {good.count(chr(10), 0, m.start()) + 1})"
+
+    whole = "it must be a whole number"
     return [
-        (one, ("key 'archives[0].size'", "valid integer")),
-        (text, ("key 'expected.cache_dirs'", "valid integer")),
-        (floats, ("key 'archives[0].size'", "valid integer")),
+        (one, ("key 'archives[0].size' = True", line(size), whole)),
+        (text, (f"key 'expected.cache_dirs' = '{cache_dirs.group(1)}'", line(cache_dirs), whole)),
+        (floats, (f"key 'archives[0].size' = {size.group(1)}.0", line(size), whole)),
     ]
 
 
