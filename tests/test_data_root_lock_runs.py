@@ -165,6 +165,22 @@ def test_a_build_is_refused_while_a_run_holds_the_lock_shared(tmp_path: Path, ho
         assert read_shared_holders(root) == []
 
 
+def test_gc_refused_by_a_run_says_to_run_gc_again(tmp_path: Path, holders: list[Holder]) -> None:
+    """`stage2 gc` refused while a run's step holds the data root: its fix is to run gc again
+    once the run is over, not a build's "use another --data-root" (gc takes no such option)."""
+    root = tmp_path / "root"
+    store = root / layout.STORES_DIR / "p" / "s1"
+    store.mkdir(parents=True)
+    (store / "manifest.json").write_text("{}")
+    (store.parent / "current").symlink_to("s1")
+    holders.append(Holder(root, "shared"))
+    got = stage2("gc", str(root / layout.STORES_DIR), "--keep", "1")
+    assert got.returncode == 2, got.tail()
+    assert "a run of the Dagster UI, a schedule or a sensor" in got.stderr, got.stderr
+    assert "then run `stage2 gc` again" in got.stderr and "--data-root" not in got.stderr, got.stderr
+    assert store.is_dir()
+
+
 def test_two_shared_holders_at_once(tmp_path: Path, holders: list[Holder]) -> None:
     """Runs go side by side: another process's step and two steps of this process (threads) hold
     the lock shared at once; the build is refused until all have let go."""

@@ -379,7 +379,9 @@ def cmd_gc(args: argparse.Namespace) -> int:
     # a build writes stores under its data root's lock: gc takes it too (not for a dry run), so it
     # never judges a store a running build has just written and not yet published.
     guard = (
-        data_root_lock(data_root) if data_root is not None and not args.dry_run else contextlib.nullcontext()
+        data_root_lock(data_root, command="gc")
+        if data_root is not None and not args.dry_run
+        else contextlib.nullcontext()
     )
     removal: Any = None
     unused = None

@@ -146,7 +146,13 @@ def _held_shared(data_root: Path) -> bool:
         os.close(fd)
 
 
-def _shared_locked_error(data_root: Path, waited: float) -> DataRootLockedError:
+def _in_parallel(command: str) -> str:
+    """The refusal's way to go on meanwhile: another data root is one only for a build."""
+    again = f"run `stage2 {command}` again"
+    return f"{again}; for a build in parallel, use another --data-root" if command == "build" else again
+
+
+def _shared_locked_error(data_root: Path, waited: float, command: str) -> DataRootLockedError:
     holders = read_shared_holders(data_root)
     named = [
         f"pid {h['pid']}"
@@ -159,17 +165,16 @@ def _shared_locked_error(data_root: Path, waited: float) -> DataRootLockedError:
     waited_txt = f" after waiting {waited:g}s" if waited > 0 else ""
     return DataRootLockedError(
         f"data root {data_root} is in use by a run of the Dagster UI, a schedule or a sensor "
-        f"(a step of it holds the lock shared: {who}); refused{waited_txt} so that a build never "
-        f"writes the same data root as a run at once (lock {lock_path(data_root)}).",
+        f"(a step of it holds the lock shared: {who}); refused{waited_txt} so that `stage2 {command}` "
+        f"never changes a data root while a run works in it (lock {lock_path(data_root)}).",
         holder={"shared": holders},
-        fix="wait for that run to end (the UI's Runs page shows it), then run again; "
-        "for a build in parallel, use another --data-root",
+        fix=f"wait for that run to end (the UI's Runs page shows it), then {_in_parallel(command)}",
     )
 
 
-def _locked_error(data_root: Path, waited: float) -> DataRootLockedError:
+def _locked_error(data_root: Path, waited: float, command: str) -> DataRootLockedError:
     if _held_shared(data_root):
-        return _shared_locked_error(data_root, waited)
+        return _shared_locked_error(data_root, waited, command)
     holder = read_holder(data_root)
     pid = holder.get("pid")
     who = f"pid {pid}" if isinstance(pid, int) else "a process whose pid is not recorded yet"
@@ -185,8 +190,7 @@ def _locked_error(data_root: Path, waited: float) -> DataRootLockedError:
         f"data root {data_root} is in use by another build: {who}; refused{waited_txt} so that two "
         f"builds never write the same data root at once (lock {lock_path(data_root)}).",
         holder=holder,
-        fix=f"wait for that build to finish{stop}, then run again; "
-        "for a build in parallel, use another --data-root",
+        fix=f"wait for that build to finish{stop}, then {_in_parallel(command)}",
     )
 
 
@@ -247,8 +251,11 @@ def require_launching_build(data_root: Path) -> None:
 
 
 @contextlib.contextmanager
-def data_root_lock(data_root: Path, *, timeout: float = 0.0, poll: float = 0.2) -> Iterator[Path]:
+def data_root_lock(
+    data_root: Path, *, timeout: float = 0.0, poll: float = 0.2, command: str = "build"
+) -> Iterator[Path]:
     """Hold ``<data_root>/.stage2.lock`` exclusively for the duration of the block.
+    ``command``: the stage2 command that takes it (``build``, ``gc``), for the refusal's fix.
 
     ``timeout`` 0 (the default) refuses at once when another process holds it; a positive
     ``timeout`` waits up to that many seconds. Raises DataRootLockedError naming the holder, or a
@@ -292,7 +299,7 @@ def data_root_lock(data_root: Path, *, timeout: float = 0.0, poll: float = 0.2) 
                     raise fs_error(e, doing, where=str(root)) from None
                 waited = time.monotonic() - t0
                 if waited >= timeout:
-                    raise _locked_error(root, round(waited, 1) if timeout > 0 else 0.0) from None
+                    raise _locked_error(root, round(waited, 1) if timeout > 0 else 0.0, command) from None
                 time.sleep(min(poll, max(0.0, timeout - waited)))
         info = {
             "build_id": uuid.uuid4().hex,
