@@ -6,6 +6,7 @@ is reported at once, naming the key and the file, before anything is downloaded.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -240,17 +241,37 @@ class Profile(_Strict):
             )
 
     def require_kit_found(self) -> None:
-        """Raise ProfileError when the kit root holds none of the kit's files: the wrong folder was
-        given (or the profile was copied away from its kit). One file missing is the step's to name;
-        none at all is refused before any download, since every later stage needs the kit."""
-        missing = [
-            f"{key} {self.kit_file(key)}" for key in KIT_KEYS if not os.path.lexists(self.kit_file(key))
-        ]
+        """Raise ProfileError when a kit file is missing: every stage after the downloads needs the
+        whole kit, so a missing one is refused before any download (on the real profile, a typo in
+        one ``[kit]`` path would cost ~107 GiB of downloads first). None found at all: the wrong
+        folder was given (or the profile was copied away from its kit); some: each is named with
+        its ``[kit]`` key, the line it is on in the profile, and the path it resolves to."""
+        missing = [key for key in KIT_KEYS if not os.path.lexists(self.kit_file(key))]
+        if not missing:
+            return
         if len(missing) == len(KIT_KEYS):
+            listed = "; ".join(f"{key} {self.kit_file(key)}" for key in missing)
             raise ProfileError(
-                f"the kit root {self.kit_root} holds none of the kit's files (missing: {'; '.join(missing)}).",
+                f"the kit root {self.kit_root} holds none of the kit's files (missing: {listed}).",
                 fix="pass --kit-root the folder holding the kit (by default it is the profile's own folder)",
             )
+        text = None
+        if self.profile_path is not None:
+            with contextlib.suppress(OSError, UnicodeDecodeError):
+                text = self.profile_path.read_text(encoding="utf-8-sig")
+        named = []
+        for key in missing:
+            line = _key_line(text, "kit", key)
+            at = f" (line {line})" if line else ""
+            named.append(f"[kit] {key} = {getattr(self.kit, key)!r}{at}: {self.kit_file(key)} does not exist")
+        where = self.profile_path or self.name
+        raise ProfileError(
+            f"profile {where}: {len(missing)} of the kit's {len(KIT_KEYS)} files are missing: "
+            + "; ".join(named)
+            + ".",
+            fix=f"correct the path under [kit] in {where} (relative to the kit root {self.kit_root}), "
+            "or put the kit's file there",
+        )
 
     def archive(self, path: str) -> ArchiveSpec:
         for a in self.archives:

@@ -518,6 +518,14 @@ FAULTS: tuple[Fault, ...] = (
         "an existing kit root (or none: the profile's folder): the build starts",
     ),
     Fault(
+        "prof_kit_path_typo",
+        "profile",
+        'one `[kit]` path that names no file (a typo: `pair_manifest = "manifests/nope.jsonl"`)',
+        "`stage2 build` exits 2 before any download: 1 of the kit's 5 files are missing: [kit] pair_manifest = '<path>' (line <n>): <resolved path> does not exist; fix: correct the path under [kit] in <profile>, or put the kit's file there",
+        "nothing; the data root is not created",
+        "the path corrected: the build starts",
+    ),
+    Fault(
         "prof_kit_root_wrong",
         "profile",
         "`--kit-root` an existing folder that holds none of the kit's files (the wrong folder), or a profile copied away from its kit",

@@ -208,6 +208,37 @@ def test_fault_kit_root_wrong(tmp_path: Path, demo_cache: DemoPaths, case: str) 
     assert r.returncode == 0, r.tail()
 
 
+@fault_cases(prof_kit_path_typo="typo")
+def test_fault_kit_path_typo(tmp_path: Path, demo_cache: DemoPaths, case: str) -> None:
+    """One `[kit]` path that names no file: refused before any download (it used to be found after
+    every archive was downloaded and extracted), naming the key, its value, its line and the path
+    it resolves to, with the fix; corrected, the build starts and succeeds."""
+    kit = tmp_path / "kit"
+    shutil.copytree(demo_cache.profile.parent, kit)
+    profile = kit / demo_cache.profile.name
+    good = profile.read_text()
+    m = re.search(r'^pair_manifest = "([^"]+)"$', good, re.M)
+    assert m
+    profile.write_text(good.replace(m.group(0), 'pair_manifest = "manifests/nope.jsonl"'))
+    line = good.count("\n", 0, m.start()) + 1
+    root = tmp_path / "root"
+    before = outside(tmp_path)
+    common = ["--profile", str(profile), "--data-root", str(root), "--hub-folder", str(demo_cache.upstream)]
+    r = stage2("build", *common)
+    assert r.returncode == 2, r.tail()
+    said = r.stderr.strip()
+    for part in (
+        f"profile {profile}: 1 of the kit's 5 files are missing: ",
+        f"[kit] pair_manifest = 'manifests/nope.jsonl' (line {line}): {kit}/manifests/nope.jsonl does not exist",
+        f"Fix: correct the path under [kit] in {profile} (relative to the kit root {kit})",
+    ):
+        assert part in said, (part, said)
+    assert "Traceback" not in said and not root.exists() and outside(tmp_path) == before
+    profile.write_text(good)
+    r = stage2("build", *common)
+    assert r.returncode == 0, r.tail()
+
+
 @fault_cases(prof_kit_root_missing="--kit-root", prof_hub_folder_missing="--hub-folder")
 def test_fault_folder_option_missing(tmp_path: Path, demo_cache: DemoPaths, case: str) -> None:
     """A folder option of `stage2 build` that names no folder: refused before any work (a missing
