@@ -34,6 +34,7 @@ from stage2_resources import (
     LoopbackHubResource,
     ProfileResource,
     StoreTargetResource,
+    default_ui_url,
 )
 
 from .config import BuildConfig, check_settings
@@ -86,7 +87,8 @@ def build_resources(config: BuildConfig, profile: Profile) -> dict[str, Any]:
         "profile": ProfileResource(profile_path=str(config.profile_path), kit_root=config.kit_root),
         "hub": hub,
         "data_root": DataRootResource(path=str(Path(config.data_root).resolve()), reverify=config.reverify),
-        "alerts": AlertsResource(webhook_url=config.webhook_url),
+        # the UI's address set explicitly: what the UI lists as the resource's value is the link's base
+        "alerts": AlertsResource(webhook_url=config.webhook_url, ui_url=default_ui_url()),
         "store_target": StoreTargetResource(
             url=config.store_url, storage_options=dict(config.store_options or {})
         ),

@@ -181,6 +181,7 @@ def main() -> int:
         workspace = os.environ.get("STAGE2_WORKSPACE")
         location = ["-w", workspace] if workspace else ["-m", definitions.__name__, "-a", "defs"]
         ui_url = f"http://127.0.0.1:{port}"
+        env.setdefault("STAGE2_UI_URL", ui_url)  # the alerts' run links: this UI, on its own port
         print(
             f"starting the Dagster UI (instance {env['DAGSTER_HOME']}; profile {env['STAGE2_PROFILE']}, "
             f"data root {env.get('STAGE2_DATA_ROOT') or 'the default'}) ...",

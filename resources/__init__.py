@@ -1,6 +1,6 @@
 """Typed Dagster resources: where the data comes from (hub), where it goes (data root), what (profile)."""
 
-from .alerts import AlertsResource
+from .alerts import AlertsResource, default_ui_url
 from .hub import HubSourceResource, LoopbackHubResource
 from .profile import ProfileResource
 from .storage import DataRootResource, StoreTargetResource
@@ -12,4 +12,5 @@ __all__ = [
     "LoopbackHubResource",
     "ProfileResource",
     "StoreTargetResource",
+    "default_ui_url",
 ]

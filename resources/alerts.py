@@ -13,6 +13,11 @@ import dagster as dg
 from pydantic import Field
 
 
+def default_ui_url() -> str:
+    """The UI's address for run links: ``STAGE2_UI_URL`` (`make ui` sets it to its own port)."""
+    return os.environ.get("STAGE2_UI_URL", "http://127.0.0.1:3000")
+
+
 class AlertsResource(dg.ConfigurableResource):
     """Delivers an alert (a JSON object) to ``jsonl_path`` (default ``$DAGSTER_HOME/alerts/alerts.jsonl``)
     and, when ``webhook_url`` is set, as an HTTP POST with a JSON body."""
@@ -20,7 +25,7 @@ class AlertsResource(dg.ConfigurableResource):
     jsonl_path: str | None = Field(default=None, description="alerts file; default under DAGSTER_HOME")
     webhook_url: str | None = Field(default=None, description="POST each alert here as JSON (optional)")
     ui_url: str = Field(
-        default_factory=lambda: os.environ.get("STAGE2_UI_URL", "http://127.0.0.1:3000"),
+        default_factory=lambda: default_ui_url(),
         description="base URL of the Dagster UI, for run links in alerts (env STAGE2_UI_URL)",
     )
     timeout_seconds: float = Field(default=10.0)

@@ -898,6 +898,7 @@ def test_make_ui_says_its_url_when_it_answers_is_quiet_and_stops_on_ctrl_c(
         assert not (tmp_path / "demo-root").exists(), "the UI of a build generated the demo"
         assert _resource_value(url, "data_root", "path") == {str(ui_instance["root"])}
         assert _resource_value(url, "profile", "profile_path") == {str(ui_instance["config"].profile_path)}
+        assert _resource_value(url, "alerts", "ui_url") == {url}  # alerts link to this UI, on its port
         # quiet while nothing happens: no more lines for a while (the daemon ticks every few seconds)
         out.flush()
         before = (tmp_path / "ui.out").read_text()
