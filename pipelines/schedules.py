@@ -16,7 +16,9 @@ def build_schedules(profile: Profile, jobs: dict[str, Any]) -> list[dg.ScheduleD
         job=jobs[VERIFY_JOB],
         cron_schedule="0 2 * * *",
         default_status=dg.DefaultScheduleStatus.STOPPED,
-        description="Re-check the data on disk (extraction counts, join and link totals, subset bytes); no download.",
+        description="Re-check the data on disk, nothing downloaded or rebuilt: the join's link totals "
+        "and unpacked sidecars, the subset's bytes against SHA256SUMS, and the published store (every "
+        "file's sha256, the fingerprint, every sample decoded).",
     )
 
     @dg.schedule(
