@@ -24,9 +24,9 @@ from stage2_data.errors import Stage2Error
 from stage2_data.extract import cancel_extractions
 from stage2_data.fsutil import human_bytes
 from stage2_data.publish.lock import run_step_lock
-from stage2_data.stages import BUILD_TAG, PARTITIONS_TAG, READS
+from stage2_data.stages import BUILD_TAG, PARTITIONS_TAG, READS, stage_of
 from stage2_data.steps import StepResult
-from stage2_data.steps.status import clear_store_records
+from stage2_data.steps.status import clear_store_records, record_failed_checks
 
 
 def check_specs(asset: str) -> list[dg.AssetCheckSpec]:
@@ -199,11 +199,18 @@ def record_standalone_results(
         )
 
 
-def forget_on_failure(data_root: Path | None, passed: Sequence[bool]) -> None:
-    """A check that failed (any False in ``passed``) leaves no record by which the next build
-    would skip it: the store stage's success records are cleared (stage2_data.steps.status)."""
-    if data_root is not None and not all(passed):
+def forget_on_failure(
+    data_root: Path | None, outcomes: Sequence[tuple[str, bool]], asset: str, context: Any = None
+) -> None:
+    """A check of ``asset`` that failed (``outcomes``: each check's name and whether it passed)
+    leaves no record by which the next build would skip it: the store stage's success records are
+    cleared, and the asset's stage is marked to run again (stage2_data.steps.status), so that the
+    next build re-checks what failed here, in whichever run it failed."""
+    failed = [name for name, passed in outcomes if not passed]
+    if data_root is not None and failed:
         clear_store_records(data_root)
+        run_id = getattr(getattr(context, "run", None), "run_id", None)
+        record_failed_checks(data_root, stage_of([asset]).name, failed, run_id)
 
 
 def _run_label(context: Any, what: str) -> str:
@@ -271,11 +278,11 @@ def run_step(
         try:
             res = step()
         except Stage2Error as err:
-            forget_on_failure(data_root, [False])
             first = CHECKS_BY_ASSET[asset][0]
+            forget_on_failure(data_root, [(first, False)], asset, context)
             yield check_result(False, str(err), check_name=first)
             raise dg.Failure(description=str(err), metadata={"error": type(err).__name__}) from None
-        forget_on_failure(data_root, [c.passed for c in res.checks])
+        forget_on_failure(data_root, [(c.name, c.passed) for c in res.checks], asset, context)
     version = data_version(res) if data_version else None
     yield dg.MaterializeResult(
         data_version=dg.DataVersion(version) if version else None,
@@ -523,6 +530,8 @@ def _run_partitions(
         pool.shutdown(wait=False, cancel_futures=True)
         raise
     pool.shutdown(wait=True)
+    outcomes = [(name, passed) for got in results.values() for name, passed, _, _ in got]
+    forget_on_failure(resource_data_root(context), outcomes, asset, context)
     if pending and not raised and set(keys) != set(context.partition_keys):
         raise dg.Failure(
             description=(

@@ -125,7 +125,7 @@ def build_kit_checks(trajectory_join: Any, subset_checksums: Any) -> list[Any]:
         prof = profile.load()
         with data_root_step_lock(data_root.root(), what=f"check {C.LINKS_ON_DISK_MATCH_EXPECTED}"):
             res = _links_outcome(prof, link_check(prof, data_root.root()))
-            forget_on_failure(data_root.root(), [res.passed])
+            forget_on_failure(data_root.root(), [(res.name, res.passed)], TRAJECTORY_JOIN)
         return check_result(res.passed, res.description, res.metadata)
 
     @standalone_check(trajectory_join, C.SIDECARS_ON_DISK_SANE)
@@ -133,7 +133,7 @@ def build_kit_checks(trajectory_join: Any, subset_checksums: Any) -> list[Any]:
         with data_root_step_lock(data_root.root(), what=f"check {C.SIDECARS_ON_DISK_SANE}"):
             rep = check_sidecars_on_disk(data_root.root())
             res = C.outcome(C.SIDECARS_ON_DISK_SANE, rep.problems)
-            forget_on_failure(data_root.root(), [res.passed])
+            forget_on_failure(data_root.root(), [(res.name, res.passed)], TRAJECTORY_JOIN)
         return check_result(
             res.passed, res.description, {"sidecars": rep.files, "seconds": round(rep.seconds, 3)}
         )
@@ -145,7 +145,7 @@ def build_kit_checks(trajectory_join: Any, subset_checksums: Any) -> list[Any]:
         prof = profile.load()
         with data_root_step_lock(data_root.root(), what=f"check {C.SUBSET_BYTES_ON_DISK_MATCH}"):
             res = _bytes_outcome(steps.step_verify_bytes(prof, data_root.root()))
-            forget_on_failure(data_root.root(), [res.passed])
+            forget_on_failure(data_root.root(), [(res.name, res.passed)], SUBSET_CHECKSUMS)
         return check_result(res.passed, res.description, res.metadata)
 
     return [links_on_disk_match_expected, sidecars_on_disk_sane, subset_bytes_on_disk_match]

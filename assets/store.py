@@ -13,7 +13,14 @@ from stage2_data.stages import VIN_STORE
 from stage2_data.store import VinOfflineStoreReader
 from stage2_resources import DataRootResource, ProfileResource, StoreTargetResource
 
-from ._common import check_result, data_root_step_lock, run_step, stage_asset, standalone_check
+from ._common import (
+    check_result,
+    data_root_step_lock,
+    forget_on_failure,
+    run_step,
+    stage_asset,
+    standalone_check,
+)
 
 GROUP = "store"
 
@@ -156,6 +163,7 @@ def build_store_checks(vin_store: Any) -> list[Any]:
                 store_url=store_target.url,
                 storage_options=store_target.storage_options,
             )
+            forget_on_failure(data_root.root(), [(res.name, res.passed)], VIN_STORE)
         return check_result(res.passed, res.description, res.metadata)
 
     return [store_bytes_match_manifest]

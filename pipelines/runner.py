@@ -53,7 +53,7 @@ from stage2_data.stages import (
     stages_after,
     stream_groups,
 )
-from stage2_data.steps.status import clear_store_records, record_store_stage
+from stage2_data.steps.status import clear_failed_checks, clear_store_records, record_store_stage
 
 from .config import BuildConfig, stream_run_bytes, write_instance_yaml
 from .executors import local_dask_cluster
@@ -551,6 +551,8 @@ def _walk(
     ok = all(r["success"] for r in runs) and all(c["passed"] for c in checks) and stopped_at is None
     if not ok:  # whatever failed, no record lets the next build call the store stage up to date
         clear_store_records(data_root)
+    else:  # every stage a failed check had marked ran, and its checks passed
+        clear_failed_checks(data_root)
     store = fingerprint = None
     md: dict[str, Any] = next((r["store_metadata"] for r in runs if r.get("store_metadata")), {})
     if ok and config.store_url:  # object storage: what the store asset recorded

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 from helpers.built import DEMO_FINGERPRINT as FINGERPRINT
 from helpers.cli import python, stage2, subprocess_env
+from helpers.env import environ
 
 from stage2_data import layout
 from stage2_data.acquire.state import _write_record
@@ -27,7 +29,7 @@ from stage2_data.extract import check_extraction, extract_cache_dir, load_extrac
 from stage2_data.extract import extract as extract_mod
 from stage2_data.kit import SIDECAR_INDEX
 from stage2_data.profile import Profile, load_profile
-from stage2_data.stages import EXTRACT, STAGES, STORE
+from stage2_data.stages import ACQUIRE, EXTRACT, STAGES, STORE
 from stage2_data.steps import step_extract
 from stage2_data.steps.status import (
     build_status,
@@ -489,12 +491,82 @@ def test_a_typo_in_the_pinned_source_never_stands_for_the_verified_archives(
     for a in prof.archives:  # every verified archive and its record as they were
         assert layout.archive_path(root, a.path).is_file()
         assert layout.verified_record_path(root, a.path).read_text() == records[a.path]
-    # the failed build left no record to skip a check by: the profile, extract and store stages check
-    # again (nothing changed: the extraction records are checked, nothing is extracted), the
-    # archives and sidecars stay as verified; then a no-op
+    # the failed build left no record to skip a check by: every stage but the kit's checks again
+    # (the acquire stage's check failed: its archives are checked against their pins again, nothing
+    # downloaded; the extraction records are checked, nothing is extracted), the sidecars stay as
+    # verified; then a no-op
+    hub.clear_log()
     again, fp = _build(demo, root, hub)
-    assert fp == FINGERPRINT and _up_to_date(again) == ["acquire", "kit"], again.stderr
+    assert fp == FINGERPRINT and _up_to_date(again) == ["kit"], again.stderr
+    assert not [r for r in hub.log_snapshot() if r[0] == "GET"]
     assert f"{EXTRACT.label}: checked, nothing changed" in again.stderr, again.stderr
+    again, fp = _build(demo, root, hub)
+    assert fp == FINGERPRINT and _up_to_date(again) == [s.name for s in STAGES], again.stderr
+
+
+def _latest_check(root: Path, asset: str, check: str, partition: str) -> bool | None:
+    """Whether the latest evaluation of ``check`` of ``asset[partition]`` in the data root's own
+    instance passed (what the UI shows on the check's badge); None if it was never evaluated."""
+    import dagster as dg
+
+    with environ(DAGSTER_HOME=str(root / ".dagster")), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # get_event_records: 2.0 drops it
+        instance = dg.DagsterInstance.get()
+        records = instance.get_event_records(
+            dg.EventRecordsFilter(event_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION), ascending=False
+        )
+        for rec in records:
+            ev = rec.event_log_entry.dagster_event.event_specific_data
+            if ev.asset_key != dg.AssetKey(asset):
+                continue
+            # a run over one partition records its checks without one: the run's partition
+            run = instance.get_run_by_id(rec.event_log_entry.run_id)
+            part = ev.partition or (run.tags.get("dagster/partition") if run else None)
+            if ev.check_name == check and part == partition:
+                return bool(ev.passed)
+    return None
+
+
+def test_a_check_failed_in_a_ui_run_runs_again_in_the_next_build(noop_rebuilt: dict[str, Any]) -> None:
+    """A wrong pin tried from the UI (a run of archive_file[key] no build covers) fails
+    archive_sha256_matches_pin for that key; the pin put back, the next build said every stage was
+    up to date, and the UI went on showing the failed check over data that was fine. The stage whose
+    check failed runs again (no download: the archive is verified), so the check passes on record;
+    then builds are no-ops again."""
+    from stage2_pipelines.config import BuildConfig
+    from stage2_pipelines.definitions import build_definitions
+
+    root: Path = noop_rebuilt["root"]
+    hub: HubServer = noop_rebuilt["hub"]
+    demo: DemoPaths = noop_rebuilt["demo"]
+    prof = load_profile(demo.profile)
+    _build(demo, root, hub)
+    key, specs = next((k, v) for k, v in prof.archives_by_cache_key().items() if len(v) == 1)
+    assert specs[0].sha256
+    wrong = demo.profile.with_name("profile-wrong-pin.toml")
+    wrong.write_text(demo.profile.read_text().replace(specs[0].sha256, "0" * 64))
+    try:
+        import dagster as dg
+
+        defs = build_definitions(BuildConfig(profile_path=str(wrong), data_root=str(root), endpoint=hub.url))
+        with environ(DAGSTER_HOME=str(root / ".dagster")):
+            ran = defs.resolve_implicit_global_asset_job_def().execute_in_process(
+                instance=dg.DagsterInstance.get(),
+                asset_selection=[dg.AssetKey("archive_file")],
+                partition_key=key,
+                raise_on_error=False,
+            )
+    finally:
+        wrong.unlink()
+    assert not ran.success
+    check = "archive_sha256_matches_pin"
+    assert _latest_check(root, "archive_file", check, key) is False
+    hub.clear_log()
+    again, fp = _build(demo, root, hub)
+    assert fp == FINGERPRINT and "acquire" not in _up_to_date(again), again.stderr
+    assert f"{ACQUIRE.label}: checked, nothing changed" in again.stderr, again.stderr
+    assert not [r for r in hub.log_snapshot() if r[0] == "GET"]  # nothing downloaded
+    assert _latest_check(root, "archive_file", check, key) is True
     again, fp = _build(demo, root, hub)
     assert fp == FINGERPRINT and _up_to_date(again) == [s.name for s in STAGES], again.stderr
 

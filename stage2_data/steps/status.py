@@ -22,6 +22,10 @@ skips its work).
   profile and the kit are those the last successful store stage recorded (a store modified in
   place makes the store stage alone run).
 
+Whatever the stats say, a stage whose check failed in any run since the last successful build
+(``reports/failed_checks/<stage>.json``: :func:`record_failed_checks`) runs: its checks run again, so
+that a cause since gone leaves no failed check in the UI behind a build that did nothing.
+
 :func:`build_status` returns ``{stage: None | why it must run}``. Nothing here writes, except
 :func:`record_store_stage` (and only when what it records changed).
 """
@@ -50,7 +54,7 @@ from ..fsutil import canonical_json
 from ..kit.sidecar_facts import SIDECAR_INDEX, SIDECAR_MARKER
 from ..kit.sidecars import sidecars_status
 from ..profile import Profile
-from ..stages import ACQUIRE, EXTRACT, KIT, PROFILE, STAGES, STORE
+from ..stages import ACQUIRE, EXTRACT, KIT, PROFILE, STAGES, STORE, Stage
 from ..store import OFFLINE_DATASET_VERSION
 from ..store.gate import tree_stats
 
@@ -63,6 +67,60 @@ RECORDS_SEEN_RECORD = "extraction_records_seen.json"
 
 def store_stage_record_path(data_root: Path) -> Path:
     return layout.reports_dir(data_root) / STORE_STAGE_RECORD
+
+
+#: under ``reports/``: one ``<stage>.json`` per stage whose check failed in a run (any run: the UI's,
+#: a schedule's, a build's) since the last successful build
+FAILED_CHECKS_DIR = "failed_checks"
+_READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def failed_checks_path(data_root: Path, stage: str) -> Path:
+    return layout.reports_dir(data_root) / FAILED_CHECKS_DIR / f"{stage}.json"
+
+
+def record_failed_checks(data_root: Path, stage: str, checks: list[str], run_id: str | None = None) -> None:
+    """A check of ``stage`` failed: the next build runs that stage (not a no-op by stats), so its
+    checks run again and what the UI shows of them is this data as it is, not the failure of a run
+    whose cause is gone (a pin corrected, a file restored). Kept until a build succeeds; nothing is
+    written on a data root this process cannot write."""
+    path = failed_checks_path(data_root, stage)
+    record = {"stage": stage, "checks": sorted(set(checks)), "run_id": run_id}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, sort_keys=True) + "\n", encoding="utf-8")
+    except OSError as e:
+        if e.errno not in _READ_ONLY:
+            raise
+
+
+def failed_checks_status(data_root: Path, stage: str) -> str | None:
+    """Why ``stage`` must run because a check of it failed since the last successful build, or None."""
+    path = failed_checks_path(data_root, stage)
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        record = {}
+    checks = record.get("checks") if isinstance(record, dict) else None
+    run_id = record.get("run_id") if isinstance(record, dict) else None
+    named = ", ".join(str(c) for c in checks) if isinstance(checks, list) and checks else "a check"
+    where = f" in run {str(run_id)[:8]}" if run_id else ""
+    return f"{named} failed{where} since the last successful build: its checks run again"
+
+
+def clear_failed_checks(data_root: Path) -> None:
+    """A build succeeded: every stage's checks passed on this data (or were up to date)."""
+    folder = layout.reports_dir(data_root) / FAILED_CHECKS_DIR
+    for stage in STAGES:
+        try:
+            (folder / f"{stage.name}.json").unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            if e.errno not in _READ_ONLY:
+                raise
 
 
 def _stat(p: Path) -> list[int | None] | None:
@@ -326,15 +384,22 @@ def build_status(
     after one that must run must run too (what it reads will change); the profile stage runs when
     the acquire, kit or extract stage does, or when the kit changed."""
     data_root = Path(data_root)
-    out: dict[str, str | None] = {ACQUIRE.name: acquire_status(profile, data_root)}
-    out[KIT.name] = sidecars_status(profile, data_root)
-    out[EXTRACT.name] = extract_status(profile, data_root) if out[ACQUIRE.name] is None else "archives change"
+
+    def failed(stage: Stage) -> str | None:
+        return failed_checks_status(data_root, stage.name)
+
+    out: dict[str, str | None] = {ACQUIRE.name: acquire_status(profile, data_root) or failed(ACQUIRE)}
+    out[KIT.name] = sidecars_status(profile, data_root) or failed(KIT)
+    if out[ACQUIRE.name] is None:
+        out[EXTRACT.name] = extract_status(profile, data_root) or failed(EXTRACT)
+    else:
+        out[EXTRACT.name] = "archives change"
     if out[EXTRACT.name] is not None:
         out[STORE.name] = "cache directories change"
     elif out[KIT.name] is not None:
         out[STORE.name] = "the action sidecars change"
     else:
-        out[STORE.name] = store_status(profile, data_root, settings)
+        out[STORE.name] = store_status(profile, data_root, settings) or failed(STORE)
     later = [v for v in (out[ACQUIRE.name], out[KIT.name], out[EXTRACT.name]) if v is not None]
-    first = later[0] if later else profile_status(profile, data_root)
+    first = later[0] if later else (profile_status(profile, data_root) or failed(PROFILE))
     return {PROFILE.name: first, **{s.name: out[s.name] for s in STAGES if s.name in out}}
