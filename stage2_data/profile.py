@@ -53,7 +53,8 @@ def check_full_commit(value: str) -> str:
     if not HEX40_RE.match(value):
         raise ValueError(
             f"{value!r} is not a full 40-hex commit; a branch name, tag or short hash is never a pin "
-            "(run `stage2 pin` against the commit you want)"
+            "(`stage2 pin PROFILE --write` resolves a branch, tag or short hash on the hub and writes "
+            "the full commit it names)"
         )
     return value
 

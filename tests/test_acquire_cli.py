@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import cli
 
 from stage2_data import acquire, layout
 from stage2_data.acquire import (
@@ -108,13 +109,73 @@ def test_pin_refuses_with_one_line_and_exit_2(
     assert rc == 2 and str(quarantined) in line and q in line and "quarantined" in line
     assert hub.log_snapshot() == []  # refused before asking the hub
 
-    branch = demo.profile.with_name("branch.toml")
-    branch.write_text(text.replace(f'revision = "{demo.revision}"', 'revision = "main"'))
-    rc, out, err = stage2(capsys, "pin", str(branch), "--endpoint", hub.url, "--write")
+    unknown = demo.profile.with_name("unknown_revision.toml")
+    unknown.write_text(text.replace(f'revision = "{demo.revision}"', 'revision = "v9.9"'))
+    before = unknown.read_text()
+    rc, out, err = stage2(capsys, "pin", str(unknown), "--endpoint", hub.url, "--write")
     line = one_line_error(err)
-    assert rc == 2 and str(branch) in line and "'main'" in line and "branch name" in line
-    assert f'revision = "{demo.revision}"' in line  # the fix names the commit it resolves to today
-    assert 'revision = "main"' in branch.read_text()
+    assert rc == 2 and out == "" and unknown.read_text() == before
+    assert str(unknown) in line and "revision 'v9.9' is no branch, tag or commit" in line
+    assert f"then run `stage2 pin {unknown} --endpoint {hub.url} --write`" in line
+
+
+def test_pin_writes_the_commit_a_branch_resolves_to(
+    demo: DemoPaths, hub: HubServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = demo.profile.read_text()
+    branch = demo.profile.with_name("branch.toml")
+    floating = text.replace(f'revision = "{demo.revision}"', 'revision = "main"  # kept: a comment')
+    branch.write_text(PIN_LINE.sub("", floating, count=2))  # the first archive unpinned too
+
+    rc, out, err = stage2(capsys, "pin", str(branch), "--endpoint", hub.url, "--json")
+    doc = json.loads(out)
+    assert rc == 1 and doc["revision"] == demo.revision and doc["resolved_from"] == "main"
+    assert doc["changed"] is True and doc["written"] is False and len(doc["changes"]) == 1
+
+    rc, out, _ = stage2(capsys, "pin", str(branch), "--endpoint", hub.url, "--write")
+    assert rc == 0 and f"'main' resolves to commit {demo.revision}" in out and "pinned 1 archive(s)" in out
+    assert branch.read_text() == text.replace(
+        f'revision = "{demo.revision}"', f'revision = "{demo.revision}"  # kept: a comment'
+    )
+    assert load_profile(branch) == load_profile(demo.profile).model_copy(update={"profile_path": branch})
+    rc, out, _ = stage2(capsys, "pin", str(branch), "--endpoint", hub.url, "--check")
+    assert rc == 0 and "all 14 archive(s) pinned" in out
+
+
+def test_pin_resolves_a_branch_or_short_hash_against_a_hub_folder(demo: DemoPaths, tmp_path: Path) -> None:
+    """The loopback hub serves the folder at its own commit (the demo's revision): `main` and a short
+    hash of it resolve to that commit, which pin names without --write and writes with it."""
+    text = demo.profile.read_text()
+    folder = str(demo.upstream)
+    demo.profile.write_text(text.replace(demo.revision, "main"))
+    before = demo.profile.read_text()
+    r = cli.stage2("pin", str(demo.profile), "--hub-folder", folder)
+    assert r.returncode == 1 and demo.profile.read_text() == before, r.tail()
+    assert f'-revision = "main"\n+revision = "{demo.revision}"\n' in r.stdout
+    assert f"revision 'main' resolves to commit {demo.revision}" in r.stderr
+    assert f'write revision = "{demo.revision}" under [source]' in r.stderr and "--write" in r.stderr
+    assert "Traceback" not in r.stderr
+    r = cli.stage2("pin", str(demo.profile), "--hub-folder", folder, "--check")
+    assert r.returncode == 1 and demo.profile.read_text() == before, r.tail()
+    assert f"resolves to commit {demo.revision}" in r.stdout and "--write" in r.stdout
+    # every other command still refuses a revision that is not a full commit
+    r = cli.stage2("list", str(demo.profile), "--data-root", str(tmp_path / "data"))
+    assert r.returncode == 2 and "not a full 40-hex commit" in r.stderr, r.tail()
+
+    demo.profile.write_text(text.replace(demo.revision, demo.revision[:7]))
+    r = cli.stage2("pin", str(demo.profile), "--hub-folder", folder, "--write")
+    assert r.returncode == 0 and f"resolves to commit {demo.revision}" in r.stdout, r.tail()
+    assert demo.profile.read_text() == text
+    r = cli.stage2("pin", str(demo.profile), "--hub-folder", folder, "--check")
+    assert r.returncode == 0 and "all 14 archive(s) pinned" in r.stdout, r.tail()
+
+    demo.profile.write_text(text.replace(demo.revision, "0123abc"))  # no short hash of the folder's commit
+    r = cli.stage2("pin", str(demo.profile), "--hub-folder", folder, "--write")
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and r.stdout == "", r.tail()
+    assert "revision '0123abc' is no branch, tag or commit" in lines[0] and "Fix:" in lines[0]
+    assert f"the hub folder {folder}" in lines[0]
+    assert 'revision = "0123abc"' in demo.profile.read_text()
 
 
 def test_a_bad_retry_backoff_setting_is_one_line_and_exit_2(

@@ -69,6 +69,7 @@ def test_an_invalid_profile_names_its_file_once(demo: DemoPaths, tmp_path: Path)
     assert err.startswith(f"stage2 list: error: invalid profile {bad}: "), err
     line = 1 + next(n for n, ln in enumerate(text.splitlines(), 1) if ln == revision)  # after "bogus"
     assert f"key 'source.revision' (line {line}): 'f9da5e59a8' is not a full 40-hex commit" in err, err
+    assert "`stage2 pin PROFILE --write` resolves a branch, tag or short hash" in err, err
     assert "unknown key 'bogus' (line 1); remove it or check its spelling" in err, err
     assert err.endswith(
         "spelling. Fix: correct the named key(s) in the profile (see docs/spec/profile.md)"

@@ -121,6 +121,35 @@ def test_repo_info_and_main_alias(hub: HubServer, upstream: Upstream) -> None:
     assert sib["a.tar"].size == len(upstream["a.tar"])
 
 
+def test_a_short_hash_resolves_to_the_commit(hub: HubServer, upstream: Upstream) -> None:
+    api = _api(hub)
+    assert api.dataset_info(REPO, revision=REV[:7]).sha == REV  # as git abbreviates it
+    assert api.repo_info(REPO, repo_type="dataset", revision=REV[:12]).sha == REV
+    assert get_session().get(_url(hub, "README.md", revision=REV[:7])).content == upstream["README.md"]
+    for other in (REV[:6], REV[1:8], OTHER_REV[:7], REV.upper()[:7], "v1.0"):
+        with pytest.raises(RevisionNotFoundError):
+            api.dataset_info(REPO, revision=other)
+
+
+def test_a_folder_served_without_a_commit_is_at_its_own(upstream: Upstream, tmp_path: Path) -> None:
+    lines = "".join(
+        f"{rel}\0{hashlib.sha256(data).hexdigest()}\n" for rel, data in sorted(upstream.files.items())
+    )
+    own = hashlib.sha1(lines.encode()).hexdigest()
+    with HubServer(upstream.folder, repo_id=REPO, revision=None) as server:
+        api = _api(server)
+        assert server.revision == own
+        assert api.dataset_info(REPO, revision="main").sha == own
+        assert api.dataset_info(REPO, revision=own[:7]).sha == own
+        assert api.dataset_info(REPO).sha == own
+        with pytest.raises(RevisionNotFoundError):
+            api.dataset_info(REPO, revision=REV)
+    (tmp_path / "x.bin").write_bytes(b"one")
+    first = HubServer(tmp_path, repo_id=REPO, revision=None).revision
+    (tmp_path / "x.bin").write_bytes(b"two")
+    assert HubServer(tmp_path, repo_id=REPO, revision=None).revision != first  # a new file, a new commit
+
+
 def test_paths_info(hub: HubServer, upstream: Upstream) -> None:
     got = _api(hub).get_paths_info(REPO, ["a.tar", "sub", "nope.tar"], repo_type="dataset", revision=REV)
     by_path = {e.path: e for e in got}

@@ -1,10 +1,11 @@
 """The hub's listing of a pinned revision and the revision check, retried by the one retry policy.
 
-``check_revision`` calls the client's ``HfApi.repo_info``; ``list_remote_files`` reads the tree
-endpoint page by page through the client's own session, headers and error mapping (``get_session``,
-``build_hf_headers``, ``hf_raise_for_status``): ``HfApi.list_repo_tree`` would retry each page by the
-client's own policy, which honours no HTTP-date ``Retry-After`` and no cap. Every request here is
-retried by ``retry.with_retries``, as the downloads are.
+``resolve_revision`` (the commit a branch, tag or short hash names) and ``check_revision`` call the
+client's ``HfApi.repo_info``; ``list_remote_files`` reads the tree endpoint page by page through the
+client's own session, headers and error mapping (``get_session``, ``build_hf_headers``,
+``hf_raise_for_status``): ``HfApi.list_repo_tree`` would retry each page by the client's own policy,
+which honours no HTTP-date ``Retry-After`` and no cap. Every request here is retried by
+``retry.with_retries``, as the downloads are.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from .hub import HubSource, RemoteFile, require_online
 from .retry import RetryPolicy, with_retries
 
 
-def check_revision(source: HubSource, *, policy: RetryPolicy | None = None) -> str:
-    """Resolve ``source.revision`` on the hub; return the commit. Raises HubError when it does not
-    exist, or when the hub resolves it to another commit (a branch name or tag is never a pin)."""
+def resolve_revision(source: HubSource, *, policy: RetryPolicy | None = None) -> str:
+    """The full commit ``source.revision`` (a commit, a branch name, a tag or a short hash) names on
+    the hub now: ``HfApi.repo_info(revision=...).sha``. HubError when the hub knows no such revision
+    (its cause a ``RevisionNotFoundError``) or gives no commit."""
     what = f"resolving revision {source.revision}"
     require_online(source, what)
     info, _ = with_retries(
@@ -37,11 +39,19 @@ def check_revision(source: HubSource, *, policy: RetryPolicy | None = None) -> s
         policy=policy,
     )
     sha = getattr(info, "sha", None)
-    if not sha:
+    if not isinstance(sha, str) or not layout.HEX40_RE.match(sha):
         raise HubError(
-            f"the hub at {source.api_endpoint} gave no commit for revision {source.revision} of {source.label}.",
+            f"the hub at {source.api_endpoint} gave no commit for revision {source.revision} of {source.label}"
+            + (f" (it gave {sha!r})." if sha else "."),
             fix="check the endpoint (--endpoint / HF_ENDPOINT)",
         )
+    return sha
+
+
+def check_revision(source: HubSource, *, policy: RetryPolicy | None = None) -> str:
+    """Resolve ``source.revision`` on the hub; return the commit. Raises HubError when it does not
+    exist, or when the hub resolves it to another commit (a branch name or tag is never a pin)."""
+    sha = resolve_revision(source, policy=policy)
     if sha != source.revision:
         raise HubError(
             f"revision {source.revision!r} of {source.label} resolves to commit {sha} at {source.api_endpoint}, "

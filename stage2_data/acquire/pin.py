@@ -5,15 +5,46 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from huggingface_hub.errors import RevisionNotFoundError
+
 from .. import layout
-from ..errors import ProblemsError, ProfileError
+from ..errors import HubError, ProblemsError, ProfileError
 from ..profile import ArchiveSpec, Profile
 from .hub import HubSource, RemoteFile
-from .listing import closest_files, list_remote_files
+from .listing import closest_files, list_remote_files, resolve_revision
 
 
 class PinError(ProblemsError, ProfileError):
     """``pin`` refused: the profile disagrees with the hub's listing."""
+
+
+class UnknownRevisionError(HubError):
+    """The profile's [source] revision (a branch name, tag or short hash) names nothing the hub
+    knows in the repository; ``revision`` is that name."""
+
+    def __init__(self, message: str, *, fix: str, revision: str) -> None:
+        self.revision = revision
+        super().__init__(message, fix=fix)
+
+
+def resolve_floating_revision(source: HubSource, *, where: str, again: str, hub: str | None = None) -> str:
+    """The full commit that ``source.revision``, a branch name, tag or short hash, resolves to on the
+    hub now (``HfApi.repo_info(revision=...).sha``), for ``stage2 pin`` to write into the profile.
+    UnknownRevisionError when the hub knows no such revision of the repository: ``where`` (the
+    profile) and ``again`` (the command to re-run) make its fix, ``hub`` names the hub in it (default:
+    its endpoint). Other failures: HubError."""
+    try:
+        return resolve_revision(source)
+    except HubError as e:
+        if not isinstance(e.__cause__, RevisionNotFoundError):
+            raise
+        raise UnknownRevisionError(
+            f"{where}: [source] revision {source.revision!r} is no branch, tag or commit of "
+            f"{source.label} at {hub or source.api_endpoint}.",
+            fix=f"set revision under [source] in {where} to a branch, tag or commit the repository has "
+            f'(e.g. "main", or the full 40-hex commit you want), then run `{again}`',
+            revision=source.revision,
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -55,7 +86,8 @@ def pin_profile(
     an upstream file has no sha256 (not an LFS file), a quarantined file is listed under
     [[archives]], or ``source`` names another repository or revision than the profile. A revision
     that is not a full commit, or that does not exist, is refused before or by the hub
-    (ProfileError / HubError). Returns the new profile and one human-readable line per change.
+    (ProfileError / HubError): a branch, tag or short hash is resolved first
+    (:func:`resolve_floating_revision`). Returns the new profile and one human-readable line per change.
     """
     problems: list[str] = []
     src = profile.source

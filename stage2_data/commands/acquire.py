@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import difflib
 import os
 import re
@@ -16,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 # The hub client (huggingface_hub and its HTTP stack, a slow import) is imported by the commands that
 # talk to the hub, not when the CLI builds its parser.
 from ..acquire import DEFAULT_ENDPOINT, archive_state, required_free_parts, resolve_endpoint
-from ..errors import HubError, ProfileError
+from ..errors import ProfileError, Stage2Error
+from ..formats.sha256sums import read_regular_bytes
 from ..fsutil import free_bytes, human_bytes
 from ..layout import HEX40_RE, quarantine_root, unused_root
 from ..profile import Profile, load_profile, parse_profile
@@ -46,40 +48,66 @@ def _pin_again(args: argparse.Namespace, mode: str) -> str:
 
 
 # ----- pin ---------------------------------------------------------------------------------------
-def _refuse_floating_revision(path: Path, endpoint: str, token: str | None) -> None:
-    """A branch name, tag or short hash in [source] revision: refuse, naming the commit it resolves to."""
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8-sig"))
-    except (OSError, tomllib.TOMLDecodeError):
-        return  # load_profile reports it
-    src = data.get("source") if isinstance(data, dict) else None
-    if not isinstance(src, dict):
-        return
-    rev, repo_id, repo_type = src.get("revision"), src.get("repo_id"), src.get("repo_type", "dataset")
-    if not isinstance(rev, str) or HEX40_RE.match(rev) or not isinstance(repo_id, str):
-        return
-    from ..acquire import HubSource, check_revision
+#: the [source] revision a profile is checked with while its own (a branch, tag or short hash) is
+#: resolved on the hub; never written, never requested
+_UNRESOLVED = "0" * 40
 
-    commit = None
+
+def _floating_revision(path: Path) -> tuple[str, dict[str, Any], str] | None:
+    """(text, parsed TOML, revision) of the profile at ``path`` when its [source] revision is a
+    string that is not a full commit (a branch name, tag or short hash, which `stage2 pin` resolves);
+    None otherwise, and when the file cannot be read or parsed (``load_profile`` names why)."""
     try:
-        check_revision(HubSource(repo_id, str(repo_type), rev, endpoint=endpoint, token=token))
-    except HubError as e:
-        m = re.search(r"resolves to commit ([0-9a-f]{40})", e.message)
-        commit = m.group(1) if m else None
-    except ProfileError:
-        pass
-    if commit:
+        text = read_regular_bytes(path).decode("utf-8").removeprefix("\ufeff")
+        data = tomllib.loads(text)
+    except (OSError, Stage2Error, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError):
+        return None
+    src = data.get("source")
+    rev = src.get("revision") if isinstance(src, dict) else None
+    if not isinstance(rev, str) or HEX40_RE.match(rev):
+        return None
+    return text, data, rev
+
+
+def _load_for_pin(path: Path) -> tuple[Profile, str | None]:
+    """The profile at ``path`` as `stage2 pin` reads it, and the revision to resolve on the hub (None
+    when [source] revision is a full commit). A branch name, tag or short hash there, which every
+    other command refuses, is set aside: the rest of the profile is checked as ``load_profile``
+    checks it (every problem at once, before any request), with a placeholder revision that the
+    caller replaces by the commit the hub names."""
+    floating = _floating_revision(path)
+    if floating is None:
+        return load_profile(path), None
+    text, data, rev = floating
+    if not rev.strip():
         raise ProfileError(
-            f"{path}: [source] revision {rev!r} is a branch name, tag or short hash, not a pin "
-            f"(at {endpoint} it resolves to commit {commit} today, and may move tomorrow).",
-            fix=f'set revision = "{commit}" under [source] in {path} (after checking that commit), '
-            "then run `stage2 pin` again",
+            f"{path}: [source] revision is empty.",
+            fix=f'set revision under [source] in {path} to the branch, tag or commit to pin (e.g. "main"), '
+            "then run `stage2 pin` again: it writes the full commit",
         )
-    raise ProfileError(
-        f"{path}: [source] revision {rev!r} is not a full 40-hex commit; a branch name, tag or short "
-        "hash is never a pin.",
-        fix=f"set revision under [source] in {path} to the full commit you want, then run `stage2 pin` again",
-    )
+    data["source"]["revision"] = _UNRESOLVED
+    profile = parse_profile(data, source=str(path), path=path, check_totals=True, text=text)
+    profile.require_kit_paths()
+    return profile, rev
+
+
+_SOURCE_RE = re.compile(r"^\s*\[\s*source\s*\]\s*(#.*)?$")
+_REVISION_RE = re.compile(r"""^(\s*revision\s*=\s*)("[^"\\\n]*"|'[^'\n]*')(.*)$""", re.DOTALL)
+
+
+def rewrite_revision(text: str, commit: str) -> str:
+    """``text`` with the ``revision = "..."`` line of its [source] table set to ``commit``; every other
+    line, and a comment after the value, kept. Unchanged when [source] has no such line (an inline
+    table, a dotted key, an escaped string): the caller then writes the whole profile."""
+    lines = text.splitlines(keepends=True)
+    in_source = False
+    for n, line in enumerate(lines):
+        if _TABLE_RE.match(line):
+            in_source = bool(_SOURCE_RE.match(line))
+        elif in_source and (m := _REVISION_RE.match(line)):
+            lines[n] = f'{m.group(1)}"{commit}"{m.group(3)}'
+            return "".join(lines)
+    return text
 
 
 _TABLE_RE = re.compile(r"^\s*\[")
@@ -144,16 +172,17 @@ def cmd_pin(args: argparse.Namespace) -> int:
     path = Path(args.profile).resolve()
     token = _token(args.token_env)
     if args.hub_folder:  # served on loopback for this command, as `stage2 build --hub-folder` does
-        with _served(path, args.hub_folder) as endpoint:
-            return _pin(args, path, endpoint, token)
-    return _pin(args, path, resolve_endpoint(args.endpoint), token)
+        _require_folder(args.hub_folder)
+        profile, floating = _load_for_pin(path)
+        with _served(profile, args.hub_folder, floating=floating is not None) as endpoint:
+            return _pin(args, path, profile, floating, endpoint, token)
+    endpoint = resolve_endpoint(args.endpoint)
+    profile, floating = _load_for_pin(path)
+    return _pin(args, path, profile, floating, endpoint, token)
 
 
-@contextlib.contextmanager
-def _served(path: Path, folder: str) -> Iterator[str]:
-    """``folder`` served on loopback as the profile's repository at its pinned revision, for the
-    length of the block; its URL. HubSetupError when the folder cannot be served."""
-    from ..demo.hubserver import HubServer
+def _require_folder(folder: str) -> None:
+    """HubSetupError when ``folder`` (``--hub-folder``) is not a folder."""
     from ..errors import HubSetupError
 
     if not Path(folder).is_dir():
@@ -162,20 +191,40 @@ def _served(path: Path, folder: str) -> Iterator[str]:
             f"--hub-folder {folder} {what}.",
             fix="pass --hub-folder the folder `stage2 build --hub-folder` served (the repository's files)",
         )
-    src = load_profile(path).source
-    with HubServer(
-        Path(folder), repo_id=src.repo_id, revision=src.revision, repo_type=src.repo_type
-    ) as server:
+
+
+@contextlib.contextmanager
+def _served(profile: Profile, folder: str, *, floating: bool) -> Iterator[str]:
+    """``folder`` served on loopback as the profile's repository for the length of the block; its
+    URL. At the profile's pinned revision, or (``floating``: the profile names a branch, tag or short
+    hash) at the folder's own commit, which ``main`` and its short hash name. HubSetupError when the
+    folder cannot be served."""
+    from ..demo.hubserver import HubServer
+
+    src = profile.source
+    revision = None if floating else src.revision
+    with HubServer(Path(folder), repo_id=src.repo_id, revision=revision, repo_type=src.repo_type) as server:
         yield server.url
 
 
-def _pin(args: argparse.Namespace, path: Path, endpoint: str, token: str | None) -> int:
+def _pin(
+    args: argparse.Namespace,
+    path: Path,
+    profile: Profile,
+    floating: str | None,
+    endpoint: str,
+    token: str | None,
+) -> int:
     from ..acquire import HubSource, PinError, pin_profile
-    from ..acquire.pin import UnknownEntry
+    from ..acquire.pin import UnknownEntry, resolve_floating_revision
 
-    if path.is_file():
-        _refuse_floating_revision(path, endpoint, token)
-    profile = load_profile(path)
+    hub = f"the hub folder {args.hub_folder}" if args.hub_folder else endpoint
+    if floating is not None:  # a branch, tag or short hash: pinned to the commit it names now
+        asked = HubSource.from_profile(profile, endpoint=endpoint, token=token)
+        asked = dataclasses.replace(asked, revision=floating)
+        commit = resolve_floating_revision(asked, where=str(path), again=_pin_again(args, "--write"), hub=hub)
+        source_spec = profile.source.model_copy(update={"revision": commit})
+        profile = profile.model_copy(update={"source": source_spec})
     source = HubSource.from_profile(profile, endpoint=endpoint, token=token)
     unknown: list[UnknownEntry] = []
     try:
@@ -186,8 +235,14 @@ def _pin(args: argparse.Namespace, path: Path, endpoint: str, token: str | None)
         ) from None
     old = path.read_text(encoding="utf-8-sig")  # a byte-order mark is not part of the TOML
     new = rewrite_pins(old, pinned)
-    check = parse_profile(tomllib.loads(new), source=str(path), path=path)
-    if check.archives != pinned.archives:  # never write a file that does not say what the listing says
+    if floating is not None:
+        new = rewrite_revision(new, pinned.source.revision)
+    try:
+        check = parse_profile(tomllib.loads(new), source=str(path), path=path)
+        same = check.archives == pinned.archives and check.source.model_dump() == pinned.source.model_dump()
+    except (tomllib.TOMLDecodeError, ProfileError):
+        same = False
+    if not same:  # never write a file that does not say what the listing (and the hub) says
         new = pinned.to_toml()
     changed = new != old
     diff = "".join(
@@ -197,11 +252,17 @@ def _pin(args: argparse.Namespace, path: Path, endpoint: str, token: str | None)
     if args.write and changed:
         atomic_write_text(path, new)
         written = True
+    commit = pinned.source.revision
+    resolved = ""
+    if floating is not None:
+        moves = "" if commit.startswith(floating) else " (a branch or tag moves; a commit does not)"
+        resolved = f"[source] revision {floating!r} resolves to commit {commit} at {hub} now{moves}"
     if args.json:
         print_json(
             {
                 "profile": str(path),
-                "revision": profile.source.revision,
+                "revision": commit,
+                "resolved_from": floating,
                 "endpoint": source.api_endpoint,
                 "changed": changed,
                 "written": written,
@@ -217,16 +278,31 @@ def _pin(args: argparse.Namespace, path: Path, endpoint: str, token: str | None)
     elif not changed:
         print(f"{path}: all {len(pinned.archives)} archive(s) pinned and matching the hub's listing")
     elif written:
-        print(f"{path}: pinned {len(changes)} archive(s) from {source.label} at {profile.source.revision}")
+        if floating is not None:
+            print(f'{path}: {resolved}: wrote revision = "{commit}"')
+        if changes or floating is None:
+            print(f"{path}: pinned {len(changes)} archive(s) from {source.label} at {commit}")
         for c in changes:
             print(f"  {c}")
     elif args.check:
-        print(f"{path}: {len(changes)} archive(s) not pinned yet (run `{_pin_again(args, '--write')}`)")
+        if floating is not None:
+            print(
+                f"{path}: {resolved}: not a pin yet (run `{_pin_again(args, '--write')}`, or write "
+                f'revision = "{commit}" under [source])'
+            )
+        if changes or floating is None:
+            print(f"{path}: {len(changes)} archive(s) not pinned yet (run `{_pin_again(args, '--write')}`)")
         for c in changes:
             print(f"  {c}")
     else:
         print(diff, end="")
-        eprint(f"{path} would change ({len(changes)} archive(s)); re-run with --write to write it")
+        if floating is not None:
+            eprint(
+                f'{path}: {resolved}: write revision = "{commit}" under [source], or re-run with --write, '
+                "which writes it with the pins"
+            )
+        what = f"{len(changes)} archive(s)" if floating is None else f"revision, {len(changes)} archive(s)"
+        eprint(f"{path} would change ({what}); re-run with --write to write it")
     if unknown:
         eprint(
             f"{path}: {len(unknown)} [[archives]] entr{'y is' if len(unknown) == 1 else 'ies are'} marked "
@@ -426,10 +502,12 @@ def register(sub: Any) -> None:
         help="fill or check each archive's size and sha256 from the hub's listing at the pinned revision",
         description="Read the hub's own file listing at the profile's pinned revision and fill in (or check) "
         "every [[archives]] entry's size and sha256 (the LFS oid). Without --write, print the diff and exit 1 "
-        "if the profile would change. Entries marked unknown = true are never requested: pin names the "
-        "closest upstream archives for each and exits 1. Refuses (exit 2) when an archive is missing upstream "
-        "(naming the closest upstream files), a pinned value disagrees with the listing, a quarantined file is "
-        "listed under [[archives]], or the revision is a branch name, tag or short hash.",
+        "if the profile would change. A [source] revision that is a branch name, tag or short hash is "
+        "resolved on the hub to its full commit, which --write writes in its place (without --write, pin "
+        "names that commit and the line to write). Entries marked unknown = true are never requested: pin "
+        "names the closest upstream archives for each and exits 1. Refuses (exit 2) when an archive is "
+        "missing upstream (naming the closest upstream files), a pinned value disagrees with the listing, a "
+        "quarantined file is listed under [[archives]], or the hub knows no such revision.",
         epilog="Example: stage2 pin manifests/stage2_core_v1.toml --write   "
         "(CI: stage2 pin manifests/stage2_core_v1.toml --check)",
     )

@@ -1,7 +1,9 @@
 """A loopback server that speaks the Hugging Face Hub HTTP protocol, with fault injection (a test double).
 
-It serves one folder as one repository at exactly one revision (a 40-hex commit; the branch name
-``main`` is accepted as an alias of it, as on the real hub). Every file is presented as an LFS file:
+It serves one folder as one repository at exactly one revision (a 40-hex commit, or with
+``revision=None`` the folder's own: a sha1 over its files' paths and sha256, ``folder_commit``); the
+branch name ``main`` and a short hash of the commit (7 or more hex digits) name it too, as on the
+real hub (``HfApi.repo_info(revision="main").sha`` is the commit). Every file is presented as an LFS file:
 the tree listing carries its size and sha256 (``lfs.oid``), a ``HEAD`` on ``resolve`` carries
 ``X-Repo-Commit``, ``ETag``/``X-Linked-Etag`` (the sha256) and ``X-Linked-Size``, a ``GET`` supports
 ``Range``. Errors carry the hub's ``X-Error-Code`` header (``RepoNotFound``, ``RevisionNotFound``,
@@ -29,7 +31,7 @@ prints the URL on one line and serves until SIGTERM/SIGINT.
 
 from __future__ import annotations
 
-from .repository import INFO, TREE, HubFaults, Reject
+from .repository import INFO, TREE, HubFaults, Reject, folder_commit
 from .server import HubServer, main
 
-__all__ = ["INFO", "TREE", "HubFaults", "HubServer", "Reject", "main"]
+__all__ = ["INFO", "TREE", "HubFaults", "HubServer", "Reject", "folder_commit", "main"]

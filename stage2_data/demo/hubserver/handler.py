@@ -23,6 +23,7 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 from ...hashing import BUF_SIZE
 from .repository import INFO, RESOLVE_PREFIX, TREE, TREE_PAGE_SIZE_EXPAND, HubRepository
 
+SHORT_HASH_RE = re.compile(r"\A[0-9a-f]{7,39}\Z")  # an abbreviated commit, as git shows one
 RATE_STEP = 256 * 1024  # bytes sent between two pauses of a paced download (``rate``, ``link_rate``)
 
 
@@ -153,8 +154,11 @@ class _Handler(BaseHTTPRequestHandler):
         raise _Reply(401, "Invalid credentials in Authorization header")
 
     def _resolve_rev(self, rev: str) -> str:
-        if rev in (self.hub.revision, "main"):
-            return self.hub.revision
+        """The commit ``rev`` names: the served commit, the branch ``main``, or a short hash of the
+        commit (as git abbreviates it: 7 or more hex digits); else 404 RevisionNotFound."""
+        commit = self.hub.revision
+        if rev in (commit, "main") or (SHORT_HASH_RE.match(rev) and commit.startswith(rev)):
+            return commit
         raise _Reply(404, f"Invalid rev id: {rev}", "RevisionNotFound")
 
     def _send_reply(self, method: str, r: _Reply) -> None:

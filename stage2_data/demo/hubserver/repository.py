@@ -129,22 +129,34 @@ class GetFaults(NamedTuple):
     ignore_range: bool  # answer 200 with the full body
 
 
+def folder_commit(files: dict[str, FileEntry]) -> str:
+    """The commit a folder is served at when it is given none (``HubRepository(revision=None)``): a
+    sha1 over one ``<path>\\0<sha256>\\n`` line per file, in path order. It changes when a file
+    does; the demo's revision is this of its upstream folder."""
+    lines = "".join(f"{rel}\0{e.sha256}\n" for rel, e in sorted(files.items()))
+    return hashlib.sha1(lines.encode()).hexdigest()
+
+
 class HubRepository:
-    """One folder as one repository at one revision: what every request is answered from."""
+    """One folder as one repository at one revision: what every request is answered from.
+
+    ``revision``: the full 40-hex commit it is served at; None: the folder's own commit
+    (:func:`folder_commit`). The branch ``main`` and a short hash of that commit (7 or more hex
+    digits) name it too, as on the real hub."""
 
     def __init__(
         self,
         folder: Path,
         *,
         repo_id: str,
-        revision: str,
+        revision: str | None,
         repo_type: str = "dataset",
         host: str = "127.0.0.1",
         port: int = 0,
         faults: HubFaults | None = None,
         token: str | None = None,
     ) -> None:
-        if not HEX40_RE.match(revision):
+        if revision is not None and not HEX40_RE.match(revision):
             raise HubSetupError(
                 f"revision {revision!r} is not a full 40-hex commit.",
                 fix="pass the whole commit id (40 hex digits), as the profile's [source] revision holds it",
@@ -166,7 +178,6 @@ class HubRepository:
                 fix="pass the folder to serve as the hub's repository (the demo's: .demo/demo/upstream)",
             )
         self.repo_id = repo_id
-        self.revision = revision
         self.repo_type = repo_type
         self.host = host
         self.port = port
@@ -182,6 +193,8 @@ class HubRepository:
         self._link_lock = threading.Lock()
         self._link_free_at = 0.0  # time.monotonic() at which the shared link has sent all it owes
         self._date = datetime.fromtimestamp(0, UTC).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+        # None: the folder's own commit (each file hashed here once; scan() reuses the hashes)
+        self.revision: str = revision if revision is not None else folder_commit(self.files())
 
     @property
     def url(self) -> str:
