@@ -38,13 +38,13 @@ from stage2_data.commands.common import (
     print_json,
     storage_options,
 )
-from stage2_data.errors import HubError, HubSetupError, ProfileError, SettingError, Stage2Error
+from stage2_data.errors import HubError, HubSetupError, ProfileError, SettingError, Stage2Error, StoreError
 from stage2_data.fsutil import python_str
 from stage2_data.oserrors import fs_error
 from stage2_data.profile import Profile, load_profile
 from stage2_data.publish import data_root_lock, sweep_data_root
 from stage2_data.stages import STAGES
-from stage2_data.storage import check_stores_url
+from stage2_data.storage import check_stores_target, check_stores_url
 
 from .config import BuildConfig, check_settings, demo_root, env_flag, require_executor, ui_command
 from .stops import stop_guard
@@ -196,8 +196,17 @@ def _cmd_build(args: argparse.Namespace) -> int:
             fix="add --executor dask to run the steps on that scheduler, or leave out --dask-address",
         )
     require_executor(args.executor)
+    options = storage_options(args)  # each KEY=VALUE, refused now if one is not
     if args.store_url:  # opened by the store stage, after every download: refused now if it cannot be
         check_stores_url(args.store_url)
+    elif options:  # they are the store's, and only a store on --store-url takes them
+        raise StoreError(
+            f"--storage-option ({', '.join(options)}) is given without --store-url: storage options "
+            "are for a store written to object storage, and this build writes its store under "
+            "--data-root.",
+            fix="add --store-url URL (e.g. --store-url s3://bucket/stores) to write the store there, "
+            "or leave out --storage-option",
+        )
     # folders the build reads, refused before any download (a step would find them missing late)
     for option, folder, error in (
         ("--kit-root", args.kit_root, ProfileError),
@@ -214,6 +223,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
     data_root = Path(args.data_root).resolve()
     if data_root.exists() and not data_root.is_dir():  # named as given, not as the first path below it
         raise fs_error(NotADirectoryError(errno.ENOTDIR, "Not a directory", str(data_root)), "--data-root")
+    if args.store_url:  # credentials, endpoint, bucket: probed now, not after every download
+        check_stores_target(args.store_url, profile.name, options)
     endpoint = resolve_endpoint(args.endpoint)  # --endpoint, else $HF_ENDPOINT, else the real hub
     _preflight_hub(profile, data_root, endpoint, reach=not args.hub_folder)
     config = BuildConfig(
@@ -227,7 +238,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
         executor=args.executor,
         dask_address=args.dask_address,
         store_url=args.store_url,
-        store_options=storage_options(args),
+        store_options=options,
     )
     return _run_build(args, config, profile, concurrency=args.concurrency, progress=not args.no_progress)
 
@@ -306,6 +317,7 @@ COULD_NOT_RUN = frozenset(
         "NotADirectoryError",
         "PinDisagreesError",  # bad input: a pin the hub's listing contradicts (on disk or downloading)
         "HubOfflineError",  # offline, and what the build needs is not on disk
+        "StorageAccessError",  # object storage: no credentials, access denied, endpoint unreachable
     }
 )
 

@@ -327,3 +327,70 @@ def test_a_dask_address_without_the_dask_executor_is_refused(tmp_path: Path) -> 
     )
     assert "Fix: add --executor dask" in p.stderr and "Traceback" not in p.stderr
     assert not (tmp_path / "root").exists()
+
+
+@pytest.mark.parametrize(
+    ("option", "says"),
+    [
+        (
+            "endpoint_url=http://127.0.0.1:9000",
+            "--storage-option (endpoint_url) is given without --store-url",
+        ),
+        ("foo", "--storage-option 'foo' is not KEY=VALUE"),
+    ],
+    ids=["without-store-url", "malformed"],
+)
+def test_a_storage_option_without_a_store_url_is_refused(
+    option: str, says: str, demo_cache, tmp_path: Path
+) -> None:
+    """`--storage-option` is for the store on `--store-url`: without one it would be ignored (the
+    store goes under --data-root), so it is refused by name before anything runs; a malformed one
+    is named as such. (Offline with nothing on disk, a build not refused so fails on the hub.)"""
+    root = tmp_path / "root"
+    p = stage2(
+        "build", str(demo_cache.profile), "--data-root", str(root), "--storage-option", option,
+        env=subprocess_env(HF_HUB_OFFLINE="1"), timeout=120,
+    )  # fmt: skip
+    assert p.returncode == 2, p.tail()
+    line = p.stderr.strip()
+    assert line.startswith(f"stage2 build: error: {says}") and "Fix:" in line, line
+    assert len(line.splitlines()) == 1 and "Traceback" not in line, line
+    assert not root.exists()
+
+
+@pytest.fixture
+def file_url_stores(store: Path, tmp_path: Path) -> Path:
+    """A data root's stores folder holding one profile's store and its `current` link, as a build
+    with `--store-url file://...` writes it."""
+    import shutil
+
+    profile = tmp_path / "stores" / "p"
+    profile.mkdir(parents=True)
+    shutil.copytree(store, profile / "v2-aaaa000000000001")
+    (profile / "current").symlink_to("v2-aaaa000000000001")
+    return tmp_path / "stores"
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["validate", "file://{stores}/p/current"], "is valid"),
+        (["summary", "file://{stores}/p/current"], "fingerprint:"),
+        (["gc", "file://{stores}", "--dry-run"], "kept         v2-aaaa000000000001"),
+    ],
+    ids=["validate", "summary", "gc"],
+)
+def test_the_store_commands_take_the_file_url_a_build_takes(
+    argv: list[str], says: str, file_url_stores: Path
+) -> None:
+    """`stage2 build --store-url file:///x` writes under /x: validate, summary and gc take the same
+    URL (its `//` is not folded into `file:/x`, which reads as a mistyped URL)."""
+    p = stage2(*[a.format(stores=file_url_stores) for a in argv], timeout=120)
+    assert p.returncode == 0, p.tail()
+    assert says in p.stdout and "starts like a URL" not in p.stderr, p.tail()
+
+
+def test_a_file_url_with_one_slash_is_named_with_the_url_meant(tmp_path: Path) -> None:
+    p = stage2("validate", f"file:{tmp_path}/s/p/current", timeout=120)
+    assert p.returncode == 2, p.tail()
+    assert f"Fix: write file://{tmp_path}/s/p/current, or the path alone" in p.stderr, p.stderr

@@ -11,6 +11,7 @@ server on 127.0.0.1, through s3fs, as tests/test_store_backends.py runs it).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 import uuid
@@ -245,3 +246,120 @@ def test_a_store_failing_the_gate_on_object_storage_is_moved_aside_never_deleted
     assert doc["removed_files"] == len(before) and [m["path"] for m in doc["moved"]] == [dest_url], doc
     dest.invalidate()
     assert dest.tree_files(dest.root) == []
+
+
+def _aws_env(**values: str) -> dict[str, str]:
+    """This process's environment without any AWS credentials or configuration (nothing found on
+    this machine either: no files, no instance metadata), one attempt per request, and ``values``."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("AWS_")}
+    env.update(
+        AWS_EC2_METADATA_DISABLED="true",
+        AWS_CONFIG_FILE=os.devnull,
+        AWS_SHARED_CREDENTIALS_FILE=os.devnull,
+        AWS_MAX_ATTEMPTS="1",
+    )
+    env.update(values)
+    return env
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then closed)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _endpoint_option(endpoint: str) -> str:
+    return "--storage-option=client_kwargs=" + json.dumps(
+        {"endpoint_url": endpoint, "region_name": "us-east-1"}
+    )
+
+
+FAULTS = {
+    "no-credentials": "no credentials for the object storage were found (NoCredentialsError",
+    "unreachable": "cannot reach the storage endpoint http://127.0.0.1:",
+    "no-such-bucket": "does not exist at http://127.0.0.1:",
+    "access-denied": "access denied (PermissionError",
+}
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+@pytest.mark.parametrize("command", ["validate", "summary", "gc"])
+def test_storage_that_cannot_be_used_is_named_not_a_bug(
+    profile_root: tuple[StoreLocation, dict[str, Any], list[str]],
+    s3_endpoint: str,  # noqa: F811 - the fixture imported above
+    fault: str,
+    command: str,
+) -> None:
+    """No credentials, an endpoint that does not answer, a bucket that does not exist, credentials
+    without access: one line naming the URL, what failed and the fix, exit 2 (never "internal
+    error ... This is a bug", exit 3); with no credentials, the fix (key= and secret=) then reads."""
+    from helpers.cli import stage2
+    from moto.core.authorization import enable_iam_authentication
+
+    root, _, opt_args = profile_root
+    target = root.url if command == "gc" else f"{root.url}/{STORES[0]}"
+    creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+    env, args, guard = _aws_env(**creds), [target, *opt_args], contextlib.nullcontext()
+    if fault == "no-credentials":
+        env = _aws_env()
+    elif fault == "unreachable":
+        args = [target, _endpoint_option(f"http://127.0.0.1:{_closed_port()}")]
+    elif fault == "no-such-bucket":
+        args = [target.replace(root.url.split("/")[2], f"t-{uuid.uuid4().hex[:16]}", 1), *opt_args]
+    else:  # a user of that storage with no policy at all, once IAM is enforced
+        import boto3
+
+        iam = boto3.client("iam", endpoint_url=s3_endpoint, region_name="us-east-1")
+        user = f"u-{uuid.uuid4().hex[:8]}"
+        iam.create_user(UserName=user)
+        key = iam.create_access_key(UserName=user)["AccessKey"]
+        env = _aws_env(AWS_ACCESS_KEY_ID=key["AccessKeyId"], AWS_SECRET_ACCESS_KEY=key["SecretAccessKey"])
+        guard = enable_iam_authentication()
+    with guard:
+        r = stage2(command, *args, env=env, timeout=120)
+    assert r.returncode == 2, r.tail()
+    line = r.stderr.strip()
+    assert line.startswith(f"stage2 {command}: error: s3://"), line
+    assert FAULTS[fault] in line and "Fix: " in line, line
+    assert len(line.splitlines()) == 1 and "internal error" not in line and "Traceback" not in line, line
+    if fault == "no-credentials":  # the fix given works
+        assert "--storage-option key=ACCESS_KEY_ID --storage-option secret=SECRET_ACCESS_KEY" in line
+        keys = ["--storage-option", "key=testing", "--storage-option", "secret=testing"]
+        again = stage2(command, *args, *keys, env=env, timeout=120)
+        assert again.returncode == 0, again.tail()
+
+
+def test_the_python_api_names_storage_that_cannot_be_used(
+    profile_root: tuple[StoreLocation, dict[str, Any], list[str]],
+) -> None:
+    """The reader a training job opens (``VinOfflineStoreReader``, under ``VinOfflineDataset``)
+    raises the same named error (a ``StoreError``), not botocore's."""
+    from helpers.cli import python
+
+    root, opts, _ = profile_root
+    code = (
+        "import json, sys\n"
+        "from stage2_data.errors import StoreError\n"
+        "from stage2_data.store import VinOfflineStoreReader\n"
+        "try:\n"
+        "    VinOfflineStoreReader(sys.argv[1], json.loads(sys.argv[2]))\n"
+        "except StoreError as e:\n"
+        "    print(json.dumps([type(e).__name__, e.message, e.fix]))\n"
+    )
+    r = python(code, f"{root.url}/current", json.dumps(opts), env=_aws_env())
+    name, message, fix = r.last_json()
+    assert name == "StorageAccessError" and "no credentials" in message and "AWS_ACCESS_KEY_ID" in fix
+    unreachable = {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{_closed_port()}"}}
+    r = python(
+        code,
+        f"{root.url}/current",
+        json.dumps(unreachable),
+        env=_aws_env(AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="y"),
+    )
+    name, message, fix = r.last_json()
+    assert name == "StorageAccessError" and "cannot reach the storage endpoint" in message, message

@@ -170,3 +170,69 @@ def test_a_store_url_mistyped_into_a_path_is_named_by_the_readers(command: str, 
     (tmp_path / "s3:" / "bucket" / "x").mkdir(parents=True)
     r = stage2(command, "s3:/bucket/x", cwd=tmp_path)
     assert r.returncode == 2 and "no complete VIN offline store at" in r.stderr, r.stderr
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then closed)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    ("fault", "says"),
+    [
+        ("no-credentials", "no credentials for the object storage were found (NoCredentialsError"),
+        ("unreachable", "cannot reach the storage endpoint http://127.0.0.1:"),
+        ("no-such-bucket", "does not exist at http://127.0.0.1:"),
+    ],
+    ids=["no-credentials", "unreachable", "no-such-bucket"],
+)
+def test_a_store_url_that_cannot_be_written_is_refused_before_any_download(
+    fault: str, says: str, s3: tuple[str, dict], demo_cache: DemoPaths, tmp_path: Path
+) -> None:
+    """The store stage writes to `--store-url` after every download and extraction: no credentials,
+    an endpoint that does not answer or a bucket that does not exist is found by a probe at the
+    start instead, and refused in one line with its fix (exit 2), before anything is written."""
+    import os
+
+    from helpers.cli import stage2
+
+    url, options = s3
+    endpoint = options["client_kwargs"]["endpoint_url"]
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("AWS_")}
+    env.update(AWS_EC2_METADATA_DISABLED="true", AWS_CONFIG_FILE=os.devnull, AWS_MAX_ATTEMPTS="1")
+    env.update(AWS_SHARED_CREDENTIALS_FILE=os.devnull)
+    if fault != "no-credentials":
+        env.update(AWS_ACCESS_KEY_ID="k", AWS_SECRET_ACCESS_KEY="s")
+    if fault == "unreachable":
+        endpoint = f"http://127.0.0.1:{_closed_port()}"
+    if fault == "no-such-bucket":
+        url = f"s3://missing-{uuid.uuid4().hex[:12]}/team"
+    client = json.dumps({"endpoint_url": endpoint, "region_name": "us-east-1"})
+    root = tmp_path / "root"
+    r = stage2(
+        "build", "--profile", str(demo_cache.profile), "--data-root", str(root),
+        "--hub-folder", str(demo_cache.upstream), "--store-url", url,
+        f"--storage-option=client_kwargs={client}", env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 2, r.tail()
+    line = r.stderr.strip()
+    assert line.startswith(f"stage2 build: error: {url}/stage2_core_v1_demo: "), line
+    assert says in line and "Fix: " in line, line
+    assert len(line.splitlines()) == 1 and "internal error" not in line, line
+    assert not root.exists()
+
+
+def test_a_writable_store_url_passes_the_probe_and_keeps_nothing_of_it(s3: tuple[str, dict]) -> None:
+    """The probe of a usable `--store-url` writes one small object under `<url>/<profile>/` and
+    deletes it: nothing of it is left for a reader, retention or gc to see."""
+    from stage2_data.storage import check_stores_target
+
+    url, options = s3
+    check_stores_target(url, "probe_profile", options)
+    loc = StoreLocation.parse(f"{url}/probe_profile", options)
+    loc.invalidate()
+    assert loc.tree_files(loc.root) == []

@@ -7,6 +7,8 @@ refused in one line (found vs expected, and the command that rebuilds it), exit 
 from __future__ import annotations
 
 import argparse
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,10 +39,33 @@ def _table(header: list[str], rows: list[list[Any]], right: set[int] | None = No
 
 
 def _target(value: str) -> Path | str:
-    """A store argument: a local folder, or an fsspec URL (``s3://bucket/prefix``) kept as text."""
+    """A store argument: a local folder, or an fsspec URL (``s3://bucket/prefix``) kept as text. A
+    ``file://`` URL names a local folder, as ``stage2 build --store-url`` takes it (``file:///x``
+    is ``/x``); made a Path whole, its ``//`` would be folded into ``file:/x``."""
     from ..storage import is_url
 
+    if value.startswith("file://"):
+        return Path(value[len("file://") :])
     return value if is_url(value) else Path(value)
+
+
+@contextlib.contextmanager
+def _bucket_named(target: Path | str, opts: dict[str, Any] | None) -> Iterator[None]:
+    """A target on object storage whose store is not found (nothing there, no such folder) because
+    its bucket does not exist is said as that (one request, only when it failed)."""
+    from ..errors import StoreError
+    from ..storage import FsspecLocation, StorageAccessError, StoreLocation
+
+    try:
+        yield
+    except StoreError as err:
+        if isinstance(target, str) and not isinstance(err, StorageAccessError):
+            loc: StoreLocation | None = None
+            with contextlib.suppress(StoreError):
+                loc = StoreLocation.parse(target, opts)
+            if isinstance(loc, FsspecLocation) and (missing := loc.missing_bucket()) is not None:
+                raise missing from err
+        raise
 
 
 # ----- validate ------------------------------------------------------------------------------------
@@ -69,11 +94,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
     store = _target(args.store)
     opts = storage_options(args)
     try:
-        _check_current(store, opts, "stage2 validate")
-        # strict open: version / missing manifest refused with the fix. ``current`` (a link, or the
-        # CURRENT object on object storage) is resolved here once, as every reader resolves it, and
-        # the store it names is what is validated (held by the reader's lease meanwhile, locally)
-        reader = VinOfflineStoreReader(store, opts)
+        with _bucket_named(store, opts):
+            _check_current(store, opts, "stage2 validate")
+            # strict open: version / missing manifest refused with the fix. ``current`` (a link, or
+            # the CURRENT object on object storage) is resolved here once, as every reader resolves
+            # it, and the store it names is what is validated (held by the reader's lease meanwhile,
+            # locally)
+            reader = VinOfflineStoreReader(store, opts)
     except StoreError as err:
         if not args.json:
             raise  # the CLI prints "stage2 validate: error: <what> Fix: <command>" and exits 2
@@ -193,9 +220,11 @@ def cmd_summary(args: argparse.Namespace) -> int:
     from ..store import VinOfflineStoreReader
 
     opts = storage_options(args)
-    _check_current(_target(args.store), opts, "stage2 summary")
-    VinOfflineStoreReader(_target(args.store), opts)  # strict open
-    doc = summary_document(_target(args.store), opts)
+    store = _target(args.store)
+    with _bucket_named(store, opts):
+        _check_current(store, opts, "stage2 summary")
+        VinOfflineStoreReader(store, opts)  # strict open
+    doc = summary_document(store, opts)
     if args.json:
         print_json(doc)
     else:
@@ -333,6 +362,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
     from ..errors import StoreError
     from ..publish import data_root_lock
+    from ..storage import StorageAccessError
     from ..store.retention import KEEP_ENV, collect_stores, default_keep, profile_roots
 
     target = _target(args.stores)
@@ -371,9 +401,10 @@ def cmd_gc(args: argparse.Namespace) -> int:
     roots = []
     if keep is not None:
         try:
-            roots = profile_roots(target, opts)
-        except StoreError:
-            if not aside:
+            with _bucket_named(target, opts):
+                roots = profile_roots(target, opts)
+        except StoreError as err:
+            if not aside or isinstance(err, StorageAccessError):
                 raise
             # with --quarantine or --unused, a data root without stores yet (no build published) is fine
     # a build writes stores under its data root's lock: gc takes it too (not for a dry run), so it

@@ -24,11 +24,19 @@ from ._base import (
     MOVED_FILE,
     QUARANTINE_DIR,
     StoreLocation,
+    check_stores_target,
     check_stores_url,
     is_url,
     join_url,
 )
-from ._fsspec import FsspecLocation, current_candidates, current_error, option_args
+from ._fsspec import (
+    FsspecLocation,
+    StorageAccessError,
+    access_error,
+    current_candidates,
+    current_error,
+    option_args,
+)
 from ._local import LocalLocation
 
 __all__ = [
@@ -38,7 +46,10 @@ __all__ = [
     "QUARANTINE_DIR",
     "FsspecLocation",
     "LocalLocation",
+    "StorageAccessError",
     "StoreLocation",
+    "access_error",
+    "check_stores_target",
     "check_stores_url",
     "current_candidates",
     "current_error",

@@ -60,6 +60,15 @@ def _url_typo(s: str) -> StoreError | None:
     scheme = _SCHEME.match(s)
     if scheme is None or is_url(s):
         return None
+    if scheme[1].lower() == "file":  # file:/x: a local folder's URL needs file:// then its path
+        path = s[len(scheme[0]) :]
+        return StoreError(
+            f"{s!r} starts like a file:// URL but is not one (a URL is file:// then the path, "
+            "e.g. file:///data/stores).",
+            fix=f"write file://{path}, or the path alone"
+            if path.startswith("/")
+            else f"write the path alone ({path}), or file:// then its absolute path",
+        )
     return StoreError(
         f"{s!r} starts like a URL but is not one (a URL is {scheme[1]}://BUCKET/PREFIX); as a path, "
         f"it would name a local folder {scheme[1]}:",
@@ -91,6 +100,19 @@ def check_stores_url(target: str | os.PathLike[str]) -> None:
         fsspec.get_filesystem_class(protocol)
     except (ImportError, ValueError) as e:
         raise backend_error(s, e) from None
+
+
+def check_stores_target(
+    target: str | os.PathLike[str], name: str, storage_options: dict[str, Any] | None = None
+) -> None:
+    """Refuse, before any work, a stores folder (``--store-url``) a build could not write the store
+    of profile ``name`` under: :func:`check_stores_url`, then, on object storage, a probe of
+    ``<target>/<name>/`` (:meth:`StoreLocation.check_writable`: credentials found and accepted, the
+    endpoint answers, the bucket exists and takes a write there), each failure a named StoreError."""
+    check_stores_url(target)
+    s = os.fspath(target)
+    if is_url(s):
+        StoreLocation.parse(join_url(s, name), storage_options).check_writable()
 
 
 def join_url(target: str, name: str) -> str:
@@ -168,6 +190,11 @@ class StoreLocation:
 
     def _k(self, p: Path) -> str:
         return p.as_posix()
+
+    def check_writable(self) -> None:
+        """Refuse a location a store cannot be written under, found by a cheap probe (object
+        storage: no credentials, credentials refused, access denied, no such bucket, an endpoint
+        that does not answer); locally nothing is probed (a folder's faults are named when written)."""
 
     # -- reads -------------------------------------------------------------------------------------
     def is_file(self, p: Path) -> bool:
@@ -299,4 +326,4 @@ class StoreLocation:
         return None
 
 
-__all__ = ["CURRENT_OBJECT", "StoreLocation", "is_url"]
+__all__ = ["CURRENT_OBJECT", "StoreLocation", "check_stores_target", "is_url"]

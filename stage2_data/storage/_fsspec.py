@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
+import os
 import re
 import shlex
-from collections.abc import Sequence
+import socket
+import uuid
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from ..errors import StoreError, StoreNotFoundError
 from ._base import (
@@ -33,6 +37,164 @@ from ._base import (
 
 #: a store folder's name as ``CURRENT`` may hold it: one path component, not hidden (``.quarantine``)
 _PLAIN_NAME = re.compile(r"[^./\\\x00-\x1f][^/\\\x00-\x1f]{0,254}")
+
+
+class StorageAccessError(StoreError):
+    """Object storage cannot be used with what was given: no credentials, credentials it refuses,
+    access denied, no such bucket, or an endpoint that does not answer. A fault of the setup, not
+    of a store: the message names the URL and what failed, the fix what to set."""
+
+
+#: exceptions (botocore's, by name: no import of an optional package) saying no credentials were found
+_NO_CREDENTIALS = frozenset(
+    {
+        "NoCredentialsError",
+        "PartialCredentialsError",
+        "CredentialRetrievalError",
+        "NoAuthTokenError",
+        "TokenRetrievalError",
+        "UnauthorizedSSOTokenError",
+        "SSOTokenLoadError",
+        "ProfileNotFound",
+    }
+)
+#: S3 error codes of credentials the storage does not accept
+_REFUSED_CODES = frozenset(
+    {"InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken", "TokenRefreshRequired"}
+)
+#: S3 error codes of a request these credentials may not make
+_DENIED_CODES = frozenset({"AccessDenied", "AllAccessDisabled", "AccountProblem", "InvalidSecurity"})
+#: exceptions (by name) of an endpoint that does not answer: botocore's, aiohttp's
+_UNREACHABLE = frozenset(
+    {
+        "EndpointConnectionError",
+        "ConnectTimeoutError",
+        "ConnectionClosedError",
+        "ProxyConnectionError",
+        "ReadTimeoutError",
+        "ClientConnectorError",
+        "ServerDisconnectedError",
+        "ServerTimeoutError",
+    }
+)
+
+
+def _chain(e: BaseException) -> list[BaseException]:
+    """``e`` and the exceptions it was raised from or while handling (a few levels)."""
+    out: list[BaseException] = []
+    cur: BaseException | None = e
+    while cur is not None and len(out) < 6 and not any(cur is x for x in out):
+        out.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    return out
+
+
+def _error_code(e: BaseException) -> str | None:
+    """The S3 error code of a botocore ``ClientError`` (``AccessDenied``, ``NoSuchBucket``)."""
+    response = getattr(e, "response", None)
+    error = response.get("Error") if isinstance(response, dict) else None
+    code = error.get("Code") if isinstance(error, dict) else None
+    return str(code) if code else None
+
+
+def _endpoint(protocol: str, storage_options: dict[str, Any] | None) -> str:
+    """The endpoint a location's requests go to, as the options or the environment name it."""
+    opts = storage_options or {}
+    client = opts.get("client_kwargs")
+    client = client if isinstance(client, dict) else {}
+    given = opts.get("endpoint_url") or client.get("endpoint_url")
+    if not given and protocol in ("s3", "s3a"):
+        given = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    return str(given) if given else f"the default {protocol}:// endpoint"
+
+
+def _no_bucket(url: str, bucket: str, endpoint: str, said: str | None = None) -> StorageAccessError:
+    return StorageAccessError(
+        f"{url}: the bucket {bucket!r} does not exist at {endpoint}" + (f" ({said})." if said else "."),
+        fix=f"correct the bucket in the URL (or endpoint_url), or create the bucket {bucket!r}",
+    )
+
+
+def access_error(
+    url: str, e: BaseException, storage_options: dict[str, Any] | None = None
+) -> StorageAccessError | None:
+    """The named error for ``e``, raised by object storage while using ``url``, when it says the
+    storage cannot be used as set up (no credentials, credentials refused, access denied, no such
+    bucket, an endpoint that does not answer or is not a URL); None for anything else."""
+    if isinstance(e, StoreError):
+        return None
+    protocol = url.split("://", 1)[0].lower()
+    s3 = protocol in ("s3", "s3a")
+    chain = _chain(e)
+    names = {c.__name__ for x in chain for c in type(x).__mro__}
+    codes = {c for x in chain if (c := _error_code(x))}
+    said = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+    endpoint = _endpoint(protocol, storage_options)
+    bucket = url.split("://", 1)[-1].split("/", 1)[0]
+    if names & _NO_CREDENTIALS:
+        return StorageAccessError(
+            f"{url}: no credentials for the object storage were found ({said}).",
+            fix="set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) in the environment, or "
+            "pass --storage-option key=ACCESS_KEY_ID --storage-option secret=SECRET_ACCESS_KEY (in "
+            "Python: storage_options={'key': ..., 'secret': ...}); for a public bucket: anon=true"
+            if s3
+            else "give the credentials this storage takes (the environment, or --storage-option)",
+        )
+    if codes & _REFUSED_CODES:
+        return StorageAccessError(
+            f"{url}: the storage at {endpoint} refused the credentials ({said}).",
+            fix="check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or the key= and secret= storage "
+            "options): they must be a valid key pair of that storage, and endpoint_url the storage "
+            "they belong to",
+        )
+    if "NoSuchBucket" in codes:
+        return _no_bucket(url, bucket, endpoint, said)
+    if codes & _DENIED_CODES or any(isinstance(x, PermissionError) for x in chain):
+        return StorageAccessError(
+            f"{url}: access denied ({said}).",
+            fix=(
+                "check that the credentials (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or the key= "
+                "and secret= storage options) "
+                if s3
+                else "check that the credentials "
+            )
+            + "are valid for that storage and may list, read and write that bucket and prefix (a "
+            "build writes and deletes objects there; validate, summary and gc list and read them), "
+            "and that the URL names the bucket and prefix meant",
+        )
+    if names & _UNREACHABLE or any(
+        isinstance(x, ConnectionError | socket.gaierror | TimeoutError) for x in chain
+    ):
+        return StorageAccessError(
+            f"{url}: cannot reach the storage endpoint {endpoint} ({said}).",
+            fix="check endpoint_url (--storage-option endpoint_url=http://HOST:PORT), that the "
+            "storage server runs there, and the network",
+        )
+    if isinstance(e, ValueError) and str(e).startswith("Invalid endpoint"):
+        return StorageAccessError(
+            f"{url}: the storage endpoint {endpoint} is not a URL ({said}).",
+            fix="give it as a URL: --storage-option endpoint_url=http://HOST:PORT",
+        )
+    return None
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _named(method: _F) -> _F:
+    """``method`` of a location whose storage errors of access (:func:`access_error`) are raised as
+    :class:`StorageAccessError`; any other error as it was."""
+
+    @functools.wraps(method)
+    def wrapper(self: FsspecLocation, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as e:
+            if (err := access_error(self.url, e, self.storage_options)) is None:
+                raise
+            raise err from e
+
+    return wrapper  # type: ignore[return-value]
 
 
 @dataclass(frozen=True, eq=False)
@@ -63,37 +225,95 @@ class FsspecLocation(StoreLocation, backend="fsspec"):
     def display(self, p: Path | None = None) -> str:
         return self.url if p is None else f"{self.protocol}://{p.as_posix()}"
 
-    # -- reads -------------------------------------------------------------------------------------
-    def is_file(self, p: Path) -> bool:
-        return bool(self.fs.isfile(self._k(p)))
+    # -- access --------------------------------------------------------------------------------------
+    def access_error(self, e: BaseException) -> StorageAccessError | None:
+        """:func:`access_error` for this location."""
+        return access_error(self.url, e, self.storage_options)
 
+    def check_writable(self) -> None:
+        """Refuse, in a request or two, a prefix a build could not write its store under: a small
+        object is written there (``.stage2-write-probe-<random>``, hidden: nothing lists it as a
+        store) and deleted. No credentials, credentials refused, access denied, no such bucket, an
+        endpoint that does not answer: :class:`StorageAccessError` naming it and the fix."""
+        probe = self.root / f".stage2-write-probe-{uuid.uuid4().hex[:12]}"
+        try:
+            self.fs.pipe_file(self._k(probe), b"")
+        except Exception as e:
+            if (err := self.access_error(e)) is not None:
+                raise err from e
+            raise StorageAccessError(
+                f"{self.url}: cannot write under this prefix ({' '.join(f'{type(e).__name__}: {e}'.split())[:300]}).",
+                fix="check the URL, the credentials and the storage options (--storage-option) a "
+                "build writes the store with",
+            ) from e
+        with contextlib.suppress(Exception):
+            self.fs.rm_file(self._k(probe))
+        self.invalidate()
+
+    def missing_bucket(self) -> StorageAccessError | None:
+        """The error saying this location's bucket does not exist, when the storage says so (S3:
+        one HEAD of the bucket); None when it exists, or it cannot be told (another storage, or
+        credentials allowed to read objects but not to look at the bucket)."""
+        call = getattr(self.fs, "call_s3", None)
+        if call is None:
+            return None
+        bucket = self.root.parts[0]
+        try:
+            call("head_bucket", Bucket=bucket)
+        except FileNotFoundError:
+            return _no_bucket(self.url, bucket, _endpoint(self.protocol, self.storage_options))
+        except Exception as e:
+            if (err := self.access_error(e)) is not None and not isinstance(e, PermissionError):
+                return err
+        return None
+
+    # -- reads -------------------------------------------------------------------------------------
+    @_named
+    def is_file(self, p: Path) -> bool:
+        # fsspec's isfile says False for any error: no credentials or an endpoint that does not
+        # answer would read as "no such file"; they are named instead
+        try:
+            return bool(self.fs.info(self._k(p))["type"] == "file")
+        except Exception as e:
+            if self.access_error(e) is not None:
+                raise
+            return False
+
+    @_named
     def is_dir(self, p: Path) -> bool:
         return bool(self.fs.isdir(self._k(p)))
 
+    @_named
     def exists(self, p: Path) -> bool:
         return bool(self.fs.exists(self._k(p)))
 
+    @_named
     def size(self, p: Path) -> int:
         return int(self.fs.size(self._k(p)))
 
+    @_named
     def read_bytes(self, p: Path) -> bytes:
         data: bytes = self.fs.cat_file(self._k(p))
         return data
 
+    @_named
     def read_range(self, p: Path, offset: int, length: int) -> bytes:
         data: bytes = self.fs.cat_file(self._k(p), start=offset, end=offset + length)
         return data
 
+    @_named
     def open_read(self, p: Path) -> IO[bytes]:
         f: IO[bytes] = self.fs.open(self._k(p), "rb", block_size=_CHUNK)
         return f
 
+    @_named
     def listdir_names(self, p: Path) -> set[str]:
         try:
             return {Path(e).name for e in self.fs.ls(self._k(p), detail=False) if Path(e).name}
         except FileNotFoundError:
             return set()
 
+    @_named
     def tree_files(self, sub: Path) -> list[str]:
         try:
             found = self.fs.find(self._k(sub))
@@ -102,6 +322,7 @@ class FsspecLocation(StoreLocation, backend="fsspec"):
         base = self._k(self.root).rstrip("/") + "/"
         return sorted(f[len(base) :] for f in found if f.startswith(base))
 
+    @_named
     def file_sizes(self) -> dict[str, int]:
         """One listing (a LIST per 1,000 keys) instead of a request per file."""
         try:
@@ -115,6 +336,7 @@ class FsspecLocation(StoreLocation, backend="fsspec"):
             if k.startswith(base) and v.get("type") != "directory"
         }
 
+    @_named
     def sha256_files(self, paths: Sequence[Path], workers: int = 8) -> dict[str, str]:
         def one(p: Path) -> tuple[str, str]:
             h = hashlib.sha256()
@@ -134,13 +356,16 @@ class FsspecLocation(StoreLocation, backend="fsspec"):
         )
 
     # -- writes ------------------------------------------------------------------------------------
+    @_named
     def open_write(self, p: Path) -> IO[bytes]:
         f: IO[bytes] = self.fs.open(self._k(p), "wb")
         return f
 
+    @_named
     def write_bytes(self, p: Path, data: bytes) -> None:
         self.fs.pipe_file(self._k(p), data)
 
+    @_named
     def put_file(self, local: Path, p: Path) -> None:
         self.fs.put_file(str(local), self._k(p))
 
@@ -224,6 +449,7 @@ class FsspecLocation(StoreLocation, backend="fsspec"):
     def publish_current(self, name: str) -> None:
         self.write_bytes(self.root / CURRENT_OBJECT, (name + "\n").encode())
 
+    @_named
     def current_problem(self) -> str | None:
         """Why the ``CURRENT`` object here names no store, in one line (None when there is no
         ``CURRENT`` object, or it names a complete store): a name that is not a plain folder name
@@ -252,6 +478,7 @@ class FsspecLocation(StoreLocation, backend="fsspec"):
             return name, f"not the name of a folder directly under {self.url}"
         return name, None
 
+    @_named
     def current(self) -> StoreLocation | None:
         """The store folder the ``CURRENT`` object names; None when there is no ``CURRENT`` object,
         or it names no complete store (:meth:`current_problem` says why): such an object is not a
@@ -328,4 +555,11 @@ def current_error(
     return None
 
 
-__all__ = ["FsspecLocation", "current_candidates", "current_error", "option_args"]
+__all__ = [
+    "FsspecLocation",
+    "StorageAccessError",
+    "access_error",
+    "current_candidates",
+    "current_error",
+    "option_args",
+]
