@@ -93,8 +93,12 @@ bench: $(DEV_STAMP)
 
 # The documentation site (mkdocs.yml, docs/) on http://127.0.0.1:8000, rebuilt when a page changes.
 # CI builds it with --strict (.ci/run): a broken link, page or API reference fails.
+# The documentation site on 127.0.0.1:$(DOCS_PORT); a port in use is named with the way to pick another.
+DOCS_PORT ?= 8000
 docs: $(DEV_STAMP)
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
+	@$(BIN)/python -c 'import socket, sys; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("127.0.0.1", $(DOCS_PORT)))' 2>/dev/null \
+	  || { echo "make docs: port $(DOCS_PORT) on 127.0.0.1 is in use. Fix: stop what serves it, or make docs DOCS_PORT=8001" >&2; exit 2; }
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve -a 127.0.0.1:$(DOCS_PORT)
 
 clean:
 	rm -rf .demo .dagster_home

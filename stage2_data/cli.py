@@ -243,7 +243,8 @@ class _Parser(argparse.ArgumentParser):
     (argparse reports a missing argument first: ``--data-rot X`` is then "--data-root is required"),
     and whose "invalid choice" of a command names the command meant (``stage2 bild``)."""
 
-    given: Sequence[str] = ()  # the command line being parsed (set by :func:`main`)
+    given: Sequence[str] = ()  # the command's own arguments (set by :func:`main`)
+    argv: Sequence[str] = ()  # the whole command line: `stage2 --json` with no command asks for JSON too
 
     def error(self, message: str) -> NoReturn:
         if message.startswith("the following arguments are required"):
@@ -254,7 +255,7 @@ class _Parser(argparse.ArgumentParser):
             typo := re.match(r"argument COMMAND: invalid choice: '(.*?)' \(choose from (.*)\)$", message)
         ) and (close := difflib.get_close_matches(typo[1], re.findall(r"'([^']+)'", typo[2]), n=1)):
             message = f"{message}. Fix: stage2 {close[0]}, not {typo[1]}"
-        if "--json" in self.given:  # one JSON object on stdout too, as for any other error
+        if "--json" in self.argv:  # one JSON object on stdout too, as for any other error
             said, _, fix = message.partition(". Fix: ")
             command = self.prog.removeprefix("stage2").strip() or "stage2"
             with contextlib.suppress(OSError, ValueError):
@@ -275,6 +276,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser, commands = _parser_and_commands()
     _Parser.given = argv[1:]  # the command's own arguments
+    _Parser.argv = argv
     args, extra = parser.parse_known_args(argv)
     if extra and not getattr(args, "any_arguments", False):
         command = commands.get(args.command, parser)

@@ -197,8 +197,9 @@ def test_an_invalid_profile_name_is_said_in_words(demo: DemoPaths, tmp_path: Pat
         ["list", "{none}", "--data-root", "{tmp}"],
         ["pin", "{none}"],
         ["summary"],  # a usage error
+        [],  # no command at all: `stage2 --json`
     ],
-    ids=lambda a: " ".join(a),
+    ids=lambda a: " ".join(a) or "no command",
 )
 def test_json_is_one_object_on_an_error_too(argv: list[str], tmp_path: Path) -> None:
     args = [a.format(none=tmp_path / "none", tmp=tmp_path) for a in argv]
