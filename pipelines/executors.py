@@ -55,7 +55,16 @@ class _Opaque:
 
 
 def _on_worker(dependencies: Any, args: _Opaque) -> list[Any]:
-    """Runs in a Dask worker: dagster-dask's step function (execute the step against the instance)."""
+    """Runs in a Dask worker: dagster-dask's step function (execute the step against the instance).
+
+    A step whose upstream step failed (a blocking check of its asset failed, or its code raised) or
+    did not run is not run, as Dagster's own executors skip it: dagster-dask submits every step
+    with its upstream steps' futures and runs it once they are done, whatever they did, so a store
+    was built and published after the join's blocking check had failed."""
+    if any(
+        not events or any(getattr(e, "is_step_failure", False) for e in events) for events in dependencies
+    ):
+        return []
     from dagster_dask.executor import query_on_dask_worker
 
     return list(query_on_dask_worker(dependencies, *args.value))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -18,7 +19,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 import yaml
-from helpers.cli import REPO, subprocess_env
+from helpers.cli import REPO, stage2, subprocess_env
 from helpers.env import environ, free_port
 
 from stage2_data import checks as C
@@ -455,6 +456,38 @@ def test_full_build_on_a_dask_cluster_of_worker_processes(
     sha_checks = [c for c in s["checks"] if c["check"] == C.ARCHIVE_SHA256_MATCHES_PIN]
     assert sorted(c["partition"] for c in sha_checks) == sorted(prof.cache_keys())
     assert all(c["passed"] for c in sha_checks)
+
+
+def test_a_failed_blocking_check_on_dask_publishes_nothing(
+    built: dict, demo_cache: DemoPaths, tmp_path: Path
+) -> None:
+    """`stage2 build --executor dask` with an expected total the join contradicts: the join's
+    blocking check fails, and the store step after it does not run (dagster-dask ran every step once
+    its upstream steps were done, whatever they did: a new store was published with exit 1 and the
+    summary said none was). `current` stays where it was."""
+    root = tmp_path / "root"
+    shutil.copytree(built["root"], root, symlinks=True, ignore=shutil.ignore_patterns(".dagster"))
+    kit = tmp_path / "kit"
+    shutil.copytree(demo_cache.profile.parent, kit)
+    profile = kit / demo_cache.profile.name
+    text = profile.read_text()
+    rows = re.search(r"^pair_rows = (\d+)$", text, re.M)
+    assert rows
+    text = text.replace(rows.group(0), f"pair_rows = {int(rows.group(1)) + 1}")
+    text = re.sub(r"^(description = .*)$", r"\1\nmax_frames = 40", text, count=1, flags=re.M)  # a new store
+    profile.write_text(text)
+    name = load_profile(profile).name
+    before = layout.current_store_path(root, name).resolve()
+    r = stage2(
+        "build", "--profile", str(profile), "--data-root", str(root), "--hub-folder", str(demo_cache.upstream),
+        "--executor", "dask", env=subprocess_env(drop=("DAGSTER_HOME", "CI")), timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 1 and "BUILD FAILED" in r.stdout, r.tail()
+    assert "link_totals_match_expected" in r.stdout + r.stderr, r.tail()
+    assert layout.current_store_path(root, name).resolve() == before
+    assert sorted(p.name for p in layout.stores_root(root, name).iterdir() if p.name.startswith("v")) == [
+        before.name
+    ]
 
 
 def test_kubernetes_configuration_validates_against_dagster_k8s(demo_cache: DemoPaths) -> None:
