@@ -163,9 +163,11 @@ def test_pin_resolves_a_branch_or_short_hash_against_a_hub_folder(demo: DemoPath
     assert r.returncode == 2 and "not a full 40-hex commit" in r.stderr, r.tail()
 
     demo.profile.write_text(text.replace(demo.revision, demo.revision[:7]))
+    demo.profile.chmod(0o644)  # a shared kit's profile: others read it
     r = cli.stage2("pin", str(demo.profile), "--hub-folder", folder, "--write")
     assert r.returncode == 0 and f"resolves to commit {demo.revision}" in r.stdout, r.tail()
     assert demo.profile.read_text() == text
+    assert demo.profile.stat().st_mode & 0o777 == 0o644  # written in place of it: its mode kept
     r = cli.stage2("pin", str(demo.profile), "--hub-folder", folder, "--check")
     assert r.returncode == 0 and "all 14 archive(s) pinned" in r.stdout, r.tail()
 

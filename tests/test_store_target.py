@@ -134,8 +134,9 @@ def test_build_writes_the_store_to_s3_with_the_local_fingerprint(
         ("s3://", "'s3://' names no bucket. Fix: write s3://BUCKET/PREFIX"),
         ("gs://bucket/stores", "gs://bucket/stores: cannot open the storage (Please install gcsfs"),
         ("gs://bucket/stores", "Fix: `pip install gcsfs`"),  # the package for this scheme, not s3fs
+        ("memory://bucket", "fsspec's memory:// file system lives in one process"),  # gone with its run
     ],
-    ids=["one-slash", "no-slash", "no-bucket", "backend-not-installed", "backend-fix"],
+    ids=["one-slash", "no-slash", "no-bucket", "backend-not-installed", "backend-fix", "memory"],
 )
 def test_a_store_url_that_cannot_be_one_is_refused_before_any_download(
     url: str, says: str, demo_cache: DemoPaths, tmp_path: Path

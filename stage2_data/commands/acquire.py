@@ -9,6 +9,7 @@ import difflib
 import os
 import re
 import shlex
+import stat
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -250,7 +251,7 @@ def _pin(
     )
     written = False
     if args.write and changed:
-        atomic_write_text(path, new)
+        atomic_write_text(path, new, mode=stat.S_IMODE(path.stat().st_mode))  # its mode kept
         written = True
     commit = pinned.source.revision
     resolved = ""

@@ -89,6 +89,13 @@ def check_stores_url(target: str | os.PathLike[str]) -> None:
             raise typo
         return
     protocol, rest = s.split("://", 1)
+    if protocol.lower() == "memory":  # one process's memory: a build's runs are other processes
+        raise StoreError(
+            f"{s!r}: fsspec's memory:// file system lives in one process, and the store a build's run "
+            "writes there is gone when that run ends (nothing could read it).",
+            fix="write the store to a folder (leave out --store-url: it goes under --data-root) or to "
+            "object storage (s3://BUCKET/PREFIX)",
+        )
     if not rest.strip("/"):
         raise StoreError(
             f"{s!r} names no bucket.",
