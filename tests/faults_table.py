@@ -631,6 +631,14 @@ FAULTS: tuple[Fault, ...] = (
         "on the store the state was saved on: the order resumes",
     ),
     Fault(
+        "store_input_edited",
+        "store",
+        "an extracted file edited after the extract stage checked it, its size and mtime kept (the store's job run on its own, as the UI's Launch runs it, or an edit during a build)",
+        "the join (and the store writer) check what they read against its record right before: refused, cache_dir[<key>]: <file> … changed since it was checked; fix: run `stage2 build` again (it re-extracts what changed, the edited file moved aside)",
+        "no store: nothing built from the edited bytes, nothing published under the clean record's name",
+        "the cache dir extracted again (the edit moved aside): fingerprint = clean build's",
+    ),
+    Fault(
         "store_max_frames",
         "store",
         "trajectories longer than the profile's frame bound `max_frames` (default 32, upstream's; here the bound is set below the demo's lengths)",

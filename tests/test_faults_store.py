@@ -8,12 +8,23 @@ The matrix: tests/faults_table.py (rows), tests/helpers/faults.py (what every ro
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 from helpers.cli import stage2
-from helpers.faults import Prepared, converge, copy_root, final_refused, restore, run_cfg, said, save
+from helpers.faults import (
+    Prepared,
+    converge,
+    copy_root,
+    final_refused,
+    no_store,
+    restore,
+    run_cfg,
+    said,
+    save,
+)
 
 from stage2_data import checks as C
 from stage2_data import layout
@@ -45,6 +56,36 @@ def test_fault_store_max_frames(prepared: Prepared, demo: DemoPaths, tmp_path: P
     assert "raise max_frames in the profile" in said(r)
     restore(saved)
     converge(prepared, run_cfg(demo, root), root, [])
+
+
+@dagster_rows
+def test_fault_store_input_edited(prepared: Prepared, demo: DemoPaths, tmp_path: Path) -> None:
+    """An extracted file edited after the extract stage checked it (size and mtime kept, as an edit
+    in place can keep them): the store's job run on its own read it and published the edited text
+    under the name the clean record's digest gives, and every later build reused that store. The
+    join and the store writer check what they read against its record right before reading:
+    refused, naming the cache directory and the file; nothing is published. Extracted again (the
+    edited file moved aside), the store is the clean build's."""
+    root = copy_root(prepared, tmp_path / "root")
+    processed = root / layout.PROCESSED_DIR
+    arrow = next(
+        p for p in sorted(processed.glob("*/processed_dataset/*.arrow")) if b" the " in p.read_bytes()
+    )
+    key = arrow.relative_to(processed).parts[0]
+    st = arrow.stat()
+    data = arrow.read_bytes()
+    with open(arrow, "r+b") as f:  # in place: same inode, same size
+        f.write(data.replace(b" the ", b" THE ", 1))
+    os.utime(arrow, ns=(st.st_atime_ns, st.st_mtime_ns))
+    cfg = run_cfg(demo, root)
+    r = run_selection(cfg, FINAL_STAGE)
+    text = said(r)
+    assert not r["success"] and "vin_store" not in r["materialized"], text
+    for part in (f"cache_dir[{key}]", "changed since it was checked", "run `stage2 build` again"):
+        assert part in text, (part, text)
+    no_store(root)
+    converge(prepared, cfg, root, [("cache_dir", key)])
+    assert arrow.read_bytes() == data  # extracted again; the edited file was moved aside
 
 
 @dagster_rows
@@ -113,3 +154,36 @@ def test_fault_store_rare_long(tmp_path: Path) -> None:
     with VinOfflineStoreReader(tmp_path / "store") as reader:
         short = next(i for i, r in enumerate(reader.sample_index) if r["num_frames"] == 3)
         assert reader._padded_row(0, "frames", reader.sample_index[short]["row"]).shape[0] == 5
+
+
+def test_a_frames_file_changed_after_its_check_is_refused_by_the_writer(
+    built: dict, demo_cache: DemoPaths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A frames file replaced after the writer's inputs were checked against their records (the
+    check is skipped here, as an edit landing right after it would be): the writer hashes the bytes
+    it decodes and refuses other bytes than the extraction record's, naming the file; nothing is
+    published. (A valid npz of other frames: nothing else in the file would tell.)"""
+    import shutil
+
+    from stage2_data import steps
+    from stage2_data.profile import load_profile
+    from stage2_data.store import StoreInputError
+
+    root = tmp_path / "root"
+    shutil.copytree(built["root"], root, symlinks=True, ignore=shutil.ignore_patterns(".dagster"))
+    prof = load_profile(demo_cache.profile)
+    current = layout.current_store_path(root, prof.name).resolve()
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(layout.join_table_path(root)).to_pylist()
+    frames = root / next(r["frames_path"] for r in rows if r.get("in_pairs"))
+    with np.load(frames) as z:
+        arrays = {k: z[k] for k in z.files}
+    arrays["frames"] = arrays["frames"] ^ np.uint8(1)  # other frames, the same shape
+    np.savez_compressed(frames, **arrays)
+    monkeypatch.setattr(steps.store, "require_inputs_as_recorded", lambda *a, **k: None)
+    with pytest.raises(StoreInputError) as ei:
+        steps.step_store(prof, root, rows_per_shard=5)  # other settings: a new store is written
+    said = str(ei.value)
+    assert str(frames) in said and "not the" in said and "its record holds" in said, said
+    assert layout.current_store_path(root, prof.name).resolve() == current

@@ -32,6 +32,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import errno
+import hashlib
 import io
 import math
 import os
@@ -319,14 +320,20 @@ def member_array(data: bytes, m: ZipMember, *, file: str | None = None) -> np.nd
     return _array_from(body, hdr, fortran, file=file, member=m.name)
 
 
-def load_npz(path: str | os.PathLike[str], keys: Iterable[str]) -> dict[str, np.ndarray[Any, Any]]:
+def load_npz(
+    path: str | os.PathLike[str], keys: Iterable[str], *, sha256: str | None = None
+) -> dict[str, np.ndarray[Any, Any]]:
     """The arrays ``keys`` of an npz file, read with one ``read`` and each member inflated once, its
     size and CRC checked (:func:`member_bytes`; object arrays refused). The arrays are read-only views
     of the inflated bytes: copy what you keep. A missing key is a FormatError naming the keys there
-    are. Raises OSError (the file cannot be read) or FormatError / FileTypeError (its bytes)."""
+    are. ``sha256``: the file's bytes must have it (the very bytes decoded, hashed as read), else a
+    FormatError naming both. Raises OSError (the file cannot be read) or FormatError / FileTypeError
+    (its bytes)."""
     file = os.fspath(path)
     with open(file, "rb") as f:
         data = f.read()
+    if sha256 is not None and (got := hashlib.sha256(data).hexdigest()) != sha256:
+        raise FormatError(f"has sha256 {got}, not the {sha256} its record holds", file=file)
     members = npz_members(data, file=file)
     out: dict[str, np.ndarray[Any, Any]] = {}
     for key in keys:

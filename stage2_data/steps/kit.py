@@ -14,6 +14,7 @@ from ..kit.sidecars import invalidate_sidecars
 from ..kit.subset_bytes import ByteReport
 from ..profile import Profile
 from .result import StepResult, rate
+from .status import require_inputs_as_recorded
 
 
 def step_sidecars(profile: Profile, data_root: Path) -> StepResult:
@@ -61,6 +62,7 @@ def link_totals_problems(profile: Profile, rep: Any) -> list[str]:
 
 
 def step_join(profile: Profile, data_root: Path) -> StepResult:
+    require_inputs_as_recorded(profile, data_root, "the join")  # the rows' text comes from these files
     join = build_join_table(profile, data_root)
     rep = link_check(profile, data_root)
     problems = list(join.problems) + [p for p in rep.problems if p not in join.problems]

@@ -42,6 +42,7 @@ from typing import Any
 
 from .. import __version__, layout
 from ..acquire import archive_state, source_origin, verified_sha256s
+from ..errors import ProblemsError
 from ..extract import (
     EXTRACTOR_VERSION,
     ExtractionRecord,
@@ -201,6 +202,42 @@ def extract_status(profile: Profile, data_root: Path) -> str | None:
         if reason is not None:
             return f"cache_dir[{key}]: {reason}"
     return None
+
+
+class InputsChangedError(ProblemsError):
+    """What a step is about to read (an extracted file, an unpacked sidecar) is not what its record
+    says any more: changed since the extract stage or the unpack checked it."""
+
+
+def require_inputs_as_recorded(profile: Profile, data_root: Path, reader: str) -> None:
+    """Raise :class:`InputsChangedError` unless every extracted file and every unpacked sidecar is
+    what its record says, checked now, right before ``reader`` (the join, the store writer) reads
+    them: by stats, and a file whose stats changed (an edit keeps size and mtime, never ctime) by
+    its sha256. A file edited after the extract stage checked it would otherwise reach the store
+    under the name its record's digest gives, and every later build would reuse that store."""
+    problems = []
+    for key in profile.cache_keys():
+        rec = load_extraction_record(data_root, key)
+        if rec is None:
+            problems.append(f"cache_dir[{key}]: not extracted (no readable extraction record)")
+            continue
+        if rec.invalidated:  # the subset byte check marked it: that check fails, and fails the build
+            continue
+        # the files against their record (which archives made it is the acquire and extract
+        # stages' to check, not the readers')
+        _rec, reason = check_extraction(data_root, key, rec.archive_sha256)
+        if reason is not None:
+            problems.append(f"cache_dir[{key}]: {reason}")
+    sidecars = sidecars_status(profile, data_root)
+    if sidecars is not None:
+        problems.append(f"action sidecars: {sidecars}")
+    if problems:
+        raise InputsChangedError(
+            f"{reader}: what it reads changed since it was checked",
+            problems,
+            fix="run `stage2 build` again: its extract stage and the unpack check those folders and "
+            "extract or unpack again what changed (an edited file is moved aside, not deleted)",
+        )
 
 
 def published_store_stats(link: Path) -> dict[str, list[int]] | None:

@@ -41,7 +41,7 @@ from ..store.format import SHARD_LAYOUT
 from ..store.gate import GateResult, publication_gate
 from ..store.retention import retention_after_publish
 from .result import StepResult, kv_table, rate
-from .status import clear_store_records, write_gate_record
+from .status import clear_store_records, require_inputs_as_recorded, write_gate_record
 
 
 def kit_inputs(profile: Profile) -> dict[str, str]:
@@ -70,6 +70,19 @@ def extracted_content(profile: Profile, data_root: Path) -> dict[str, str]:
     except (OSError, ValueError):
         marker = {}
     out["sidecars"] = str(marker.get("content_digest") or "") if isinstance(marker, dict) else ""
+    return out
+
+
+def _recorded_sha256(profile: Profile, data_root: Path) -> dict[str, str]:
+    """Every extracted file's sha256 as its cache directory's extraction record holds it, by its
+    path under the data root (``processed_datasets/<key>/...``, as the join names frames files)."""
+    out: dict[str, str] = {}
+    for key in profile.cache_keys():
+        rec = load_extraction_record(data_root, key)
+        prefix = f"{layout.PROCESSED_DIR}/{key}"
+        for rel, entry in (rec.entries if rec is not None else {}).items():
+            if entry and isinstance(entry[0], str):
+                out[f"{prefix}/{rel}"] = entry[0]
     return out
 
 
@@ -161,8 +174,11 @@ def step_store(
         )
         moved_aside.append(moved)
     if rebuilt:
+        # what the writer reads is what the records its name digests say, checked right before
+        require_inputs_as_recorded(profile, data_root, "the store writer")
         table = pq.read_table(layout.join_table_path(data_root)).to_pylist()
         derived = layout.derived_root(data_root)
+        recorded = _recorded_sha256(profile, data_root)
         samples = []
         for r in table:
             if not r.get("in_pairs"):
@@ -184,6 +200,7 @@ def step_store(
                     sidecar_path=sidecar,
                     action_status=r.get("action_status"),
                     num_frames=r.get("num_frames"),  # the processed_dataset row's: must equal the file's
+                    frames_file_sha256=recorded.get(r["frames_path"]),
                 )
             )
         pairs_rows, _ = load_pairs(profile.kit_file("pair_manifest"))

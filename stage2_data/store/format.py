@@ -139,6 +139,9 @@ class SampleSpec:
     sidecar_path: Path | None  # the action sidecar .npz (aligned_actions float (T,W)), or None
     action_status: str | None
     num_frames: int | None = None  # T as the processed_dataset row declares it: must equal the file's
+    # the frames file's sha256 as its extraction record holds it: the writer hashes the bytes it
+    # decodes and refuses others (an edit after the record was checked, however quick)
+    frames_file_sha256: str | None = None
 
 
 @dataclass(frozen=True)

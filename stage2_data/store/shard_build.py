@@ -42,7 +42,7 @@ def load_row(
             shape_arr = np.array(f.shape, dtype=np.int64)
             nf_arr = np.array(f.shape[0] if f.ndim else 0, dtype=np.int64)
         else:  # one read, each member inflated once (cheaper than numpy's np.load: docs/benchmarks.md)
-            z = load_npz(fp, ("frames", "shape", "num_frames"))
+            z = load_npz(fp, ("frames", "shape", "num_frames"), sha256=r.spec.frames_file_sha256)
             f, shape_arr, nf_arr = z["frames"], z["shape"], z["num_frames"]
     except (OSError, ValueError, EOFError) as e:  # load_npz: FormatError (a ValueError) or OSError
         return None, [
