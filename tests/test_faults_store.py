@@ -187,3 +187,42 @@ def test_a_frames_file_changed_after_its_check_is_refused_by_the_writer(
     said = str(ei.value)
     assert str(frames) in said and "not the" in said and "its record holds" in said, said
     assert layout.current_store_path(root, prof.name).resolve() == current
+
+
+def test_a_link_where_a_stores_folder_goes_is_moved_aside_and_its_target_untouched(
+    built: dict, demo_cache: DemoPaths, tmp_path: Path
+) -> None:
+    """A symbolic link placed where the build's store folder goes, naming a copy of that store in a
+    user's folder outside the data root: the build reused the store through the link (it passes the
+    gate), published it there and made the user's folder read-only. A build writes folders, never
+    links: the link is moved aside as a link, said, and a store is built in the data root; the
+    user's folder keeps every mode and byte."""
+    import shutil
+
+    from stage2_data import steps
+    from stage2_data.profile import load_profile
+    from stage2_data.publish.readonly import make_writable
+
+    root = tmp_path / "root"
+    shutil.copytree(built["root"], root, symlinks=True, ignore=shutil.ignore_patterns(".dagster"))
+    prof = load_profile(demo_cache.profile)
+    store = layout.current_store_path(root, prof.name).resolve()
+    user = tmp_path / "user" / "my-store-copy"
+    shutil.copytree(store, user)
+    make_writable(user)  # the user's own folder: writable
+    before = {p: (p.stat().st_mode, p.read_bytes() if p.is_file() else b"") for p in [user, *user.rglob("*")]}
+    make_writable(store)
+    store.rename(tmp_path / "published-before")  # the store folder's name now holds a link
+    store.symlink_to(user)
+    res = steps.step_store(prof, root)
+    assert all(c.passed for c in res.checks), [c.description for c in res.checks if not c.passed]
+    published = layout.current_store_path(root, prof.name)
+    assert published.resolve() == store and store.is_dir() and not store.is_symlink()
+    moved = str(res.metadata.get("moved_aside", ""))
+    assert (
+        moved.startswith(f"{store} -> ") and "a symbolic link stood where the store" in res.metadata["update"]
+    )
+    aside = Path(moved.split(" -> ", 1)[1])
+    assert aside.is_symlink() and aside.resolve() == user
+    after = {p: (p.stat().st_mode, p.read_bytes() if p.is_file() else b"") for p in [user, *user.rglob("*")]}
+    assert after == before

@@ -157,6 +157,16 @@ def step_store(
     # what the manifest of this build's store records: a store under this name that records
     # anything else is not this build's, however well it validates
     expect = {"profile": profile.identity(), "inputs": inputs, "options": settings}
+    if out.is_local and out.root.is_symlink():
+        # a link where this store's folder goes: a build writes folders, never links, so what it
+        # names is no store a build wrote here. The link is moved aside as a link; its target (a
+        # user's folder, anywhere) is never read as a store, made read-only or published through it
+        target = os.readlink(out.root)
+        (dest,) = quarantine_files(
+            data_root, [out.root], "a symbolic link where a store's folder goes", store=name, target=target
+        )
+        moved_aside.append(f"{out.root} -> {dest}")
+        set_aside = f"a symbolic link stood where the store {name} goes (to {target}): moved to {dest}"
     if out.is_file(out.root / "manifest.json"):
         # a store of these inputs is already there (kept, current, or left by a stopped build):
         # it is reused only after the same full check a new store passes
