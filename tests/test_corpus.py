@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import tarfile
+import tomllib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -245,11 +246,16 @@ def read_only_dir(tmp_path: Path) -> Iterator[Path]:
 
 
 def _kit_file(kit_root: Path) -> None:
-    """One file of the corpus profile's kit: a kit root holding none is refused before the data root
-    is looked at (the refusal these tests are after)."""
-    pairs = kit_root / "manifests" / "pairs.jsonl"
-    pairs.parent.mkdir(parents=True, exist_ok=True)
-    pairs.write_text("")
+    """The corpus profile's kit paths, empty: a missing kit file is refused before the data root is
+    looked at (the refusal these tests are after comes after that check)."""
+    kit = tomllib.loads(base_toml().decode())["kit"]
+    for key, rel in kit.items():
+        path = kit_root / rel
+        if key == "action_manifest_dir":
+            path.mkdir(parents=True, exist_ok=True)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("")
 
 
 def test_a_read_only_data_root_is_one_named_error(read_only_dir: Path, tmp_path: Path) -> None:

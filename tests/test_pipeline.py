@@ -481,6 +481,8 @@ def test_nightly_verify_rechecks_the_published_store(
     evals, _ = verify()
     bad = evals[C.STORE_BYTES_MATCH_MANIFEST]
     assert not bad.passed and rel in (bad.description or ""), bad.description
+    # the UI's instance is not the data root's: the rebuild it names must record its runs here
+    assert f"DAGSTER_HOME={dagster_home}" in (bad.description or ""), bad.description
     assert all(e.passed for name, e in evals.items() if name != C.STORE_BYTES_MATCH_MANIFEST)
 
 

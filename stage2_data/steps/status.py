@@ -32,6 +32,7 @@ that a cause since gone leaves no failed check in the UI behind a build that did
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -83,16 +84,14 @@ def failed_checks_path(data_root: Path, stage: str) -> Path:
 def record_failed_checks(data_root: Path, stage: str, checks: list[str], run_id: str | None = None) -> None:
     """A check of ``stage`` failed: the next build runs that stage (not a no-op by stats), so its
     checks run again and what the UI shows of them is this data as it is, not the failure of a run
-    whose cause is gone (a pin corrected, a file restored). Kept until a build succeeds; nothing is
-    written on a data root this process cannot write."""
+    whose cause is gone (a pin corrected, a file restored). Kept until a build succeeds. Written
+    while a check is being failed, so never an error of its own: on a data root this process
+    cannot write, or a full disk (whose own error the failing step reports), nothing is written."""
     path = failed_checks_path(data_root, stage)
     record = {"stage": stage, "checks": sorted(set(checks)), "run_id": run_id}
-    try:
+    with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(record, sort_keys=True) + "\n", encoding="utf-8")
-    except OSError as e:
-        if e.errno not in _READ_ONLY:
-            raise
 
 
 def failed_checks_status(data_root: Path, stage: str) -> str | None:

@@ -169,8 +169,7 @@ def rebuild_command(path: str | os.PathLike[str], manifest: dict[str, Any] | Non
     the kit root when it was not the profile's folder) come from ``manifest["local"]``; without them
     a ``PROFILE.toml`` placeholder is printed. No ``--endpoint``: archives already verified in the
     data root are never requested again, so the command runs offline; missing ones come from the
-    real hub (add ``--endpoint URL`` for a mirror). ``DAGSTER_HOME=...`` comes first when this
-    process's instance is not the data root's default one (``<data_root>/.dagster``).
+    real hub (add ``--endpoint URL`` for a mirror).
     """
     local = manifest.get("local") if isinstance(manifest, dict) else None
     profile_path = local.get("profile_path") if isinstance(local, dict) else None
@@ -187,12 +186,6 @@ def rebuild_command(path: str | os.PathLike[str], manifest: dict[str, Any] | Non
     cmd = ["stage2", "build", "--profile", profile_path, "--data-root", data_root]
     if isinstance(kit_root, str) and kit_root and Path(kit_root) != Path(profile_path).parent:
         cmd += ["--kit-root", kit_root]
-    # The Dagster instance this process uses (a UI's run: the UI's), when it is not the one a build
-    # of that data root uses by default: the rebuild's runs then show in the same UI, and its
-    # passed checks replace the failed ones there.
-    home = os.environ.get("DAGSTER_HOME")
-    if home and data_root != "DATA_ROOT" and Path(home).absolute() != Path(data_root) / ".dagster":
-        return f"DAGSTER_HOME={shlex.quote(str(Path(home).absolute()))} {shlex.join(cmd)}"
     return shlex.join(cmd)
 
 
