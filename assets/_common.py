@@ -425,22 +425,9 @@ def run_partitions(
     workers: int,
     inputs: Callable[[str], dict[str, Sequence[str | None]]] = lambda _key: {},
 ) -> Iterator[Any]:
-    """:func:`_run_partitions` under the data root's lock (:func:`data_root_step_lock`; the data
-    root of the asset's ``data_root`` resource), held until the step's last partition is over."""
-    with data_root_step_lock(resource_data_root(context), context, what=f"step {asset}"):
-        yield from _run_partitions(context, asset, keys, step, data_version, workers, inputs)
-
-
-def _run_partitions(
-    context: dg.AssetExecutionContext,
-    asset: str,
-    keys: Sequence[str],
-    step: Callable[[str], StepResult],
-    data_version: Callable[[str, StepResult], str],
-    workers: int,
-    inputs: Callable[[str], dict[str, Sequence[str | None]]],
-) -> Iterator[Any]:
-    """Run ``step`` for every partition in ``keys`` (``workers`` at once, threads) inside one run.
+    """Run ``step`` for every partition in ``keys`` (``workers`` at once, threads) inside one run,
+    under the data root's lock (:func:`data_root_step_lock`; the data root of the asset's
+    ``data_root`` resource), held until the step's last partition is over.
 
     Each partition whose step returns is materialized on its own (its metadata, its data version),
     and each check is recorded for its partition; a partition whose step raised a ``Stage2Error``
@@ -455,114 +442,118 @@ def _run_partitions(
     partitions are then materialized through that output at the end of the step (Dagster makes one
     materialization per partition of the run, each with its own metadata), never as events alone,
     which would leave the downstream step skipped while the run says it succeeded."""
-    asset_key = dg.AssetKey(asset)
-    feeds = _feeds_downstream_in_run(context, asset)
-    pending: dict[str, StepResult] = {}  # partitions done, materialized by the step's output
-    names = CHECKS_BY_ASSET[asset]
-    raised: dict[str, str] = {}
-    raised_types: dict[str, str] = {}  # the error's class by partition (the build's exit code reads it)
-    results: dict[str, list[tuple[str, bool, str, dict[str, Any]]]] = {}
-    single = len(keys) == 1 and context.has_partition_key
+    data_root = resource_data_root(context)
+    with data_root_step_lock(data_root, context, what=f"step {asset}"):
+        asset_key = dg.AssetKey(asset)
+        feeds = _feeds_downstream_in_run(context, asset)
+        pending: dict[str, StepResult] = {}  # partitions done, materialized by the step's output
+        names = CHECKS_BY_ASSET[asset]
+        raised: dict[str, str] = {}
+        raised_types: dict[str, str] = {}  # the error's class by partition (the build's exit code reads it)
+        results: dict[str, list[tuple[str, bool, str, dict[str, Any]]]] = {}
+        single = len(keys) == 1 and context.has_partition_key
 
-    def materialization(key: str, res: StepResult) -> dg.AssetMaterialization:
-        """One partition materialized as an event of its own: its metadata, its data version."""
-        return dg.AssetMaterialization(
-            asset_key=asset_key,
-            partition=key,
-            metadata=to_metadata(res.metadata),
-            tags={
-                **input_tags(context.instance, inputs(key)),
-                DATA_VERSION_TAG: data_version(key, res),
-                DATA_VERSION_IS_USER_PROVIDED_TAG: "true",
-                CODE_VERSION_TAG: CODE_VERSIONS[asset],
-            },
-        )
-
-    def one(key: str) -> StepResult | Stage2Error:
-        try:
-            return step(key)
-        except Stage2Error as err:
-            return err
-
-    pool = ThreadPoolExecutor(max_workers=max(1, min(workers, len(keys) or 1)))
-    try:
-        futures = {pool.submit(one, k): k for k in keys}
-        for fut in as_completed(futures):
-            key = futures[fut]
-            res = fut.result()
-            outcomes: list[tuple[str, bool, str, dict[str, Any]]]
-            if isinstance(res, Stage2Error):
-                raised[key] = str(res)
-                raised_types[key] = type(res).__name__
-                outcomes = [(names[0], False, str(res)[:MAX_DESCRIPTION], {})]
-            else:
-                outcomes = [
-                    (c.name, c.passed, c.description[:MAX_DESCRIPTION], to_metadata(c.metadata))
-                    for c in res.checks
-                ]
-            results[key] = outcomes
-            if not single:
-                for name, passed, desc, md in outcomes:
-                    context.log_event(
-                        dg.AssetCheckEvaluation(
-                            asset_key=asset_key,
-                            check_name=name,
-                            passed=passed,
-                            metadata=md,
-                            description=desc,
-                            partition=key,
-                        )
-                    )
-            if isinstance(res, StepResult) and feeds:
-                pending[key] = res
-            elif isinstance(res, StepResult):
-                yield materialization(key, res)
-    except BaseException as exc:
-        # An interrupt (a stop: Dagster's interrupt or KeyboardInterrupt in this thread) does not
-        # reach the partitions' threads: queued partitions are dropped, running extractions are told
-        # to stop (they raise at their next cancellation point; their staging folders are removed),
-        # and the step ends now instead of waiting for them.
-        # (GeneratorExit: Dagster abandoned the step between two events, as an interrupt raised
-        # in its own code does; in a step worker that is the step's end too)
-        if not isinstance(exc, Exception) and (not isinstance(exc, GeneratorExit) or _in_step_worker()):
-            cancel_extractions()
-            _ignore_further_stops()
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    pool.shutdown(wait=True)
-    outcomes = [(name, passed) for got in results.values() for name, passed, _, _ in got]
-    forget_on_failure(resource_data_root(context), outcomes, asset, context)
-    if pending and not raised and set(keys) != set(context.partition_keys):
-        raise dg.Failure(
-            description=(
-                f"{asset}: this run covers some partitions of its range only ({context.run.tags.get(PARTITIONS_TAG)}); "
-                "an asset after it cannot run in the same run. Fix: materialize the whole range, or "
-                f"{asset} first and what follows it in a run of its own"
+        def materialization(key: str, res: StepResult) -> dg.AssetMaterialization:
+            """One partition materialized as an event of its own: its metadata, its data version."""
+            return dg.AssetMaterialization(
+                asset_key=asset_key,
+                partition=key,
+                metadata=to_metadata(res.metadata),
+                tags={
+                    **input_tags(context.instance, inputs(key)),
+                    DATA_VERSION_TAG: data_version(key, res),
+                    DATA_VERSION_IS_USER_PROVIDED_TAG: "true",
+                    CODE_VERSION_TAG: CODE_VERSIONS[asset],
+                },
             )
-        )
-    if pending and not raised:
-        yield _output_for_partitions(context, asset, pending, data_version)
-    for key, res in pending.items() if raised else ():  # the run fails: what succeeded, as events
-        yield materialization(key, res)
-    for name in names:
-        got = [(k, o) for k in keys for o in results.get(k, []) if o[0] == name]
-        bad = [(k, o[2]) for k, o in got if not o[1]]
-        if single and got:
-            _, (_, passed, desc, md) = got[0]
-            yield dg.AssetCheckResult(check_name=name, passed=passed, description=desc, metadata=md)
-            continue
-        desc = f"{len(got) - len(bad)}/{len(got)} partitions passed" + "".join(f"\n{k}: {d}" for k, d in bad)
-        yield check_result(
-            not bad,
-            desc,
-            {"partitions": len(got), "failed_partitions": [k for k, _ in bad]},
-            check_name=name,
-        )
-    if raised:
-        raise dg.Failure(
-            description="\n".join(f"{k}: {m}" for k, m in sorted(raised.items())),
-            metadata={
-                "failed_partitions": dg.MetadataValue.json(raised),
-                "errors_by_partition": dg.MetadataValue.json(raised_types),
-            },
-        )
+
+        def one(key: str) -> StepResult | Stage2Error:
+            try:
+                return step(key)
+            except Stage2Error as err:
+                return err
+
+        pool = ThreadPoolExecutor(max_workers=max(1, min(workers, len(keys) or 1)))
+        try:
+            futures = {pool.submit(one, k): k for k in keys}
+            for fut in as_completed(futures):
+                key = futures[fut]
+                res = fut.result()
+                outcomes: list[tuple[str, bool, str, dict[str, Any]]]
+                if isinstance(res, Stage2Error):
+                    raised[key] = str(res)
+                    raised_types[key] = type(res).__name__
+                    outcomes = [(names[0], False, str(res)[:MAX_DESCRIPTION], {})]
+                else:
+                    outcomes = [
+                        (c.name, c.passed, c.description[:MAX_DESCRIPTION], to_metadata(c.metadata))
+                        for c in res.checks
+                    ]
+                results[key] = outcomes
+                if not single:
+                    for name, passed, desc, md in outcomes:
+                        context.log_event(
+                            dg.AssetCheckEvaluation(
+                                asset_key=asset_key,
+                                check_name=name,
+                                passed=passed,
+                                metadata=md,
+                                description=desc,
+                                partition=key,
+                            )
+                        )
+                if isinstance(res, StepResult) and feeds:
+                    pending[key] = res
+                elif isinstance(res, StepResult):
+                    yield materialization(key, res)
+        except BaseException as exc:
+            # An interrupt (a stop: Dagster's interrupt or KeyboardInterrupt in this thread) does not
+            # reach the partitions' threads: queued partitions are dropped, running extractions are told
+            # to stop (they raise at their next cancellation point; their staging folders are removed),
+            # and the step ends now instead of waiting for them.
+            # (GeneratorExit: Dagster abandoned the step between two events, as an interrupt raised
+            # in its own code does; in a step worker that is the step's end too)
+            if not isinstance(exc, Exception) and (not isinstance(exc, GeneratorExit) or _in_step_worker()):
+                cancel_extractions()
+                _ignore_further_stops()
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)
+        outcomes = [(name, passed) for got in results.values() for name, passed, _, _ in got]
+        forget_on_failure(data_root, outcomes, asset, context)
+        if pending and not raised and set(keys) != set(context.partition_keys):
+            raise dg.Failure(
+                description=(
+                    f"{asset}: this run covers some partitions of its range only ({context.run.tags.get(PARTITIONS_TAG)}); "
+                    "an asset after it cannot run in the same run. Fix: materialize the whole range, or "
+                    f"{asset} first and what follows it in a run of its own"
+                )
+            )
+        if pending and not raised:
+            yield _output_for_partitions(context, asset, pending, data_version)
+        for key, res in pending.items() if raised else ():  # the run fails: what succeeded, as events
+            yield materialization(key, res)
+        for name in names:
+            got = [(k, o) for k in keys for o in results.get(k, []) if o[0] == name]
+            bad = [(k, o[2]) for k, o in got if not o[1]]
+            if single and got:
+                _, (_, passed, desc, md) = got[0]
+                yield dg.AssetCheckResult(check_name=name, passed=passed, description=desc, metadata=md)
+                continue
+            desc = f"{len(got) - len(bad)}/{len(got)} partitions passed" + "".join(
+                f"\n{k}: {d}" for k, d in bad
+            )
+            yield check_result(
+                not bad,
+                desc,
+                {"partitions": len(got), "failed_partitions": [k for k, _ in bad]},
+                check_name=name,
+            )
+        if raised:
+            raise dg.Failure(
+                description="\n".join(f"{k}: {m}" for k, m in sorted(raised.items())),
+                metadata={
+                    "failed_partitions": dg.MetadataValue.json(raised),
+                    "errors_by_partition": dg.MetadataValue.json(raised_types),
+                },
+            )

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from helpers.cli import REPO, python_argv, stage2, subprocess_env
 from helpers.env import read_only_mount
+from helpers.ui_run import materialize
 
 from stage2_data import layout
 from stage2_data.demo import DemoPaths
@@ -303,32 +304,6 @@ def test_a_step_of_the_builds_own_run_elsewhere_is_covered_by_its_build_id(
 
 
 # ----- through Dagster and the CLI ----------------------------------------------------------------
-def _materialize(
-    demo: DemoPaths,
-    root: Path,
-    url: str,
-    asset: str,
-    partition: str | None,
-    tags: dict[str, str] | None = None,
-) -> Any:
-    """One run of ``asset`` as the UI launches it (the implicit asset job, executed directly: no
-    build, no build's lock)."""
-    import dagster as dg
-
-    from stage2_pipelines.config import BuildConfig
-    from stage2_pipelines.definitions import build_definitions
-
-    defs = build_definitions(BuildConfig(profile_path=str(demo.profile), data_root=str(root), endpoint=url))
-    job = defs.resolve_implicit_global_asset_job_def()
-    return job.execute_in_process(
-        instance=dg.DagsterInstance.get(),
-        asset_selection=[dg.AssetKey(asset)],
-        partition_key=partition,
-        raise_on_error=False,
-        tags=tags,
-    )
-
-
 def _failure_descriptions(result: Any) -> list[str]:
     out = []
     for ev in result.all_events:
@@ -358,7 +333,7 @@ def test_a_ui_run_fails_at_once_and_writes_nothing_while_a_build_holds_the_data_
     with HubServer(demo_cache.upstream, repo_id=demo_cache.repo_id, revision=demo_cache.revision) as hub:
         holders.append(build := Holder(root, "exclusive"))
         for asset, part in (("archive_file", key), ("pinned_profile", None)):
-            r = _materialize(demo_cache, root, hub.url, asset, part)
+            r = materialize(demo_cache.profile, root, hub.url, asset, part)
             assert not r.success
             (desc,) = _failure_descriptions(r)
             for s in (f"build pid {build.pid}", "this run wrote nothing", "Fix: wait for that build to end"):
@@ -369,7 +344,7 @@ def test_a_ui_run_fails_at_once_and_writes_nothing_while_a_build_holds_the_data_
             assert sorted(p.name for p in root.iterdir()) == [layout.LOCK_FILE], asset
         assert hub.request_log == []  # not one byte asked for
         build.kill()
-        r = _materialize(demo_cache, root, hub.url, "archive_file", key)
+        r = materialize(demo_cache.profile, root, hub.url, "archive_file", key)
         assert r.success
         assert layout.archives_dir(root).is_dir()
         assert not list(shared_holders_dir(root).iterdir())  # released with the step
@@ -394,10 +369,10 @@ def test_a_re_execution_of_a_builds_run_is_not_covered_by_that_build(
     with HubServer(demo_cache.upstream, repo_id=demo_cache.repo_id, revision=demo_cache.revision) as hub:
         holders.append(build := Holder(root, "exclusive"))
         build_id = str(read_holder(root)["build_id"])
-        own = _materialize(demo_cache, root, hub.url, "pinned_profile", None, {BUILD_TAG: build_id})
+        own = materialize(demo_cache.profile, root, hub.url, "pinned_profile", None, {BUILD_TAG: build_id})
         assert own.success, _failure_descriptions(own)
         again = {BUILD_TAG: build_id, "dagster/parent_run_id": own.run_id, "dagster/root_run_id": own.run_id}
-        r = _materialize(demo_cache, root, hub.url, "pinned_profile", None, again)
+        r = materialize(demo_cache.profile, root, hub.url, "pinned_profile", None, again)
         assert not r.success
         (desc,) = _failure_descriptions(r)
         assert f"build pid {build.pid}" in desc and "this run wrote nothing" in desc, desc

@@ -29,6 +29,7 @@ from helpers.faults import (
 from stage2_data import checks as C
 from stage2_data import layout
 from stage2_data.demo import DemoPaths
+from stage2_data.extract import load_extraction_record
 from stage2_data.store import (
     PairSpec,
     SampleSpec,
@@ -153,7 +154,7 @@ def test_a_frames_file_changed_after_its_check_is_refused_by_the_writer(
     built: dict, demo_cache: DemoPaths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A frames file replaced after the writer's inputs were checked against their records (the
-    check is skipped here, as an edit landing right after it would be): the writer hashes the bytes
+    check passes here, as it does when the edit lands right after it): the writer hashes the bytes
     it decodes and refuses other bytes than the extraction record's, naming the file; nothing is
     published. (A valid npz of other frames: nothing else in the file would tell.)"""
     import shutil
@@ -174,7 +175,9 @@ def test_a_frames_file_changed_after_its_check_is_refused_by_the_writer(
         arrays = {k: z[k] for k in z.files}
     arrays["frames"] = arrays["frames"] ^ np.uint8(1)  # other frames, the same shape
     np.savez_compressed(frames, **arrays)
-    monkeypatch.setattr(steps.store, "require_inputs_as_recorded", lambda *a, **k: None)
+    # the edit made after the pre-read check: that check passes, handing the writer the records
+    records = {k: load_extraction_record(root, k) for k in prof.cache_keys()}
+    monkeypatch.setattr(steps.store, "require_inputs_as_recorded", lambda *a, **k: records)
     with pytest.raises(StoreInputError) as ei:
         steps.step_store(prof, root, rows_per_shard=5)  # other settings: a new store is written
     said = str(ei.value)

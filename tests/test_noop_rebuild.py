@@ -20,6 +20,7 @@ import pytest
 from helpers.built import DEMO_FINGERPRINT as FINGERPRINT
 from helpers.cli import python, stage2, subprocess_env
 from helpers.env import environ
+from helpers.ui_run import materialize
 
 from stage2_data import layout
 from stage2_data.acquire.state import _write_record
@@ -533,9 +534,6 @@ def test_a_check_failed_in_a_ui_run_runs_again_in_the_next_build(noop_rebuilt: d
     up to date, and the UI went on showing the failed check over data that was fine. The stage whose
     check failed runs again (no download: the archive is verified), so the check passes on record;
     then builds are no-ops again."""
-    from stage2_pipelines.config import BuildConfig
-    from stage2_pipelines.definitions import build_definitions
-
     root: Path = noop_rebuilt["root"]
     hub: HubServer = noop_rebuilt["hub"]
     demo: DemoPaths = noop_rebuilt["demo"]
@@ -546,16 +544,8 @@ def test_a_check_failed_in_a_ui_run_runs_again_in_the_next_build(noop_rebuilt: d
     wrong = demo.profile.with_name("profile-wrong-pin.toml")
     wrong.write_text(demo.profile.read_text().replace(specs[0].sha256, "0" * 64))
     try:
-        import dagster as dg
-
-        defs = build_definitions(BuildConfig(profile_path=str(wrong), data_root=str(root), endpoint=hub.url))
         with environ(DAGSTER_HOME=str(root / ".dagster")):
-            ran = defs.resolve_implicit_global_asset_job_def().execute_in_process(
-                instance=dg.DagsterInstance.get(),
-                asset_selection=[dg.AssetKey("archive_file")],
-                partition_key=key,
-                raise_on_error=False,
-            )
+            ran = materialize(wrong, root, hub.url, "archive_file", key)
     finally:
         wrong.unlink()
     assert not ran.success

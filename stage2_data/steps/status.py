@@ -208,25 +208,30 @@ class InputsChangedError(ProblemsError):
     says any more: changed since the extract stage or the unpack checked it."""
 
 
-def require_inputs_as_recorded(profile: Profile, data_root: Path, reader: str) -> None:
+def require_inputs_as_recorded(profile: Profile, data_root: Path, reader: str) -> dict[str, ExtractionRecord]:
     """Raise :class:`InputsChangedError` unless every extracted file and every unpacked sidecar is
     what its record says, checked now, right before ``reader`` (the join, the store writer) reads
     them: by stats, and a file whose stats changed (an edit keeps size and mtime, never ctime) by
     its sha256. A file edited after the extract stage checked it would otherwise reach the store
-    under the name its record's digest gives, and every later build would reuse that store."""
+    under the name its record's digest gives, and every later build would reuse that store.
+    Returns the extraction records checked, by cache key (what the reader then holds its reads to)."""
     problems = []
+    records: dict[str, ExtractionRecord] = {}
     for key in profile.cache_keys():
         rec = load_extraction_record(data_root, key)
         if rec is None:
             problems.append(f"cache_dir[{key}]: not extracted (no readable extraction record)")
             continue
+        records[key] = rec
         if rec.invalidated:  # the subset byte check marked it: that check fails, and fails the build
             continue
         # the files against their record (which archives made it is the acquire and extract
         # stages' to check, not the readers')
-        _rec, reason = check_extraction(data_root, key, rec.archive_sha256)
+        checked, reason = check_extraction(data_root, key, rec.archive_sha256)
         if reason is not None:
             problems.append(f"cache_dir[{key}]: {reason}")
+        elif checked is not None:
+            records[key] = checked
     sidecars = sidecars_status(profile, data_root)
     if sidecars is not None:
         problems.append(f"action sidecars: {sidecars}")
@@ -237,6 +242,7 @@ def require_inputs_as_recorded(profile: Profile, data_root: Path, reader: str) -
             fix="run `stage2 build` again: its extract stage and the unpack check those folders and "
             "extract or unpack again what changed (an edited file is moved aside, not deleted)",
         )
+    return records
 
 
 def published_store_stats(link: Path) -> dict[str, list[int]] | None:

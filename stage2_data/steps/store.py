@@ -7,7 +7,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,7 @@ from .. import checks as C
 from .. import layout
 from ..checks import CheckOutcome, compare_totals, outcome
 from ..errors import StoreError, StoreNotFoundError
-from ..extract import load_extraction_record
+from ..extract import ExtractionRecord, load_extraction_record
 from ..fsutil import canonical_json
 from ..hashing import sha256_file
 from ..kit import load_pairs
@@ -73,14 +73,14 @@ def extracted_content(profile: Profile, data_root: Path) -> dict[str, str]:
     return out
 
 
-def _recorded_sha256(profile: Profile, data_root: Path) -> dict[str, str]:
-    """Every extracted file's sha256 as its cache directory's extraction record holds it, by its
-    path under the data root (``processed_datasets/<key>/...``, as the join names frames files)."""
+def _recorded_sha256(records: Mapping[str, ExtractionRecord]) -> dict[str, str]:
+    """Every extracted file's sha256 as its cache directory's extraction record (``records``, by
+    cache key) holds it, by its path under the data root (``processed_datasets/<key>/...``, as the
+    join names frames files)."""
     out: dict[str, str] = {}
-    for key in profile.cache_keys():
-        rec = load_extraction_record(data_root, key)
+    for key, rec in records.items():
         prefix = f"{layout.PROCESSED_DIR}/{key}"
-        for rel, entry in (rec.entries if rec is not None else {}).items():
+        for rel, entry in rec.entries.items():
             if entry and isinstance(entry[0], str):
                 out[f"{prefix}/{rel}"] = entry[0]
     return out
@@ -185,10 +185,10 @@ def step_store(
         moved_aside.append(moved)
     if rebuilt:
         # what the writer reads is what the records its name digests say, checked right before
-        require_inputs_as_recorded(profile, data_root, "the store writer")
+        records = require_inputs_as_recorded(profile, data_root, "the store writer")
         table = pq.read_table(layout.join_table_path(data_root)).to_pylist()
         derived = layout.derived_root(data_root)
-        recorded = _recorded_sha256(profile, data_root)
+        recorded = _recorded_sha256(records)
         samples = []
         for r in table:
             if not r.get("in_pairs"):
