@@ -19,6 +19,7 @@ from helpers.faults import (
     SMALL,
     Prepared,
     converge,
+    copy_kit,
     copy_root,
     demo_hub,
     fault_cases,
@@ -214,8 +215,7 @@ def test_fault_kit_path_typo(tmp_path: Path, demo_cache: DemoPaths, case: str) -
     every archive was downloaded and extracted), naming the key, its value, its line and the path
     it resolves to, with the fix; corrected, the build starts and succeeds."""
     kit = tmp_path / "kit"
-    shutil.copytree(demo_cache.profile.parent, kit)
-    profile = kit / demo_cache.profile.name
+    profile = copy_kit(demo_cache, kit)
     good = profile.read_text()
     m = re.search(r'^pair_manifest = "([^"]+)"$', good, re.M)
     assert m

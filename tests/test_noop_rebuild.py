@@ -20,6 +20,7 @@ import pytest
 from helpers.built import DEMO_FINGERPRINT as FINGERPRINT
 from helpers.cli import python, stage2, subprocess_env
 from helpers.env import environ
+from helpers.faults import copy_kit
 from helpers.ui_run import materialize
 
 from stage2_data import layout
@@ -581,15 +582,13 @@ def test_a_kit_file_behind_a_link_is_checked_again_when_the_file_it_names_change
     root: Path = noop_rebuilt["root"]
     hub: HubServer = noop_rebuilt["hub"]
     demo: DemoPaths = noop_rebuilt["demo"]
-    kit = tmp_path / "kit"
-    shutil.copytree(demo.profile.parent, kit)
-    sums = kit / "manifests" / "stage2_subset_SHA256SUMS"
+    profile = copy_kit(demo, tmp_path / "kit")
+    sums = profile.parent / "manifests" / "stage2_subset_SHA256SUMS"
     outside = tmp_path / "outside" / "SHA256SUMS"
     outside.parent.mkdir()
     shutil.copyfile(sums, outside)
     sums.unlink()
     sums.symlink_to(outside)
-    profile = kit / demo.profile.name
     _, fp = _build(demo, root, hub, "--profile", str(profile))
     assert fp == FINGERPRINT
     assert _up_to_date(_build(demo, root, hub, "--profile", str(profile))[0]) == [s.name for s in STAGES]

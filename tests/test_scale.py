@@ -21,6 +21,7 @@ import pytest
 import yaml
 from helpers.cli import REPO, stage2, subprocess_env
 from helpers.env import environ, free_port
+from helpers.faults import copy_kit
 
 from stage2_data import checks as C
 from stage2_data import layout
@@ -467,9 +468,7 @@ def test_a_failed_blocking_check_on_dask_publishes_nothing(
     summary said none was). `current` stays where it was."""
     root = tmp_path / "root"
     shutil.copytree(built["root"], root, symlinks=True, ignore=shutil.ignore_patterns(".dagster"))
-    kit = tmp_path / "kit"
-    shutil.copytree(demo_cache.profile.parent, kit)
-    profile = kit / demo_cache.profile.name
+    profile = copy_kit(demo_cache, tmp_path / "kit")
     text = profile.read_text()
     rows = re.search(r"^pair_rows = (\d+)$", text, re.M)
     assert rows

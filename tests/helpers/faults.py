@@ -65,6 +65,12 @@ def demo_hub(demo: DemoPaths, **kw: Any) -> HubServer:
     return HubServer(demo.upstream, repo_id=demo.repo_id, revision=demo.revision, **kw)
 
 
+def copy_kit(demo: DemoPaths, dst: Path) -> Path:
+    """A copy of the demo's kit (its profile and manifests) at ``dst``, to edit; its profile's path."""
+    shutil.copytree(demo.profile.parent, dst)
+    return dst / demo.profile.name
+
+
 def copy_root(prepared: Prepared, dst: Path) -> Path:
     shutil.copytree(prepared.root, dst, symlinks=True, ignore=shutil.ignore_patterns("stores", ".dagster"))
     return dst
