@@ -149,6 +149,15 @@ def main() -> int:
         print(f"make ui: {problem}", file=sys.stderr)
         return 2
     refused = "make ui: the code location does not load with these settings:"
+    chosen = env.get("STAGE2_PROFILE")
+    if chosen and not Path(chosen).is_file():  # said as the variable a user set, not as a CLI flag
+        there = "a folder" if Path(chosen).is_dir() else "nothing"
+        print(
+            f"make ui: STAGE2_PROFILE={chosen!r} names {there}, not a profile file (read from "
+            f"{Path.cwd()}). Fix: set STAGE2_PROFILE to a profile .toml's path, or unset it to serve the demo",
+            file=sys.stderr,
+        )
+        return 2
     try:  # the settings the code location parses (executor, storage options, ...), demo or not:
         # a bad one is said here in one line, before a demo is generated or anything starts
         check_settings()

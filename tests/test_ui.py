@@ -728,8 +728,15 @@ def test_make_ui_refuses_settings_its_code_location_cannot_load(profile: str, tm
     assert ui.returncode == 2, out + err
     said = err.strip()
     assert "Traceback" not in said and len(said.splitlines()) == 1, said
-    want = f"profile file {path} does not exist" if profile == "missing" else f"invalid profile {path}: "
-    assert said.startswith(f"make ui: the code location does not load with these settings: {want}"), said
+    if profile == "missing":  # named as the variable the user set, with the fix for it
+        assert said == (
+            f"make ui: STAGE2_PROFILE={str(path)!r} names nothing, not a profile file (read from {tmp_path}). "
+            "Fix: set STAGE2_PROFILE to a profile .toml's path, or unset it to serve the demo"
+        ), said
+    else:
+        assert said.startswith(
+            f"make ui: the code location does not load with these settings: invalid profile {path}: "
+        )
     assert "Fix:" in said and "starting the Dagster UI" not in out, out
     assert not (tmp_path / "home").exists()
 
