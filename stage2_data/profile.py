@@ -163,11 +163,14 @@ class Profile(_Strict):
     @model_validator(mode="after")
     def _cross_checks(self) -> Profile:
         problems: list[str] = []
-        seen: set[str] = set()
+        seen: dict[str, int] = {}
         for i, a in enumerate(self.archives):
             if a.path in seen:
-                problems.append(f"archives[{i}].path: {a.path!r} is listed twice")
-            seen.add(a.path)
+                problems.append(
+                    f"archives[{i}].path: {a.path!r} is listed twice (also as archives[{seen[a.path]}].path); "
+                    "remove one of the two entries"
+                )
+            seen.setdefault(a.path, i)
         for i, q in enumerate(self.quarantined):
             if q.path in seen:
                 problems.append(
@@ -186,8 +189,8 @@ class Profile(_Strict):
         for key, bases in bases_by_key.items():
             if len(bases) > 1:
                 problems.append(f"archives: cache_key {key!r} is fed by several tars {sorted(bases)}")
-        if problems:
-            raise ValueError("; ".join(problems))
+        if problems:  # one a line: format_validation_error names each one's key and line
+            raise ValueError("\n".join(problems))
         return self
 
     # ----- derived views -------------------------------------------------------------------
@@ -392,6 +395,16 @@ def format_validation_error(err: ValidationError, text: str | None = None) -> li
                 f"key {loc!r} = {e.get('input')!r}{at}: it must be a whole number, written without "
                 f"quotes or a decimal point (e.g. `{key} = 4096`)"
             )
+        elif kind == "value_error" and not parts:  # the cross-checks': each names its own key
+            msg = e.get("msg", "").removeprefix("Value error, ")
+            for problem in msg.splitlines():
+                key, sep, said = problem.partition(": ")
+                where = _parse_loc(key) if sep else None
+                if where is None:
+                    problems.append(problem)
+                    continue
+                line = _loc_line(text, where)
+                problems.append(f"key {key!r}" + (f" (line {line})" if line else "") + f": {said}")
         else:
             msg = e.get("msg", "").removeprefix("Value error, ")
             shown = e.get("input")
@@ -400,6 +413,22 @@ def format_validation_error(err: ValidationError, text: str | None = None) -> li
             value = f" = {shown!r}" if simple else ""
             problems.append(f"key {loc!r}{value}{at}: {msg}")
     return problems
+
+
+_LOC_PART_RE = re.compile(r"([A-Za-z_]\w*)((?:\[\d+\])*)")
+
+
+def _parse_loc(key: str) -> tuple[Any, ...] | None:
+    """``archives[1].path`` as the location :func:`_loc` writes (``('archives', 1, 'path')``); None
+    for anything else."""
+    loc: list[Any] = []
+    for part in key.split("."):
+        m = _LOC_PART_RE.fullmatch(part)
+        if m is None:
+            return None
+        loc.append(m.group(1))
+        loc.extend(int(i) for i in re.findall(r"\[(\d+)\]", m.group(2)))
+    return tuple(loc)
 
 
 def _loc_line(text: str | None, loc: tuple[Any, ...], *, header: bool = False) -> int | None:

@@ -472,7 +472,17 @@ FAULTS: tuple[Fault, ...] = (
         "prof_quarantined_active",
         "profile",
         "a quarantined path also listed as active",
-        "quarantined[0].path: '<file>' is also listed under [[archives]] … remove one of the two entries",
+        "key 'quarantined[0].path' (line <n>): '<file>' is also listed under [[archives]] … remove one "
+        "of the two entries",
+        "nothing",
+        "the build starts",
+    ),
+    Fault(
+        "prof_archive_twice",
+        "profile",
+        "one [[archives]] entry written twice",
+        "key 'archives[1].path' (line <n>): '<file>' is listed twice (also as archives[0].path); remove "
+        "one of the two entries",
         "nothing",
         "the build starts",
     ),

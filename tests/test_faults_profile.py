@@ -56,6 +56,26 @@ def _quarantined_active(demo: DemoPaths) -> list[tuple[str, tuple[str, ...]]]:
     return [(text, (q, "also listed under [[archives]]", "remove one of the two entries"))]
 
 
+def _archive_twice(demo: DemoPaths) -> list[tuple[str, tuple[str, ...]]]:
+    """One [[archives]] entry written twice: named by the second one's key and line (it was named
+    as key '(top level)', with no line)."""
+    good = demo.profile.read_text()
+    first = good.index("[[archives]]")
+    second = good.index("[[archives]]", first + 1)
+    text = good[:second] + good[first:second] + good[second:]
+    path = load_profile(demo.profile).archives[0].path
+    line = text.count("\n", 0, text.index(f'path = "{path}"', second)) + 1
+    return [
+        (
+            text,
+            (
+                f"key 'archives[1].path' (line {line}): '{path}' is listed twice (also as archives[0].path)",
+                "remove one of the two entries",
+            ),
+        )
+    ]
+
+
 def _dotdot(demo: DemoPaths) -> list[tuple[str, tuple[str, ...]]]:
     good = demo.profile.read_text()
     victim = f"{SMALL}.tar"
@@ -94,6 +114,7 @@ def _wrong_type(demo: DemoPaths) -> list[tuple[str, tuple[str, ...]]]:
     prof_wrong_type=_wrong_type,
     prof_unknown_key=_unknown_key,
     prof_quarantined_active=_quarantined_active,
+    prof_archive_twice=_archive_twice,
     prof_dotdot=_dotdot,
 )
 def test_fault_profile_refused(demo: DemoPaths, tmp_path: Path, dagster_home: Path, case: Broken) -> None:
