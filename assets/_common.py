@@ -20,7 +20,7 @@ from typing import Any
 import dagster as dg
 
 from stage2_data.checks import CHECK_DESCRIPTIONS, CHECKS_BY_ASSET, NON_BLOCKING, CheckOutcome
-from stage2_data.errors import Stage2Error
+from stage2_data.errors import DiskSpaceError, FileSystemError, Stage2Error
 from stage2_data.extract import cancel_extractions
 from stage2_data.fsutil import human_bytes
 from stage2_data.publish.lock import run_step_lock
@@ -199,6 +199,14 @@ def record_standalone_results(
         )
 
 
+def fails_a_check(err: Stage2Error) -> bool:
+    """Whether ``err`` says the asset's data is wrong (its first check fails with it), not the
+    machine: a full disk or a file system that refuses fails the step with its named error and
+    leaves every check unevaluated (a badge saying ``profile_is_pinned`` failed for want of disk
+    space would point at the wrong thing)."""
+    return not isinstance(err, DiskSpaceError | FileSystemError)
+
+
 def forget_on_failure(
     data_root: Path | None, outcomes: Sequence[tuple[str, bool]], asset: str, context: Any = None
 ) -> None:
@@ -278,9 +286,10 @@ def run_step(
         try:
             res = step()
         except Stage2Error as err:
-            first = CHECKS_BY_ASSET[asset][0]
-            forget_on_failure(data_root, [(first, False)], asset, context)
-            yield check_result(False, str(err), check_name=first)
+            if fails_a_check(err):
+                first = CHECKS_BY_ASSET[asset][0]
+                forget_on_failure(data_root, [(first, False)], asset, context)
+                yield check_result(False, str(err), check_name=first)
             raise dg.Failure(description=str(err), metadata={"error": type(err).__name__}) from None
         forget_on_failure(data_root, [(c.name, c.passed) for c in res.checks], asset, context)
     version = data_version(res) if data_version else None
@@ -483,7 +492,9 @@ def run_partitions(
                 if isinstance(res, Stage2Error):
                     raised[key] = str(res)
                     raised_types[key] = type(res).__name__
-                    outcomes = [(names[0], False, str(res)[:MAX_DESCRIPTION], {})]
+                    outcomes = (
+                        [(names[0], False, str(res)[:MAX_DESCRIPTION], {})] if fails_a_check(res) else []
+                    )
                 else:
                     outcomes = [
                         (c.name, c.passed, c.description[:MAX_DESCRIPTION], to_metadata(c.metadata))
@@ -535,6 +546,8 @@ def run_partitions(
             yield materialization(key, res)
         for name in names:
             got = [(k, o) for k in keys for o in results.get(k, []) if o[0] == name]
+            if not got and raised:  # every partition stopped by the machine, none checked
+                continue
             bad = [(k, o[2]) for k, o in got if not o[1]]
             if single and got:
                 _, (_, passed, desc, md) = got[0]
