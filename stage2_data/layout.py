@@ -122,6 +122,12 @@ def join_table_path(data_root: Path) -> Path:
     return data_root / TABLES_DIR / JOIN_TABLE
 
 
+def join_sha256_path(data_root: Path) -> Path:
+    """The join table's sha256, written by the join after the table (``sha256sum`` format): the
+    store writer reads the table's bytes only when they have it."""
+    return data_root / TABLES_DIR / f"{JOIN_TABLE}.sha256"
+
+
 def stores_root(data_root: Path, profile_name: str) -> Path:
     return data_root / STORES_DIR / profile_name
 

@@ -649,6 +649,14 @@ FAULTS: tuple[Fault, ...] = (
         "the cache dir extracted again (the edit moved aside): fingerprint = clean build's",
     ),
     Fault(
+        "store_join_edited",
+        "store",
+        "the join's table replaced after the join wrote it (a task's text edited, its mtime set back), then the store's job run on its own (the store's name digests the records and the kit, not the table)",
+        "the writer reads the table's bytes only when they have the sha256 the join wrote beside it: refused, the trajectory join table changed since the join wrote it: <table>: sha256 … not the … the join recorded; fix: run `stage2 build` again (its store stage joins again)",
+        "no store: nothing built from the edited table",
+        "joined again: fingerprint = clean build's",
+    ),
+    Fault(
         "store_max_frames",
         "store",
         "trajectories longer than the profile's frame bound `max_frames` (default 32, upstream's; here the bound is set below the demo's lengths)",

@@ -90,6 +90,41 @@ def test_fault_store_input_edited(prepared: Prepared, demo: DemoPaths, tmp_path:
 
 
 @dagster_rows
+def test_fault_store_join_edited(prepared: Prepared, demo: DemoPaths, tmp_path: Path) -> None:
+    """The join's table replaced after the join wrote it (a task's text edited, its mtime set back),
+    then the store's job run on its own, as the UI's Materialize of vin_store runs it: the writer
+    read the table as it found it, and the store's name digests the records and the kit, not the
+    table, so the edited text would be published under the clean inputs' name. The writer reads the
+    table's bytes only when they have the sha256 the join wrote: refused, naming the table; nothing
+    is published. Joined again, the store is the clean build's."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = copy_root(prepared, tmp_path / "root")
+    cfg = run_cfg(demo, root)
+    r = run_selection(cfg, [a for a in FINAL_STAGE if a != "vin_store"])
+    assert r["success"], said(r)
+    table = layout.join_table_path(root)
+    st = table.stat()
+    clean = pq.read_table(table)
+    tasks = clean.column("task").to_pylist()
+    tasks[0] = f"EDITED {tasks[0]}"
+    pq.write_table(clean.set_column(clean.schema.get_field_index("task"), "task", pa.array(tasks)), table)
+    os.utime(table, ns=(st.st_atime_ns, st.st_mtime_ns))
+    r = run_selection(cfg, ["vin_store"])
+    text = said(r)
+    assert not r["success"] and "vin_store" not in r["materialized"], text
+    for part in (
+        "the trajectory join table changed since the join wrote it",
+        f"{table}: sha256 ",
+        "run `stage2 build` again",
+    ):
+        assert part in text, (part, text)
+    no_store(root)
+    converge(prepared, cfg, root, [])
+
+
+@dagster_rows
 def test_fault_store_flipped_byte(prepared: Prepared, demo: DemoPaths, tmp_path: Path) -> None:
     """One byte of a published shard flipped (bit rot: same size, same mtime class): every read of
     the sample raises StoreChecksumError naming the store, shard and sample; plain `stage2 validate`
@@ -182,6 +217,40 @@ def test_a_frames_file_changed_after_its_check_is_refused_by_the_writer(
         steps.step_store(prof, root, rows_per_shard=5)  # other settings: a new store is written
     said = str(ei.value)
     assert str(frames) in said and "not the" in said and "its record holds" in said, said
+    assert layout.current_store_path(root, prof.name).resolve() == current
+
+
+def test_a_sidecar_changed_after_its_check_is_refused_by_the_writer(
+    built: dict, demo_cache: DemoPaths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An action sidecar replaced after the writer's inputs were checked against their records (the
+    check passes here, as it does when the edit lands right after it): the writer hashes the bytes
+    it decodes against the unpack's record, as it does a frames file, and refuses other bytes,
+    naming the file; nothing is published. (Other actions of the same shape: nothing else in the
+    file would tell.)"""
+    import shutil
+
+    from stage2_data import steps
+    from stage2_data.kit import read_join_rows
+    from stage2_data.profile import load_profile
+    from stage2_data.store import StoreInputError
+
+    root = tmp_path / "root"
+    shutil.copytree(built["root"], root, symlinks=True, ignore=shutil.ignore_patterns(".dagster"))
+    prof = load_profile(demo_cache.profile)
+    current = layout.current_store_path(root, prof.name).resolve()
+    row = next(r for r in read_join_rows(root) if r.get("in_pairs") and r.get("sidecar_present"))
+    sidecar = layout.derived_root(root) / row["sidecar_path"]
+    with np.load(sidecar) as z:
+        arrays = {k: z[k] for k in z.files}
+    arrays["aligned_actions"] = arrays["aligned_actions"] + 1  # other actions, the same shape
+    np.savez(sidecar, **arrays)
+    records = {k: load_extraction_record(root, k) for k in prof.cache_keys()}
+    monkeypatch.setattr(steps.store, "require_inputs_as_recorded", lambda *a, **k: records)
+    with pytest.raises(StoreInputError) as ei:
+        steps.step_store(prof, root, rows_per_shard=5)  # other settings: a new store is written
+    said = str(ei.value)
+    assert str(sidecar) in said and "its record holds" in said, said
     assert layout.current_store_path(root, prof.name).resolve() == current
 
 

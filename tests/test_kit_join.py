@@ -56,7 +56,10 @@ def test_join_is_deterministic_and_atomic(tmp_path: Path) -> None:
     first = kit.build_join_table(b.profile, b.data_root).table_path.read_bytes()
     second = kit.build_join_table(b.profile, b.data_root).table_path.read_bytes()
     assert first == second
-    assert [p.name for p in layout.join_table_path(b.data_root).parent.iterdir()] == [layout.JOIN_TABLE]
+    # nothing left behind but the table and its sha256 (no temp file), the digest the table's
+    written = sorted(p.name for p in layout.join_table_path(b.data_root).parent.iterdir())
+    assert written == sorted([layout.JOIN_TABLE, layout.join_sha256_path(b.data_root).name])
+    assert kit.read_join_rows(b.data_root) == pq.read_table(layout.join_table_path(b.data_root)).to_pylist()
 
 
 def test_join_uses_what_the_unpack_read_and_rereads_a_changed_file(tmp_path: Path) -> None:

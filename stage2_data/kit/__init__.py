@@ -11,7 +11,7 @@ Modules: :mod:`.manifests` (the pair and action manifests: rows and their one ru
 
 from __future__ import annotations
 
-from .join import JOIN_SCHEMA, PROCESSED_COLUMNS, JoinResult, build_join_table
+from .join import JOIN_SCHEMA, PROCESSED_COLUMNS, JoinResult, build_join_table, read_join_rows
 from .link import LINK_TOTALS, LinkReport, link_check
 from .manifests import (
     ACTION_FIELDS,
@@ -52,6 +52,7 @@ __all__ = [
     "sidecars_status",
     "unpack_sidecars",
     "build_join_table",
+    "read_join_rows",
     "link_check",
     "verify_subset_bytes",
     "raise_for_problems",

@@ -3,6 +3,7 @@ trajectory id (never by row order) into ``tables/trajectory_join.parquet``."""
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -13,9 +14,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import layout
-from ..errors import KitError
+from ..errors import KitError, Stage2Error
 from ..formats import FormatError
 from ..formats import arrow as farrow
+from ..formats.sha256sums import format_sha256sums, read_single_sha256_file
 from ..profile import Profile
 from ..publish import UMASK_MODE, atomic_write_bytes
 from .listing import file_sizes, list_files, sidecar_dirs
@@ -23,7 +25,7 @@ from .manifests import RECOVERED, ActionRow, PairRow, load_action_manifests, loa
 from .problems import missing_frames_problem, unnamed_sidecar_problem
 from .sidecar_facts import _SidecarInfo, sidecar_infos
 
-__all__ = ["JOIN_SCHEMA", "PROCESSED_COLUMNS", "JoinResult", "build_join_table"]
+__all__ = ["JOIN_SCHEMA", "PROCESSED_COLUMNS", "JoinResult", "build_join_table", "read_join_rows"]
 
 # The processed_dataset columns the join reads (a cache directory without one of them is a problem).
 PROCESSED_COLUMNS = (
@@ -91,18 +93,45 @@ class JoinResult:
         }
 
 
-def _write_parquet_atomic(table: pa.Table, path: Path) -> None:
-    """Write the table atomically, unless ``path`` already holds exactly these bytes (a rebuild of
-    unchanged inputs leaves the file, and its mtime, alone)."""
+def _write_parquet_atomic(table: pa.Table, path: Path, sha256_path: Path) -> None:
+    """Write the table atomically, then its sha256 to ``sha256_path``, each unless it already holds
+    exactly these bytes (a rebuild of unchanged inputs leaves the files, and their mtimes, alone).
+    The digest goes last: a table without its digest is never read (:func:`read_join_rows`)."""
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="zstd", write_statistics=True)
     data = sink.getvalue().to_pybytes()
+    line = format_sha256sums([(hashlib.sha256(data).hexdigest(), path.name)]).encode()
+    for out, content in ((path, data), (sha256_path, line)):
+        try:
+            if out.stat().st_size == len(content) and out.read_bytes() == content:
+                continue
+        except OSError:
+            pass
+        atomic_write_bytes(out, content, mode=UMASK_MODE)
+
+
+def read_join_rows(data_root: Path) -> list[dict[str, Any]]:
+    """The join table's rows, parsed from the very bytes hashed against the sha256 the join wrote
+    beside the table (read once: a table edited or replaced since the join, even within the same
+    build, is refused, never read). Raises KitError naming the table and the fix."""
+    path = layout.join_table_path(data_root)
+    sums = layout.join_sha256_path(data_root)
+    fix = "run `stage2 build` again: its store stage joins again and writes the table and its sha256 anew"
     try:
-        if path.stat().st_size == len(data) and path.read_bytes() == data:
-            return
-    except OSError:
-        pass
-    atomic_write_bytes(path, data, mode=UMASK_MODE)
+        expected, _ = read_single_sha256_file(sums)
+        data = path.read_bytes()
+    except (OSError, Stage2Error) as e:
+        raise KitError(
+            "the trajectory join table", [f"cannot be checked before it is read ({e})"], fix=fix
+        ) from None
+    got = hashlib.sha256(data).hexdigest()
+    if got != expected:
+        raise KitError(
+            "the trajectory join table changed since the join wrote it",
+            [f"{path}: sha256 {got}, not the {expected} the join recorded in {sums}"],
+            fix=fix,
+        )
+    return list(pq.read_table(pa.BufferReader(data)).to_pylist())
 
 
 def _where(derived_s: str, ar: ActionRow, tid: str) -> str:
@@ -403,7 +432,7 @@ def build_join_table(
             fix="check the processed_dataset schema of the cache directories against kit-format.md",
         ) from None
     out = layout.join_table_path(data_root)
-    _write_parquet_atomic(table, out)
+    _write_parquet_atomic(table, out, layout.join_sha256_path(data_root))
 
     status_counts = Counter(ar.status for ar in action_of.values())
     counts: dict[str, Any] = {

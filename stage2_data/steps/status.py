@@ -367,6 +367,7 @@ def _fingerprints(
             "sidecar_index": _stat(derived / SIDECAR_INDEX),
             "sidecars": _stat(derived / layout.SIDECARS_DIR),
             "join": _stat(layout.join_table_path(data_root)),
+            "join_sha256": _stat(layout.join_sha256_path(data_root)),
             "stores": _stat(layout.stores_root(data_root, profile.name)),
             "current": [current, _stat(link)],
             "published": published_store_stats(link),

@@ -12,8 +12,6 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
-
 from .. import checks as C
 from .. import layout
 from ..checks import CheckOutcome, compare_totals, outcome
@@ -21,8 +19,8 @@ from ..errors import StoreError, StoreNotFoundError
 from ..extract import ExtractionRecord, load_extraction_record
 from ..fsutil import canonical_json
 from ..hashing import sha256_file
-from ..kit import load_pairs
-from ..kit.sidecar_facts import SIDECAR_MARKER
+from ..kit import load_pairs, read_join_rows
+from ..kit.sidecar_facts import SIDECAR_MARKER, recorded_sidecars
 from ..profile import Profile
 from ..publish.lock import require_launching_build
 from ..publish.quarantine import quarantine_files
@@ -186,9 +184,10 @@ def step_store(
     if rebuilt:
         # what the writer reads is what the records its name digests say, checked right before
         records = require_inputs_as_recorded(profile, data_root, "the store writer")
-        table = pq.read_table(layout.join_table_path(data_root)).to_pylist()
+        table = read_join_rows(data_root)  # the bytes the join wrote, checked as read
         derived = layout.derived_root(data_root)
         recorded = _recorded_sha256(records)
+        sidecar_sha256 = {rel: e.get("sha256") for rel, e in recorded_sidecars(derived).items()}
         samples = []
         for r in table:
             if not r.get("in_pairs"):
@@ -211,6 +210,7 @@ def step_store(
                     action_status=r.get("action_status"),
                     num_frames=r.get("num_frames"),  # the processed_dataset row's: must equal the file's
                     frames_file_sha256=recorded.get(r["frames_path"]),
+                    sidecar_file_sha256=sidecar_sha256.get(r["sidecar_path"]) if sidecar else None,
                 )
             )
         pairs_rows, _ = load_pairs(profile.kit_file("pair_manifest"))

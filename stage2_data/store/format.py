@@ -142,6 +142,8 @@ class SampleSpec:
     # the frames file's sha256 as its extraction record holds it: the writer hashes the bytes it
     # decodes and refuses others (an edit after the record was checked, however quick)
     frames_file_sha256: str | None = None
+    # the sidecar file's sha256 as the unpack's index holds it: hashed as read, likewise
+    sidecar_file_sha256: str | None = None
 
 
 @dataclass(frozen=True)

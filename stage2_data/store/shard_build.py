@@ -59,7 +59,7 @@ def load_row(
     if actions is not None and r.action_width > 0 and r.spec.sidecar_path is not None:
         sp = Path(r.spec.sidecar_path)
         try:
-            a = load_npz(sp, ("aligned_actions",))["aligned_actions"]
+            a = load_npz(sp, ("aligned_actions",), sha256=r.spec.sidecar_file_sha256)["aligned_actions"]
         except (OSError, ValueError) as e:
             return None, [f"{sp}: unreadable sidecar npz ({type(e).__name__}: {e})"]
         w = check_actions_meta(sp, tuple(a.shape), a.dtype, r.num_frames, problems)
