@@ -46,7 +46,15 @@ from stage2_data.publish import data_root_lock, sweep_data_root
 from stage2_data.stages import STAGES
 from stage2_data.storage import check_stores_target, check_stores_url
 
-from .config import BuildConfig, check_settings, demo_root, env_flag, require_executor, ui_command
+from .config import (
+    BuildConfig,
+    check_dask_address,
+    check_settings,
+    demo_root,
+    env_flag,
+    require_executor,
+    ui_command,
+)
 from .stops import stop_guard
 from .uptodate import (
     build_summary,
@@ -196,6 +204,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
             fix="add --executor dask to run the steps on that scheduler, or leave out --dask-address",
         )
     require_executor(args.executor)
+    if args.dask_address:  # parsed and reached now, not by the first run's first step
+        check_dask_address(args.dask_address)
     options = storage_options(args)  # each KEY=VALUE, refused now if one is not
     if args.store_url:  # opened by the store stage, after every download: refused now if it cannot be
         check_stores_url(args.store_url)

@@ -86,6 +86,38 @@ def require_executor(executor: str) -> None:
         )
 
 
+def check_dask_address(address: str, *, option: str = "--dask-address", timeout: float = 5.0) -> None:
+    """Refuse a Dask scheduler address that does not parse, or where no scheduler accepts a
+    connection, before any run starts (else each run's first step fails inside Dagster's executor
+    as an error of its own, and a build whose stages are up to date passes with it unchecked).
+    Needs the dask extra (:func:`require_executor` first)."""
+    import socket
+
+    from distributed.comm import parse_address, parse_host_port
+
+    fix = (
+        "pass the scheduler's address as tcp://HOST:PORT (a scheduler listens on 8786 unless told "
+        f"otherwise; `dask scheduler` prints its address), or leave out {option} for a local cluster"
+    )
+    try:
+        scheme, location = parse_address(address)
+        host, port = parse_host_port(location)
+    except (ValueError, TypeError) as e:
+        raise SettingError(f"{option} {address!r} is not a scheduler address ({e}).", fix=fix) from None
+    if scheme not in ("tcp", "tls"):
+        raise SettingError(
+            f"{option} {address!r}: a build reaches its scheduler over tcp or tls, not {scheme}.", fix=fix
+        )
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as e:
+        raise SettingError(
+            f"{option} {address}: no scheduler answers at {host}:{port} ({e.strerror or e}).",
+            fix="start the scheduler there (`dask scheduler`) or correct the host and port; or leave out "
+            f"{option} for a local cluster",
+        ) from None
+
+
 def check_settings() -> None:
     """Refuse, before any work, the environment's settings that are read late:
     ``STAGE2_KEEP_STORES`` (the store stage applies it after publishing) and

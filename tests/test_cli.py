@@ -330,6 +330,33 @@ def test_a_dask_address_without_the_dask_executor_is_refused(tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize(
+    ("address", "says"),
+    [
+        ("foo", "--dask-address 'foo' is not a scheduler address (missing port number in address 'foo')"),
+        ("tcp://127.0.0.1:1", "--dask-address tcp://127.0.0.1:1: no scheduler answers at 127.0.0.1:1"),
+    ],
+    ids=["unparsed", "unreachable"],
+)
+def test_a_dask_address_that_is_no_scheduler_is_refused_before_any_run(
+    demo_cache, tmp_path: Path, address: str, says: str
+) -> None:
+    """`--executor dask --dask-address` that does not parse, or where nothing listens: refused before
+    anything runs, exit 2, naming the address and the fix (it was the first run's "internal error"
+    after the build had started, and a build whose stages were up to date passed with it)."""
+    pytest.importorskip("distributed")
+    root = tmp_path / "root"
+    p = stage2(
+        "build", str(demo_cache.profile), "--data-root", str(root), "--hub-folder", str(demo_cache.upstream),
+        "--executor", "dask", "--dask-address", address, timeout=120,
+    )  # fmt: skip
+    assert p.returncode == 2, p.tail()
+    line = p.stderr.strip()
+    assert line.startswith(f"stage2 build: error: {says}") and "Fix: " in line, line
+    assert "internal error" not in line and "Traceback" not in line and len(line.splitlines()) == 1, line
+    assert not root.exists()
+
+
+@pytest.mark.parametrize(
     ("option", "says"),
     [
         (
