@@ -102,6 +102,12 @@ class Stop:
 
     def message(self) -> str:
         name = _signame(self.signum) if self.signum else "a signal"
+        if self.published() and self.watch is not None and _link_target(self.watch) is None:
+            return (
+                f"stopped by {name}: nothing is published now (`current` named {self._watch_before}, "
+                "whose store failed the publication gate and was moved aside to be built again); rerun to "
+                "build and publish it"
+            )
         if self.published():
             return (
                 f"stopped by {name} after the store was published ({_link_target(self.watch) if self.watch else ''});"

@@ -254,6 +254,43 @@ def test_a_sidecar_changed_after_its_check_is_refused_by_the_writer(
     assert layout.current_store_path(root, prof.name).resolve() == current
 
 
+def test_a_store_built_again_under_currents_name_is_not_current_before_its_gate(
+    built: dict, demo_cache: DemoPaths, tmp_path: Path
+) -> None:
+    """The published store damaged (a byte of a chunk flipped): the build moves it aside and writes
+    the same inputs' store again under the same name, the one `current` names, so the writer's
+    final rename used to publish it before the gate ran (a stop then left an ungated, writable store
+    readable through `current`, with "nothing was published"). `current` is withdrawn while that
+    store is written and gated, and made again only once it passed."""
+    import shutil
+
+    from stage2_data import steps
+    from stage2_data.profile import load_profile
+
+    root = tmp_path / "root"
+    shutil.copytree(built["root"], root, symlinks=True, ignore=shutil.ignore_patterns(".dagster"))
+    prof = load_profile(demo_cache.profile)
+    link = layout.current_store_path(root, prof.name)
+    name = os.readlink(link)
+    chunk = next(p for p in sorted((link.resolve() / "shards").rglob("c/*/*/*/*/*")) if p.is_file())
+    chunk.chmod(0o644)
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    chunk.write_bytes(bytes(data))
+    seen: list[bool] = []
+
+    def during_gate(url: str) -> dict:
+        seen.append(os.path.lexists(link))  # the new store is complete and being gated
+        return {}
+
+    res = steps.step_store(prof, root, alongside=during_gate)
+    assert seen == [False], "current stood while the store it names was written and gated"
+    assert all(c.passed for c in res.checks), [c.description for c in res.checks if not c.passed]
+    assert os.readlink(link) == name
+    assert f"`current` named {name}: withdrawn until it passes the gate" in res.metadata["update"]
+    assert "moved_aside" in res.metadata
+
+
 def test_a_link_where_a_stores_folder_goes_is_moved_aside_and_its_target_untouched(
     built: dict, demo_cache: DemoPaths, tmp_path: Path
 ) -> None:

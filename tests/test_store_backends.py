@@ -263,6 +263,21 @@ def test_interrupted_upload_leaves_nothing_that_validates(backend: Backend, up: 
     assert validate_vin_offline_store(loc, deep=True) == []
 
 
+def test_current_is_withdrawn_only_when_it_names_the_folder(backend: Backend, up: Upstream) -> None:
+    """``withdraw_current(name)``: the publication goes when it names ``name`` (a store about to be
+    written there again), and stays when it names another store; nothing is current afterwards."""
+    build(backend, "one", up)
+    build(backend, "two", up)
+    stores = StoreLocation.parse(backend.base, backend.options)
+    stores.publish_current("one")
+    assert not stores.withdraw_current("two")
+    current = stores.current()
+    assert current is not None and current.root.name == "one"
+    assert stores.withdraw_current("one")
+    assert stores.current() is None
+    assert not stores.withdraw_current("one")  # nothing left to withdraw
+
+
 def test_foreign_prefix_is_refused(backend: Backend, up: Upstream) -> None:
     loc = backend.loc("s")
     loc.write_bytes(loc.root / "notes.txt", b"not a store")

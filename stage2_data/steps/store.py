@@ -148,6 +148,7 @@ def step_store(
     out = root_loc.child(name)
     t0 = time.perf_counter()
     rebuilt = True
+    withdrawn = False  # `current` named this store's folder, written again: withdrawn meanwhile
     update = f"reused {name} (same inputs; passed the publication gate)"
     gate: GateResult | None = None
     set_aside = ""
@@ -220,6 +221,17 @@ def step_store(
         ]
         # a sidecar store of the new trajectories merged into the published store when the new
         # inputs only add trajectories (stage2_data/store/extend.py), else a full build; one line says which
+        withdrawn = root_loc.withdraw_current(name)
+        if withdrawn:  # the folder `current` names is written again: nothing half-written or
+            # ungated is ever published through it (a stop before the gate leaves nothing current)
+            set_aside = "; ".join(
+                x
+                for x in (
+                    set_aside,
+                    f"`{layout.CURRENT_LINK}` named {name}: withdrawn until it passes the gate",
+                )
+                if x
+            )
         base = root_loc.current()
         update = write_or_extend(
             out,
@@ -259,7 +271,12 @@ def step_store(
         clear_store_records(data_root)  # a failed gate: no record lets a later build skip the check
         if rebuilt:
             problems.append(
-                f"{out.url} was removed, not published: {CURRENT_OBJECT.lower()} still points at the previous store"
+                f"{out.url} was removed, not published: "
+                + (
+                    f"nothing is published ({CURRENT_OBJECT.lower()} named this folder, whose earlier store was set aside)"
+                    if withdrawn
+                    else f"{CURRENT_OBJECT.lower()} still points at the previous store"
+                )
             )
     result = store_checks(
         profile,

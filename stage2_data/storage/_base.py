@@ -326,6 +326,12 @@ class StoreLocation:
         """The published child folder (:meth:`publish_current`), or None when none is published."""
         raise NotImplementedError
 
+    def withdraw_current(self, name: str) -> bool:
+        """Withdraw the publication when it names the child folder ``name`` (a store about to be
+        written there again): nothing is published until :meth:`publish_current` names a store
+        that passed the gate. True when something was withdrawn."""
+        raise NotImplementedError
+
     def current_problem(self) -> str | None:
         """Why what stands for ``current`` here publishes no store (a ``CURRENT`` object naming a
         folder without a manifest, or no folder of this location), in one line; None when nothing

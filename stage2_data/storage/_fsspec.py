@@ -450,6 +450,14 @@ class FsspecLocation(StoreLocation, backend="fsspec"):
         self.write_bytes(self.root / CURRENT_OBJECT, (name + "\n").encode())
 
     @_named
+    def withdraw_current(self, name: str) -> bool:
+        marker = self.root / CURRENT_OBJECT
+        if not self.is_file(marker) or self._current_name()[0] != name:
+            return False
+        self.delete(marker)
+        return True
+
+    @_named
     def current_problem(self) -> str | None:
         """Why the ``CURRENT`` object here names no store, in one line (None when there is no
         ``CURRENT`` object, or it names a complete store): a name that is not a plain folder name

@@ -143,6 +143,17 @@ class LocalLocation(StoreLocation, backend="local"):
         if kind == "a folder":
             make_writable(dest)  # `stage2 gc --quarantine` may remove its files
 
+    def withdraw_current(self, name: str) -> bool:
+        link = self.root / layout.CURRENT_LINK
+        try:
+            if os.readlink(link) != name:
+                return False
+        except OSError:  # no link (or not a link: moved aside when a store is published)
+            return False
+        link.unlink()
+        fsync_dir(self.root)
+        return True
+
     def current(self) -> StoreLocation | None:
         """The store ``current`` links to; None when there is no link or it names nothing. A
         folder or file named ``current`` is not a publication (only a build's symbolic link is:
