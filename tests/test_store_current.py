@@ -44,10 +44,11 @@ def test_publish_current_moves_a_current_that_is_not_a_link_aside(tmp_path: Path
         os.chmod(current, 0o555)
     else:
         current.write_text("not a link")
-    StoreLocation.parse(stores).publish_current("v2-aaaa")
+    moved = StoreLocation.parse(stores).publish_current("v2-aaaa")
     assert current.is_symlink() and os.readlink(current) == "v2-aaaa"
     ((folder, doc),) = _moved(root)
     dest = folder / layout.STORES_DIR / "prof" / layout.CURRENT_LINK
+    assert moved == f"{current} -> {dest}"  # the build's `moved aside:` line (it said nothing)
     assert doc["files"] == [{"from": str(current), "to": str(dest)}]
     said = "a folder" if kind == "folder" else "a regular file"
     assert f"`current` was {said}, not a symbolic link" in doc["reason"]
@@ -57,7 +58,7 @@ def test_publish_current_moves_a_current_that_is_not_a_link_aside(tmp_path: Path
         assert dest.read_text() == "not a link"
     # a link is swapped as before (nothing moved)
     (stores / "v2-bbbb").mkdir()
-    StoreLocation.parse(stores).publish_current("v2-bbbb")
+    assert StoreLocation.parse(stores).publish_current("v2-bbbb") is None
     assert os.readlink(current) == "v2-bbbb" and len(_moved(root)) == 1
 
 

@@ -264,7 +264,10 @@ def step_store(
     validate_seconds = time.perf_counter() - t1 if rebuilt else gate.seconds
     if not problems:
         require_launching_build(data_root)  # a run of a killed build publishes nothing
-        root_loc.publish_current(name)  # the `current` symlink, or the CURRENT object after the manifest
+        # the `current` symlink, or the CURRENT object after the manifest; a folder a user put at
+        # `current` is moved aside first, and said
+        if (moved := root_loc.publish_current(name)) is not None:
+            moved_aside.append(moved)
         if out.is_local:
             write_gate_record(data_root, profile.name, name, gate.stats)
     else:

@@ -316,10 +316,12 @@ class StoreLocation:
         self.delete_tree(self.root)
         self.invalidate()
 
-    def publish_current(self, name: str) -> None:
+    def publish_current(self, name: str) -> str | None:
         """Make the child folder ``name`` the published one: locally the ``current`` symlink is
         swapped atomically; on object storage the ``CURRENT`` object is written (after the store's
-        own manifest, so it never names an incomplete store)."""
+        own manifest, so it never names an incomplete store). Returns ``"<from> -> <to>"`` when
+        something that stood for ``current`` (not a publication: a folder a user put there) was
+        moved aside to make the link, else None."""
         raise NotImplementedError
 
     def current(self) -> StoreLocation | None:

@@ -446,8 +446,9 @@ class FsspecLocation(StoreLocation, backend="fsspec"):
         self.write_bytes(p, data)  # one PUT, LAST: the commit marker
         self.invalidate()
 
-    def publish_current(self, name: str) -> None:
+    def publish_current(self, name: str) -> str | None:
         self.write_bytes(self.root / CURRENT_OBJECT, (name + "\n").encode())
+        return None  # an object is overwritten: nothing stands there that is not a publication
 
     @_named
     def withdraw_current(self, name: str) -> bool:

@@ -103,16 +103,18 @@ class LocalLocation(StoreLocation, backend="local"):
         atomic_write_bytes(p, data, mode=UMASK_MODE)
         fsync_dir(p.parent)
 
-    def publish_current(self, name: str) -> None:
+    def publish_current(self, name: str) -> str | None:
         link = self.root / layout.CURRENT_LINK
         with contextlib.suppress(OSError):
             if os.readlink(link) == name:
-                return  # already current: the link (and its mtime) stays as it is
+                return None  # already current: the link (and its mtime) stays as it is
+        moved = None
         if os.path.lexists(link) and not link.is_symlink():
-            self._move_current_aside(link)
+            moved = f"{link} -> {self._move_current_aside(link)}"
         atomic_symlink(name, link)
+        return moved
 
-    def _move_current_aside(self, link: Path) -> None:
+    def _move_current_aside(self, link: Path) -> Path:
         """``current`` is not a symbolic link (a folder a user copied there, a file): it is moved,
         never deleted, into the data root's quarantine folder
         (``quarantine/<UTC time>/stores/<profile>/current``, with its ``moved.json``: ``stage2 list``
@@ -142,6 +144,7 @@ class LocalLocation(StoreLocation, backend="local"):
         )
         if kind == "a folder":
             make_writable(dest)  # `stage2 gc --quarantine` may remove its files
+        return dest
 
     def withdraw_current(self, name: str) -> bool:
         link = self.root / layout.CURRENT_LINK
