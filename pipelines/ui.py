@@ -38,6 +38,7 @@ import time
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
+from typing import IO
 
 from stage2_data.demo import generate_demo
 from stage2_data.errors import Stage2Error
@@ -125,20 +126,60 @@ def port_problem(raw: str) -> str | None:
     starts; None when it can. A port another server holds (a second `make ui`, a web app's dev
     server on 3000) would otherwise make the webserver fail to bind while this waits for it, or,
     worse, find that other server answering in its place."""
-    fix = "stop what holds it, or choose another port, e.g. STAGE2_UI_PORT=3001 make ui"
     try:
         port = int(raw)
     except ValueError:
         port = -1
     if not 0 < port < 65536:
         return f"STAGE2_UI_PORT={raw!r} is not a TCP port (1-65535). Fix: set it to one, or unset it for 3000"
+    why = _bind_problem(port)
+    if why is None:
+        return None
+    free = next((p for p in range(port + 1, min(port + 100, 65536)) if _bind_problem(p) is None), None)
+    other = (
+        f"e.g. STAGE2_UI_PORT={free} make ui (free now)" if free else "STAGE2_UI_PORT=<a free port> make ui"
+    )
+    return f"port {port} on 127.0.0.1 is not free ({why}). Fix: stop what holds it, or choose another port, {other}"
+
+
+def _bind_problem(port: int) -> str | None:
+    """Why the webserver could not bind 127.0.0.1:``port`` now; None when it could."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the webserver binds
         try:
             s.bind(("127.0.0.1", port))
         except OSError as e:
-            return f"port {port} on 127.0.0.1 is not free ({e.strerror or e}). Fix: {fix}"
+            return e.strerror or str(e)
     return None
+
+
+def hold_instance(home: Path, url: str) -> tuple[IO[str] | None, str | None]:
+    """One `make ui` an instance: ``dagster dev`` runs a daemon, and a second daemon over the same
+    instance (a second `make ui` on another port) fights the first for its schedules and sensors.
+    Holds ``<home>/stage2-logs/ui.lock`` (flock, released when this process ends, however it ends)
+    and writes this UI's URL into it; returns (the open lock file, None), or (None, why not: the URL
+    of the UI that holds it)."""
+    import fcntl
+
+    path = home / "stage2-logs" / "ui.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    f = open(path, "a+", encoding="utf-8")  # noqa: SIM115 - held open for the life of this process
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        held_by = f.read().strip() or "another `make ui`"
+        f.close()
+        return None, (
+            f"the Dagster instance {home} is already served by `make ui` at {held_by}. Fix: open that "
+            "URL, or stop that `make ui` (Ctrl-C in its terminal) and start this one, or give this one "
+            "another instance (DAGSTER_HOME=<another folder> make ui)"
+        )
+    f.seek(0)
+    f.truncate()
+    f.write(f"{url} (pid {os.getpid()})\n")
+    f.flush()
+    return f, None
 
 
 def main() -> int:
@@ -175,8 +216,22 @@ def main() -> int:
         except Stage2Error as e:
             print(f"{refused} {e}", file=sys.stderr)
             return 2
+        if not env.get("STAGE2_DATA_ROOT"):  # the default is the demo's: a real profile's runs
+            # launched from this UI would download and write into the demo's data root
+            print(
+                f"make ui: STAGE2_PROFILE={chosen} is set without STAGE2_DATA_ROOT, so this UI's runs "
+                f"would write into the demo's data root ({(demo_root() / 'data').absolute()}). Fix: set "
+                "STAGE2_DATA_ROOT to the data root that profile's build fills (the `UI:` line `stage2 "
+                "build` prints has both), or unset STAGE2_PROFILE to serve the demo",
+                file=sys.stderr,
+            )
+            return 2
     env["DAGSTER_HOME"] = str(dagster_home())
     Path(env["DAGSTER_HOME"]).mkdir(parents=True, exist_ok=True)
+    held, busy = hold_instance(Path(env["DAGSTER_HOME"]), f"http://127.0.0.1:{port}")
+    if busy is not None:
+        print(f"make ui: {busy}", file=sys.stderr)
+        return 2
     write_instance_yaml(Path(env["DAGSTER_HOME"]))
     log_level = env.get("STAGE2_UI_LOG_LEVEL", "warning")
 
@@ -193,7 +248,7 @@ def main() -> int:
         env.setdefault("STAGE2_UI_URL", ui_url)  # the alerts' run links: this UI, on its own port
         print(
             f"starting the Dagster UI (instance {env['DAGSTER_HOME']}; profile {env['STAGE2_PROFILE']}, "
-            f"data root {env.get('STAGE2_DATA_ROOT') or 'the default'}) ...",
+            f"data root {Path(env['STAGE2_DATA_ROOT']).absolute()}) ...",
             flush=True,
         )
         ui = subprocess.Popen(

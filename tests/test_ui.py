@@ -1061,3 +1061,68 @@ def test_browser_reexecutes_a_build_run_without_a_version_warning(
     }, (new, (ui_instance["home"].parent / "webserver.log").read_text(errors="replace")[-3000:])
     # the UI opened the new run's page
     _wait_text(browser, [new[0]["runId"][:8]])
+
+
+def test_make_ui_refuses_an_instance_another_make_ui_serves(demo_cache: DemoPaths, tmp_path: Path) -> None:
+    """A second `make ui` over the same instance (on another port, as the busy port's fix used to
+    suggest) started a second Dagster daemon that fought the first for its schedules and sensors:
+    refused, naming the URL of the UI that serves it and the ways out. Another instance is served."""
+    from stage2_pipelines.ui import hold_instance
+
+    home = tmp_path / "home"
+    held, busy = hold_instance(home, "http://127.0.0.1:3000")  # what the first `make ui` holds
+    assert held is not None and busy is None
+    env = subprocess_env(
+        STAGE2_PROFILE=str(demo_cache.profile),
+        STAGE2_DATA_ROOT=str(tmp_path / "data"),
+        STAGE2_UI_PORT=str(free_port()),
+        DAGSTER_HOME=str(home),
+    )
+    code, out, err = _make_ui_refusal(env, tmp_path)
+    said = err.strip()
+    assert code == 2 and "Traceback" not in said and len(said.splitlines()) == 1, out + err
+    assert said.startswith(f"make ui: the Dagster instance {home} is already served by `make ui` at "
+                           f"http://127.0.0.1:3000 (pid {os.getpid()}). Fix: open that URL"), said  # fmt: skip
+    assert "DAGSTER_HOME=<another folder> make ui" in said and "starting the Dagster UI" not in out
+    held.close()  # the first one stopped: this instance is free again
+    again, busy = hold_instance(home, "http://127.0.0.1:3001")
+    assert again is not None and busy is None
+
+
+def test_make_ui_refuses_a_profile_without_its_data_root(demo_cache: DemoPaths, tmp_path: Path) -> None:
+    """STAGE2_PROFILE set and STAGE2_DATA_ROOT not: the UI's runs of that profile would download into
+    the demo's data root. Refused, naming both variables and the fix."""
+    env = subprocess_env(
+        drop=("STAGE2_DATA_ROOT",),
+        STAGE2_PROFILE=str(demo_cache.profile),
+        STAGE2_UI_PORT=str(free_port()),
+        DAGSTER_HOME=str(tmp_path / "home"),
+    )
+    code, out, err = _make_ui_refusal(env, tmp_path)
+    said = err.strip()
+    assert code == 2 and "Traceback" not in said and len(said.splitlines()) == 1, out + err
+    assert said.startswith(f"make ui: STAGE2_PROFILE={demo_cache.profile} is set without STAGE2_DATA_ROOT"), (
+        said
+    )
+    assert "Fix: set STAGE2_DATA_ROOT" in said, said
+
+
+def test_make_ui_on_a_busy_port_suggests_a_free_one(tmp_path: Path) -> None:
+    """The busy port's fix named a port to try; it was always 3001, busy or not."""
+    from stage2_pipelines.ui import port_problem
+
+    with socket.socket() as a, socket.socket() as b:
+        a.bind(("127.0.0.1", 0))
+        a.listen()
+        port = a.getsockname()[1]
+        if port + 1 >= 65536:
+            pytest.skip("the port after the busy one does not exist")
+        try:
+            b.bind(("127.0.0.1", port + 1))
+            b.listen()
+        except OSError:
+            pass  # held by someone else: busy either way
+        said = port_problem(str(port))
+    assert said is not None and said.startswith(f"port {port} on 127.0.0.1 is not free"), said
+    suggested = int(said.split("STAGE2_UI_PORT=")[1].split()[0])
+    assert suggested > port + 1, said
