@@ -5,7 +5,9 @@ does not say the pin is the wrong side, is moved, with its ``.verified.json`` re
 ``<data_root>/quarantine/<UTC time>/archives/<path>``: one new folder per move (named by its UTC
 time, ``-1``, ``-2`` ... added when that name exists), so nothing there is ever overwritten. Each
 folder holds a ``moved.json`` saying what was moved from where, and why. ``stage2 list`` shows the
-files and their size; only ``stage2 gc STORES_DIR --quarantine`` removes them. The same folder
+files and their size; only ``stage2 gc STORES_DIR --quarantine`` removes them: exactly what a
+``moved.json`` records, each named; whatever else is there (a user's notes, a folder with no
+``moved.json``, a file put into a move's folder) is kept and named, never deleted. The same folder
 takes what any step sets aside: a store that fails the publication gate, a ``current`` that is not
 a link, a user's files in a folder extracted again (``extract/aside.py``).
 """
@@ -18,7 +20,7 @@ import os
 import shutil
 import stat
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -167,8 +169,9 @@ def _moved_units(folder: Path, record: dict[str, Any]) -> list[str]:
 
 
 def quarantined_files(data_root: Path, *, records: bool = False) -> list[QuarantinedFile]:
-    """Every file in the quarantine folder of ``data_root`` (its ``moved.json`` files left out, and
-    the archives' ``.verified.json`` records unless ``records``), sorted by folder and path."""
+    """Every file (and symbolic link, never followed) in the quarantine folders of ``data_root`` (its
+    ``moved.json`` files left out, and the archives' ``.verified.json`` records unless ``records``),
+    sorted by folder and path."""
     root = layout.quarantine_root(Path(data_root))
     out: list[QuarantinedFile] = []
     if not root.is_dir():
@@ -179,7 +182,9 @@ def quarantined_files(data_root: Path, *, records: bool = False) -> list[Quarant
         units = _moved_units(folder, record)
         for dirpath, dirnames, filenames in os.walk(folder):
             dirnames.sort()
-            for name in sorted(filenames):
+            # a link to a folder (a cache folder's link moved aside) is one entry: never followed
+            links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
+            for name in sorted([*filenames, *links]):
                 p = Path(dirpath) / name
                 rel = p.relative_to(folder)
                 if rel.as_posix() == MOVED_FILE:
@@ -247,29 +252,55 @@ def moved_items(files: list[QuarantinedFile], data_root: Path) -> list[MovedItem
     return out
 
 
+@dataclass(frozen=True)
+class KeptEntry:
+    """Something in the quarantine folder that ``gc --quarantine`` keeps: stage2 did not move it
+    there (no ``moved.json`` records it), so it may be a user's."""
+
+    path: Path  # where it is
+    rel: str  # its path under the data root (quarantine/...)
+    is_dir: bool
+    why: str
+
+    def line(self) -> str:
+        return f"kept ({self.why}): {self.rel}{'/' if self.is_dir else ''}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": str(self.path), "rel": self.rel, "is_dir": self.is_dir, "why": self.why}
+
+
+NOT_MOVED = "not moved there by stage2"
+
+
 @dataclass
 class QuarantineRemoval:
-    """What ``remove_quarantine`` removed (or, for a dry run, would remove)."""
+    """What ``remove_quarantine`` removed (or, for a dry run, would remove), and what it kept."""
 
     root: Path
     dry_run: bool
     files: list[QuarantinedFile]
     items: list[MovedItem]
+    kept: list[KeptEntry] = field(default_factory=list)
 
     @property
     def bytes(self) -> int:
         return sum(f.size for f in self.files)
 
     def lines(self) -> list[str]:
-        """One line per thing moved aside (a store's folder is one line), then the totals."""
+        """One line per thing moved aside (a store's folder is one line), one per thing kept (and
+        why), then the totals."""
         from ..fsutil import human_bytes
 
         verb = "would remove" if self.dry_run else "removed"
-        if not self.files:
+        if not self.items and not self.kept:
             return [f"quarantine {self.root}: empty, nothing {'to remove' if self.dry_run else 'removed'}"]
         out = [f"quarantine {self.root}:"]
         out += [f"  {verb}  {item.line()}" for item in self.items]
-        out.append(f"quarantine: {verb} {len(self.files)} file(s), {human_bytes(self.bytes)}")
+        out += [f"  {k.line()}" for k in self.kept]
+        total = f"quarantine: {verb} {len(self.files)} file(s), {human_bytes(self.bytes)}"
+        if self.kept:
+            total += f"; kept {len(self.kept)} item(s) stage2 did not move there (named above)"
+        out.append(total)
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -278,26 +309,131 @@ class QuarantineRemoval:
             "dry_run": self.dry_run,
             "files": [f.to_dict() for f in self.files],
             "moved": [item.to_dict() for item in self.items],
+            "kept": [k.to_dict() for k in self.kept],
             "removed_files": 0 if self.dry_run else len(self.files),
             "bytes": self.bytes,
         }
 
 
+def _safe_unit(unit: str) -> bool:
+    """``unit`` (from a ``moved.json``) names a path inside its folder: not the record itself, no
+    ``..``."""
+    parts = Path(unit).parts
+    return bool(parts) and ".." not in parts and not Path(unit).is_absolute() and unit != MOVED_FILE
+
+
+def _plan_folder(folder: Path, units: list[str]) -> tuple[list[str], list[tuple[str, bool]]]:
+    """What of ``folder`` (one move's quarantine folder) its recorded ``units`` are (removable, in
+    walk order) and what else is in it (kept: (path under the folder, is a folder)). A path to a
+    unit is followed only through real folders: a link on the way is kept, never followed."""
+    wanted = {u for u in units if _safe_unit(u)}
+    removable: list[str] = []
+    kept: list[tuple[str, bool]] = []
+
+    def visit(d: Path, prefix: str) -> None:
+        with os.scandir(d) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        for e in entries:
+            rel = prefix + e.name
+            if rel == MOVED_FILE:
+                continue
+            if rel in wanted:
+                removable.append(rel)
+                continue
+            is_dir = e.is_dir(follow_symlinks=False)
+            if is_dir and any(u.startswith(rel + "/") for u in wanted):
+                visit(Path(e.path), rel + "/")
+            else:
+                kept.append((rel, is_dir))
+
+    visit(folder, "")
+    return removable, kept
+
+
+def _remove_entry(path: Path) -> None:
+    """``path`` removed: a link or a file unlinked (a link is never followed), a folder with all in
+    it."""
+    if stat.S_ISDIR(os.lstat(path).st_mode):
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+
+def _prune_empty(start: Path, stop: Path) -> None:
+    """The empty folders from ``start`` up to ``stop`` (included) removed; the first that is not
+    empty ends it."""
+    d = start
+    while True:
+        try:
+            d.rmdir()
+        except OSError:
+            return
+        if d == stop:
+            return
+        d = d.parent
+
+
 def remove_quarantine(data_root: Path, *, dry_run: bool) -> QuarantineRemoval:
-    """Remove every file of the quarantine folder of ``data_root`` (records and ``moved.json``
-    included), one quarantine folder at a time; a dry run removes nothing and says what it would."""
-    root = layout.quarantine_root(Path(data_root))
-    files = quarantined_files(data_root, records=True)
+    """Remove what stage2 moved into the quarantine folder of ``data_root``: in each move's folder,
+    each thing its ``moved.json`` records (a store's folder, an archive, its ``.verified.json``
+    record, a link, removed as a link), then that ``moved.json``. Everything else there is kept and
+    named (:class:`KeptEntry`): a file or link at the top of the quarantine folder, a folder with no
+    ``moved.json``, anything in a move's folder its ``moved.json`` does not record; the folders that
+    hold it stay. A dry run removes nothing and says what it would remove and keep."""
+    data_root = Path(data_root)
+    root = layout.quarantine_root(data_root)
+    top = root.name
+    kept: list[KeptEntry] = []
+    plan: dict[str, list[str]] = {}  # quarantine folder name -> its units to remove
+    reasons: dict[str, str] = {}
+    try:
+        entries = sorted(root.iterdir()) if root.is_dir() else []  # as the moves, through a link
+        for entry in entries:
+            if not stat.S_ISDIR(os.lstat(entry).st_mode):  # a file or a link: no move makes one here
+                kept.append(KeptEntry(entry, f"{top}/{entry.name}", False, NOT_MOVED))
+                continue
+            record = _record(entry)
+            units = _moved_units(entry, record)
+            if not units:
+                why = f"{NOT_MOVED}: no {MOVED_FILE} records anything in it"
+                kept.append(KeptEntry(entry, f"{top}/{entry.name}", True, why))
+                continue
+            removable, others = _plan_folder(entry, units)
+            plan[entry.name] = removable
+            reasons[entry.name] = str(record.get("reason") or "")
+            for rel, is_dir in others:
+                why = f"{NOT_MOVED}: its {MOVED_FILE} does not record it"
+                kept.append(KeptEntry(entry / rel, f"{top}/{entry.name}/{rel}", is_dir, why))
+    except OSError as e:
+        raise fs_error(e, "reading the quarantine folder", where=str(root)) from e
+    files = [
+        f
+        for f in quarantined_files(data_root, records=True)
+        if f.unit in plan.get(f.folder, ()) and (f.original == f.unit or f.original.startswith(f.unit + "/"))
+    ]
     items = moved_items(files, data_root)  # read before the folders go
-    if not dry_run and root.is_dir():
-        for folder in sorted(p for p in root.iterdir()):
+    listed = {(i.folder, i.original) for i in items}
+    for name, units in plan.items():  # a recorded empty folder is removed too: listed as well
+        for unit in units:
+            if (name, unit) not in listed:
+                path = root / name / unit
+                is_dir = stat.S_ISDIR(os.lstat(path).st_mode)
+                items.append(MovedItem(path, unit, name, reasons[name], is_dir, 0, 0))
+    items.sort(key=lambda i: i.folder)  # stable: within a folder, the walk's order
+    if not dry_run:
+        for name, units in plan.items():
+            folder = root / name
             try:
-                if folder.is_dir() and not folder.is_symlink():
-                    shutil.rmtree(folder)
-                else:
-                    folder.unlink()
+                for unit in units:
+                    path = folder / unit
+                    _remove_entry(path)
+                    if path.parent != folder:
+                        _prune_empty(path.parent, folder / Path(unit).parts[0])
+                (folder / MOVED_FILE).unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    folder.rmdir()  # stays when anything is kept in it
             except OSError as e:
-                raise fs_error(e, "removing the quarantine folder", where=str(root)) from e
+                raise fs_error(e, "removing the quarantine folder", where=str(folder)) from e
         with contextlib.suppress(OSError):
-            root.rmdir()
-    return QuarantineRemoval(root, dry_run, files, items)
+            root.rmdir()  # stays when anything is kept in it
+    return QuarantineRemoval(root, dry_run, files, items, kept)
