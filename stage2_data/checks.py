@@ -146,12 +146,25 @@ def outcome(name: str, problems: list[str], ok_text: str | None = None, **metada
     return CheckOutcome(name, False, shown, {"problems": len(problems), **metadata})
 
 
-def compare_totals(found: dict[str, int], expected: dict[str, int], where: str) -> list[str]:
+def compare_totals(
+    found: dict[str, int],
+    expected: dict[str, int],
+    where: str,
+    *,
+    profile: Any = None,
+    keys: dict[str, str] | None = None,
+) -> list[str]:
+    """One problem per total that differs from what the profile expects. ``keys``: the profile key
+    (dotted, ``expected.trajectories``) that holds each expected total, named with the file and its
+    line (``profile.where_is``), so that a wrong profile is corrected where it is wrong."""
     out = []
     for k in sorted(set(found) | set(expected)):
         f, e = found.get(k), expected.get(k)
         if f != e:
+            key = (keys or {}).get(k)
+            at = f": `{key}`{profile.where_is(key)}" if key and profile is not None else ""
             out.append(
-                f"{where}: {k} is {f}, expected {e} (fix the data, or the profile's [expected] table if the profile is wrong)"
+                f"{where}: {k} is {f}, expected {e} (fix the data, or the profile's [expected] table "
+                f"if the profile is wrong{at})"
             )
     return out

@@ -340,6 +340,19 @@ class Profile(_Strict):
             return self
         return self.model_copy(update={"kit_root_dir": Path(kit_root)})
 
+    def where_is(self, key: str) -> str:
+        """Where the dotted ``key`` (``expected.trajectories``) is written: ``" in <profile>, line
+        N"`` (the line left out when it is not written as ``key = ...`` under its own table); ""
+        for a profile not read from a file."""
+        if self.profile_path is None:
+            return ""
+        try:
+            text = Path(self.profile_path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            text = None
+        line = _loc_line(text, tuple(key.split(".")))
+        return f" in {self.profile_path}" + (f", line {line}" if line else "")
+
     def identity(self) -> dict[str, Any]:
         return {"name": self.name, "repo_id": self.source.repo_id, "revision": self.source.revision}
 

@@ -146,12 +146,14 @@ def test_fault_prof_totals(prepared: Prepared, demo: DemoPaths, tmp_path: Path) 
     good = demo.profile.read_text()
     n = load_profile(demo.profile).expected.trajectories
     demo.profile.write_text(good.replace(f"trajectories = {n}\n", f"trajectories = {n + 1}\n"))
+    line = good[: good.index(f"trajectories = {n}\n")].count("\n") + 1
     r, root = final_refused(
         prepared,
         demo,
         tmp_path,
         f"trajectories is {n}, expected {n + 1}",
         "[expected]",
+        f"`expected.trajectories` in {demo.profile}, line {line}",  # where to correct a wrong profile
         check=C.TRAJECTORIES_MATCH_EXPECTED,
     )
     demo.profile.write_text(good)

@@ -264,7 +264,11 @@ def step_extraction_report(profile: Profile, data_root: Path) -> StepResult:
         for s in stray_entries(data_root, profile.cache_keys())
     ]
     traj_problems = compare_totals(
-        {"trajectories": total}, {"trajectories": profile.expected.trajectories}, str(report_path)
+        {"trajectories": total},
+        {"trajectories": profile.expected.trajectories},
+        str(report_path),
+        profile=profile,
+        keys={"trajectories": "expected.trajectories"},
     )
     table = "| cache key | frame files | rows | total_trajectories |\n|---|---:|---:|---:|\n" + "\n".join(
         f"| {k} | {a} | {b} | {c} |" for k, a, b, c in rows_md

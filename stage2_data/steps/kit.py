@@ -20,7 +20,13 @@ from .status import require_inputs_as_recorded
 def step_sidecars(profile: Profile, data_root: Path) -> StepResult:
     res = unpack_sidecars(profile, data_root)  # raises ChecksumMismatchError before unpacking anything
     exp = profile.expected.sidecars_by_source
-    problems = compare_totals(dict(res.by_source), dict(exp), "sidecars by source") if exp else []
+    problems = (
+        compare_totals(
+            dict(res.by_source), dict(exp), "sidecars by source", profile=profile, keys=_by_source_keys(exp)
+        )
+        if exp
+        else []
+    )
     table = "| source | sidecars | expected |\n|---|---:|---:|\n" + "\n".join(
         f"| {s} | {res.by_source.get(s, 0)} | {exp.get(s, '-')} |"
         for s in sorted(set(res.by_source) | set(exp))
@@ -53,12 +59,26 @@ def step_sidecars(profile: Profile, data_root: Path) -> StepResult:
 def link_totals_problems(profile: Profile, rep: Any) -> list[str]:
     e = profile.expected
     found = {n: getattr(rep, n) for n in LINK_TOTALS}
-    probs = compare_totals(found, {n: getattr(e, n) for n in LINK_TOTALS}, "link check")
+    probs = compare_totals(
+        found,
+        {n: getattr(e, n) for n in LINK_TOTALS},
+        "link check",
+        profile=profile,
+        keys={n: f"expected.{n}" for n in LINK_TOTALS},
+    )
     if e.sidecars_by_source:
         probs += compare_totals(
-            dict(rep.sidecars_by_source), dict(e.sidecars_by_source), "resolved sidecars by source"
+            dict(rep.sidecars_by_source),
+            dict(e.sidecars_by_source),
+            "resolved sidecars by source",
+            profile=profile,
+            keys=_by_source_keys(e.sidecars_by_source),
         )
     return probs
+
+
+def _by_source_keys(expected: dict[str, int]) -> dict[str, str]:
+    return {s: f"expected.sidecars_by_source.{s}" for s in expected}
 
 
 def step_join(profile: Profile, data_root: Path) -> StepResult:

@@ -35,6 +35,8 @@ def step_profile(profile: Profile, data_root: Path | None = None) -> StepResult:
         {"archives": len(profile.archives), "cache_dirs": len(profile.cache_keys())},
         {"archives": e.archives, "cache_dirs": e.cache_dirs},
         str(profile.profile_path),
+        profile=profile,
+        keys={"archives": "expected.archives", "cache_dirs": "expected.cache_dirs"},
     )
     md = {
         "profile": profile.name,

@@ -447,6 +447,8 @@ def store_checks(
             {"samples": int(stats.get("samples", -1)), "pairs": int(stats.get("pairs", -1))},
             {"samples": profile.expected.unique_frame_files, "pairs": profile.expected.pair_rows},
             getattr(path, "url", str(path)),
+            profile=profile,
+            keys={"samples": "expected.unique_frame_files", "pairs": "expected.pair_rows"},
         )
     split_counts = stats.get("per_split", {}) if stats else {}
     md = {
