@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 from stage2_data import layout
 from stage2_data.acquire import archive_state, hub_offline, offline_error, resolve_endpoint
+from stage2_data.acquire.hub import DEFAULT_TOKEN_ENV, require_hub_folder, require_token_env
 from stage2_data.commands.common import (
     EXIT_ERROR,
     EXIT_FAILED,
@@ -230,6 +231,9 @@ def _cmd_build(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile, kit_root=args.kit_root)  # fail fast on a bad profile
     profile.require_known()  # nothing is ever requested under a guessed name
     profile.require_kit_found()  # a wrong --kit-root: refused now, not after the downloads
+    require_token_env(args.token_env)  # a --token-env that names no variable: refused, not ignored
+    if args.hub_folder:  # the wrong folder (the kit's, say): named now, not as 14 missing archives
+        require_hub_folder(profile, args.hub_folder)
     data_root = Path(args.data_root).resolve()
     if data_root.exists() and not data_root.is_dir():  # named as given, not as the first path below it
         raise fs_error(NotADirectoryError(errno.ENOTDIR, "Not a directory", str(data_root)), "--data-root")
@@ -243,7 +247,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
         endpoint=endpoint,
         kit_root=str(Path(args.kit_root).resolve()) if args.kit_root else None,
         hub_folder=str(Path(args.hub_folder).resolve()) if args.hub_folder else None,
-        token_env_var=args.token_env,
+        token_env_var=args.token_env or DEFAULT_TOKEN_ENV,
         reverify=reverify,
         executor=args.executor,
         dask_address=args.dask_address,
@@ -496,7 +500,12 @@ def _add_build_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--hub-folder", help="serve this local folder on loopback as the hub instead of --endpoint"
     )
-    p.add_argument("--token-env", default="HF_TOKEN", help="environment variable holding the hub token")
+    p.add_argument(
+        "--token-env",
+        default=None,
+        metavar="NAME",
+        help="environment variable holding the hub token, refused when not set (default: HF_TOKEN, when set)",
+    )
     p.add_argument(
         "--concurrency",
         type=count_of("a number of runs or partitions at once"),

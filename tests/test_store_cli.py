@@ -618,3 +618,37 @@ def test_gc_unused_removes_what_a_build_moved_aside_and_keeps_the_users_own(tmp_
     elsewhere = stage2("gc", str(tmp_path / "somewhere"), "--unused")
     assert elsewhere.returncode == 2 and "--unused needs the local stores folder" in elsewhere.stderr
     assert "stage2 gc /data/stage2/stores --unused --dry-run" in elsewhere.stderr, elsewhere.tail()
+
+
+def test_a_version_written_as_text_is_named_as_text(small_store: Path, tmp_path: Path) -> None:
+    """``"version": "2"`` (text) was refused as "version: 2. Expected 2.", contradicting itself."""
+    s = tmp_path / "s"
+    shutil.copytree(small_store, s)
+    m = json.loads((s / "manifest.json").read_text())
+    m["version"] = str(OFFLINE_DATASET_VERSION)
+    (s / "manifest.json").write_text(json.dumps(m))
+    r = stage2("validate", str(s), "--json")
+    assert r.returncode == 2, r.tail()
+    assert r.json()["message"] == (
+        f"Unsupported VIN offline store version: '{OFFLINE_DATASET_VERSION}' (a str, not a whole number). "
+        f"Expected {OFFLINE_DATASET_VERSION}."
+    )
+
+
+@pytest.mark.parametrize("command", ["validate", "summary"])
+def test_a_manifest_nested_too_deeply_is_named_not_an_internal_error(
+    small_store: Path, tmp_path: Path, command: str
+) -> None:
+    """A manifest of deeply nested JSON (``[[[[...``) made every reader raise RecursionError: an
+    "internal error" (exit 3) in validate and summary, and a build that never converged. It is an
+    unreadable manifest like any other: named, exit 2, with the rebuild command."""
+    s = tmp_path / "s"
+    shutil.copytree(small_store, s)
+    (s / "manifest.json").write_text("[" * 100_000)
+    r = stage2(command, str(s))
+    assert r.returncode == 2, r.tail()
+    line = r.stderr.strip()
+    assert f"{s / 'manifest.json'}: unreadable manifest (JSON nested too deeply). Fix: rebuild: " in line, (
+        line
+    )
+    assert "internal error" not in line and "Traceback" not in line, line

@@ -15,7 +15,9 @@ and request nothing (:func:`hub_offline`, :class:`HubOfflineError`).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from huggingface_hub import HfApi, hf_hub_url
@@ -28,7 +30,7 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 
-from ..errors import HubError, ProfileError
+from ..errors import HubError, HubSetupError, ProfileError, SettingError
 from ..profile import Profile
 from .endpoint import hub_offline, resolve_endpoint
 
@@ -82,6 +84,59 @@ def require_online(source: HubSource, what: str) -> None:
             "nothing was requested.",
             fix="unset HF_HUB_OFFLINE (or set it to 0) and re-run",
         )
+
+
+# ----- what a command is given: the token's variable, a hub folder ------------------------------------
+#: the environment variable holding the hub token when no ``--token-env`` is given (read when set)
+DEFAULT_TOKEN_ENV = "HF_TOKEN"
+
+
+def require_token_env(name: str | None) -> str | None:
+    """The hub token: from the environment variable ``name`` (``--token-env NAME``), else (``name``
+    None: no ``--token-env``) from ``HF_TOKEN`` when it is set, else None (anonymous). A variable
+    named by ``--token-env`` that is not set (or is empty) is refused (SettingError, exit 2) before
+    anything is requested: the command would otherwise go on anonymously, and a private or gated
+    repository would then fail far from the cause. Call it with ``args.token_env`` where the option's
+    default is None; the token itself is never put in a message."""
+    if name is None:
+        return os.environ.get(DEFAULT_TOKEN_ENV) or None
+    value = os.environ.get(name)
+    if not value:
+        said = "is not set" if value is None else "is empty"
+        raise SettingError(
+            f"--token-env {name}: the environment variable {name} {said}.",
+            fix=f"export {name}=<your token>, or leave out --token-env for a public repo",
+        )
+    return value
+
+
+def require_hub_folder(profile: Profile, folder: str | os.PathLike[str]) -> None:
+    """Refuse (HubSetupError, exit 2) a ``--hub-folder`` that is not a folder, or that holds none of
+    the profile's archives (not one ``[[archives]] path`` is a file under it; entries marked
+    ``unknown = true`` are guesses and are not looked for): the wrong folder was given (the kit's, say,
+    instead of the repository's), and every download would fail blaming the profile. Called before
+    anything is served or launched (``stage2 pin``, ``stage2 build``)."""
+    given = os.fspath(folder)
+    where = Path(given)
+    if not where.is_dir():
+        what = "is not a folder" if where.exists() else "does not exist"
+        raise HubSetupError(
+            f"--hub-folder {given} {what}.",
+            fix="pass --hub-folder the folder that holds the dataset's files (the repository's files)",
+        )
+    wanted = [a.path for a in profile.archives if not a.unknown]
+    if not wanted or any((where / path).is_file() for path in wanted):
+        return
+    demo = profile.kit_root.parent / "upstream"  # `stage2 demo --out OUT`: OUT/demo/{kit,upstream}
+    if demo.resolve() != where.resolve() and any((demo / path).is_file() for path in wanted):
+        for_demo = f"for this demo: {demo}"
+    else:
+        for_demo = "for the demo: OUT/demo/upstream, beside the kit of `stage2 demo --out OUT`"
+    raise HubSetupError(
+        f"--hub-folder {given} holds none of the profile's {len(wanted)} archives "
+        f"(looked for e.g. {where / wanted[0]}).",
+        fix=f"pass the folder that holds the dataset's files ({for_demo})",
+    )
 
 
 # ----- the source ---------------------------------------------------------------------------------

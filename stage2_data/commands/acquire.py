@@ -6,10 +6,10 @@ import argparse
 import contextlib
 import dataclasses
 import difflib
-import os
 import re
 import shlex
 import stat
+import sys
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +31,11 @@ if TYPE_CHECKING:
 
 
 def _token(env: str | None) -> str | None:
-    return (os.environ.get(env) or None) if env else None
+    """The hub token (:func:`~stage2_data.acquire.hub.require_token_env`): ``--token-env NAME``'s
+    variable, refused when it is not set; without the option, ``HF_TOKEN`` when set."""
+    from ..acquire.hub import require_token_env
+
+    return require_token_env(env)
 
 
 def _pin_again(args: argparse.Namespace, mode: str) -> str:
@@ -170,11 +174,14 @@ def rewrite_pins(text: str, pinned: Profile) -> str:
 
 
 def cmd_pin(args: argparse.Namespace) -> int:
+    from ..acquire.hub import require_hub_folder
+
     path = Path(args.profile).resolve()
     token = _token(args.token_env)
     if args.hub_folder:  # served on loopback for this command, as `stage2 build --hub-folder` does
         _require_folder(args.hub_folder)
         profile, floating = _load_for_pin(path)
+        require_hub_folder(profile, args.hub_folder)  # the wrong folder: refused, not "closest" names
         with _served(profile, args.hub_folder, floating=floating is not None) as endpoint:
             return _pin(args, path, profile, floating, endpoint, token)
     endpoint = resolve_endpoint(args.endpoint)
@@ -327,15 +334,22 @@ def _short(sha: str | None) -> str:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    token = _token(args.token_env)
     profile = load_profile(args.profile)
     data_root = Path(args.data_root).resolve()
+    if data_root.exists() and not data_root.is_dir():
+        raise Stage2Error(
+            f"data root {data_root} is not a folder.",
+            fix="pass the --data-root that `stage2 build` filled (it holds processed_datasets/ and derived/)",
+        )
+    # a data root that does not exist yet is listed (what a first build there needs), said so: a
+    # mistyped one must not read as every archive lost
+    fresh = not data_root.exists()
     remote: dict[str, RemoteFile] | None = None
     if args.endpoint:
         from ..acquire import HubSource, list_remote_files
 
-        remote = list_remote_files(
-            HubSource.from_profile(profile, endpoint=args.endpoint, token=_token(args.token_env))
-        )
+        remote = list_remote_files(HubSource.from_profile(profile, endpoint=args.endpoint, token=token))
     rows: list[dict[str, Any]] = []
     for a in sorted(profile.archives, key=lambda a: a.path):
         st = archive_state(data_root, a)
@@ -419,6 +433,7 @@ def cmd_list(args: argparse.Namespace) -> int:
                 "repo_id": profile.source.repo_id,
                 "revision": profile.source.revision,
                 "data_root": str(data_root),
+                "data_root_exists": not fresh,
                 "archives": rows,
                 "quarantined": quarantined,
                 "quarantine": quarantine,
@@ -430,7 +445,15 @@ def cmd_list(args: argparse.Namespace) -> int:
         return 0
     print(f"profile    {profile.name} ({profile.profile_path})")
     print(f"source     {profile.source.repo_type} {profile.source.repo_id} @ {profile.source.revision}")
-    print(f"data root  {data_root}")
+    print(
+        f"data root  {data_root}" + ("  (does not exist yet: nothing is downloaded there)" if fresh else "")
+    )
+    if fresh:
+        print(
+            f"note: {data_root} does not exist, so every archive below is missing there; if a build "
+            "filled another folder, pass that one as --data-root",
+            file=sys.stderr,
+        )
     print()
     w = max([len("ARCHIVE"), *(len(r["path"]) for r in rows)])
     head = f"{'ARCHIVE':<{w}}  {'SIZE':>10}  {'SHA256':<13}  STATE"
@@ -526,7 +549,12 @@ def register(sub: Any) -> None:
         help="serve this local folder on loopback as the hub instead of --endpoint (as `stage2 build "
         "--hub-folder` does)",
     )
-    p.add_argument("--token-env", default="HF_TOKEN", help="environment variable holding the hub token")
+    p.add_argument(
+        "--token-env",
+        default=None,
+        metavar="NAME",
+        help="environment variable holding the hub token, refused when not set (default: HF_TOKEN, when set)",
+    )
     mode = p.add_mutually_exclusive_group()
     mode.add_argument(
         "--write", action="store_true", help="write the pinned profile (atomically, comments kept)"
@@ -546,5 +574,10 @@ def register(sub: Any) -> None:
     add_profile(p)
     p.add_argument("--data-root", required=True, help="the data root of the build")
     p.add_argument("--endpoint", default=None, help="also compare with the hub's listing at this endpoint")
-    p.add_argument("--token-env", default="HF_TOKEN", help="environment variable holding the hub token")
+    p.add_argument(
+        "--token-env",
+        default=None,
+        metavar="NAME",
+        help="environment variable holding the hub token, refused when not set (default: HF_TOKEN, when set)",
+    )
     finish_command(p, cmd_list)

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ..errors import Stage2Error
+from ..errors import ProfileError, Stage2Error
 from ..fsutil import human_bytes
 from .common import EXIT_FAILED, add_profile, count_of, finish_command, print_json
 
@@ -26,7 +26,16 @@ def verify(
     from ..profile import load_profile
     from ..steps.kit import byte_problems
 
+    if kit_root is not None and not Path(kit_root).is_dir():  # as `stage2 build` refuses it
+        what = "is not a folder" if Path(kit_root).exists() else "does not exist"
+        raise ProfileError(
+            f"--kit-root {kit_root} {what}.", fix="pass an existing folder to --kit-root, or leave it out"
+        )
     profile = load_profile(profile_path, kit_root=kit_root)
+    # a kit root holding none of the kit's files (a wrong --kit-root, or a profile away from its kit:
+    # by default the kit root is the profile's own folder), or a kit file missing: refused as
+    # `stage2 build` refuses it, not reported as every total mismatching
+    profile.require_kit_found()
     root = Path(data_root).resolve()
     if not root.is_dir():
         raise Stage2Error(

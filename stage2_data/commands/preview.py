@@ -7,7 +7,7 @@ import argparse
 from typing import Any
 
 from .common import finish_command, print_json, storage_options
-from .store import STORE_ARG_HELP, STORE_EXAMPLE, _target
+from .store import STORE_ARG_HELP, STORE_EXAMPLE, _relative_named, _target
 
 
 def _n(value: str) -> int:
@@ -60,7 +60,10 @@ def cmd_preview(args: argparse.Namespace) -> int:
     from ..preview.sheet import check_n, check_source
     from ..store import VinOfflineStoreReader
 
-    with VinOfflineStoreReader(_target(args.store), storage_options(args)) as reader:
+    store = _target(args.store)
+    with _relative_named(store):
+        reader = VinOfflineStoreReader(store, storage_options(args))
+    with reader:
         # every argument is checked before a frame is read or a byte written
         check_n(args.n)
         if args.source is not None:
@@ -87,7 +90,10 @@ def cmd_export_rrd(args: argparse.Namespace) -> int:
     from ..preview.rrd import export_rrd
     from ..store import VinOfflineStoreReader
 
-    with VinOfflineStoreReader(_target(args.store), storage_options(args)) as reader:
+    store = _target(args.store)
+    with _relative_named(store):
+        reader = VinOfflineStoreReader(store, storage_options(args))
+    with reader:
         e = export_rrd(reader, args.sample, args.out)
         store = reader.resolved
     doc = {

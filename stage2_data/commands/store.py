@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +69,28 @@ def _bucket_named(target: Path | str, opts: dict[str, Any] | None) -> Iterator[N
         raise
 
 
+@contextlib.contextmanager
+def _relative_named(*targets: Path | str) -> Iterator[None]:
+    """A store argument given as a relative path with nothing there is said as that: taken relative
+    to the working folder (named), and the fix says first to run from the folder it is relative to
+    or pass an absolute path (``cd /tmp && stage2 summary .demo/data/stores/p/current``)."""
+    from ..errors import StoreNotFoundError
+    from ..store.manifest import missing_store_error
+
+    try:
+        yield
+    except StoreNotFoundError as err:
+        for target in targets:
+            if (
+                isinstance(target, Path)
+                and not target.is_absolute()
+                and not os.path.lexists(target)
+                and str(target.absolute()) in err.message
+            ):
+                raise missing_store_error(target) from None
+        raise
+
+
 # ----- validate ------------------------------------------------------------------------------------
 def _check_current(store: Path | str, opts: dict[str, Any] | None, command: str) -> None:
     """Refuse a target read through a ``CURRENT`` object that names no store (object storage: a
@@ -94,7 +117,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     store = _target(args.store)
     opts = storage_options(args)
     try:
-        with _bucket_named(store, opts):
+        with _bucket_named(store, opts), _relative_named(store):
             _check_current(store, opts, "stage2 validate")
             # strict open: version / missing manifest refused with the fix. ``current`` (a link, or
             # the CURRENT object on object storage) is resolved here once, as every reader resolves
@@ -221,7 +244,7 @@ def cmd_summary(args: argparse.Namespace) -> int:
 
     opts = storage_options(args)
     store = _target(args.store)
-    with _bucket_named(store, opts):
+    with _bucket_named(store, opts), _relative_named(store):
         _check_current(store, opts, "stage2 summary")
         VinOfflineStoreReader(store, opts)  # strict open
     doc = summary_document(store, opts)
@@ -241,7 +264,9 @@ def cmd_merge(args: argparse.Namespace) -> int:
     out = _target(args.out)
     if isinstance(out, Path):  # never replace a link's target, a special file, or a store already there
         check_output_path(out, option="--out", kind="folder", error=StoreError)
-    m = merge_vin_offline_stores(_target(args.base), _target(args.sidecar), out, storage_options(args))
+    base, sidecar = _target(args.base), _target(args.sidecar)
+    with _relative_named(base, sidecar):
+        m = merge_vin_offline_stores(base, sidecar, out, storage_options(args))
     st = m["stats"]
     doc = {
         "ok": True,

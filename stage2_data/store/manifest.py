@@ -33,7 +33,7 @@ from .format import (
     SPLITS_DIR,
     STORE_FORMAT,
 )
-from .manifest_shape import manifest_shape_problems
+from .manifest_shape import manifest_shape_problems, version_words
 
 
 @dataclass(frozen=True)
@@ -60,16 +60,50 @@ _PASS_A_STORE = (
 )
 
 
-def _no_store(loc: StoreLocation) -> StoreNotFoundError:
+def _build_command(path: str) -> str:
+    """The command that builds the store at ``path``: :func:`rebuild_command`, whose data root (read
+    from the layout ``<DATA_ROOT>/stores/<profile>/<id>``) is named only when that folder exists: a
+    path that leads nowhere names no data root to build into."""
+    p = Path(path).absolute()
+    if (
+        not is_url(path)
+        and len(p.parents) >= 3
+        and p.parent.parent.name == "stores"
+        and not p.parents[2].is_dir()
+    ):
+        return "stage2 build --profile PROFILE.toml --data-root <the data root stage2 build filled>"
+    return rebuild_command(path, None)
+
+
+def missing_store_error(target: str | os.PathLike[str]) -> StoreNotFoundError:
+    """The error for a local store path ``target`` that holds no complete store, as the reader
+    raises it; ``target`` as the user gave it, so that a relative one is said to be taken relative
+    to the working folder (``stage2 summary .demo/...`` run from another folder)."""
+    given = os.fspath(target)
+    return _no_store(StoreLocation.parse(given), given=given)
+
+
+def _no_store(loc: StoreLocation, given: str | None = None) -> StoreNotFoundError:
     """Why ``loc`` holds no complete store, in the words that fit what is there: nothing; a file; a
     profile's stores folder (the store is its ``current``); a data root; a folder of other files; or
-    a folder without a manifest (an incomplete store, or an empty folder)."""
+    a folder without a manifest (an incomplete store, or an empty folder). ``given``: the path as
+    the user gave it, when known (a relative one with nothing there is said to be taken relative to
+    the working folder)."""
     path = loc.url
     what = f"{MANIFEST_NAME} is missing (incomplete or not a store)"
-    fix = f"build it: {rebuild_command(path, None)}"
+    fix = f"build it: {_build_command(path)}"
     if not loc.exists(loc.root):
         what = "nothing is there"
         fix = f"check the path (a store folder, or <data root>/stores/<profile>/current), or {fix}"
+        if given is not None and loc.is_local and not os.path.isabs(given):
+            what = (
+                f"nothing is there (the relative path {given} was taken relative to the working folder "
+                f"{os.getcwd()})"
+            )
+            fix = (
+                f"run the command from the folder {given} is relative to, or pass its absolute path; "
+                f"if the store was never built, build it: {_build_command(path)}"
+            )
     elif loc.is_file(loc.root):
         what = "it is a file, not a store folder"
         fix = _PASS_A_STORE
@@ -101,6 +135,13 @@ def load_manifest(loc: StoreLocation) -> ManifestFile:
         return ManifestFile(None, "missing (incomplete or not a store)")
     try:
         manifest = json.loads(loc.read_bytes(mfile).decode("utf-8"))
+    except RecursionError:  # JSON nested deeper than Python's parser goes: no manifest a writer wrote
+        e = ValueError("JSON nested too deeply")
+        return ManifestFile(
+            None,
+            f"unreadable ({e})",
+            StoreError(f"{mpath}: unreadable manifest ({e}).", fix=f"rebuild: {rebuild_command(path, None)}"),
+        )
     except (OSError, ValueError) as e:
         return ManifestFile(
             None,
@@ -140,7 +181,7 @@ def check_format_version(loc: StoreLocation, manifest: dict[str, Any]) -> None:
     version = manifest.get("version")
     if type(version) is not int or version != OFFLINE_DATASET_VERSION:
         raise StoreVersionError(
-            f"Unsupported VIN offline store version: {version}. Expected {OFFLINE_DATASET_VERSION}.",
+            f"Unsupported VIN offline store version: {version_words(version)}. Expected {OFFLINE_DATASET_VERSION}.",
             fix=f"rebuild the store with the current writer: {rebuild_command(path, manifest)}",
         )
 

@@ -69,6 +69,14 @@ def is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def version_words(version: Any) -> str:
+    """A manifest's ``version`` as a message says it: the number, or what else it is (``"2"``, text,
+    is not the version 2: saying ``2`` would contradict the expected 2 next to it)."""
+    if type(version) is int:
+        return str(version)
+    return f"{version!r} (a {type(version).__name__}, not a whole number)"
+
+
 def _check_fields(m: dict[str, Any], problems: list[str], where: str) -> None:
     for key, typ in MANIFEST_TYPES.items():
         if key not in m:
@@ -79,7 +87,8 @@ def _check_fields(m: dict[str, Any], problems: list[str], where: str) -> None:
         problems.append(f"{where}: format {m.get('format')!r}; expected {STORE_FORMAT!r}")
     if m.get("version") != OFFLINE_DATASET_VERSION or not is_int(m.get("version")):
         problems.append(
-            f"{where}: Unsupported VIN offline store version: {m.get('version')}. Expected {OFFLINE_DATASET_VERSION}."
+            f"{where}: Unsupported VIN offline store version: {version_words(m.get('version'))}. "
+            f"Expected {OFFLINE_DATASET_VERSION}."
         )
     prof = m.get("profile")
     if isinstance(prof, dict):

@@ -1,0 +1,193 @@
+"""A user's first hour with `stage2`, as QA met it on a fresh clone: a wrong folder, a relative path
+run from elsewhere, a mistyped data root, a token variable not set. Each is refused in one line that
+names the culprit and a fix that works (exit 2), before anything runs; never a table of mismatches,
+a page of errors blaming the profile, or a silent success."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from helpers.cli import REPO, Ran, stage2, subprocess_env
+
+from stage2_data.demo import DemoPaths
+
+#: a variable no test environment sets (the token variable a user forgot to export)
+UNSET = "STAGE2_TEST_FIRST_HOUR_TOKEN"
+
+
+def _env(**values: str) -> dict[str, str]:
+    return subprocess_env(drop=(UNSET, "HF_TOKEN"), **values)
+
+
+def _one_line(r: Ran, command: str) -> str:
+    """The one error line of a refused ``stage2 <command>`` (exit 2, no traceback, no table)."""
+    assert r.returncode == 2, r.tail()
+    line = r.stderr.strip()
+    assert line == line.splitlines()[0] and "Traceback" not in line, line
+    assert line.startswith(f"stage2 {command}: error: ") and " Fix: " in line, line
+    assert "MISMATCH" not in r.stdout, r.stdout
+    return line
+
+
+# ----- 1. verify: a kit root that does not exist or holds none of the kit's files --------------------
+def test_verify_refuses_a_kit_root_that_does_not_exist(demo_cache: DemoPaths, tmp_path: Path) -> None:
+    nokit = tmp_path / "nokit"
+    r = stage2("verify", str(demo_cache.profile), "--data-root", str(tmp_path), "--kit-root", str(nokit))
+    line = _one_line(r, "verify")
+    assert f"--kit-root {nokit} does not exist. Fix: pass an existing folder to --kit-root" in line, line
+
+
+def test_verify_refuses_a_kit_root_holding_none_of_the_kit(demo_cache: DemoPaths, tmp_path: Path) -> None:
+    empty = tmp_path / "empty kit"
+    empty.mkdir()
+    r = stage2("verify", str(demo_cache.profile), "--data-root", str(tmp_path), "--kit-root", str(empty))
+    line = _one_line(r, "verify")
+    assert f"the kit root {empty} holds none of the kit's files (missing: pair_manifest {empty}/" in line
+    assert line.endswith(
+        "Fix: pass --kit-root the folder holding the kit (by default it is the profile's own folder)"
+    )
+    # the fix followed: the kit's folder verifies (its data root is not built: exit 1, a report)
+    r = stage2(
+        "verify",
+        str(demo_cache.profile),
+        "--data-root",
+        str(tmp_path),
+        "--kit-root",
+        str(demo_cache.kit_root),
+    )
+    assert r.returncode == 1 and "holds none" not in r.stderr and "FAILED" in r.stdout, r.tail()
+
+
+def test_verify_of_the_committed_profile_without_its_kit_names_the_kit_root(tmp_path: Path) -> None:
+    """The committed profile's kit lives elsewhere (its [kit] paths start with manifests/ and
+    derived/, relative to the kit's own folder): without --kit-root the kit root is the profile's
+    folder, which holds none of it. Said as that (the paths below it are why they read
+    .../manifests/manifests/...), not as 80 problems."""
+    r = stage2("verify", "manifests/stage2_core_v1.toml", "--data-root", str(tmp_path))
+    line = _one_line(r, "verify")
+    assert f"the kit root {REPO / 'manifests'} holds none of the kit's files" in line, line
+    assert "Fix: pass --kit-root the folder holding the kit" in line, line
+    assert r.stdout == "", r.stdout
+
+
+# ----- 2. a --hub-folder that holds none of the profile's archives -------------------------------------
+def test_pin_refuses_a_hub_folder_holding_none_of_the_archives(demo_cache: DemoPaths) -> None:
+    kit = demo_cache.kit_root  # the kit folder, not the repository's
+    r = stage2("pin", str(demo_cache.profile), "--hub-folder", str(kit), "--check", env=_env(), timeout=120)
+    line = _one_line(r, "pin")
+    first = sorted(demo_cache.upstream.glob("*.tar"))[0].name
+    assert f"--hub-folder {kit} holds none of the profile's 14 archives (looked for e.g. {kit}/" in line, line
+    assert first in line and "closest" not in r.stdout + r.stderr, line
+    assert line.endswith(
+        f"Fix: pass the folder that holds the dataset's files (for this demo: {demo_cache.upstream})"
+    )
+    # the fix followed
+    ok = stage2(
+        "pin", str(demo_cache.profile), "--hub-folder", str(demo_cache.upstream), "--check", env=_env()
+    )
+    assert ok.returncode == 0, ok.tail()
+
+
+def test_build_refuses_a_hub_folder_holding_none_of_the_archives(
+    demo_cache: DemoPaths, tmp_path: Path, dagster_home: Path
+) -> None:
+    root = tmp_path / "root"
+    kit = demo_cache.kit_root
+    r = stage2(
+        "build",
+        "--profile",
+        str(demo_cache.profile),
+        "--data-root",
+        str(root),
+        "--hub-folder",
+        str(kit),
+        env=_env(HF_HUB_OFFLINE="1"),  # refused before the offline check, or it names what is missing
+        timeout=120,
+    )
+    line = _one_line(r, "build")
+    assert f"--hub-folder {kit} holds none of the profile's 14 archives" in line, line
+
+
+# ----- 3. a relative store path run from the wrong folder --------------------------------------------
+def test_a_relative_store_path_names_the_working_folder(tmp_path: Path) -> None:
+    given = ".demo/data/stores/stage2_core_v1_demo/current"
+    for command in ("summary", "validate"):
+        r = stage2(command, given, cwd=tmp_path)
+        line = _one_line(r, command)
+        assert f"no complete VIN offline store at {tmp_path / given}: nothing is there" in line, line
+        assert f"the relative path {given} was taken relative to the working folder {tmp_path})" in line, line
+        fix = line.split(" Fix: ", 1)[1]
+        assert fix.startswith(
+            f"run the command from the folder {given} is relative to, or pass its absolute path"
+        )
+        # no data root made up from a path that leads nowhere
+        assert f"--data-root {tmp_path / '.demo' / 'data'}" not in fix, fix
+        assert fix.endswith("--data-root <the data root stage2 build filled>"), fix
+
+
+def test_a_missing_store_under_an_existing_data_root_names_it(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    root.mkdir()
+    r = stage2("summary", "data/stores/p/current", cwd=tmp_path)
+    line = _one_line(r, "summary")
+    assert f"--data-root {root}" in line, line
+    gone = tmp_path / "gone" / "stores" / "p" / "current"  # absolute: no note, no made-up data root
+    line = _one_line(stage2("summary", str(gone)), "summary")
+    assert "relative" not in line and line.endswith("--data-root <the data root stage2 build filled>"), line
+
+
+# ----- 4. list: a data root that does not exist ---------------------------------------------------------
+def test_list_says_a_data_root_that_does_not_exist(demo_cache: DemoPaths, tmp_path: Path) -> None:
+    """A mistyped --data-root listed every archive missing, as if a build's downloads were gone. What a
+    first build there needs is still listed (exit 0), with the data root said not to exist yet."""
+    typo = tmp_path / "typo_root"
+    r = stage2("list", str(demo_cache.profile), "--data-root", str(typo), env=_env())
+    assert r.returncode == 0 and "missing 14" in r.stdout, r.tail()
+    assert f"data root  {typo}  (does not exist yet: nothing is downloaded there)" in r.stdout, r.stdout
+    assert r.stderr.strip() == (
+        f"note: {typo} does not exist, so every archive below is missing there; if a build filled another "
+        "folder, pass that one as --data-root"
+    ), r.stderr
+    assert not typo.exists()
+    j = stage2("list", str(demo_cache.profile), "--data-root", str(typo), "--json", env=_env())
+    assert j.returncode == 0 and j.json()["data_root_exists"] is False, j.tail()
+
+
+# ----- 5. --token-env naming a variable that is not set -----------------------------------------------
+@pytest.mark.parametrize("command", ["pin", "list"])
+def test_token_env_not_set_is_refused(demo_cache: DemoPaths, tmp_path: Path, command: str) -> None:
+    where = (
+        ["--hub-folder", str(demo_cache.upstream), "--check"]
+        if command == "pin"
+        else ["--data-root", str(tmp_path)]
+    )
+    r = stage2(command, str(demo_cache.profile), *where, "--token-env", UNSET, env=_env())
+    line = _one_line(r, command)
+    assert line.endswith(
+        f"--token-env {UNSET}: the environment variable {UNSET} is not set. Fix: export {UNSET}=<your token>, "
+        "or leave out --token-env for a public repo"
+    ), line
+    # the fix followed, and without --token-env: no token needed for this repository
+    for env in (_env(**{UNSET: "hf_secret"}), _env()):
+        argv = [command, str(demo_cache.profile), *where] + (["--token-env", UNSET] if UNSET in env else [])
+        ok = stage2(*argv, env=env)
+        assert ok.returncode == 0 and "hf_secret" not in ok.stdout + ok.stderr, ok.tail()
+
+
+def test_build_refuses_a_token_env_not_set(demo_cache: DemoPaths, tmp_path: Path, dagster_home: Path) -> None:
+    r = stage2(
+        "build",
+        "--profile",
+        str(demo_cache.profile),
+        "--data-root",
+        str(tmp_path / "root"),
+        "--hub-folder",
+        str(demo_cache.upstream),
+        "--token-env",
+        UNSET,
+        env=_env(HF_HUB_OFFLINE="1"),
+        timeout=120,
+    )
+    line = _one_line(r, "build")
+    assert f"--token-env {UNSET}: the environment variable {UNSET} is not set." in line, line
