@@ -168,6 +168,15 @@ def test_pin_resolves_a_branch_or_short_hash_against_a_hub_folder(demo: DemoPath
     assert r.returncode == 0 and f"resolves to commit {demo.revision}" in r.stdout, r.tail()
     assert demo.profile.read_text() == text
     assert demo.profile.stat().st_mode & 0o777 == 0o644  # written in place of it: its mode kept
+    # a group's kit (664, which the umask would make 644) written on Windows (CRLF): both kept
+    demo.profile.write_bytes(text.replace(demo.revision, demo.revision[:7]).replace("\n", "\r\n").encode())
+    demo.profile.chmod(0o664)
+    r = cli.stage2("pin", str(demo.profile), "--hub-folder", folder, "--write")
+    assert r.returncode == 0, r.tail()
+    assert demo.profile.read_bytes() == text.replace("\n", "\r\n").encode()
+    assert demo.profile.stat().st_mode & 0o777 == 0o664
+    demo.profile.write_text(text)
+    demo.profile.chmod(0o644)
     r = cli.stage2("pin", str(demo.profile), "--hub-folder", folder, "--check")
     assert r.returncode == 0 and "all 14 archive(s) pinned" in r.stdout, r.tail()
 

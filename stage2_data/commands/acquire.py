@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import dataclasses
 import difflib
+import os
 import re
 import shlex
 import stat
@@ -23,7 +24,7 @@ from ..formats.sha256sums import read_regular_bytes
 from ..fsutil import free_bytes, human_bytes
 from ..layout import HEX40_RE, quarantine_root, unused_root
 from ..profile import Profile, load_profile, parse_profile
-from ..publish import atomic_write_text
+from ..publish import atomic_write_bytes
 from .common import EXIT_FAILED, add_profile, eprint, finish_command, print_json
 
 if TYPE_CHECKING:
@@ -258,7 +259,14 @@ def _pin(
     )
     written = False
     if args.write and changed:
-        atomic_write_text(path, new, mode=stat.S_IMODE(path.stat().st_mode))  # its mode kept
+        # the file as it was kept: its line endings (CRLF stays CRLF) and its exact mode (the
+        # umask would take bits off a shared kit's 664 profile)
+        raw = path.read_bytes()
+        mode = stat.S_IMODE(path.stat().st_mode)
+        atomic_write_bytes(
+            path, (new.replace("\n", "\r\n") if b"\r\n" in raw else new).encode("utf-8"), mode=mode
+        )
+        os.chmod(path, mode)
         written = True
     commit = pinned.source.revision
     resolved = ""
