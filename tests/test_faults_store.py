@@ -185,49 +185,15 @@ def test_fault_store_rare_long(tmp_path: Path) -> None:
         assert reader._padded_row(0, "frames", reader.sample_index[short]["row"]).shape[0] == 5
 
 
-def test_a_frames_file_changed_after_its_check_is_refused_by_the_writer(
-    built: dict, demo_cache: DemoPaths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("what", ["frames", "sidecar"])
+def test_a_file_changed_after_its_check_is_refused_by_the_writer(
+    built: dict, demo_cache: DemoPaths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, what: str
 ) -> None:
-    """A frames file replaced after the writer's inputs were checked against their records (the
-    check passes here, as it does when the edit lands right after it): the writer hashes the bytes
-    it decodes and refuses other bytes than the extraction record's, naming the file; nothing is
-    published. (A valid npz of other frames: nothing else in the file would tell.)"""
-    import shutil
-
-    from stage2_data import steps
-    from stage2_data.profile import load_profile
-    from stage2_data.store import StoreInputError
-
-    root = tmp_path / "root"
-    shutil.copytree(built["root"], root, symlinks=True, ignore=shutil.ignore_patterns(".dagster"))
-    prof = load_profile(demo_cache.profile)
-    current = layout.current_store_path(root, prof.name).resolve()
-    import pyarrow.parquet as pq
-
-    rows = pq.read_table(layout.join_table_path(root)).to_pylist()
-    frames = root / next(r["frames_path"] for r in rows if r.get("in_pairs"))
-    with np.load(frames) as z:
-        arrays = {k: z[k] for k in z.files}
-    arrays["frames"] = arrays["frames"] ^ np.uint8(1)  # other frames, the same shape
-    np.savez_compressed(frames, **arrays)
-    # the edit made after the pre-read check: that check passes, handing the writer the records
-    records = {k: load_extraction_record(root, k) for k in prof.cache_keys()}
-    monkeypatch.setattr(steps.store, "require_inputs_as_recorded", lambda *a, **k: records)
-    with pytest.raises(StoreInputError) as ei:
-        steps.step_store(prof, root, rows_per_shard=5)  # other settings: a new store is written
-    said = str(ei.value)
-    assert str(frames) in said and "not the" in said and "its record holds" in said, said
-    assert layout.current_store_path(root, prof.name).resolve() == current
-
-
-def test_a_sidecar_changed_after_its_check_is_refused_by_the_writer(
-    built: dict, demo_cache: DemoPaths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """An action sidecar replaced after the writer's inputs were checked against their records (the
-    check passes here, as it does when the edit lands right after it): the writer hashes the bytes
-    it decodes against the unpack's record, as it does a frames file, and refuses other bytes,
-    naming the file; nothing is published. (Other actions of the same shape: nothing else in the
-    file would tell.)"""
+    """A frames file or an action sidecar replaced after the writer's inputs were checked against
+    their records (the check passes here, as it does when the edit lands right after it): the writer
+    hashes the bytes it decodes against the record (the extraction's, the unpack's) and refuses
+    other bytes, naming the file; nothing is published. (A valid npz of other frames or actions of
+    the same shape: nothing else in the file would tell.)"""
     import shutil
 
     from stage2_data import steps
@@ -240,17 +206,21 @@ def test_a_sidecar_changed_after_its_check_is_refused_by_the_writer(
     prof = load_profile(demo_cache.profile)
     current = layout.current_store_path(root, prof.name).resolve()
     row = next(r for r in read_join_rows(root) if r.get("in_pairs") and r.get("sidecar_present"))
-    sidecar = layout.derived_root(root) / row["sidecar_path"]
-    with np.load(sidecar) as z:
+    if what == "frames":
+        path, key = root / row["frames_path"], "frames"
+    else:
+        path, key = layout.derived_root(root) / row["sidecar_path"], "aligned_actions"
+    with np.load(path) as z:
         arrays = {k: z[k] for k in z.files}
-    arrays["aligned_actions"] = arrays["aligned_actions"] + 1  # other actions, the same shape
-    np.savez(sidecar, **arrays)
+    arrays[key] = arrays[key] ^ np.uint8(1) if what == "frames" else arrays[key] + 1  # the same shape
+    np.savez_compressed(path, **arrays)
+    # the edit made after the pre-read check: that check passes, handing the writer the records
     records = {k: load_extraction_record(root, k) for k in prof.cache_keys()}
     monkeypatch.setattr(steps.store, "require_inputs_as_recorded", lambda *a, **k: records)
     with pytest.raises(StoreInputError) as ei:
         steps.step_store(prof, root, rows_per_shard=5)  # other settings: a new store is written
     said = str(ei.value)
-    assert str(sidecar) in said and "its record holds" in said, said
+    assert str(path) in said and "not the" in said and "its record holds" in said, said
     assert layout.current_store_path(root, prof.name).resolve() == current
 
 
