@@ -340,3 +340,19 @@ def test_an_orders_arguments_are_integers_named_when_not(name: str, value: Any, 
     order = SeededOrder(5, seed=np.int64(3))  # numpy's integers are integers
     with pytest.raises(LoaderError, match="epoch=1.5 is not an integer"):
         order.set_epoch(1.5)  # type: ignore[arg-type]
+
+
+def test_a_store_path_under_home_is_expanded(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``VinOfflineDataset("~/stores/x", ...)`` in Python looked for a folder named ``~`` in the working
+    folder (a shell expands ``~``; Python does not): expanded as the shell would."""
+    from stage2_data.store import VinOfflineDataset
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "mystore").symlink_to(store)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    ds = VinOfflineDataset("~/mystore", split="train")
+    assert len(ds) == len(VinOfflineDataset(store, split="train"))

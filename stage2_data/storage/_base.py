@@ -164,8 +164,8 @@ class StoreLocation:
         target: str | os.PathLike[str] | StoreLocation,
         storage_options: dict[str, Any] | None = None,
     ) -> StoreLocation:
-        """A location from a local path, a ``file://`` URL, an fsspec URL (``s3://bucket/prefix``)
-        or a location (returned as is). Raises StoreError for an unusable URL, and for a path that
+        """A location from a local path (``~`` expanded), a ``file://`` URL, an fsspec URL
+        (``s3://bucket/prefix``) or a location (returned as is). Raises StoreError for an unusable URL, and for a path that
         does not exist and reads as a mistyped URL (``s3:/bucket``)."""
         if isinstance(target, StoreLocation):
             return target
@@ -173,6 +173,7 @@ class StoreLocation:
         if s.startswith("file://"):
             s = s[len("file://") :]
         if not is_url(s):
+            s = os.path.expanduser(s)  # `~/stores/...` in Python, as a shell would have expanded it
             if not os.path.lexists(s) and (typo := _url_typo(s)) is not None:
                 raise typo  # a local folder of that name opens; a missing one was a URL's typo
             return _BACKENDS["local"].from_target(s, None)
