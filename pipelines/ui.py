@@ -153,6 +153,25 @@ def _bind_problem(port: int) -> str | None:
     return None
 
 
+def nothing_built_hint(profile: Path, data_root: Path, *, demo: bool) -> str | None:
+    """A line for a UI over a data root where nothing is published yet (`make ui` before `make
+    demo`): the UI then shows no runs, and says nothing of how to get some. None once a store is."""
+    from stage2_data import layout
+    from stage2_data.profile import load_profile
+
+    try:
+        name = load_profile(profile).name
+    except Stage2Error:
+        return None
+    if os.path.lexists(layout.current_store_path(data_root, name)):
+        return None
+    how = "`make demo` builds it" if demo else f"`stage2 build {profile} --data-root {data_root}` builds it"
+    return (
+        f"nothing is published in {data_root.absolute()} yet, so the UI shows no runs: {how} (its runs "
+        "then show on their jobs' pages), or use Materialize all on the asset graph"
+    )
+
+
 def hold_instance(home: Path, url: str) -> tuple[IO[str] | None, str | None]:
     """One `make ui` an instance: ``dagster dev`` runs a daemon, and a second daemon over the same
     instance (a second `make ui` on another port) fights the first for its schedules and sensors.
@@ -251,6 +270,13 @@ def main() -> int:
             f"data root {Path(env['STAGE2_DATA_ROOT']).absolute()}) ...",
             flush=True,
         )
+        hint = nothing_built_hint(
+            Path(env["STAGE2_PROFILE"]),
+            Path(env["STAGE2_DATA_ROOT"]),
+            demo="STAGE2_PROFILE" not in os.environ,
+        )
+        if hint:
+            print(hint, flush=True)
         ui = subprocess.Popen(
             [
                 sys.executable,

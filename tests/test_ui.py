@@ -1126,3 +1126,26 @@ def test_make_ui_on_a_busy_port_suggests_a_free_one(tmp_path: Path) -> None:
     assert said is not None and said.startswith(f"port {port} on 127.0.0.1 is not free"), said
     suggested = int(said.split("STAGE2_UI_PORT=")[1].split()[0])
     assert suggested > port + 1, said
+
+
+def test_make_ui_over_a_data_root_with_nothing_built_says_how_to_build(
+    demo_cache: DemoPaths, tmp_path: Path
+) -> None:
+    """`make ui` before `make demo` served an empty UI: no runs, and no word of how to get some. It
+    says which command builds (the demo's, or the profile's) until a store is published there."""
+    from stage2_data import layout
+    from stage2_data.profile import load_profile
+    from stage2_pipelines.ui import nothing_built_hint
+
+    empty = tmp_path / "data"
+    said = nothing_built_hint(demo_cache.profile, empty, demo=True)
+    assert said == (
+        f"nothing is published in {empty} yet, so the UI shows no runs: `make demo` builds it (its runs "
+        "then show on their jobs' pages), or use Materialize all on the asset graph"
+    )
+    said = nothing_built_hint(demo_cache.profile, empty, demo=False)
+    assert said is not None and f"`stage2 build {demo_cache.profile} --data-root {empty}` builds it" in said
+    link = layout.current_store_path(empty, load_profile(demo_cache.profile).name)
+    link.parent.mkdir(parents=True)
+    link.symlink_to("v2-0000000000000000")  # a store published: nothing more to say
+    assert nothing_built_hint(demo_cache.profile, empty, demo=True) is None
