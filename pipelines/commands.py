@@ -34,6 +34,7 @@ from stage2_data.commands.common import (
     EXIT_FAILED,
     add_profile,
     add_storage_option,
+    add_token_env,
     count_of,
     eprint,
     print_json,
@@ -500,12 +501,7 @@ def _add_build_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--hub-folder", help="serve this local folder on loopback as the hub instead of --endpoint"
     )
-    p.add_argument(
-        "--token-env",
-        default=None,
-        metavar="NAME",
-        help="environment variable holding the hub token, refused when not set (default: HF_TOKEN, when set)",
-    )
+    add_token_env(p)
     p.add_argument(
         "--concurrency",
         type=count_of("a number of runs or partitions at once"),

@@ -209,7 +209,7 @@ def main() -> int:
         print(f"make ui: {problem}", file=sys.stderr)
         return 2
     refused = "make ui: the code location does not load with these settings:"
-    chosen = env.get("STAGE2_PROFILE")
+    chosen = env.get("STAGE2_PROFILE")  # unset or empty: the demo's settings
     if chosen and not Path(chosen).is_file():  # said as the variable a user set, not as a CLI flag
         there = "a folder" if Path(chosen).is_dir() else "nothing"
         print(
@@ -225,7 +225,7 @@ def main() -> int:
     except Stage2Error as e:
         print(f"{refused} {e}", file=sys.stderr)
         return 2
-    if not env.get("STAGE2_PROFILE"):  # the demo's settings, as `make demo` builds it
+    if not chosen:  # the demo's settings, as `make demo` builds it
         generate_demo(demo_root() / "demo")
         env.update(demo_settings())
     else:  # the environment's settings: the code location must load with them, or the UI shows
@@ -273,7 +273,7 @@ def main() -> int:
         hint = nothing_built_hint(
             Path(env["STAGE2_PROFILE"]),
             Path(env["STAGE2_DATA_ROOT"]),
-            demo="STAGE2_PROFILE" not in os.environ,
+            demo=not chosen,
         )
         if hint:
             print(hint, flush=True)

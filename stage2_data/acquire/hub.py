@@ -111,19 +111,13 @@ def require_token_env(name: str | None) -> str | None:
 
 
 def require_hub_folder(profile: Profile, folder: str | os.PathLike[str]) -> None:
-    """Refuse (HubSetupError, exit 2) a ``--hub-folder`` that is not a folder, or that holds none of
-    the profile's archives (not one ``[[archives]] path`` is a file under it; entries marked
-    ``unknown = true`` are guesses and are not looked for): the wrong folder was given (the kit's, say,
-    instead of the repository's), and every download would fail blaming the profile. Called before
-    anything is served or launched (``stage2 pin``, ``stage2 build``)."""
+    """Refuse (HubSetupError, exit 2) a ``--hub-folder`` (a folder: its callers refuse anything else
+    first) that holds none of the profile's archives (not one ``[[archives]] path`` is a file under
+    it; entries marked ``unknown = true`` are guesses and are not looked for): the wrong folder was
+    given (the kit's, say, instead of the repository's), and every download would fail blaming the
+    profile. Called before anything is served or launched (``stage2 pin``, ``stage2 build``)."""
     given = os.fspath(folder)
     where = Path(given)
-    if not where.is_dir():
-        what = "is not a folder" if where.exists() else "does not exist"
-        raise HubSetupError(
-            f"--hub-folder {given} {what}.",
-            fix="pass --hub-folder the folder that holds the dataset's files (the repository's files)",
-        )
     wanted = [a.path for a in profile.archives if not a.unknown]
     if not wanted or any((where / path).is_file() for path in wanted):
         return

@@ -25,18 +25,10 @@ from ..fsutil import free_bytes, human_bytes
 from ..layout import HEX40_RE, quarantine_root, unused_root
 from ..profile import Profile, load_profile, parse_profile
 from ..publish import atomic_write_bytes
-from .common import EXIT_FAILED, add_profile, eprint, finish_command, print_json
+from .common import EXIT_FAILED, add_profile, add_token_env, eprint, finish_command, print_json
 
 if TYPE_CHECKING:
     from ..acquire import RemoteFile
-
-
-def _token(env: str | None) -> str | None:
-    """The hub token (:func:`~stage2_data.acquire.hub.require_token_env`): ``--token-env NAME``'s
-    variable, refused when it is not set; without the option, ``HF_TOKEN`` when set."""
-    from ..acquire.hub import require_token_env
-
-    return require_token_env(env)
 
 
 def _pin_again(args: argparse.Namespace, mode: str) -> str:
@@ -175,10 +167,10 @@ def rewrite_pins(text: str, pinned: Profile) -> str:
 
 
 def cmd_pin(args: argparse.Namespace) -> int:
-    from ..acquire.hub import require_hub_folder
+    from ..acquire.hub import require_hub_folder, require_token_env
 
     path = Path(args.profile).resolve()
-    token = _token(args.token_env)
+    token = require_token_env(args.token_env)
     if args.hub_folder:  # served on loopback for this command, as `stage2 build --hub-folder` does
         _require_folder(args.hub_folder)
         profile, floating = _load_for_pin(path)
@@ -342,7 +334,9 @@ def _short(sha: str | None) -> str:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    token = _token(args.token_env)
+    from ..acquire.hub import require_token_env
+
+    token = require_token_env(args.token_env)
     profile = load_profile(args.profile)
     data_root = Path(args.data_root).resolve()
     if data_root.exists() and not data_root.is_dir():
@@ -557,12 +551,7 @@ def register(sub: Any) -> None:
         help="serve this local folder on loopback as the hub instead of --endpoint (as `stage2 build "
         "--hub-folder` does)",
     )
-    p.add_argument(
-        "--token-env",
-        default=None,
-        metavar="NAME",
-        help="environment variable holding the hub token, refused when not set (default: HF_TOKEN, when set)",
-    )
+    add_token_env(p)
     mode = p.add_mutually_exclusive_group()
     mode.add_argument(
         "--write", action="store_true", help="write the pinned profile (atomically, comments kept)"
@@ -582,10 +571,5 @@ def register(sub: Any) -> None:
     add_profile(p)
     p.add_argument("--data-root", required=True, help="the data root of the build")
     p.add_argument("--endpoint", default=None, help="also compare with the hub's listing at this endpoint")
-    p.add_argument(
-        "--token-env",
-        default=None,
-        metavar="NAME",
-        help="environment variable holding the hub token, refused when not set (default: HF_TOKEN, when set)",
-    )
+    add_token_env(p)
     finish_command(p, cmd_list)

@@ -102,6 +102,17 @@ def add_profile(p: Any) -> None:
     p.add_argument("--profile", dest="profile_option", metavar="PROFILE", help=argparse.SUPPRESS)
 
 
+def add_token_env(p: Any) -> None:
+    """``--token-env NAME``: the environment variable holding the hub token (default None: HF_TOKEN
+    when set; :func:`~stage2_data.acquire.hub.require_token_env` refuses a name that is not set)."""
+    p.add_argument(
+        "--token-env",
+        default=None,
+        metavar="NAME",
+        help="environment variable holding the hub token, refused when not set (default: HF_TOKEN, when set)",
+    )
+
+
 def resolve_profile(args: argparse.Namespace, command: argparse.ArgumentParser) -> None:
     """``args.profile`` from the argument or ``--profile`` (a command of :func:`add_profile`); the
     command's usage error when neither or two different ones are given."""

@@ -224,14 +224,8 @@ def step_store(
         withdrawn = root_loc.withdraw_current(name)
         if withdrawn:  # the folder `current` names is written again: nothing half-written or
             # ungated is ever published through it (a stop before the gate leaves nothing current)
-            set_aside = "; ".join(
-                x
-                for x in (
-                    set_aside,
-                    f"`{layout.CURRENT_LINK}` named {name}: withdrawn until it passes the gate",
-                )
-                if x
-            )
+            said = f"`{layout.CURRENT_LINK}` named {name}: withdrawn until it passes the gate"
+            set_aside = f"{set_aside}; {said}" if set_aside else said
         base = root_loc.current()
         update = write_or_extend(
             out,

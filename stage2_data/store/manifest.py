@@ -135,14 +135,9 @@ def load_manifest(loc: StoreLocation) -> ManifestFile:
         return ManifestFile(None, "missing (incomplete or not a store)")
     try:
         manifest = json.loads(loc.read_bytes(mfile).decode("utf-8"))
-    except RecursionError:  # JSON nested deeper than Python's parser goes: no manifest a writer wrote
-        e = ValueError("JSON nested too deeply")
-        return ManifestFile(
-            None,
-            f"unreadable ({e})",
-            StoreError(f"{mpath}: unreadable manifest ({e}).", fix=f"rebuild: {rebuild_command(path, None)}"),
-        )
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as err:
+        # (RecursionError: JSON nested deeper than Python's parser goes, no manifest a writer wrote)
+        e = "JSON nested too deeply" if isinstance(err, RecursionError) else err
         return ManifestFile(
             None,
             f"unreadable ({e})",
