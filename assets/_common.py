@@ -54,12 +54,13 @@ CODE_VERSION_TAG = "dagster/code_version"
 def stage_asset(name: str, *, group: str, description: str, kind: str, **asset_args: Any) -> Any:
     """``@dg.asset`` for the asset called ``name``: what it reads is ``READS[name]`` (the one
     declaration of the graph's edges), its checks are ``CHECKS_BY_ASSET[name]`` (:func:`check_specs`),
-    its code version ``CODE_VERSIONS[name]``; ``asset_args`` (partitions, pool) go to ``dg.asset`` as
-    they are. A partitioned asset runs a range of partitions in one run
+    its code version ``CODE_VERSIONS[name]`` unless ``asset_args`` names one; the other
+    ``asset_args`` (partitions, pool) go to ``dg.asset`` as they are. A partitioned asset runs a range of partitions in one run
     (``BackfillPolicy.single_run``; :func:`run_partitions`)."""
     if "partitions_def" in asset_args:
         asset_args.setdefault("backfill_policy", dg.BackfillPolicy.single_run())
         asset_args.setdefault("output_required", False)  # one materialization per partition that succeeded
+    asset_args.setdefault("code_version", CODE_VERSIONS[name])
     with warnings.catch_warnings():  # backfill_policy is "beta" in Dagster 1.x (the version is pinned)
         warnings.simplefilter("ignore", dg.BetaWarning)
         return dg.asset(
@@ -69,7 +70,6 @@ def stage_asset(name: str, *, group: str, description: str, kind: str, **asset_a
             check_specs=check_specs(name),
             description=description,
             kinds={kind},
-            code_version=CODE_VERSIONS[name],
             **asset_args,
         )
 

@@ -33,14 +33,36 @@ from .step_asset import step_asset
 GROUP = "acquire"
 
 
+def profile_digest(profile: Profile) -> str:
+    """The sha256 of what the profile pins and expects (its TOML as ``stage2 pin --write`` writes
+    it, the free-text description left out). The profile asset's code version ends with it, so an
+    edited profile marks that asset stale in the UI once the code location is reloaded, until it is
+    materialized again (every build whose profile changed does)."""
+    return hashlib.sha256(profile.model_copy(update={"description": ""}).to_toml().encode()).hexdigest()
+
+
+# The profile asset's data version: the same for every profile. What reads the profile is marked
+# stale by its own data versions (an archive's: its pinned sha256s), which a build refreshes only
+# where something changed; a data version that followed every profile edit would leave assets a
+# build rightly skipped marked stale for ever.
+PROFILE_DATA_VERSION = "profile-1"
+
+
 def build_acquisition_assets(profile: Profile) -> list[Any]:
     cache_keys = cache_key_partitions(profile)
+    digest = profile_digest(profile)
 
     @stage_asset(
         PINNED_PROFILE,
         group=GROUP,
-        description="The pinned profile: repo, full commit, archives with size and sha256, expected totals.",
+        description=(
+            "The pinned profile: repo, full commit, archives with size and sha256, expected totals. "
+            "Its code version ends with a digest of the profile: after an edit of the profile and a "
+            "reload of the code location it is marked stale (code version changed) until it is "
+            "materialized again (a build of the edited profile does)."
+        ),
         kind="toml",
+        code_version=f"{CODE_VERSIONS[PINNED_PROFILE]}-{digest[:16]}",
     )
     def pinned_profile(
         context: dg.AssetExecutionContext,
@@ -58,7 +80,11 @@ def build_acquisition_assets(profile: Profile) -> list[Any]:
             )
         root = data_root.root()
         yield from run_step(
-            PINNED_PROFILE, lambda: steps.step_profile(prof, root), context=context, data_root=root
+            PINNED_PROFILE,
+            lambda: steps.step_profile(prof, root),
+            lambda _: PROFILE_DATA_VERSION,
+            context=context,
+            data_root=root,
         )
 
     @stage_asset(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 import shutil
 from pathlib import Path
 from typing import Any
@@ -227,6 +228,75 @@ def test_runs_belong_to_named_jobs_and_verify_leaves_nothing_stale(
             # a partition's data version: a digest of its archives' paths and pinned sha256
             digest = hashlib.sha256("".join(f"{a.path} {a.sha256}\n" for a in specs).encode()).hexdigest()
             assert mat is not None and (mat.tags or {})["dagster/data_version"] == digest
+
+
+def _stale(instance: Any, defs: dg.Definitions) -> dict[tuple[str, str | None], tuple[str, list[str]]]:
+    """Every asset partition Dagster's stale-status resolver (the UI's stale marks) does not call
+    fresh: its status and its causes, as the UI words them."""
+    from dagster._utils.test.data_versions import get_stale_status_resolver
+
+    assets = list(defs.assets or [])
+    resolver = get_stale_status_resolver(instance, assets)
+    out = {}
+    for a in assets:
+        for k in a.partitions_def.get_partition_keys() if a.partitions_def else [None]:
+            status = resolver.get_status(a.key, k)
+            if status.value != "FRESH":
+                causes = [
+                    f"{c.key.asset_key.to_user_string()} {c.reason}"
+                    for c in resolver.get_stale_causes(a.key, k)
+                ]
+                out[(a.key.to_user_string(), k)] = (status.value, causes)
+    return out
+
+
+def test_an_edited_profile_is_marked_stale_until_a_build_of_it(
+    built: dict, demo_cache: DemoPaths, tmp_path: Path
+) -> None:
+    """The UI's stale marks follow the profile, not only the code: after the build, an edit of
+    the profile's description marks nothing stale; an edit of a pin marks the profile asset stale
+    as soon as the definitions are loaded again (its code version carries the profile's digest),
+    and a build of the edited profile leaves nothing stale (what reads the profile is marked by its
+    own data versions, refreshed where the build had work)."""
+    home, root = tmp_path / "home", _copy_built(built, tmp_path)
+    shutil.copytree(built["home"], home)
+    prof = load_profile(demo_cache.profile)
+    text = demo_cache.profile.read_text()
+    edited = tmp_path / "profile.toml"
+
+    def defs_of(text_now: str) -> dg.Definitions:
+        edited.write_text(text_now)
+        return build_definitions(
+            BuildConfig(
+                profile_path=str(edited),
+                data_root=str(root),
+                endpoint="http://127.0.0.1:9",
+                kit_root=str(demo_cache.profile.parent),
+            )
+        )
+
+    victim = prof.archives[0]
+    with environ(DAGSTER_HOME=str(home)):
+        instance = dg.DagsterInstance.get()
+        assert _stale(instance, defs_of(text.replace(prof.description, "another description"))) == {}
+        defs = defs_of(text.replace(victim.sha256, "f" * 64))
+        assert _stale(instance, defs) == {
+            ("pinned_profile", None): ("STALE", ["pinned_profile has a new code version"])
+        }
+    with HubServer(demo_cache.upstream, repo_id=demo_cache.repo_id, revision=demo_cache.revision) as hub:
+        edited.write_text(text.replace(prof.quarantined[0].reason, "another reason"))
+        with environ(DAGSTER_HOME=str(home)):
+            s = build_all(
+                BuildConfig(
+                    profile_path=str(edited),
+                    data_root=str(root),
+                    endpoint=hub.url,
+                    kit_root=str(demo_cache.profile.parent),
+                ),
+                concurrency=1,
+            )
+            assert s["ok"], _failed(s)
+            assert _stale(dg.DagsterInstance.get(), defs_of(edited.read_text())) == {}
 
 
 def test_same_inputs_in_another_root_same_fingerprint_via_cli(
@@ -463,7 +533,7 @@ def test_nightly_verify_rechecks_the_published_store(
     job = defs.resolve_job_def(VERIFY_JOB)
     instance = dg.DagsterInstance.get()
 
-    def verify() -> tuple[dict, set[str]]:
+    def verify(instance: dg.DagsterInstance = instance) -> tuple[dict, set[str]]:
         r = job.execute_in_process(instance=instance, raise_on_error=False)
         evals = {e.check_name: e for e in r.get_asset_check_evaluations()}
         done = {e.asset_key.to_user_string() for e in r.get_asset_materialization_events()}
@@ -484,6 +554,18 @@ def test_nightly_verify_rechecks_the_published_store(
     # the UI's instance is not the data root's: the rebuild it names must record its runs here
     assert f"DAGSTER_HOME={dagster_home}" in (bad.description or ""), bad.description
     assert all(e.passed for name, e in evals.items() if name != C.STORE_BYTES_MATCH_MANIFEST)
+    # the instance the run is given names it, not this process's DAGSTER_HOME: another one's
+    # folder (quoted for the shell), and nothing when it is the data root's own (what a rebuild uses)
+    (tmp_path / "ui home").mkdir()
+    with dg.DagsterInstance.local_temp(str(tmp_path / "ui home")) as other:
+        said = verify(other)[0][C.STORE_BYTES_MATCH_MANIFEST].description or ""
+    assert f"DAGSTER_HOME={shlex.quote(str(tmp_path / 'ui home'))} in front" in said, said
+    assert str(dagster_home) not in said, said
+    (root / ".dagster").mkdir()
+    with dg.DagsterInstance.local_temp(str(root / ".dagster")) as own:
+        mine = verify(own)[0][C.STORE_BYTES_MATCH_MANIFEST]
+    assert not mine.passed and rel in (mine.description or ""), mine.description
+    assert "DAGSTER_HOME" not in (mine.description or ""), mine.description
 
 
 def test_the_verify_job_checks_a_read_only_data_root(
