@@ -99,6 +99,11 @@ class ProblemsError(Stage2Error):
         super().__init__(f"{title}: {len(self.problems)} problem(s):\n{shown}{more}", fix=fix)
 
 
+class InputsChangedError(ProblemsError):
+    """What a step is about to read or has read (an extracted file, an unpacked sidecar) is not what
+    its record says any more: changed since the extract stage or the unpack checked it."""
+
+
 class KitError(ProblemsError):
     """The kit (pair manifest, checksums, action manifests, sidecars) has problems."""
 

@@ -224,6 +224,44 @@ def test_a_file_changed_after_its_check_is_refused_by_the_writer(
     assert layout.current_store_path(root, prof.name).resolve() == current
 
 
+def test_an_arrow_file_changed_after_its_check_is_refused_by_the_join(
+    built: dict, demo_cache: DemoPaths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A processed_dataset Arrow file replaced (a valid file, one row's task text changed) after the
+    join's inputs were checked against their extraction records (the check passes here, as it does
+    when the edit lands right after it): the join hashes the bytes it parses against the record and
+    refuses other bytes, naming the file; the join table and its sha256 stay as they were."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.ipc as pa_ipc
+
+    from stage2_data import steps
+    from stage2_data.errors import InputsChangedError
+    from stage2_data.formats import arrow as farrow
+    from stage2_data.profile import load_profile
+
+    root = tmp_path / "root"
+    shutil.copytree(built["root"], root, symlinks=True, ignore=shutil.ignore_patterns(".dagster"))
+    prof = load_profile(demo_cache.profile)
+    shard = farrow.list_shards(layout.cache_dir(root, prof.cache_keys()[0]))[0]
+    table = farrow.read_shard(shard, data=shard.read_bytes())  # not mapped: the file is rewritten below
+    tasks = table.column("task").to_pylist()
+    tasks[0] = "an edited task"
+    table = table.set_column(table.column_names.index("task"), "task", pa.array(tasks))
+    with pa_ipc.new_stream(str(shard), table.schema) as out:
+        out.write_table(table)
+    joined = layout.join_table_path(root).read_bytes()
+    # the edit made after the pre-read check: that check passes, handing the join the records
+    records = {k: load_extraction_record(root, k) for k in prof.cache_keys()}
+    monkeypatch.setattr(steps.kit, "require_inputs_as_recorded", lambda *a, **k: records)
+    with pytest.raises(InputsChangedError) as ei:
+        steps.step_join(prof, root)
+    said = str(ei.value)
+    assert str(shard) in said and "its extraction record holds" in said and "stage2 build" in said, said
+    assert layout.join_table_path(root).read_bytes() == joined
+
+
 def test_a_store_built_again_under_currents_name_is_not_current_before_its_gate(
     built: dict, demo_cache: DemoPaths, tmp_path: Path
 ) -> None:

@@ -2,7 +2,9 @@
 
 A cache directory holds ``processed_dataset/*.arrow``: the shards of a Hugging Face
 ``save_to_disk`` folder, in the Arrow IPC *stream* format (what ``save_to_disk`` writes) or the IPC
-*file* format (``ARROW1`` magic). They are read memory-mapped, one batch at a time.
+*file* format (``ARROW1`` magic). They are read memory-mapped, one batch at a time, or, for a
+reader that must hold what it parses to a recorded sha256 (the kit's join), read into memory once,
+hashed and parsed from those very bytes (``sha256_into``).
 
 One policy parameter decides what a missing column means, ``missing``:
 
@@ -24,7 +26,8 @@ FormatError, and a file that is another format (Parquet, gzip, JSON, ...) is a
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+import hashlib
+from collections.abc import Iterator, MutableMapping, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -78,11 +81,15 @@ def _validated(path: Path, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.Rec
 
 
 @contextlib.contextmanager
-def arrow_batches(path: Path) -> Iterator[tuple[pa.Schema, Iterator[pa.RecordBatch]]]:
-    """``(schema, batches)`` of one Arrow IPC file, stream or file format, memory-mapped; the
-    batches are read one at a time while the block runs, each validated in full. Raises OSError
-    (the file cannot be opened), FileTypeError (it is another format) or FormatError (unreadable)."""
-    with pa.memory_map(str(path), "r") as source:
+def arrow_batches(
+    path: Path, data: bytes | None = None
+) -> Iterator[tuple[pa.Schema, Iterator[pa.RecordBatch]]]:
+    """``(schema, batches)`` of one Arrow IPC file, stream or file format, memory-mapped (or parsed
+    from ``data``, its bytes already read); the batches are read one at a time while the block runs,
+    each validated in full. Raises OSError (the file cannot be opened), FileTypeError (it is another
+    format) or FormatError (unreadable)."""
+    opened = pa.memory_map(str(path), "r") if data is None else pa.BufferReader(data)
+    with opened as source:
         head = source.read(512)
         source.seek(0)
         try:
@@ -106,13 +113,18 @@ def arrow_batches(path: Path) -> Iterator[tuple[pa.Schema, Iterator[pa.RecordBat
 
 
 def read_shard(
-    path: Path, columns: Sequence[str] | None = None, *, missing: MissingPolicy = "error"
+    path: Path,
+    columns: Sequence[str] | None = None,
+    *,
+    missing: MissingPolicy = "error",
+    data: bytes | None = None,
 ) -> pa.Table:
-    """One shard as a table: every column, or only ``columns`` (in that order; see ``missing``).
-    Raises FormatError naming the file when it is unreadable or (``missing="error"``) lacks a column;
-    OSError when it cannot be opened."""
+    """One shard as a table: every column, or only ``columns`` (in that order; see ``missing``),
+    parsed from ``data`` when given (the file's bytes, already read). Raises FormatError naming the
+    file when it is unreadable or (``missing="error"``) lacks a column; OSError when it cannot be
+    opened."""
     try:
-        with arrow_batches(path) as (schema, batches):
+        with arrow_batches(path, data) as (schema, batches):
             if columns is None:
                 return pa.Table.from_batches(list(batches), schema=schema)
             absent = [c for c in columns if c not in schema.names]
@@ -134,10 +146,19 @@ def read_shard(
 
 
 def read_processed_table(
-    cache_dir: Path, columns: Sequence[str] | None = None, *, missing: MissingPolicy = "error"
+    cache_dir: Path,
+    columns: Sequence[str] | None = None,
+    *,
+    missing: MissingPolicy = "error",
+    sha256_into: MutableMapping[str, str] | None = None,
 ) -> pa.Table:
     """Every shard of ``<cache_dir>/processed_dataset/`` concatenated in file-name order (only
     ``columns`` if given, in that order; ``missing`` decides about absent columns).
+
+    With ``sha256_into``, each shard is read into memory once and parsed from those bytes, and the
+    sha256 of the bytes parsed is put there under the shard's path relative to ``cache_dir``
+    (``processed_dataset/<name>``): what the caller holds to a record. A shard that cannot be read
+    is a FormatError naming it.
 
     Raises FormatError: no shard (naming the folder), an unreadable shard or a missing column
     (naming the shard), shards whose schemas differ (naming the folder)."""
@@ -145,7 +166,16 @@ def read_processed_table(
     shards = list_shards(Path(cache_dir))
     if not shards:
         raise FormatError(f"no {PROCESSED_SUBDIR}/*.arrow file", file=str(cache_dir))
-    tables = [read_shard(s, columns, missing=missing) for s in shards]
+    tables = []
+    for shard in shards:
+        data = None
+        if sha256_into is not None:
+            try:
+                data = shard.read_bytes()
+            except OSError as e:
+                raise _unreadable(shard, e) from None
+            sha256_into[f"{PROCESSED_SUBDIR}/{shard.name}"] = hashlib.sha256(data).hexdigest()
+        tables.append(read_shard(shard, columns, missing=missing, data=data))
     if len(tables) == 1:
         return tables[0]
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import layout
-from ..errors import KitError, Stage2Error
+from ..errors import InputsChangedError, KitError, Stage2Error
 from ..formats import FormatError
 from ..formats import arrow as farrow
 from ..formats.sha256sums import format_sha256sums, read_single_sha256_file
@@ -181,10 +181,18 @@ class _ProcessedFacts:
 
 
 def _processed_facts(
-    data_root: Path, ids_by_ck: dict[str, list[str]], named_at: Callable[[str], str], problems: list[str]
+    data_root: Path,
+    ids_by_ck: dict[str, list[str]],
+    named_at: Callable[[str], str],
+    problems: list[str],
+    recorded: Mapping[str, str] | None,
 ) -> _ProcessedFacts:
-    """processed_dataset rows (by id) and frame-file sizes of the trajectories each cache dir must hold."""
+    """processed_dataset rows (by id) and frame-file sizes of the trajectories each cache dir must
+    hold. With ``recorded`` (sha256 by path under the data root, from the extraction records), every
+    Arrow file is parsed from bytes hashed as read and held to its record: InputsChangedError
+    naming each file that differs (edited since its check, even within the same build)."""
     out = _ProcessedFacts()
+    changed: list[str] = []
     for ck in sorted(ids_by_ck):
         cdir = layout.cache_dir(data_root, ck)
         pdir = cdir / farrow.PROCESSED_SUBDIR
@@ -195,11 +203,23 @@ def _processed_facts(
                 f"e.g. {wanted[0]} at {named_at(wanted[0])})"
             )
             continue
+        read_as: dict[str, str] | None = {} if recorded is not None else None
         try:
-            table: pa.Table | None = farrow.read_processed_table(cdir, PROCESSED_COLUMNS, missing="drop")
+            table: pa.Table | None = farrow.read_processed_table(
+                cdir, PROCESSED_COLUMNS, missing="drop", sha256_into=read_as
+            )
         except FormatError as e:
             problems.append(str(e))
             table = None
+        for rel, got in sorted((read_as or {}).items()):
+            holds = (recorded or {}).get(f"{layout.PROCESSED_DIR}/{ck}/{rel}")
+            if got != holds:
+                held = (
+                    f"not the {holds} its extraction record holds"
+                    if holds
+                    else "its extraction record has no sha256 of it"
+                )
+                changed.append(f"{cdir / rel}: sha256 {got}, {held}")
         if table is not None and "id" not in table.column_names:
             problems.append(f"{pdir}: has no 'id' column")
         elif table is not None:
@@ -227,6 +247,13 @@ def _processed_facts(
         by_name = {f"trajectory_{t}.npz": t for t in wanted}
         for name, size in file_sizes(fdir, [n for n in by_name if n in names]).items():
             out.frames_bytes[by_name[name]] = size
+    if changed:
+        raise InputsChangedError(
+            "the join: what it read changed since it was checked",
+            changed,
+            fix="run `stage2 build` again: its extract stage checks those folders and extracts again "
+            "what changed (an edited file is moved aside, not deleted)",
+        )
     return out
 
 
@@ -254,10 +281,12 @@ def build_join_table(
     *,
     check_sidecar_sha256: bool = True,
     workers: int | None = None,
+    processed_sha256: Mapping[str, str] | None = None,
 ) -> JoinResult:
     """Join pairs, action manifests, processed_dataset rows, frame files and sidecars by trajectory
     id; write ``tables/trajectory_join.parquet`` atomically (sorted by id) and return the problems
-    found (gathered, not raised)."""
+    found (gathered, not raised). ``processed_sha256`` (the extraction records' sha256 by path under
+    the data root): the processed_dataset files are held to it as read (InputsChangedError)."""
     data_root = Path(data_root)
     pairs_path, pairs, actions, problems = _load_kit(profile)
     derived = layout.derived_root(data_root)
@@ -295,7 +324,7 @@ def build_join_table(
         if ck is not None:
             ids_by_ck[ck].append(tid)
 
-    proc = _processed_facts(data_root, ids_by_ck, named_at, problems)
+    proc = _processed_facts(data_root, ids_by_ck, named_at, problems, processed_sha256)
 
     # pair frames files missing (once per trajectory, at its first line)
     for tid, (fpath, line) in sorted(pf.frames_of.items(), key=lambda kv: (kv[1][1], kv[0])):

@@ -38,12 +38,13 @@ import hashlib
 import json
 import os
 import stat
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from .. import __version__, layout
 from ..acquire import archive_state, source_origin, verified_sha256s
-from ..errors import ProblemsError
+from ..errors import InputsChangedError
 from ..extract import (
     EXTRACTOR_VERSION,
     ExtractionRecord,
@@ -203,11 +204,6 @@ def extract_status(profile: Profile, data_root: Path) -> str | None:
     return None
 
 
-class InputsChangedError(ProblemsError):
-    """What a step is about to read (an extracted file, an unpacked sidecar) is not what its record
-    says any more: changed since the extract stage or the unpack checked it."""
-
-
 def require_inputs_as_recorded(profile: Profile, data_root: Path, reader: str) -> dict[str, ExtractionRecord]:
     """Raise :class:`InputsChangedError` unless every extracted file and every unpacked sidecar is
     what its record says, checked now, right before ``reader`` (the join, the store writer) reads
@@ -243,6 +239,19 @@ def require_inputs_as_recorded(profile: Profile, data_root: Path, reader: str) -
             "extract or unpack again what changed (an edited file is moved aside, not deleted)",
         )
     return records
+
+
+def recorded_sha256(records: Mapping[str, ExtractionRecord]) -> dict[str, str]:
+    """Every extracted file's sha256 as its cache directory's extraction record (``records``, by
+    cache key) holds it, by its path under the data root (``processed_datasets/<key>/...``, as the
+    join names frames files): what a reader holds the bytes it reads to."""
+    out: dict[str, str] = {}
+    for key, rec in records.items():
+        prefix = f"{layout.PROCESSED_DIR}/{key}"
+        for rel, entry in rec.entries.items():
+            if entry and isinstance(entry[0], str):
+                out[f"{prefix}/{rel}"] = entry[0]
+    return out
 
 
 def published_store_stats(link: Path) -> dict[str, list[int]] | None:

@@ -7,7 +7,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
@@ -16,7 +16,7 @@ from .. import checks as C
 from .. import layout
 from ..checks import CheckOutcome, compare_totals, outcome
 from ..errors import StoreError, StoreNotFoundError
-from ..extract import ExtractionRecord, load_extraction_record
+from ..extract import load_extraction_record
 from ..fsutil import canonical_json
 from ..hashing import sha256_file
 from ..kit import load_pairs, read_join_rows
@@ -39,7 +39,7 @@ from ..store.format import SHARD_LAYOUT
 from ..store.gate import GateResult, publication_gate
 from ..store.retention import retention_after_publish
 from .result import StepResult, kv_table, rate
-from .status import clear_store_records, require_inputs_as_recorded, write_gate_record
+from .status import clear_store_records, recorded_sha256, require_inputs_as_recorded, write_gate_record
 
 
 def kit_inputs(profile: Profile) -> dict[str, str]:
@@ -68,19 +68,6 @@ def extracted_content(profile: Profile, data_root: Path) -> dict[str, str]:
     except (OSError, ValueError):
         marker = {}
     out["sidecars"] = str(marker.get("content_digest") or "") if isinstance(marker, dict) else ""
-    return out
-
-
-def _recorded_sha256(records: Mapping[str, ExtractionRecord]) -> dict[str, str]:
-    """Every extracted file's sha256 as its cache directory's extraction record (``records``, by
-    cache key) holds it, by its path under the data root (``processed_datasets/<key>/...``, as the
-    join names frames files)."""
-    out: dict[str, str] = {}
-    for key, rec in records.items():
-        prefix = f"{layout.PROCESSED_DIR}/{key}"
-        for rel, entry in rec.entries.items():
-            if entry and isinstance(entry[0], str):
-                out[f"{prefix}/{rel}"] = entry[0]
     return out
 
 
@@ -187,7 +174,7 @@ def step_store(
         records = require_inputs_as_recorded(profile, data_root, "the store writer")
         table = read_join_rows(data_root)  # the bytes the join wrote, checked as read
         derived = layout.derived_root(data_root)
-        recorded = _recorded_sha256(records)
+        recorded = recorded_sha256(records)
         sidecar_sha256 = {rel: e.get("sha256") for rel, e in recorded_sidecars(derived).items()}
         samples = []
         for r in table:
