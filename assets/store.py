@@ -1,6 +1,5 @@
 """The immutable VIN offline store."""
 
-import os
 import shlex
 from pathlib import Path
 from typing import Any
@@ -146,6 +145,23 @@ def build_store_assets() -> list[Any]:
     return [vin_store]
 
 
+def rebuild_into(instance: dg.DagsterInstance, data_root: Path) -> str:
+    """What the store check's fix adds when its run's Dagster instance (the UI's, whose verify run
+    shows the fix) is not the one a `stage2 build` of ``data_root`` records into by default
+    (``<data_root>/.dagster``): the DAGSTER_HOME that rebuild needs for its runs, and this check's
+    next result, to show in this UI. The instance's own folder, not this process's environment (a
+    run may be given another instance); nothing for an ephemeral instance (no UI shows it)."""
+    if instance.is_ephemeral:
+        return ""
+    home = Path(instance.root_directory).absolute()
+    if home.resolve() == (Path(data_root) / ".dagster").resolve():
+        return ""
+    return (
+        f" (run that `stage2 build` with DAGSTER_HOME={shlex.quote(str(home))} "
+        "in front, so that its runs and this check's next result show in this UI)"
+    )
+
+
 def build_store_checks(vin_store: Any) -> list[Any]:
     """Checks that run on their own over the published store (the nightly verify job runs them;
     the UI's Checks tab can execute them at any time); nothing is rebuilt. The check holds the data
@@ -155,7 +171,10 @@ def build_store_checks(vin_store: Any) -> list[Any]:
 
     @standalone_check(vin_store, C.STORE_BYTES_MATCH_MANIFEST)
     def store_bytes_match_manifest(
-        profile: ProfileResource, data_root: DataRootResource, store_target: StoreTargetResource
+        context: dg.AssetCheckExecutionContext,
+        profile: ProfileResource,
+        data_root: DataRootResource,
+        store_target: StoreTargetResource,
     ) -> dg.AssetCheckResult:
         prof = profile.load()
         with data_root_step_lock(data_root.root(), what=f"check {C.STORE_BYTES_MATCH_MANIFEST}"):
@@ -167,13 +186,8 @@ def build_store_checks(vin_store: Any) -> list[Any]:
             )
             forget_on_failure(data_root.root(), [(res.name, res.passed)], VIN_STORE)
         description = res.description
-        home = os.environ.get("DAGSTER_HOME")
-        if not res.passed and home and Path(home).absolute() != data_root.root() / ".dagster":
-            # the rebuild named in the fix records its runs in this UI's instance only with this
-            description += (
-                f" (run that `stage2 build` with DAGSTER_HOME={shlex.quote(str(Path(home).absolute()))} "
-                "in front, so that its runs and this check's next result show in this UI)"
-            )
+        if not res.passed:
+            description += rebuild_into(context.instance, data_root.root())
         return check_result(res.passed, description, res.metadata)
 
     return [store_bytes_match_manifest]

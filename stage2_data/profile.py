@@ -17,6 +17,7 @@ from pathlib import Path, PurePosixPath
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from .errors import ProfileError, UnknownArchivesError
 from .formats.sha256sums import file_kind, read_regular_bytes
@@ -33,6 +34,11 @@ KIT_KEYS = (
     "sidecar_archive",
     "sidecar_archive_sha256",
 )
+
+
+#: the error type of a problem Profile's cross-checks find between entries (a path listed twice, ...):
+#: raised at the key it is about, which format_validation_error names with its line
+CROSS_CHECK = "profile_cross_check"
 
 
 def check_relpath(value: str) -> str:
@@ -162,35 +168,52 @@ class Profile(_Strict):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Profile:
-        problems: list[str] = []
+        problems: list[InitErrorDetails] = []
+
+        def problem(loc: tuple[str | int, ...], value: Any, said: str) -> None:
+            # at the key it is about: format_validation_error names that key and its line
+            problems.append(
+                InitErrorDetails(
+                    type=PydanticCustomError(CROSS_CHECK, "{problem}", {"problem": said}),
+                    loc=loc,
+                    input=value,
+                )
+            )
+
         seen: dict[str, int] = {}
         for i, a in enumerate(self.archives):
             if a.path in seen:
-                problems.append(
-                    f"archives[{i}].path: {a.path!r} is listed twice (also as archives[{seen[a.path]}].path); "
-                    "remove one of the two entries"
+                problem(
+                    ("archives", i, "path"),
+                    a.path,
+                    f"{a.path!r} is listed twice (also as archives[{seen[a.path]}].path); "
+                    "remove one of the two entries",
                 )
             seen.setdefault(a.path, i)
         for i, q in enumerate(self.quarantined):
             if q.path in seen:
-                problems.append(
-                    f"quarantined[{i}].path: {q.path!r} is also listed under [[archives]]; "
-                    "a quarantined file is never downloaded: remove one of the two entries"
+                problem(
+                    ("quarantined", i, "path"),
+                    q.path,
+                    f"{q.path!r} is also listed under [[archives]]; "
+                    "a quarantined file is never downloaded: remove one of the two entries",
                 )
         keys_by_base: dict[str, set[str]] = defaultdict(set)
         for a in self.archives:
             keys_by_base[split_base(a.path)].add(a.cache_key)
         for base, keys in keys_by_base.items():
             if len(keys) > 1:
-                problems.append(f"archives: parts of {base!r} name different cache_keys {sorted(keys)}")
+                problem(
+                    ("archives",), sorted(keys), f"parts of {base!r} name different cache_keys {sorted(keys)}"
+                )
         bases_by_key: dict[str, set[str]] = defaultdict(set)
         for a in self.archives:
             bases_by_key[a.cache_key].add(split_base(a.path))
         for key, bases in bases_by_key.items():
             if len(bases) > 1:
-                problems.append(f"archives: cache_key {key!r} is fed by several tars {sorted(bases)}")
-        if problems:  # one a line: format_validation_error names each one's key and line
-            raise ValueError("\n".join(problems))
+                problem(("archives",), key, f"cache_key {key!r} is fed by several tars {sorted(bases)}")
+        if problems:  # raised inside a validator, each keeps its loc in the model's ValidationError
+            raise ValidationError.from_exception_data(type(self).__name__, problems)
         return self
 
     # ----- derived views -------------------------------------------------------------------
@@ -408,16 +431,8 @@ def format_validation_error(err: ValidationError, text: str | None = None) -> li
                 f"key {loc!r} = {e.get('input')!r}{at}: it must be a whole number, written without "
                 f"quotes or a decimal point (e.g. `{key} = 4096`)"
             )
-        elif kind == "value_error" and not parts:  # the cross-checks': each names its own key
-            msg = e.get("msg", "").removeprefix("Value error, ")
-            for problem in msg.splitlines():
-                key, sep, said = problem.partition(": ")
-                where = _parse_loc(key) if sep else None
-                if where is None:
-                    problems.append(problem)
-                    continue
-                line = _loc_line(text, where)
-                problems.append(f"key {key!r}" + (f" (line {line})" if line else "") + f": {said}")
+        elif kind == CROSS_CHECK:  # Profile's cross-checks: the message quotes the value already
+            problems.append(f"key {loc!r}{at}: {e.get('msg', '')}")
         else:
             msg = e.get("msg", "").removeprefix("Value error, ")
             shown = e.get("input")
@@ -426,22 +441,6 @@ def format_validation_error(err: ValidationError, text: str | None = None) -> li
             value = f" = {shown!r}" if simple else ""
             problems.append(f"key {loc!r}{value}{at}: {msg}")
     return problems
-
-
-_LOC_PART_RE = re.compile(r"([A-Za-z_]\w*)((?:\[\d+\])*)")
-
-
-def _parse_loc(key: str) -> tuple[Any, ...] | None:
-    """``archives[1].path`` as the location :func:`_loc` writes (``('archives', 1, 'path')``); None
-    for anything else."""
-    loc: list[Any] = []
-    for part in key.split("."):
-        m = _LOC_PART_RE.fullmatch(part)
-        if m is None:
-            return None
-        loc.append(m.group(1))
-        loc.extend(int(i) for i in re.findall(r"\[(\d+)\]", m.group(2)))
-    return tuple(loc)
 
 
 def _loc_line(text: str | None, loc: tuple[Any, ...], *, header: bool = False) -> int | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,11 +30,12 @@ from helpers.faults import (
     refused,
     run_cfg,
 )
+from pydantic import ValidationError
 
 from stage2_data import checks as C
 from stage2_data.demo import DemoPaths
 from stage2_data.errors import ProfileError
-from stage2_data.profile import load_profile
+from stage2_data.profile import CROSS_CHECK, Profile, load_profile, parse_profile
 from stage2_pipelines.runner import run_selection
 
 # A broken profile: each (profile text, what the one-line refusal names besides the file and "Fix:").
@@ -383,3 +385,54 @@ def test_a_profile_saved_with_a_byte_order_mark_loads(demo: DemoPaths, tmp_path:
     checked = stage2("pin", str(demo.profile), "--check", "--hub-folder", str(demo.upstream))
     assert checked.returncode == 0, checked.tail()
     assert "internal error" not in checked.stdout + checked.stderr
+
+
+def test_problems_between_entries_are_named_by_their_key_and_line(demo_cache: DemoPaths) -> None:
+    """The model's checks across entries (a path listed twice, a quarantined path listed as active,
+    the parts of one tar under several cache_keys, one cache_key fed by several tars) are raised at
+    the key each is about (its loc in the ValidationError, no key written into the message and parsed
+    back): each is said once, by its key, with the line where that key is written."""
+    good = demo_cache.profile.read_text()
+    prof = load_profile(demo_cache.profile)
+    first, second, *_ = prof.archives
+    part = next(a for a in prof.archives if a.path.endswith(".part-ab"))
+    quarantined = prof.quarantined[0].path
+    start = good.index(f'[[archives]]\npath = "{first.path}"\n')
+    end = good.index("\n\n", start) + 2
+    text = good[:end] + good[start:end] + good[end:]  # the first entry twice: archives[1]
+    # the second tar under the first's cache_key; a part of a split tar under a key of its own
+    text = text.replace(f'cache_key = "{second.cache_key}"', f'cache_key = "{first.cache_key}"', 1)
+    at_part = text.index(f'path = "{part.path}"\n')
+    text = text[:at_part] + text[at_part:].replace(
+        f'cache_key = "{part.cache_key}"', 'cache_key = "other_key"', 1
+    )
+    text += f'\n[[archives]]\npath = "{quarantined}"\ncache_key = "quarantined_key"\n'
+
+    def line(needle: str, after: int = 0) -> int:
+        return text.count("\n", 0, text.index(needle, after)) + 1
+
+    with pytest.raises(ValidationError) as ei:
+        Profile.model_validate(tomllib.loads(text))
+    found = [(e["type"], e["loc"]) for e in ei.value.errors()]
+    assert found == [
+        (CROSS_CHECK, ("archives", 1, "path")),
+        (CROSS_CHECK, ("quarantined", 0, "path")),
+        (CROSS_CHECK, ("archives",)),
+        (CROSS_CHECK, ("archives",)),
+    ], found
+    with pytest.raises(ProfileError) as pe:
+        parse_profile(tomllib.loads(text), source="P", text=text)
+    repeated = line(f'path = "{first.path}"', end)
+    listed = line(f'path = "{quarantined}"')  # under [[quarantined]], before the active entry
+    said = [
+        f"key 'archives[1].path' (line {repeated}): {first.path!r} is listed twice (also as "
+        "archives[0].path); remove one of the two entries",
+        f"key 'quarantined[0].path' (line {listed}): "
+        f"{quarantined!r} is also listed under [[archives]]; a quarantined file is never downloaded: "
+        "remove one of the two entries",
+        f"key 'archives': parts of {part.path.rsplit('.part-', 1)[0]!r} name different cache_keys "
+        f"{sorted([part.cache_key, 'other_key'])}",
+        f"key 'archives': cache_key {first.cache_key!r} is fed by several tars "
+        f"{sorted([first.path, second.path])}",
+    ]
+    assert str(pe.value).startswith("invalid profile P: " + "; ".join(said) + ". Fix: "), str(pe.value)
