@@ -278,6 +278,20 @@ def test_noop_rebuild_writes_nothing_and_asks_nothing(noop_rebuilt: dict[str, An
     assert len(extracted) > 100  # every extracted file (and folder) kept its inode and mtime
 
 
+def test_the_first_builds_check_count_says_what_the_ui_adds(noop_rebuilt: dict[str, Any]) -> None:
+    """The first build's summary counts each check result once and says how many verify checks its
+    steps also recorded (the UI lists those beside them); a no-op build ran no check and says so."""
+    from stage2_data.checks import CHECKS_BY_ASSET, STANDALONE_CHECKS
+
+    prof = load_profile(noop_rebuilt["demo"].profile)
+    per_key = {"archive_file", "cache_dir"}
+    ran = sum(len(n) * (len(prof.cache_keys()) if a in per_key else 1) for a, n in CHECKS_BY_ASSET.items())
+    recorded = sum(len(n) for n in STANDALONE_CHECKS.values())
+    line = f"checks:       {ran}/{ran} passed (the UI lists {recorded} more: verify checks recorded"
+    assert line in noop_rebuilt["first"].stdout, noop_rebuilt["first"].stdout
+    assert "checks:       none run" in noop_rebuilt["second"].stdout, noop_rebuilt["second"].stdout
+
+
 def test_noop_rebuild_launches_no_run(noop_rebuilt: dict[str, Any]) -> None:
     """Every stage is up to date: the second build launches no Dagster run at all."""
     before, after = noop_rebuilt["runs"]
