@@ -223,6 +223,52 @@ def test_a_path_that_is_no_store_is_named_with_the_store_meant(
         assert stage2("validate", line.split(": ")[-1].split(", ")[0], timeout=120).returncode == 0
 
 
+@pytest.mark.parametrize("command", ["preview", "export-rrd", "merge base", "merge sidecar", "python api"])
+def test_a_relative_store_path_with_nothing_there_is_named_as_given(
+    small_store: Path, tmp_path: Path, command: str
+) -> None:
+    """Every way a store is opened (not only validate and summary) says a relative path with nothing
+    there as the user gave it: taken relative to the working folder (named), and the fix says first to
+    run from the folder it is relative to; the path named is the folder the reader looked at. A path
+    climbing out of the working folder (``../``) is said so too."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (tmp_path / "data").mkdir()  # ../data exists: its stores folder does not
+    for given, root in (
+        (".demo/data/stores/p/current", None),
+        ("../data/stores/p/current", tmp_path / "data"),
+    ):
+        argv = {
+            "preview": ["preview", given, "--out", str(tmp_path / "p.png")],
+            "export-rrd": ["export-rrd", given, "0", "--out", str(tmp_path / "t.rrd")],
+            "merge base": ["merge", given, str(small_store), "--out", str(tmp_path / "m")],
+            "merge sidecar": ["merge", str(small_store), given, "--out", str(tmp_path / "m")],
+            "python api": [],
+        }[command]
+        if argv:
+            r = stage2(*argv, cwd=work, timeout=120)
+            assert r.returncode == 2, r.tail()
+            line = r.stderr.strip()
+            assert line == line.splitlines()[0] and "Traceback" not in line, line
+        else:
+            snippet = (
+                "import sys; from stage2_data.store import VinOfflineStoreReader; "
+                "VinOfflineStoreReader(sys.argv[1])"
+            )
+            r = run(python_argv(snippet, given), cwd=work, timeout=120)
+            assert r.returncode != 0 and "StoreNotFoundError" in r.stderr, r.tail()
+            line = r.stderr.strip().splitlines()[-1]
+        looked_at = os.path.normpath(work / given)
+        assert (
+            f"no complete VIN offline store at {looked_at}: nothing is there (the relative path {given} "
+            f"was taken relative to the working folder {work})." in line
+        ), line
+        assert f"run the command from the folder {given} is relative to, or pass its absolute path; " in line
+        data_root = "<the data root stage2 build filled>" if root is None else str(root)
+        assert line.endswith(f"build it: stage2 build --profile PROFILE.toml --data-root {data_root}"), line
+        assert not (tmp_path / "m").exists()
+
+
 @pytest.mark.parametrize("given", ["current", "a store folder", "a data root"])
 def test_gc_on_a_store_or_a_data_root_names_the_folder_meant(
     small_store: Path, tmp_path: Path, given: str

@@ -7,7 +7,7 @@ import argparse
 from typing import Any
 
 from .common import finish_command, print_json, storage_options
-from .store import STORE_ARG_HELP, STORE_EXAMPLE, _relative_named, _target
+from .store import STORE_ARG_HELP, STORE_EXAMPLE, _target
 
 
 def _n(value: str) -> int:
@@ -61,8 +61,7 @@ def cmd_preview(args: argparse.Namespace) -> int:
     from ..store import VinOfflineStoreReader
 
     store = _target(args.store)
-    with _relative_named(store):
-        reader = VinOfflineStoreReader(store, storage_options(args))
+    reader = VinOfflineStoreReader(store, storage_options(args))
     with reader:
         # every argument is checked before a frame is read or a byte written
         check_n(args.n)
@@ -91,8 +90,7 @@ def cmd_export_rrd(args: argparse.Namespace) -> int:
     from ..store import VinOfflineStoreReader
 
     store = _target(args.store)
-    with _relative_named(store):
-        reader = VinOfflineStoreReader(store, storage_options(args))
+    reader = VinOfflineStoreReader(store, storage_options(args))
     with reader:
         e = export_rrd(reader, args.sample, args.out)
         store = reader.resolved

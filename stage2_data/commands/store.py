@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,28 +68,6 @@ def _bucket_named(target: Path | str, opts: dict[str, Any] | None) -> Iterator[N
         raise
 
 
-@contextlib.contextmanager
-def _relative_named(*targets: Path | str) -> Iterator[None]:
-    """A store argument given as a relative path with nothing there is said as that: taken relative
-    to the working folder (named), and the fix says first to run from the folder it is relative to
-    or pass an absolute path (``cd /tmp && stage2 summary .demo/data/stores/p/current``)."""
-    from ..errors import StoreNotFoundError
-    from ..store.manifest import missing_store_error
-
-    try:
-        yield
-    except StoreNotFoundError as err:
-        for target in targets:
-            if (
-                isinstance(target, Path)
-                and not target.is_absolute()
-                and not os.path.lexists(target)
-                and str(target.absolute()) in err.message
-            ):
-                raise missing_store_error(target) from None
-        raise
-
-
 # ----- validate ------------------------------------------------------------------------------------
 def _check_current(store: Path | str, opts: dict[str, Any] | None, command: str) -> None:
     """Refuse a target read through a ``CURRENT`` object that names no store (object storage: a
@@ -117,7 +94,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     store = _target(args.store)
     opts = storage_options(args)
     try:
-        with _bucket_named(store, opts), _relative_named(store):
+        with _bucket_named(store, opts):
             _check_current(store, opts, "stage2 validate")
             # strict open: version / missing manifest refused with the fix. ``current`` (a link, or
             # the CURRENT object on object storage) is resolved here once, as every reader resolves
@@ -244,7 +221,7 @@ def cmd_summary(args: argparse.Namespace) -> int:
 
     opts = storage_options(args)
     store = _target(args.store)
-    with _bucket_named(store, opts), _relative_named(store):
+    with _bucket_named(store, opts):
         _check_current(store, opts, "stage2 summary")
         VinOfflineStoreReader(store, opts)  # strict open
     doc = summary_document(store, opts)
@@ -265,8 +242,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     if isinstance(out, Path):  # never replace a link's target, a special file, or a store already there
         check_output_path(out, option="--out", kind="folder", error=StoreError)
     base, sidecar = _target(args.base), _target(args.sidecar)
-    with _relative_named(base, sidecar):
-        m = merge_vin_offline_stores(base, sidecar, out, storage_options(args))
+    m = merge_vin_offline_stores(base, sidecar, out, storage_options(args))
     st = m["stats"]
     doc = {
         "ok": True,

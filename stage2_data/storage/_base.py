@@ -138,6 +138,10 @@ class StoreLocation:
     Build one with :meth:`parse`; ``StoreLocation(root=..., url=..., fs=...)`` also gives the right
     subclass. Paths are :class:`pathlib.Path` values on both backends (``root / rel``);
     :meth:`display` names one for messages.
+
+    ``given`` is the local path as the user gave it (``~`` expanded, not made absolute), kept
+    beside ``root`` for messages (a relative one with nothing there is said to be taken relative
+    to the working folder); ``""`` when the location was not parsed from a user's path.
     """
 
     root: Path
@@ -145,6 +149,7 @@ class StoreLocation:
     protocol: str = "file"
     storage_options: dict[str, Any] = field(default_factory=dict)
     fs: Any = None
+    given: str = ""
 
     def __init_subclass__(cls, *, backend: str | None = None, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -26,7 +26,13 @@ class LocalLocation(StoreLocation, backend="local"):
     @classmethod
     def from_target(cls, target: str, storage_options: dict[str, Any] | None = None) -> LocalLocation:
         p = Path(target).absolute()
-        return cls(root=p, url=str(p))
+        return cls(root=p, url=str(p), given=target)
+
+    def resolved(self) -> LocalLocation:
+        """The folder this location names, links resolved (``stores/<profile>/current``: the store
+        folder it points at), still named as the user gave it (:attr:`given`)."""
+        p = Path(os.path.realpath(self.root))
+        return LocalLocation(root=p, url=str(p), given=self.given)
 
     def child(self, rel: str) -> StoreLocation:
         p = self.root / rel

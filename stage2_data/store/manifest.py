@@ -54,55 +54,37 @@ class ManifestFile:
 _STORE_PARTS = frozenset({SAMPLE_INDEX_NAME, PAIRS_NAME, SPLITS_DIR, SHARDS_DIR})
 
 
+#: the data root of :func:`rebuild_command` for a store path whose data root does not exist
+_UNKNOWN_DATA_ROOT = "<the data root stage2 build filled>"
+
 #: the fix when the path given holds something else than a store
 _PASS_A_STORE = (
     "pass the store's folder (the one holding manifest.json), e.g. <data root>/stores/<profile>/current"
 )
 
 
-def _build_command(path: str) -> str:
-    """The command that builds the store at ``path``: :func:`rebuild_command`, whose data root (read
-    from the layout ``<DATA_ROOT>/stores/<profile>/<id>``) is named only when that folder exists: a
-    path that leads nowhere names no data root to build into."""
-    p = Path(path).absolute()
-    if (
-        not is_url(path)
-        and len(p.parents) >= 3
-        and p.parent.parent.name == "stores"
-        and not p.parents[2].is_dir()
-    ):
-        return "stage2 build --profile PROFILE.toml --data-root <the data root stage2 build filled>"
-    return rebuild_command(path, None)
-
-
-def missing_store_error(target: str | os.PathLike[str]) -> StoreNotFoundError:
-    """The error for a local store path ``target`` that holds no complete store, as the reader
-    raises it; ``target`` as the user gave it, so that a relative one is said to be taken relative
-    to the working folder (``stage2 summary .demo/...`` run from another folder)."""
-    given = os.fspath(target)
-    return _no_store(StoreLocation.parse(given), given=given)
-
-
-def _no_store(loc: StoreLocation, given: str | None = None) -> StoreNotFoundError:
+def _no_store(loc: StoreLocation) -> StoreNotFoundError:
     """Why ``loc`` holds no complete store, in the words that fit what is there: nothing; a file; a
     profile's stores folder (the store is its ``current``); a data root; a folder of other files; or
-    a folder without a manifest (an incomplete store, or an empty folder). ``given``: the path as
-    the user gave it, when known (a relative one with nothing there is said to be taken relative to
-    the working folder)."""
+    a folder without a manifest (an incomplete store, or an empty folder). A local path the user gave
+    relative (:attr:`StoreLocation.given`) with nothing there is said to be taken relative to the
+    working folder (``stage2 summary .demo/...`` run from another folder)."""
     path = loc.url
     what = f"{MANIFEST_NAME} is missing (incomplete or not a store)"
-    fix = f"build it: {_build_command(path)}"
+    build = rebuild_command(path, None)
+    fix = f"build it: {build}"
     if not loc.exists(loc.root):
         what = "nothing is there"
         fix = f"check the path (a store folder, or <data root>/stores/<profile>/current), or {fix}"
-        if given is not None and loc.is_local and not os.path.isabs(given):
+        given = loc.given
+        if loc.is_local and given and not os.path.isabs(given) and not os.path.lexists(given):
             what = (
                 f"nothing is there (the relative path {given} was taken relative to the working folder "
                 f"{os.getcwd()})"
             )
             fix = (
                 f"run the command from the folder {given} is relative to, or pass its absolute path; "
-                f"if the store was never built, build it: {_build_command(path)}"
+                f"if the store was never built, build it: {build}"
             )
     elif loc.is_file(loc.root):
         what = "it is a file, not a store folder"
@@ -201,9 +183,12 @@ def rebuild_command(path: str | os.PathLike[str], manifest: dict[str, Any] | Non
 
     The data root is the one the store lives in when ``path`` follows the layout
     ``<DATA_ROOT>/stores/<profile>/<id>`` (so a moved or copied data root rebuilds itself, not the
-    place it was built in); otherwise the one recorded in ``manifest["local"]``. The profile path (and
-    the kit root when it was not the profile's folder) come from ``manifest["local"]``; without them
-    a ``PROFILE.toml`` placeholder is printed. No ``--endpoint``: archives already verified in the
+    place it was built in); otherwise the one recorded in ``manifest["local"]``. Without a manifest
+    (no store at ``path``: the command builds one) the layout's data root is named only when that
+    folder exists: a path that leads nowhere names no data root to build into, and the command says
+    to pass the one ``stage2 build`` filled. The profile path (and the kit root when it was not the
+    profile's folder) come from ``manifest["local"]``; without them a ``PROFILE.toml`` placeholder
+    is printed. No ``--endpoint``: archives already verified in the
     data root are never requested again, so the command runs offline; missing ones come from the
     real hub (add ``--endpoint URL`` for a mirror).
     """
@@ -215,6 +200,8 @@ def rebuild_command(path: str | os.PathLike[str], manifest: dict[str, Any] | Non
     # (object storage: the data root recorded by the writer, if any)
     if not is_url(os.fspath(path)) and len(p.parents) >= 3 and p.parent.parent.name == "stores":
         data_root = str(p.parents[2])
+        if manifest is None and not p.parents[2].is_dir():
+            data_root = _UNKNOWN_DATA_ROOT
     if not isinstance(data_root, str) or not data_root:
         data_root = "DATA_ROOT"
     if not isinstance(profile_path, str) or not profile_path:
@@ -222,7 +209,7 @@ def rebuild_command(path: str | os.PathLike[str], manifest: dict[str, Any] | Non
     cmd = ["stage2", "build", "--profile", profile_path, "--data-root", data_root]
     if isinstance(kit_root, str) and kit_root and Path(kit_root) != Path(profile_path).parent:
         cmd += ["--kit-root", kit_root]
-    return shlex.join(cmd)
+    return " ".join(w if w == _UNKNOWN_DATA_ROOT else shlex.quote(w) for w in cmd)
 
 
 # ----- fingerprint ---------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from zarr.storage import WrapperStore
 from .. import layout
 from ..errors import LoaderError, StoreError, StoreNotFoundError, StoreValidationError
 from ..publish import is_temp_name
-from ..storage import StoreLocation, current_candidates, current_error
+from ..storage import LocalLocation, StoreLocation, current_candidates, current_error
 from .format import (
     BLOCK_ACTIONS,
     BLOCK_FRAMES,
@@ -113,10 +113,10 @@ def resolve_store(
     """The store ``path`` names, resolved now: a local path through ``os.path.realpath`` (so
     ``stores/<profile>/current`` becomes the folder it points at); on object storage a prefix without
     a manifest that is ``<profile>/current`` or ``<profile>`` itself is the folder named by the
-    profile's ``CURRENT`` object (read once)."""
+    profile's ``CURRENT`` object (read once). A local one keeps the path as given (for messages)."""
     loc = StoreLocation.parse(path, storage_options)
-    if loc.is_local:
-        return StoreLocation.parse(os.path.realpath(loc.root))
+    if isinstance(loc, LocalLocation):
+        return loc.resolved()
     if loc.is_file(loc.root / MANIFEST_NAME):
         return loc
     for c in current_candidates(loc):
