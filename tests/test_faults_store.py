@@ -262,6 +262,38 @@ def test_an_arrow_file_changed_after_its_check_is_refused_by_the_join(
     assert layout.join_table_path(root).read_bytes() == joined
 
 
+def test_pairs_in_a_cache_directory_the_profile_does_not_list_never_reach_a_store(
+    built: dict, demo_cache: DemoPaths, tmp_path: Path
+) -> None:
+    """A profile without one cache directory's archive, over a data root where that directory is
+    still extracted and a kit whose pairs still use it (the store job run on its own from the UI,
+    before a build moves the directory to ``unused/``): its frames are pinned, extracted and byte
+    checked by nothing this profile builds, and used to be published in the store all the same.
+    The join names each such pair's trajectory and the fix; the writer refuses any sample whose
+    frames no extraction record of the profile holds, naming the file; nothing is published."""
+    import shutil
+
+    from stage2_data import steps
+    from stage2_data.profile import load_profile
+    from stage2_data.store import StoreInputError
+
+    root = tmp_path / "root"
+    shutil.copytree(built["root"], root, symlinks=True, ignore=shutil.ignore_patterns(".dagster"))
+    prof = load_profile(demo_cache.profile)
+    current = layout.current_store_path(root, prof.name).resolve()
+    drop = "jesbu1_racer_rfm_racer_train"
+    small = prof.model_copy(update={"archives": [a for a in prof.archives if a.cache_key != drop]})
+    joined = {c.name: c for c in steps.step_join(small, root).checks}
+    said = joined[C.JOIN_HAS_NO_PROBLEMS].description
+    assert not joined[C.JOIN_HAS_NO_PROBLEMS].passed
+    assert f"is in cache directory {drop!r}, which the profile" in said and "[[archives]]" in said, said
+    with pytest.raises(StoreInputError) as ei:
+        steps.step_store(small, root)
+    said = str(ei.value)
+    assert f"processed_datasets/{drop}/frames/trajectory_" in said and "no extraction record" in said, said
+    assert layout.current_store_path(root, prof.name).resolve() == current
+
+
 def test_a_store_built_again_under_currents_name_is_not_current_before_its_gate(
     built: dict, demo_cache: DemoPaths, tmp_path: Path
 ) -> None:

@@ -185,12 +185,14 @@ def _processed_facts(
     ids_by_ck: dict[str, list[str]],
     named_at: Callable[[str], str],
     problems: list[str],
-    recorded: Mapping[str, str] | None,
+    recorded: Mapping[str, Mapping[str, str]] | None,
 ) -> _ProcessedFacts:
     """processed_dataset rows (by id) and frame-file sizes of the trajectories each cache dir must
-    hold. With ``recorded`` (sha256 by path under the data root, from the extraction records), every
-    Arrow file is parsed from bytes hashed as read and held to its record: InputsChangedError
-    naming each file that differs (edited since its check, even within the same build)."""
+    hold. ``recorded``: by cache key, the sha256 of every file its extraction record holds (by path
+    in the cache directory); the Arrow files of those cache directories are parsed from bytes hashed
+    as read and held to it: InputsChangedError naming each file that differs (edited since its
+    check, even within the same build). A cache directory without a record there (one the profile
+    does not list, named by action rows only) is read as found: no row of it reaches a store."""
     out = _ProcessedFacts()
     changed: list[str] = []
     for ck in sorted(ids_by_ck):
@@ -203,7 +205,8 @@ def _processed_facts(
                 f"e.g. {wanted[0]} at {named_at(wanted[0])})"
             )
             continue
-        read_as: dict[str, str] | None = {} if recorded is not None else None
+        held_to = recorded.get(ck) if recorded is not None else None
+        read_as: dict[str, str] | None = {} if held_to is not None else None
         try:
             table: pa.Table | None = farrow.read_processed_table(
                 cdir, PROCESSED_COLUMNS, missing="drop", sha256_into=read_as
@@ -212,7 +215,7 @@ def _processed_facts(
             problems.append(str(e))
             table = None
         for rel, got in sorted((read_as or {}).items()):
-            holds = (recorded or {}).get(f"{layout.PROCESSED_DIR}/{ck}/{rel}")
+            holds = (held_to or {}).get(rel)
             if got != holds:
                 held = (
                     f"not the {holds} its extraction record holds"
@@ -281,12 +284,14 @@ def build_join_table(
     *,
     check_sidecar_sha256: bool = True,
     workers: int | None = None,
-    processed_sha256: Mapping[str, str] | None = None,
+    processed_sha256: Mapping[str, Mapping[str, str]] | None = None,
 ) -> JoinResult:
     """Join pairs, action manifests, processed_dataset rows, frame files and sidecars by trajectory
     id; write ``tables/trajectory_join.parquet`` atomically (sorted by id) and return the problems
-    found (gathered, not raised). ``processed_sha256`` (the extraction records' sha256 by path under
-    the data root): the processed_dataset files are held to it as read (InputsChangedError)."""
+    found (gathered, not raised). ``processed_sha256`` (by cache key, the sha256 of each file its
+    extraction record holds): those processed_dataset files are held to it as read
+    (InputsChangedError). A pair whose frames are in a cache directory the profile does not list is
+    a problem: its bytes are pinned, extracted and checked by nothing this profile builds."""
     data_root = Path(data_root)
     pairs_path, pairs, actions, problems = _load_kit(profile)
     derived = layout.derived_root(data_root)
@@ -324,6 +329,16 @@ def build_join_table(
         if ck is not None:
             ids_by_ck[ck].append(tid)
 
+    listed = set(profile.cache_keys())
+    for tid in sorted(pf.pair_count):
+        ck = cache_key_of.get(tid)
+        if ck is not None and ck not in listed:
+            problems.append(
+                f"trajectory {tid} (named at {named_at(tid)}) is in cache directory {ck!r}, which the "
+                f"profile {profile.profile_path or profile.name} does not list: add its archive to the "
+                "profile's [[archives]] (`stage2 pin` fills its size and sha256), or remove the pair "
+                "rows that use it from the kit"
+            )
     proc = _processed_facts(data_root, ids_by_ck, named_at, problems, processed_sha256)
 
     # pair frames files missing (once per trajectory, at its first line)

@@ -14,7 +14,7 @@ from ..kit.sidecars import invalidate_sidecars
 from ..kit.subset_bytes import ByteReport
 from ..profile import Profile
 from .result import StepResult, rate
-from .status import recorded_sha256, require_inputs_as_recorded
+from .status import require_inputs_as_recorded
 
 
 def step_sidecars(profile: Profile, data_root: Path) -> StepResult:
@@ -84,7 +84,8 @@ def _by_source_keys(expected: dict[str, int]) -> dict[str, str]:
 def step_join(profile: Profile, data_root: Path) -> StepResult:
     # the rows' text comes from these files: checked now, and held to their records as read
     records = require_inputs_as_recorded(profile, data_root, "the join")
-    join = build_join_table(profile, data_root, processed_sha256=recorded_sha256(records))
+    held = {k: {rel: e[0] for rel, e in rec.entries.items() if e} for k, rec in records.items()}
+    join = build_join_table(profile, data_root, processed_sha256=held)
     rep = link_check(profile, data_root)
     problems = list(join.problems) + [p for p in rep.problems if p not in join.problems]
     md = {

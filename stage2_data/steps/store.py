@@ -30,6 +30,7 @@ from ..store import (
     OFFLINE_DATASET_VERSION,
     PairSpec,
     SampleSpec,
+    StoreInputError,
     VinOfflineStoreReader,
     collect_vin_offline_dataset_stats,
     validate_vin_offline_store,
@@ -177,8 +178,16 @@ def step_store(
         recorded = recorded_sha256(records)
         sidecar_sha256 = {rel: e.get("sha256") for rel, e in recorded_sidecars(derived).items()}
         samples = []
+        unheld = []  # samples whose frames no extraction record of this profile holds
         for r in table:
             if not r.get("in_pairs"):
+                continue
+            if r["frames_path"] not in recorded:
+                unheld.append(
+                    f"{data_root / r['frames_path']} (sample {r['stage2_trajectory_id']}): no extraction "
+                    f"record of profile {profile.name} holds its sha256 (cache directory "
+                    f"{r.get('cache_key')!r} is not one the profile lists)"
+                )
                 continue
             sidecar = None
             if r.get("sidecar_path") and r.get("sidecar_present"):
@@ -197,9 +206,16 @@ def step_store(
                     sidecar_path=sidecar,
                     action_status=r.get("action_status"),
                     num_frames=r.get("num_frames"),  # the processed_dataset row's: must equal the file's
-                    frames_file_sha256=recorded.get(r["frames_path"]),
+                    frames_file_sha256=recorded[r["frames_path"]],
                     sidecar_file_sha256=sidecar_sha256.get(r["sidecar_path"]) if sidecar else None,
                 )
+            )
+        if unheld:
+            raise StoreInputError(
+                "the store writer: frames no record of this build holds",
+                unheld,
+                fix="run `stage2 build`: its join names the pair rows whose cache directory the "
+                "profile does not list (add the archive to the profile, or the rows go from the kit)",
             )
         pairs_rows, _ = load_pairs(profile.kit_file("pair_manifest"))
         pairs = [
