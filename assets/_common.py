@@ -22,7 +22,7 @@ import dagster as dg
 from stage2_data.checks import CHECK_DESCRIPTIONS, CHECKS_BY_ASSET, NON_BLOCKING, CheckOutcome
 from stage2_data.errors import DiskSpaceError, FileSystemError, Stage2Error
 from stage2_data.extract import cancel_extractions
-from stage2_data.fsutil import human_bytes
+from stage2_data.fsutil import canonical_json, human_bytes
 from stage2_data.publish.lock import run_step_lock
 from stage2_data.stages import BUILD_TAG, PARTITIONS_TAG, READS, stage_of
 from stage2_data.steps import StepResult
@@ -43,6 +43,17 @@ def check_specs(asset: str) -> list[dg.AssetCheckSpec]:
 # one its latest materialization recorded). Bump an asset's entry when its step starts writing
 # something else for the same inputs.
 CODE_VERSIONS: dict[str, str] = {name: "1" for name in CHECKS_BY_ASSET}
+
+
+def code_version_with(name: str, part: Any) -> str:
+    """``CODE_VERSIONS[name]`` followed by a digest of ``part`` (a part of the profile, as canonical
+    JSON): the code version of an asset whose result depends on that part too, so that the UI marks
+    it stale (code version changed) once the code location is reloaded after an edit of that part.
+    Only for an asset every build runs again when that part changes (the build's stage status reads
+    the profile file's stats): the mark then lasts until the next build, never longer."""
+    digest = hashlib.sha256(canonical_json(part).encode()).hexdigest()
+    return f"{CODE_VERSIONS[name]}-{digest[:16]}"
+
 
 # The tag `stage2 build` puts on a run: how many partitions to work on at once (and PARTITIONS_TAG).
 WORKERS_TAG = "stage2/workers"

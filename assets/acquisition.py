@@ -20,6 +20,7 @@ from stage2_resources import DataRootResource, HubSourceResource, ProfileResourc
 
 from ._common import (
     CODE_VERSIONS,
+    code_version_with,
     default_workers,
     partition_workers,
     run_partitions,
@@ -33,14 +34,6 @@ from .step_asset import step_asset
 GROUP = "acquire"
 
 
-def profile_digest(profile: Profile) -> str:
-    """The sha256 of what the profile pins and expects (its TOML as ``stage2 pin --write`` writes
-    it, the free-text description left out). The profile asset's code version ends with it, so an
-    edited profile marks that asset stale in the UI once the code location is reloaded, until it is
-    materialized again (every build whose profile changed does)."""
-    return hashlib.sha256(profile.model_copy(update={"description": ""}).to_toml().encode()).hexdigest()
-
-
 # The profile asset's data version: the same for every profile. What reads the profile is marked
 # stale by its own data versions (an archive's: its pinned sha256s), which a build refreshes only
 # where something changed; a data version that followed every profile edit would leave assets a
@@ -50,7 +43,6 @@ PROFILE_DATA_VERSION = "profile-1"
 
 def build_acquisition_assets(profile: Profile) -> list[Any]:
     cache_keys = cache_key_partitions(profile)
-    digest = profile_digest(profile)
 
     @stage_asset(
         PINNED_PROFILE,
@@ -62,7 +54,11 @@ def build_acquisition_assets(profile: Profile) -> list[Any]:
             "materialized again (a build of the edited profile does)."
         ),
         kind="toml",
-        code_version=f"{CODE_VERSIONS[PINNED_PROFILE]}-{digest[:16]}",
+        # what the profile pins and expects (its TOML as `stage2 pin --write` writes it), the
+        # free-text description left out
+        code_version=code_version_with(
+            PINNED_PROFILE, profile.model_copy(update={"description": ""}).to_toml()
+        ),
     )
     def pinned_profile(
         context: dg.AssetExecutionContext,

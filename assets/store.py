@@ -10,12 +10,14 @@ from stage2_data import checks as C
 from stage2_data import layout, preview, steps
 from stage2_data.errors import Stage2Error
 from stage2_data.fsutil import python_str
+from stage2_data.profile import Profile
 from stage2_data.stages import VIN_STORE
 from stage2_data.store import VinOfflineStoreReader
 from stage2_resources import DataRootResource, ProfileResource, StoreTargetResource
 
 from ._common import (
     check_result,
+    code_version_with,
     data_root_step_lock,
     forget_on_failure,
     run_step,
@@ -107,12 +109,17 @@ def store_bytes_as_built(res: steps.StepResult) -> list[C.CheckOutcome]:
     ]
 
 
-def build_store_assets() -> list[Any]:
+def build_store_assets(profile: Profile) -> list[Any]:
     @stage_asset(
         VIN_STORE,
         group=GROUP,
-        description="stores/PROFILE/current: the immutable, versioned, sharded Zarr v3 VIN offline store.",
+        description=(
+            "stores/PROFILE/current: the immutable, versioned, sharded Zarr v3 VIN offline store. Its "
+            "code version ends with a digest of what the writer reads from the profile (its name, "
+            "repo, revision and max_frames): an edit of those marks it stale until the next build."
+        ),
         kind="zarr",
+        code_version=code_version_with(VIN_STORE, {**profile.identity(), "max_frames": profile.max_frames}),
     )
     def vin_store(
         context: dg.AssetExecutionContext,

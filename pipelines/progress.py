@@ -454,8 +454,12 @@ class BuildProgress:
 
 def _unchanged(st: _Stage) -> str:
     """What a stage that wrote nothing says: "up to date" when it did not run (nothing to do), else
-    that its runs checked what is there (`--reverify`, or a stage run after one that ran)."""
-    return "checked, nothing changed" if st.ran else "up to date"
+    that its runs checked what is there (`--reverify`, or a stage run after one that ran). The
+    profile stage, which never writes, says only "checked": "nothing changed" after an edit of the
+    profile would read as if the edit had not been seen."""
+    if not st.ran:
+        return "up to date"
+    return "checked" if st.stage.name == PROFILE.name else "checked, nothing changed"
 
 
 class _StateColumn(ProgressColumn):

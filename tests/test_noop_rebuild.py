@@ -31,7 +31,7 @@ from stage2_data.extract import check_extraction, extract_cache_dir, load_extrac
 from stage2_data.extract import extract as extract_mod
 from stage2_data.kit import SIDECAR_INDEX
 from stage2_data.profile import Profile, load_profile
-from stage2_data.stages import ACQUIRE, EXTRACT, STAGES, STORE
+from stage2_data.stages import ACQUIRE, EXTRACT, PROFILE, STAGES, STORE
 from stage2_data.steps import step_extract
 from stage2_data.steps.status import (
     build_status,
@@ -462,6 +462,10 @@ def test_reverify_runs_every_stage(noop_rebuilt: dict[str, Any]) -> None:
     # as it was say they checked it
     assert _up_to_date(out) == [], out.stderr
     assert "checked, nothing changed" in out.stderr, out.stderr
+    # the profile stage writes nothing: "nothing changed" would read as if an edit went unseen
+    assert re.search(rf"^\[1/{len(STAGES)}\] {re.escape(PROFILE.label)}: checked$", out.stderr, re.M), (
+        out.stderr
+    )
     # the setting does what the flag does (docs/operating.md's settings); a word it does not know
     # is refused before anything runs
     env = subprocess_env(drop=("DAGSTER_HOME", "CI"), STAGE2_REVERIFY="yes")

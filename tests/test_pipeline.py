@@ -255,9 +255,10 @@ def test_an_edited_profile_is_marked_stale_until_a_build_of_it(
 ) -> None:
     """The UI's stale marks follow the profile, not only the code: after the build, an edit of
     the profile's description marks nothing stale; an edit of a pin marks the profile asset stale
-    as soon as the definitions are loaded again (its code version carries the profile's digest),
-    and a build of the edited profile leaves nothing stale (what reads the profile is marked by its
-    own data versions, refreshed where the build had work)."""
+    as soon as the definitions are loaded again (its code version carries the profile's digest);
+    an edit of max_frames marks the store stale too (what the writer reads of the profile is in its
+    code version); a build of the edited profile leaves nothing stale (what reads the profile is
+    marked by its own data versions, refreshed where the build had work)."""
     home, root = tmp_path / "home", _copy_built(built, tmp_path)
     shutil.copytree(built["home"], home)
     prof = load_profile(demo_cache.profile)
@@ -283,8 +284,13 @@ def test_an_edited_profile_is_marked_stale_until_a_build_of_it(
         assert _stale(instance, defs) == {
             ("pinned_profile", None): ("STALE", ["pinned_profile has a new code version"])
         }
+        shorter = text.replace("\n[source]", "max_frames = 31\n\n[source]", 1)
+        assert _stale(instance, defs_of(shorter)) == {
+            ("pinned_profile", None): ("STALE", ["pinned_profile has a new code version"]),
+            ("vin_store", None): ("STALE", ["vin_store has a new code version"]),
+        }
     with HubServer(demo_cache.upstream, repo_id=demo_cache.repo_id, revision=demo_cache.revision) as hub:
-        edited.write_text(text.replace(prof.quarantined[0].reason, "another reason"))
+        edited.write_text(shorter.replace(prof.quarantined[0].reason, "another reason"))
         with environ(DAGSTER_HOME=str(home)):
             s = build_all(
                 BuildConfig(
