@@ -178,20 +178,26 @@ def step_store(
         recorded = recorded_sha256(records)
         sidecar_sha256 = {rel: e.get("sha256") for rel, e in recorded_sidecars(derived).items()}
         samples = []
-        unheld = []  # samples whose frames no extraction record of this profile holds
+        unheld = []  # samples whose frames (or sidecar) no record of this build holds
+        listed = set(profile.cache_keys())
         for r in table:
             if not r.get("in_pairs"):
                 continue
+            sample = f"sample {r['stage2_trajectory_id']}"
             if r["frames_path"] not in recorded:
+                ck = r.get("cache_key")
+                why = "not one the profile lists" if ck not in listed else "its record does not list the file"
                 unheld.append(
-                    f"{data_root / r['frames_path']} (sample {r['stage2_trajectory_id']}): no extraction "
-                    f"record of profile {profile.name} holds its sha256 (cache directory "
-                    f"{r.get('cache_key')!r} is not one the profile lists)"
+                    f"{data_root / r['frames_path']} ({sample}): no extraction record of profile "
+                    f"{profile.name} holds its sha256 (cache directory {ck!r}: {why})"
                 )
                 continue
             sidecar = None
             if r.get("sidecar_path") and r.get("sidecar_present"):
                 sidecar = derived / r["sidecar_path"]
+                if not sidecar_sha256.get(r["sidecar_path"]):
+                    unheld.append(f"{sidecar} ({sample}): the unpack's index holds no sha256 of it")
+                    continue
             samples.append(
                 SampleSpec(
                     sample_key=r["stage2_trajectory_id"],
@@ -207,15 +213,16 @@ def step_store(
                     action_status=r.get("action_status"),
                     num_frames=r.get("num_frames"),  # the processed_dataset row's: must equal the file's
                     frames_file_sha256=recorded[r["frames_path"]],
-                    sidecar_file_sha256=sidecar_sha256.get(r["sidecar_path"]) if sidecar else None,
+                    sidecar_file_sha256=sidecar_sha256[r["sidecar_path"]] if sidecar else None,
                 )
             )
         if unheld:
             raise StoreInputError(
-                "the store writer: frames no record of this build holds",
+                "the store writer: files no record of this build holds",
                 unheld,
-                fix="run `stage2 build`: its join names the pair rows whose cache directory the "
-                "profile does not list (add the archive to the profile, or the rows go from the kit)",
+                fix="run `stage2 build`: its extract stage and the unpack record their files again, and "
+                "its join names pair rows whose cache directory the profile does not list (add that "
+                "archive to the profile, or remove the rows from the kit)",
             )
         pairs_rows, _ = load_pairs(profile.kit_file("pair_manifest"))
         pairs = [
