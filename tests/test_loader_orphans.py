@@ -53,15 +53,31 @@ SHM = Path("/dev/shm")
 WAIT = 60.0  # seconds at most for the workers to notice (a bound for a loaded machine, not a timing)
 
 
+def _state(stat: str) -> list[str]:
+    """The fields of a ``/proc/.../stat`` after the command's name (the first: the state)."""
+    return stat[stat.rindex(")") + 2 :].split()
+
+
 def _start_time(pid: int) -> int | None:
     """The start time of the live process ``pid`` (None when there is none, or a zombie): with the
-    pid it names one process, never one that reused its pid."""
+    pid it names one process, never one that reused its pid.
+
+    A zombie is one whose every thread ended. A killed process's first thread (``/proc/<pid>/stat``)
+    can be a zombie while its other threads still end, and they hold its files until the last one
+    does: a killed loader's ``.alive`` stays locked meanwhile (tens of milliseconds on a loaded
+    machine), so a loader that sweeps then leaves that folder alone."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = _state(Path(f"/proc/{pid}/stat").read_text())
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return None if fields[0] in ("Z", "X") else int(fields[19])
+    states = []
+    for task in tasks:
+        try:
+            states.append(_state((task / "stat").read_text())[0])
+        except OSError:
+            continue  # (ended meanwhile)
+    return None if all(s in ("Z", "X") for s in states) else int(fields[19])
 
 
 def _read_line(p: subprocess.Popen[str], deadline: float) -> str:

@@ -37,6 +37,15 @@ uses the folder (its fork workers too); the kernel drops the lock when that proc
 it dies, so a folder whose ``.alive`` nobody holds locked is an orphan. The pid in a folder's name
 decides nothing, so a live loader of another PID namespace sharing ``/dev/shm`` (a container) is
 never taken for an orphan.
+
+Under spawn and forkserver the dataset and ``collate_fn`` reach the workers through a temporary
+file (:class:`_Shipped`), never in the message that starts a worker: that message goes through a
+pipe that the parent process fills before the worker reads it, and one larger than the pipe's
+buffer (64 KiB; a Selection of a store of a few thousand samples pickles to more) would block the
+loader for ever when a worker ends before reading it: a script that starts a PoolLoader at its top
+level, not under ``if __name__ == "__main__":``, makes each worker import it again and end at
+multiprocessing's own "bootstrapping phase" error. The loader then sees its pool broken and raises
+a :class:`~stage2_data.errors.LoaderError` naming the guard and the script.
 """
 
 from __future__ import annotations
@@ -47,7 +56,9 @@ import fcntl
 import mmap
 import multiprocessing
 import os
+import pickle
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -55,6 +66,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from multiprocessing import reduction
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -80,9 +92,50 @@ _WORKER: dict[str, Any] = {}
 PARENT_CHECK_SECONDS = 0.25
 
 
-def _init_worker(dataset: Any, collate_fn: Collate, loader_pid: int, folder: str | None) -> None:
-    _WORKER["dataset"] = dataset
-    _WORKER["collate"] = collate_fn
+class _Shipped:
+    """The dataset and collate function of a pool's workers, pickled once into an unnamed temporary
+    file (removed by the system when its last descriptor closes, however this process ends). A
+    worker started by spawn or forkserver gets a descriptor of it (passed as a Connection's is) and
+    reads them from it, so the message that starts the worker stays a few KiB (see the module
+    docstring)."""
+
+    def __init__(self, dataset: Any, collate_fn: Collate) -> None:
+        self._file = tempfile.TemporaryFile(prefix="stage2-loader-dataset-")  # noqa: SIM115 (closed by close())
+        try:
+            pickle.dump((dataset, collate_fn), self._file, protocol=pickle.HIGHEST_PROTOCOL)
+            self._file.flush()
+        except BaseException:
+            self._file.close()
+            raise
+        self._size = self._file.tell()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _unship, (reduction.DupFd(self._file.fileno()), self._size)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _unship(dupfd: Any, size: int) -> tuple[Any, Collate]:
+    """The dataset and collate function of :class:`_Shipped`, in a worker (its descriptor closed)."""
+    fd = dupfd.detach()
+    try:
+        data = bytearray()
+        while len(data) < size:  # (pread: the file's offset is shared with the loader and workers)
+            chunk = os.pread(fd, size - len(data), len(data))
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(fd)
+    dataset, collate_fn = pickle.loads(data)
+    return dataset, collate_fn
+
+
+def _init_worker(work: tuple[Any, Collate], loader_pid: int, folder: str | None) -> None:
+    """A worker's start: ``work`` is the dataset and collate function (inherited under fork, read
+    from a :class:`_Shipped` file under spawn and forkserver)."""
+    _WORKER["dataset"], _WORKER["collate"] = work
     watch = threading.Thread(
         target=_watch_parent,
         args=(os.getppid(), loader_pid, folder),
@@ -333,6 +386,7 @@ class PoolLoader:
         self.shared_memory = shared_memory
         self.persistent_workers = persistent_workers
         self._pool: ProcessPoolExecutor | None = None
+        self._shipped: _Shipped | None = None  # the dataset's file for spawn / forkserver workers
         self._folder: str | None = None
         self._alive: int | None = None  # the folder's .alive, locked while this loader uses it
         self._free: list[str] = []  # files of the folder no batch maps any more
@@ -347,10 +401,13 @@ class PoolLoader:
         pool, self._pool = self._pool, None
         folder, self._folder = self._folder, None
         alive, self._alive = self._alive, None
+        shipped, self._shipped = self._shipped, None
         self._free = []
         self._maps = {}  # (the mappings of batches still held live on with them)
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
+        if shipped is not None:
+            shipped.close()
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
         if alive is not None:
@@ -369,13 +426,16 @@ class PoolLoader:
     def _start(self) -> tuple[ProcessPoolExecutor, str | None]:
         if self._pool is None:
             ctx = multiprocessing.get_context(self.context)
+            work: Any = (self.dataset, self.collate_fn)  # (a _Shipped unpickles to this in a worker)
+            if ctx.get_start_method() != "fork":
+                work = self._shipped = _Shipped(self.dataset, self.collate_fn)
             made = _shm_folder() if self.shared_memory else None
             self._folder, self._alive = made if made is not None else (None, None)
             self._pool = ProcessPoolExecutor(
                 self.workers,
                 mp_context=ctx,
                 initializer=_init_worker,
-                initargs=(self.dataset, self.collate_fn, os.getpid(), self._folder),
+                initargs=(work, os.getpid(), self._folder),
             )
             self._free = []
             self._maps = {}
@@ -407,11 +467,13 @@ class PoolLoader:
             done = True
         except BrokenProcessPool as e:
             start = multiprocessing.get_context(self.context).get_start_method()
+            main = getattr(sys.modules.get("__main__"), "__file__", None) or "the main module"
             raise LoaderError(
                 f"a worker process of the PoolLoader ({start}) died: {e}",
-                fix="run with workers=0 to see the error in this process; under spawn or forkserver the "
-                "main module must start the loader under `if __name__ == '__main__':`",
-            ) from e
+                fix="run with workers=0 to see the error in this process; under spawn or forkserver each "
+                f"worker imports {main} again, so the code that starts the loader must be under "
+                '`if __name__ == "__main__":` there (or pass context="fork")',
+            ) from None
         finally:
             if not (done and self.persistent_workers):
                 self._end_iteration(pending)
