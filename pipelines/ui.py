@@ -24,28 +24,31 @@ Starts `dagster dev` in its own process group and prints the UI's URL once the w
 by PID: SIGTERM to every process of the group (webserver, daemon, code server), SIGKILL of what is
 left after :data:`STOP_GRACE` seconds, so nothing is left behind. A stop asked for by a signal exits 0 (``make``
 then reports no error); `dagster dev` ending on its own exits with its code.
+
+Without the pipeline extra (a core install: Dagster missing) it says what `stage2 build` says
+there, what to install, in one line (exit 2); Dagster is imported only once it is known to be there.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from importlib.util import find_spec
 from pathlib import Path
 from typing import IO
 
 from stage2_data.demo import generate_demo
 from stage2_data.errors import Stage2Error
 
-from . import definitions
-from .config import BuildConfig, check_settings, dagster_home, demo_root, demo_settings
-from .runner import write_instance_yaml
+from .config import BuildConfig, check_settings, dagster_home, demo_root, demo_settings, write_instance_yaml
 
 STOP_GRACE = 5.0  # seconds a process group has to end after SIGTERM before it is killed
 START_TIMEOUT = 180.0  # seconds the webserver has to answer before `make ui` gives up
@@ -121,11 +124,12 @@ def wait_until_answering(url: str, proc: subprocess.Popen[bytes], timeout: float
     return False
 
 
-def port_problem(raw: str) -> str | None:
+def port_problem(raw: str, env: Mapping[str, str] | None = None) -> str | None:
     """Why the UI cannot serve on 127.0.0.1 port ``raw`` (``STAGE2_UI_PORT``), said before anything
     starts; None when it can. A port another server holds (a second `make ui`, a web app's dev
     server on 3000) would otherwise make the webserver fail to bind while this waits for it, or,
-    worse, find that other server answering in its place."""
+    worse, find that other server answering in its place. The fix is this `make ui` again on a free
+    port, with the settings of ``env`` (this process's environment) repeated: :func:`again_on`."""
     try:
         port = int(raw)
     except ValueError:
@@ -136,10 +140,27 @@ def port_problem(raw: str) -> str | None:
     if why is None:
         return None
     free = next((p for p in range(port + 1, min(port + 100, 65536)) if _bind_problem(p) is None), None)
-    other = (
-        f"e.g. STAGE2_UI_PORT={free} make ui (free now)" if free else "STAGE2_UI_PORT=<a free port> make ui"
-    )
-    return f"port {port} on 127.0.0.1 is not free ({why}). Fix: stop what holds it, or choose another port, {other}"
+    env = os.environ if env is None else env
+    other = f"({free} is free now): {again_on(str(free), env)}" if free else again_on("<a free port>", env)
+    return f"port {port} on 127.0.0.1 is not free ({why}). Fix: stop what holds it, or serve on another port {other}"
+
+
+def again_on(port: str, env: Mapping[str, str]) -> str:
+    """The command that starts this `make ui` again on ``port``, as pasted: ``STAGE2_UI_PORT`` in
+    front, then every ``STAGE2_*`` and ``DAGSTER_HOME`` setting of ``env`` (those given on the line
+    that started this one: a pasted `UI:` line's profile, data root, hub folder and instance),
+    quoted for the shell; `make ui` when `make` started this, else this interpreter's ``-m
+    stage2_pipelines.ui``. ``STAGE2_STORE_OPTIONS`` (it may hold credentials) is said, not printed."""
+    given = [
+        k for k in env if k.startswith("STAGE2_") and k not in ("STAGE2_UI_PORT", "STAGE2_STORE_OPTIONS")
+    ]
+    said = " ".join(f"{k}={shlex.quote(env[k])}" for k in [*given, "DAGSTER_HOME"] if k in env)
+    port = port if port.startswith("<") else shlex.quote(port)  # a placeholder is not a value
+    run = "make ui" if env.get("MAKELEVEL") else f"{shlex.quote(sys.executable)} -m stage2_pipelines.ui"
+    line = " ".join(w for w in (f"STAGE2_UI_PORT={port}", said, run) if w)
+    if env.get("STAGE2_STORE_OPTIONS"):  # a shell comment: the line still runs as pasted
+        line += "  # with STAGE2_STORE_OPTIONS set as now"
+    return line
 
 
 def _bind_problem(port: int) -> str | None:
@@ -153,9 +174,14 @@ def _bind_problem(port: int) -> str | None:
     return None
 
 
-def nothing_built_hint(profile: Path, data_root: Path, *, demo: bool) -> str | None:
+def nothing_built_hint(
+    profile: Path, data_root: Path, *, home: Path, build: BuildConfig | None
+) -> str | None:
     """A line for a UI over a data root where nothing is published yet (`make ui` before `make
-    demo`): the UI then shows no runs, and says nothing of how to get some. None once a store is."""
+    demo`), saying how to build it: `make demo` for the demo (``build`` None), else the `stage2
+    build` of ``build``'s settings (:func:`build_command`). What the instance at ``home`` records is
+    said as it is: no runs, or how many and how the last one ended (a build that failed, runs
+    launched from the UI). None once a store is published."""
     from stage2_data import layout
     from stage2_data.profile import load_profile
 
@@ -165,11 +191,76 @@ def nothing_built_hint(profile: Path, data_root: Path, *, demo: bool) -> str | N
         return None
     if os.path.lexists(layout.current_store_path(data_root, name)):
         return None
-    how = "`make demo` builds it" if demo else f"`stage2 build {profile} --data-root {data_root}` builds it"
-    return (
-        f"nothing is published in {data_root.absolute()} yet, so the UI shows no runs: {how} (its runs "
-        "then show on their jobs' pages), or use Materialize all on the asset graph"
-    )
+    how = "`make demo`" if build is None else f"`{build_command(build, home)}`"
+    if build is not None and build.store_options:
+        how += " (with a --storage-option KEY=VALUE for each of STAGE2_STORE_OPTIONS, not shown: it may hold credentials)"
+    nothing = f"nothing is published in {data_root.absolute()} yet"
+    ways = f"{how} builds it (its runs then show on their jobs' pages), or use Materialize all on the asset graph"
+    runs = recorded_runs(home)
+    if runs is None:  # the instance could not be read: nothing said of its runs
+        return f"{nothing}: {ways}"
+    count, last = runs
+    if not count:
+        return f"{nothing}, so the UI shows no runs: {ways}"
+    recorded = "1 run is" if count == 1 else f"{count} runs are"
+    return f"{nothing}; {recorded} recorded, the last {last} (see Runs): {ways}"
+
+
+# how a run that ended, or has not, is said: "the last (<job>) failed"
+_RUN_ENDS = {
+    "SUCCESS": "succeeded",
+    "FAILURE": "failed",
+    "CANCELED": "was canceled",
+    "CANCELING": "is being canceled",
+    "STARTING": "is running",
+    "STARTED": "is running",
+    "QUEUED": "is queued",
+    "NOT_STARTED": "has not started",
+}
+
+
+def recorded_runs(home: Path) -> tuple[int, str] | None:
+    """How many runs the Dagster instance at ``home`` records, and how the last one went
+    ("(download_and_extract) failed"); None when the instance cannot be read (`dagster dev` then
+    says why)."""
+    import dagster as dg
+
+    try:
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            count = instance.get_runs_count(dg.RunsFilter())
+            last = instance.get_runs(dg.RunsFilter(), limit=1)
+    except Exception:  # a hint only: `dagster dev` reports an instance it cannot open
+        return None
+    if not last:
+        return count, ""
+    status = last[0].status.value
+    return count, f"({last[0].job_name}) {_RUN_ENDS.get(status, status.lower())}"
+
+
+def build_command(config: BuildConfig, home: Path) -> str:
+    """The `stage2 build` that builds with ``config``'s settings (the UI's: ``BuildConfig.from_env``)
+    into the instance at ``home`` (``DAGSTER_HOME``, so its runs show in this UI), quoted for the
+    shell: the profile and data root, and each other setting the build takes as an option when it
+    is not the default (kit root, hub folder or endpoint, token variable, executor, store URL).
+    Storage options are not printed (credentials): the caller says so."""
+    from stage2_data.acquire import DEFAULT_ENDPOINT
+
+    words = ["stage2", "build", config.profile_path, "--data-root", config.data_root]
+    if config.kit_root:
+        words += ["--kit-root", config.kit_root]
+    if config.hub_folder:  # served on loopback by the runs, instead of the endpoint
+        words += ["--hub-folder", config.hub_folder]
+    elif config.endpoint != DEFAULT_ENDPOINT:
+        words += ["--endpoint", config.endpoint]
+    if config.token_env_var != "HF_TOKEN":
+        words += ["--token-env", config.token_env_var]
+    if config.executor in ("multiprocess", "dask"):  # (k8s is the UI's and the daemon's only)
+        words += ["--executor", config.executor]
+        if config.dask_address:
+            words += ["--dask-address", config.dask_address]
+    if config.store_url:
+        words += ["--store-url", config.store_url]
+    return f"DAGSTER_HOME={shlex.quote(str(home))} " + " ".join(shlex.quote(w) for w in words)
 
 
 def hold_instance(home: Path, url: str) -> tuple[IO[str] | None, str | None]:
@@ -202,9 +293,20 @@ def hold_instance(home: Path, url: str) -> tuple[IO[str] | None, str | None]:
 
 
 def main() -> int:
+    if find_spec("dagster") is None:  # a core install, without the pipeline extra
+        from stage2_data.cli import missing_extra_text
+
+        # what `stage2 build` says without the extra, said of the UI
+        print(
+            f"make ui: {missing_extra_text('build').replace('stage2 build', 'the web UI', 1)}",
+            file=sys.stderr,
+        )
+        return 2
+    from . import definitions
+
     env = dict(os.environ)
     port = env.get("STAGE2_UI_PORT", "3000")
-    problem = port_problem(port)
+    problem = port_problem(port, env)
     if problem is not None:
         print(f"make ui: {problem}", file=sys.stderr)
         return 2
@@ -221,7 +323,7 @@ def main() -> int:
     try:  # the settings the code location parses (executor, storage options, ...), demo or not:
         # a bad one is said here in one line, before a demo is generated or anything starts
         check_settings()
-        BuildConfig.from_env()
+        config = BuildConfig.from_env()
     except Stage2Error as e:
         print(f"{refused} {e}", file=sys.stderr)
         return 2
@@ -273,7 +375,8 @@ def main() -> int:
         hint = nothing_built_hint(
             Path(env["STAGE2_PROFILE"]),
             Path(env["STAGE2_DATA_ROOT"]),
-            demo=not chosen,
+            home=Path(env["DAGSTER_HOME"]),
+            build=config if chosen else None,  # the environment's settings, as the code location's
         )
         if hint:
             print(hint, flush=True)

@@ -1135,17 +1135,22 @@ def test_make_ui_over_a_data_root_with_nothing_built_says_how_to_build(
     says which command builds (the demo's, or the profile's) until a store is published there."""
     from stage2_data import layout
     from stage2_data.profile import load_profile
+    from stage2_pipelines.config import write_instance_yaml
     from stage2_pipelines.ui import nothing_built_hint
 
-    empty = tmp_path / "data"
-    said = nothing_built_hint(demo_cache.profile, empty, demo=True)
+    empty, home = tmp_path / "data", tmp_path / "home"
+    write_instance_yaml(home)  # an instance without runs (`make ui` writes it before it asks)
+    said = nothing_built_hint(demo_cache.profile, empty, home=home, build=None)
     assert said == (
         f"nothing is published in {empty} yet, so the UI shows no runs: `make demo` builds it (its runs "
         "then show on their jobs' pages), or use Materialize all on the asset graph"
     )
-    said = nothing_built_hint(demo_cache.profile, empty, demo=False)
-    assert said is not None and f"`stage2 build {demo_cache.profile} --data-root {empty}` builds it" in said
+    own = BuildConfig(profile_path=str(demo_cache.profile), data_root=str(empty))
+    said = nothing_built_hint(demo_cache.profile, empty, home=home, build=own)
+    assert said is not None and (
+        f"`DAGSTER_HOME={home} stage2 build {demo_cache.profile} --data-root {empty}` builds it" in said
+    ), said
     link = layout.current_store_path(empty, load_profile(demo_cache.profile).name)
     link.parent.mkdir(parents=True)
     link.symlink_to("v2-0000000000000000")  # a store published: nothing more to say
-    assert nothing_built_hint(demo_cache.profile, empty, demo=True) is None
+    assert nothing_built_hint(demo_cache.profile, empty, home=home, build=None) is None
