@@ -6,6 +6,7 @@ Real stores made by the writer (tests/test_store.py's helpers), real processes f
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import pickle
 import shutil
@@ -387,6 +388,31 @@ def test_gc_command(tmp_path: Path, built: tuple[Path, Path]) -> None:
     assert r.returncode == 0, r.tail()
     assert sum(ln.split()[0] == "removed" for ln in r.stdout.splitlines()) == 2
     assert sorted(p.name for p in profile_root.glob("v1-*")) == ["v1-0004"]
+
+
+def test_gc_json_gives_every_store_the_created_at_of_its_manifest(
+    tmp_path: Path, built: tuple[Path, Path]
+) -> None:
+    """`stage2 gc --dry-run --json` reports each store's `created_at` as its manifest.json records it:
+    the current store's too, and every store's when no store is published."""
+    profile_root = four_stores(tmp_path, built[0])
+    created = {}
+    for i, store in enumerate(sorted(profile_root.glob("v1-*")), start=1):
+        mpath = store / "manifest.json"
+        m = json.loads(mpath.read_text())
+        m["created_at"] = created[store.name] = f"2026-01-0{i}T00:00:00Z"  # one per store, oldest first
+        mpath.chmod(0o644)
+        mpath.write_text(json.dumps(m))
+
+    def reported() -> dict[str, str | None]:
+        r = stage2("gc", str(tmp_path / "stores"), "--dry-run", "--json")
+        assert r.returncode == 0, r.tail()
+        (root,) = r.json()["roots"]
+        return {s["name"]: s["created_at"] for s in root["stores"]}
+
+    assert reported() == created  # v1-0004 is current
+    (profile_root / "current").unlink()
+    assert reported() == created
 
 
 def test_gc_command_errors(

@@ -106,6 +106,24 @@ def test_gc_removes_nothing_when_current_names_no_store(
     assert _stores_left(root) == [STORES[1]]
 
 
+def test_gc_json_gives_the_current_store_the_created_at_of_its_manifest(
+    profile_root: tuple[StoreLocation, dict[str, Any], list[str]],
+    local_store: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`stage2 gc URL --dry-run --json` reports the current store's `created_at` from its manifest,
+    as it does the previous store's (both uploaded from one store: one manifest)."""
+    root, _, opt_args = profile_root
+    created = json.loads((local_store / MANIFEST_NAME).read_text())["created_at"]
+    assert created
+    root.publish_current(STORES[1])
+    assert main(["gc", root.url, "--dry-run", "--json", *opt_args]) == 0
+    (rep,) = json.loads(capsys.readouterr().out)["roots"]
+    got = {e["name"]: (e["reason"], e["created_at"]) for e in rep["stores"]}
+    assert got[STORES[1]] == ("current", created), rep
+    assert got[STORES[0]][1] == created, rep
+
+
 @pytest.mark.parametrize(
     "named", ["v2-typo", "/etc", "", "../x"], ids=["typo", "absolute", "empty", "dotdot"]
 )

@@ -123,6 +123,35 @@ def test_build_writes_the_store_to_s3_with_the_local_fingerprint(
     assert again["ok"] and again["fingerprint"] == s["fingerprint"]
 
 
+def test_a_first_build_on_s3_says_no_store_is_published(
+    built: dict, demo_cache: DemoPaths, s3: tuple[str, dict], tmp_path: Path, dagster_home: Path
+) -> None:
+    """`stage2 build --store-url s3://...` where nothing was ever published writes the store whole and
+    says why as a local first build does: no store is published (not that extension is local only)."""
+    import os
+
+    from helpers.cli import stage2
+
+    url, options = s3
+    url = f"{url}/first-{uuid.uuid4().hex[:8]}"  # nothing published under it (the test above publishes)
+    root = tmp_path / "root"
+    shutil.copytree(built["root"], root, symlinks=True, ignore=shutil.ignore_patterns(".dagster", "stores"))
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("AWS_")}
+    env.update(AWS_ACCESS_KEY_ID=options["key"], AWS_SECRET_ACCESS_KEY=options["secret"])
+    env.update(
+        AWS_EC2_METADATA_DISABLED="true", AWS_CONFIG_FILE=os.devnull, AWS_SHARED_CREDENTIALS_FILE=os.devnull
+    )
+    r = stage2(
+        "build", "--profile", str(demo_cache.profile), "--data-root", str(root),
+        "--endpoint", "http://127.0.0.1:9",  # verified archives are never requested again
+        "--store-url", url, f"--storage-option=client_kwargs={json.dumps(options['client_kwargs'])}",
+        env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.tail()
+    assert "store update: rebuilt: no store is published for this profile\n" in r.stdout, r.stdout
+    assert f"store:        {url}/stage2_core_v1_demo/" in r.stdout, r.stdout
+
+
 @pytest.mark.parametrize(
     ("url", "says"),
     [

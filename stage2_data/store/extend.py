@@ -98,6 +98,10 @@ class ExtendReport:
         )
 
 
+#: why a build with no published store (no ``current``) writes the store whole, on every backend
+NO_PUBLISHED_STORE = "no store is published for this profile"
+
+
 def _no(reason: str) -> ExtendDecision:
     return ExtendDecision(None, reason)
 
@@ -121,7 +125,7 @@ def decide_extension(
     """Can the published store ``base`` be extended into the store of ``samples`` and ``pairs``
     (built with writer ``options``: ``rows_per_shard``, ``include_actions``, ``max_frames``)? See the module doc."""
     if base is None:
-        return _no("no store is published for this profile")
+        return _no(NO_PUBLISHED_STORE)
     try:
         m = load_manifest_strict(base)
     except StoreError as e:
@@ -318,9 +322,11 @@ def write_or_extend(
         "progress": progress,
         "processes": processes,
     }
-    if not out.is_local or (base is not None and not base.is_local):
+    if base is None:  # nothing to extend, on any backend (object storage included)
+        decision = _no(NO_PUBLISHED_STORE)
+    elif not out.is_local or not base.is_local:
         decision = _no("the stores are on object storage (extension is local only)")
-    elif base is not None and base.root.resolve() == out.root.resolve():
+    elif base.root.resolve() == out.root.resolve():
         decision = _no(f"the published store {base.root.name} has these inputs but did not validate")
     else:
         decision = decide_extension(

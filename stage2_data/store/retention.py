@@ -309,6 +309,18 @@ def _our_manifest(loc: StoreLocation) -> dict[str, Any] | None:
     return m if m is not None and m.get("format") == STORE_FORMAT else None
 
 
+def _created_at(loc: StoreLocation) -> str | None:
+    """The ``created_at`` its manifest records (any format), or None when it records none."""
+    m = load_manifest(loc).manifest
+    created = m.get("created_at") if m is not None else None
+    return str(created) if created else None
+
+
+def _store_bytes(loc: StoreLocation) -> int:
+    """The bytes of the store's files (a local one's on-disk usage)."""
+    return tree_usage(loc.root)[1] if loc.is_local else sum(loc.file_sizes().values())
+
+
 def _lock_exclusive(fd: int) -> bool:
     """Take ``fd``'s flock exclusively without waiting: False when a reader holds it shared."""
     try:
@@ -417,11 +429,10 @@ def collect_stores(
     stores: list[tuple[str, str, StoreLocation]] = []  # (created_at, name, loc)
     for name in names:
         child = loc.child(name)
-        if loc.is_local and child.root == current_path:
-            report.entries.append(StoreVerdict(name, "kept", "current", tree_usage(child.root)[1]))
-            continue
-        if not loc.is_local and current_path is not None and child.root == current_path:
-            report.entries.append(StoreVerdict(name, "kept", "current", sum(child.file_sizes().values())))
+        if current_path is not None and child.root == current_path:
+            report.entries.append(
+                StoreVerdict(name, "kept", "current", _store_bytes(child), _created_at(child))
+            )
             continue
         m = _our_manifest(child)
         if m is None:
@@ -431,15 +442,17 @@ def collect_stores(
         stores.append((str(m.get("created_at") or ""), name, child))
     if current_path is None:
         report.notes.append("no store is published (no current): nothing removed")
-        for _, name, _child in sorted(stores, reverse=True):
-            report.entries.append(StoreVerdict(name, "kept", "no current store to judge it against"))
+        for created, name, _child in sorted(stores, reverse=True):
+            report.entries.append(
+                StoreVerdict(name, "kept", "no current store to judge it against", created_at=created or None)
+            )
         return report
     stores.sort(reverse=True)  # newest first
     if loc.is_local:  # something in the way of a lease: refused before anything is removed
         for _, _, child in stores[keep:]:
             _check_leases_folder(child.root, "removing")
     for i, (created, name, child) in enumerate(stores):
-        size = tree_usage(child.root)[1] if loc.is_local else sum(child.file_sizes().values())
+        size = _store_bytes(child)
         freed = tree_usage(child.root, unique=True)[1] if loc.is_local else None
         if i < keep:
             report.entries.append(
