@@ -41,7 +41,15 @@ from stage2_data.commands.common import (
     print_json,
     storage_options,
 )
-from stage2_data.errors import HubError, HubSetupError, ProfileError, SettingError, Stage2Error, StoreError
+from stage2_data.errors import (
+    DiskSpaceError,
+    HubError,
+    HubSetupError,
+    ProfileError,
+    SettingError,
+    Stage2Error,
+    StoreError,
+)
 from stage2_data.fsutil import python_str
 from stage2_data.oserrors import fs_error
 from stage2_data.profile import Profile, load_profile
@@ -288,6 +296,11 @@ def _run_build(
                 on_run=on_run,
                 run_in_process=True if getattr(args, "run_in_process", False) else None,
             )
+        except Exception as err:
+            named = instance_refused(err, instance_home(Path(config.data_root)))
+            if named is None:
+                raise
+            raise named from None
         finally:
             if bar:
                 with contextlib.suppress(Exception):
@@ -304,6 +317,28 @@ def _run_build(
         eprint(stop.message())
         return stop.exit_code
     return build_exit_code(summary)
+
+
+# What SQLite says (through SQLAlchemy or sqlite3) when the disk holding a Dagster instance's
+# database cannot take a write: the instance's own files, not the data's
+_INSTANCE_DISK_FULL = ("database or disk is full", "disk I/O error")
+
+
+def instance_refused(err: BaseException, home: Path) -> Stage2Error | None:
+    """The Dagster instance's database at ``home`` refusing a write for want of disk (SQLite's
+    "database or disk is full", or its "disk I/O error" when not even a journal fits) as a named
+    error with the folder and the fix; None for any other error. The data root's own writes are
+    checked for space before they start; the instance's run and event records are not."""
+    if type(err).__name__ != "OperationalError":
+        return None
+    said = " ".join(str(err).split("\n")[0].split())
+    if not any(words in said for words in _INSTANCE_DISK_FULL):
+        return None
+    return DiskSpaceError(
+        f"the Dagster instance at {home} could not record the build's runs: its database says {said[:200]!r}",
+        fix=f"free space on the disk that holds {home} (`df -h {home}`), then run the build again "
+        "(what was built is kept: the build resumes)",
+    )
 
 
 def stopped_summary(config: BuildConfig, profile: Profile, stop: Any) -> dict[str, Any]:

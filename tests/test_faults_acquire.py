@@ -669,6 +669,39 @@ def test_fault_download_answer(prepared: Prepared, demo: DemoPaths, tmp_path: Pa
     assert _fingerprint(root, prepared) == prepared.fingerprint
 
 
+def test_a_full_disk_under_the_dagster_instance_is_named(
+    prepared: Prepared, demo: DemoPaths, tmp_path: Path
+) -> None:
+    """The disk that holds the Dagster instance (DAGSTER_HOME), not the data root's, is full: SQLite
+    refuses the build's run records ("database or disk is full", or "disk I/O error" when not even
+    its journal fits). That is a full disk, named with the instance's folder and the fix (exit 2),
+    not an internal error; once space is freed the same build goes through."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting the tmpfs for this test needs root")
+    mnt = tmp_path / "small_fs"
+    mnt.mkdir()
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)], capture_output=True)
+    if mount.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.decode().strip()}")
+    try:
+        root = copy_root(prepared, tmp_path / "root")
+        home = mnt / "home"
+        filler = mnt / "filler"
+        with open(filler, "wb") as f:
+            f.write(b"\0" * max(0, shutil.disk_usage(mnt).free - 64 * 1024))
+        with demo_hub(demo) as hub:
+            out, doc, told = _build(demo, root, hub.url, DAGSTER_HOME=str(home))
+            assert out.returncode == 2, out.tail()
+            for said in (f"the Dagster instance at {home}", "database", "free space on the disk", "Fix:"):
+                assert said in told, f"{said!r} not in:\n{told}"
+            filler.unlink()
+            out, _, told = _build(demo, root, hub.url, DAGSTER_HOME=str(home))
+            assert out.returncode == 0, told
+        assert _fingerprint(root, prepared) == prepared.fingerprint
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
 def test_fault_arc_disk_full_build(prepared: Prepared, demo: DemoPaths, tmp_path: Path) -> None:
     # `stage2 build` on a data root whose disk fills up during a download (a real 64 MiB tmpfs, filled
     # while the download waits to retry a 503): the message names the partial file, what is written
