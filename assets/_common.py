@@ -23,7 +23,7 @@ from stage2_data.checks import CHECK_DESCRIPTIONS, CHECKS_BY_ASSET, NON_BLOCKING
 from stage2_data.errors import DiskSpaceError, FileSystemError, Stage2Error
 from stage2_data.extract import cancel_extractions
 from stage2_data.fsutil import canonical_json, human_bytes
-from stage2_data.publish.lock import run_step_lock
+from stage2_data.publish.lock import BuildGoneError, require_launching_build, run_step_lock
 from stage2_data.stages import BUILD_TAG, PARTITIONS_TAG, READS, stage_of
 from stage2_data.steps import StepResult
 from stage2_data.steps.status import clear_store_records, record_failed_checks
@@ -214,8 +214,8 @@ def fails_a_check(err: Stage2Error) -> bool:
     """Whether ``err`` says the asset's data is wrong (its first check fails with it), not the
     machine: a full disk or a file system that refuses fails the step with its named error and
     leaves every check unevaluated (a badge saying ``profile_is_pinned`` failed for want of disk
-    space would point at the wrong thing)."""
-    return not isinstance(err, DiskSpaceError | FileSystemError)
+    space would point at the wrong thing); nor does a run whose build is gone."""
+    return not isinstance(err, DiskSpaceError | FileSystemError | BuildGoneError)
 
 
 def forget_on_failure(
@@ -261,12 +261,17 @@ def data_root_step_lock(data_root: Path | None, context: Any = None, *, what: st
     shared in any other run (the UI, a schedule, a sensor). When a build holds it, the step fails
     at once with the error's message and fix (no traceback), before anything is written: no check
     result is recorded (nothing was checked) and no record is cleared (:func:`forget_on_failure`
-    would write into the build's data root). ``data_root`` None: nothing is locked."""
+    would write into the build's data root). A run whose launching build is gone (killed: its lock
+    released while its code server may still start steps) starts no step, and a range step no
+    further partition (:class:`BuildGoneError`). ``data_root`` None: nothing is locked."""
     if data_root is None:
         yield
         return
     with contextlib.ExitStack() as held:
         try:
+            # a run whose launching build was killed (its lock gone) starts no step: another build
+            # may hold the data root now
+            require_launching_build(Path(data_root))
             held.enter_context(
                 run_step_lock(Path(data_root), label=_run_label(context, what), build_id=_build_id(context))
             )
@@ -489,6 +494,8 @@ def run_partitions(
 
         def one(key: str) -> StepResult | Stage2Error:
             try:
+                if data_root is not None:  # each partition, not only the step's first (see above)
+                    require_launching_build(data_root)
                 return step(key)
             except Stage2Error as err:
                 return err

@@ -350,6 +350,40 @@ def test_a_ui_run_fails_at_once_and_writes_nothing_while_a_build_holds_the_data_
         assert not list(shared_holders_dir(root).iterdir())  # released with the step
 
 
+def test_a_run_whose_launching_build_was_killed_starts_no_step(
+    demo_cache: DemoPaths,
+    tmp_path: Path,
+    dagster_home: Path,
+    holders: list[Holder],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run `stage2 build` launched takes no lock of its own: the build holds the data root for it.
+    Once that build is killed (SIGKILL: its lock is gone at once, while its code server may still
+    start the run's steps), a step of the run starts nothing, before any byte is asked for, since
+    another build may hold the data root now; it fails with the named error, and no check is marked
+    failed by it (nothing was checked)."""
+    from stage2_data.profile import load_profile
+
+    monkeypatch.delenv("STAGE2_RUN_IN_PROCESS", raising=False)
+    root = tmp_path / "root"
+    key = load_profile(demo_cache.profile).cache_keys_largest_first()[-1]
+    with HubServer(demo_cache.upstream, repo_id=demo_cache.repo_id, revision=demo_cache.revision) as hub:
+        holders.append(build := Holder(root, "exclusive"))
+        monkeypatch.setenv(LAUNCHING_BUILD_ENV, str(build.pid))  # what the build's runs carry
+        r = materialize(demo_cache.profile, root, hub.url, "pinned_profile", None)
+        assert r.success, _failure_descriptions(r)  # covered by its live build
+        build.kill()
+        r = materialize(demo_cache.profile, root, hub.url, "archive_file", key)
+        assert not r.success
+        (desc,) = _failure_descriptions(r)
+        assert f"the build that launched this run (pid {build.pid}) no longer holds" in desc, desc
+        assert "Fix: run `stage2 build` again" in desc and "Traceback" not in desc, desc
+        assert not r.get_asset_materialization_events()
+        assert all(e.passed for e in r.get_asset_check_evaluations())  # none failed by the build's death
+        assert not layout.archives_dir(root).exists()
+        assert not any(p == "GET" for p, _, _ in hub.request_log)
+
+
 def test_a_re_execution_of_a_builds_run_is_not_covered_by_that_build(
     demo_cache: DemoPaths,
     tmp_path: Path,
