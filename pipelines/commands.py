@@ -458,7 +458,13 @@ def print_build_summary(s: dict[str, Any]) -> None:
         if current is not None:  # the path to keep: the versioned folder goes by the retention policy
             print(f"current:      {current}")
             print("open it:      from stage2_data.store import VinOfflineDataset")
-            print(f'              ds = VinOfflineDataset({python_str(current)}, split="train")')
+            if "://" in current:  # object storage: the reader follows the profile's CURRENT object
+                print(f'              ds = VinOfflineDataset({python_str(current)}, split="train",')
+                print(
+                    "                                     storage_options={...})  # this build's --storage-option values"
+                )
+            else:
+                print(f'              ds = VinOfflineDataset({python_str(current)}, split="train")')
     else:
         print("BUILD FAILED" + (f" (stopped after {s['stopped_after']})" if s.get("stopped_after") else ""))
         for c in checks:
@@ -480,10 +486,13 @@ def print_build_summary(s: dict[str, Any]) -> None:
 
 def _current_link(s: dict[str, Any]) -> str | None:
     """The published store's ``current`` link under the data root (relative to the working folder
-    when it lies under it, as a user pastes it), or None for a store on object storage."""
+    when it lies under it, as a user pastes it); on object storage ``<url>/<profile>/current``,
+    which readers follow through the profile's ``CURRENT`` object. None when nothing is published."""
     store = s.get("store")
-    if not store or "://" in str(store):
+    if not store:
         return None
+    if "://" in str(store):
+        return f"{str(store).rstrip('/').rsplit('/', 1)[0]}/{layout.CURRENT_LINK}"
     link = layout.current_store_path(Path(s["data_root"]), s["profile"])
     if Path(store).resolve() != link.resolve():
         return None

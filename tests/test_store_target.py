@@ -150,6 +150,13 @@ def test_a_first_build_on_s3_says_no_store_is_published(
     assert r.returncode == 0, r.tail()
     assert "store update: rebuilt: no store is published for this profile\n" in r.stdout, r.stdout
     assert f"store:        {url}/stage2_core_v1_demo/" in r.stdout, r.stdout
+    # the path to keep, as on a local disk: `current`, which readers follow through CURRENT
+    current = f"{url}/stage2_core_v1_demo/current"
+    assert f"current:      {current}\n" in r.stdout and "storage_options=" in r.stdout, r.stdout
+    from stage2_data.store import VinOfflineDataset
+
+    with VinOfflineDataset(current, split="train", storage_options=options) as ds:
+        assert len(ds) > 0
 
 
 @pytest.mark.parametrize(
