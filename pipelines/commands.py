@@ -40,6 +40,7 @@ from stage2_data.commands.common import (
     eprint,
     print_json,
     storage_options,
+    with_demo_hub_folder,
 )
 from stage2_data.errors import (
     DiskSpaceError,
@@ -165,9 +166,12 @@ def _preflight_hub(profile: Profile, data_root: Path, endpoint: str, *, reach: b
         except OSError as e:
             last = e
             time.sleep(pause)
-    raise HubError(
-        f"hub unreachable at {endpoint} ({type(last).__name__}: {last}); {len(todo)} archive(s) still to download.",
-        fix="check the network and --endpoint (for a loopback hub: is `stage2 serve-hub` running?)",
+    raise with_demo_hub_folder(
+        HubError(
+            f"hub unreachable at {endpoint} ({type(last).__name__}: {last}); {len(todo)} archive(s) still to download.",
+            fix="check the network and --endpoint (for a loopback hub: is `stage2 serve-hub` running?)",
+        ),
+        profile.profile_path or "",
     )
 
 

@@ -191,3 +191,27 @@ def test_build_refuses_a_token_env_not_set(demo_cache: DemoPaths, tmp_path: Path
     )
     line = _one_line(r, "build")
     assert f"--token-env {UNSET}: the environment variable {UNSET} is not set." in line, line
+
+
+# ----- the demo's profile without its hub folder -----------------------------------------------------
+@pytest.mark.parametrize("command", ["build", "pin"])
+def test_the_demos_profile_against_an_unreachable_hub_names_its_hub_folder(
+    demo_cache: DemoPaths, tmp_path: Path, command: str
+) -> None:
+    """A generated demo's profile names the real hub's repository, which this machine may not reach
+    (and which does not hold the demo's revision): `stage2 build` and `stage2 pin` of it without
+    --hub-folder, the hub out of reach, say where its archives are and the option that serves them,
+    and that fix works as written."""
+    unreachable = "http://127.0.0.1:9"
+    args = [str(demo_cache.profile), "--endpoint", unreachable]
+    if command == "build":
+        args += ["--data-root", str(tmp_path / "root"), "--json"]
+    env = _env(STAGE2_RETRY_BACKOFF="0.01")
+    r = stage2(command, *args, env=env)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.tail()
+    said = r.stderr.strip().splitlines()[-1]
+    upstream = demo_cache.upstream.absolute()
+    assert f"its archives are in {upstream}; add --hub-folder {upstream}" in said, said
+    if command == "pin":  # the fix, followed: the demo's profile is pinned already (nothing to write)
+        again = stage2("pin", str(demo_cache.profile), "--hub-folder", str(upstream), env=env)
+        assert again.returncode == 0, again.tail()

@@ -19,13 +19,21 @@ from typing import TYPE_CHECKING, Any
 # The hub client (huggingface_hub and its HTTP stack, a slow import) is imported by the commands that
 # talk to the hub, not when the CLI builds its parser.
 from ..acquire import DEFAULT_ENDPOINT, archive_state, required_free_parts, resolve_endpoint
-from ..errors import ProfileError, Stage2Error
+from ..errors import HubError, ProfileError, Stage2Error
 from ..formats.sha256sums import read_regular_bytes
 from ..fsutil import free_bytes, human_bytes
 from ..layout import HEX40_RE, quarantine_root, unused_root
 from ..profile import Profile, load_profile, parse_profile
 from ..publish import atomic_write_bytes
-from .common import EXIT_FAILED, add_profile, add_token_env, eprint, finish_command, print_json
+from .common import (
+    EXIT_FAILED,
+    add_profile,
+    add_token_env,
+    eprint,
+    finish_command,
+    print_json,
+    with_demo_hub_folder,
+)
 
 if TYPE_CHECKING:
     from ..acquire import RemoteFile
@@ -179,7 +187,10 @@ def cmd_pin(args: argparse.Namespace) -> int:
             return _pin(args, path, profile, floating, endpoint, token)
     endpoint = resolve_endpoint(args.endpoint)
     profile, floating = _load_for_pin(path)
-    return _pin(args, path, profile, floating, endpoint, token)
+    try:
+        return _pin(args, path, profile, floating, endpoint, token)
+    except HubError as e:
+        raise with_demo_hub_folder(e, path) from None
 
 
 def _require_folder(folder: str) -> None:

@@ -7,9 +7,10 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from ..errors import StoreError
+from ..errors import HubError, StoreError
 
 EXIT_FAILED = 1  # the command ran and found problems (a failed check, an invalid store)
 EXIT_ERROR = 2  # the command could not run (bad input, bad arguments)
@@ -141,3 +142,17 @@ def finish_command(
     if storage_option:
         add_storage_option(p)
     p.set_defaults(func=func)
+
+
+def with_demo_hub_folder(err: HubError, profile_path: Path | str) -> HubError:
+    """``err`` (the hub could not be reached or read) with, when ``profile_path`` is the profile of a
+    generated demo (``<demo>/kit/profile.toml``), the fix that works there: that demo's archives are
+    in its hub folder, which ``--hub-folder`` serves on loopback (the real hub may be out of reach,
+    and does not hold the demo's revision). ``err`` as it is for any other profile."""
+    from ..demo import demo_hub_folder
+
+    folder = demo_hub_folder(profile_path)
+    if folder is None:
+        return err
+    hint = f"this is a generated demo's profile: its archives are in {folder}; add --hub-folder {folder}"
+    return HubError(err.message, fix=f"{hint} (else: {err.fix})" if err.fix else hint)

@@ -41,7 +41,7 @@ tars), ``archives`` (tar members), ``generator`` (the folder, the kit, the profi
 
 from __future__ import annotations
 
-from .generator import DemoPaths, generate_demo, main, repin_profile, write_sidecar_sha256
+from .generator import DemoPaths, demo_hub_folder, generate_demo, main, repin_profile, write_sidecar_sha256
 from .spec import (
     ACTION_SOURCES,
     CACHE_KEYS,
@@ -56,6 +56,7 @@ from .spec import (
 
 __all__ = [
     "DemoPaths",
+    "demo_hub_folder",
     "generate_demo",
     "repin_profile",
     "write_sidecar_sha256",

@@ -103,6 +103,20 @@ def _complete(root: Path, full: bool) -> str | None:
     return None
 
 
+def demo_hub_folder(profile_path: Path | str | None) -> Path | None:
+    """The hub folder of the demo whose profile is ``profile_path`` (``<demo>/kit/profile.toml``:
+    ``<demo>/upstream``, what ``--hub-folder`` serves), when that file is a complete demo's; else
+    None. A demo's profile names the real hub's repo, which this machine may not reach: its
+    archives are in that folder."""
+    if profile_path is None:
+        return None
+    root = Path(profile_path).absolute().parent.parent
+    paths = _paths(root, "")
+    if _read_marker(root) is None or paths.profile != Path(profile_path).absolute():
+        return None
+    return paths.upstream if paths.upstream.is_dir() else None
+
+
 def _write_marker(root: Path, full: bool, profile_name: str, revision: str) -> None:
     marker = {
         "generator": "stage2_data.demo",
