@@ -12,7 +12,6 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 from helpers.cli import stage2, subprocess_env
+from helpers.env import small_tmpfs
 from helpers.faults import (
     NOWHERE,
     SMALL,
@@ -676,14 +676,7 @@ def test_a_full_disk_under_the_dagster_instance_is_named(
     refuses the build's run records ("database or disk is full", or "disk I/O error" when not even
     its journal fits). That is a full disk, named with the instance's folder and the fix (exit 2),
     not an internal error; once space is freed the same build goes through."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting the tmpfs for this test needs root")
-    mnt = tmp_path / "small_fs"
-    mnt.mkdir()
-    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)], capture_output=True)
-    if mount.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.decode().strip()}")
-    try:
+    with small_tmpfs(tmp_path / "small_fs", "16m") as mnt:
         root = copy_root(prepared, tmp_path / "root")
         home = mnt / "home"
         filler = mnt / "filler"
@@ -698,22 +691,13 @@ def test_a_full_disk_under_the_dagster_instance_is_named(
             out, _, told = _build(demo, root, hub.url, DAGSTER_HOME=str(home))
             assert out.returncode == 0, told
         assert _fingerprint(root, prepared) == prepared.fingerprint
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 def test_fault_arc_disk_full_build(prepared: Prepared, demo: DemoPaths, tmp_path: Path) -> None:
     # `stage2 build` on a data root whose disk fills up during a download (a real 64 MiB tmpfs, filled
     # while the download waits to retry a 503): the message names the partial file, what is written
     # and the free space; the partial file is kept; once space is freed the build converges.
-    if os.geteuid() != 0:
-        pytest.skip("mounting the tmpfs for this test needs root")
-    mnt = tmp_path / "small_fs"
-    mnt.mkdir()
-    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mnt)], capture_output=True)
-    if mount.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.decode().strip()}")
-    try:
+    with small_tmpfs(tmp_path / "small_fs", "64m") as mnt:
         root = copy_root(prepared, mnt / "root")
         victim = "jesbu1_soar_rfm_soar.tar"
         forget_archive(root, victim)
@@ -744,6 +728,4 @@ def test_fault_arc_disk_full_build(prepared: Prepared, demo: DemoPaths, tmp_path
             out, _, told = _build(demo, root, hub.url)
             assert out.returncode == 0, told
         assert _fingerprint(root, prepared) == prepared.fingerprint
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
     assert code == 2  # a full disk: the build could not run

@@ -1,5 +1,5 @@
 """Environment for a block of a session-scoped fixture (``monkeypatch`` is function-scoped), a
-free loopback port for a server a test starts, and a read-only view of a folder."""
+free loopback port for a server a test starts, a read-only view of a folder, and a small disk."""
 
 from __future__ import annotations
 
@@ -51,3 +51,23 @@ def read_only_mount(path: Path) -> Iterator[Path]:
     finally:
         subprocess.run(["umount", str(target)], check=True, capture_output=True)
         target.rmdir()
+
+
+@contextmanager
+def small_tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A real tmpfs of ``size`` (``64m``) mounted at ``path`` (made) for the block, a disk that
+    fills up; skips the test where mounting is not permitted (not root). Unmounted lazily after."""
+    import pytest
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    path.mkdir()
+    mount = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
+    )
+    if mount.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.decode().strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
