@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import LoaderError, MixedResolutionError
+from ..layout import SPLIT_NAMES
 from .select import DeferredFrames
 
 #: the keys :func:`collate` builds from ``frames`` and ``actions`` (they never pass through as metadata)
@@ -150,10 +151,28 @@ def _check_one_resolution(items: Sequence[dict[str, Any]], frames: list[Any]) ->
         raise MixedResolutionError(
             f"a batch of {len(items)} samples holds frames of {len(shapes)} resolutions ({seen}); "
             "a batch must hold one.",
-            fix="batch by resolution: DataLoader(ds, batch_sampler=ResolutionBatches(ds.resolutions, "
-            "batch_size=B, seed=S), collate_fn=collate) (stage2_data.loader), or select one "
-            "resolution (Selection(..., resolutions=[(H, W)])), or resize in a transform",
+            fix=_one_resolution_fix(items, next(iter(shapes))),
         )
+
+
+def _one_resolution_fix(items: Sequence[dict[str, Any]], shape: tuple[int, ...]) -> str:
+    """The fix of a :class:`MixedResolutionError`: Python that runs as written once ``STORE`` is the
+    store's path (the items' split and the batch's size filled in), between backticks."""
+    splits = {it.get("split") for it in items}
+    split = next(iter(splits)) if len(splits) == 1 else None
+    split = split if isinstance(split, str) and split in SPLIT_NAMES else None
+    name = split or "sel"
+    one = f"'{shape[0]}x{shape[1]}'" if len(shape) >= 2 else "'HxW'"
+    return (
+        "batch by resolution, with a Selection of the store (it knows each sample's resolution "
+        "from the sample index) and ResolutionBatches over it: `from stage2_data.loader import "
+        f"ResolutionBatches, Selection, collate; {name} = Selection(STORE, {split!r}); "
+        f"loader = DataLoader({name}, batch_sampler=ResolutionBatches({name}, batch_size={len(items)}, "
+        "seed=0), collate_fn=collate)` (STORE: the store's path, as you opened the dataset; batch_size: "
+        "this batch's, or yours; without torch: stage2_data.loader.PoolLoader("
+        f"{name}, ResolutionBatches({name}, batch_size={len(items)}, seed=0))); or choose one "
+        f"resolution: Selection(STORE, {split!r}, resolutions={one}); or resize in a transform"
+    )
 
 
 def _actions_of(item: dict[str, Any], frames: Any) -> np.ndarray:

@@ -45,7 +45,10 @@ buffer (64 KiB; a Selection of a store of a few thousand samples pickles to more
 loader for ever when a worker ends before reading it: a script that starts a PoolLoader at its top
 level, not under ``if __name__ == "__main__":``, makes each worker import it again and end at
 multiprocessing's own "bootstrapping phase" error. The loader then sees its pool broken and raises
-a :class:`~stage2_data.errors.LoaderError` naming the guard and the script.
+a :class:`~stage2_data.errors.LoaderError` naming the guard and the script. What does not pickle (a
+lambda or local function as the transform or ``collate_fn``, a dataset holding a lock) is a
+:class:`~stage2_data.errors.LoaderError` naming it, raised while writing that file, before any
+worker starts (:func:`_not_picklable`).
 """
 
 from __future__ import annotations
@@ -99,11 +102,14 @@ class _Shipped:
     reads them from it, so the message that starts the worker stays a few KiB (see the module
     docstring)."""
 
-    def __init__(self, dataset: Any, collate_fn: Collate) -> None:
+    def __init__(self, dataset: Any, collate_fn: Collate, start_method: str) -> None:
         self._file = tempfile.TemporaryFile(prefix="stage2-loader-dataset-")  # noqa: SIM115 (closed by close())
         try:
             pickle.dump((dataset, collate_fn), self._file, protocol=pickle.HIGHEST_PROTOCOL)
             self._file.flush()
+        except _UNPICKLABLE as e:
+            self._file.close()
+            raise _not_picklable(dataset, collate_fn, start_method, e) from None
         except BaseException:
             self._file.close()
             raise
@@ -114,6 +120,45 @@ class _Shipped:
 
     def close(self) -> None:
         self._file.close()
+
+
+# what pickle raises for what it cannot pickle: PicklingError (a lambda; any local function from
+# Python 3.14), AttributeError (a local function up to 3.13), TypeError (an open file, a lock, ...)
+_UNPICKLABLE = (pickle.PicklingError, AttributeError, TypeError)
+
+
+def _not_picklable(dataset: Any, collate_fn: Collate, start_method: str, error: BaseException) -> LoaderError:
+    """The error for a dataset and collate function that do not pickle (so cannot reach workers
+    started by spawn or forkserver), naming what does not: the dataset's ``transform``,
+    ``collate_fn`` or the dataset itself, the first of them that fails to pickle alone."""
+    parts: list[tuple[str, Any]] = []
+    transform = getattr(dataset, "transform", None)
+    if transform is not None:
+        parts.append(("transform", transform))
+    parts += [("collate_fn", collate_fn), ("dataset", dataset)]
+    what, obj = "dataset", dataset
+    for part_name, part in parts:
+        try:
+            pickle.dumps(part, protocol=pickle.HIGHEST_PROTOCOL)
+        except _UNPICKLABLE as e:
+            what, obj, error = part_name, part, e
+            break
+    shown = getattr(obj, "__qualname__", None) or type(obj).__name__
+    if what == "dataset":
+        whose = f"the dataset ({shown})"
+        fix = "make the dataset picklable (no lambda, local function, open file or lock among its attributes)"
+    else:
+        whose = f"the {what} {shown}" + (f" of the {type(dataset).__name__}" if what == "transform" else "")
+        name, arg = ("my_transform", "sample") if what == "transform" else ("my_collate", "items")
+        fix = (
+            f"define the {what} with `def` at the top level of a module (your script's top level will "
+            f"do: `def {name}({arg}): ...`, then {what}={name}), not as a lambda or inside a function"
+        )
+    return LoaderError(
+        f"PoolLoader: {whose} cannot be pickled ({error}), and workers started by {start_method} get "
+        "the dataset and collate_fn pickled.",
+        fix=f'{fix}; or start the workers by fork, which pickles nothing: PoolLoader(..., context="fork")',
+    )
 
 
 def _unship(dupfd: Any, size: int) -> tuple[Any, Collate]:
@@ -428,7 +473,7 @@ class PoolLoader:
             ctx = multiprocessing.get_context(self.context)
             work: Any = (self.dataset, self.collate_fn)  # (a _Shipped unpickles to this in a worker)
             if ctx.get_start_method() != "fork":
-                work = self._shipped = _Shipped(self.dataset, self.collate_fn)
+                work = self._shipped = _Shipped(self.dataset, self.collate_fn, ctx.get_start_method())
             made = _shm_folder() if self.shared_memory else None
             self._folder, self._alive = made if made is not None else (None, None)
             self._pool = ProcessPoolExecutor(

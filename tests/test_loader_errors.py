@@ -1,0 +1,175 @@
+"""The loader's mistakes are named errors whose fix works as written, on a real store on disk
+(tests/fixtures/stores.py: trajectories of two resolutions, 8x10 and 6x12):
+
+* a batch of two resolutions (a ``VinOfflineDataset`` batched by a plain ``batch_size``) is a
+  ``MixedResolutionError`` whose fix is Python that runs as written once ``STORE`` is the store's
+  path (it used to say ``ResolutionBatches(ds.resolutions, ...)``: a dataset has no such attribute);
+* a ``PoolLoader`` under spawn or forkserver of what does not pickle (a lambda transform or
+  collate_fn, a local function, a dataset holding a lock) is a ``LoaderError`` naming it, raised
+  before any worker starts (it used to be pickle's own ``PicklingError``), and its fix
+  (``context="fork"``, or a module-level function) loads the batches.
+
+Runs without torch; with torch installed the fix's ``DataLoader`` is torch's own.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from stage2_data.errors import LoaderError, MixedResolutionError
+from stage2_data.loader import PoolLoader, ResolutionBatches, Selection, collate, numpy_collate
+from stage2_data.store import VinOfflineDataset
+
+
+def keep_all(sample: dict[str, Any]) -> dict[str, Any]:
+    """A transform defined at module level (what the fix asks for): picklable."""
+    return sample
+
+
+# lambdas at module level: pickle refuses them by name (PicklingError), unlike local functions
+# (AttributeError up to Python 3.13)
+KEEP_ALL = lambda sample: sample  # noqa: E731
+COLLATE = lambda items: collate(items)  # noqa: E731
+
+
+# ----- a batch of two resolutions ---------------------------------------------------------------------
+def _dataloader() -> Any:
+    """torch's DataLoader when torch is installed; else what it does with a ``batch_sampler``, in
+    this process: the project's own PoolLoader without workers."""
+    if importlib.util.find_spec("torch") is not None:
+        from torch.utils.data import DataLoader
+
+        return DataLoader
+
+    def in_this_process(dataset: Any, *, batch_sampler: Any, collate_fn: Any) -> Iterator[Any]:
+        return iter(PoolLoader(dataset, batch_sampler, collate_fn=collate_fn, workers=0))
+
+    return in_this_process
+
+
+def _mixed_batch_error(ds: VinOfflineDataset, batch_size: int) -> MixedResolutionError:
+    """What ``DataLoader(ds, batch_size=8, shuffle=True, collate_fn=collate)`` raises on the first
+    batch holding both resolutions (the dataset's positions shuffled, batched by a plain size)."""
+    positions = np.random.default_rng(0).permutation(len(ds)).tolist()
+    for i in range(0, len(positions), batch_size):
+        try:
+            collate([ds[p] for p in positions[i : i + batch_size]])
+        except MixedResolutionError as e:
+            return e
+    raise AssertionError("no batch held two resolutions")
+
+
+@pytest.mark.parametrize("split", ["train", None])
+def test_a_mixed_resolution_batchs_fix_runs_as_written(store: Path, split: str | None) -> None:
+    with VinOfflineDataset(store, split=split) as ds:
+        err = _mixed_batch_error(ds, 8)
+    assert err.fix is not None
+    code = re.findall(r"`([^`]+)`", err.fix)
+    assert len(code) == 1, err.fix  # one runnable snippet, between backticks
+    assert "ds.resolutions" not in err.fix and "STORE" in code[0]
+    ns: dict[str, Any] = {"DataLoader": _dataloader()}
+    exec(code[0].replace("STORE", repr(str(store))), ns)  # as the user pastes it, their path in
+    sel = ns["train" if split == "train" else "sel"]
+    try:
+        assert isinstance(sel, Selection) and sel.split == split
+        seen: list[str] = []
+        for batch in ns["loader"]:  # every batch of one resolution: no MixedResolutionError
+            frames = np.asarray(batch["frames"])
+            assert frames.shape[0] == len(batch["sample_key"]) <= 8
+            seen += list(batch["sample_key"])
+        assert sorted(seen) == sorted(sel.sample_keys)  # the whole split, each sample once
+        # the other way it names: a selection of one resolution, batched by a plain size
+        one = re.search(r"Selection\(STORE, [^()]*resolutions=[^()]*\)", err.fix)
+        assert one is not None, err.fix
+        with eval(one[0].replace("STORE", repr(str(store))), {"Selection": Selection}) as single:
+            assert len(set(single.resolutions)) == 1
+            collate([single[i] for i in range(min(8, len(single)))])
+    finally:
+        sel.close()
+
+
+# ----- what does not pickle, under spawn and forkserver ---------------------------------------------------
+class _LockedSamples:
+    """A dataset holding a lock: it does not pickle (TypeError)."""
+
+    def __init__(self, sel: Selection) -> None:
+        self.sel = sel
+        self.lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self.sel)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return self.sel[i]
+
+
+def _local_transform() -> Any:
+    def local(sample: dict[str, Any]) -> dict[str, Any]:
+        return sample
+
+    return local
+
+
+def _unpicklable(kind: str, store: Path) -> tuple[Any, dict[str, Any], str]:
+    """A dataset, the PoolLoader's other arguments, and the name the error must give."""
+    if kind == "lambda transform":
+        return Selection(store, "train", transform=KEEP_ALL), {}, "transform <lambda> of the Selection"
+    if kind == "local transform":
+        return (
+            Selection(store, "train", transform=_local_transform()),
+            {},
+            "transform _local_transform.<locals>.local of the Selection",
+        )
+    if kind == "lambda collate_fn":
+        return Selection(store, "train"), {"collate_fn": COLLATE}, "collate_fn <lambda>"
+    return _LockedSamples(Selection(store, "train")), {}, "the dataset (_LockedSamples)"
+
+
+def _batches(sel: Selection) -> list[list[int]]:
+    return list(ResolutionBatches(sel, batch_size=4, seed=0))
+
+
+def _keys(batches: Sequence[dict[str, Any]]) -> list[str]:
+    return sorted(k for b in batches for k in b["sample_key"])
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+@pytest.mark.parametrize(
+    "kind", ["lambda transform", "local transform", "lambda collate_fn", "locked dataset"]
+)
+def test_what_does_not_pickle_is_named_before_a_worker_starts(store: Path, context: str, kind: str) -> None:
+    dataset, kwargs, named = _unpicklable(kind, store)
+    sel = dataset.sel if isinstance(dataset, _LockedSamples) else dataset
+    try:
+        loader = PoolLoader(dataset, _batches(sel), workers=2, context=context, **kwargs)
+        with pytest.raises(LoaderError) as err:
+            next(iter(loader))
+        assert type(err.value) is LoaderError  # named, not pickle's PicklingError / AttributeError
+        msg, fix = str(err.value), err.value.fix or ""
+        assert named in msg and "cannot be pickled" in msg and context in msg, msg
+        assert 'context="fork"' in fix, fix
+        if kind != "locked dataset":
+            assert "at the top level of a module" in fix and "not as a lambda" in fix, fix
+        assert loader._pool is None and loader._shipped is None and loader._folder is None  # no worker
+    finally:
+        sel.close()
+
+
+def test_the_fixes_of_an_unpicklable_transform_work(store: Path) -> None:
+    """Its fix, either way: context="fork" (the lambda inherited, not pickled), or the transform
+    defined at module level (pickled to the spawned workers)."""
+    with Selection(store, "train") as plain:
+        want = _keys(list(PoolLoader(plain, _batches(plain), workers=0)))
+    with Selection(store, "train", transform=KEEP_ALL) as sel:
+        assert _keys(list(PoolLoader(sel, _batches(sel), workers=2, context="fork"))) == want
+    with Selection(store, "train", transform=keep_all) as sel:
+        got = list(PoolLoader(sel, _batches(sel), workers=2, context="spawn", collate_fn=numpy_collate))
+        assert _keys(got) == want
