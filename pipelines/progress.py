@@ -428,7 +428,8 @@ class BuildProgress:
             if not r.get("success") or again:  # keep failures on screen; successes show in the stage's line
                 lines.append(f"  {what}: {status}")
         else:
-            lines.append(f"  run {str(r.get('run_id', ''))[:8]} {what}: {status}{count}")
+            # each line names its stage: stages beside each other (the kit's) finish out of order
+            lines.append(f"{self._label(st)}: run {str(r.get('run_id', ''))[:8]} {what}: {status}{count}")
         for c in r.get("checks", []):
             if not c.get("passed"):
                 lines.append(f"    check {c['asset']}:{c['check']} failed: {_first(c.get('description'))}")

@@ -149,13 +149,16 @@ def test_plain_lines_when_piped_or_in_ci(demo_cache: DemoPaths, where: str) -> N
     assert "\x1b" not in err and "\r" not in err
     lines = err.splitlines()
     assert len(lines) == len(_runs(prof))
-    assert all(re.fullmatch(r"  run [0-9a-f]{8} \S+: ok( \(\d+/\d+\))?", ln) for ln in lines), lines
+    assert all(
+        re.fullmatch(r"\[\d/\d\] [^:]+: run [0-9a-f]{8} \S+: ok( \(\d+/\d+\))?", ln) for ln in lines
+    ), lines
+    assert all(any(ln.startswith(f"{label}: run ") for ln in lines) for label in LABELS), lines
     k = len(prof.cache_keys())  # acquire and extract: one partition per cache key
     assert k < len(prof.archive_paths())  # a split cache key: more archives than partitions
     for asset in ("archive_file", "cache_dir"):
         ran = [ln for ln in lines if f" {asset}[" in ln]
         assert len(ran) == k and all(ln.endswith(f"/{k})") for ln in ran), ran
-        assert {ln.split("[", 1)[1].split("]", 1)[0] for ln in ran} == set(prof.cache_keys())
+        assert {ln.split(f" {asset}[", 1)[1].split("]", 1)[0] for ln in ran} == set(prof.cache_keys())
     assert lines[-1].endswith(": ok") and "vin_store" in lines[-1]
     assert sum(ln.endswith(f": ok ({k}/{k})") for ln in lines) == 2  # the last of each
 
@@ -192,7 +195,7 @@ def test_plain_failure_lines(demo_cache: DemoPaths) -> None:
     bar.on_run(run)
     bar.close()
     assert stream.getvalue().splitlines() == [
-        "  run abcdef01 vin_store: FAILED",
+        f"{LABELS[4]}: run abcdef01 vin_store: FAILED",
         "    check vin_store:counts failed: x",
         "    error in vin_store: boom",  # the error that only repeats the failed check is left out
     ]
@@ -297,7 +300,7 @@ def test_streamed_runs_keep_the_download_and_extract_stages_going_side_by_side(d
     assert acquire.finished is not None and acquire.failed == 1 and acquire.done == len(keys)
     assert extract.done == len(keys) - 1  # the failed key is never extracted
     bar.close()
-    assert f"  run {failed[0]['run_id'][:8]} archive_file[{bad}]: FAILED" in stream.getvalue()
+    assert f"{LABELS[1]}: run {failed[0]['run_id'][:8]} archive_file[{bad}]: FAILED" in stream.getvalue()
 
 
 def test_the_download_line_counts_the_bytes_of_downloads_still_going_on(
@@ -400,9 +403,9 @@ def test_a_range_runs_failed_check_is_said_once_under_its_partition(demo_cache: 
     bar.close()
     lines = stream.getvalue().splitlines()
     assert lines == [
-        f"  run abcdef01 archive_file[{early}]: ok (1/{len(prof.cache_keys())})",
-        f"  run abcdef01 archive_file[{keys[0]}]: ok (2/{len(prof.cache_keys())})",
-        f"  run abcdef01 archive_file[{bad}]: FAILED (3/{len(prof.cache_keys())})",
+        f"{LABELS[1]}: run abcdef01 archive_file[{early}]: ok (1/{len(prof.cache_keys())})",
+        f"{LABELS[1]}: run abcdef01 archive_file[{keys[0]}]: ok (2/{len(prof.cache_keys())})",
+        f"{LABELS[1]}: run abcdef01 archive_file[{bad}]: FAILED (3/{len(prof.cache_keys())})",
         "    check archive_file:archive_sha256_matches_pin failed: the pin is wrong",
         f"  archive_file[{early}]: ok",
         "    check archive_file:sidecars_by_source_match_expected failed: size differs",
