@@ -421,6 +421,62 @@ def test_jsonl_universal_strip_mode_as_the_kit_reads(tmp_path: Path) -> None:
         assert [ln.rstrip("\n") for ln in f] == jsonl.split_lines(p.read_bytes(), newlines="universal")
 
 
+def test_jsonl_lone_surrogate_escapes_are_a_per_line_problem(tmp_path: Path) -> None:
+    """Well-formed JSON whose strings are not Unicode text (a \\uD800-\\uDFFF escape not part of a
+    pair): a problem of its line, naming where it is, the escape and its column; every other line
+    reads as usual, in both readings (the store's and the kit's)."""
+    lines = [
+        rb'{"pair_id": "p1", "task": "\ud800drawer"}',  # 1: high surrogate, alone
+        rb'{"a": "\ud83d\ude00", "b": "x\uDC00"}',  # 2: a pair, then a lone low one (upper case)
+        rb'{"a": "\\ud800"}',  # 3: an escaped backslash, then text: fine
+        rb'{"e": {"k": [1, "\ud83d\ud83d\ude00"]}}',  # 4: nested; the first high one is alone
+        rb'{"x\udfff": 1}',  # 5: in a key
+        rb'["ok", "\ud800"]',  # 6: not an object
+        rb'{"a": "\ud800\u0041"}',  # 7: a high one followed by another escape
+        rb'{"a": "\ud83d\ude00"}',  # 8: a pair: fine
+    ]
+    data = b"\n".join(lines) + b"\n"
+    for got in (
+        list(jsonl.iter_json_lines(data)),
+        list(jsonl.iter_json_lines(data, newlines="universal", strip=True, utf8_errors="line")),
+    ):
+        assert [(g.line, g.ok, g.unicode) for g in got] == [
+            (1, False, False),
+            (2, False, False),
+            (3, True, True),
+            (4, False, False),
+            (5, False, False),
+            (6, False, False),
+            (7, False, False),
+            (8, True, True),
+        ]
+        bad = {g.line: (g.error, g.column, g.key) for g in got if not g.unicode}
+        tail = "which is not valid Unicode text"
+        assert bad == {
+            1: (f"field 'task' holds a lone surrogate (\\ud800), {tail}", 28, "task"),
+            2: (f"field 'b' holds a lone surrogate (\\udc00), {tail}", 30, "b"),
+            4: (f"field 'e' (at ['k'][1]) holds a lone surrogate (\\ud83d), {tail}", 18, "e"),
+            5: (f"the name of field 'x\\udfff' holds a lone surrogate (\\udfff), {tail}", 4, "x\udfff"),
+            6: (f"the line's value (at [1]) holds a lone surrogate (\\ud800), {tail}", 9, None),
+            7: (f"field 'a' holds a lone surrogate (\\ud800), {tail}", 8, "a"),
+        }
+        assert all(g.value is None and not g.is_object for g in got if not g.unicode)
+        assert got[2].value == {"a": "\\ud800"} and got[7].value == {"a": "\U0001f600"}
+    # a message never holds the surrogate itself: it encodes as UTF-8
+    for g in jsonl.iter_json_lines(data):
+        (g.error or "").encode("utf-8")
+    # a surrogate already in str input, and one deep in a value (the walk does not recurse)
+    (g,) = jsonl.iter_json_lines('{"a": "raw \ud800"}')
+    assert not g.unicode and g.column == 12 and g.key == "a"
+    deep = "[" * 900 + '"\\udfff"' + "]" * 900
+    (g,) = jsonl.iter_json_lines(deep)
+    assert not g.unicode and g.error is not None and g.error.startswith("the line's value (at [0][0]")
+    # read_json_lines: the same, from a file
+    p = tmp_path / "s.jsonl"
+    p.write_bytes(data)
+    assert [g.line for g in jsonl.read_json_lines(p) if not g.unicode] == [1, 2, 4, 5, 6, 7]
+
+
 def test_jsonl_writer_forms() -> None:
     row = {"b": "é", "a": None}
     assert jsonl.dumps_line(row) == '{"b":"é","a":null}\n'

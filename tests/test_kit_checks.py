@@ -320,6 +320,64 @@ def test_malformed_manifest_line(kit: Kit, dagster_home: Path) -> None:
     )
 
 
+def _with_lone_surrogate(path: Path, line: int, field: str) -> None:
+    """Line ``line``'s ``field`` value begins with the six characters ``\\ud800``: a JSON escape of
+    a lone surrogate (valid JSON syntax; not Unicode text)."""
+    lines = Kit.lines(path)
+    before = f'"{field}": "'
+    assert before in lines[line - 1]
+    lines[line - 1] = lines[line - 1].replace(before, before + "\\ud800", 1)
+    Kit.write_lines(path, lines)
+
+
+def test_lone_surrogate_escape_in_a_pair_line_fails_the_blocking_join_check(
+    kit: Kit, dagster_home: Path
+) -> None:
+    """It passed every check, then the store's pairs.jsonl writer crashed (an internal error)."""
+    _with_lone_surrogate(kit.pairs, 1, "task")
+    summary = run_kit_assets(kit)
+    failed = failed_checks(summary)
+    assert set(failed) == {C.JOIN_HAS_NO_PROBLEMS, C.LINK_TOTALS_MATCH_EXPECTED}, (failed, summary["errors"])
+    assert (
+        f"{kit.pairs}:1: field 'task' holds a lone surrogate (\\ud800), which is not valid Unicode text"
+        in failed[C.JOIN_HAS_NO_PROBLEMS]
+    )
+    assert "fix: correct the text of line 1" in failed[C.JOIN_HAS_NO_PROBLEMS]
+    e = kit.profile.expected
+    assert f"pair_rows is {e.pair_rows - 1}, expected {e.pair_rows}" in failed[C.LINK_TOTALS_MATCH_EXPECTED]
+    # blocking: the run fails on the check (nothing downstream of the join may run), not on a bug
+    assert not summary["success"]
+    assert "internal error" not in json.dumps(summary["errors"]), summary["errors"]
+
+
+def test_stage2_verify_names_a_lone_surrogate_escape_in_either_manifest(kit: Kit) -> None:
+    """`stage2 verify` (a subprocess, as a user runs it) passes the clean kit, then fails naming the
+    file, the line, the field and the fix of a lone surrogate escape in the pair manifest and in an
+    action manifest; no traceback, no internal error."""
+    from helpers.cli import stage2, subprocess_env
+
+    from stage2_data.kit import unpack_sidecars
+
+    unpack_sidecars(kit.profile, kit.data_root)
+    argv = ["verify", str(kit.demo.profile), "--data-root", str(kit.data_root)]
+    env = subprocess_env(drop=("DAGSTER_HOME", "CI"))
+    r = stage2(*argv, env=env, timeout=120)
+    assert r.returncode == 0 and r.stdout.rstrip().endswith("VERIFIED"), r.tail()
+
+    _with_lone_surrogate(kit.pairs, 1, "task")
+    aline, _ = kit.first_row("roboarena", recovered=False)
+    _with_lone_surrogate(kit.action_file("roboarena"), aline, "status")
+    r = stage2(*argv, env=env, timeout=120)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, r.tail()
+    fix = "fix: correct the text of line {n}: write the character itself, or escape it as a surrogate pair"
+    for path, line, field in ((kit.pairs, 1, "task"), (kit.action_file("roboarena"), aline, "status")):
+        said = f"{path}:{line}: field '{field}' holds a lone surrogate (\\ud800), which is not valid Unicode text"
+        assert said in out and fix.format(n=line) in out, out
+    assert "internal error" not in out and "Traceback" not in out, out
+    assert out.rstrip().endswith("FAILED"), out
+
+
 def _widen(npz: bytes) -> bytes:
     """The same sidecar with one more action column (metadata raw_width follows: self-consistent)."""
     with np.load(io.BytesIO(npz), allow_pickle=False) as z:

@@ -264,9 +264,46 @@ CASES = [
         None,
         True,
     ),
-    Case("pair_lone_surrogate", with_value(P, 0, "task", b'"\\ud800"'), None, False),
-    Case("pair_lone_low_surrogate", with_value(P, 5, "pair_id", b'"x\\udc00"'), None, False),
+    # a lone surrogate escape: well-formed JSON, but no Unicode text (no UTF-8 writer takes it)
+    Case(
+        "pair_lone_surrogate",
+        with_value(P, 0, "task", b'"\\ud800drawer"'),
+        "pairs.jsonl:1: field 'task' holds a lone surrogate (\\ud800), which is not valid Unicode text",
+        False,
+    ),
+    Case(
+        "pair_lone_low_surrogate",
+        with_value(P, 5, "pair_id", b'"x\\udc00"'),
+        ":6: field 'pair_id' holds a lone surrogate (\\udc00)",
+        False,
+    ),
+    Case("pair_lone_surrogate_upper", with_value(P, 2, "split", b'"\\uDBFF"'), ":3: field 'split'", False),
+    Case(
+        "pair_high_then_high",
+        with_value(P, 0, "task", b'"\\ud83d\\ud83d\\ude00"'),
+        ":1: field 'task' holds a lone surrogate (\\ud83d)",
+        False,
+    ),
+    Case(
+        "pair_high_then_other_escape",
+        with_value(P, 0, "task", b'"\\ud800\\u0041"'),
+        ":1: field 'task' holds a lone surrogate",
+        False,
+    ),
+    Case(
+        "pair_lone_surrogate_in_key",
+        put_line(P, 1, json.dumps(CLEAN_PAIRS[1]).replace('"task"', '"ta\\ud800sk"').encode()),
+        ":2: the name of field 'ta\\ud800sk' holds a lone surrogate (\\ud800)",
+        False,
+    ),
+    Case(
+        "pair_lone_surrogate_fix",
+        with_value(P, 0, "task", b'"\\ud800"'),
+        "(column 51); fix: correct the text of line 1: write the character itself",
+        False,
+    ),
     Case("pair_surrogate_pair", with_value(P, 0, "task", b'"\\ud83d\\ude00"'), None, True),
+    Case("pair_escaped_backslash_u", with_value(P, 0, "task", b'"\\\\ud800"'), None, True),
     Case("pair_raw_tab_in_string", with_value(P, 0, "task", b'"a\tb"'), ":1: malformed JSON", False),
     Case("pair_raw_nul_in_string", with_value(P, 0, "task", b'"a\x00b"'), ":1: malformed JSON", False),
     Case("pair_del_in_string", with_value(P, 0, "task", b'"a\x7fb"'), None, True),
@@ -417,7 +454,30 @@ CASES = [
     Case("action_extra_huge_float", with_field(R, 1, b"1" * 5000 + b".5e-99999"), None, True),
     Case("action_extra_nan", with_field(R, 1, b"NaN"), None, False),
     Case("action_extra_infinity", with_field(R, 1, b"[Infinity, -Infinity]"), None, False),
-    Case("action_extra_lone_surrogate", with_field(R, 1, b'"\\udfff"'), None, False),
+    Case(
+        "action_extra_lone_surrogate",  # ignored fields too, as for bytes that are not UTF-8
+        with_field(R, 1, b'"\\udfff"'),
+        "roboarena.jsonl:2: field 'extra' holds a lone surrogate (\\udfff)",
+        False,
+    ),
+    Case(
+        "action_extra_nested_lone_surrogate",
+        with_field(A, 0, b'{"a": [1, "ok \\ud83d\\ude00", "\\ud83d"]}'),
+        "autoeval.jsonl:1: field 'extra' (at ['a'][2]) holds a lone surrogate (\\ud83d)",
+        False,
+    ),
+    Case(
+        "action_lone_surrogate_status",
+        with_value(A, 1, "status", b'"\\udc80"'),
+        "autoeval.jsonl:2: field 'status' holds a lone surrogate (\\udc80)",
+        False,
+    ),
+    Case(
+        "action_lone_surrogate_sidecar_path",
+        with_value(R, 0, "sidecar_path", b'"action_sidecars/roboarena/\\ud800.npz"'),
+        "roboarena.jsonl:1: field 'sidecar_path' holds a lone surrogate (\\ud800)",
+        False,
+    ),
     Case(
         "action_extra_invalid_utf8", with_field(R, 1, b'"\xff"'), "roboarena.jsonl:2: not UTF-8 text", False
     ),

@@ -16,6 +16,13 @@ and two ways of decoding a line, chosen by ``strip``:
 :func:`iter_json_lines` yields every line as a :class:`JsonLine`: its number, its text, and either
 the decoded value or the JSON error (message and column). What a caller requires of the value (an
 object, these fields) and how it words a problem stays with the caller.
+
+A line whose JSON is well formed but whose strings are not Unicode text is a problem of its own
+(``unicode=False``), whoever reads it: a ``\\ud800``-style escape of a lone surrogate (a high
+surrogate not followed by a low one, or a low one alone) decodes in Python to a str that no UTF-8
+encoder accepts, so a value carried on would crash its writer far from the line. Keys count as
+strings, and so do values nested at any depth or in fields the caller ignores (as a line's bytes
+that are not UTF-8 do).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import decimal
 import json
 import os
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +73,8 @@ class JsonLine:
     error: str | None = None  # json's message, e.g. "Expecting value" (or why the line is not UTF-8)
     column: int = 0  # 1-based column of the error (byte, when the line is not UTF-8)
     utf8: bool = True  # False: the line is not UTF-8 text (``text`` is then "")
+    unicode: bool = True  # False: a decoded string holds a lone surrogate (``error`` says which, where)
+    key: str | None = None  # unicode=False: the top-level field holding it (None: the line is no object)
 
     @property
     def ok(self) -> bool:
@@ -85,6 +95,78 @@ def split_lines(data: bytes | str, *, newlines: Newlines = "lf") -> list[str]:
     if lines and lines[-1] == "":
         lines.pop()
     return lines
+
+
+# A lone surrogate can only come from a \\uD800-\\uDFFF escape (or be in str input already): a line
+# without either is not walked (the cheap tests first: most lines have no "\\u" at all).
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+# The escapes of a decoded line, in order: a surrogate pair, a lone surrogate (group 1), any other
+# escape (so "\\\\ud800" is a backslash and text), a surrogate character itself (group 2).
+_ESCAPE = re.compile(
+    r"\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+    r"|(\\u[dD][89a-fA-F][0-9a-fA-F]{2})|\\.|([\ud800-\udfff])",
+    re.DOTALL,
+)
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+_Path = tuple[str | int, ...]
+
+
+def _lone_surrogate(value: Any) -> tuple[str, _Path, bool] | None:
+    """The first lone surrogate in the strings of a decoded JSON value (keys included, in document
+    order): (the code point as a JSON escape, the keys and indexes leading to it, whether it is in a
+    key); None when every string is Unicode text. (Iterative: a value may nest deeply.)"""
+    stack: list[tuple[Any, _Path, bool]] = [(value, (), False)]
+    while stack:
+        v, path, is_key = stack.pop()
+        if type(v) is str:
+            m = _SURROGATE.search(v)
+            if m:
+                return f"\\u{ord(m.group()):04x}", path, is_key
+        elif isinstance(v, dict):
+            for k, item in reversed(v.items()):
+                stack.append((item, (*path, k), False))
+                stack.append((k, (*path, k), True))
+        elif isinstance(v, list):
+            stack.extend((item, (*path, i), False) for i, item in reversed(list(enumerate(v))))
+    return None
+
+
+def _where(path: _Path, is_key: bool) -> str:
+    """A place in a line's value, in words: "field 'task'", "the name of field 'x'", "field 'extra'
+    (at ['a'][0])", "field 'extra' (a key at ['a'])", "the line's value (at [2])". Names are
+    ``repr``-ed (a lone surrogate shows as its escape)."""
+    if path and isinstance(path[0], str):
+        whole, rest = f"field {path[0]!r}", path[1:]
+    else:
+        whole, rest = "the line's value", path
+    if is_key and not rest:
+        return f"the name of {whole}"
+    if not rest:
+        return whole
+    at = "".join(f"[{p!r}]" for p in rest)
+    return f"{whole} ({'a key ' if is_key else ''}at {at})"
+
+
+def _surrogate_column(text: str) -> int:
+    """The 1-based column of the first lone surrogate in a decoded line's text (0: none seen)."""
+    for m in _ESCAPE.finditer(text):
+        if m.lastindex:
+            return m.start() + 1
+    return 0
+
+
+def _not_unicode(lineno: int, text: str, value: Any) -> JsonLine | None:
+    """The line as a problem when a string of its decoded value holds a lone surrogate."""
+    if not (("\\u" in text and _SURROGATE_ESCAPE.search(text)) or _SURROGATE.search(text)):
+        return None
+    found = _lone_surrogate(value)
+    if found is None:
+        return None
+    escape, path, is_key = found
+    error = f"{_where(path, is_key)} holds a lone surrogate ({escape}), which is not valid Unicode text"
+    key = path[0] if path and isinstance(path[0], str) else None
+    return JsonLine(lineno, text, None, error, _surrogate_column(text), unicode=False, key=key)
 
 
 def _decode(text: str, strip: bool) -> tuple[Any, str | None, int]:
@@ -146,7 +228,8 @@ def _decode_line(lineno: int, raw: str, strip: bool, skip_blank: bool) -> Iterat
         return
     text = raw.strip() if strip else raw
     value, error, column = _decode(text, strip)
-    yield JsonLine(lineno, text, value, error, column)
+    bad = _not_unicode(lineno, text, value) if error is None else None
+    yield bad or JsonLine(lineno, text, value, error, column)
 
 
 def read_json_lines(

@@ -1,10 +1,12 @@
 """The two decoders of a kit JSON Lines file: exact (the reference) and fast (msgspec).
 
 Neither applies a kit rule. The exact decoder yields every non-blank line's JSON value, with its
-line number, and turns an unreadable line (not UTF-8, malformed JSON, not an object) into a located
-problem. The fast decoder returns the whole file's rows, typed by a msgspec Struct, only when it is
-sure to have read exactly what the exact decoder would (same lines, same values, no unreadable
-line); on any doubt it returns None and the caller runs the exact decoder.
+line number, and turns an unreadable line (not UTF-8, malformed JSON, a string holding a lone
+surrogate, not an object) into a located problem. The fast decoder returns the whole file's rows,
+typed by a msgspec Struct, only when it is sure to have read exactly what the exact decoder would
+(same lines, same values, no unreadable line); on any doubt it returns None and the caller runs the
+exact decoder. (msgspec refuses a lone surrogate escape anywhere in a line, skipped fields
+included, so such a file always reaches the exact decoder.)
 """
 
 from __future__ import annotations
@@ -29,6 +31,15 @@ def iter_json_lines(path: Path, problems: list[tuple[int, str]]) -> Iterator[tup
     for jl in read_json_lines(path, newlines="universal", strip=True, utf8_errors="line"):
         if not jl.utf8:
             problems.append((jl.line, f"{path}:{jl.line}: not UTF-8 text ({jl.error} at byte {jl.column})"))
+        elif not jl.unicode:  # jl.error names the field and the escape
+            problems.append(
+                (
+                    jl.line,
+                    f"{path}:{jl.line}: {jl.error} (column {jl.column}); fix: correct the text of line "
+                    f"{jl.line}: write the character itself, or escape it as a surrogate pair (a "
+                    "\\ud800-\\udbff escape followed by a \\udc00-\\udfff one)",
+                )
+            )
         elif not jl.ok:
             problems.append(
                 (
