@@ -1,6 +1,8 @@
 """File-system helpers: free space, a full disk as a clear error, canonical JSON, ``human_bytes``,
 starting a file's writeback early (``start_writeback``), and the one check of an output path a user
-gives (``check_output_path``: a regular file or nothing, never a link, a device or a store's file).
+gives (``check_output_path``: a regular file or nothing, never a link, a device or a store's file),
+and the opening of a file that must be a regular one without ever blocking on a FIFO
+(``open_regular``).
 
 Atomic writes, staging folders and publication live in :mod:`stage2_data.publish`.
 """
@@ -19,7 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .errors import DiskSpaceError, Stage2Error
+from .errors import DiskSpaceError, FileSystemError, Stage2Error
 
 __all__ = [
     "DISK_FULL_ERRNOS",
@@ -28,6 +30,7 @@ __all__ = [
     "disk_full_as",
     "free_bytes",
     "human_bytes",
+    "open_regular",
     "require_free_space",
     "start_writeback",
 ]
@@ -150,6 +153,45 @@ def python_str(text: str) -> str:
 
 def _what(mode: int) -> str:
     return next((what for test, what in _KINDS if test(mode)), "a special file")
+
+
+def open_regular(path: str | os.PathLike[str], flags: int, mode: int = 0o644, *, fix: str) -> int:
+    """A descriptor of the regular file at ``path`` opened with ``flags`` (``O_CREAT`` among them
+    makes it if nothing is there), never blocking: it is opened with ``O_NONBLOCK`` (cleared once it
+    is known to be a regular file) and checked on the open descriptor (``fstat``). A FIFO, device or
+    socket there raises :class:`~stage2_data.errors.FileSystemError` naming the path and what it
+    is, with ``fix``; a folder, ``IsADirectoryError`` (as opening one for writing does: ``fs_error``
+    names it); any other ``OSError`` of the open is raised as it is."""
+    try:
+        fd = os.open(path, flags | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0), mode)
+    except OSError:
+        # a FIFO opened for writing with no reader (ENXIO), a device that refuses: named by kind
+        try:
+            st = os.stat(path)
+        except OSError:
+            st = None
+        if st is not None and not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):
+            raise _not_regular(path, st.st_mode, fix) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), os.fspath(path))
+        if not stat.S_ISREG(st.st_mode):
+            raise _not_regular(path, st.st_mode, fix)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _not_regular(path: str | os.PathLike[str], mode: int, fix: str) -> FileSystemError:
+    return FileSystemError(
+        f"{os.fspath(path)} is {_what(mode)}, not a regular file: it was left as it is, nothing read or "
+        "written.",
+        fix=fix,
+    )
 
 
 def _store_holding(folder: Path, *, stores_dir: bool = True) -> tuple[Path, str] | None:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from .. import layout
+from ..formats.sha256sums import read_regular_bytes
 from ..fsutil import human_bytes, require_free_space
 from ..hashing import sha256_file
 from ..oserrors import fs_error
@@ -47,8 +48,11 @@ class ArchiveState:
 
 
 def _read_record(record: Path) -> dict[str, Any] | None:
+    """The record at ``record``; None when absent or unreadable. Something there that is not a
+    regular file (a FIFO: never opened for reading, nothing blocks) is unreadable: the archive is
+    then unverified, hashed again, and its record written anew in its place."""
     try:
-        data = json.loads(record.read_text(encoding="utf-8"))
+        data = json.loads(read_regular_bytes(record).decode("utf-8"))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

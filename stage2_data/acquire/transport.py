@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import shlex
 import socket
 import threading
 import time
@@ -29,7 +30,7 @@ from huggingface_hub import get_hf_file_metadata
 from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_stream_backoff
 
 from ..errors import DiskSpaceError, HubError, Stage2Error
-from ..fsutil import DISK_FULL_ERRNOS, free_bytes, human_bytes
+from ..fsutil import DISK_FULL_ERRNOS, free_bytes, human_bytes, open_regular
 from ..hashing import SHA256_RE, hasher_of_prefix
 from ..profile import ArchiveSpec
 from .cancel import cancelled as _cancelled
@@ -392,21 +393,6 @@ def _attempt(
     """
     assert spec.size is not None
     part.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        psize = part.stat().st_size
-    except FileNotFoundError:
-        psize = 0
-    if psize > spec.size:
-        log.warning("%s: partial file is longer than the pinned size; starting over", spec.path)
-        part.unlink()
-        psize = 0
-    if psize == 0:
-        hasher, resume = hashlib.sha256(), 0
-    elif state.carry is not None and state.carry[0] == psize:
-        hasher, resume = state.carry[1].copy(), psize  # this call wrote it: no need to hash it again
-    else:
-        hasher, resume = hasher_of_prefix(part)
-    state.carry = None
 
     def report(n: int, *, quiet: bool = False) -> None:
         """Count ``n`` bytes handed to the sink; ``quiet``: while another error propagates (the
@@ -422,8 +408,24 @@ def _attempt(
         if not quiet and _cancelled(cancel):
             raise _Cancelled()
 
-    fd = os.open(part, os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    # opened first, never blocking: a FIFO or a device at the partial's path is named, left as it is
+    fd = open_regular(
+        part,
+        os.O_WRONLY | os.O_CREAT,
+        fix=f"remove it (rm {shlex.quote(str(part))}) and re-run: the download of {spec.path} starts over",
+    )
     try:
+        psize = os.fstat(fd).st_size
+        if psize > spec.size:
+            log.warning("%s: partial file is longer than the pinned size; starting over", spec.path)
+            psize = 0  # the ftruncate below empties it
+        if psize == 0:
+            hasher, resume = hashlib.sha256(), 0
+        elif state.carry is not None and state.carry[0] == psize:
+            hasher, resume = state.carry[1].copy(), psize  # this call wrote it: no need to hash it again
+        else:
+            hasher, resume = hasher_of_prefix(part)
+        state.carry = None
         os.ftruncate(fd, resume)
         sink = _BlockSink(fd, resume, hasher)
         try:

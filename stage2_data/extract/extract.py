@@ -47,7 +47,7 @@ import msgspec
 
 from .. import layout
 from ..errors import ArchiveError, Stage2Error
-from ..formats.sha256sums import file_kind
+from ..formats.sha256sums import file_kind, read_regular_bytes
 from ..fsutil import disk_full_as, require_free_space
 from ..oserrors import fs_guard
 from ..publish import atomic_write_bytes, atomic_write_json, current_umask, publish_dir, remove_stale, staging
@@ -669,10 +669,11 @@ def _stat_of(path: Path) -> FileStat | None:
 
 
 def _load_record(path: Path) -> tuple[ExtractionRecord | None, FileStat | None]:
-    """The record at ``path`` and the record file's stats (None, None: absent or unreadable)."""
+    """The record at ``path`` and the record file's stats (None, None: absent or unreadable; a
+    FIFO, device or folder there is unreadable, never opened for reading: nothing blocks)."""
     before = _stat_of(path)
     try:  # msgspec: a record holds an entry per file (tens of thousands), decoded faster than json
-        return ExtractionRecord.from_dict(msgspec.json.decode(path.read_bytes())), before
+        return ExtractionRecord.from_dict(msgspec.json.decode(read_regular_bytes(path))), before
     except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, msgspec.DecodeError):
         return None, None
 

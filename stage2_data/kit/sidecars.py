@@ -29,7 +29,7 @@ from ..extract import (
     stats_digest,
     walk_stats,
 )
-from ..formats.sha256sums import file_kind, read_single_sha256_file
+from ..formats.sha256sums import file_kind, read_regular_bytes, read_single_sha256_file
 from ..fsutil import disk_full_as, require_free_space
 from ..hashing import sha256_file
 from ..profile import Profile
@@ -195,6 +195,17 @@ def _check_members(
     return files, refused
 
 
+def _read_marker(marker: Path) -> dict[str, Any] | None:
+    """The unpack's record (``derived/.sidecars.json``); None when absent or unreadable: not JSON,
+    not an object, or not a regular file (a FIFO is never opened for reading: nothing blocks). The
+    next unpack writes the record anew in its place."""
+    try:
+        rec = json.loads(read_regular_bytes(marker).decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
 def _unpacked_record(
     derived: Path, tar_path: Path, tar_sha256: str, tar_stat: os.stat_result
 ) -> tuple[dict[str, Any] | None, str]:
@@ -207,11 +218,8 @@ def _unpacked_record(
     count and ``content_digest`` are its sidecars', as an extraction record's must be). Else (None,
     why they must be unpacked again, naming the file)."""
     marker = derived / SIDECAR_MARKER
-    try:
-        rec = json.loads(marker.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        rec = None
-    if not isinstance(rec, dict):
+    rec = _read_marker(marker)
+    if rec is None:
         return None, "not unpacked yet" if not marker.exists() else f"{marker} is unreadable"
     if rec.get("version") != SIDECAR_RECORD_VERSION:
         return None, f"{marker} was written by another version of the unpack"
@@ -293,12 +301,11 @@ def _recorded_files(derived: Path) -> dict[str, tuple[str, tuple[int, int, int, 
     """What the last unpack wrote, by path under ``derived/action_sidecars/``: (sha256, stats); {}
     when its record and index are absent or disagree (then only bytes equal to what the new unpack
     writes count as the unpack's)."""
-    try:
-        rec = json.loads((derived / SIDECAR_MARKER).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    rec = _read_marker(derived / SIDECAR_MARKER)
+    if rec is None:
         return {}
     index = recorded_sidecars(derived)
-    if not isinstance(rec, dict) or _inconsistency(rec, index):
+    if _inconsistency(rec, index):
         return {}
     prefix = f"{layout.SIDECARS_DIR}/"
     out: dict[str, tuple[str, tuple[int, int, int, int]]] = {}
@@ -351,11 +358,8 @@ def invalidate_sidecars(data_root: Path, why: str) -> bool:
     """Mark the sidecars' record as not to be trusted (a check found an unpacked sidecar damaged):
     the next build unpacks them again, saying ``why``. True when a record was marked."""
     marker = layout.derived_root(Path(data_root)) / SIDECAR_MARKER
-    try:
-        rec = json.loads(marker.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    if not isinstance(rec, dict):
+    rec = _read_marker(marker)
+    if rec is None:
         return False
     rec["invalidated"] = why
     atomic_write_json(marker, rec)

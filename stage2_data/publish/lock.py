@@ -34,6 +34,7 @@ import errno
 import fcntl
 import json
 import os
+import shlex
 import socket
 import sys
 import threading
@@ -46,6 +47,8 @@ from typing import Any
 
 from .. import layout
 from ..errors import Stage2Error
+from ..formats.sha256sums import read_regular_bytes
+from ..fsutil import open_regular
 from ..oserrors import fs_error
 from .names import host_tag, owner_alive, proc_start_time
 
@@ -108,6 +111,16 @@ def lock_path(data_root: Path) -> Path:
     return Path(data_root) / layout.LOCK_FILE
 
 
+def _open_lock(path: Path, flags: int) -> int:
+    """The lock file opened with ``flags``, never blocking: a FIFO, device, socket or folder at its
+    path raises a FileSystemError naming the path (a ``flock`` takes a regular file only)."""
+    return open_regular(
+        path,
+        flags,
+        fix=f"remove it (rm {shlex.quote(str(path))}): the next build makes the lock file anew",
+    )
+
+
 def _command_line() -> str:
     """This process's command line as a holder records it (the program's base name, 300 chars)."""
     return " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))[:300]
@@ -121,8 +134,8 @@ def shared_holders_dir(data_root: Path) -> Path:
 def read_holder(data_root: Path) -> dict[str, Any]:
     """What the current holder wrote into the lock file ({} when nothing readable is there)."""
     try:
-        data = json.loads(lock_path(data_root).read_text(encoding="utf-8") or "{}")
-    except (OSError, ValueError):
+        data = json.loads(read_regular_bytes(lock_path(data_root)).decode("utf-8") or "{}")
+    except (OSError, ValueError):  # a FIFO there too: never opened for reading, nothing blocks
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -132,7 +145,7 @@ def _held_shared(data_root: Path) -> bool:
     only: a non-blocking shared probe succeeds exactly then (the kernel's answer, whatever the
     records say)."""
     try:
-        fd = os.open(lock_path(data_root), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        fd = _open_lock(lock_path(data_root), os.O_RDONLY)
     except OSError:
         return False
     try:
@@ -232,7 +245,7 @@ def require_launching_build(data_root: Path) -> None:
     path = lock_path(Path(data_root))
     held = False
     with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        fd = _open_lock(path, os.O_RDONLY)
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except OSError as e:
@@ -285,7 +298,7 @@ def data_root_lock(
                 _HELD[key] = (me, _HELD[key][1] - 1)
         return
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        fd = _open_lock(path, os.O_RDWR | os.O_CREAT)
     except OSError as e:
         raise fs_error(e, doing, where=str(root)) from None
     try:
@@ -484,15 +497,14 @@ def _open_lock_file(root: Path) -> int | None:
     process cannot write (a read-only mount: the verify job's steps only read) has its lock file
     opened read-only, which ``flock`` takes as well; None when it has none (no build ever ran
     there) and none can be made."""
-    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
     try:
         root.mkdir(parents=True, exist_ok=True)
-        return os.open(lock_path(root), flags | os.O_CREAT, 0o644)
+        return _open_lock(lock_path(root), os.O_RDONLY | os.O_CREAT)
     except OSError as e:
         if e.errno not in _READ_ONLY_ERRNOS or not root.is_dir():
             raise
     try:
-        return os.open(lock_path(root), flags)
+        return _open_lock(lock_path(root), os.O_RDONLY)
     except FileNotFoundError:
         return None
 
