@@ -11,6 +11,8 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO
 
+from .fsutil import open_regular
+
 # A whole lower-case hex sha256 (``\Z``: ``$`` would also accept a trailing newline).
 SHA256_RE = re.compile(r"\A[0-9a-f]{64}\Z")
 BUF_SIZE = 8 * 1024 * 1024  # a block of a streamed read
@@ -34,11 +36,15 @@ def _hash_buffer() -> bytearray:
 def _feed_file(
     h: hashlib._Hash, path: str | os.PathLike[str], progress: Callable[[int], None] | None = None
 ) -> int:
-    """Feed a file's bytes into ``h``; returns how many there were."""
+    """Feed a file's bytes into ``h``; returns how many there were. Only a regular file (a link to
+    one is followed): a FIFO, device or socket there is a FileSystemError naming it, never a read
+    that blocks (``fsutil.open_regular``)."""
     buf = _hash_buffer()
     view = memoryview(buf)
     size = 0
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    fd = open_regular(
+        path, os.O_RDONLY, fix="remove it, or put there the regular file it stands for, and re-run"
+    )
     try:
         while n := os.readv(fd, [buf]):
             h.update(view[:n])

@@ -155,6 +155,43 @@ def test_a_fifo_sidecars_record_means_unpack_again(tmp_path: Path) -> None:
     assert kit.sidecars_status(b.profile, b.data_root) is None
 
 
+def test_a_fifo_sidecars_index_or_marker_is_no_record_to_the_readers_of_it(tmp_path: Path) -> None:
+    """What the join and the store read of the unpack's record (``recorded_sidecars``, the store's
+    ``extracted_content``): a FIFO there is no record, never a read that blocks."""
+    from stage2_data.kit.sidecar_facts import SIDECAR_INDEX, SIDECAR_MARKER, recorded_sidecars
+    from stage2_data.steps.store import extracted_content
+
+    b = build(tmp_path)
+    derived = layout.derived_root(b.data_root)
+    assert recorded_sidecars(derived)
+    index = fifo_at(derived / SIDECAR_INDEX)
+    assert bounded(index, lambda: recorded_sidecars(derived)) == {}
+    marker = fifo_at(derived / SIDECAR_MARKER)
+    assert bounded(marker, lambda: recorded_sidecars(derived)) == {}
+    assert bounded(marker, lambda: extracted_content(b.profile, b.data_root))["sidecars"] == ""
+
+
+# ----- acquire/state.py, hashing.py: archives/<archive> ---------------------------------------------
+def test_a_fifo_in_place_of_an_archive_is_never_read(demo: DemoPaths, hub: HubServer, tmp_path: Path) -> None:
+    """A FIFO where an archive is kept: hashing it is a named error (the path, what it is, the fix),
+    never a read that blocks (every hash of a file goes through one non-blocking open, ``hashing``);
+    a download does not read it and puts the verified archive in its place."""
+    from stage2_data.hashing import sha256_file
+
+    data_root = tmp_path / "data"
+    prof = load_profile(demo.profile)
+    spec = min(prof.archives, key=lambda a: a.size or 0)
+    final = fifo_at(layout.archive_path(data_root, spec.path))
+    with pytest.raises(FileSystemError) as ei:
+        bounded(final, lambda: sha256_file(final))
+    assert f"{final} is a FIFO" in str(ei.value) and "Fix: remove it" in str(ei.value), str(ei.value)
+    source = HubSource.from_profile(prof, endpoint=hub.url)
+    # a download never reads it: it is not a file of the archive's (no bytes, nothing to keep), and
+    # the verified download takes its place
+    bounded(final, lambda: download_profile(prof, source, data_root))
+    assert not is_fifo(final) and archive_state(data_root, spec).state == "verified"
+
+
 # ----- acquire/transport.py: archives/.partial/<archive>.part ----------------------------------------
 def test_a_fifo_partial_download_is_named_and_left_in_place(
     demo: DemoPaths, hub: HubServer, tmp_path: Path

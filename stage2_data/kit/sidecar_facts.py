@@ -25,6 +25,7 @@ import numpy as np
 
 from .. import layout
 from ..formats import FormatError, npz
+from ..formats.sha256sums import read_regular_bytes
 from ..hashing import sha256_file
 from ..publish import atomic_write_bytes
 from .listing import sidecar_dirs
@@ -232,8 +233,9 @@ def recorded_sidecars(derived: Path) -> dict[str, dict[str, Any]]:
     """What the last unpack read in each sidecar it wrote, by path under ``derived/`` (with the
     file's size and mtime then), when the index belongs to the unpack the marker records; else {}."""
     try:
-        marker = json.loads((derived / SIDECAR_MARKER).read_text(encoding="utf-8"))
-        doc = msgspec.json.decode((derived / SIDECAR_INDEX).read_bytes())
+        # (never a read that blocks: a FIFO there is no record)
+        marker = json.loads(read_regular_bytes(derived / SIDECAR_MARKER).decode("utf-8"))
+        doc = msgspec.json.decode(read_regular_bytes(derived / SIDECAR_INDEX))
     except (OSError, ValueError, msgspec.DecodeError):
         return {}
     if not (isinstance(marker, dict) and isinstance(doc, dict) and isinstance(doc.get("files"), dict)):

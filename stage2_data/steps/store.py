@@ -17,6 +17,7 @@ from .. import layout
 from ..checks import CheckOutcome, compare_totals, outcome
 from ..errors import StoreError, StoreNotFoundError
 from ..extract import load_extraction_record
+from ..formats.sha256sums import read_regular_bytes
 from ..fsutil import canonical_json
 from ..hashing import sha256_file
 from ..kit import load_pairs, read_join_rows
@@ -65,7 +66,9 @@ def extracted_content(profile: Profile, data_root: Path) -> dict[str, str]:
         rec = load_extraction_record(data_root, key)
         out[f"extracted/{key}"] = rec.content_digest if rec is not None else ""
     try:
-        marker = json.loads((layout.derived_root(data_root) / SIDECAR_MARKER).read_text(encoding="utf-8"))
+        marker = json.loads(
+            read_regular_bytes(layout.derived_root(data_root) / SIDECAR_MARKER).decode("utf-8")
+        )
     except (OSError, ValueError):
         marker = {}
     out["sidecars"] = str(marker.get("content_digest") or "") if isinstance(marker, dict) else ""
