@@ -130,7 +130,8 @@ def test_a_flipped_byte_in_a_shard_index_or_a_small_array(tmp_path: Path, store:
 def test_a_reader_opens_each_shard_file_once(store: Path, up: Upstream) -> None:
     """The direct path opens a shard file once (no per-read open) and reads it with pread, never
     a mapping (a file truncated under a mapping is SIGBUS: tests/test_store_reader_damage.py);
-    close() closes them; a reader used again after close() opens them again."""
+    close() closes them; a reader reads nothing after close() (tests/test_reader_fifo_closed.py):
+    one opened again opens them again."""
     reader = VinOfflineStoreReader(store)
     for i in range(reader.num_samples):
         reader.read_frames(i)
@@ -141,11 +142,12 @@ def test_a_reader_opens_each_shard_file_once(store: Path, up: Upstream) -> None:
     assert all(p.is_file() for p in held)
     maps = Path("/proc/self/maps").read_text()
     assert not any(str(p) in maps for p in held)  # read, never mapped
+    key = reader.sample_index[0]["sample_key"]
     reader.close()
     assert reader._open_paths == []
-    key = reader.sample_index[0]["sample_key"]
-    assert np.array_equal(reader.read_frames(0), up.frames[key])
-    reader.close()
+    with VinOfflineStoreReader(store) as again:
+        assert np.array_equal(again.read_frames(0), up.frames[key])
+        assert len(again._open_paths) == 1
 
 
 def test_read_frames_into_a_batch_slot_decodes_only_the_sample_and_zeros_the_rest(

@@ -81,7 +81,7 @@ from .format import (
 from .manifest import rebuild_command, store_fingerprint
 from .merge import merge_vin_offline_stores
 from .plan import check_free_space_for_store, estimate_store_bytes
-from .reader import VinOfflineStoreReader
+from .reader import ReaderClosedError, VinOfflineStoreReader
 from .stats import collect_vin_offline_dataset_stats
 from .target import remove_stale_temp_dirs, stale_temp_dirs
 from .validate import raise_if_invalid, validate_vin_offline_store
@@ -116,6 +116,7 @@ __all__ = [
     "WRITER_PACKAGE",
     "PairSpec",
     "SampleSpec",
+    "ReaderClosedError",
     "StoreChecksumError",
     "StoreInputError",
     "VinOfflineDataset",

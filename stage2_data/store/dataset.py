@@ -44,7 +44,10 @@ class VinOfflineDataset:
     ``action_width`` and the sample-index metadata (sample_index, sample_key, split, task, ...).
 
     ``path`` / ``resolved`` / ``fingerprint`` name the store it reads (resolved at open); ``close()``
-    (or ``with``) releases the reader's lease on it.
+    (or ``with``) releases the reader's lease on it, and from then on the dataset reads nothing:
+    ``ds[i]`` raises :class:`~stage2_data.store.reader.ReaderClosedError` (the store may be removed
+    once no lease holds it). A pickled copy (a DataLoader worker under spawn) takes its own lease;
+    one of a closed dataset is closed too.
     """
 
     def __init__(
@@ -69,7 +72,12 @@ class VinOfflineDataset:
     def fingerprint(self) -> str | None:
         return self.reader.fingerprint
 
+    @property
+    def closed(self) -> bool:
+        return self.reader.closed
+
     def close(self) -> None:
+        """Release the reader's lease on the store; the dataset reads nothing afterwards."""
         self.reader.close()
 
     def __enter__(self) -> VinOfflineDataset:

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import StoreError, StoreNotFoundError, StoreValidationError, StoreVersionError
+from ..errors import FileSystemError, StoreError, StoreNotFoundError, StoreValidationError, StoreVersionError
+from ..formats.sha256sums import read_regular_bytes
 from ..fsutil import canonical_json
 from ..storage import StoreLocation, is_url
 from .format import (
@@ -113,10 +114,19 @@ def load_manifest(loc: StoreLocation) -> ManifestFile:
     path = loc.url
     mfile = loc.root / MANIFEST_NAME
     mpath = loc.display(mfile)
-    if not loc.is_file(mfile):
+    if not loc.is_file(mfile) and not (loc.is_local and os.path.exists(mfile)):
         return ManifestFile(None, "missing (incomplete or not a store)")
     try:
-        manifest = json.loads(loc.read_bytes(mfile).decode("utf-8"))
+        # on a local disk only a regular file is read, and a FIFO is never waited on
+        data = read_regular_bytes(mfile) if loc.is_local else loc.read_bytes(mfile)
+        manifest = json.loads(data.decode("utf-8"))
+    except FileSystemError as err:  # a FIFO, device, socket or folder: never opened
+        problem = f"{err.message.rstrip('.')} (a store holds only regular files and folders)"
+        return ManifestFile(
+            None,
+            problem.removeprefix(f"{mfile} is "),
+            StoreError(f"{problem}.", fix=f"rebuild: {rebuild_command(path, None)}"),
+        )
     except (OSError, ValueError, RecursionError) as err:
         # (RecursionError: JSON nested deeper than Python's parser goes, no manifest a writer wrote)
         e = "JSON nested too deeply" if isinstance(err, RecursionError) else err

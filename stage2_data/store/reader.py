@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import operator
 import os
+import stat
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -24,6 +25,7 @@ from zarr.storage import WrapperStore
 
 from .. import layout
 from ..errors import LoaderError, StoreError, StoreNotFoundError, StoreValidationError
+from ..formats.sha256sums import file_kind
 from ..publish import is_temp_name
 from ..storage import LocalLocation, StoreLocation, current_candidates, current_error
 from .format import (
@@ -48,7 +50,7 @@ from .shard_io import (
     split_checked,
     uncompressed_size,
 )
-from .tables import check_sha256, listed_sha256, read_jsonl, read_npy
+from .tables import check_sha256, listed_sha256, read_jsonl, read_npy, read_store_file
 
 #: shard files a local reader keeps open (least recently used closed first)
 _MAX_OPEN_FILES = 64
@@ -67,6 +69,27 @@ class _Unreadable(StoreChecksumError):
         self.detail = detail
 
 
+class ReaderClosedError(StoreError):
+    """A read from a reader (or the dataset or selection over it) after its ``close()`` (or the end
+    of its ``with`` block): it holds no lease on its store any more, so ``stage2 gc`` may have
+    removed the store, and it reads nothing. Open the store again."""
+
+
+def _check_regular(path: Path) -> None:
+    """:class:`_Unreadable` when ``path`` (a local shard file, before it is opened) is there but is
+    not a regular file: a FIFO, device, socket or folder is named, never opened (opening a FIFO
+    blocks until something writes to it). Nothing there passes (the read that follows names it)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    if not stat.S_ISREG(mode):
+        raise _Unreadable(
+            f"{path} is {file_kind(mode)}, not a regular file (a store holds only regular files and "
+            "folders); nothing was read from it"
+        )
+
+
 class _CheckedMetadata(WrapperStore[Any]):
     """A shard folder's zarr store whose ``zarr.json`` documents are checked against the manifest's
     sha256 (``check(key, data)``, raising) from the very bytes zarr then parses: the dtype, shape,
@@ -74,23 +97,46 @@ class _CheckedMetadata(WrapperStore[Any]):
     key (the shard objects, each chunk with its own crc32c) is read as it is, but never as absent:
     zarr reads an absent chunk as the array's fill value (zero frames, NaN actions), while a store's
     writer writes every chunk (``write_empty_chunks``) and lists each in the manifest, so an absent
-    one is a damaged store: ``missing(key)`` raises (:class:`_Unreadable`)."""
+    one is a damaged store: ``missing(key)`` raises (:class:`_Unreadable`).
 
-    def __init__(self, store: Any, check: Any, missing: Callable[[str], None]) -> None:
+    On a local disk (``local``: the shard folder) nothing but a regular file is opened, so nothing
+    blocks: a ``zarr.json`` is read by ``read(key)`` (:func:`.tables.read_store_file`: None when
+    absent, StoreChecksumError naming a FIFO, device, socket or folder there), and any other key is
+    looked at (:func:`_check_regular`) before zarr opens it."""
+
+    def __init__(
+        self,
+        store: Any,
+        check: Any,
+        missing: Callable[[str], None],
+        read: Callable[[str], bytes | None] | None = None,
+        local: Path | None = None,
+    ) -> None:
         super().__init__(store)
         self._check = check
         self._missing = missing
+        self._read = read
+        self._local = local
 
     def _with_store(self, store: Any) -> _CheckedMetadata:
-        return type(self)(store, self._check, self._missing)
+        return type(self)(store, self._check, self._missing, self._read, self._local)
+
+    def _regular(self, key: str) -> None:
+        if self._local is not None:
+            _check_regular(self._local / key)
 
     async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
         if key.rsplit("/", 1)[-1] != _ZARR_JSON:
+            self._regular(key)
             got = await self._store.get(key, prototype, byte_range)
             if got is None:
                 self._missing(key)
             return got
-        buf = await self._store.get(key, prototype)
+        if self._read is not None:
+            data = self._read(key)
+            buf = None if data is None else prototype.buffer.from_bytes(data)
+        else:
+            buf = await self._store.get(key, prototype)
         if buf is None:
             return None  # absent: zarr says so (a damaged store, named by the reader)
         self._check(key, buf.to_bytes())
@@ -100,6 +146,8 @@ class _CheckedMetadata(WrapperStore[Any]):
         key_ranges = list(key_ranges)
         if any(k.rsplit("/", 1)[-1] == _ZARR_JSON for k, _ in key_ranges):
             return [await self.get(k, prototype, r) for k, r in key_ranges]
+        for k, _ in key_ranges:
+            self._regular(k)
         got: list[Any] = await self._store.get_partial_values(prototype, key_ranges)
         for (k, _), b in zip(key_ranges, got, strict=True):
             if b is None:
@@ -176,6 +224,7 @@ class VinOfflineStoreReader:
         self.opened_as: str = given.url
         self.lease: StoreLease | None = None
         for attempt in range(3):
+            self._closed = False
             self.location = resolve_store(given)
             self.lease = self._take_lease()
             try:
@@ -202,6 +251,8 @@ class VinOfflineStoreReader:
         self._arrays: dict[tuple[int, str], Any] = {}
         self._direct_cache: dict[tuple[int, str], DirectArray | None] = {}
         self._files = ShardFiles(_MAX_OPEN_FILES)
+        #: the local shard files found regular files (:func:`_check_regular`) before their first open
+        self._regular: set[Path] = set()
         self._tls = threading.local()  # per thread: ``buf``, the buffer chunks are read into
         self._pid = os.getpid()
 
@@ -228,7 +279,10 @@ class VinOfflineStoreReader:
 
     def close(self) -> None:
         """Release the lease (the store may be removed by ``stage2 gc`` from then on) and close the
-        shard files this reader has open."""
+        shard files this reader has open. The reader reads nothing afterwards: a read (of a sample,
+        the sample index, a split or the pairs) raises :class:`ReaderClosedError`; open the store
+        again to read it. Closing twice is harmless."""
+        self._closed = True
         self._close_files()
         lease, self.lease = self.lease, None
         if lease is not None:
@@ -238,6 +292,23 @@ class VinOfflineStoreReader:
         files = getattr(self, "_files", None)
         if files is not None:
             files.close()
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` has run (the reader then reads nothing: :class:`ReaderClosedError`)."""
+        return getattr(self, "_closed", False)
+
+    def _check_open(self) -> None:
+        """:class:`ReaderClosedError` once :meth:`close` has run: a closed reader holds no lease, so
+        its store may be gone (removed by ``stage2 gc``), and it is never read without its lease."""
+        if self._closed:
+            raise ReaderClosedError(
+                f"{self.location.url}: this dataset was closed (close(), or the end of its `with` "
+                "block; or the selection or reader it is): a closed one reads nothing, as it no longer "
+                "holds its lease on the store, which `stage2 gc` may remove.",
+                fix=f"open it again (e.g. VinOfflineDataset({self.opened_as!r}, split=...)) and read "
+                "from the new one",
+            )
 
     @property
     def _open_paths(self) -> list[Path]:
@@ -258,13 +329,15 @@ class VinOfflineStoreReader:
             lease.release()
 
     # pickling (DataLoader workers): drop open zarr handles and the lease; reopen lazily in the worker,
-    # which takes its own lease on the same (resolved) store.
+    # which takes its own lease on the same (resolved) store. A closed reader stays closed there (as a
+    # forked copy of it does): it takes no lease and reads nothing.
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_groups"] = {}
         state["_arrays"] = {}
         state["_direct_cache"] = {}
         state["_files"] = None
+        state["_regular"] = set()
         state["_tls"] = None
         state["lease"] = None
         return state
@@ -272,8 +345,12 @@ class VinOfflineStoreReader:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._files = ShardFiles(_MAX_OPEN_FILES)
+        self._regular = set()
         self._tls = threading.local()
         self._pid = os.getpid()
+        self._closed = state.get("_closed", False)
+        if self._closed:
+            return
         self.lease = self._take_lease()
         if self.location.is_local and not (self.location.root / MANIFEST_NAME).is_file():
             self.close()
@@ -291,6 +368,7 @@ class VinOfflineStoreReader:
 
     @property
     def sample_index(self) -> list[dict[str, Any]]:
+        self._check_open()
         if self._sample_index is None:
             rows = read_jsonl(self.location, self.manifest, SAMPLE_INDEX_NAME)
             if len(rows) != self.num_samples:
@@ -303,6 +381,7 @@ class VinOfflineStoreReader:
         return self._sample_index
 
     def split(self, name: str) -> np.ndarray[Any, Any]:
+        self._check_open()
         if name not in SPLIT_FILES:
             raise StoreError(
                 f"{self.path}: no split {name!r} in a VIN offline store.",
@@ -314,6 +393,7 @@ class VinOfflineStoreReader:
         return self._splits[name]
 
     def pairs(self) -> list[dict[str, Any]]:
+        self._check_open()
         if self._pairs is None:
             self._pairs = read_jsonl(self.location, self.manifest, PAIRS_NAME)
         return self._pairs
@@ -333,16 +413,20 @@ class VinOfflineStoreReader:
             self._pid = os.getpid()
 
     def _group(self, shard_id: int) -> Any:
+        self._check_open()
         self._check_fork()
         g = self._groups.get(shard_id)
         if g is None:
             entry = self._shards[shard_id]
+            local = self.path / entry["dir"] if self.location.is_local else None
             try:
                 g = zarr.open_group(
                     store=_CheckedMetadata(
                         self._open_store(self.path / entry["dir"]),
                         self._metadata_check(shard_id),
                         self._missing_check(shard_id),
+                        self._metadata_read(shard_id) if local is not None else None,
+                        local,
                     ),
                     mode="r",
                     zarr_format=3,
@@ -385,6 +469,17 @@ class VinOfflineStoreReader:
 
         return check
 
+    def _metadata_read(self, shard_id: int) -> Callable[[str], bytes | None]:
+        """``read(key)`` for a local shard's zarr store (:class:`_CheckedMetadata`): the bytes of the
+        shard folder's ``key`` (a ``zarr.json``), None when it is absent; a FIFO, device, socket or
+        folder there is never opened (:func:`.tables.read_store_file`: StoreChecksumError)."""
+        entry, loc, manifest = self._shards[shard_id], self.location, self.manifest
+
+        def read(key: str) -> bytes | None:
+            return read_store_file(loc, manifest, f"{entry['dir']}/{key}")
+
+        return read
+
     def _missing_check(self, shard_id: int) -> Callable[[str], None]:
         """``missing(key)`` for the shard's zarr store (:class:`_CheckedMetadata`): raises
         :class:`_Unreadable` for a chunk key of the shard folder that zarr found absent."""
@@ -414,12 +509,17 @@ class VinOfflineStoreReader:
     def _read_into(self, path: Path, offset: int, buffers: Sequence[Any]) -> None:
         """Fill ``buffers`` (writable byte buffers, in order) with the bytes of ``path`` from
         ``offset`` on: one ``preadv`` of a local file (a hook: tests wrap it to count reads).
-        :class:`_Unreadable` when the file is missing or ends first (truncated)."""
+        :class:`_Unreadable` when the file is missing, is not a regular file (a FIFO: never opened,
+        so never waited on) or ends first (truncated)."""
+        self._check_open()
         self._check_fork()
         views = [memoryview(b).cast("B") for b in buffers]
         length = sum(len(v) for v in views)
         try:
             if self.location.is_local:
+                if path not in self._regular:  # (once per file: store files are never replaced)
+                    _check_regular(path)
+                    self._regular.add(path)
                 got = self._files.read_into(path, offset, views)
             else:
                 data = self.location.read_range(path, offset, length)
@@ -435,6 +535,15 @@ class VinOfflineStoreReader:
                 f"{path} is truncated ({got} of {length} bytes at offset {offset}: "
                 "the file ends before its index says)"
             )
+
+    def _shard_file_size(self, path: Path) -> int:
+        """The size of the shard object ``path`` (:func:`.shard_io.direct_array`'s ``size_of``): a
+        local one that is not a regular file is :class:`_Unreadable` (looked at, never opened: a
+        FIFO's size, 0, would be taken for a truncated file); FileNotFoundError when it is missing."""
+        if self.location.is_local:
+            _check_regular(path)
+            self._regular.add(path)
+        return self.location.size(path)
 
     def _buffer(self, length: int) -> memoryview:
         """This thread's read buffer, ``length`` bytes of it (valid until this thread's next read;
@@ -462,14 +571,14 @@ class VinOfflineStoreReader:
         arr = self._array(shard_id, name)
         path = self.path / self._shards[shard_id]["dir"] / name
         try:
-            d = direct_array(arr, path, self._read_range, self.location.size)
+            d = direct_array(arr, path, self._read_range, self._shard_file_size)
         except FileNotFoundError as e:
             where = self.location.display(Path(e.filename)) if e.filename else self.location.display(path)
             raise _Unreadable(
                 f"{where} is missing (a store's writer writes every chunk, and zarr would read an absent "
                 "one as the fill value)"
             ) from None
-        except StoreChecksumError:
+        except (StoreChecksumError, ReaderClosedError):
             raise
         except StoreError as e:  # too short to hold its index: truncated
             raise _Unreadable(f"{e.message} (truncated)") from None
@@ -525,6 +634,10 @@ class VinOfflineStoreReader:
         return decoded
 
     def _checked_direct(self, shard_id: int, name: str, row: int) -> DirectArray | None:
+        if (shard_id, name) not in self._direct_cache:
+            # the array's metadata first: a damaged zarr.json is named as it is (its file), never
+            # as a shard index failing its crc32c
+            self._array(shard_id, name)
         try:
             return self._direct(shard_id, name)
         except _Unreadable as e:
@@ -566,7 +679,9 @@ class VinOfflineStoreReader:
         return self.sample_index[i]
 
     def _locate(self, i: int) -> tuple[int, int, int]:
-        """(shard_id, row, num_frames) of sample ``i``, or IndexError."""
+        """(shard_id, row, num_frames) of sample ``i``, or IndexError (ReaderClosedError once
+        closed)."""
+        self._check_open()
         i = operator.index(i)
         if not 0 <= i < self._n:
             raise IndexError(f"sample index {i} out of range [0, {self._n})")

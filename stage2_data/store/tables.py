@@ -12,9 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import StoreError, StoreValidationError
+from ..errors import FileSystemError, StoreError, StoreValidationError
 from ..formats.jsonl import iter_json_lines, jsonl_bytes
 from ..formats.npz import npy_bytes
+from ..formats.sha256sums import read_regular_bytes
 from ..hashing import sha256_bytes
 from ..storage import StoreLocation
 from .format import (
@@ -65,20 +66,39 @@ def check_sha256(loc: StoreLocation, manifest: dict[str, Any], rel: str, data: b
         )
 
 
+def read_store_file(loc: StoreLocation, manifest: dict[str, Any], rel: str) -> bytes | None:
+    """The bytes of the store's file ``rel`` (relative path), or None when nothing is there. On a
+    local disk only a regular file is read (a link to one is followed), and nothing blocks
+    (:func:`~stage2_data.formats.sha256sums.read_regular_bytes`: stat'ed before it is opened, opened
+    with ``O_NONBLOCK``): a FIFO, a device, a socket or a folder there is a StoreChecksumError naming
+    the file and what it is (with the rebuild command), nothing read from it."""
+    p = loc.root / rel
+    try:
+        return read_regular_bytes(p) if loc.is_local else loc.read_bytes(p)
+    except (FileNotFoundError, NotADirectoryError):  # (a file where one of its folders should be)
+        return None
+    except FileSystemError as e:  # a FIFO, device, socket or folder: never opened
+        raise StoreChecksumError(
+            f"VIN offline store {loc.url}: {e.message.rstrip('.')} (a store holds only regular files "
+            "and folders)",
+            fix=f"the store is damaged; rebuild it: {rebuild_command(loc.root, manifest)}",
+        ) from None
+
+
 def read_checked(loc: StoreLocation, manifest: dict[str, Any], rel: str) -> bytes:
     """The bytes of the store's file ``rel`` (relative path), read whole and checked against the
     sha256 the manifest lists for it: StoreChecksumError naming the file when they differ,
     StoreValidationError when the manifest lists no sha256 for it, StoreChecksumError too when the
-    file is missing (each with the rebuild command)."""
+    file is missing or is not a regular file (:func:`read_store_file`: a FIFO is never waited on),
+    each with the rebuild command."""
     want = listed_sha256(loc, manifest, rel)
-    try:
-        data = loc.read_bytes(loc.root / rel)
-    except FileNotFoundError:
+    data = read_store_file(loc, manifest, rel)
+    if data is None:
         raise StoreChecksumError(
             f"VIN offline store {loc.url}: {loc.display(loc.root / rel)}: missing; the manifest lists it "
             f"(sha256 {want}): the store is incomplete",
             fix=f"the store is damaged; rebuild it: {rebuild_command(loc.root, manifest)}",
-        ) from None
+        )
     check_sha256(loc, manifest, rel, data, want)
     return data
 
