@@ -29,6 +29,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..fsutil import open_regular
+
 
 class _Open:
     __slots__ = ("closing", "fd", "users")
@@ -89,7 +91,8 @@ class ShardFiles:
                 self._open.move_to_end(path)
                 f.users += 1
                 return f
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        # never a wait on a FIFO that replaced the file since the reader looked at it: named
+        fd = open_regular(path, os.O_RDONLY, fix="the store is damaged: rebuild it (stage2 build)")
         with self._lock:
             f = self._open.get(path)
             if f is not None:  # another thread opened it meanwhile: keep that one
