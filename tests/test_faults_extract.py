@@ -586,8 +586,14 @@ def test_fault_arc_removed_cache_key(
     text = stage2("list", str(demo.profile), "--data-root", str(root)).stdout
     assert "stage2 gc <data_root>/stores --unused" in text and f"  {extra_key}.1/  " in text, text
     # `stage2 gc --unused` removes what a build moved there (a dry run first), never the folder the
-    # user made (no extraction record beside it)
+    # user made (no extraction record beside it), nor what the user put into the moved folder: only
+    # the files its extraction record lists go
     record = layout.unused_root(root) / layout.REPORTS_DIR / "extraction" / f"{extra_key}.1.json"
+    notes, result = moved / "MY_NOTES.txt", moved / "my_analysis" / "result.csv"
+    n_extracted = len([f for f in files if (moved / f).is_file()])
+    notes.write_text("mine\n")
+    result.parent.mkdir()
+    result.write_text("a,b\n")
     stores = str(root / layout.STORES_DIR)
     dry = stage2("gc", stores, "--unused", "--dry-run", "--json")
     assert dry.returncode == 0, dry.tail()
@@ -597,11 +603,19 @@ def test_fault_arc_removed_cache_key(
     assert moved.is_dir() and record.is_file()
     r = stage2("gc", stores, "--unused")
     assert r.returncode == 0, r.tail()
-    assert f"removed  {extra_key}.1 (cache key {extra_key}): " in r.stdout, r.stdout
+    assert f"removed  {extra_key}.1 (cache key {extra_key}): {n_extracted} file(s)" in r.stdout, r.stdout
     assert f"kept  {extra_key}: no extraction record" in r.stdout, r.stdout
-    assert not moved.exists() and not record.exists() and (unused / extra_key).is_dir()
+    for kept in (notes, result.parent):
+        assert f"{kept.relative_to(root)}" in r.stdout, r.stdout
+    assert not record.exists() and (unused / extra_key).is_dir()
+    assert sorted(p.relative_to(moved).as_posix() for p in moved.rglob("*")) == [
+        "MY_NOTES.txt",
+        "my_analysis",
+        "my_analysis/result.csv",
+    ]
+    assert notes.read_text() == "mine\n" and result.read_text() == "a,b\n"
     listed = stage2("list", str(demo.profile), "--data-root", str(root), "--json").json()["unused"]
-    assert [d["path"] for d in listed["dirs"]] == [str(unused / extra_key)], listed
+    assert [d["path"] for d in listed["dirs"]] == [str(unused / extra_key), str(moved)], listed
     shutil.move(foreign, tmp_path / "my_notes")
     r = build_cli(demo.profile, root)
     assert r.returncode == 0 and fingerprint(r) == prepared.fingerprint, r.tail()

@@ -10,6 +10,7 @@ by a build: the rows are about what gc does with it, through the `stage2` comman
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -21,15 +22,26 @@ from stage2_data import layout
 from stage2_data.publish.quarantine import quarantine_files
 
 
+def _store_files(store: Path, listed: list[str], unlisted: tuple[str, ...] = ()) -> None:
+    """A store's folder: each of ``listed`` (10 bytes) and its ``manifest.json`` listing them; each of
+    ``unlisted`` written too (files of the store layout its manifest does not list)."""
+    for rel in [*listed, *unlisted]:
+        (store / rel).parent.mkdir(parents=True, exist_ok=True)
+        (store / rel).write_bytes(b"x" * 10)
+    entries: list[dict[str, Any]] = [{"path": rel, "bytes": 10, "sha256": "0" * 64} for rel in listed]
+    top = [e for e in entries if not e["path"].startswith("shards/")]
+    shard = [e for e in entries if e["path"].startswith("shards/")]
+    doc = {"format": "stage2-vin-offline-store", "files": top, "shards": [{"id": 0, "files": shard}]}
+    (store / "manifest.json").write_text(json.dumps(doc))
+
+
 def _filled(tmp_path: Path) -> dict[str, Any]:
     """A data root whose quarantine folder holds what stage2 moved there (a store that failed the
     gate, an archive and its record, a cache folder's link) and a user's files beside them."""
     root = tmp_path / "root"
     (root / layout.STORES_DIR).mkdir(parents=True)
     store = root / layout.STORES_DIR / "p" / "v2-abc"
-    for rel in ("manifest.json", "shards/shard-000000/frames/c/0"):
-        (store / rel).parent.mkdir(parents=True, exist_ok=True)
-        (store / rel).write_bytes(b"x" * 10)
+    _store_files(store, ["shards/shard-000000/frames/c/0"])
     (moved_store,) = quarantine_files(root, [store], "failed the publication gate")
     archive = layout.archive_path(root, "a.tar")
     archive.parent.mkdir(parents=True)
@@ -153,3 +165,105 @@ def test_gc_quarantine_never_follows_a_link_on_the_way_to_a_recorded_path(tmp_pa
     assert f"kept (not moved there by stage2: its moved.json does not record it): {rel}" in gc.stdout, (
         gc.stdout
     )
+
+
+STORE_FILES = [
+    "sample_index.jsonl",
+    "pairs.jsonl",
+    "splits/all.npy",
+    "shards/shard-000000/zarr.json",
+    "shards/shard-000000/frames/zarr.json",
+    "shards/shard-000000/frames/c/0/0/0/0/0",
+    "shards/shard-000000/actions/zarr.json",
+    "shards/shard-000000/actions/aligned/c/0/0/0",
+]
+
+
+def test_gc_quarantine_removes_a_stores_own_files_and_keeps_a_note_put_inside_it(tmp_path: Path) -> None:
+    """A store moved aside whole (it failed the publication gate) is one unit of its moved.json,
+    but a note the user put inside its folder is not the store's: gc --quarantine removes the
+    files its manifest lists (and those of the store layout it does not list), its manifest.json
+    and the folders left empty, and keeps and names everything else in it, dry run and real run."""
+    root = tmp_path / "root"
+    store = root / layout.STORES_DIR / "p" / "v2-abc"
+    _store_files(store, STORE_FILES, unlisted=("splits/train.npy", "shards/shard-000000/num_frames/c/0"))
+    (moved,) = quarantine_files(root, [store], "failed the publication gate")
+    q = layout.quarantine_root(root)
+    notes = moved / "MY_NOTES.txt"
+    notes.write_text("why this store failed")
+    result = moved / "my_analysis" / "result.csv"
+    result.parent.mkdir()
+    result.write_text("a,b\n1,2\n")
+    beside = moved / "shards" / "shard-000000" / "notes.txt"  # inside a folder of the store
+    beside.write_text("mine")
+    user = [notes, result, beside]
+    rel = moved.relative_to(root).as_posix()
+    named = [f"{rel}/MY_NOTES.txt", f"{rel}/my_analysis/", f"{rel}/shards/shard-000000/notes.txt"]
+    stores = str(root / layout.STORES_DIR)
+
+    dry = stage2("gc", stores, "--quarantine", "--dry-run")
+    assert dry.returncode == 0, dry.tail()
+    (would,) = _removal_lines(dry.stdout, "would remove")
+    assert "folder of 11 file(s)" in would, dry.stdout  # 8 listed, 2 of the layout, the manifest
+    for line in named:
+        assert any(
+            ln.startswith("  kept (not the store's") and ln.endswith(line) for ln in dry.stdout.splitlines()
+        ), (
+            line,
+            dry.stdout,
+        )
+    js = stage2("gc", stores, "--quarantine", "--dry-run", "--json").json()["quarantine"]
+    assert {k["rel"] for k in js["kept"]} == {
+        f"{rel}/MY_NOTES.txt",
+        f"{rel}/my_analysis",
+        f"{rel}/shards/shard-000000/notes.txt",
+    }
+    assert len(js["files"]) == 11 and not any("notes" in f["path"].lower() for f in js["files"]), js
+    assert (moved / "manifest.json").is_file() and all(p.is_file() for p in user)
+
+    gc = stage2("gc", stores, "--quarantine")
+    assert gc.returncode == 0, gc.tail()
+    (removed,) = _removal_lines(gc.stdout, "removed")
+    assert "folder of 11 file(s)" in removed, gc.stdout
+    for line in named:
+        assert line in gc.stdout, gc.stdout
+    assert notes.read_text() == "why this store failed" and result.read_text() == "a,b\n1,2\n"
+    assert beside.read_text() == "mine"
+    left = sorted(p.relative_to(moved).as_posix() for p in moved.rglob("*"))
+    assert left == [
+        "MY_NOTES.txt",
+        "my_analysis",
+        "my_analysis/result.csv",
+        "shards",
+        "shards/shard-000000",
+        "shards/shard-000000/notes.txt",
+    ], left
+    assert not list(q.glob("*/moved.json"))
+
+
+def test_gc_quarantine_keeps_a_store_whose_manifest_cannot_be_read_whole(tmp_path: Path) -> None:
+    """A store moved aside whose manifest.json is not JSON (or missing): nothing in it can be told
+    to be the store's, so gc --quarantine keeps the whole folder, names it and why, and keeps its
+    moved.json (stage2 list still says why it was moved); every run says so again."""
+    root = tmp_path / "root"
+    bad = root / layout.STORES_DIR / "p" / "v2-bad"
+    _store_files(bad, STORE_FILES)
+    (bad / "manifest.json").write_text("{not json")
+    gone = root / layout.STORES_DIR / "p" / "v2-nomanifest"
+    _store_files(gone, STORE_FILES)
+    (gone / "manifest.json").unlink()
+    (moved_bad,) = quarantine_files(root, [bad], "failed the publication gate")
+    (moved_gone,) = quarantine_files(root, [gone], "failed the publication gate")
+    q = layout.quarantine_root(root)
+    before = sorted(p.relative_to(q).as_posix() for p in q.rglob("*"))
+    assert len([p for p in before if p.endswith("moved.json")]) == 2
+    stores = str(root / layout.STORES_DIR)
+    for _ in range(2):
+        gc = stage2("gc", stores, "--quarantine")
+        assert gc.returncode == 0, gc.tail()
+        assert not _removal_lines(gc.stdout, "removed"), gc.stdout
+        for moved, why in ((moved_bad, "not JSON"), (moved_gone, "there is none")):
+            rel = moved.relative_to(root).as_posix()
+            line = next(ln for ln in gc.stdout.splitlines() if ln.rstrip("/").endswith(rel))
+            assert "manifest.json cannot be read" in line and why in line and "kept whole" in line, gc.stdout
+        assert sorted(p.relative_to(q).as_posix() for p in q.rglob("*")) == before

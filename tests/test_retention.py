@@ -27,6 +27,7 @@ from stage2_data.store import VinOfflineDataset, VinOfflineStoreReader
 from stage2_data.store.retention import (
     KEEP_ENV,
     LEASES_DIR,
+    check_current,
     collect_stores,
     default_keep,
     lease_path,
@@ -509,3 +510,151 @@ def test_something_in_the_way_of_the_leases_refuses_readers_and_gc(
         got = actions_of(collect_stores(profile_root, keep=0))
         assert got["v1-0001"][0] == "kept" and got["v1-0001"][1].startswith("in use by pid ")
         assert got["v1-0002"][0] == got["v1-0003"][0] == "removed"
+
+
+# ----- a `current` that names no store --------------------------------------------------------------------
+@pytest.mark.parametrize("points_at", ["empty folder elsewhere", ".leases", "nothing", "incomplete store"])
+def test_gc_refuses_when_current_names_no_store_of_the_folder(
+    tmp_path: Path, built: tuple[Path, Path], points_at: str
+) -> None:
+    """`current` linked to a folder that is not a complete store of the profile's folder (an empty
+    folder elsewhere, `.leases`, nothing, a store folder without manifest.json) publishes nothing:
+    `stage2 gc` (dry run or not, any --keep) refuses, naming what `current` points at and the fix,
+    and removes no store. Before, every store was "previous" and went with --keep 0."""
+    profile_root = four_stores(tmp_path, built[0])
+    link = profile_root / "current"
+    if points_at == "empty folder elsewhere":
+        target = tmp_path / "emptydir"
+        target.mkdir()
+    elif points_at == ".leases":
+        (profile_root / LEASES_DIR).mkdir(exist_ok=True)
+        target = Path(LEASES_DIR)
+    elif points_at == "nothing":
+        target = Path("v1-gone")
+    else:
+        shutil.copytree(built[0] / "shards", profile_root / "v1-half" / "shards")
+        target = Path("v1-half")
+    link.unlink()
+    link.symlink_to(target)
+    before = sorted(p.name for p in profile_root.iterdir())
+    for args in (["--keep", "0"], ["--keep", "1", "--dry-run"], ["--keep", "0", "--json"]):
+        r = stage2("gc", str(tmp_path / "stores"), *args)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.tail()
+        if "--json" in args:
+            doc = r.json()
+            assert not doc["ok"] and doc["error"] == "StoreNotFoundError", doc
+            line = f"{doc['message']} Fix: {doc['fix']}"
+        else:
+            assert r.stdout == "", r.tail()
+            (line,) = r.stderr.strip().splitlines()
+        assert f"{link} points at {target}" in line and "which is not a store" in line, line
+        assert "nothing was removed" in line and "Fix:" in line, line
+        assert f"stage2 build --profile <the profile's .toml> --data-root {tmp_path}" in line, line
+        assert f"ln -sfn v1-0004 {link}" in line, line  # the newest complete store, ready to paste
+        assert sorted(p.name for p in profile_root.iterdir()) == before
+    for call in (
+        lambda: collect_stores(profile_root, keep=0),
+        lambda: check_current(StoreLocation.parse(profile_root)),
+    ):
+        with pytest.raises(StoreNotFoundError, match="publishes no store"):
+            call()
+    # the fix as pasted: current names a store again, and gc judges by it
+    link.unlink()
+    link.symlink_to("v1-0004")
+    r = stage2("gc", str(profile_root), "--keep", "1")
+    assert r.returncode == 0, r.tail()
+    assert sorted(p.name for p in profile_root.glob("v1-000*")) == ["v1-0003", "v1-0004"]
+
+
+def test_gc_refuses_a_current_that_is_a_folder_or_another_profiles_store(
+    tmp_path: Path, built: tuple[Path, Path]
+) -> None:
+    """A `current` that is a folder (not the link a build makes; even a store) or a link to a store
+    of another profile's folder publishes no store of this folder: refused, nothing removed."""
+    profile_root = four_stores(tmp_path, built[0])
+    other = tmp_path / "stores" / "other"
+    other.mkdir()
+    publish(other, built[1], "v1-0009")
+    link = profile_root / "current"
+    link.unlink()
+    link.symlink_to(other / "v1-0009")
+    before = sorted(p.name for p in profile_root.iterdir())
+    r = stage2("gc", str(profile_root), "--keep", "0")
+    assert r.returncode == 2 and f"not a folder directly inside {profile_root}" in r.stderr, r.tail()
+    assert sorted(p.name for p in profile_root.iterdir()) == before
+    link.unlink()
+    shutil.copytree(built[0], link)
+    r = stage2("gc", str(profile_root), "--keep", "0")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.tail()
+    assert f"{link} is a folder, not the symbolic link to a store a build makes" in r.stderr, r.tail()
+    assert sorted(p.name for p in profile_root.iterdir()) == before
+    assert (other / "v1-0009" / "manifest.json").is_file()
+
+
+# ----- a lease file that is not a regular file ----------------------------------------------------------
+def test_a_fifo_as_a_stores_lease_is_refused_never_waited_on(
+    tmp_path: Path, built: tuple[Path, Path]
+) -> None:
+    """A FIFO at `.leases/<store>.lock`: opening the store (`VinOfflineDataset(current)`) used to wait
+    forever for a writer; it is refused with a named error (the path, what it is, the fix: remove
+    it), and so is gc (nothing removed); an orphan FIFO gate never stops gc either."""
+    profile_root = four_stores(tmp_path, built[0])
+    leases = profile_root / LEASES_DIR
+    leases.mkdir(exist_ok=True)
+    fifo = lease_path(profile_root / "v1-0004")
+    os.mkfifo(fifo)
+    code = """
+import sys
+from stage2_data.errors import Stage2Error
+from stage2_data.store import VinOfflineDataset
+try:
+    VinOfflineDataset(sys.argv[1], split="train")
+except Stage2Error as e:
+    print(type(e).__name__, e)
+"""
+    r = subprocess.run(
+        python_argv(code, str(profile_root / "current")),
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=60,  # the hang: a FIFO opened for reading waits for a writer
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("FileSystemError ") and f"{fifo} is a FIFO, not a regular file" in r.stdout
+    assert f"Fix: remove it (rm {fifo})" in r.stdout, r.stdout
+    # gc: a FIFO gate of a store it would remove refuses the profile's folder, nothing removed
+    os.mkfifo(lease_path(profile_root / "v1-0001"))
+    before = sorted(p.name for p in profile_root.iterdir())
+    for args in (["--keep", "0"], ["--keep", "0", "--dry-run"]):
+        r2 = stage2("gc", str(profile_root), *args, timeout=60)
+        assert r2.returncode == 2 and "Traceback" not in r2.stderr, r2.tail()
+        assert "is a FIFO, not a regular file" in r2.stderr and "Fix: remove it" in r2.stderr, r2.tail()
+        assert sorted(p.name for p in profile_root.iterdir()) == before
+    # removed as the fix says: the reader leases; an orphan FIFO gate (its store gone) is left alone
+    fifo.unlink()
+    lease_path(profile_root / "v1-0001").unlink()
+    os.mkfifo(lease_path(profile_root / "v1-gone"))
+    with VinOfflineStoreReader(profile_root / "current") as reader:
+        assert reader.lease is not None and reader.lease.held
+    r3 = stage2("gc", str(profile_root), "--keep", "0", timeout=60)
+    assert r3.returncode == 0, r3.tail()
+    assert sorted(p.name for p in profile_root.glob("v1-*")) == ["v1-0004"]
+    assert lease_path(profile_root / "v1-gone").exists()
+
+
+def test_gc_of_several_profiles_removes_nothing_when_one_current_names_no_store(
+    tmp_path: Path, built: tuple[Path, Path]
+) -> None:
+    """`stage2 gc <data_root>/stores` judges every profile's folder: when one profile's `current`
+    names no store, gc refuses before any store of any profile goes (it used to remove the first
+    profile's old stores, then refuse the second without saying what it had removed)."""
+    first = four_stores(tmp_path, built[0])
+    second = tmp_path / "stores" / "zz_second"  # judged after the first (sorted)
+    second.mkdir()
+    publish(second, built[0], "v1-0001")
+    (second / "current").unlink()
+    (second / "current").symlink_to(tmp_path)  # a folder that is no store of this profile
+    before = sorted(p.name for p in first.iterdir())
+    r = stage2("gc", str(tmp_path / "stores"), "--keep", "0")
+    assert r.returncode == 2 and "publishes no store" in r.stderr and str(second) in r.stderr, r.tail()
+    assert sorted(p.name for p in first.iterdir()) == before

@@ -635,7 +635,15 @@ def test_gc_unused_removes_what_a_build_moved_aside_and_keeps_the_users_own(tmp_
     (moved / "dataset_info.json").write_text("{}")
     record = layout.extraction_record_path(layout.unused_root(root), "cache_a.1")
     record.parent.mkdir(parents=True)
-    record.write_text("{}")
+    # the record as an extraction writes it: every file it wrote, with its sha256 and stats
+    from stage2_data.extract.extract import ExtractionRecord, hash_regular_file
+
+    entries = {}
+    for rel in ("frames/t0.npz", "dataset_info.json"):
+        sha, st = hash_regular_file(moved / rel)
+        entries[rel] = [sha, *st]
+    rec = ExtractionRecord("cache_a", ["cache_a.tar"], 2, 1002, 1, 1, 1, 0.1, "cache", entries=entries)
+    record.write_text(json.dumps(rec.to_dict()))
     mine = under / "notes"
     mine.mkdir()
     (mine / "a.txt").write_text("mine")

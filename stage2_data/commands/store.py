@@ -364,7 +364,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
     from ..errors import StoreError
     from ..publish import data_root_lock
     from ..storage import StorageAccessError
-    from ..store.retention import KEEP_ENV, collect_stores, default_keep, profile_roots
+    from ..store.retention import KEEP_ENV, check_current, collect_stores, default_keep, profile_roots
 
     target = _target(args.stores)
     opts = storage_options(args)
@@ -418,6 +418,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
     removal: Any = None
     unused = None
     with guard:
+        for root in roots:  # every profile's `current` judged before any store of any profile goes
+            check_current(root)
         reports = [collect_stores(r, keep, dry_run=args.dry_run) for r in roots] if keep is not None else []
         if args.quarantine and remote:
             removal = _remote_quarantine(str(target), opts, roots, dry_run=args.dry_run)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
-import shutil
+import stat
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -18,6 +19,7 @@ from ..formats import FormatError
 from ..formats import arrow as farrow
 from ..fsutil import tree_usage
 from ..publish import is_temp_name
+from ..publish.quarantine import KeptEntry
 
 _MAX_LISTED = 100  # per-kind cap on listed ids in inspection problems (the count is always given)
 
@@ -235,8 +237,13 @@ class UnusedRemoval:
 
     root: Path  # <data_root>/unused
     dry_run: bool
-    dirs: list[UnusedDir]  # removed: moved here by a build (their extraction record beside them)
+    # removed: moved here by a build (their extraction record beside them); ``files`` and ``size``
+    # count the files removed (those the record lists), not what else the folder holds
+    dirs: list[UnusedDir]
     kept: list[UnusedDir]  # not moved here by a build (no extraction record): left as they are
+    # inside the folders of ``dirs``: what their extraction record does not list (a user's notes,
+    # a file changed since it was extracted), or a whole folder whose record lists no file: kept
+    entries: list[KeptEntry] = field(default_factory=list)
 
     @property
     def bytes(self) -> int:
@@ -247,7 +254,7 @@ class UnusedRemoval:
         from ..fsutil import human_bytes
 
         verb = "would remove" if self.dry_run else "removed"
-        if not self.dirs and not self.kept:
+        if not self.dirs and not self.kept and not self.entries:
             return [f"unused {self.root}: empty, nothing {'to remove' if self.dry_run else 'removed'}"]
         out = [f"unused {self.root}:"]
         out += [
@@ -259,7 +266,11 @@ class UnusedRemoval:
             "(remove it yourself if you no longer need it)"
             for d in self.kept
         ]
-        out.append(f"unused: {verb} {len(self.dirs)} folder(s), {human_bytes(self.bytes)}")
+        out += [f"  {k.line()}" for k in self.entries]
+        total = f"unused: {verb} {len(self.dirs)} folder(s), {human_bytes(self.bytes)}"
+        if self.entries:
+            total += f"; kept {len(self.entries)} item(s) the extraction records do not list (named above)"
+        out.append(total)
         return out
 
     def to_dict(self) -> dict[str, object]:
@@ -268,29 +279,111 @@ class UnusedRemoval:
             "dry_run": self.dry_run,
             "dirs": [d.to_dict() for d in self.dirs],
             "kept": [d.to_dict() for d in self.kept],
+            "kept_entries": [k.to_dict() for k in self.entries],
             "removed_dirs": 0 if self.dry_run else len(self.dirs),
             "bytes": self.bytes,
         }
 
 
+#: why :func:`remove_unused` keeps an entry of a cache directory a build moved to unused/
+NOT_EXTRACTED = "not written by its extraction: its extraction record does not list it"
+CHANGED = "changed since it was extracted: not the bytes its extraction record lists"
+
+
+def _extracted_files(d: UnusedDir, data_root: Path) -> tuple[list[str], list[KeptEntry]] | None:
+    """What of ``d`` (moved here by a build) its extraction record lists as written by the
+    extraction, unchanged (its stats as recorded, else its bytes the recorded sha256): those files
+    (paths under ``d``), and everything else in it as kept entries (a folder the record lists
+    nothing under is one entry, never looked into). None when the record lists no file (unreadable,
+    or of an older version): nothing in ``d`` can be told to be the extraction's."""
+    from .aside import foreign_entries
+    from .extract import load_extraction_record
+
+    unused = layout.unused_root(data_root)
+    rec = load_extraction_record(unused, d.path.name)
+    if rec is None or not rec.entries:
+        return None
+    recorded = {
+        rel: (str(e[0]), (int(e[1]), int(e[2]), int(e[3]), int(e[4]))) for rel, e in rec.entries.items()
+    }
+    # the record file stands for the replacing folder: never a folder, so no other folder is looked into
+    assert d.record is not None
+    foreign = foreign_entries(d.path, d.record, recorded, {})
+    base = d.path.relative_to(data_root).as_posix()
+    kept = []
+    for rel in foreign:
+        p = d.path / rel
+        is_dir = stat.S_ISDIR(os.lstat(p).st_mode)
+        if is_dir:
+            why = "a folder its extraction record lists nothing in"
+        else:
+            why = CHANGED if rel in recorded else NOT_EXTRACTED
+        kept.append(KeptEntry(p, f"{base}/{rel}", is_dir, why))
+    skip = set(foreign)
+    ours: list[str] = []  # what the walk finds (never a recorded path outside the folder)
+    for dirpath, dirnames, filenames in os.walk(d.path):
+        here = Path(dirpath).relative_to(d.path).as_posix()
+        prefix = "" if here == "." else here + "/"
+        dirnames[:] = sorted(n for n in dirnames if prefix + n not in skip)
+        for name in sorted(filenames):
+            rel = prefix + name
+            if rel not in skip and rel in recorded and stat.S_ISREG(os.lstat(d.path / rel).st_mode):
+                ours.append(rel)
+    return ours, kept
+
+
+def _remove_extracted(d: UnusedDir, files: list[str]) -> None:
+    """``files`` (paths under ``d``) removed, then each folder they leave empty, ``d`` included; a
+    folder still holding anything (what was kept) stays."""
+    dirs: set[Path] = {d.path}
+    for rel in files:
+        p = d.path / rel
+        p.unlink()
+        dirs.update(q for q in p.parents if q != d.path and d.path in q.parents)
+    for folder in sorted(dirs, key=lambda q: len(q.parts), reverse=True):  # deepest first
+        try:
+            folder.rmdir()
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):
+                raise
+
+
 def remove_unused(data_root: Path, *, dry_run: bool) -> UnusedRemoval:
-    """Remove every cache directory :func:`move_aside_unused` moved under ``<data_root>/unused/``,
-    with its extraction record; a dry run removes nothing and says what it would. A folder without
-    its record beside it was not moved there by a build (the user's own): it is kept, and said so.
-    The user asks for it (`stage2 gc --unused`): a build never removes these."""
+    """Remove what :func:`move_aside_unused` moved under ``<data_root>/unused/``: in each cache
+    directory with its extraction record beside it, exactly the files that record lists as the
+    extraction wrote them (unchanged: :func:`~stage2_data.extract.aside.foreign_entries`), the
+    folders they leave empty, and the record; everything else in it (a user's notes or results,
+    a file changed since) is kept and named (:class:`KeptEntry`), and a folder whose record lists no
+    file is kept whole and named (nothing in it can be told to be the extraction's). A dry run
+    removes nothing and says what it would. A folder without its record beside it was not moved
+    there by a build (the user's own): it is kept, and said so. The user asks for it (`stage2 gc
+    --unused`): a build never removes these."""
     from ..oserrors import fs_error
     from ..publish.readonly import make_writable
 
+    data_root = Path(data_root)
     listed = unused_cache_dirs(data_root)
-    moved = [d for d in listed if d.record is not None]
-    if not dry_run:
-        for d in moved:
-            try:
+    removed: list[UnusedDir] = []
+    entries: list[KeptEntry] = []
+    for d in (d for d in listed if d.record is not None):
+        try:
+            plan = _extracted_files(d, data_root)
+            if plan is None:
+                why = (
+                    "its extraction record lists no file, so nothing in it can be told to be the extraction's"
+                )
+                entries.append(KeptEntry(d.path, d.path.relative_to(data_root).as_posix(), True, why))
+                continue
+            files, kept = plan
+            size = sum(os.lstat(d.path / rel).st_size for rel in files)
+            removed.append(replace(d, files=len(files), size=size))
+            entries += kept
+            if not dry_run:
                 make_writable(d.path)
-                shutil.rmtree(d.path)
+                _remove_extracted(d, files)
                 if d.record is not None:
                     d.record.unlink(missing_ok=True)
-            except OSError as e:
-                raise fs_error(e, "removing an unused cache directory", where=str(d.path)) from e
-    kept = [d for d in listed if d.record is None]
-    return UnusedRemoval(layout.unused_root(Path(data_root)), dry_run, moved, kept)
+        except OSError as e:
+            raise fs_error(e, "removing an unused cache directory", where=str(d.path)) from e
+    kept_dirs = [d for d in listed if d.record is None]
+    return UnusedRemoval(layout.unused_root(data_root), dry_run, removed, kept_dirs, entries)

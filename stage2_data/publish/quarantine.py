@@ -10,6 +10,13 @@ files and their size; only ``stage2 gc STORES_DIR --quarantine`` removes them: e
 ``moved.json``, a file put into a move's folder) is kept and named, never deleted. The same folder
 takes what any step sets aside: a store that fails the publication gate, a ``current`` that is not
 a link, a user's files in a folder extracted again (``extract/aside.py``).
+
+A store's folder (``stores/<profile>/<name>``, moved as one unit) is removed file by file: its
+``manifest.json``, the files that manifest lists and those the store layout names
+(``docs/spec/vin-store.md``: ``sample_index.jsonl``, ``pairs.jsonl``, ``splits/<split>.npy``, each
+shard's ``zarr.json`` files and chunk files), then the folders left empty; anything else in it (a
+note the user put there) is kept and named. A store whose ``manifest.json`` cannot be read is kept
+whole and named (with its ``moved.json``): nothing in it is guessed to be the store's.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import shutil
 import stat
 from collections.abc import Sequence
@@ -254,8 +262,9 @@ def moved_items(files: list[QuarantinedFile], data_root: Path) -> list[MovedItem
 
 @dataclass(frozen=True)
 class KeptEntry:
-    """Something in the quarantine folder that ``gc --quarantine`` keeps: stage2 did not move it
-    there (no ``moved.json`` records it), so it may be a user's."""
+    """Something that ``gc`` keeps because it may be a user's: in the quarantine folder, what
+    stage2 did not move there (no ``moved.json`` records it) or what is in a store moved there and
+    not the store's; in ``unused/``, what a cache directory's extraction record does not list."""
 
     path: Path  # where it is
     rel: str  # its path under the data root (quarantine/...)
@@ -299,7 +308,7 @@ class QuarantineRemoval:
         out += [f"  {k.line()}" for k in self.kept]
         total = f"quarantine: {verb} {len(self.files)} file(s), {human_bytes(self.bytes)}"
         if self.kept:
-            total += f"; kept {len(self.kept)} item(s) stage2 did not move there (named above)"
+            total += f"; kept {len(self.kept)} item(s) that are not what stage2 moved there (named above)"
         out.append(total)
         return out
 
@@ -350,6 +359,157 @@ def _plan_folder(folder: Path, units: list[str]) -> tuple[list[str], list[tuple[
     return removable, kept
 
 
+#: the store layout's files (docs/spec/vin-store.md, Layout), by path under the store's folder
+_STORE_LAYOUT: re.Pattern[str] | None = None
+
+
+def _store_layout() -> re.Pattern[str]:
+    global _STORE_LAYOUT
+    if _STORE_LAYOUT is None:
+        from ..store.format import (
+            BLOCK_NAMES,
+            PAIRS_NAME,
+            SAMPLE_INDEX_NAME,
+            SHARDS_DIR,
+            SPLIT_FILES,
+            SPLITS_DIR,
+        )
+
+        groups = sorted({b.rsplit("/", 1)[0] for b in BLOCK_NAMES if "/" in b})
+        arrays = "|".join(re.escape(b) for b in BLOCK_NAMES)
+        nodes = "|".join(re.escape(b) for b in (*BLOCK_NAMES, *groups))
+        shard = rf"{re.escape(SHARDS_DIR)}/shard-\d{{6}}"
+        _STORE_LAYOUT = re.compile(
+            "|".join(
+                [
+                    re.escape(SAMPLE_INDEX_NAME),
+                    re.escape(PAIRS_NAME),
+                    rf"{re.escape(SPLITS_DIR)}/(?:{'|'.join(map(re.escape, SPLIT_FILES))})\.npy",
+                    rf"{shard}/(?:(?:{nodes})/)?zarr\.json",  # the shard's group, its groups and arrays
+                    rf"{shard}/(?:{arrays})/c(?:/\d+)+",  # chunk (shard) files
+                ]
+            )
+        )
+    return _STORE_LAYOUT
+
+
+def _is_store_unit(folder: Path, unit: str) -> bool:
+    """``unit`` (a thing one move put into ``folder``) is a store's folder: ``stores/<profile>/<name>``,
+    a real folder."""
+    parts = Path(unit).parts
+    if len(parts) != 3 or parts[0] != layout.STORES_DIR:
+        return False
+    try:
+        return stat.S_ISDIR(os.lstat(folder / unit).st_mode)
+    except OSError:
+        return False
+
+
+def _manifest_paths(store: Path) -> tuple[set[str] | None, str]:
+    """The paths the store's ``manifest.json`` lists (its own files and every shard's), or None
+    and why it cannot be read (missing, not a regular file, not JSON, its file lists not lists of
+    relative paths inside the store)."""
+    import json
+
+    from ..formats.sha256sums import file_kind
+
+    manifest = store / "manifest.json"
+    try:
+        st = os.lstat(manifest)
+        if not stat.S_ISREG(st.st_mode):
+            return None, f"it is {file_kind(st.st_mode)}, not a regular file"
+        with open(manifest, "rb") as f:
+            doc = json.loads(f.read())
+    except FileNotFoundError:
+        return None, "there is none"
+    except (OSError, ValueError) as e:
+        return None, f"not JSON: {e}" if isinstance(e, ValueError) else (e.strerror or str(e))
+    if not isinstance(doc, dict):
+        return None, "not a JSON object"
+    lists: list[Any] = [doc.get("files", [])]
+    shards = doc.get("shards", [])
+    if not isinstance(shards, list) or not all(isinstance(sh, dict) for sh in shards):
+        return None, "its shards are not a list of objects"
+    lists += [sh.get("files", []) for sh in shards]
+    paths: set[str] = set()
+    for files in lists:
+        for entry in files if isinstance(files, list) else [None]:
+            path = entry.get("path") if isinstance(entry, dict) else None
+            if (
+                not isinstance(path, str)
+                or not path
+                or path.startswith("/")
+                or any(part in ("", ".", "..") for part in path.split("/"))
+            ):
+                return None, "its file lists are not lists of paths inside the store"
+            paths.add(path)
+    return paths, ""
+
+
+def _plan_store(store: Path) -> tuple[list[str], list[tuple[str, bool, str]]] | str:
+    """What of a store's folder moved aside is the store's: its files (paths under ``store``,
+    ``manifest.json`` last: the files its manifest lists, and those of the store layout it does
+    not list), and what else is in it (kept: path under ``store``, is a folder, why; a folder
+    holding nothing of the store's is one entry). A reason (str) when its manifest cannot be read:
+    then the whole folder is kept."""
+    from ..formats.sha256sums import file_kind
+
+    listed, why = _manifest_paths(store)
+    if listed is None:
+        return why
+    pattern = _store_layout()
+    files: list[str] = []
+    kept: list[tuple[str, bool, str]] = []
+
+    def visit(d: Path, prefix: str) -> bool:
+        """Sort out ``d``'s entries; True when something of the store's is under it."""
+        with os.scandir(d) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        found = False
+        for e in entries:
+            rel = prefix + e.name
+            st = e.stat(follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                mark = len(kept)
+                if visit(Path(e.path), rel + "/"):
+                    found = True
+                else:  # nothing of the store's in it: kept as one entry
+                    del kept[mark:]
+                    kept.append((rel, True, "not the store's: no file of the store is in it"))
+                continue
+            ours = rel == "manifest.json" or rel in listed or pattern.fullmatch(rel) is not None
+            if ours and stat.S_ISREG(st.st_mode):
+                if rel != "manifest.json":
+                    files.append(rel)
+                found = True
+            elif ours:
+                kept.append((rel, False, f"{file_kind(st.st_mode)} where the store has a file"))
+            else:
+                kept.append((rel, False, "not the store's: its manifest.json does not list it"))
+        return found
+
+    visit(store, "")
+    if (store / "manifest.json").is_file():
+        files.append("manifest.json")  # last: a store without its manifest is never complete
+    return files, kept
+
+
+def _remove_store_files(store: Path, files: list[str]) -> None:
+    """``files`` (paths under ``store``) removed, then every folder under ``store`` (and ``store``)
+    they leave empty, deepest first; a folder still holding something kept stays."""
+    dirs: set[Path] = {store}
+    for rel in files:
+        p = store / rel
+        p.unlink()
+        dirs.update(q for q in p.parents if store in q.parents)
+    for d in sorted(dirs, key=lambda q: len(q.parts), reverse=True):
+        try:
+            d.rmdir()
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):
+                raise
+
+
 def _remove_entry(path: Path) -> None:
     """``path`` removed: a link or a file unlinked (a link is never followed), a folder with all in
     it."""
@@ -386,6 +546,9 @@ def remove_quarantine(data_root: Path, *, dry_run: bool) -> QuarantineRemoval:
     kept: list[KeptEntry] = []
     plan: dict[str, list[str]] = {}  # quarantine folder name -> its units to remove
     reasons: dict[str, str] = {}
+    # (quarantine folder name, a store's unit) -> the store's files (paths under the unit)
+    store_files: dict[tuple[str, str], list[str]] = {}
+    whole: set[str] = set()  # quarantine folders with a store kept whole: their moved.json stays
     try:
         entries = sorted(root.iterdir()) if root.is_dir() else []  # as the moves, through a link
         for entry in entries:
@@ -399,6 +562,22 @@ def remove_quarantine(data_root: Path, *, dry_run: bool) -> QuarantineRemoval:
                 kept.append(KeptEntry(entry, f"{top}/{entry.name}", True, why))
                 continue
             removable, others = _plan_folder(entry, units)
+            for unit in [u for u in removable if _is_store_unit(entry, u)]:
+                store_plan = _plan_store(entry / unit)
+                rel_unit = f"{top}/{entry.name}/{unit}"
+                if isinstance(store_plan, str):
+                    removable.remove(unit)
+                    whole.add(entry.name)
+                    why = (
+                        f"a store moved aside whose manifest.json cannot be read ({store_plan}): kept "
+                        "whole, nothing in it is guessed to be the store's; remove it yourself if you "
+                        "no longer need it"
+                    )
+                    kept.append(KeptEntry(entry / unit, rel_unit, True, why))
+                    continue
+                store_files[(entry.name, unit)], inside = store_plan
+                for rel, is_dir, why in inside:
+                    kept.append(KeptEntry(entry / unit / rel, f"{rel_unit}/{rel}", is_dir, why))
             plan[entry.name] = removable
             reasons[entry.name] = str(record.get("reason") or "")
             for rel, is_dir in others:
@@ -406,11 +585,16 @@ def remove_quarantine(data_root: Path, *, dry_run: bool) -> QuarantineRemoval:
                 kept.append(KeptEntry(entry / rel, f"{top}/{entry.name}/{rel}", is_dir, why))
     except OSError as e:
         raise fs_error(e, "reading the quarantine folder", where=str(root)) from e
-    files = [
-        f
-        for f in quarantined_files(data_root, records=True)
-        if f.unit in plan.get(f.folder, ()) and (f.original == f.unit or f.original.startswith(f.unit + "/"))
-    ]
+    ours = {k: {f"{k[1]}/{rel}" for rel in v} for k, v in store_files.items()}
+
+    def removed(f: QuarantinedFile) -> bool:
+        if f.unit not in plan.get(f.folder, ()):
+            return False
+        if (f.folder, f.unit) in ours:  # a store: only its own files
+            return f.original in ours[(f.folder, f.unit)]
+        return f.original == f.unit or f.original.startswith(f.unit + "/")
+
+    files = [f for f in quarantined_files(data_root, records=True) if removed(f)]
     items = moved_items(files, data_root)  # read before the folders go
     listed = {(i.folder, i.original) for i in items}
     for name, units in plan.items():  # a recorded empty folder is removed too: listed as well
@@ -426,10 +610,16 @@ def remove_quarantine(data_root: Path, *, dry_run: bool) -> QuarantineRemoval:
             try:
                 for unit in units:
                     path = folder / unit
-                    _remove_entry(path)
+                    if (name, unit) in store_files:
+                        _remove_store_files(path, store_files[(name, unit)])
+                        if os.path.lexists(path):  # what was kept in it stays, and its folders
+                            continue
+                    else:
+                        _remove_entry(path)
                     if path.parent != folder:
                         _prune_empty(path.parent, folder / Path(unit).parts[0])
-                (folder / MOVED_FILE).unlink(missing_ok=True)
+                if name not in whole:  # a store kept whole keeps the record of why it was moved
+                    (folder / MOVED_FILE).unlink(missing_ok=True)
                 with contextlib.suppress(OSError):
                     folder.rmdir()  # stays when anything is kept in it
             except OSError as e:

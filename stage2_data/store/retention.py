@@ -15,7 +15,8 @@ the gate cannot be created (a read-only mount) a reader reads without a lease. W
 stands in the way (``.leases`` a file, not a folder; a gate that is a folder) a reader is refused
 with a named error and ``gc`` removes nothing of that profile's stores: a reader never reads
 without a lease that ``gc`` would need to see, and the user's file is left where it is (the fix
-says to move it).
+says to move it). A gate that is not a regular file (a FIFO, a device, a socket) is refused the same
+way, before it is opened: opening a FIFO for reading would wait for a writer forever.
 
 **Object storage** has no locks: readers there hold no lease, and ``gc`` keeps the ``keep`` most
 recent previous stores and removes the rest, saying that a reader still reading a removed store
@@ -26,7 +27,13 @@ would fail (choose ``keep`` above the number of stores readers may still be read
 recent previous stores (by ``created_at``; default 1: :data:`DEFAULT_KEEP`, or
 ``STAGE2_KEEP_STORES``), nor a leased store, nor anything that is not a complete store of this
 format (its ``manifest.json`` says so); the temps that dead writers left there are swept.
-Without a published store nothing is removed.
+Without a published store nothing is removed. A local ``current`` publishes a store only when it is
+a symbolic link to a folder directly inside the profile's folder (its name not hidden) holding a
+``manifest.json``, as object storage's ``CURRENT`` object (:meth:`FsspecLocation.current`); any
+other ``current`` (a link to an empty folder, to ``.leases``, to another profile's store, to
+nothing; a folder or file named ``current``) publishes nothing, and ``gc`` refuses with a named
+error saying what it points at and the fix, removing nothing: it would otherwise judge every store
+"previous".
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import shlex
 import stat
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -42,7 +50,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import layout
-from ..errors import Stage2Error, StoreError
+from ..errors import FileSystemError, Stage2Error, StoreError, StoreNotFoundError
+from ..formats.sha256sums import file_kind
 from ..fsutil import human_bytes, tree_usage
 from ..oserrors import fs_error
 from ..publish import remove_stale, stale_temps, temp_path
@@ -59,6 +68,7 @@ __all__ = [
     "StoreLease",
     "StoreVerdict",
     "acquire_lease",
+    "check_current",
     "collect_stores",
     "default_keep",
     "lease_holders",
@@ -76,6 +86,8 @@ DEFAULT_KEEP = 1
 KEEP_ENV = "STAGE2_KEEP_STORES"
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+#: a gate is opened without waiting: a FIFO put there never blocks a reader or gc (then refused)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 #: what taking or checking a gate meets when something that is not a folder stands where the
 #: leases folder should be (or a folder where the gate file should be): never read past
 _IN_THE_WAY = (errno.ENOTDIR, errno.EEXIST, errno.EISDIR, errno.ELOOP)
@@ -118,6 +130,44 @@ def _check_leases_folder(store: Path, doing: str) -> None:
         raise in_the_way(errno.EEXIST, "not a folder, where the readers' leases folder should be", leases)
     if os.path.isdir(gate):
         raise in_the_way(errno.EISDIR, "a folder, where a store's lease file should be", gate)
+    try:
+        mode = os.stat(gate).st_mode
+    except OSError:  # absent (made when taken), or unreadable: said when taken
+        return
+    _check_gate_mode(store, mode, doing)  # a FileSystemError: an OSError too, never suppressed
+
+
+def _check_gate_mode(store: Path, mode: int, doing: str) -> None:
+    """Raise the named error when the gate of ``store`` (``mode``: its ``st_mode``, a link
+    followed) is not a regular file: a FIFO, a device or a socket is never read as a lease."""
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):  # a folder: refused by the caller, as such
+        return
+    gate = lease_path(store)
+    raise FileSystemError(
+        f"{doing} {store}: its readers' lease {gate} is {file_kind(mode)}, not a regular file "
+        "(the lease file `stage2 gc` checks before it removes a store); nothing was read from it.",
+        fix=f"remove it (rm {shlex.quote(str(gate))}): the next reader makes the lease file again",
+    )
+
+
+def _open_gate(store: Path, flags: int, doing: str) -> int:
+    """The gate of ``store`` opened with ``flags`` (without waiting: a FIFO there is refused, never
+    read); raises the named error when it is not a regular file (checked before opening and on
+    what was opened), OSError otherwise."""
+    gate = lease_path(store)
+    try:
+        mode: int | None = os.stat(gate).st_mode
+    except FileNotFoundError:  # made here (O_CREAT), or the open says it is missing
+        mode = None
+    if mode is not None:
+        _check_gate_mode(store, mode, doing)
+    fd = os.open(gate, flags | _NONBLOCK | _CLOEXEC, 0o666)
+    try:
+        _check_gate_mode(store, os.fstat(fd).st_mode, doing)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _same_file(fd: int, path: Path) -> bool:
@@ -164,7 +214,9 @@ def acquire_lease(store: Path) -> StoreLease | None:
         _check_leases_folder(store, "opening")
         try:
             gate.parent.mkdir(exist_ok=True)
-            fd = os.open(gate, os.O_RDONLY | os.O_CREAT | _CLOEXEC, 0o666)
+            fd = _open_gate(store, os.O_RDONLY | os.O_CREAT, "opening")
+        except Stage2Error:
+            raise  # a gate that is not a regular file (FileSystemError is an OSError too)
         except OSError as e:
             if e.errno in _IN_THE_WAY:
                 raise _gate_in_the_way(store, e, "opening") from e
@@ -340,14 +392,16 @@ def _remove_local(store: Path, current: Path | None, dry_run: bool) -> tuple[str
         if dry_run:
             if not os.path.lexists(gate):
                 return "would remove", ""
-            fd = os.open(gate, os.O_RDONLY | _CLOEXEC)
+            fd = _open_gate(store, os.O_RDONLY, "removing")
             try:
                 held = not _lock_exclusive(fd)
             finally:
                 os.close(fd)
             return ("kept", _in_use(store)) if held else ("would remove", "")
         gate.parent.mkdir(exist_ok=True)
-        fd = os.open(gate, os.O_RDONLY | os.O_CREAT | _CLOEXEC, 0o666)
+        fd = _open_gate(store, os.O_RDONLY | os.O_CREAT, "removing")
+    except Stage2Error:
+        raise
     except OSError as e:
         if e.errno in _IN_THE_WAY:
             raise _gate_in_the_way(store, e, "removing") from e
@@ -376,9 +430,14 @@ def _orphan_gates(root: Path, dry_run: bool) -> None:
     for gate in sorted(leases.glob("*.lock")):
         if (root / gate.name[: -len(".lock")]).exists():
             continue
-        try:
-            fd = os.open(gate, os.O_RDONLY | _CLOEXEC)
+        try:  # not a regular file (a FIFO): not a gate gc made, left as it is
+            if not stat.S_ISREG(os.stat(gate).st_mode):
+                continue
+            fd = os.open(gate, os.O_RDONLY | _NONBLOCK | _CLOEXEC)
         except OSError:
+            continue
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
             continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -388,6 +447,66 @@ def _orphan_gates(root: Path, dry_run: bool) -> None:
             pass
         finally:
             os.close(fd)
+
+
+def _local_current(root: Path) -> Path | None:
+    """The store the ``current`` link of the local profile folder ``root`` (a realpath) publishes;
+    None when there is no ``current``. Anything else standing there (a link to a folder that is not
+    a complete store directly inside ``root``, to nothing; a folder or a file) publishes nothing:
+    StoreNotFoundError saying what it points at and the fix, so that retention removes nothing."""
+    link = root / layout.CURRENT_LINK
+    try:
+        mode = os.lstat(link).st_mode
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISLNK(mode):
+        what = f"{link} is {file_kind(mode)}, not the symbolic link to a store a build makes"
+    else:
+        real = Path(os.path.realpath(link))
+        points = f"{link} points at {os.readlink(link)}" + (
+            f" ({real})" if str(real) != os.readlink(link) else ""
+        )
+        if not os.path.lexists(real):
+            why = "nothing is there"
+        elif real.parent != root or real.name.startswith("."):
+            why = f"not a folder directly inside {root}"
+        elif not real.is_dir():
+            why = f"it is {file_kind(os.stat(real).st_mode)}, not a folder"
+        elif not (real / MANIFEST_NAME).is_file():
+            why = f"no {MANIFEST_NAME} in it: not a complete store"
+        else:
+            return real
+        what = f"{points}, which is not a store ({why})"
+    stores = sorted(
+        (e.name for e in os.scandir(root) if e.is_dir(follow_symlinks=False) and not e.name.startswith(".")),
+        reverse=True,
+    )
+    stores = [n for n in stores if n != layout.CURRENT_LINK and (root / n / MANIFEST_NAME).is_file()]
+    data_root = root.parent.parent if root.parent.name == layout.STORES_DIR else None
+    build = "rebuild: `stage2 build --profile <the profile's .toml>"
+    build += f" --data-root {shlex.quote(str(data_root))}`" if data_root is not None else "`"
+    build += " publishes its store and makes current again"
+    if stores:
+        point = f"ln -sfn {shlex.quote(stores[0])} {shlex.quote(str(link))}"
+        if not stat.S_ISLNK(mode):
+            point = f"mv {shlex.quote(str(link))} <elsewhere> && {point}"
+        fix = f"{build}; or point current at a store of this folder ({', '.join(stores)}): {point}"
+    else:
+        fix = f"{build} (no complete store is in {root})"
+    raise StoreNotFoundError(
+        f"{what}: it publishes no store, so `stage2 gc` cannot tell the current store from previous "
+        "ones; nothing was removed.",
+        fix=fix,
+    )
+
+
+def check_current(root: StoreLocation) -> None:
+    """Raise the named error :func:`collect_stores` raises when the local profile folder ``root``'s
+    ``current`` publishes no store (:func:`_local_current`); nothing on object storage (a
+    ``CURRENT`` naming no store removes nothing there). For a caller judging several profile
+    folders: check each before any is collected, so that none is removed when one is refused."""
+    if root.is_local:
+        _local_current(Path(os.path.realpath(root.root)))
 
 
 def collect_stores(
@@ -409,8 +528,7 @@ def collect_stores(
     report = GcReport(root=loc.url, keep=keep, dry_run=dry_run)
     if loc.is_local:
         root = loc.root
-        link = root / layout.CURRENT_LINK
-        current_path = Path(os.path.realpath(link)) if link.exists() else None
+        current_path = _local_current(root)
         names = sorted(
             e.name for e in os.scandir(root) if e.is_dir(follow_symlinks=False) and not e.name.startswith(".")
         )
@@ -421,6 +539,8 @@ def collect_stores(
         )
         cur = loc.current()
         current_path = cur.root if cur is not None else None
+        if cur is None and (why := loc.current_problem()) is not None:
+            report.notes.append(why)
         names = sorted(
             n for n in loc.listdir_names(loc.root) if n != CURRENT_OBJECT and not n.startswith(".")
         )
