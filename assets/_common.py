@@ -27,6 +27,7 @@ from stage2_data.publish.lock import BuildGoneError, require_launching_build, ru
 from stage2_data.stages import BUILD_TAG, PARTITIONS_TAG, READS, stage_of
 from stage2_data.steps import StepResult
 from stage2_data.steps.status import clear_store_records, record_failed_checks
+from stage2_data.steps.store import CHECKED_BY, forget_checked
 
 
 def check_specs(asset: str) -> list[dg.AssetCheckSpec]:
@@ -228,6 +229,8 @@ def forget_on_failure(
     failed = [name for name, passed in outcomes if not passed]
     if data_root is not None and failed:
         clear_store_records(data_root)
+        if asset in CHECKED_BY:  # a store job run on its own refuses until this asset passes again
+            forget_checked(data_root, asset)
         run_id = getattr(getattr(context, "run", None), "run_id", None)
         record_failed_checks(data_root, stage_of([asset]).name, failed, run_id)
 

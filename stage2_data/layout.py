@@ -104,6 +104,13 @@ def reports_dir(data_root: Path) -> Path:
     return data_root / REPORTS_DIR
 
 
+def checked_record_path(data_root: Path, asset: str) -> Path:
+    """``reports/<asset>.checked.json``: the inputs the join (``trajectory_join``) or the subset byte
+    check (``subset_checksums``) last judged, and whether its checks passed (the store step requires
+    both)."""
+    return data_root / REPORTS_DIR / f"{asset}.checked.json"
+
+
 def extraction_record_path(data_root: Path, cache_key: str) -> Path:
     return data_root / REPORTS_DIR / "extraction" / f"{cache_key}.json"
 

@@ -403,7 +403,7 @@ def test_store_step_extends_the_demo_store_when_its_profile_gains_a_cache_dir(
     from stage2_data.demo.hubserver import HubServer
     from stage2_data.extract import extract_cache_dir
     from stage2_data.profile import load_profile
-    from stage2_data.steps.kit import step_join, step_sidecars
+    from stage2_data.steps.kit import step_join, step_sidecars, step_verify_bytes
     from stage2_data.steps.store import step_store, verify_current_store
 
     prof = load_profile(demo_cache.profile)
@@ -427,13 +427,21 @@ def test_store_step_extends_the_demo_store_when_its_profile_gains_a_cache_dir(
         update={"archives": [a for a in prof.archives if a.cache_key != drop], "kit_root_dir": small_kit}
     )
 
+    # the smaller profile expects the smaller kit's pairs and frame files (its checks must pass: the
+    # store step publishes only what the join's and the byte check's checks passed)
+    rows = [json.loads(ln) for ln in kept]
+    frames = {r[k] for r in rows for k in ("chosen_frames_path", "rejected_frames_path")}
+    expected = small.expected.model_copy(update={"pair_rows": len(rows), "unique_frame_files": len(frames)})
+    small = small.model_copy(update={"expected": expected})
     step_join(small, root)
+    step_verify_bytes(small, root)
     first = step_store(small, root)
     assert first.metadata["update"] == "rebuilt: no store is published for this profile"
     old = Path(first.metadata["store"])
     old_files = shard_files(old)
 
     step_join(prof, root)
+    step_verify_bytes(prof, root)
     second = step_store(prof, root)
     assert second.ok, [c for c in second.checks if not c.passed]
     assert second.metadata["update"].startswith(f"extended {old.name} by "), second.metadata["update"]

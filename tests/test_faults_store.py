@@ -263,7 +263,7 @@ def test_an_arrow_file_changed_after_its_check_is_refused_by_the_join(
 
 
 def test_pairs_in_a_cache_directory_the_profile_does_not_list_never_reach_a_store(
-    built: dict, demo_cache: DemoPaths, tmp_path: Path
+    built: dict, demo_cache: DemoPaths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A profile without one cache directory's archive, over a data root where that directory is
     still extracted and a kit whose pairs still use it (the store job run on its own from the UI,
@@ -287,10 +287,63 @@ def test_pairs_in_a_cache_directory_the_profile_does_not_list_never_reach_a_stor
     said = joined[C.JOIN_HAS_NO_PROBLEMS].description
     assert not joined[C.JOIN_HAS_NO_PROBLEMS].passed
     assert f"is in cache directory {drop!r}, which the profile" in said and "[[archives]]" in said, said
+    with pytest.raises(StoreInputError) as ei:  # the join's check failed for these inputs
+        steps.step_store(small, root)
+    assert "trajectory_join's checks failed for these inputs" in str(ei.value), str(ei.value)
+    # and were that requirement passed, the writer holds every sample to a record of this build
+    monkeypatch.setattr(steps.store, "require_checked", lambda *a, **k: None)
     with pytest.raises(StoreInputError) as ei:
         steps.step_store(small, root)
     said = str(ei.value)
     assert f"processed_datasets/{drop}/frames/trajectory_" in said and "no extraction record" in said, said
+    assert layout.current_store_path(root, prof.name).resolve() == current
+
+
+@pytest.mark.parametrize("kit_edit", ["pair_added", "join_failed"])
+def test_the_store_job_alone_publishes_only_what_the_join_and_byte_check_passed(
+    built: dict, demo_cache: DemoPaths, tmp_path: Path, dagster_home: Path, kit_edit: str
+) -> None:
+    """The store job run on its own (the UI's Materialize of vin_store, `dagster asset materialize`):
+    after a pair row was added to the kit (the join never read it), or after the join's check failed
+    for these inputs, the store step publishes nothing; it used to publish a store a full build
+    refuses (QA), and with the added row its count check failed only after `current` had moved.
+    It names what has not passed and the fix; `current` stays where it was."""
+    import shutil
+
+    from helpers.faults import copy_kit
+    from helpers.ui_run import materialize
+
+    from stage2_data import steps
+    from stage2_data.profile import load_profile
+
+    root = tmp_path / "root"
+    shutil.copytree(built["root"], root, symlinks=True, ignore=shutil.ignore_patterns(".dagster"))
+    profile = copy_kit(demo_cache, tmp_path / "kit")
+    prof = load_profile(profile)
+    current = layout.current_store_path(root, prof.name).resolve()
+    if kit_edit == "pair_added":
+        pm = prof.kit_file("pair_manifest")
+        row = json.loads(pm.read_text().splitlines()[1])
+        row["pair_id"] = "p999999"
+        with pm.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+    else:
+        am = sorted(prof.kit_file("action_manifest_dir").glob("*.jsonl"))
+        lines = next(p for p in am if '"sidecar_sha256": "' in p.read_text())
+        text = lines.read_text()
+        at = text.index('"sidecar_sha256": "') + len('"sidecar_sha256": "')
+        lines.write_text(text[:at] + "0" * 64 + text[at + 64 :])
+        joined = {c.name: c.passed for c in steps.step_join(prof, root).checks}
+        assert joined[C.JOIN_HAS_NO_PROBLEMS] is False
+    r = materialize(profile, root, "http://127.0.0.1:9", "vin_store", None)
+    assert not r.success
+    said = "\n".join(
+        str(getattr(getattr(e.event_specific_data, "user_failure_data", None), "description", ""))
+        for e in r.all_events
+        if e.event_type_value == "STEP_FAILURE"
+    )
+    why = "ran for other inputs" if kit_edit == "pair_added" else "failed for these inputs"
+    assert "has not passed its checks" in said and why in said and "stage2 build" in said, said
     assert layout.current_store_path(root, prof.name).resolve() == current
 
 

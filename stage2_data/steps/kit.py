@@ -13,8 +13,10 @@ from ..kit import LINK_TOTALS, build_join_table, link_check, unpack_sidecars, ve
 from ..kit.sidecars import invalidate_sidecars
 from ..kit.subset_bytes import ByteReport
 from ..profile import Profile
+from ..stages import SUBSET_CHECKSUMS, TRAJECTORY_JOIN
 from .result import StepResult, rate
 from .status import require_inputs_as_recorded
+from .store import checked_inputs, record_checked
 
 
 def step_sidecars(profile: Profile, data_root: Path) -> StepResult:
@@ -84,6 +86,7 @@ def _by_source_keys(expected: dict[str, int]) -> dict[str, str]:
 def step_join(profile: Profile, data_root: Path) -> StepResult:
     # the rows' text comes from these files: checked now, and held to their records as read
     records = require_inputs_as_recorded(profile, data_root, "the join")
+    judged = checked_inputs(profile, data_root)  # before anything is read: what the record vouches for
     held = {k: {rel: e[0] for rel, e in rec.entries.items() if e} for k, rec in records.items()}
     join = build_join_table(profile, data_root, processed_sha256=held)
     rep = link_check(profile, data_root)
@@ -98,23 +101,26 @@ def step_join(profile: Profile, data_root: Path) -> StepResult:
         "link_check_seconds": round(rep.seconds, 3),
         **{f"count/{k}": v for k, v in sorted(join.counts.items()) if isinstance(v, int | float)},
     }
-    return StepResult(
-        md,
-        [
-            outcome(C.JOIN_HAS_NO_PROBLEMS, problems),
-            outcome(C.LINK_TOTALS_MATCH_EXPECTED, link_totals_problems(profile, rep)),
-        ],
-        (join, rep),
-    )
+    checks = [
+        outcome(C.JOIN_HAS_NO_PROBLEMS, problems),
+        outcome(C.LINK_TOTALS_MATCH_EXPECTED, link_totals_problems(profile, rep)),
+    ]
+    record_checked(data_root, TRAJECTORY_JOIN, judged, all(c.passed for c in checks))
+    return StepResult(md, checks, (join, rep))
 
 
-def step_verify_bytes(profile: Profile, data_root: Path, *, progress: Any = None) -> StepResult:
+def step_verify_bytes(
+    profile: Profile, data_root: Path, *, progress: Any = None, record: bool = True
+) -> StepResult:
     """The subset byte check. A file whose bytes disagree with the kit's SHA256SUMS is one of two
     cases, told apart by the extraction record (every extracted file's sha256): the file is not
     what its verified archive gave (damaged since: the extraction's record is marked, so the next
     build extracts the cache directory again, whatever the stats say), or it is exactly what the
     pinned archive gave (re-extracting changes nothing: the kit's SHA256SUMS and the profile's
-    pins disagree, and the message says so, naming both)."""
+    pins disagree, and the message says so, naming both). With ``record`` (the subset_checksums
+    asset's step; not the verify job's check, which writes nothing) what it judged and whether it
+    passed is recorded for the store step (``steps.store.require_checked``)."""
+    judged = checked_inputs(profile, data_root) if record else ""  # before anything is read
     rep = verify_subset_bytes(profile, data_root, progress=progress)
     sums = profile.kit_file("subset_checksums")
     problems = byte_problems(profile, data_root, rep) + [
@@ -128,6 +134,8 @@ def step_verify_bytes(profile: Profile, data_root: Path, *, progress: Any = None
         "seconds": round(rep.seconds, 3),
         "MB/s": round(rep.bytes / 1e6 / rep.seconds, 1) if rep.seconds else None,
     }
+    if record:
+        record_checked(data_root, SUBSET_CHECKSUMS, judged, not problems)
     return StepResult(md, [outcome(C.SUBSET_BYTES_MATCH_SHA256SUMS, problems)], rep)
 
 

@@ -3,6 +3,7 @@ and the published store's own check (re-read every byte, decode every sample).""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -15,7 +16,7 @@ from typing import Any
 from .. import checks as C
 from .. import layout
 from ..checks import CheckOutcome, compare_totals, outcome
-from ..errors import StoreError, StoreNotFoundError
+from ..errors import Stage2Error, StoreError, StoreNotFoundError
 from ..extract import load_extraction_record
 from ..formats.sha256sums import read_regular_bytes
 from ..fsutil import canonical_json
@@ -23,9 +24,11 @@ from ..hashing import sha256_file
 from ..kit import load_pairs, read_join_rows
 from ..kit.sidecar_facts import SIDECAR_MARKER, recorded_sidecars
 from ..profile import Profile
+from ..publish import atomic_write_json
 from ..publish.lock import require_launching_build
 from ..publish.quarantine import quarantine_files
 from ..publish.readonly import make_writable
+from ..stages import SUBSET_CHECKSUMS, TRAJECTORY_JOIN
 from ..storage import CURRENT_OBJECT, StoreLocation, check_stores_url, join_url, option_args
 from ..store import (
     OFFLINE_DATASET_VERSION,
@@ -44,10 +47,13 @@ from .result import StepResult, kv_table, rate
 from .status import clear_store_records, recorded_sha256, require_inputs_as_recorded, write_gate_record
 
 
-def kit_inputs(profile: Profile) -> dict[str, str]:
-    """sha256 of every kit file and every archive pin that feeds the store (names are kit-relative)."""
+def kit_inputs(profile: Profile, *, sidecar_archive: bool = True) -> dict[str, str]:
+    """sha256 of every kit file and every archive pin that feeds the store (names are kit-relative);
+    without ``sidecar_archive``, the sidecar tar left out (what was unpacked of it is in the unpack's
+    record, :func:`extracted_content`)."""
     inputs: dict[str, str] = {}
-    for key in ("pair_manifest", "subset_checksums", "sidecar_archive"):
+    keys = ("pair_manifest", "subset_checksums") + (("sidecar_archive",) if sidecar_archive else ())
+    for key in keys:
         inputs[f"kit/{getattr(profile.kit, key)}"] = sha256_file(profile.kit_file(key))
     adir = profile.kit_file("action_manifest_dir")
     for f in sorted(adir.glob("*.jsonl")):
@@ -73,6 +79,71 @@ def extracted_content(profile: Profile, data_root: Path) -> dict[str, str]:
         marker = {}
     out["sidecars"] = str(marker.get("content_digest") or "") if isinstance(marker, dict) else ""
     return out
+
+
+# What the store step requires to have passed for its inputs: the join's checks (the join and the
+# link totals) and the subset byte check, each recorded by its step (reports/<what>.checked.json)
+CHECKED_BY = {
+    TRAJECTORY_JOIN: "trajectory_join's checks",
+    SUBSET_CHECKSUMS: "the subset byte check (subset_checksums)",
+}
+
+
+def checked_inputs(profile: Profile, data_root: Path) -> str:
+    """A digest of what the join and the subset byte check judge: the profile (its identity and
+    expected totals), the kit's files (the sidecar tar as unpacked), the pins, and the content
+    digests of every extraction and of the unpacked sidecars."""
+    blob = {
+        "profile": profile.identity(),
+        "expected": profile.expected.model_dump(mode="json"),
+        "kit": kit_inputs(profile, sidecar_archive=False),
+        "extracted": extracted_content(profile, data_root),
+    }
+    return hashlib.sha256(canonical_json(blob).encode()).hexdigest()
+
+
+def record_checked(data_root: Path, asset: str, inputs: str, passed: bool) -> None:
+    """What ``asset``'s step (one of :data:`CHECKED_BY`) judged (``inputs``: :func:`checked_inputs`,
+    taken before it read them) and whether its checks passed."""
+    atomic_write_json(layout.checked_record_path(data_root, asset), {"inputs": inputs, "passed": passed})
+
+
+def forget_checked(data_root: Path, asset: str) -> None:
+    """A check of ``asset`` (one of :data:`CHECKED_BY`) failed after its step recorded a pass (a check
+    the asset adds, the verify job's re-check): its record goes, so a store job run on its own
+    refuses until the step passes again. Nothing on a data root this process cannot write."""
+    with contextlib.suppress(FileNotFoundError, PermissionError, OSError):
+        layout.checked_record_path(data_root, asset).unlink()
+
+
+def require_checked(profile: Profile, data_root: Path) -> None:
+    """Raise :class:`StoreInputError` unless the join's checks and the subset byte check passed for
+    exactly these inputs (:func:`checked_inputs`, now). The store reads the kit's pairs and the
+    join's table itself: a store job run on its own (the UI's Materialize of ``vin_store``) after
+    the kit changed, or after those checks failed, would otherwise publish what no check saw."""
+    now = checked_inputs(profile, data_root)
+    problems = []
+    for what, checks in CHECKED_BY.items():
+        path = layout.checked_record_path(data_root, what)
+        try:
+            rec = json.loads(read_regular_bytes(path).decode("utf-8"))
+        except (OSError, ValueError, Stage2Error):
+            rec = None
+        if not isinstance(rec, dict):
+            problems.append(f"{checks}: no record that they ran ({path})")
+        elif rec.get("inputs") != now:
+            problems.append(
+                f"{checks} ran for other inputs: the kit, the profile or the extracted files changed since"
+            )
+        elif rec.get("passed") is not True:
+            problems.append(f"{checks} failed for these inputs")
+    if problems:
+        raise StoreInputError(
+            "the store step: what it is built from has not passed its checks",
+            problems,
+            fix="run `stage2 build` (or, in the UI, materialize trajectory_join and subset_checksums "
+            "until their checks pass, then vin_store)",
+        )
 
 
 def store_input_key(
@@ -131,6 +202,7 @@ def step_store(
     ``alongside(url)``: more metadata drawn from a new store while it is validated (the UI's
     preview: both only read it), on a thread of its own; added to the result once the store is
     published, thrown away otherwise. Not called for a reused store."""
+    require_checked(profile, data_root)
     inputs = kit_inputs(profile)
     settings = {"rows_per_shard": rows_per_shard, "include_actions": True, "max_frames": profile.max_frames}
     key = store_input_key(profile, inputs, settings, extracted_content(profile, data_root))
@@ -269,7 +341,10 @@ def step_store(
     assert gate is not None
     problems = list(gate.problems)
     validate_seconds = time.perf_counter() - t1 if rebuilt else gate.seconds
-    if not problems:
+    # the counts are a blocking check too: a store whose samples or pairs differ from the profile's
+    # totals is never made current (store_checks reports them below)
+    miscounted = bool(store_counts(profile, out)[1]) if not problems else False
+    if not problems and not miscounted:
         require_launching_build(data_root)  # a run of a killed build publishes nothing
         # the `current` symlink, or the CURRENT object after the manifest; a folder a user put at
         # `current` is moved aside first, and said
@@ -279,7 +354,7 @@ def step_store(
             write_gate_record(data_root, profile.name, name, gate.stats)
     else:
         clear_store_records(data_root)  # a failed gate: no record lets a later build skip the check
-        if rebuilt:
+        if rebuilt and problems:
             problems.append(
                 f"{out.url} was removed, not published: "
                 + (
@@ -300,7 +375,9 @@ def step_store(
     result.metadata["update"] = update
     if moved_aside:  # the build's `moved aside:` lines and its --json `moved_aside`
         result.metadata["moved_aside"] = "\n".join(moved_aside)
-    if not problems:  # published: old stores go by the retention policy (``keep_stores``: None reads
+    if (
+        not problems and not miscounted
+    ):  # published: old stores go by the retention policy (``keep_stores``: None reads
         # STAGE2_KEEP_STORES, default 1; "all" keeps every one); never current, never a leased one
         result.metadata["retention"] = retention_after_publish(root_loc, keep_stores)
         result.metadata.update(drawn)
@@ -423,6 +500,20 @@ def verify_current_store(
     )
 
 
+def store_counts(profile: Profile, path: Any) -> tuple[dict[str, Any], list[str]]:
+    """The store's stats, and how its samples and pairs differ from the profile's expected totals
+    (``store_counts_match_expected``'s problems: none when they match)."""
+    stats = collect_vin_offline_dataset_stats(path)
+    problems = compare_totals(
+        {"samples": int(stats.get("samples", -1)), "pairs": int(stats.get("pairs", -1))},
+        {"samples": profile.expected.unique_frame_files, "pairs": profile.expected.pair_rows},
+        getattr(path, "url", str(path)),
+        profile=profile,
+        keys={"samples": "expected.unique_frame_files", "pairs": "expected.pair_rows"},
+    )
+    return stats, problems
+
+
 def store_checks(
     profile: Profile,
     path: Any,
@@ -449,14 +540,7 @@ def store_checks(
     count_problems: list[str] = []
     stats: dict[str, Any] = {}
     if manifest:
-        stats = collect_vin_offline_dataset_stats(path)
-        count_problems = compare_totals(
-            {"samples": int(stats.get("samples", -1)), "pairs": int(stats.get("pairs", -1))},
-            {"samples": profile.expected.unique_frame_files, "pairs": profile.expected.pair_rows},
-            getattr(path, "url", str(path)),
-            profile=profile,
-            keys={"samples": "expected.unique_frame_files", "pairs": "expected.pair_rows"},
-        )
+        stats, count_problems = store_counts(profile, path)
     split_counts = stats.get("per_split", {}) if stats else {}
     md = {
         "store": getattr(path, "url", str(path)),
