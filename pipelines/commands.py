@@ -59,6 +59,7 @@ from stage2_data.stages import STAGES
 from stage2_data.storage import check_stores_target, check_stores_url
 
 from .config import (
+    INSTANCE_DISK_FULL,
     BuildConfig,
     check_dask_address,
     check_settings,
@@ -323,11 +324,6 @@ def _run_build(
     return build_exit_code(summary)
 
 
-# What SQLite says (through SQLAlchemy or sqlite3) when the disk holding a Dagster instance's
-# database cannot take a write: the instance's own files, not the data's
-_INSTANCE_DISK_FULL = ("database or disk is full", "disk I/O error")
-
-
 def instance_refused(err: BaseException, home: Path) -> Stage2Error | None:
     """The Dagster instance's database at ``home`` refusing a write for want of disk (SQLite's
     "database or disk is full", or its "disk I/O error" when not even a journal fits) as a named
@@ -336,7 +332,7 @@ def instance_refused(err: BaseException, home: Path) -> Stage2Error | None:
     if type(err).__name__ != "OperationalError":
         return None
     said = " ".join(str(err).split("\n")[0].split())
-    if not any(words in said for words in _INSTANCE_DISK_FULL):
+    if not any(words in said for words in INSTANCE_DISK_FULL):
         return None
     return DiskSpaceError(
         f"the Dagster instance at {home} could not record the build's runs: its database says {said[:200]!r}",

@@ -38,6 +38,12 @@ from stage2_data.stages import STREAM_RUN_BYTES
 DEFAULT_PROFILE = Path("manifests") / "stage2_core_v1.toml"  # the real profile, in a checkout
 
 
+# What SQLite says (through SQLAlchemy or sqlite3) when the disk holding a Dagster instance's
+# database cannot take a write: the instance's own files, not the data's (the build's summary and a
+# step's failure name it as a full disk, not as a bug)
+INSTANCE_DISK_FULL = ("database or disk is full", "disk I/O error")
+
+
 def _path(env: str, default: Path | str) -> Path:
     """``$env`` if set, else ``default``; relative paths are relative to the working directory."""
     return Path(os.environ.get(env) or default).expanduser().absolute()

@@ -25,7 +25,7 @@ from stage2_data.profile import Profile, load_profile
 from stage2_data.publish.lock import held_build_id
 from stage2_data.stages import BUILD_TAG, DATA_ROOT_TAG, JOB_ASSETS, VIN_STORE, stage_of
 
-from .config import BuildConfig
+from .config import INSTANCE_DISK_FULL, BuildConfig
 from .definitions import ALL_ASSETS_JOB, build_job
 from .executors import executor_run_config
 from .launch import CodeServer, terminate_runs, wait_for_run
@@ -410,6 +410,13 @@ def step_error_line(err: Any) -> str:
         return _without_class(text, inner.cls_name)
     if inner.cls_name in _OS_ERRORS:  # the environment, not a bug: the path is in the message
         return f"{text}. Fix: check that path (permissions, free space, a file where a folder should be), then re-run"
+    if inner.cls_name == "OperationalError" and any(w in text for w in INSTANCE_DISK_FULL):
+        # Dagster's own write of the step's events into the instance's database (SQLite) refused
+        return (
+            f"the Dagster instance's database could not record this step's events ({text}): its disk "
+            "is full. Fix: free space on the disk that holds DAGSTER_HOME, then run the build again "
+            "(what was built is kept: the build resumes)"
+        )
     return (
         f"internal error: {text} (a bug: this step should have named it; the traceback is in the "
         "run's event log, `make ui`)"

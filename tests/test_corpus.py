@@ -410,3 +410,12 @@ def test_an_exception_outside_the_family_is_one_named_line_in_a_build_summary() 
         "PermissionError: [Errno 13] Permission denied: '/data/derived'. Fix: check that path"
     )
     assert "internal error" not in line
+    # Dagster's own write of a step's events refused by a full disk under DAGSTER_HOME (QA): a full
+    # disk, named, not a bug
+    full = SerializableErrorInfo(
+        "sqlite3.OperationalError: database or disk is full\n", [], "OperationalError"
+    )
+    line = step_error_line(
+        SerializableErrorInfo("DagsterExecutionStepExecutionError: ...\n", [], "X", cause=full)
+    )
+    assert "internal error" not in line and "disk is full" in line and "DAGSTER_HOME" in line, line
