@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib.util
 import re
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,20 +41,6 @@ COLLATE = lambda items: collate(items)  # noqa: E731
 
 
 # ----- a batch of two resolutions ---------------------------------------------------------------------
-def _dataloader() -> Any:
-    """torch's DataLoader when torch is installed; else what it does with a ``batch_sampler``, in
-    this process: the project's own PoolLoader without workers."""
-    if importlib.util.find_spec("torch") is not None:
-        from torch.utils.data import DataLoader
-
-        return DataLoader
-
-    def in_this_process(dataset: Any, *, batch_sampler: Any, collate_fn: Any) -> Iterator[Any]:
-        return iter(PoolLoader(dataset, batch_sampler, collate_fn=collate_fn, workers=0))
-
-    return in_this_process
-
-
 def _mixed_batch_error(ds: VinOfflineDataset, batch_size: int) -> MixedResolutionError:
     """What ``DataLoader(ds, batch_size=8, shuffle=True, collate_fn=collate)`` raises on the first
     batch holding both resolutions (the dataset's positions shuffled, batched by a plain size)."""
@@ -73,10 +59,20 @@ def test_a_mixed_resolution_batchs_fix_runs_as_written(store: Path, split: str |
         err = _mixed_batch_error(ds, 8)
     assert err.fix is not None
     code = re.findall(r"`([^`]+)`", err.fix)
-    assert len(code) == 1, err.fix  # one runnable snippet, between backticks
-    assert "ds.resolutions" not in err.fix and "STORE" in code[0]
-    ns: dict[str, Any] = {"DataLoader": _dataloader()}
-    exec(code[0].replace("STORE", repr(str(store))), ns)  # as the user pastes it, their path in
+    # two runnable snippets, between backticks: with torch's DataLoader, and with the PoolLoader
+    assert len(code) == 2 and "torch" in code[0] and "PoolLoader" in code[1], err.fix
+    assert "ds.resolutions" not in err.fix and all("STORE" in c for c in code)
+    for snippet in code:
+        if "torch" in snippet and importlib.util.find_spec("torch") is None:
+            continue  # (the same code with the PoolLoader runs below)
+        ns: dict[str, Any] = {}
+        exec(snippet.replace("STORE", repr(str(store))), ns)  # as the user pastes it, their path in
+        _loads_every_sample_once(ns, split, err, store)
+
+
+def _loads_every_sample_once(
+    ns: dict[str, Any], split: str | None, err: MixedResolutionError, store: Path
+) -> None:
     sel = ns["train" if split == "train" else "sel"]
     try:
         assert isinstance(sel, Selection) and sel.split == split
@@ -111,6 +107,13 @@ class _LockedSamples:
         return self.sel[i]
 
 
+class _RefusingSamples(_LockedSamples):
+    """A dataset whose own ``__reduce__`` refuses with an error of its own (not pickle's)."""
+
+    def __reduce__(self) -> Any:
+        raise ValueError("this dataset refuses to be copied")
+
+
 def _local_transform() -> Any:
     def local(sample: dict[str, Any]) -> dict[str, Any]:
         return sample
@@ -130,6 +133,8 @@ def _unpicklable(kind: str, store: Path) -> tuple[Any, dict[str, Any], str]:
         )
     if kind == "lambda collate_fn":
         return Selection(store, "train"), {"collate_fn": COLLATE}, "collate_fn <lambda>"
+    if kind == "refusing dataset":
+        return _RefusingSamples(Selection(store, "train")), {}, "the dataset (_RefusingSamples)"
     return _LockedSamples(Selection(store, "train")), {}, "the dataset (_LockedSamples)"
 
 
@@ -143,7 +148,7 @@ def _keys(batches: Sequence[dict[str, Any]]) -> list[str]:
 
 @pytest.mark.parametrize("context", ["spawn", "forkserver"])
 @pytest.mark.parametrize(
-    "kind", ["lambda transform", "local transform", "lambda collate_fn", "locked dataset"]
+    "kind", ["lambda transform", "local transform", "lambda collate_fn", "locked dataset", "refusing dataset"]
 )
 def test_what_does_not_pickle_is_named_before_a_worker_starts(store: Path, context: str, kind: str) -> None:
     dataset, kwargs, named = _unpicklable(kind, store)
@@ -156,7 +161,7 @@ def test_what_does_not_pickle_is_named_before_a_worker_starts(store: Path, conte
         msg, fix = str(err.value), err.value.fix or ""
         assert named in msg and "cannot be pickled" in msg and context in msg, msg
         assert 'context="fork"' in fix, fix
-        if kind != "locked dataset":
+        if kind not in ("locked dataset", "refusing dataset"):
             assert "at the top level of a module" in fix and "not as a lambda" in fix, fix
         assert loader._pool is None and loader._shipped is None and loader._folder is None  # no worker
     finally:

@@ -165,12 +165,14 @@ def _one_resolution_fix(items: Sequence[dict[str, Any]], shape: tuple[int, ...])
     one = f"'{shape[0]}x{shape[1]}'" if len(shape) >= 2 else "'HxW'"
     return (
         "batch by resolution, with a Selection of the store (it knows each sample's resolution "
-        "from the sample index) and ResolutionBatches over it: `from stage2_data.loader import "
+        "from the sample index) and ResolutionBatches over it: `from torch.utils.data import "
+        "DataLoader; from stage2_data.loader import "
         f"ResolutionBatches, Selection, collate; {name} = Selection(STORE, {split!r}); "
         f"loader = DataLoader({name}, batch_sampler=ResolutionBatches({name}, batch_size={len(items)}, "
         "seed=0), collate_fn=collate)` (STORE: the store's path, as you opened the dataset; batch_size: "
-        "this batch's, or yours; without torch: stage2_data.loader.PoolLoader("
-        f"{name}, ResolutionBatches({name}, batch_size={len(items)}, seed=0))); or choose one "
+        "this batch's, or yours; without torch: `from stage2_data.loader import PoolLoader, "
+        f"ResolutionBatches, Selection; {name} = Selection(STORE, {split!r}); loader = PoolLoader("
+        f"{name}, ResolutionBatches({name}, batch_size={len(items)}, seed=0))`); or choose one "
         f"resolution: Selection(STORE, {split!r}, resolutions={one}); or resize in a transform"
     )
 

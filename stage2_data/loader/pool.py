@@ -124,7 +124,8 @@ class _Shipped:
 
 # what pickle raises for what it cannot pickle: PicklingError (a lambda; any local function from
 # Python 3.14), AttributeError (a local function up to 3.13), TypeError (an open file, a lock, ...)
-_UNPICKLABLE = (pickle.PicklingError, AttributeError, TypeError)
+# what pickling a user's object raises: pickle's own error, and whatever its __reduce__ raises
+_UNPICKLABLE = (Exception,)
 
 
 def _not_picklable(dataset: Any, collate_fn: Collate, start_method: str, error: BaseException) -> LoaderError:
@@ -515,9 +516,11 @@ class PoolLoader:
             main = getattr(sys.modules.get("__main__"), "__file__", None) or "the main module"
             raise LoaderError(
                 f"a worker process of the PoolLoader ({start}) died: {e}",
-                fix="run with workers=0 to see the error in this process; under spawn or forkserver each "
-                f"worker imports {main} again, so the code that starts the loader must be under "
-                '`if __name__ == "__main__":` there (or pass context="fork")',
+                fix="the worker's own error above says why; under spawn or forkserver each worker "
+                f"imports {main} again, so the code that starts the loader must be under "
+                '`if __name__ == "__main__":` there, and the transform, collate_fn and dataset class '
+                "defined at a module's top level, not inside that block (a worker cannot find them "
+                'there); or pass context="fork"; workers=0 runs it all in this process',
             ) from None
         finally:
             if not (done and self.persistent_workers):
