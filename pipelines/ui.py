@@ -263,6 +263,33 @@ def build_command(config: BuildConfig, home: Path) -> str:
     return f"DAGSTER_HOME={shlex.quote(str(home))} " + " ".join(shlex.quote(w) for w in words)
 
 
+def _served(home: Path, held_by: str) -> str:
+    return (
+        f"the Dagster instance {home} is already served by `make ui` at {held_by}. Fix: open that "
+        "URL, or stop that `make ui` (Ctrl-C in its terminal) and start this one, or give this one "
+        "another instance (DAGSTER_HOME=<another folder> make ui)"
+    )
+
+
+def served_by(home: Path) -> str | None:
+    """Why `make ui` cannot serve the instance at ``home``: another `make ui` holds it (its URL);
+    None when none does. Looks only (a shared probe of :func:`hold_instance`'s lock): nothing is
+    taken or written."""
+    import fcntl
+
+    try:
+        f = open(home / "stage2-logs" / "ui.lock", encoding="utf-8")  # noqa: SIM115 - closed below
+    except OSError:
+        return None
+    with f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return _served(home, f.read().strip() or "another `make ui`")
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return None
+
+
 def hold_instance(home: Path, url: str) -> tuple[IO[str] | None, str | None]:
     """One `make ui` an instance: ``dagster dev`` runs a daemon, and a second daemon over the same
     instance (a second `make ui` on another port) fights the first for its schedules and sensors.
@@ -280,11 +307,7 @@ def hold_instance(home: Path, url: str) -> tuple[IO[str] | None, str | None]:
         f.seek(0)
         held_by = f.read().strip() or "another `make ui`"
         f.close()
-        return None, (
-            f"the Dagster instance {home} is already served by `make ui` at {held_by}. Fix: open that "
-            "URL, or stop that `make ui` (Ctrl-C in its terminal) and start this one, or give this one "
-            "another instance (DAGSTER_HOME=<another folder> make ui)"
-        )
+        return None, _served(home, held_by)
     f.seek(0)
     f.truncate()
     f.write(f"{url} (pid {os.getpid()})\n")
@@ -308,7 +331,8 @@ def main() -> int:
     port = env.get("STAGE2_UI_PORT", "3000")
     problem = port_problem(port, env)
     if problem is not None:
-        print(f"make ui: {problem}", file=sys.stderr)
+        # the port held by this instance's own `make ui`: another port would be refused too
+        print(f"make ui: {served_by(dagster_home()) or problem}", file=sys.stderr)
         return 2
     refused = "make ui: the code location does not load with these settings:"
     chosen = env.get("STAGE2_PROFILE")  # unset or empty: the demo's settings

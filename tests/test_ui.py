@@ -1084,6 +1084,15 @@ def test_make_ui_refuses_an_instance_another_make_ui_serves(demo_cache: DemoPath
     assert said.startswith(f"make ui: the Dagster instance {home} is already served by `make ui` at "
                            f"http://127.0.0.1:3000 (pid {os.getpid()}). Fix: open that URL"), said  # fmt: skip
     assert "DAGSTER_HOME=<another folder> make ui" in said and "starting the Dagster UI" not in out
+    # the first UI's own port (a second `make ui` as the README starts it): the port's fix (another
+    # port) would be refused in turn, so what is said is that the instance is served there
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        code, out, err = _make_ui_refusal({**env, "STAGE2_UI_PORT": str(taken.getsockname()[1])}, tmp_path)
+    assert code == 2 and err.strip().startswith(f"make ui: the Dagster instance {home} is already served"), (
+        err
+    )
     held.close()  # the first one stopped: this instance is free again
     again, busy = hold_instance(home, "http://127.0.0.1:3001")
     assert again is not None and busy is None
