@@ -429,7 +429,10 @@ class BuildProgress:
                 lines.append(f"  {what}: {status}")
         else:
             # each line names its stage: stages beside each other (the kit's) finish out of order
-            lines.append(f"{self._label(st)}: run {str(r.get('run_id', ''))[:8]} {what}: {status}{count}")
+            if r.get("up_to_date"):  # a stage with nothing to do: no run
+                lines.append(f"{self._label(st)}: {_unchanged(st)}")
+            else:
+                lines.append(f"{self._label(st)}: run {str(r.get('run_id', ''))[:8]} {what}: {status}{count}")
         for c in r.get("checks", []):
             if not c.get("passed"):
                 lines.append(f"    check {c['asset']}:{c['check']} failed: {_first(c.get('description'))}")

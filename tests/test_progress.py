@@ -411,3 +411,16 @@ def test_a_range_runs_failed_check_is_said_once_under_its_partition(demo_cache: 
         "    check archive_file:sidecars_by_source_match_expected failed: size differs",
     ]
     assert bar.stages[ACQUIRE.name].done == 3 and bar.stages[ACQUIRE.name].failed == 1
+
+
+def test_a_stage_with_nothing_to_do_is_said_up_to_date_not_a_run(demo_cache: DemoPaths) -> None:
+    """Off a terminal, a stage the runner found up to date (no run) is its label and "up to date",
+    never a run line with no run id ("run None")."""
+    from stage2_data.stages import KIT
+    from stage2_pipelines.uptodate import up_to_date_summary
+
+    stream = io.StringIO()
+    bar = BuildProgress(load_profile(demo_cache.profile), stream, live=False)
+    bar.on_run(up_to_date_summary(KIT))
+    bar.close()
+    assert stream.getvalue().splitlines() == [f"{LABELS[2]}: up to date"], stream.getvalue()
