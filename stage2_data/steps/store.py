@@ -89,15 +89,26 @@ CHECKED_BY = {
 }
 
 
-def checked_inputs(profile: Profile, data_root: Path) -> str:
+def checked_inputs(
+    profile: Profile,
+    data_root: Path,
+    *,
+    kit: dict[str, str] | None = None,
+    extracted: dict[str, str] | None = None,
+) -> str:
     """A digest of what the join and the subset byte check judge: the profile (its identity and
     expected totals), the kit's files (the sidecar tar as unpacked), the pins, and the content
-    digests of every extraction and of the unpacked sidecars."""
+    digests of every extraction and of the unpacked sidecars. ``kit`` (:func:`kit_inputs`; the
+    sidecar tar's entry, if there, is left out) and ``extracted`` (:func:`extracted_content`): what
+    the caller has computed already, so that nothing is hashed or read twice."""
+    if kit is None:
+        kit = kit_inputs(profile, sidecar_archive=False)
+    tar = f"kit/{profile.kit.sidecar_archive}"
     blob = {
         "profile": profile.identity(),
         "expected": profile.expected.model_dump(mode="json"),
-        "kit": kit_inputs(profile, sidecar_archive=False),
-        "extracted": extracted_content(profile, data_root),
+        "kit": {k: v for k, v in kit.items() if k != tar},
+        "extracted": extracted_content(profile, data_root) if extracted is None else extracted,
     }
     return hashlib.sha256(canonical_json(blob).encode()).hexdigest()
 
@@ -116,12 +127,13 @@ def forget_checked(data_root: Path, asset: str) -> None:
         layout.checked_record_path(data_root, asset).unlink()
 
 
-def require_checked(profile: Profile, data_root: Path) -> None:
+def require_checked(profile: Profile, data_root: Path, now: str | None = None) -> None:
     """Raise :class:`StoreInputError` unless the join's checks and the subset byte check passed for
     exactly these inputs (:func:`checked_inputs`, now). The store reads the kit's pairs and the
     join's table itself: a store job run on its own (the UI's Materialize of ``vin_store``) after
-    the kit changed, or after those checks failed, would otherwise publish what no check saw."""
-    now = checked_inputs(profile, data_root)
+    the kit changed, or after those checks failed, would otherwise publish what no check saw.
+    ``now``: :func:`checked_inputs` when the caller has it."""
+    now = checked_inputs(profile, data_root) if now is None else now
     problems = []
     for what, checks in CHECKED_BY.items():
         path = layout.checked_record_path(data_root, what)
@@ -202,10 +214,11 @@ def step_store(
     ``alongside(url)``: more metadata drawn from a new store while it is validated (the UI's
     preview: both only read it), on a thread of its own; added to the result once the store is
     published, thrown away otherwise. Not called for a reused store."""
-    require_checked(profile, data_root)
     inputs = kit_inputs(profile)
+    extracted = extracted_content(profile, data_root)
+    require_checked(profile, data_root, checked_inputs(profile, data_root, kit=inputs, extracted=extracted))
     settings = {"rows_per_shard": rows_per_shard, "include_actions": True, "max_frames": profile.max_frames}
-    key = store_input_key(profile, inputs, settings, extracted_content(profile, data_root))
+    key = store_input_key(profile, inputs, settings, extracted)
     name = f"v{OFFLINE_DATASET_VERSION}-{key[:16]}"
     root_loc = stores_location(profile, data_root, store_url=store_url, storage_options=storage_options)
     out = root_loc.child(name)
@@ -343,7 +356,8 @@ def step_store(
     validate_seconds = time.perf_counter() - t1 if rebuilt else gate.seconds
     # the counts are a blocking check too: a store whose samples or pairs differ from the profile's
     # totals is never made current (store_checks reports them below)
-    miscounted = bool(store_counts(profile, out)[1]) if not problems else False
+    counted = store_counts(profile, out) if not problems else None
+    miscounted = bool(counted[1]) if counted is not None else False
     if not problems and not miscounted:
         require_launching_build(data_root)  # a run of a killed build publishes nothing
         # the `current` symlink, or the CURRENT object after the manifest; a folder a user put at
@@ -371,6 +385,7 @@ def step_store(
         reader_cls=VinOfflineStoreReader,
         problems=problems,
         validate_seconds=validate_seconds,
+        counted=counted,
     )
     result.metadata["update"] = update
     if moved_aside:  # the build's `moved aside:` lines and its --json `moved_aside`
@@ -523,9 +538,11 @@ def store_checks(
     reader_cls: Any,
     problems: list[str] | None = None,
     validate_seconds: float | None = None,
+    counted: tuple[dict[str, Any], list[str]] | None = None,
 ) -> StepResult:
     """Re-open ``path`` (a local path or a StoreLocation) with the strict reader and validate it
-    (unless the validation's ``problems`` are given)."""
+    (unless the validation's ``problems`` are given); its counts (:func:`store_counts`) unless
+    ``counted`` gives them."""
     open_problems: list[str] = []
     manifest: dict[str, Any] = {}
     try:
@@ -540,7 +557,7 @@ def store_checks(
     count_problems: list[str] = []
     stats: dict[str, Any] = {}
     if manifest:
-        stats, count_problems = store_counts(profile, path)
+        stats, count_problems = counted if counted is not None else store_counts(profile, path)
     split_counts = stats.get("per_split", {}) if stats else {}
     md = {
         "store": getattr(path, "url", str(path)),
