@@ -421,3 +421,75 @@ def test_a_link_where_a_stores_folder_goes_is_moved_aside_and_its_target_untouch
     assert aside.is_symlink() and aside.resolve() == user
     after = {p: (p.stat().st_mode, p.read_bytes() if p.is_file() else b"") for p in [user, *user.rglob("*")]}
     assert after == before
+
+
+@pytest.mark.parametrize("reader", ["join", "byte_check", "store_writer"])
+def test_a_kit_file_edited_and_undone_while_a_step_reads_it_is_refused(
+    built: dict, demo_cache: DemoPaths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reader: str
+) -> None:
+    """A kit file edited while a step reads it and put back before the step ends (size and mtime
+    kept, then its bytes too): the step hashed one version and parsed another. The join and the
+    byte check used to record a pass for the hashed bytes (the store step then trusted a table made
+    from the other), and the store writer to write the other version's pairs under the hashed one's
+    name. Each now refuses, naming the file; no pass is recorded and nothing is published."""
+    import shutil
+
+    from helpers.faults import copy_kit
+
+    from stage2_data import steps
+    from stage2_data.errors import InputsChangedError
+    from stage2_data.profile import load_profile
+    from stage2_data.stages import SUBSET_CHECKSUMS, TRAJECTORY_JOIN
+
+    root = tmp_path / "root"
+    shutil.copytree(built["root"], root, symlinks=True, ignore=shutil.ignore_patterns(".dagster"))
+    prof = load_profile(copy_kit(demo_cache, tmp_path / "kit"))
+    current = layout.current_store_path(root, prof.name).resolve()
+    assert all(c.passed for c in steps.step_join(prof, root).checks)  # the copied kit's records
+    assert all(c.passed for c in steps.step_verify_bytes(prof, root).checks)
+    key = "subset_checksums" if reader == "byte_check" else "pair_manifest"
+    path = prof.kit_file(key)
+    text = path.read_bytes()
+    # a valid file of the same size: a task text changed (pairs), or two hex digits swapped (sums)
+    if key == "pair_manifest":
+        at = text.index(b'"task": "') + len(b'"task": "')
+        edited = text[:at] + (b"Y" if text[at : at + 1] != b"Y" else b"Z") + text[at + 1 :]
+    else:
+        at = text.index(b"  ") - 2
+        edited = text[:at] + text[at + 1 : at + 2] + text[at : at + 1] + text[at + 2 :]
+    assert edited != text and len(edited) == len(text)
+    st = path.stat()
+
+    def write(data: bytes) -> None:
+        path.write_bytes(data)
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+    module, name = {
+        "join": (steps.kit, "build_join_table"),
+        "byte_check": (steps.kit, "verify_subset_bytes"),
+        "store_writer": (steps.store, "load_pairs"),
+    }[reader]
+    real = getattr(module, name)
+
+    def read_while_edited(*a: object, **k: object) -> object:
+        write(edited)
+        try:
+            return real(*a, **k)
+        finally:
+            write(text)
+
+    monkeypatch.setattr(module, name, read_while_edited)
+    run = {
+        "join": lambda: steps.step_join(prof, root),
+        "byte_check": lambda: steps.step_verify_bytes(prof, root),
+        "store_writer": lambda: steps.step_store(prof, root, rows_per_shard=5),  # a new store's name
+    }[reader]
+    with pytest.raises(InputsChangedError) as ei:
+        run()
+    said = str(ei.value)
+    assert f"{path}: changed while the" in said and "stage2 build" in said, said
+    assert path.read_bytes() == text
+    if reader != "store_writer":
+        asset = TRAJECTORY_JOIN if reader == "join" else SUBSET_CHECKSUMS
+        assert not layout.checked_record_path(root, asset).exists()
+    assert layout.current_store_path(root, prof.name).resolve() == current

@@ -15,8 +15,8 @@ from ..kit.subset_bytes import ByteReport
 from ..profile import Profile
 from ..stages import SUBSET_CHECKSUMS, TRAJECTORY_JOIN
 from .result import StepResult, rate
-from .status import require_inputs_as_recorded
-from .store import checked_inputs, record_checked
+from .status import kit_held, require_inputs_as_recorded
+from .store import checked_inputs, forget_checked, record_checked
 
 
 def step_sidecars(profile: Profile, data_root: Path) -> StepResult:
@@ -85,11 +85,15 @@ def _by_source_keys(expected: dict[str, int]) -> dict[str, str]:
 
 def step_join(profile: Profile, data_root: Path) -> StepResult:
     # the rows' text comes from these files: checked now, and held to their records as read
+    # no record of an earlier join stands while this one runs: a join that stops half-way (its
+    # table may be written) leaves none, and the store step refuses until one passes
+    forget_checked(data_root, TRAJECTORY_JOIN)
     records = require_inputs_as_recorded(profile, data_root, "the join")
-    judged = checked_inputs(profile, data_root)  # before anything is read: what the record vouches for
     held = {k: {rel: e[0] for rel, e in rec.entries.items() if e} for k, rec in records.items()}
-    join = build_join_table(profile, data_root, processed_sha256=held)
-    rep = link_check(profile, data_root)
+    with kit_held(profile, "the join"):
+        judged = checked_inputs(profile, data_root)  # before anything is read: what the record vouches for
+        join = build_join_table(profile, data_root, processed_sha256=held)
+        rep = link_check(profile, data_root)
     problems = list(join.problems) + [p for p in rep.problems if p not in join.problems]
     md = {
         "table": str(join.table_path),
@@ -120,8 +124,11 @@ def step_verify_bytes(
     pins disagree, and the message says so, naming both). With ``record`` (the subset_checksums
     asset's step; not the verify job's check, which writes nothing) what it judged and whether it
     passed is recorded for the store step (``steps.store.require_checked``)."""
-    judged = checked_inputs(profile, data_root) if record else ""  # before anything is read
-    rep = verify_subset_bytes(profile, data_root, progress=progress)
+    if record:
+        forget_checked(data_root, SUBSET_CHECKSUMS)
+    with kit_held(profile, "the subset byte check"):
+        judged = checked_inputs(profile, data_root) if record else ""  # before anything is read
+        rep = verify_subset_bytes(profile, data_root, progress=progress)
     sums = profile.kit_file("subset_checksums")
     problems = byte_problems(profile, data_root, rep) + [
         f"{p}: used by the pairs but not listed in {sums} (fix: add its sha256 line to the kit)"

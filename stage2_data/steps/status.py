@@ -38,7 +38,7 @@ import hashlib
 import json
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,7 @@ from ..extract import (
     check_extraction,
     load_extraction_record,
     reported_extraction,
+    settle_ctimes,
     write_json_if_changed,
 )
 from ..fsutil import canonical_json
@@ -313,6 +314,64 @@ def gate_status(profile: Profile, data_root: Path) -> str | None:
     return None
 
 
+def _kit_stats(profile: Profile) -> dict[str, Any]:
+    """The stats (:func:`_stat`) of every kit file, by kit key; the action manifests' by file name."""
+    kit: dict[str, Any] = {}
+    for key in ("pair_manifest", "subset_checksums", "sidecar_archive", "sidecar_archive_sha256"):
+        kit[key] = _stat(profile.kit_file(key))
+    adir = profile.kit_file("action_manifest_dir")
+    kit["action_manifests"] = (
+        {f.name: _stat(f) for f in sorted(adir.glob("*.jsonl"))} if adir.is_dir() else None
+    )
+    return kit
+
+
+@contextlib.contextmanager
+def kit_held(profile: Profile, reader: str) -> Iterator[None]:
+    """Raise :class:`InputsChangedError` at the end of the block when any kit file (or the action
+    manifest folder's list of files) changed during it. ``reader`` (the join, the byte check, the
+    store writer) hashes the kit's files inside the block and parses them in separate reads: what it
+    records or writes must come from the bytes it hashed, and an edit in between (kept or undone
+    before the block ends) changes a file's ctime, which nothing can keep. Before the block the
+    newest of those ctimes is let age by a clock tick (``settle_ctimes``), so that an edit right
+    after gives a newer one."""
+    adir = profile.kit_file("action_manifest_dir")
+
+    def stats() -> dict[str, Any]:
+        return {**_kit_stats(profile), "action_manifest_dir": _stat(adir)}
+
+    before = stats()
+    ctimes = [
+        v[3]
+        for v in (*before.values(), *(before["action_manifests"] or {}).values())
+        if isinstance(v, list) and len(v) > 3 and isinstance(v[3], int)
+    ]
+    settle_ctimes(max(ctimes, default=0))
+    yield
+    after = stats()
+    if after == before:
+        return
+    changed = []
+    for key in sorted(before.keys() | after.keys()):
+        if key == "action_manifests":
+            files = (before[key] or {}) | (after[key] or {})
+            changed += [
+                f"{adir / name}: changed while {reader} read it"
+                for name in sorted(files)
+                if (before[key] or {}).get(name) != (after[key] or {}).get(name)
+            ]
+        elif before.get(key) != after.get(key):
+            where = adir if key == "action_manifest_dir" else profile.kit_file(key)
+            what = "its list of files changed" if key == "action_manifest_dir" else "changed"
+            changed.append(f"{where}: {what} while {reader} read it")
+    raise InputsChangedError(
+        f"{reader}: the kit changed while it was read",
+        changed,
+        fix="run `stage2 build` again once nothing edits the kit: what it read is not recorded as "
+        "checked, nor written to a store",
+    )
+
+
 def store_stage_fingerprint(profile: Profile, data_root: Path, settings: dict[str, Any] | None = None) -> str:
     """sha256 of what the store stage reads and writes, by stats (no data file is read)."""
     return _fingerprints(profile, data_root, settings)[0]
@@ -328,12 +387,7 @@ def _fingerprints(
 ) -> tuple[str, str]:
     """(the store stage's fingerprint (needs ``data_root``), the kit's)."""
     kit: dict[str, Any] = {"profile": _stat(profile.profile_path)} if profile.profile_path else {}
-    for key in ("pair_manifest", "subset_checksums", "sidecar_archive", "sidecar_archive_sha256"):
-        kit[key] = _stat(profile.kit_file(key))
-    adir = profile.kit_file("action_manifest_dir")
-    kit["action_manifests"] = (
-        {f.name: _stat(f) for f in sorted(adir.glob("*.jsonl"))} if adir.is_dir() else None
-    )
+    kit.update(_kit_stats(profile))
     kit_blob = {
         "versions": [__version__, EXTRACTOR_VERSION, OFFLINE_DATASET_VERSION],
         "profile": profile.identity(),

@@ -44,7 +44,13 @@ from ..store.format import SHARD_LAYOUT
 from ..store.gate import GateResult, publication_gate
 from ..store.retention import retention_after_publish
 from .result import StepResult, kv_table, rate
-from .status import clear_store_records, recorded_sha256, require_inputs_as_recorded, write_gate_record
+from .status import (
+    clear_store_records,
+    kit_held,
+    recorded_sha256,
+    require_inputs_as_recorded,
+    write_gate_record,
+)
 
 
 def kit_inputs(profile: Profile, *, sidecar_archive: bool = True) -> dict[str, str]:
@@ -214,9 +220,14 @@ def step_store(
     ``alongside(url)``: more metadata drawn from a new store while it is validated (the UI's
     preview: both only read it), on a thread of its own; added to the result once the store is
     published, thrown away otherwise. Not called for a reused store."""
-    inputs = kit_inputs(profile)
-    extracted = extracted_content(profile, data_root)
-    require_checked(profile, data_root, checked_inputs(profile, data_root, kit=inputs, extracted=extracted))
+    with kit_held(profile, "the store writer"):
+        inputs = kit_inputs(profile)
+        extracted = extracted_content(profile, data_root)
+        require_checked(
+            profile, data_root, checked_inputs(profile, data_root, kit=inputs, extracted=extracted)
+        )
+        # the pairs as hashed (the only kit file the writer reads: the join's table holds the rest)
+        pairs_rows, _ = load_pairs(profile.kit_file("pair_manifest"))
     settings = {"rows_per_shard": rows_per_shard, "include_actions": True, "max_frames": profile.max_frames}
     key = store_input_key(profile, inputs, settings, extracted)
     name = f"v{OFFLINE_DATASET_VERSION}-{key[:16]}"
@@ -312,7 +323,6 @@ def step_store(
                 "its join names pair rows whose cache directory the profile does not list (add that "
                 "archive to the profile, or remove the rows from the kit)",
             )
-        pairs_rows, _ = load_pairs(profile.kit_file("pair_manifest"))
         pairs = [
             PairSpec(p.pair_id, p.split, p.task, p.chosen_trajectory_id, p.rejected_trajectory_id)
             for p in pairs_rows
