@@ -56,7 +56,7 @@ from stage2_data.oserrors import fs_error
 from stage2_data.profile import Profile, load_profile
 from stage2_data.publish import data_root_lock, sweep_data_root
 from stage2_data.stages import STAGES
-from stage2_data.storage import check_stores_target, check_stores_url
+from stage2_data.storage import StoreLocation, check_stores_target, check_stores_url
 
 from .config import (
     INSTANCE_DISK_FULL,
@@ -315,7 +315,7 @@ def _run_build(
             if args.json:
                 print_json(summary)
             else:
-                print_build_summary(summary)
+                print_build_summary(summary, config.store_options)
     if stop.stopped:
         if args.json:  # one object whatever happened: the stop is its one error
             print_json(stopped_summary(config, profile, stop))
@@ -427,7 +427,7 @@ def _build_or_no_op(
         )
 
 
-def print_build_summary(s: dict[str, Any]) -> None:
+def print_build_summary(s: dict[str, Any], storage_options: dict[str, Any] | None = None) -> None:
     checks = s["checks"]
     passed = sum(c["passed"] for c in checks)
     print(f"profile:      {s['profile']}")
@@ -453,7 +453,7 @@ def print_build_summary(s: dict[str, Any]) -> None:
     if s["ok"]:
         print(f"store:        {s['store']}")
         print(f"fingerprint:  {s['fingerprint']}")
-        _print_store_counts(s["store"])
+        _print_store_counts(s["store"], storage_options)
         current = _current_link(s)
         if current is not None:  # the path to keep: the versioned folder goes by the retention policy
             print(f"current:      {current}")
@@ -502,16 +502,25 @@ def _current_link(s: dict[str, Any]) -> str | None:
         return str(link)
 
 
-def _print_store_counts(store: str | None) -> None:
+def _print_store_counts(store: str | None, storage_options: dict[str, Any] | None = None) -> None:
     """The published store's counts, as its manifest records them (the writer counted them, the
-    build's validation checked them): a no-op build prints them without opening the store."""
+    build's validation checked them): a no-op build prints them without opening the store. A store
+    on object storage is read with the build's ``storage_options``."""
     if not store:
         return
     try:
-        stats = json.loads((Path(store) / "manifest.json").read_text(encoding="utf-8"))["stats"]
+        loc = StoreLocation.parse(store, storage_options)
+        stats = json.loads(loc.read_bytes(loc.root / "manifest.json").decode("utf-8"))["stats"]
         per_split = {sp: int(stats["per_split"].get(sp, 0)) for sp in layout.SPLIT_NAMES}
         line = f"samples:      {stats['samples']}  pairs: {stats['pairs']}  per split: {per_split}"
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # best effort: the checks passed
+    except (
+        OSError,
+        ValueError,
+        KeyError,
+        TypeError,
+        AttributeError,
+        Stage2Error,
+    ):  # best effort: the checks passed
         return
     print(line)
 

@@ -198,6 +198,8 @@ class _Stage:
     task: TaskID | None = None
     up_to_date: bool = False  # finished, every run succeeded, and it wrote nothing
     ran: bool = False  # a run of it ran (not only the runner's "nothing to do")
+    wrote: bool = False  # a run said it wrote (the store step's "update": a store on object storage
+    # is not under the data root, whose stats judge the rest)
     expected: bool = False  # expected up to date: off a terminal its run lines wait for its end
     held: list[str] = field(default_factory=list)
 
@@ -274,6 +276,7 @@ class BuildProgress:
         st = self.stages[stage.name]
         st.expected = st.expected or bool(r.get("up_to_date"))  # not run: the runner found nothing to do
         st.ran = st.ran or not r.get("up_to_date")
+        st.wrote = st.wrote or bool((r.get("store_metadata") or {}).get("rebuilt"))
         now = time.monotonic()
         for name in needs(stage):  # a stage runs: the stages it needs are over
             earlier = self.stages[name]
@@ -396,7 +399,7 @@ class BuildProgress:
         st.finished = now
         if self._outputs is not None and self._data_root is not None and st.done and not st.failed:
             after = stage_outputs(self._profile, self._data_root)[st.stage.name]
-            st.up_to_date = after == self._outputs[st.stage.name]
+            st.up_to_date = after == self._outputs[st.stage.name] and not st.wrote
             if st.stage.name == PROFILE.name:
                 st.up_to_date = st.expected
         self._update(st)

@@ -279,7 +279,9 @@ def run_selection(
         if mev.asset_key and mev.asset_key.to_user_string() == VIN_STORE:
             md = mev.materialization.metadata
             store_md = {
-                k: getattr(md[k], "value", md[k]) for k in ("store", "fingerprint", "update") if k in md
+                k: getattr(md[k], "value", md[k])
+                for k in ("store", "fingerprint", "update", "rebuilt", "samples")
+                if k in md
             }
     return {
         "store_metadata": store_md,

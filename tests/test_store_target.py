@@ -123,11 +123,19 @@ def test_build_writes_the_store_to_s3_with_the_local_fingerprint(
     assert again["ok"] and again["fingerprint"] == s["fingerprint"]
 
 
+@pytest.mark.parametrize("local_store", [False, True], ids=["fresh-root", "root-with-a-local-store"])
 def test_a_first_build_on_s3_says_no_store_is_published(
-    built: dict, demo_cache: DemoPaths, s3: tuple[str, dict], tmp_path: Path, dagster_home: Path
+    built: dict,
+    demo_cache: DemoPaths,
+    s3: tuple[str, dict],
+    tmp_path: Path,
+    dagster_home: Path,
+    local_store: bool,
 ) -> None:
     """`stage2 build --store-url s3://...` where nothing was ever published writes the store whole and
-    says why as a local first build does: no store is published (not that extension is local only)."""
+    says why as a local first build does: no store is published (not that extension is local only).
+    Over a data root that also holds a local store (nothing of it changes), the store stage's line
+    says it wrote the store, not "nothing changed" (it judged the stage by the data root alone)."""
     import os
 
     from helpers.cli import stage2
@@ -135,7 +143,8 @@ def test_a_first_build_on_s3_says_no_store_is_published(
     url, options = s3
     url = f"{url}/first-{uuid.uuid4().hex[:8]}"  # nothing published under it (the test above publishes)
     root = tmp_path / "root"
-    shutil.copytree(built["root"], root, symlinks=True, ignore=shutil.ignore_patterns(".dagster", "stores"))
+    skip = (".dagster",) if local_store else (".dagster", "stores")
+    shutil.copytree(built["root"], root, symlinks=True, ignore=shutil.ignore_patterns(*skip))
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith("AWS_")}
     env.update(AWS_ACCESS_KEY_ID=options["key"], AWS_SECRET_ACCESS_KEY=options["secret"])
     env.update(
@@ -149,7 +158,14 @@ def test_a_first_build_on_s3_says_no_store_is_published(
     )  # fmt: skip
     assert r.returncode == 0, r.tail()
     assert "store update: rebuilt: no store is published for this profile\n" in r.stdout, r.stdout
+    store_lines = [ln for ln in r.stderr.splitlines() if ln.startswith("[5/5]")]
+    assert store_lines and not any("nothing changed" in ln or "up to date" in ln for ln in store_lines), (
+        r.stderr
+    )
     assert f"store:        {url}/stage2_core_v1_demo/" in r.stdout, r.stdout
+    assert "\nsamples:      " in r.stdout and " pairs: " in r.stdout, (
+        r.stdout
+    )  # read from the store's manifest
     # the path to keep, as on a local disk: `current`, which readers follow through CURRENT
     current = f"{url}/stage2_core_v1_demo/current"
     assert f"current:      {current}\n" in r.stdout and "storage_options=" in r.stdout, r.stdout
