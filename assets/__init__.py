@@ -18,7 +18,7 @@ from .store import build_store_assets, build_store_checks
 def build_assets(profile: Profile) -> list[Any]:
     """The whole graph for one profile (partitions come from the profile's archives and cache keys)."""
     pinned_profile, archive_file, cache_dir, extraction_report = build_acquisition_assets(profile)
-    action_sidecars, trajectory_join, subset_checksums = build_kit_assets()
+    action_sidecars, trajectory_join, subset_checksums = build_kit_assets(profile)
     (vin_store,) = build_store_assets(profile)
     return [
         pinned_profile,

@@ -15,7 +15,7 @@ from stage2_data.profile import Profile
 from stage2_data.stages import ACTION_SIDECARS, SUBSET_CHECKSUMS, TRAJECTORY_JOIN
 from stage2_resources import DataRootResource, ProfileResource
 
-from ._common import check_result, data_root_step_lock, forget_on_failure, standalone_check
+from ._common import check_result, code_version_with, data_root_step_lock, forget_on_failure, standalone_check
 from .step_asset import step_asset
 
 GROUP = "kit"
@@ -85,7 +85,10 @@ def _bytes_outcome(res: steps.StepResult) -> C.CheckOutcome:
     return C.CheckOutcome(C.SUBSET_BYTES_ON_DISK_MATCH, not failed, desc, dict(res.metadata))
 
 
-def build_kit_assets() -> list[Any]:
+def build_kit_assets(profile: Profile) -> list[Any]:
+    # the join and the byte check read the kit's manifests and SHA256SUMS: their code versions
+    # follow them (an edit marks both stale in the UI until the next build)
+    kit = steps.kit_digest(profile)
     action_sidecars = step_asset(
         ACTION_SIDECARS,
         group=GROUP,
@@ -96,18 +99,24 @@ def build_kit_assets() -> list[Any]:
     trajectory_join = step_asset(
         TRAJECTORY_JOIN,
         group=GROUP,
-        description="tables/trajectory_join.parquet: trajectories x sidecars joined by stage2_trajectory_id; link check.",
+        description="tables/trajectory_join.parquet: trajectories x sidecars joined by stage2_trajectory_id; "
+        "link check. Its code version ends with a digest of the kit's manifests, SHA256SUMS and the "
+        "pins: an edit of those marks it stale until the next build.",
         kind="parquet",
         step=_join,
         standalone=_join_standalone,
+        code_version=code_version_with(TRAJECTORY_JOIN, kit),
     )
     subset_checksums = step_asset(
         SUBSET_CHECKSUMS,
         group=GROUP,
-        description="Every subset frame file hashed (in parallel) and compared with the kit's SHA256SUMS.",
+        description="Every subset frame file hashed (in parallel) and compared with the kit's SHA256SUMS. "
+        "Its code version ends with a digest of the kit's manifests, SHA256SUMS and the pins: an "
+        "edit of those marks it stale until the next build.",
         kind="sha256",
         step=lambda prof, root: steps.step_verify_bytes(prof, root),
         standalone=lambda _prof, _root, res: [_bytes_outcome(res)],
+        code_version=code_version_with(SUBSET_CHECKSUMS, kit),
     )
     return [action_sidecars, trajectory_join, subset_checksums]
 

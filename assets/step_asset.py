@@ -24,12 +24,15 @@ def step_asset(
     kind: str,
     step: Callable[[Profile, Path], StepResult],
     standalone: Callable[[Profile, Path, StepResult], list[CheckOutcome]] | None = None,
+    code_version: str | None = None,
 ) -> dg.AssetsDefinition:
     """An asset named ``name`` whose checks are ``CHECKS_BY_ASSET[name]`` and whose body is ``step``;
     ``standalone(profile, root, result)``: the results of the asset's standalone checks that the
-    step's work gives (recorded with the materialization: ``run_step``)."""
+    step's work gives (recorded with the materialization: ``run_step``); ``code_version``: its own
+    (default ``CODE_VERSIONS[name]``)."""
+    more = {"code_version": code_version} if code_version else {}
 
-    @stage_asset(name, group=group, description=description, kind=kind)
+    @stage_asset(name, group=group, description=description, kind=kind, **more)
     def _asset(context: dg.AssetExecutionContext, profile: ProfileResource, data_root: DataRootResource):
         prof = profile.load()
         root = data_root.root()

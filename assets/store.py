@@ -116,10 +116,14 @@ def build_store_assets(profile: Profile) -> list[Any]:
         description=(
             "stores/PROFILE/current: the immutable, versioned, sharded Zarr v3 VIN offline store. Its "
             "code version ends with a digest of what the writer reads from the profile (its name, "
-            "repo, revision and max_frames): an edit of those marks it stale until the next build."
+            "repo, revision and max_frames) and of the kit's manifests, SHA256SUMS and the pins: an "
+            "edit of those marks it stale until the next build."
         ),
         kind="zarr",
-        code_version=code_version_with(VIN_STORE, {**profile.identity(), "max_frames": profile.max_frames}),
+        code_version=code_version_with(
+            VIN_STORE,
+            {**profile.identity(), "max_frames": profile.max_frames, "kit": steps.kit_digest(profile)},
+        ),
     )
     def vin_store(
         context: dg.AssetExecutionContext,

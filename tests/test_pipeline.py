@@ -281,8 +281,10 @@ def test_an_edited_profile_is_marked_stale_until_a_build_of_it(
         instance = dg.DagsterInstance.get()
         assert _stale(instance, defs_of(text.replace(prof.description, "another description"))) == {}
         defs = defs_of(text.replace(victim.sha256, "f" * 64))
+        # the pins are read by what the store stage builds from them too
         assert _stale(instance, defs) == {
-            ("pinned_profile", None): ("STALE", ["pinned_profile has a new code version"])
+            (name, None): ("STALE", [f"{name} has a new code version"])
+            for name in ("pinned_profile", "trajectory_join", "subset_checksums", "vin_store")
         }
         shorter = text.replace("\n[source]", "max_frames = 31\n\n[source]", 1)
         assert _stale(instance, defs_of(shorter)) == {
@@ -303,6 +305,41 @@ def test_an_edited_profile_is_marked_stale_until_a_build_of_it(
             )
             assert s["ok"], _failed(s)
             assert _stale(dg.DagsterInstance.get(), defs_of(edited.read_text())) == {}
+
+
+def test_an_edited_kit_is_marked_stale_until_a_build_of_it(
+    built: dict, demo_cache: DemoPaths, tmp_path: Path
+) -> None:
+    """The UI's stale marks follow the kit's files too: a copy of the kit (its content unchanged)
+    marks nothing stale; after an edit of the pair manifest (two lines swapped: the same pairs, other
+    bytes) the join, the byte check and the store, which read it, are marked stale once the
+    definitions are loaded again (their code versions carry the kit's digest); a build of the
+    edited kit leaves nothing stale."""
+    from helpers.faults import copy_kit
+
+    home, root = tmp_path / "home", _copy_built(built, tmp_path)
+    shutil.copytree(built["home"], home)
+    profile = copy_kit(demo_cache, tmp_path / "kit")
+
+    def config(endpoint: str = "http://127.0.0.1:9") -> BuildConfig:
+        return BuildConfig(profile_path=str(profile), data_root=str(root), endpoint=endpoint)
+
+    with environ(DAGSTER_HOME=str(home)):
+        assert _stale(dg.DagsterInstance.get(), build_definitions(config())) == {}
+        pm = load_profile(profile).kit_file("pair_manifest")
+        lines = pm.read_text().splitlines(keepends=True)
+        pm.write_text("".join([lines[1], lines[0], *lines[2:]]))
+        assert _stale(dg.DagsterInstance.get(), build_definitions(config())) == {
+            (name, None): ("STALE", [f"{name} has a new code version"])
+            for name in ("trajectory_join", "subset_checksums", "vin_store")
+        }
+    with (
+        HubServer(demo_cache.upstream, repo_id=demo_cache.repo_id, revision=demo_cache.revision) as hub,
+        environ(DAGSTER_HOME=str(home)),
+    ):
+        s = build_all(config(hub.url), concurrency=1)
+        assert s["ok"], _failed(s)
+        assert _stale(dg.DagsterInstance.get(), build_definitions(config())) == {}
 
 
 def test_same_inputs_in_another_root_same_fingerprint_via_cli(

@@ -15,6 +15,7 @@ from .result import StepResult
 from .store import (
     CURRENT_OBJECT,
     current_store,
+    kit_digest,
     kit_inputs,
     step_store,
     store_checks,
@@ -27,6 +28,7 @@ __all__ = [
     "CURRENT_OBJECT",
     "StepResult",
     "current_store",
+    "kit_digest",
     "kit_inputs",
     "link_totals_problems",
     "step_download",

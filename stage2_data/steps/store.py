@@ -69,6 +69,19 @@ def kit_inputs(profile: Profile, *, sidecar_archive: bool = True) -> dict[str, s
     return inputs
 
 
+def kit_digest(profile: Profile) -> str:
+    """A digest of what the join, the byte check and the store writer read of the kit and the
+    profile's pins (:func:`kit_inputs` without the sidecar tar: the pair and action manifests, the
+    subset ``SHA256SUMS``); a kit that cannot be read digests as such. The part of those assets'
+    code versions that follows the kit, so that the UI marks them stale after an edit (the build's
+    store stage runs whenever these files' stats change: the mark lasts until the next build)."""
+    try:
+        inputs: dict[str, str] = kit_inputs(profile, sidecar_archive=False)
+    except (OSError, Stage2Error) as e:
+        inputs = {"unreadable": type(e).__name__}
+    return hashlib.sha256(canonical_json(inputs).encode()).hexdigest()
+
+
 def extracted_content(profile: Profile, data_root: Path) -> dict[str, str]:
     """The content digests of what the store reads besides the kit, from the records that cover it:
     every cache directory's extraction record (the sha256 of every extracted file) and the unpacked
