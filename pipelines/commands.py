@@ -450,6 +450,13 @@ def print_build_summary(s: dict[str, Any], storage_options: dict[str, Any] | Non
         print(f"moved aside:  {m} (kept, never deleted; `stage2 list` shows it)")
     if s.get("store_update"):
         print(f"store update: {s['store_update']}")
+    if s.get("retention_error"):
+        print(f"retention:    not applied ({s['retention_error']}); no store removed")
+    if s.get("removed_stores"):  # verified stores removed by the retention policy: said, never silent
+        print(
+            f"removed:      {', '.join(s['removed_stores'])} (retention: `current` and "
+            "STAGE2_KEEP_STORES previous stores kept; STAGE2_KEEP_STORES=all keeps every store)"
+        )
     if s["ok"]:
         print(f"store:        {s['store']}")
         print(f"fingerprint:  {s['fingerprint']}")

@@ -53,7 +53,12 @@ from stage2_data.stages import (
     stages_after,
     stream_groups,
 )
-from stage2_data.steps.status import clear_failed_checks, clear_store_records, record_store_stage
+from stage2_data.steps.status import (
+    clear_failed_checks,
+    clear_store_records,
+    kit_fingerprint,
+    record_store_stage,
+)
 
 from .config import BuildConfig, stream_run_bytes, write_instance_yaml
 from .executors import local_dask_cluster
@@ -524,12 +529,13 @@ def _walk(
             with lock:
                 record(up_to_date_summary(stage))
             return
+        kit_before = kit_fingerprint(profile) if stage is STORE else None  # what its steps will read
         run = _run_stage(
             cfg, stage, partitions, concurrency, locked(record), locked(report), instance, server
         )
         passed = run["success"] and not run["errors"] and all(c["passed"] for c in run["checks"])
         if stage is STORE and passed and not config.store_url:  # a failed check: not up to date next time
-            record_store_stage(profile, data_root, settings)
+            record_store_stage(profile, data_root, settings, kit_before=kit_before)
         with lock:
             if stage.partitioned_by is None:
                 failed.extend([] if run["success"] else [(stage, None)])
@@ -568,6 +574,8 @@ def _walk(
         store=store,
         fingerprint=fingerprint,
         store_update=md.get("update"),
+        removed_stores=str(md.get("removed_stores") or "").split(),
+        retention_error=md.get("retention_error"),
         moved_aside=[m for r in runs for m in r.get("moved_aside", [])],
         stopped_after=stopped_at,
         runs=[

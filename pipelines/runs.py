@@ -280,7 +280,7 @@ def run_selection(
             md = mev.materialization.metadata
             store_md = {
                 k: getattr(md[k], "value", md[k])
-                for k in ("store", "fingerprint", "update", "rebuilt", "samples")
+                for k in ("store", "fingerprint", "update", "rebuilt", "removed_stores", "retention_error")
                 if k in md
             }
     return {

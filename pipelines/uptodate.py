@@ -48,6 +48,8 @@ SUMMARY_DEFAULTS: dict[str, Any] = {
     "fingerprint": None,
     "store_update": None,  # reused, rebuilt or extended, and anything moved aside
     "moved_aside": [],
+    "removed_stores": [],  # store folders the retention policy removed once the store was published
+    "retention_error": None,  # why the retention policy removed nothing (a bad setting, say)
     "stopped_after": None,  # the assets of the stage the build stopped after
     "runs": [],
     "up_to_date": [],  # stages with nothing to do: not run, not in "runs"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shlex
 import shutil
 from pathlib import Path
@@ -340,6 +341,77 @@ def test_an_edited_kit_is_marked_stale_until_a_build_of_it(
         s = build_all(config(hub.url), concurrency=1)
         assert s["ok"], _failed(s)
         assert _stale(dg.DagsterInstance.get(), build_definitions(config())) == {}
+
+
+def test_a_kit_edited_while_the_store_stage_runs_is_checked_by_the_next_build(
+    built: dict, demo_cache: DemoPaths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kit file edited while the store stage runs, after its steps read the kit (one SHA256SUMS
+    line broken, size and mtime kept): the store published is the one the kit said when it was
+    read. The build used to record the stage as up to date from the kit's stats taken after the
+    run, edit included, so every later build was a no-op with exit 0 over a kit the byte check
+    refuses (QA). Now nothing is recorded, and the next build runs the store stage: its byte check
+    fails, naming the line."""
+    from helpers.faults import copy_kit
+
+    from stage2_data import steps
+
+    home, root = tmp_path / "home", tmp_path / "root"
+    shutil.copytree(built["root"], root, symlinks=True, ignore=shutil.ignore_patterns(".dagster"))
+    shutil.copytree(built["home"], home)
+    profile = copy_kit(demo_cache, tmp_path / "kit")
+    prof = load_profile(profile)
+    pm, sums = prof.kit_file("pair_manifest"), prof.kit_file("subset_checksums")
+    lines = pm.read_text().splitlines(keepends=True)
+    pm.write_text("".join([lines[1], lines[0], *lines[2:]]))  # a change: the store stage runs
+    real = steps.step_store
+
+    def store_then_edit(*a: Any, **k: Any) -> Any:
+        res = real(*a, **k)
+        st = sums.stat()
+        text = sums.read_text()
+        sums.write_text("0" * 64 + text[64:])
+        os.utime(sums, ns=(st.st_atime_ns, st.st_mtime_ns))
+        return res
+
+    config = BuildConfig(profile_path=str(profile), data_root=str(root), endpoint="http://127.0.0.1:9")
+    with environ(DAGSTER_HOME=str(home)):
+        monkeypatch.setattr(steps, "step_store", store_then_edit)
+        s = build_all(config, concurrency=1)
+        assert s["ok"], _failed(s)
+        monkeypatch.setattr(steps, "step_store", real)
+        again = build_all(config, concurrency=1)
+    assert not again["ok"] and "store" not in again["up_to_date"], again["up_to_date"]
+    failed = [c for c in again["checks"] if not c["passed"]]
+    assert [c["check"] for c in failed] == [C.SUBSET_BYTES_MATCH_SHA256SUMS], failed
+    assert f"{sums}:1:" in failed[0]["description"], failed[0]["description"]
+
+
+def test_a_build_names_the_stores_its_retention_removed(
+    built: dict, demo_cache: DemoPaths, tmp_path: Path
+) -> None:
+    """A build that publishes a new store and removes the previous one by the retention policy
+    (`STAGE2_KEEP_STORES=0`) names the removed store in its summary and in `--json`'s `retention`:
+    a verified store is never removed without a word."""
+    from helpers.cli import subprocess_env
+
+    home, root = tmp_path / "home", tmp_path / "root"
+    shutil.copytree(built["root"], root, symlinks=True, ignore=shutil.ignore_patterns(".dagster"))
+    shutil.copytree(built["home"], home)
+    old = layout.current_store_path(root, load_profile(demo_cache.profile).name).resolve()
+    assert (old / "manifest.json").is_file()
+    edited = tmp_path / "profile.toml"  # another max_frames: another store
+    edited.write_text(demo_cache.profile.read_text().replace("\n[source]", "max_frames = 31\n\n[source]", 1))
+    with HubServer(demo_cache.upstream, repo_id=demo_cache.repo_id, revision=demo_cache.revision) as hub:
+        r = stage2(
+            "build", "--profile", str(edited), "--data-root", str(root), "--endpoint", hub.url,
+            "--kit-root", str(demo_cache.profile.parent),
+            env=subprocess_env(DAGSTER_HOME=str(home), STAGE2_KEEP_STORES="0"),
+            timeout=600,
+        )  # fmt: skip
+    assert r.returncode == 0, r.tail()
+    assert not old.exists()
+    assert f"\nremoved:      {old.name} (retention: `current` and STAGE2_KEEP_STORES" in r.stdout, r.stdout
 
 
 def test_same_inputs_in_another_root_same_fingerprint_via_cli(

@@ -455,11 +455,25 @@ def store_status(profile: Profile, data_root: Path, settings: dict[str, Any] | N
     return None
 
 
-def record_store_stage(profile: Profile, data_root: Path, settings: dict[str, Any] | None = None) -> bool:
+def record_store_stage(
+    profile: Profile,
+    data_root: Path,
+    settings: dict[str, Any] | None = None,
+    *,
+    kit_before: str | None = None,
+) -> bool:
     """After a successful store stage: record its fingerprint, and what it saw of each extraction
     record (:func:`reported_extraction`: what ``extract_status`` compares); each written only when
-    it changed (neither record is one of the stats the fingerprint covers). True when written."""
+    it changed (neither record is one of the stats the fingerprint covers). True when written.
+
+    ``kit_before``: :func:`kit_fingerprint` taken before the stage started. When the profile or a
+    kit file changed since (an edit while the stage ran, after its steps read them), what the stage
+    built is not what the files now say: nothing is recorded and the store stage's records are
+    removed, so that the next build runs it again, as it would after a failed check."""
     fingerprint, kit_fp = _fingerprints(profile, data_root, settings)
+    if kit_before is not None and kit_fp != kit_before:
+        clear_store_records(data_root)
+        return False
     seen: dict[str, Any] = {}
     for key in profile.cache_keys():
         rec = load_extraction_record(data_root, key)

@@ -417,7 +417,13 @@ def step_store(
         not problems and not miscounted
     ):  # published: old stores go by the retention policy (``keep_stores``: None reads
         # STAGE2_KEEP_STORES, default 1; "all" keeps every one); never current, never a leased one
-        result.metadata["retention"] = retention_after_publish(root_loc, keep_stores)
+        kept = retention_after_publish(root_loc, keep_stores)
+        result.metadata["retention"] = kept
+        # what it removed, and why it did nothing, as text the build's summary prints
+        if kept.get("removed"):
+            result.metadata["removed_stores"] = "\n".join(kept["removed"])
+        if kept.get("error"):
+            result.metadata["retention_error"] = str(kept["error"])
         result.metadata.update(drawn)
     result.metadata["gate_seconds"] = round(gate.seconds, 3)
     if problems and rebuilt:  # never published: a new store that failed is ours alone, never verified
