@@ -299,7 +299,7 @@ def test_gc_leaves_what_is_not_ours_and_sweeps_dead_temps(tmp_path: Path, built:
     foreign = profile_root / "other-format"
     foreign.mkdir()
     (foreign / "manifest.json").write_text('{"format": "something-else"}')
-    half = profile_root / "v1-half"  # an interrupted store: no manifest
+    half = profile_root / "v1-0bad"  # an interrupted store: no manifest
     shutil.copytree(built[0] / "shards", half / "shards")
     dead = profile_root / ".v1-0005.tmp-999999999-1-00000000-abc"  # another host: never judged
     dead.mkdir()
@@ -307,19 +307,28 @@ def test_gc_leaves_what_is_not_ours_and_sweeps_dead_temps(tmp_path: Path, built:
     mine.mkdir()
     gone = profile_root / ".v1-0007.tmp-4194999"  # pid-only legacy name whose pid does not exist
     gone.mkdir()
+    # a user's copy of a store under a name of theirs (a complete store: QA saw gc and a build's
+    # retention remove it), and a build's store with a note put inside: neither is removed
+    backup = profile_root / "my-backup"
+    shutil.copytree(profile_root / "v1-0001", backup)
+    noted = profile_root / "v1-0002"
+    noted.chmod(0o755)
+    (noted / "NOTES.txt").write_text("mine")
+    foreign_v = profile_root / "v1-00ff"
+    foreign_v.mkdir()
+    (foreign_v / "manifest.json").write_text('{"format": "something-else"}')
     rep = collect_stores(profile_root, keep=0)
     got = actions_of(rep)
-    for name in ("notes", "other-format", "v1-half"):
+    for name in ("notes", "other-format", "v1-0bad", "my-backup", "v1-00ff"):
         assert got[name][0] == "left alone" and (profile_root / name).is_dir()
-    assert "no manifest.json" in got["notes"][1] and "another format" in got["other-format"][1]
+    for name in ("notes", "other-format", "my-backup"):
+        assert "not named as a build names a store" in got[name][1], got[name]
+    assert "no manifest.json" in got["v1-0bad"][1] and "another format" in got["v1-00ff"][1]
+    assert got["v1-0002"][0] == "kept" and "holds what is not the store's (NOTES.txt)" in got["v1-0002"][1]
+    assert (noted / "NOTES.txt").read_text() == "mine" and (noted / "manifest.json").is_file()
     assert got[gone.name] == ("removed", "a temp its dead writer left") and not gone.exists()
     assert dead.exists() and mine.exists()
-    assert {n for n, (act, _) in got.items() if act == "removed"} == {
-        "v1-0001",
-        "v1-0002",
-        "v1-0003",
-        gone.name,
-    }
+    assert {n for n, (act, _) in got.items() if act == "removed"} == {"v1-0001", "v1-0003", gone.name}
 
 
 def test_without_current_nothing_is_removed(tmp_path: Path, built: tuple[Path, Path]) -> None:

@@ -446,7 +446,7 @@ def _manifest_paths(store: Path) -> tuple[set[str] | None, str]:
     return paths, ""
 
 
-def _plan_store(store: Path) -> tuple[list[str], list[tuple[str, bool, str]]] | str:
+def plan_store(store: Path) -> tuple[list[str], list[tuple[str, bool, str]]] | str:
     """What of a store's folder moved aside is the store's: its files (paths under ``store``,
     ``manifest.json`` last: the files its manifest lists, and those of the store layout it does
     not list), and what else is in it (kept: path under ``store``, is a folder, why; a folder
@@ -563,7 +563,7 @@ def remove_quarantine(data_root: Path, *, dry_run: bool) -> QuarantineRemoval:
                 continue
             removable, others = _plan_folder(entry, units)
             for unit in [u for u in removable if _is_store_unit(entry, u)]:
-                store_plan = _plan_store(entry / unit)
+                store_plan = plan_store(entry / unit)
                 rel_unit = f"{top}/{entry.name}/{unit}"
                 if isinstance(store_plan, str):
                     removable.remove(unit)

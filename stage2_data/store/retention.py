@@ -42,6 +42,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import re
 import shlex
 import stat
 from collections.abc import Mapping
@@ -55,6 +56,7 @@ from ..formats.sha256sums import file_kind
 from ..fsutil import human_bytes, tree_usage
 from ..oserrors import fs_error
 from ..publish import remove_stale, stale_temps, temp_path
+from ..publish.quarantine import plan_store
 from ..publish.readonly import remove_tree
 from ..storage import CURRENT_OBJECT, StoreLocation
 from .format import MANIFEST_NAME, STORE_FORMAT
@@ -82,6 +84,10 @@ __all__ = [
 LEASES_DIR = ".leases"
 #: how many stores besides ``current`` a build keeps when nothing says otherwise
 DEFAULT_KEEP = 1
+
+#: the name a build gives a store's folder, ``v<format version>-<input key>`` (hex): only folders
+#: so named are judged as stores; a copy under another name (``my-backup``) is a user's, left alone
+BUILT_NAME_RE = re.compile(r"\Av\d+-[0-9a-f]{4,64}\Z")
 #: the environment variable a build reads its ``keep`` from (an integer >= 0, or ``all``: never remove)
 KEEP_ENV = "STAGE2_KEEP_STORES"
 
@@ -384,6 +390,23 @@ def _lock_exclusive(fd: int) -> bool:
     return True
 
 
+def _not_the_stores(store: Path) -> str | None:
+    """Why a local store folder is kept whole though the policy would remove it: it holds what is
+    not the store's (a file its manifest does not list, a note put inside), or its manifest cannot
+    be read whole; None when everything in it is the store's."""
+    plan = plan_store(store)
+    if isinstance(plan, str):
+        return f"its manifest.json cannot be read whole ({plan}): kept whole"
+    extra = [rel for rel, _is_dir, _why in plan[1]]
+    if not extra:
+        return None
+    shown = ", ".join(extra[:3]) + (f" and {len(extra) - 3} more" if len(extra) > 3 else "")
+    return (
+        f"holds what is not the store's ({shown}): kept whole, nothing of yours is removed; move "
+        "those out and run gc again, or remove the folder yourself"
+    )
+
+
 def _remove_local(store: Path, current: Path | None, dry_run: bool) -> tuple[str, str]:
     """Remove one local store unless a reader holds its gate; (action, reason)."""
     gate = lease_path(store)
@@ -554,6 +577,16 @@ def collect_stores(
                 StoreVerdict(name, "kept", "current", _store_bytes(child), _created_at(child))
             )
             continue
+        if BUILT_NAME_RE.fullmatch(name) is None:  # whatever it holds: a build never wrote it here
+            report.entries.append(
+                StoreVerdict(
+                    name,
+                    "left alone",
+                    "not named as a build names a store (v<version>-<key>): a copy or a folder of "
+                    "yours, never removed by gc; remove it yourself if you no longer need it",
+                )
+            )
+            continue
         m = _our_manifest(child)
         if m is None:
             why = "no manifest.json" if not child.is_file(child.root / MANIFEST_NAME) else "another format"
@@ -579,7 +612,9 @@ def collect_stores(
                 StoreVerdict(name, "kept", f"previous ({i + 1} of {keep} kept)", size, created)
             )
             continue
-        if loc.is_local:
+        if loc.is_local and (extra := _not_the_stores(child.root)) is not None:
+            action, reason = "kept", extra
+        elif loc.is_local:
             action, reason = _remove_local(child.root, loc.root / layout.CURRENT_LINK, dry_run)
         elif dry_run:
             action, reason = "would remove", ""
