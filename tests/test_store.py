@@ -316,6 +316,21 @@ def test_rebuild_command_infers_data_root_from_layout(tmp_path: Path) -> None:
     assert cmd == f"stage2 build --profile PROFILE.toml --data-root {tmp_path / 'dr'}"
 
 
+def test_rebuild_command_of_a_store_on_object_storage_names_its_recorded_data_root(tmp_path: Path) -> None:
+    """A store on object storage, given as its location (what the reader and the table reads hold):
+    the data root is the one its writer recorded, never one made of the bucket's name (QA saw
+    `--data-root <cwd>/bucket1`), and the build writes to the same stores URL."""
+    from stage2_data.storage import StoreLocation
+
+    manifest = {"local": {"data_root": str(tmp_path / "dr"), "profile_path": str(tmp_path / "p.toml")}}
+    want = f"stage2 build --profile {tmp_path / 'p.toml'} --data-root {tmp_path / 'dr'} --store-url "
+    url = "s3://bucket1/stores/demo_v1/v2-0123456789abcdef"
+    assert rebuild_command(url, manifest) == want + "s3://bucket1/stores"
+    loc = StoreLocation.parse("memory://bucket1/stores/demo_v1/v2-0123456789abcdef")
+    assert rebuild_command(loc, manifest) == want + loc.url.rsplit("/", 2)[0]
+    assert "bucket1/stores/demo_v1" in loc.url and not loc.is_local
+
+
 def test_missing_manifest_is_refused(tmp_path: Path, store: Path) -> None:
     s = copy_store(store, tmp_path / "s")
     (s / "manifest.json").unlink()

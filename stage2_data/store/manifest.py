@@ -188,8 +188,9 @@ def load_manifest_strict(loc: StoreLocation) -> dict[str, Any]:
     return manifest
 
 
-def rebuild_command(path: str | os.PathLike[str], manifest: dict[str, Any] | None) -> str:
-    """The command that rebuilds the store at ``path`` with the current writer.
+def rebuild_command(path: str | os.PathLike[str] | StoreLocation, manifest: dict[str, Any] | None) -> str:
+    """The command that rebuilds the store at ``path`` (a location: its URL on object storage)
+    with the current writer.
 
     The data root is the one the store lives in when ``path`` follows the layout
     ``<DATA_ROOT>/stores/<profile>/<id>`` (so a moved or copied data root rebuilds itself, not the
@@ -202,6 +203,8 @@ def rebuild_command(path: str | os.PathLike[str], manifest: dict[str, Any] | Non
     data root are never requested again, so the command runs offline; missing ones come from the
     real hub (add ``--endpoint URL`` for a mirror).
     """
+    if isinstance(path, StoreLocation):  # a location's root has no scheme: its URL says where it is
+        path = path.root if path.is_local else path.url
     local = manifest.get("local") if isinstance(manifest, dict) else None
     profile_path = local.get("profile_path") if isinstance(local, dict) else None
     data_root = local.get("data_root") if isinstance(local, dict) else None
@@ -219,6 +222,8 @@ def rebuild_command(path: str | os.PathLike[str], manifest: dict[str, Any] | Non
     cmd = ["stage2", "build", "--profile", profile_path, "--data-root", data_root]
     if isinstance(kit_root, str) and kit_root and Path(kit_root) != Path(profile_path).parent:
         cmd += ["--kit-root", kit_root]
+    if is_url(os.fspath(path)):  # <stores url>/<profile>/<store>: built again under the same stores URL
+        cmd += ["--store-url", os.fspath(path).rstrip("/").rsplit("/", 2)[0]]
     return " ".join(w if w == _UNKNOWN_DATA_ROOT else shlex.quote(w) for w in cmd)
 
 

@@ -375,7 +375,7 @@ class VinOfflineStoreReader:
                 raise StoreError(
                     f"{self.path / SAMPLE_INDEX_NAME}: {len(rows)} rows but the manifest has {self.num_samples}.",
                     fix=f"validate the store (`validate_vin_offline_store`) and rebuild: "
-                    f"{rebuild_command(self.path, self.manifest)}",
+                    f"{rebuild_command(self.location, self.manifest)}",
                 )
             self._sample_index = rows
         return self._sample_index
@@ -502,7 +502,7 @@ class VinOfflineStoreReader:
         return StoreValidationError(
             f"VIN offline store {self.location.url} is damaged",
             [f"{where}: zarr cannot open it ({type(e).__name__}: {e})"],
-            fix=f"rebuild it: {rebuild_command(self.path, self.manifest)}",
+            fix=f"rebuild it: {rebuild_command(self.location, self.manifest)}",
         )
 
     # -- direct shard reads ------------------------------------------------------------------------
@@ -598,7 +598,7 @@ class VinOfflineStoreReader:
             what += f", sample {i}{key} (row {row})"
         return StoreChecksumError(
             f"VIN offline store {self.location.url}: {what}: {detail}.",
-            fix=f"the store is damaged; rebuild it: {rebuild_command(self.path, self.manifest)}",
+            fix=f"the store is damaged; rebuild it: {rebuild_command(self.location, self.manifest)}",
         )
 
     def _decode(self, shard_id: int, name: str, d: DirectArray, row: int, n: int, out: Any = None) -> Any:

@@ -49,7 +49,7 @@ def listed_sha256(loc: StoreLocation, manifest: dict[str, Any], rel: str, files:
         raise StoreValidationError(
             f"VIN offline store {loc.url} has a damaged manifest",
             [f"{loc.display(loc.root / MANIFEST_NAME)}: file {rel} is not listed with its sha256"],
-            fix=f"rebuild it: {rebuild_command(loc.root, manifest)}",
+            fix=f"rebuild it: {rebuild_command(loc, manifest)}",
         )
     return str(listed[0]["sha256"])
 
@@ -62,7 +62,7 @@ def check_sha256(loc: StoreLocation, manifest: dict[str, Any], rel: str, data: b
         raise StoreChecksumError(
             f"VIN offline store {loc.url}: {loc.display(loc.root / rel)}: sha256 {got}; the manifest says "
             f"{want} (the file changed after the store was written)",
-            fix=f"the store is damaged; rebuild it: {rebuild_command(loc.root, manifest)}",
+            fix=f"the store is damaged; rebuild it: {rebuild_command(loc, manifest)}",
         )
 
 
@@ -81,7 +81,7 @@ def read_store_file(loc: StoreLocation, manifest: dict[str, Any], rel: str) -> b
         raise StoreChecksumError(
             f"VIN offline store {loc.url}: {e.message.rstrip('.')} (a store holds only regular files "
             "and folders)",
-            fix=f"the store is damaged; rebuild it: {rebuild_command(loc.root, manifest)}",
+            fix=f"the store is damaged; rebuild it: {rebuild_command(loc, manifest)}",
         ) from None
 
 
@@ -97,7 +97,7 @@ def read_checked(loc: StoreLocation, manifest: dict[str, Any], rel: str) -> byte
         raise StoreChecksumError(
             f"VIN offline store {loc.url}: {loc.display(loc.root / rel)}: missing; the manifest lists it "
             f"(sha256 {want}): the store is incomplete",
-            fix=f"the store is damaged; rebuild it: {rebuild_command(loc.root, manifest)}",
+            fix=f"the store is damaged; rebuild it: {rebuild_command(loc, manifest)}",
         )
     check_sha256(loc, manifest, rel, data, want)
     return data
