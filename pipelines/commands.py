@@ -61,6 +61,7 @@ from stage2_data.storage import StoreLocation, check_stores_target, check_stores
 from .config import (
     INSTANCE_DISK_FULL,
     BuildConfig,
+    build_command,
     check_dask_address,
     check_settings,
     demo_root,
@@ -315,7 +316,8 @@ def _run_build(
             if args.json:
                 print_json(summary)
             else:
-                print_build_summary(summary, config.store_options)
+                again = build_command(config, Path(summary["dagster_home"])) + " --reverify"
+                print_build_summary(summary, config.store_options, reverify=again)
     if stop.stopped:
         if args.json:  # one object whatever happened: the stop is its one error
             print_json(stopped_summary(config, profile, stop))
@@ -411,8 +413,16 @@ def _build_or_no_op(
     with contextlib.ExitStack() as held:
         status = None
         if not config.store_url:
+            held.enter_context(data_root_lock(Path(config.data_root).resolve()))
+        if config.hub_folder:  # a revision the folder is not at: refused, as the real hub refuses it
+            from stage2_data.demo.hubserver import serve_pinned
+
+            src = profile.source  # (before a no-op too: a typo is refused whatever is on disk)
+            serve_pinned(
+                config.hub_folder, repo_id=src.repo_id, revision=src.revision, repo_type=src.repo_type
+            )
+        if not config.store_url:
             data_root = Path(config.data_root).resolve()
-            held.enter_context(data_root_lock(data_root))
             sweep_data_root(data_root)
             status = stage_status(config, profile)  # once: the no-op, the stages beside, the runner
             summary = up_to_date_build(config, profile, status)
@@ -427,13 +437,23 @@ def _build_or_no_op(
         )
 
 
-def print_build_summary(s: dict[str, Any], storage_options: dict[str, Any] | None = None) -> None:
+def print_build_summary(
+    s: dict[str, Any], storage_options: dict[str, Any] | None = None, *, reverify: str | None = None
+) -> None:
+    """The summary's lines; ``reverify``: the command that runs this build's checks again (said when
+    nothing ran)."""
     checks = s["checks"]
     passed = sum(c["passed"] for c in checks)
     print(f"profile:      {s['profile']}")
     print(f"data root:    {s['data_root']}")
-    print(f"runs:         {len(s['runs'])} (Dagster instance at {s['dagster_home']})")
-    if s["runs"] or not s.get("up_to_date"):
+    ran = s["runs"] or not s.get("up_to_date")
+    if ran:
+        print(f"runs:         {len(s['runs'])} (Dagster instance at {s['dagster_home']})")
+    else:  # the instance of the runs that built what is up to date (the UI line below serves it)
+        print(
+            f"runs:         0 (every stage up to date; its runs are in the Dagster instance at {s['dagster_home']})"
+        )
+    if ran:
         # the verify checks a step records from its own work (assets/_common.py,
         # record_standalone_results): the UI lists them beside these; each finding is counted here once
         recorded = {
@@ -445,7 +465,8 @@ def print_build_summary(s: dict[str, Any], storage_options: dict[str, Any] | Non
         also = f" (the UI lists {len(recorded)} more: verify checks recorded from the same steps' work)"
         print(f"checks:       {passed}/{len(checks)} passed" + (also if recorded else ""))
     else:  # no run: the checks of the last build that made these outputs still stand
-        print("checks:       none run (every stage up to date; `stage2 build --reverify` runs them)")
+        again = reverify or "stage2 build PROFILE --data-root DATA_ROOT --reverify"
+        print(f"checks:       none run (every stage up to date; `{again}` runs them)")
     for m in s.get("moved_aside") or []:
         print(f"moved aside:  {m} (kept, never deleted; `stage2 list` shows it)")
     if s.get("store_update"):

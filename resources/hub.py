@@ -6,7 +6,6 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from pathlib import Path
 
 import dagster as dg
 from pydantic import Field, PrivateAttr, field_validator
@@ -61,10 +60,10 @@ class LoopbackHubResource(HubSourceResource):
 
     @contextmanager
     def yield_for_execution(self, context: dg.InitResourceContext) -> Iterator[LoopbackHubResource]:
-        from stage2_data.demo.hubserver import HubServer
+        from stage2_data.demo.hubserver import serve_pinned
 
-        server = HubServer(
-            Path(self.folder), repo_id=self.repo_id, revision=self.revision, repo_type=self.repo_type
+        server = serve_pinned(
+            self.folder, repo_id=self.repo_id, revision=self.revision, repo_type=self.repo_type
         ).start()
         try:
             yield self.model_copy(update={"endpoint": server.url})

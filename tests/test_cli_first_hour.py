@@ -109,6 +109,34 @@ def test_build_refuses_a_hub_folder_holding_none_of_the_archives(
     assert f"--hub-folder {kit} holds none of the profile's 14 archives" in line, line
 
 
+@pytest.mark.parametrize("command", ["pin", "build"])
+def test_a_revision_the_hub_folder_is_not_at_is_refused(
+    command: str, demo_cache: DemoPaths, tmp_path: Path, dagster_home: Path
+) -> None:
+    """A mistyped [source] revision with --hub-folder: the real hub refuses a revision it does not
+    know, and the folder has one commit, its own; it used to be served at whatever revision the
+    profile named, so `pin --check` passed and a build published a store under the typo (QA).
+    Both refuse before anything is served, naming the folder's commit; the fix followed passes."""
+    from helpers.faults import copy_kit
+
+    profile = copy_kit(demo_cache, tmp_path / "kit")
+    typo = "1" * 40
+    text = profile.read_text()
+    profile.write_text(text.replace(demo_cache.revision, typo))
+    args = {
+        "pin": ["pin", str(profile), "--check"],
+        "build": ["build", "--profile", str(profile), "--data-root", str(tmp_path / "root")],
+    }[command]
+    r = stage2(*args, "--hub-folder", str(demo_cache.upstream), env=_env(), timeout=120)
+    line = _one_line(r, command)
+    assert f"is at commit {demo_cache.revision}" in line and f"revision {typo}" in line, line
+    assert f'Fix: set the profile\'s [source] revision to "{demo_cache.revision}"' in line, line
+    assert not any((tmp_path / "root" / d).exists() for d in ("archives", "stores"))  # nothing fetched
+    profile.write_text(text)  # the fix followed
+    ok = stage2("pin", str(profile), "--hub-folder", str(demo_cache.upstream), "--check", env=_env())
+    assert ok.returncode == 0, ok.tail()
+
+
 # ----- 3. a relative store path run from the wrong folder --------------------------------------------
 def test_a_relative_store_path_names_the_working_folder(tmp_path: Path) -> None:
     given = ".demo/data/stores/stage2_core_v1_demo/current"

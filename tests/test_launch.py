@@ -198,9 +198,21 @@ def test_a_launched_runs_failure_is_named_as_in_process(demo_cache: DemoPaths, t
     victim.unlink()
     victim.write_bytes(bytes(data))
     pinned = load_profile(demo_cache.profile).archive(victim.relative_to(hub).as_posix()).sha256
+    # the changed folder is another commit (a folder has one, a digest of its files): the profile is
+    # pinned to it, as a pin wrong at the right revision is on the real hub
+    from dataclasses import replace
+
+    from helpers.faults import copy_kit
+
+    from stage2_data.demo.hubserver import HubServer
+
+    profile = copy_kit(demo_cache, tmp_path / "kit")
+    commit = HubServer(hub, repo_id=demo_cache.repo_id, revision=None).revision
+    profile.write_text(profile.read_text().replace(demo_cache.revision, commit))
+    demo = replace(demo_cache, profile=profile)
     outs = {}
     for mode, extra in (("launched", ()), ("in_process", ("--run-in-process",))):
-        r = _build(demo_cache, tmp_path / mode, tmp_path / f"home-{mode}", *extra, hub=hub)
+        r = _build(demo, tmp_path / mode, tmp_path / f"home-{mode}", *extra, hub=hub)
         assert r.returncode == 2, r.tail()
         assert "Traceback" not in r.stderr and "internal error" not in r.stdout, r.tail()
         outs[mode] = r.json()
@@ -213,7 +225,7 @@ def test_a_launched_runs_failure_is_named_as_in_process(demo_cache: DemoPaths, t
 
     assert sorted(map(key, launched["errors"])) == sorted(map(key, in_process["errors"]))
     assert victim.name.split(".")[0] in json.dumps(launched["errors"])
-    pin = f"`stage2 pin {shlex.quote(str(demo_cache.profile))} --hub-folder {shlex.quote(str(hub))} --check`"
+    pin = f"`stage2 pin {shlex.quote(str(profile))} --hub-folder {shlex.quote(str(hub))} --check`"
     for mode, out in outs.items():
         assert [e["error"] for e in out["errors"]] == ["PinDisagreesError"], (mode, out["errors"])
         fix = out["errors"][0]["message"].partition(" Fix: ")[2]

@@ -211,11 +211,11 @@ def _served(profile: Profile, folder: str, *, floating: bool) -> Iterator[str]:
     URL. At the profile's pinned revision, or (``floating``: the profile names a branch, tag or short
     hash) at the folder's own commit, which ``main`` and its short hash name. HubSetupError when the
     folder cannot be served."""
-    from ..demo.hubserver import HubServer
+    from ..demo.hubserver import serve_pinned
 
     src = profile.source
     revision = None if floating else src.revision
-    with HubServer(Path(folder), repo_id=src.repo_id, revision=revision, repo_type=src.repo_type) as server:
+    with serve_pinned(folder, repo_id=src.repo_id, revision=revision, repo_type=src.repo_type) as server:
         yield server.url
 
 

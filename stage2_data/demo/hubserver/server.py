@@ -60,6 +60,29 @@ class HubServer(HubRepository):
         self.stop()
 
 
+def serve_pinned(
+    folder: str | os.PathLike[str], *, repo_id: str, revision: str | None, repo_type: str = "dataset"
+) -> HubServer:
+    """``folder`` as the hub of a build or a pin (``--hub-folder``), not started: at the folder's own
+    commit (:func:`~.repository.folder_commit`, the one revision a folder has, which ``main`` also
+    names). A ``revision`` that is another commit is refused (HubSetupError naming both): the real
+    hub refuses a mistyped revision, and a folder served at any revision it is asked for would let
+    a typo in a profile be built and published under that revision. None: the folder's commit, for
+    a profile that names a branch (``stage2 pin`` resolves it)."""
+    from ...errors import HubSetupError
+
+    server = HubServer(Path(folder), repo_id=repo_id, revision=None, repo_type=repo_type)
+    if revision is not None and revision != server.revision:
+        raise HubSetupError(
+            f"the hub folder {server.folder} is at commit {server.revision} (a digest of its files: the "
+            f"one revision a folder has), not at the profile's [source] revision {revision}.",
+            fix=f'set the profile\'s [source] revision to "{server.revision}" (or to "main" and run '
+            "`stage2 pin PROFILE --hub-folder FOLDER --write`), or pass the folder the profile was "
+            "pinned from",
+        )
+    return server
+
+
 def _rate(text: str) -> float:
     value = float(text)
     if value <= 0:
