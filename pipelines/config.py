@@ -393,6 +393,32 @@ _UI_UNSAID = {"STAGE2_REVERIFY", "STAGE2_ALERT_WEBHOOK", "STAGE2_STORE_OPTIONS"}
 _UI_DEFAULTS = {"STAGE2_TOKEN_ENV": "HF_TOKEN", "STAGE2_EXECUTOR": "in_process"}
 
 
+def build_command(config: BuildConfig, home: Path) -> str:
+    """The `stage2 build` that builds with ``config``'s settings (the UI's: ``BuildConfig.from_env``)
+    into the instance at ``home`` (``DAGSTER_HOME``, so its runs show in this UI), quoted for the
+    shell: the profile and data root, and each other setting the build takes as an option when it
+    is not the default (kit root, hub folder or endpoint, token variable, executor, store URL).
+    Storage options are not printed (credentials): the caller says so."""
+    from stage2_data.acquire import DEFAULT_ENDPOINT
+
+    words = ["stage2", "build", config.profile_path, "--data-root", config.data_root]
+    if config.kit_root:
+        words += ["--kit-root", config.kit_root]
+    if config.hub_folder:  # served on loopback by the runs, instead of the endpoint
+        words += ["--hub-folder", config.hub_folder]
+    elif config.endpoint != DEFAULT_ENDPOINT:
+        words += ["--endpoint", config.endpoint]
+    if config.token_env_var != "HF_TOKEN":
+        words += ["--token-env", config.token_env_var]
+    if config.executor in ("multiprocess", "dask"):  # (k8s is the UI's and the daemon's only)
+        words += ["--executor", config.executor]
+        if config.dask_address:
+            words += ["--dask-address", config.dask_address]
+    if config.store_url:
+        words += ["--store-url", config.store_url]
+    return f"DAGSTER_HOME={shlex.quote(str(home))} " + " ".join(shlex.quote(w) for w in words)
+
+
 def ui_command(config: BuildConfig, home: Path, cwd: Path | None = None) -> str:
     """The shell command that serves the web UI over a build's instance (``home``) with the build's
     own settings, so that the UI's code location is the one its runs ran (Re-execute runs them

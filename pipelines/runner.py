@@ -535,7 +535,7 @@ def _walk(
         )
         passed = run["success"] and not run["errors"] and all(c["passed"] for c in run["checks"])
         if stage is STORE and passed and not config.store_url:  # a failed check: not up to date next time
-            record_store_stage(profile, data_root, settings, kit_before=kit_before)
+            record_store_stage(profile, data_root, settings, kit_before=kit_before, dagster_home=str(home))
         with lock:
             if stage.partitioned_by is None:
                 failed.extend([] if run["success"] else [(stage, None)])

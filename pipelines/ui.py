@@ -48,7 +48,15 @@ from typing import IO
 from stage2_data.demo import generate_demo
 from stage2_data.errors import Stage2Error
 
-from .config import BuildConfig, check_settings, dagster_home, demo_root, demo_settings, write_instance_yaml
+from .config import (
+    BuildConfig,
+    build_command,
+    check_settings,
+    dagster_home,
+    demo_root,
+    demo_settings,
+    write_instance_yaml,
+)
 
 STOP_GRACE = 5.0  # seconds a process group has to end after SIGTERM before it is killed
 START_TIMEOUT = 180.0  # seconds the webserver has to answer before `make ui` gives up
@@ -199,10 +207,16 @@ def nothing_built_hint(
     runs = recorded_runs(home)
     if runs is None:  # the instance could not be read: nothing said of its runs
         return f"{nothing}: {ways}"
-    count, last = runs
+    count, last, failed = runs
     if not count:
         return f"{nothing}, so the UI shows no runs: {ways}"
     recorded = "1 run is" if count == 1 else f"{count} runs are"
+    if failed:  # a build that failed: what failed comes first, whatever ran after it
+        n, job = failed
+        return (
+            f"{nothing}; {recorded} recorded, {n} of them failed (the newest: {job}; its page on Runs "
+            f"names why): fix that, then {ways}"
+        )
     return f"{nothing}; {recorded} recorded, the last {last} (see Runs): {ways}"
 
 
@@ -219,48 +233,26 @@ _RUN_ENDS = {
 }
 
 
-def recorded_runs(home: Path) -> tuple[int, str] | None:
-    """How many runs the Dagster instance at ``home`` records, and how the last one went
-    ("(download_and_extract) failed"); None when the instance cannot be read (`dagster dev` then
-    says why)."""
+def recorded_runs(home: Path) -> tuple[int, str, tuple[int, str] | None] | None:
+    """How many runs the Dagster instance at ``home`` records, how the last one went
+    ("(download_and_extract) failed"), and how many failed with the job of the newest that did
+    (None: none failed); None when the instance cannot be read (`dagster dev` then says why)."""
     import dagster as dg
 
+    failure = dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE])
     try:
         with dg.DagsterInstance.from_config(str(home)) as instance:
             count = instance.get_runs_count(dg.RunsFilter())
             last = instance.get_runs(dg.RunsFilter(), limit=1)
+            failures = instance.get_runs_count(failure)
+            newest_failed = instance.get_runs(failure, limit=1) if failures else []
     except Exception:  # a hint only: `dagster dev` reports an instance it cannot open
         return None
+    failed = (failures, newest_failed[0].job_name) if newest_failed else None
     if not last:
-        return count, ""
+        return count, "", failed
     status = last[0].status.value
-    return count, f"({last[0].job_name}) {_RUN_ENDS.get(status, status.lower())}"
-
-
-def build_command(config: BuildConfig, home: Path) -> str:
-    """The `stage2 build` that builds with ``config``'s settings (the UI's: ``BuildConfig.from_env``)
-    into the instance at ``home`` (``DAGSTER_HOME``, so its runs show in this UI), quoted for the
-    shell: the profile and data root, and each other setting the build takes as an option when it
-    is not the default (kit root, hub folder or endpoint, token variable, executor, store URL).
-    Storage options are not printed (credentials): the caller says so."""
-    from stage2_data.acquire import DEFAULT_ENDPOINT
-
-    words = ["stage2", "build", config.profile_path, "--data-root", config.data_root]
-    if config.kit_root:
-        words += ["--kit-root", config.kit_root]
-    if config.hub_folder:  # served on loopback by the runs, instead of the endpoint
-        words += ["--hub-folder", config.hub_folder]
-    elif config.endpoint != DEFAULT_ENDPOINT:
-        words += ["--endpoint", config.endpoint]
-    if config.token_env_var != "HF_TOKEN":
-        words += ["--token-env", config.token_env_var]
-    if config.executor in ("multiprocess", "dask"):  # (k8s is the UI's and the daemon's only)
-        words += ["--executor", config.executor]
-        if config.dask_address:
-            words += ["--dask-address", config.dask_address]
-    if config.store_url:
-        words += ["--store-url", config.store_url]
-    return f"DAGSTER_HOME={shlex.quote(str(home))} " + " ".join(shlex.quote(w) for w in words)
+    return count, f"({last[0].job_name}) {_RUN_ENDS.get(status, status.lower())}", failed
 
 
 def _served(home: Path, held_by: str) -> str:
@@ -320,10 +312,7 @@ def main() -> int:
         from stage2_data.cli import missing_extra_text
 
         # what `stage2 build` says without the extra, said of the UI
-        print(
-            f"make ui: {missing_extra_text('build').replace('stage2 build', 'the web UI', 1)}",
-            file=sys.stderr,
-        )
+        print(missing_extra_text("build", who="make ui", subject="the web UI"), file=sys.stderr)
         return 2
     from . import definitions
 

@@ -20,7 +20,7 @@ from typing import Any
 from stage2_data import layout
 from stage2_data.profile import Profile
 from stage2_data.stages import STAGES, Stage
-from stage2_data.steps.status import build_status
+from stage2_data.steps.status import build_status, store_stage_home
 
 from .config import BuildConfig
 
@@ -131,7 +131,8 @@ def up_to_date_build(
         ok=True,
         profile=profile.name,
         data_root=str(data_root),
-        dagster_home=str(instance_home(data_root)),
+        # no run: the instance that recorded the runs that built it (this one may hold none)
+        dagster_home=store_stage_home(data_root) or str(instance_home(data_root)),
         store=store,
         fingerprint=fingerprint,
         up_to_date=[s.name for s in STAGES],

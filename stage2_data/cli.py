@@ -106,14 +106,17 @@ def install_line(extra: str = PLUGIN_EXTRA) -> str:
     return f"pip install '{DIST}[{extra}]'"
 
 
-def missing_extra_text(name: str, extra: str = PLUGIN_EXTRA) -> str:
-    """What ``stage2 <name>`` says without its extra, on one line: the command that installs it here
-    (from the checkout or the wheel it was installed from: stage2-data is on no package index), and
-    every extra."""
+def missing_extra_text(
+    name: str, extra: str = PLUGIN_EXTRA, *, who: str | None = None, subject: str = "this command"
+) -> str:
+    """What ``stage2 <name>`` (``who``: another command) says without its extra, on one line as
+    every refusal is (``<who>: error: ... Fix: ...``): the command that installs it here (from the
+    checkout or the wheel it was installed from: stage2-data is on no package index), and every
+    extra."""
     every = ", ".join(extras()) or extra
     return (
-        f"stage2 {name} needs the {extra!r} extra (Dagster), not installed here; install it with: "
-        f"{install_line(extra)} (every extra of {DIST}: {every})"
+        f"{who or f'stage2 {name}'}: error: {subject} needs the {extra!r} extra (Dagster), which is not "
+        f"installed here. Fix: install it with {install_line(extra)} (every extra of {DIST}: {every})"
     )
 
 

@@ -50,7 +50,8 @@ def test_build_without_the_extra_says_what_to_install_and_every_extra(tmp_path: 
     assert out.returncode == 2 and out.stdout == "", out
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
-    assert "stage2 build needs the 'pipeline' extra" in lines[0] and install_line() in lines[0]
+    assert lines[0].startswith("stage2 build: error: this command needs the 'pipeline' extra"), lines[0]
+    assert f". Fix: install it with {install_line()}" in lines[0], lines[0]
     assert all(e in lines[0] for e in _extras()), (_extras(), lines[0])
     top = _without_dagster(["--help"], tmp_path)
     assert "build" in top.stdout and "not installed" in top.stdout

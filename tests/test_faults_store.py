@@ -493,3 +493,31 @@ def test_a_kit_file_edited_and_undone_while_a_step_reads_it_is_refused(
         asset = TRAJECTORY_JOIN if reader == "join" else SUBSET_CHECKSUMS
         assert not layout.checked_record_path(root, asset).exists()
     assert layout.current_store_path(root, prof.name).resolve() == current
+
+
+def test_a_file_that_is_not_the_kits_added_beside_the_manifests_is_not_an_edit(
+    built: dict, demo_cache: DemoPaths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A README (or an editor's swap file) created in the action manifest folder while the join
+    reads the kit is no kit file: the join passes and records its pass (it refused the build, QA)."""
+    import shutil
+
+    from helpers.faults import copy_kit
+
+    from stage2_data import steps
+    from stage2_data.profile import load_profile
+    from stage2_data.stages import TRAJECTORY_JOIN
+
+    root = tmp_path / "root"
+    shutil.copytree(built["root"], root, symlinks=True, ignore=shutil.ignore_patterns(".dagster"))
+    prof = load_profile(copy_kit(demo_cache, tmp_path / "kit"))
+    readme = prof.kit_file("action_manifest_dir") / "README.txt"
+    real = steps.kit.build_join_table
+
+    def join_while_a_readme_appears(*a: object, **k: object) -> object:
+        readme.write_text("notes")
+        return real(*a, **k)
+
+    monkeypatch.setattr(steps.kit, "build_join_table", join_while_a_readme_appears)
+    assert all(c.passed for c in steps.step_join(prof, root).checks)
+    assert readme.exists() and layout.checked_record_path(root, TRAJECTORY_JOIN).is_file()

@@ -111,9 +111,9 @@ def test_the_busy_ports_fix_under_make_is_make_ui(tmp_path: Path) -> None:
     assert words[1:] == ["STAGE2_DATA_ROOT=/d", "STAGE2_KIT_ROOT=", "DAGSTER_HOME=/h", "make", "ui"], said
 
 
-def _instance_with_runs(home: Path) -> None:
-    """An instance at ``home`` recording what QA saw: check_profile and unpack_action_sidecars
-    succeeded, then download_and_extract failed."""
+def _instance_with_runs(home: Path, jobs: tuple[str, ...]) -> None:
+    """Runs of ``jobs``, one after another, recorded in the instance at ``home``:
+    download_and_extract fails, any other succeeds."""
     import dagster as dg
 
     @dg.op
@@ -126,11 +126,8 @@ def _instance_with_runs(home: Path) -> None:
 
     write_instance_yaml(home)
     with dg.DagsterInstance.from_config(str(home)) as instance:
-        for name, op in (
-            ("check_profile", ok),
-            ("unpack_action_sidecars", ok),
-            ("download_and_extract", boom),
-        ):
+        for name in jobs:
+            op = boom if name == "download_and_extract" else ok
             job = dg.GraphDefinition(name=name, node_defs=[op]).to_job()
             job.execute_in_process(instance=instance, raise_on_error=False)
 
@@ -146,12 +143,20 @@ def test_nothing_built_over_an_instance_with_runs_does_not_say_no_runs(
     write_instance_yaml(home)
     said = nothing_built_hint(demo_cache.profile, empty, home=home, build=None)
     assert said is not None and ", so the UI shows no runs: `make demo` builds it" in said, said
-    _instance_with_runs(home)
+    _instance_with_runs(home, ("check_profile", "unpack_action_sidecars"))
     said = nothing_built_hint(demo_cache.profile, empty, home=home, build=None)
     assert said == (
-        f"nothing is published in {empty} yet; 3 runs are recorded, the last (download_and_extract) "
-        "failed (see Runs): `make demo` builds it (its runs then show on their jobs' pages), or use "
+        f"nothing is published in {empty} yet; 2 runs are recorded, the last (unpack_action_sidecars) "
+        "succeeded (see Runs): `make demo` builds it (its runs then show on their jobs' pages), or use "
         "Materialize all on the asset graph"
+    )
+    # a failed run before a run that succeeded (QA: the hint said only that the last succeeded)
+    _instance_with_runs(home, ("download_and_extract", "unpack_action_sidecars"))
+    said = nothing_built_hint(demo_cache.profile, empty, home=home, build=None)
+    assert said == (
+        f"nothing is published in {empty} yet; 4 runs are recorded, 1 of them failed (the newest: "
+        "download_and_extract; its page on Runs names why): fix that, then `make demo` builds it (its "
+        "runs then show on their jobs' pages), or use Materialize all on the asset graph"
     )
 
 
@@ -225,8 +230,9 @@ def test_the_ui_without_the_pipeline_extra_says_what_to_install(
     r = subprocess.run(UI, env=without_dagster, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     said = r.stderr.strip()
     assert r.returncode == 2 and "Traceback" not in said and r.stdout == "", r.stdout + r.stderr
-    assert said == "make ui: " + missing_extra_text("build").replace("stage2 build", "the web UI", 1), said
+    assert said == missing_extra_text("build", who="make ui", subject="the web UI"), said
     assert (
-        said.startswith("make ui: the web UI needs the 'pipeline' extra (Dagster)") and install_line() in said
+        said.startswith("make ui: error: the web UI needs the 'pipeline' extra (Dagster)")
+        and f"Fix: install it with {install_line()}" in said
     )
     assert not (tmp_path / "home").exists()

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any
 
 import pytest
 from helpers.built import DEMO_FINGERPRINT as FINGERPRINT
-from helpers.cli import python, stage2, subprocess_env
+from helpers.cli import python, run, stage2, subprocess_env
 from helpers.env import environ
 from helpers.faults import copy_kit
 from helpers.ui_run import materialize
@@ -290,6 +291,35 @@ def test_the_first_builds_check_count_says_what_the_ui_adds(noop_rebuilt: dict[s
     line = f"checks:       {ran}/{ran} passed (the UI lists {recorded} more: verify checks recorded"
     assert line in noop_rebuilt["first"].stdout, noop_rebuilt["first"].stdout
     assert "checks:       none run" in noop_rebuilt["second"].stdout, noop_rebuilt["second"].stdout
+
+
+def test_a_noop_build_into_another_instance_names_the_one_holding_the_runs(
+    noop_rebuilt: dict[str, Any], tmp_path: Path
+) -> None:
+    """A build with nothing to do, run with another DAGSTER_HOME (or none, where the first build
+    had one): it named its own instance, which holds no run, on its `runs:` and `UI:` lines, so the
+    UI pasted from it showed nothing built (QA). It names the instance that recorded the runs that
+    built what is up to date; its `--reverify` hint is the whole command, which runs as pasted."""
+    root, hub = noop_rebuilt["root"], noop_rebuilt["hub"]
+    other = tmp_path / "other-home"
+    env = subprocess_env(drop=("CI",), DAGSTER_HOME=str(other))
+    r = stage2("build", "--profile", str(noop_rebuilt["demo"].profile), "--data-root", str(root),
+               "--endpoint", hub.url, env=env)  # fmt: skip
+    assert r.returncode == 0, r.tail()
+    home = (root / ".dagster").resolve()
+    assert (
+        f"runs:         0 (every stage up to date; its runs are in the Dagster instance at {home})"
+        in r.stdout
+    )
+    assert f" DAGSTER_HOME={home} make ui\n" in r.stdout, r.stdout
+    m = re.search(r"^checks:       none run \(every stage up to date; `(.+)` runs them\)$", r.stdout, re.M)
+    assert m and m.group(1).endswith(" --reverify"), r.stdout
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"  # `stage2` as pasted
+    again = run(
+        ["bash", "-c", m.group(1)], env=subprocess_env(drop=("CI", "DAGSTER_HOME"), PATH=path), timeout=600
+    )
+    assert again.returncode == 0, again.tail()
+    assert re.search(r"^runs:\s+[1-9]", again.stdout, re.M) and f"Dagster instance at {home}" in again.stdout
 
 
 def test_noop_rebuild_launches_no_run(noop_rebuilt: dict[str, Any]) -> None:

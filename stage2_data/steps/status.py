@@ -38,6 +38,7 @@ import hashlib
 import json
 import os
 import stat
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,6 @@ from ..extract import (
     check_extraction,
     load_extraction_record,
     reported_extraction,
-    settle_ctimes,
     write_json_if_changed,
 )
 from ..fsutil import canonical_json
@@ -326,44 +326,49 @@ def _kit_stats(profile: Profile) -> dict[str, Any]:
     return kit
 
 
+#: how long a kit file's newest ctime is let age before a step reads the kit (:func:`kit_held`):
+#: a second, the coarsest clock a file system here may keep timestamps with
+KIT_SETTLE_NS = 1_000_000_000
+
+
 @contextlib.contextmanager
 def kit_held(profile: Profile, reader: str) -> Iterator[None]:
     """Raise :class:`InputsChangedError` at the end of the block when any kit file (or the action
     manifest folder's list of files) changed during it. ``reader`` (the join, the byte check, the
     store writer) hashes the kit's files inside the block and parses them in separate reads: what it
     records or writes must come from the bytes it hashed, and an edit in between (kept or undone
-    before the block ends) changes a file's ctime, which nothing can keep. Before the block the
-    newest of those ctimes is let age by a clock tick (``settle_ctimes``), so that an edit right
-    after gives a newer one."""
+    before the block ends) changes a file's ctime, which nothing can keep (a ``chmod`` changes it
+    too: refused all the same, a rerun costs less than a store built from bytes no step hashed).
+    Other files in the action manifest folder are not the kit's and are not watched. Before the
+    block the newest of those ctimes is let age by a second (:data:`KIT_SETTLE_NS`), so that an
+    edit right after gives a newer one even where timestamps count whole seconds."""
     adir = profile.kit_file("action_manifest_dir")
 
-    def stats() -> dict[str, Any]:
-        return {**_kit_stats(profile), "action_manifest_dir": _stat(adir)}
-
-    before = stats()
+    before = _kit_stats(profile)
     ctimes = [
         v[3]
         for v in (*before.values(), *(before["action_manifests"] or {}).values())
         if isinstance(v, list) and len(v) > 3 and isinstance(v[3], int)
     ]
-    settle_ctimes(max(ctimes, default=0))
+    wait = max(ctimes, default=0) + KIT_SETTLE_NS - time.time_ns()
+    if wait > 0:  # a kit file changed within the last second: its next change must show
+        time.sleep(min(wait, KIT_SETTLE_NS) / 1e9)
     yield
-    after = stats()
+    after = _kit_stats(profile)
     if after == before:
         return
     changed = []
     for key in sorted(before.keys() | after.keys()):
         if key == "action_manifests":
-            files = (before[key] or {}) | (after[key] or {})
+            was, now = before[key] or {}, after[key] or {}
             changed += [
-                f"{adir / name}: changed while {reader} read it"
-                for name in sorted(files)
-                if (before[key] or {}).get(name) != (after[key] or {}).get(name)
+                f"{adir / name}: {'changed' if name in was and name in now else 'added or removed'} "
+                f"while {reader} read it"
+                for name in sorted(was | now)
+                if was.get(name) != now.get(name)
             ]
         elif before.get(key) != after.get(key):
-            where = adir if key == "action_manifest_dir" else profile.kit_file(key)
-            what = "its list of files changed" if key == "action_manifest_dir" else "changed"
-            changed.append(f"{where}: {what} while {reader} read it")
+            changed.append(f"{profile.kit_file(key)}: changed while {reader} read it")
     raise InputsChangedError(
         f"{reader}: the kit changed while it was read",
         changed,
@@ -439,6 +444,16 @@ def _fingerprints(
     return hashlib.sha256(canonical_json(blob).encode()).hexdigest(), kit_fp
 
 
+def store_stage_home(data_root: Path) -> str | None:
+    """The Dagster instance folder that recorded the runs of the last successful store stage (what
+    a build with nothing to do names: its own instance may hold none), when it is still a folder."""
+    try:
+        home = json.loads(store_stage_record_path(data_root).read_text(encoding="utf-8")).get("dagster_home")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return home if isinstance(home, str) and os.path.isdir(home) else None
+
+
 def store_status(profile: Profile, data_root: Path, settings: dict[str, Any] | None = None) -> str | None:
     path = store_stage_record_path(data_root)
     try:
@@ -461,6 +476,7 @@ def record_store_stage(
     settings: dict[str, Any] | None = None,
     *,
     kit_before: str | None = None,
+    dagster_home: str | None = None,
 ) -> bool:
     """After a successful store stage: record its fingerprint, and what it saw of each extraction
     record (:func:`reported_extraction`: what ``extract_status`` compares); each written only when
@@ -469,7 +485,8 @@ def record_store_stage(
     ``kit_before``: :func:`kit_fingerprint` taken before the stage started. When the profile or a
     kit file changed since (an edit while the stage ran, after its steps read them), what the stage
     built is not what the files now say: nothing is recorded and the store stage's records are
-    removed, so that the next build runs it again, as it would after a failed check."""
+    removed, so that the next build runs it again, as it would after a failed check.
+    ``dagster_home``: the instance that recorded the stage's runs (:func:`store_stage_home`)."""
     fingerprint, kit_fp = _fingerprints(profile, data_root, settings)
     if kit_before is not None and kit_fp != kit_before:
         clear_store_records(data_root)
@@ -479,9 +496,10 @@ def record_store_stage(
         rec = load_extraction_record(data_root, key)
         seen[key] = None if rec is None else reported_extraction(rec)
     wrote_seen = write_json_if_changed(records_seen_path(data_root), seen)
-    wrote = write_json_if_changed(
-        store_stage_record_path(data_root), {"fingerprint": fingerprint, "kit": kit_fp}
-    )
+    stage: dict[str, Any] = {"fingerprint": fingerprint, "kit": kit_fp}
+    if dagster_home is not None:
+        stage["dagster_home"] = dagster_home
+    wrote = write_json_if_changed(store_stage_record_path(data_root), stage)
     return wrote or wrote_seen
 
 
