@@ -137,14 +137,16 @@ def _closed(e: pytest.ExceptionInfo[ReaderClosedError], store: Path) -> None:
 
 
 def test_a_closed_dataset_reads_nothing_even_once_gc_removed_its_store(tmp_path: Path, store: Path) -> None:
-    profile_root = _published(tmp_path, store, "v1-0001")
-    a = profile_root / "v1-0001"
+    profile_root = _published(tmp_path, store, "v1-0000000000000001")
+    a = profile_root / "v1-0000000000000001"
     ds = VinOfflineDataset(profile_root / "current", split="train")
     first = ds[0]
     assert ds.reader.lease is not None and ds.reader.lease.held and not ds.closed
-    shutil.copytree(store, profile_root / "v1-0002")  # a rebuild: current moves on
-    StoreLocation.parse(profile_root).publish_current("v1-0002")
-    assert {e.name: e.action for e in collect_stores(profile_root, keep=0).entries}["v1-0001"] == "kept"
+    shutil.copytree(store, profile_root / "v1-0000000000000002")  # a rebuild: current moves on
+    StoreLocation.parse(profile_root).publish_current("v1-0000000000000002")
+    assert {e.name: e.action for e in collect_stores(profile_root, keep=0).entries}[
+        "v1-0000000000000001"
+    ] == "kept"
     ds.close()
     assert ds.closed and ds.reader.lease is None
     for read in (
@@ -163,7 +165,9 @@ def test_a_closed_dataset_reads_nothing_even_once_gc_removed_its_store(tmp_path:
         _closed(e, a)
     assert len(ds) == int(ds.indices.shape[0]) > 0 and first["num_frames"] > 0  # (known, not read)
     # no lease any more: gc removes the store, and the dataset still says it was closed
-    assert {e.name: e.action for e in collect_stores(profile_root, keep=0).entries}["v1-0001"] == "removed"
+    assert {e.name: e.action for e in collect_stores(profile_root, keep=0).entries}[
+        "v1-0000000000000001"
+    ] == "removed"
     assert not a.exists()
     with pytest.raises(ReaderClosedError) as e:
         ds[1]
@@ -172,7 +176,7 @@ def test_a_closed_dataset_reads_nothing_even_once_gc_removed_its_store(tmp_path:
 
 
 def test_a_closed_selection_and_its_deferred_frames_read_nothing(tmp_path: Path, store: Path) -> None:
-    profile_root = _published(tmp_path, store, "v1-0001")
+    profile_root = _published(tmp_path, store, "v1-0000000000000001")
     sel = Selection(profile_root / "current", "train")
     deferred = sel.item(0, defer_frames=True)["frames"]
     sel[0]
@@ -180,11 +184,11 @@ def test_a_closed_selection_and_its_deferred_frames_read_nothing(tmp_path: Path,
     for read in (lambda: sel[0], lambda: sel.item(0, defer_frames=True), lambda: deferred.read_into(None)):
         with pytest.raises(ReaderClosedError) as e:
             read()
-        _closed(e, profile_root / "v1-0001")
+        _closed(e, profile_root / "v1-0000000000000001")
 
 
 def test_with_blocks_and_pickled_copies_keep_working(tmp_path: Path, store: Path) -> None:
-    profile_root = _published(tmp_path, store, "v1-0001")
+    profile_root = _published(tmp_path, store, "v1-0000000000000001")
     current = profile_root / "current"
     with VinOfflineDataset(current, split="train") as ds:
         want = ds[0]["frames"].tobytes()

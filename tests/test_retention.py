@@ -90,7 +90,7 @@ def test_reader_on_current_reads_its_own_store_after_swap_and_gc(
 ) -> None:
     profile_root = tmp_path / "stores" / PROFILE
     profile_root.mkdir(parents=True)
-    a = publish(profile_root, built[0], "v1-0001")
+    a = publish(profile_root, built[0], "v1-0000000000000001")
     current = profile_root / "current"
     reader = VinOfflineStoreReader(current)
     ds = VinOfflineDataset(current, split="train")
@@ -100,7 +100,7 @@ def test_reader_on_current_reads_its_own_store_after_swap_and_gc(
     ref_items = [(x["frames"].tobytes(), x["actions"].tobytes(), x["sample_key"]) for x in ds]
     pickled = pickle.dumps(ds)  # a DataLoader worker's copy, made before the rebuild
 
-    b = publish(profile_root, built[1], "v1-0002")  # the rebuild: current moves to B
+    b = publish(profile_root, built[1], "v1-0000000000000002")  # the rebuild: current moves to B
     assert current.resolve() == b.resolve()
     assert everything(reader) == reference  # byte-exact, sample by sample, after the swap
     assert [(x["frames"].tobytes(), x["actions"].tobytes(), x["sample_key"]) for x in ds] == ref_items
@@ -110,9 +110,11 @@ def test_reader_on_current_reads_its_own_store_after_swap_and_gc(
 
     rep = collect_stores(profile_root, keep=0)  # A is leased: kept, whatever keep says
     got = actions_of(rep)
-    assert got["v1-0002"] == ("kept", "current")
-    assert got["v1-0001"][0] == "kept" and got["v1-0001"][1].startswith("in use by pid ")
-    assert str(os.getpid()) in got["v1-0001"][1]
+    assert got["v1-0000000000000002"] == ("kept", "current")
+    assert got["v1-0000000000000001"][0] == "kept" and got["v1-0000000000000001"][1].startswith(
+        "in use by pid "
+    )
+    assert str(os.getpid()) in got["v1-0000000000000001"][1]
     assert a.is_dir()
     assert everything(reader) == reference  # and after gc
 
@@ -121,9 +123,9 @@ def test_reader_on_current_reads_its_own_store_after_swap_and_gc(
     assert collect_stores(profile_root, keep=0).entries[0].action == "kept"  # the clone still holds A
     clone.close()
     rep = collect_stores(profile_root, keep=0)
-    assert actions_of(rep)["v1-0001"][0] == "removed" and not a.exists()
+    assert actions_of(rep)["v1-0000000000000001"][0] == "removed" and not a.exists()
     assert not lease_path(a).exists()  # its gate went with it
-    assert sorted(p.name for p in profile_root.iterdir()) == [LEASES_DIR, "current", "v1-0002"]
+    assert sorted(p.name for p in profile_root.iterdir()) == [LEASES_DIR, "current", "v1-0000000000000002"]
     with VinOfflineStoreReader(current) as fresh:
         assert fresh.path == b.resolve() and fresh.fingerprint != reader.fingerprint
 
@@ -131,7 +133,7 @@ def test_reader_on_current_reads_its_own_store_after_swap_and_gc(
 def test_lease_across_processes_and_after_kill_9(tmp_path: Path, built: tuple[Path, Path]) -> None:
     profile_root = tmp_path / "stores" / PROFILE
     profile_root.mkdir(parents=True)
-    a = publish(profile_root, built[0], "v1-0001")
+    a = publish(profile_root, built[0], "v1-0000000000000001")
     with VinOfflineStoreReader(a) as r:
         reference = digest(r)
     code = f"""
@@ -154,9 +156,9 @@ for line in sys.stdin:  # one digest of every sample per line received
     try:
         assert child.stdout is not None and child.stdin is not None
         assert child.stdout.readline().strip() == str(a.resolve())
-        publish(profile_root, built[1], "v1-0002")
+        publish(profile_root, built[1], "v1-0000000000000002")
         rep = collect_stores(profile_root, keep=0)
-        assert actions_of(rep)["v1-0001"] == ("kept", f"in use by pid {child.pid}")
+        assert actions_of(rep)["v1-0000000000000001"] == ("kept", f"in use by pid {child.pid}")
         child.stdin.write("read\n")
         child.stdin.flush()
         assert child.stdout.readline().strip() == reference  # the child read its own store after swap + gc
@@ -167,23 +169,23 @@ for line in sys.stdin:  # one digest of every sample per line received
             child.kill()
             child.wait()
     rep = collect_stores(profile_root, keep=0)
-    assert actions_of(rep)["v1-0001"] == ("removed", "") and not a.exists()
+    assert actions_of(rep)["v1-0000000000000001"] == ("removed", "") and not a.exists()
 
 
 def test_pickled_reader_takes_its_own_lease(tmp_path: Path, built: tuple[Path, Path]) -> None:
     profile_root = tmp_path / "stores" / PROFILE
     profile_root.mkdir(parents=True)
-    a = publish(profile_root, built[0], "v1-0001")
+    a = publish(profile_root, built[0], "v1-0000000000000001")
     reader = VinOfflineStoreReader(profile_root / "current")
     state = pickle.dumps(reader)
     assert reader.lease is not None and reader.lease.held
     reader.close()
     clone = pickle.loads(state)
     assert clone.lease is not None and clone.lease.held and clone.path == a.resolve()
-    publish(profile_root, built[1], "v1-0002")
-    assert actions_of(collect_stores(profile_root, keep=0))["v1-0001"][0] == "kept"
+    publish(profile_root, built[1], "v1-0000000000000002")
+    assert actions_of(collect_stores(profile_root, keep=0))["v1-0000000000000001"][0] == "kept"
     clone.close()
-    assert actions_of(collect_stores(profile_root, keep=0))["v1-0001"][0] == "removed"
+    assert actions_of(collect_stores(profile_root, keep=0))["v1-0000000000000001"][0] == "removed"
     with pytest.raises(StoreNotFoundError, match="gone"):
         pickle.loads(state)  # the store it was opened on is gone: one clear error, never another store
 
@@ -212,24 +214,27 @@ def test_dataset_in_a_spawned_worker_keeps_its_store(tmp_path: Path, built: tupl
 
     profile_root = tmp_path / "stores" / PROFILE
     profile_root.mkdir(parents=True)
-    a = publish(profile_root, built[0], "v1-0001")
+    a = publish(profile_root, built[0], "v1-0000000000000001")
     ds = VinOfflineDataset(profile_root / "current", split="train")
     _worker_init(ds)
     _, _, reference = _worker_read(0)
     with multiprocessing.get_context("spawn").Pool(1, initializer=_worker_init, initargs=(ds,)) as pool:
         pid, resolved, got = pool.apply(_worker_read, (0,))
         assert resolved == str(a.resolve()) and got == reference
-        publish(profile_root, built[1], "v1-0002")
+        publish(profile_root, built[1], "v1-0000000000000002")
         ds.close()
         _worker_init(None)  # type: ignore[arg-type]
-        assert actions_of(collect_stores(profile_root, keep=0))["v1-0001"] == ("kept", f"in use by pid {pid}")
+        assert actions_of(collect_stores(profile_root, keep=0))["v1-0000000000000001"] == (
+            "kept",
+            f"in use by pid {pid}",
+        )
         assert pool.apply(_worker_read, (0,)) == (pid, str(a.resolve()), reference)
         # the worker ends (and its lease with it); close, not terminate: terminate ends workers with
         # SIGTERM, which a process started with SIGTERM ignored (nohup, some CI runners) never gets,
         # and then waits for them forever
         pool.close()
         pool.join()
-    assert actions_of(collect_stores(profile_root, keep=0))["v1-0001"][0] == "removed"
+    assert actions_of(collect_stores(profile_root, keep=0))["v1-0000000000000001"][0] == "removed"
 
 
 def test_reader_resolves_current_on_object_storage(tmp_path: Path, built: tuple[Path, Path]) -> None:
@@ -238,40 +243,52 @@ def test_reader_resolves_current_on_object_storage(tmp_path: Path, built: tuple[
     url = f"memory://bucket/t{os.getpid()}/stores/{PROFILE}"
     root = StoreLocation.parse(url)
     try:
-        for name, src in (("v1-0001", built[0]), ("v1-0002", built[1])):
+        for name, src in (("v1-0000000000000001", built[0]), ("v1-0000000000000002", built[1])):
             dst = root.child(name)
             for rel in StoreLocation.parse(src).tree_files(src):
                 dst.put_file(src / rel, dst.root / rel)
-        root.publish_current("v1-0001")
+        root.publish_current("v1-0000000000000001")
         reader = VinOfflineStoreReader(f"{url}/current")
-        assert reader.resolved == f"{root.url}/v1-0001"
+        assert reader.resolved == f"{root.url}/v1-0000000000000001"
         with VinOfflineStoreReader(built[0]) as local:
             reference = everything(local)
-        root.publish_current("v1-0002")
+        root.publish_current("v1-0000000000000002")
         assert everything(reader) == reference
-        assert VinOfflineStoreReader(url).resolved == f"{root.url}/v1-0002"
+        assert VinOfflineStoreReader(url).resolved == f"{root.url}/v1-0000000000000002"
         assert [r.url for r in profile_roots(url)] == [root.url]
         assert [r.url for r in profile_roots(url.rsplit("/", 1)[0])] == [root.url]
         rep = collect_stores(url, keep=0)
-        assert actions_of(rep)["v1-0001"] == ("removed", "") and "no lease" in rep.notes[0]
-        assert actions_of(rep)["v1-0002"] == ("kept", "current")
+        assert actions_of(rep)["v1-0000000000000001"] == ("removed", "") and "no lease" in rep.notes[0]
+        assert actions_of(rep)["v1-0000000000000002"] == ("kept", "current")
+        # a note put inside a store there (gc removed the whole prefix, the note too: QA round 2)
+        noted = root.child("v1-0000000000000003")
+        for rel in StoreLocation.parse(built[0]).tree_files(built[0]):
+            noted.put_file(built[0] / rel, noted.root / rel)
+        noted.write_bytes(noted.root / "NOTES.md", b"mine")
+        verdict = actions_of(collect_stores(url, keep=0))["v1-0000000000000003"]
+        assert verdict[0] == "kept" and "holds what is not the store's (NOTES.md)" in verdict[1], verdict
+        assert noted.read_bytes(noted.root / "NOTES.md") == b"mine"
     finally:
         fsspec.filesystem("memory").rm(f"/bucket/t{os.getpid()}", recursive=True)
 
 
 # ----- the policy ---------------------------------------------------------------------------------------
 def four_stores(tmp_path: Path, src: Path) -> Path:
-    """stores/<profile>/ with v1-0001..v1-0004 (oldest first), current -> v1-0004."""
+    """stores/<profile>/ with v1-0000000000000001..v1-0000000000000004 (oldest first), current -> v1-0000000000000004."""
     profile_root = tmp_path / "stores" / PROFILE
     profile_root.mkdir(parents=True)
     for i in range(1, 5):
-        publish(profile_root, src, f"v1-000{i}")
+        publish(profile_root, src, f"v1-{i:016x}")
     return profile_root
 
 
 @pytest.mark.parametrize(
     ("keep", "kept"),
-    [(0, ["v1-0004"]), (1, ["v1-0003", "v1-0004"]), (2, ["v1-0002", "v1-0003", "v1-0004"])],
+    [
+        (0, ["v1-0000000000000004"]),
+        (1, ["v1-0000000000000003", "v1-0000000000000004"]),
+        (2, ["v1-0000000000000002", "v1-0000000000000003", "v1-0000000000000004"]),
+    ],
 )
 def test_keep_n_previous_never_current(
     tmp_path: Path, built: tuple[Path, Path], keep: int, kept: list[str]
@@ -281,15 +298,15 @@ def test_keep_n_previous_never_current(
     dry = collect_stores(profile_root, keep=keep, dry_run=True)
     assert sorted(p.name for p in profile_root.iterdir()) == before  # a dry run removes nothing
     assert sorted(e.name for e in dry.entries if e.action == "would remove") == sorted(
-        {"v1-0001", "v1-0002", "v1-0003"} - set(kept)
+        {"v1-0000000000000001", "v1-0000000000000002", "v1-0000000000000003"} - set(kept)
     )
     rep = collect_stores(profile_root, keep=keep)
     assert sorted(e.name for e in rep.entries if e.action == "kept") == kept
-    assert actions_of(rep)["v1-0004"] == ("kept", "current")
+    assert actions_of(rep)["v1-0000000000000004"] == ("kept", "current")
     assert sorted(p.name for p in profile_root.iterdir() if p.name.startswith("v1-")) == kept
     assert rep.freed_bytes == dry.freed_bytes > 0
     with VinOfflineStoreReader(profile_root / "current") as r:
-        assert r.path.name == "v1-0004"
+        assert r.path.name == "v1-0000000000000004"
 
 
 def test_gc_leaves_what_is_not_ours_and_sweeps_dead_temps(tmp_path: Path, built: tuple[Path, Path]) -> None:
@@ -299,36 +316,57 @@ def test_gc_leaves_what_is_not_ours_and_sweeps_dead_temps(tmp_path: Path, built:
     foreign = profile_root / "other-format"
     foreign.mkdir()
     (foreign / "manifest.json").write_text('{"format": "something-else"}')
-    half = profile_root / "v1-0bad"  # an interrupted store: no manifest
+    half = profile_root / "v1-0000000000000bad"  # an interrupted store: no manifest
     shutil.copytree(built[0] / "shards", half / "shards")
-    dead = profile_root / ".v1-0005.tmp-999999999-1-00000000-abc"  # another host: never judged
+    dead = profile_root / ".v1-0000000000000005.tmp-999999999-1-00000000-abc"  # another host: never judged
     dead.mkdir()
-    mine = profile_root / owned_name("v1-0006")  # a live writer (this process): kept
+    mine = profile_root / owned_name("v1-0000000000000006")  # a live writer (this process): kept
     mine.mkdir()
-    gone = profile_root / ".v1-0007.tmp-4194999"  # pid-only legacy name whose pid does not exist
+    gone = profile_root / ".v1-0000000000000007.tmp-4194999"  # pid-only legacy name whose pid does not exist
     gone.mkdir()
     # a user's copy of a store under a name of theirs (a complete store: QA saw gc and a build's
     # retention remove it), and a build's store with a note put inside: neither is removed
     backup = profile_root / "my-backup"
-    shutil.copytree(profile_root / "v1-0001", backup)
-    noted = profile_root / "v1-0002"
+    shutil.copytree(profile_root / "v1-0000000000000001", backup)
+    noted = profile_root / "v1-0000000000000002"
     noted.chmod(0o755)
     (noted / "NOTES.txt").write_text("mine")
-    foreign_v = profile_root / "v1-00ff"
+    foreign_v = profile_root / "v1-00000000000000ff"
     foreign_v.mkdir()
     (foreign_v / "manifest.json").write_text('{"format": "something-else"}')
+    shutil.copytree(profile_root / "v1-0000000000000001", profile_root / "v1-2025")  # a short hex name
+    # a file named as the store's own files are (a chunk), its manifest not listing it (QA round 2)
+    chunked = profile_root / "v1-0000000000000003"
+    chunk = next(p for p in sorted(chunked.rglob("*")) if p.is_file() and "/c/" in p.as_posix())
+    os.chmod(chunk.parent, 0o755)
+    (chunk.parent / "9").write_bytes(b"a chunk of mine")
     rep = collect_stores(profile_root, keep=0)
     got = actions_of(rep)
-    for name in ("notes", "other-format", "v1-0bad", "my-backup", "v1-00ff"):
+    for name in (
+        "notes",
+        "other-format",
+        "v1-0000000000000bad",
+        "my-backup",
+        "v1-00000000000000ff",
+        "v1-2025",
+    ):
         assert got[name][0] == "left alone" and (profile_root / name).is_dir()
-    for name in ("notes", "other-format", "my-backup"):
+    assert got["v1-0000000000000003"][0] == "kept" and "not the store's" in got["v1-0000000000000003"][1]
+    assert (chunk.parent / "9").read_bytes() == b"a chunk of mine"
+    for name in ("notes", "other-format", "my-backup", "v1-2025"):
         assert "not named as a build names a store" in got[name][1], got[name]
-    assert "no manifest.json" in got["v1-0bad"][1] and "another format" in got["v1-00ff"][1]
-    assert got["v1-0002"][0] == "kept" and "holds what is not the store's (NOTES.txt)" in got["v1-0002"][1]
+    assert (
+        "no manifest.json" in got["v1-0000000000000bad"][1]
+        and "another format" in got["v1-00000000000000ff"][1]
+    )
+    assert (
+        got["v1-0000000000000002"][0] == "kept"
+        and "holds what is not the store's (NOTES.txt)" in got["v1-0000000000000002"][1]
+    )
     assert (noted / "NOTES.txt").read_text() == "mine" and (noted / "manifest.json").is_file()
     assert got[gone.name] == ("removed", "a temp its dead writer left") and not gone.exists()
     assert dead.exists() and mine.exists()
-    assert {n for n, (act, _) in got.items() if act == "removed"} == {"v1-0001", "v1-0003", gone.name}
+    assert {n for n, (act, _) in got.items() if act == "removed"} == {"v1-0000000000000001", gone.name}
 
 
 def test_without_current_nothing_is_removed(tmp_path: Path, built: tuple[Path, Path]) -> None:
@@ -357,10 +395,10 @@ def test_keep_setting_and_the_build_hook(
     assert KEEP_ENV in retention_after_publish(loc)["error"] and len(list(profile_root.glob("v1-*"))) == 4
     monkeypatch.delenv(KEEP_ENV)
     got = retention_after_publish(loc)  # the default: keep 1
-    assert got["removed"] == ["v1-0002", "v1-0001"] and got["freed_bytes"] > 0
+    assert got["removed"] == ["v1-0000000000000002", "v1-0000000000000001"] and got["freed_bytes"] > 0
     assert sorted(p.name for p in profile_root.iterdir() if p.name.startswith("v1-")) == [
-        "v1-0003",
-        "v1-0004",
+        "v1-0000000000000003",
+        "v1-0000000000000004",
     ]
     assert "error" in retention_after_publish(StoreLocation.parse(tmp_path / "nowhere"), 1)
 
@@ -369,7 +407,7 @@ def test_profile_roots(tmp_path: Path, built: tuple[Path, Path]) -> None:
     profile_root = four_stores(tmp_path, built[0])
     other = tmp_path / "stores" / "other"
     other.mkdir()
-    publish(other, built[1], "v1-0001")
+    publish(other, built[1], "v1-0000000000000001")
     (tmp_path / "stores" / "empty").mkdir()
     assert [r.root for r in profile_roots(tmp_path / "stores")] == [profile_root, other]
     assert [r.root for r in profile_roots(profile_root)] == [profile_root]
@@ -385,19 +423,19 @@ def test_gc_command(tmp_path: Path, built: tuple[Path, Path]) -> None:
     assert r.returncode == 0, r.tail()
     lines = r.stdout.splitlines()
     assert "dry run, nothing removed" in lines[0]
-    assert any(ln.split()[:3] == ["would", "remove", "v1-0001"] and "KiB" in ln for ln in lines)
-    assert any(ln.split()[:2] == ["kept", "v1-0004"] and ln.endswith("current") for ln in lines)
+    assert any(ln.split()[:3] == ["would", "remove", "v1-0000000000000001"] and "KiB" in ln for ln in lines)
+    assert any(ln.split()[:2] == ["kept", "v1-0000000000000004"] and ln.endswith("current") for ln in lines)
     assert len(list(profile_root.glob("v1-*"))) == 4
     r = stage2("gc", str(stores), "--json", env=subprocess_env(**{KEEP_ENV: "2"}))
     assert r.returncode == 0, r.tail()
     doc = r.json()
     assert doc["keep"] == 2 and not doc["dry_run"] and doc["freed_bytes"] > 0
     (root,) = doc["roots"]
-    assert [s["name"] for s in root["stores"] if s["action"] == "removed"] == ["v1-0001"]
+    assert [s["name"] for s in root["stores"] if s["action"] == "removed"] == ["v1-0000000000000001"]
     r = stage2("gc", str(profile_root), "--keep", "0")
     assert r.returncode == 0, r.tail()
     assert sum(ln.split()[0] == "removed" for ln in r.stdout.splitlines()) == 2
-    assert sorted(p.name for p in profile_root.glob("v1-*")) == ["v1-0004"]
+    assert sorted(p.name for p in profile_root.glob("v1-*")) == ["v1-0000000000000004"]
 
 
 def test_gc_json_gives_every_store_the_created_at_of_its_manifest(
@@ -420,7 +458,7 @@ def test_gc_json_gives_every_store_the_created_at_of_its_manifest(
         (root,) = r.json()["roots"]
         return {s["name"]: s["created_at"] for s in root["stores"]}
 
-    assert reported() == created  # v1-0004 is current
+    assert reported() == created  # v1-0000000000000004 is current
     (profile_root / "current").unlink()
     assert reported() == created
 
@@ -455,7 +493,7 @@ def test_gc_command_refused_while_a_build_holds_the_data_root(
     with data_root_lock(tmp_path):
         r = stage2("gc", str(profile_root), "--keep", "0")
     assert r.returncode == 2 and "in use by another build" in r.stderr, r.tail()
-    assert sorted(p.name for p in profile_root.glob("v1-*")) == [f"v1-000{i}" for i in range(1, 5)]
+    assert sorted(p.name for p in profile_root.glob("v1-*")) == [f"v1-{i:016x}" for i in range(1, 5)]
 
 
 # ----- something in the way of the leases ---------------------------------------------------------------
@@ -481,19 +519,19 @@ def test_something_in_the_way_of_the_leases_refuses_readers_and_gc(
         leases.symlink_to(tmp_path / "nowhere")
         blocker = leases
     else:
-        blocker = lease_path(profile_root / "v1-0001")
+        blocker = lease_path(profile_root / "v1-0000000000000001")
         blocker.mkdir(parents=True)
         (blocker / "mine.txt").write_text("kept")
     before = sorted(p.name for p in profile_root.iterdir())
 
-    for target in (profile_root / "v1-0001", profile_root / "current"):
+    for target in (profile_root / "v1-0000000000000001", profile_root / "current"):
         if what == "gate folder" and target.name == "current":
-            continue  # only v1-0001's gate is in the way
+            continue  # only v1-0000000000000001's gate is in the way
         with pytest.raises(Stage2Error) as exc:
             VinOfflineStoreReader(target)
         _refused(exc.value, blocker)
     with pytest.raises(Stage2Error) as exc:
-        VinOfflineDataset(profile_root / "v1-0001", split="train")
+        VinOfflineDataset(profile_root / "v1-0000000000000001", split="train")
     _refused(exc.value, blocker)
 
     for dry_run in (True, False):
@@ -514,11 +552,13 @@ def test_something_in_the_way_of_the_leases_refuses_readers_and_gc(
 
     # moved out of the way: a reader takes its lease, gc keeps the leased store and removes the rest
     blocker.rename(tmp_path / "moved-aside")
-    with VinOfflineStoreReader(profile_root / "v1-0001") as reader:
+    with VinOfflineStoreReader(profile_root / "v1-0000000000000001") as reader:
         assert reader.lease is not None and reader.lease.held
         got = actions_of(collect_stores(profile_root, keep=0))
-        assert got["v1-0001"][0] == "kept" and got["v1-0001"][1].startswith("in use by pid ")
-        assert got["v1-0002"][0] == got["v1-0003"][0] == "removed"
+        assert got["v1-0000000000000001"][0] == "kept" and got["v1-0000000000000001"][1].startswith(
+            "in use by pid "
+        )
+        assert got["v1-0000000000000002"][0] == got["v1-0000000000000003"][0] == "removed"
 
 
 # ----- a `current` that names no store --------------------------------------------------------------------
@@ -559,7 +599,9 @@ def test_gc_refuses_when_current_names_no_store_of_the_folder(
         assert f"{link} points at {target}" in line and "which is not a store" in line, line
         assert "nothing was removed" in line and "Fix:" in line, line
         assert f"stage2 build --profile <the profile's .toml> --data-root {tmp_path}" in line, line
-        assert f"ln -sfn v1-0004 {link}" in line, line  # the newest complete store, ready to paste
+        assert f"ln -sfn v1-0000000000000004 {link}" in line, (
+            line
+        )  # the newest complete store, ready to paste
         assert sorted(p.name for p in profile_root.iterdir()) == before
     for call in (
         lambda: collect_stores(profile_root, keep=0),
@@ -569,10 +611,13 @@ def test_gc_refuses_when_current_names_no_store_of_the_folder(
             call()
     # the fix as pasted: current names a store again, and gc judges by it
     link.unlink()
-    link.symlink_to("v1-0004")
+    link.symlink_to("v1-0000000000000004")
     r = stage2("gc", str(profile_root), "--keep", "1")
     assert r.returncode == 0, r.tail()
-    assert sorted(p.name for p in profile_root.glob("v1-000*")) == ["v1-0003", "v1-0004"]
+    assert sorted(p.name for p in profile_root.glob("v1-000*")) == [
+        "v1-0000000000000003",
+        "v1-0000000000000004",
+    ]
 
 
 def test_gc_refuses_a_current_that_is_a_folder_or_another_profiles_store(
@@ -583,10 +628,10 @@ def test_gc_refuses_a_current_that_is_a_folder_or_another_profiles_store(
     profile_root = four_stores(tmp_path, built[0])
     other = tmp_path / "stores" / "other"
     other.mkdir()
-    publish(other, built[1], "v1-0009")
+    publish(other, built[1], "v1-0000000000000009")
     link = profile_root / "current"
     link.unlink()
-    link.symlink_to(other / "v1-0009")
+    link.symlink_to(other / "v1-0000000000000009")
     before = sorted(p.name for p in profile_root.iterdir())
     r = stage2("gc", str(profile_root), "--keep", "0")
     assert r.returncode == 2 and f"not a folder directly inside {profile_root}" in r.stderr, r.tail()
@@ -597,7 +642,7 @@ def test_gc_refuses_a_current_that_is_a_folder_or_another_profiles_store(
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.tail()
     assert f"{link} is a folder, not the symbolic link to a store a build makes" in r.stderr, r.tail()
     assert sorted(p.name for p in profile_root.iterdir()) == before
-    assert (other / "v1-0009" / "manifest.json").is_file()
+    assert (other / "v1-0000000000000009" / "manifest.json").is_file()
 
 
 # ----- a lease file that is not a regular file ----------------------------------------------------------
@@ -610,7 +655,7 @@ def test_a_fifo_as_a_stores_lease_is_refused_never_waited_on(
     profile_root = four_stores(tmp_path, built[0])
     leases = profile_root / LEASES_DIR
     leases.mkdir(exist_ok=True)
-    fifo = lease_path(profile_root / "v1-0004")
+    fifo = lease_path(profile_root / "v1-0000000000000004")
     os.mkfifo(fifo)
     code = """
 import sys
@@ -632,7 +677,7 @@ except Stage2Error as e:
     assert r.stdout.startswith("FileSystemError ") and f"{fifo} is a FIFO, not a regular file" in r.stdout
     assert f"Fix: remove it (rm {fifo})" in r.stdout, r.stdout
     # gc: a FIFO gate of a store it would remove refuses the profile's folder, nothing removed
-    os.mkfifo(lease_path(profile_root / "v1-0001"))
+    os.mkfifo(lease_path(profile_root / "v1-0000000000000001"))
     before = sorted(p.name for p in profile_root.iterdir())
     for args in (["--keep", "0"], ["--keep", "0", "--dry-run"]):
         r2 = stage2("gc", str(profile_root), *args, timeout=60)
@@ -641,13 +686,13 @@ except Stage2Error as e:
         assert sorted(p.name for p in profile_root.iterdir()) == before
     # removed as the fix says: the reader leases; an orphan FIFO gate (its store gone) is left alone
     fifo.unlink()
-    lease_path(profile_root / "v1-0001").unlink()
+    lease_path(profile_root / "v1-0000000000000001").unlink()
     os.mkfifo(lease_path(profile_root / "v1-gone"))
     with VinOfflineStoreReader(profile_root / "current") as reader:
         assert reader.lease is not None and reader.lease.held
     r3 = stage2("gc", str(profile_root), "--keep", "0", timeout=60)
     assert r3.returncode == 0, r3.tail()
-    assert sorted(p.name for p in profile_root.glob("v1-*")) == ["v1-0004"]
+    assert sorted(p.name for p in profile_root.glob("v1-*")) == ["v1-0000000000000004"]
     assert lease_path(profile_root / "v1-gone").exists()
 
 
@@ -660,7 +705,7 @@ def test_gc_of_several_profiles_removes_nothing_when_one_current_names_no_store(
     first = four_stores(tmp_path, built[0])
     second = tmp_path / "stores" / "zz_second"  # judged after the first (sorted)
     second.mkdir()
-    publish(second, built[0], "v1-0001")
+    publish(second, built[0], "v1-0000000000000001")
     (second / "current").unlink()
     (second / "current").symlink_to(tmp_path)  # a folder that is no store of this profile
     before = sorted(p.name for p in first.iterdir())

@@ -325,9 +325,10 @@ def test_rebuild_command_of_a_store_on_object_storage_names_its_recorded_data_ro
     manifest = {"local": {"data_root": str(tmp_path / "dr"), "profile_path": str(tmp_path / "p.toml")}}
     want = f"stage2 build --profile {tmp_path / 'p.toml'} --data-root {tmp_path / 'dr'} --store-url "
     url = "s3://bucket1/stores/demo_v1/v2-0123456789abcdef"
-    assert rebuild_command(url, manifest) == want + "s3://bucket1/stores"
+    options = "  # with a --storage-option KEY=VALUE for each option you read it with"
+    assert rebuild_command(url, manifest) == want + "s3://bucket1/stores" + options
     loc = StoreLocation.parse("memory://bucket1/stores/demo_v1/v2-0123456789abcdef")
-    assert rebuild_command(loc, manifest) == want + loc.url.rsplit("/", 2)[0]
+    assert rebuild_command(loc, manifest) == want + loc.url.rsplit("/", 2)[0] + options
     assert "bucket1/stores/demo_v1" in loc.url and not loc.is_local
 
 

@@ -424,6 +424,13 @@ def _manifest_paths(store: Path) -> tuple[set[str] | None, str]:
         return None, "there is none"
     except (OSError, ValueError) as e:
         return None, f"not JSON: {e}" if isinstance(e, ValueError) else (e.strerror or str(e))
+    return manifest_listed_paths(doc)
+
+
+def manifest_listed_paths(doc: Any) -> tuple[set[str] | None, str]:
+    """The paths a store's manifest (``doc``, as parsed) lists: its own files and every shard's;
+    or None and why they cannot be read (not an object, file lists that are not lists of relative
+    paths inside the store)."""
     if not isinstance(doc, dict):
         return None, "not a JSON object"
     lists: list[Any] = [doc.get("files", [])]
@@ -446,7 +453,7 @@ def _manifest_paths(store: Path) -> tuple[set[str] | None, str]:
     return paths, ""
 
 
-def plan_store(store: Path) -> tuple[list[str], list[tuple[str, bool, str]]] | str:
+def _plan_store(store: Path) -> tuple[list[str], list[tuple[str, bool, str]]] | str:
     """What of a store's folder moved aside is the store's: its files (paths under ``store``,
     ``manifest.json`` last: the files its manifest lists, and those of the store layout it does
     not list), and what else is in it (kept: path under ``store``, is a folder, why; a folder
@@ -563,7 +570,7 @@ def remove_quarantine(data_root: Path, *, dry_run: bool) -> QuarantineRemoval:
                 continue
             removable, others = _plan_folder(entry, units)
             for unit in [u for u in removable if _is_store_unit(entry, u)]:
-                store_plan = plan_store(entry / unit)
+                store_plan = _plan_store(entry / unit)
                 rel_unit = f"{top}/{entry.name}/{unit}"
                 if isinstance(store_plan, str):
                     removable.remove(unit)

@@ -222,9 +222,12 @@ def rebuild_command(path: str | os.PathLike[str] | StoreLocation, manifest: dict
     cmd = ["stage2", "build", "--profile", profile_path, "--data-root", data_root]
     if isinstance(kit_root, str) and kit_root and Path(kit_root) != Path(profile_path).parent:
         cmd += ["--kit-root", kit_root]
-    if is_url(os.fspath(path)):  # <stores url>/<profile>/<store>: built again under the same stores URL
+    remote = is_url(os.fspath(path))
+    if remote:  # <stores url>/<profile>/<store>: built again under the same stores URL
         cmd += ["--store-url", os.fspath(path).rstrip("/").rsplit("/", 2)[0]]
-    return " ".join(w if w == _UNKNOWN_DATA_ROOT else shlex.quote(w) for w in cmd)
+    line = " ".join(w if w == _UNKNOWN_DATA_ROOT else shlex.quote(w) for w in cmd)
+    # the storage options are not known here (and may hold credentials): a shell comment says so
+    return f"{line}  # with a --storage-option KEY=VALUE for each option you read it with" if remote else line
 
 
 # ----- fingerprint ---------------------------------------------------------------------------------

@@ -56,7 +56,7 @@ from ..formats.sha256sums import file_kind
 from ..fsutil import human_bytes, tree_usage
 from ..oserrors import fs_error
 from ..publish import remove_stale, stale_temps, temp_path
-from ..publish.quarantine import plan_store
+from ..publish.quarantine import manifest_listed_paths
 from ..publish.readonly import remove_tree
 from ..storage import CURRENT_OBJECT, StoreLocation
 from .format import MANIFEST_NAME, STORE_FORMAT
@@ -87,7 +87,7 @@ DEFAULT_KEEP = 1
 
 #: the name a build gives a store's folder, ``v<format version>-<input key>`` (hex): only folders
 #: so named are judged as stores; a copy under another name (``my-backup``) is a user's, left alone
-BUILT_NAME_RE = re.compile(r"\Av\d+-[0-9a-f]{4,64}\Z")
+BUILT_NAME_RE = re.compile(r"\Av\d+-[0-9a-f]{16}\Z")
 #: the environment variable a build reads its ``keep`` from (an integer >= 0, or ``all``: never remove)
 KEEP_ENV = "STAGE2_KEEP_STORES"
 
@@ -390,14 +390,17 @@ def _lock_exclusive(fd: int) -> bool:
     return True
 
 
-def _not_the_stores(store: Path) -> str | None:
-    """Why a local store folder is kept whole though the policy would remove it: it holds what is
-    not the store's (a file its manifest does not list, a note put inside), or its manifest cannot
-    be read whole; None when everything in it is the store's."""
-    plan = plan_store(store)
-    if isinstance(plan, str):
-        return f"its manifest.json cannot be read whole ({plan}): kept whole"
-    extra = [rel for rel, _is_dir, _why in plan[1]]
+def _not_the_stores(loc: StoreLocation) -> str | None:
+    """Why a store folder is kept whole though the policy would remove it: it holds a file (an
+    object) its manifest does not list (a note put inside, a chunk added, whatever its name), or an
+    entry that is not a regular file, or its manifest does not say what its files are; None when
+    everything in it is the manifest's."""
+    m = load_manifest(loc).manifest
+    listed, why = manifest_listed_paths(m) if m is not None else (None, "unreadable")
+    if listed is None:
+        return f"its manifest.json does not say what its files are ({why}): kept whole"
+    listed.add(MANIFEST_NAME)
+    extra = sorted(_local_extra(loc.root, listed) if loc.is_local else set(loc.file_sizes()) - listed)
     if not extra:
         return None
     shown = ", ".join(extra[:3]) + (f" and {len(extra) - 3} more" if len(extra) > 3 else "")
@@ -405,6 +408,19 @@ def _not_the_stores(store: Path) -> str | None:
         f"holds what is not the store's ({shown}): kept whole, nothing of yours is removed; move "
         "those out and run gc again, or remove the folder yourself"
     )
+
+
+def _local_extra(root: Path, listed: set[str]) -> set[str]:
+    """Every entry under ``root`` that is not a regular file its manifest lists (links, FIFOs and
+    the like included: never followed), as a path under ``root``."""
+    extra: set[str] = set()
+    for dirpath, dirnames, filenames in os.walk(root):  # links to folders are not walked into
+        base = os.path.relpath(dirpath, root)
+        for name in (*filenames, *(d for d in dirnames if os.path.islink(os.path.join(dirpath, d)))):
+            rel = name if base == "." else f"{base}/{name}"
+            if rel not in listed or not stat.S_ISREG(os.lstat(os.path.join(dirpath, name)).st_mode):
+                extra.add(rel)
+    return extra
 
 
 def _remove_local(store: Path, current: Path | None, dry_run: bool) -> tuple[str, str]:
@@ -612,7 +628,7 @@ def collect_stores(
                 StoreVerdict(name, "kept", f"previous ({i + 1} of {keep} kept)", size, created)
             )
             continue
-        if loc.is_local and (extra := _not_the_stores(child.root)) is not None:
+        if (extra := _not_the_stores(child)) is not None:
             action, reason = "kept", extra
         elif loc.is_local:
             action, reason = _remove_local(child.root, loc.root / layout.CURRENT_LINK, dry_run)
