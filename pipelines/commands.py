@@ -644,8 +644,8 @@ def register_build(sub: Any) -> None:
         help="materialize every asset and partition (download, extract, verify, join, store)" + NOT_INSTALLED,
         description="Materialize every asset and every partition through Dagster (runs recorded in DAGSTER_HOME, "
         "default <data-root>/.dagster). Exit 0 only when every asset materialized and every check passed.",
-        epilog="Example: stage2 build --profile .demo/demo/kit/profile.toml --data-root .demo/data "
-        "--endpoint http://127.0.0.1:8765 --json",
+        epilog="Example (after `make demo`, in the checkout): stage2 build --profile .demo/demo/kit/profile.toml "
+        "--data-root .demo/data --hub-folder .demo/demo/upstream --json",
     )
     _add_build_args(p)
     _register(p, "build", cmd_build)

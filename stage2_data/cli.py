@@ -160,7 +160,8 @@ def _parser_and_commands() -> tuple[argparse.ArgumentParser, dict[str, argparse.
     parser = _Parser(
         prog="stage2",
         description="Turn a pinned profile of a Hugging Face dataset into a verified, immutable Zarr v3 training store.",
-        epilog="Example: stage2 build --profile manifests/stage2_core_v1.toml --data-root /data/stage2",
+        epilog="Example (after `make demo`, in the checkout):\n"
+        "  stage2 build --profile .demo/demo/kit/profile.toml --data-root .demo/data --hub-folder .demo/demo/upstream",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action=_Version)

@@ -137,6 +137,29 @@ def test_a_revision_the_hub_folder_is_not_at_is_refused(
     assert ok.returncode == 0, ok.tail()
 
 
+@pytest.mark.parametrize("where", [(), ("build",)], ids=["stage2", "stage2-build"])
+def test_the_help_example_builds_the_demo_as_pasted(
+    where: tuple[str, ...], demo_cache: DemoPaths, tmp_path: Path, dagster_home: Path
+) -> None:
+    """The example at the end of `stage2 --help` and `stage2 build --help` runs as pasted in a
+    checkout after `make demo` (`.demo/demo` the demo, `.demo/data` its data root): it named the
+    real profile, whose unpinned entries are refused, and a hub on a port nothing serves (QA)."""
+    import shlex
+
+    (tmp_path / ".demo").mkdir()
+    (tmp_path / ".demo" / "demo").symlink_to(demo_cache.root)  # the demo, as `make demo` lays it out
+    import re
+
+    text = " ".join(stage2(*where, "--help", cwd=tmp_path).stdout.split())  # however it is wrapped
+    m = re.search(
+        r"Example \(after `make demo`, in the checkout\): (stage2 build( --?[\w-]+( [^\s-]\S*)?)+)", text
+    )
+    assert m, text
+    r = stage2(*shlex.split(m.group(1))[1:], env=_env(), cwd=tmp_path, timeout=600)
+    example = m.group(1)
+    assert r.returncode == 0, (example, r.tail())
+
+
 # ----- 3. a relative store path run from the wrong folder --------------------------------------------
 def test_a_relative_store_path_names_the_working_folder(tmp_path: Path) -> None:
     given = ".demo/data/stores/stage2_core_v1_demo/current"
