@@ -413,23 +413,24 @@ def _build_or_no_op(
     with contextlib.ExitStack() as held:
         status = None
         if not config.store_url:
-            held.enter_context(data_root_lock(Path(config.data_root).resolve()))
-        if config.hub_folder:  # a revision the folder is not at: refused, as the real hub refuses it
-            from stage2_data.demo.hubserver import serve_pinned
-
-            src = profile.source  # (before a no-op too: a typo is refused whatever is on disk)
-            serve_pinned(
-                config.hub_folder, repo_id=src.repo_id, revision=src.revision, repo_type=src.repo_type
-            )
-        if not config.store_url:
             data_root = Path(config.data_root).resolve()
+            held.enter_context(data_root_lock(data_root))
             sweep_data_root(data_root)
             status = stage_status(config, profile)  # once: the no-op, the stages beside, the runner
+            # a no-op: every archive verified from this very source (repo and revision), as a
+            # real hub's pinned revision never changes, whatever the folder holds since
             summary = up_to_date_build(config, profile, status)
             if summary is not None:
                 for stage in STAGES:
                     on_run(up_to_date_summary(stage))
                 return summary
+        if config.hub_folder:  # a revision the folder is not at: refused, as the real hub refuses it
+            from stage2_data.demo.hubserver import serve_pinned
+
+            src = profile.source
+            serve_pinned(
+                config.hub_folder, repo_id=src.repo_id, revision=src.revision, repo_type=src.repo_type
+            )
         from .runner import build_all
 
         return build_all(
