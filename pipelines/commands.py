@@ -645,7 +645,7 @@ def register_build(sub: Any) -> None:
         help="materialize every asset and partition (download, extract, verify, join, store)" + NOT_INSTALLED,
         description="Materialize every asset and every partition through Dagster (runs recorded in DAGSTER_HOME, "
         "default <data-root>/.dagster). Exit 0 only when every asset materialized and every check passed.",
-        epilog="Example (after `make demo`, in the checkout): stage2 build --profile .demo/demo/kit/profile.toml "
+        epilog="Example: after `make demo`, in the checkout: stage2 build --profile .demo/demo/kit/profile.toml "
         "--data-root .demo/data --hub-folder .demo/demo/upstream --json",
     )
     _add_build_args(p)

@@ -160,7 +160,7 @@ def _parser_and_commands() -> tuple[argparse.ArgumentParser, dict[str, argparse.
     parser = _Parser(
         prog="stage2",
         description="Turn a pinned profile of a Hugging Face dataset into a verified, immutable Zarr v3 training store.",
-        epilog="Example (after `make demo`, in the checkout):\n"
+        epilog="Example: after `make demo`, in the checkout:\n"
         "  stage2 build --profile .demo/demo/kit/profile.toml --data-root .demo/data --hub-folder .demo/demo/upstream",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -152,7 +152,7 @@ def test_the_help_example_builds_the_demo_as_pasted(
 
     text = " ".join(stage2(*where, "--help", cwd=tmp_path).stdout.split())  # however it is wrapped
     m = re.search(
-        r"Example \(after `make demo`, in the checkout\): (stage2 build( --?[\w-]+( [^\s-]\S*)?)+)", text
+        r"Example: after `make demo`, in the checkout: (stage2 build( --?[\w-]+( [^\s-]\S*)?)+)", text
     )
     assert m, text
     r = stage2(*shlex.split(m.group(1))[1:], env=_env(), cwd=tmp_path, timeout=600)
