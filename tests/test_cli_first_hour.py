@@ -137,6 +137,34 @@ def test_a_revision_the_hub_folder_is_not_at_is_refused(
     assert ok.returncode == 0, ok.tail()
 
 
+def test_a_hub_folder_declares_the_commit_it_mirrors(demo_cache: DemoPaths, tmp_path: Path) -> None:
+    """The demo's folder declares the repo and commit it mirrors (`.stage2-hub.json`): a file added
+    to it later (another dataset's archive) leaves it at that commit, as a real hub's pinned commit
+    stays buildable after new ones; it refused every build (QA round 3). A declaration of another
+    repo is refused, naming it; a folder without one, holding a file whose name is not UTF-8, is at
+    a commit of its own (named), never an internal error."""
+    import json
+    import os
+    import shutil
+
+    hub = tmp_path / "hub"
+    shutil.copytree(demo_cache.upstream, hub)
+    marker = hub / ".stage2-hub.json"
+    assert json.loads(marker.read_text())["revision"] == demo_cache.revision
+    (hub / "other_dataset.tar").write_bytes(b"not ours")
+    ok = stage2("pin", str(demo_cache.profile), "--hub-folder", str(hub), "--check", env=_env())
+    assert ok.returncode == 0, ok.tail()
+    marker.write_text(json.dumps({"repo_id": "someone/else", "revision": demo_cache.revision}))
+    r = stage2("pin", str(demo_cache.profile), "--hub-folder", str(hub), "--check", env=_env())
+    line = _one_line(r, "pin")
+    assert "mirrors someone/else (its .stage2-hub.json), not the profile's [source] repo_id" in line, line
+    marker.unlink()
+    os.close(os.open(os.path.join(os.fsencode(hub), b"bad\xffname.txt"), os.O_CREAT | os.O_WRONLY))
+    r = stage2("pin", str(demo_cache.profile), "--hub-folder", str(hub), "--check", env=_env())
+    line = _one_line(r, "pin")
+    assert "is at commit " in line and "a digest of its files" in line, line
+
+
 @pytest.mark.parametrize("where", [(), ("build",)], ids=["stage2", "stage2-build"])
 def test_the_help_example_builds_the_demo_as_pasted(
     where: tuple[str, ...], demo_cache: DemoPaths, tmp_path: Path, dagster_home: Path

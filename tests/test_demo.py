@@ -29,6 +29,7 @@ from stage2_data.demo import (
     repin_profile,
     write_sidecar_sha256,
 )
+from stage2_data.demo.hubserver.repository import HUB_MARKER
 from stage2_data.errors import Stage2Error
 from stage2_data.formats.npz import ZIP_DATE_TIME, npz_bytes
 from stage2_data.formats.sha256sums import parse_sha256sums, read_single_sha256_file
@@ -226,9 +227,12 @@ def test_byte_identical_twice(demo: DemoPaths, tmp_path: Path) -> None:
     assert generate_demo(again.root) == again
     assert _tree_digest(again.root) == a
     assert not [p.name for p in tmp_path.iterdir() if p.name != "again"], "staging folders left behind"
-    # the revision is a pure function of the upstream files
-    lines = "".join(f"{p.name}\0{sha256_file(p)}\n" for p in sorted(demo.upstream.iterdir()))
+    # the revision is a pure function of the upstream files (the folder's declaration of what it
+    # mirrors is none of them: it names that revision)
+    files = [p for p in sorted(demo.upstream.iterdir()) if p.name != HUB_MARKER]
+    lines = "".join(f"{p.name}\0{sha256_file(p)}\n" for p in files)
     assert hashlib.sha1(lines.encode()).hexdigest() == demo.revision
+    assert json.loads((demo.upstream / HUB_MARKER).read_text())["revision"] == demo.revision
 
 
 def test_paths_and_idempotence(demo: DemoPaths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -275,7 +279,7 @@ def test_profile_pins_match_upstream(demo: DemoPaths, prof: Profile) -> None:
     assert (demo.upstream / QUARANTINED_ARCHIVE).is_file()
     named = set(prof.archive_paths()) | prof.quarantined_paths()
     unnamed = {p.name for p in demo.upstream.iterdir()} - named
-    assert {"README.md", "some_other_dataset.tar"} <= unnamed
+    assert {"README.md", "some_other_dataset.tar", HUB_MARKER} <= unnamed
     for key in ("pair_manifest", "subset_checksums", "action_manifest_dir", "sidecar_archive"):
         assert prof.kit_file(key).exists(), key
     assert prof.expected.action_width_by_source == {

@@ -34,6 +34,7 @@ from ..profile import (
 )
 from ..publish import UMASK_MODE, atomic_write_json, atomic_write_text, publish_dir, staging
 from .archives import build_cache_tar, build_sidecar_tar
+from .hubserver.repository import HUB_MARKER
 from .plan import Plan, make_plan
 from .spec import (
     ACTION_SOURCES,
@@ -173,6 +174,11 @@ def _generate_into(root: Path, full: bool) -> str:
     unique_frame_files = _write_pairs(plan, kit, digests)
     sidecars_by_source = _write_action_manifests(plan, kit, digests)
     revision, prof = _make_profile(plan, upstream, archive_files, unique_frame_files, sidecars_by_source)
+    # what the folder mirrors, for `--hub-folder` (not a file of the repository: it adds nothing to
+    # the revision, and files added to the folder later leave it the commit the profile pins)
+    (upstream / HUB_MARKER).write_text(
+        json.dumps({"repo_id": prof.source.repo_id, "revision": revision}) + "\n", encoding="utf-8"
+    )
     _write_profile(kit / "profile.toml", prof)
     _write_marker(root, full, prof.name, revision)
     return revision

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import threading
 import time
@@ -22,6 +23,9 @@ from ...layout import HEX40_RE
 REPO_TYPES = ("model", "dataset", "space")
 RESOLVE_PREFIX = {"model": "", "dataset": "datasets/", "space": "spaces/"}
 SKIP_DIRS = {".git"}
+#: at a hub folder's top: the repo and commit it mirrors, declared by whoever filled it (``stage2
+#: demo`` writes one): ``{"repo_id": ..., "revision": <40 hex>}``; not a file of the repository
+HUB_MARKER = ".stage2-hub.json"
 TREE_PAGE_SIZE = 1000  # the real hub's page size (50 with expand=True)
 TREE_PAGE_SIZE_EXPAND = 50
 
@@ -134,7 +138,33 @@ def folder_commit(files: dict[str, FileEntry]) -> str:
     sha1 over one ``<path>\\0<sha256>\\n`` line per file, in path order. It changes when a file
     does; the demo's revision is this of its upstream folder."""
     lines = "".join(f"{rel}\0{e.sha256}\n" for rel, e in sorted(files.items()))
-    return hashlib.sha1(lines.encode()).hexdigest()
+    return hashlib.sha1(lines.encode("utf-8", "surrogateescape")).hexdigest()  # any file name
+
+
+def declared_source(folder: Path) -> dict[str, str] | None:
+    """What a hub folder's :data:`HUB_MARKER` declares it mirrors (``repo_id`` and ``revision``, a
+    40-hex commit); None when it has none. HubSetupError naming the file when it is not such a
+    declaration."""
+    path = Path(folder) / HUB_MARKER
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        doc = e
+    if (
+        not isinstance(doc, dict)
+        or not isinstance(doc.get("revision"), str)
+        or not HEX40_RE.match(doc["revision"])
+        or not isinstance(doc.get("repo_id", ""), str)
+    ):
+        why = str(doc) if isinstance(doc, Exception) else "not an object with a 40-hex revision"
+        raise HubSetupError(
+            f"{path} does not declare the commit the folder mirrors ({why}).",
+            fix='write it as {"repo_id": "namespace/name", "revision": "<the 40-hex commit>"}, or remove '
+            "it (the folder is then at its own commit, a digest of its files)",
+        )
+    return {k: str(doc[k]) for k in ("repo_id", "revision") if k in doc}
 
 
 class HubRepository:
@@ -193,8 +223,12 @@ class HubRepository:
         self._link_lock = threading.Lock()
         self._link_free_at = 0.0  # time.monotonic() at which the shared link has sent all it owes
         self._date = datetime.fromtimestamp(0, UTC).strftime("%Y-%m-%dT%H:%M:%S.000Z")
-        # None: the folder's own commit (each file hashed here once; scan() reuses the hashes)
-        self.revision: str = revision if revision is not None else folder_commit(self.files())
+        # None: the commit the folder declares it mirrors, else its own (each file hashed here once;
+        # scan() reuses the hashes)
+        self.declared = declared_source(self.folder) if revision is None else None
+        if revision is None:
+            revision = self.declared["revision"] if self.declared else folder_commit(self.files())
+        self.revision: str = revision
 
     @property
     def url(self) -> str:
@@ -323,6 +357,8 @@ class HubRepository:
             dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
             for name in sorted(filenames):
                 ap = Path(dirpath) / name
+                if name == HUB_MARKER and dirpath == str(self.folder):
+                    continue  # the folder's declaration, not a file of the repository
                 try:
                     st = ap.stat()
                 except OSError:
@@ -340,7 +376,7 @@ class HubRepository:
         p = PurePosixPath(rel)
         if not rel or rel.startswith("/") or any(part in ("..", ".", "") for part in rel.split("/")):
             return None
-        if p.parts and p.parts[0] in SKIP_DIRS:
+        if p.parts and p.parts[0] in SKIP_DIRS or rel == HUB_MARKER:
             return None
         ap = self.folder / rel
         try:

@@ -16,7 +16,7 @@ from types import TracebackType
 from typing import Any
 
 from .handler import HubHTTPServer
-from .repository import REPO_TYPES, HubFaults, HubRepository
+from .repository import HUB_MARKER, REPO_TYPES, HubFaults, HubRepository
 
 
 class HubServer(HubRepository):
@@ -72,13 +72,26 @@ def serve_pinned(
     from ...errors import HubSetupError
 
     server = HubServer(Path(folder), repo_id=repo_id, revision=None, repo_type=repo_type)
+    declared = server.declared
+    what = (
+        f"the commit its {HUB_MARKER} declares it mirrors"
+        if declared
+        else f"a digest of its files (the one revision a folder without a {HUB_MARKER} has)"
+    )
     if revision is not None and revision != server.revision:
         raise HubSetupError(
-            f"the hub folder {server.folder} is at commit {server.revision} (a digest of its files: the "
-            f"one revision a folder has), not at the profile's [source] revision {revision}.",
+            f"the hub folder {server.folder} is at commit {server.revision} ({what}), not at the "
+            f"profile's [source] revision {revision}.",
             fix=f'set the profile\'s [source] revision to "{server.revision}" (or to "main" and run '
             "`stage2 pin PROFILE --hub-folder FOLDER --write`), or pass the folder the profile was "
             "pinned from",
+        )
+    if declared and declared.get("repo_id", repo_id) != repo_id:
+        raise HubSetupError(
+            f"the hub folder {server.folder} mirrors {declared['repo_id']} (its {HUB_MARKER}), not the "
+            f"profile's [source] repo_id {repo_id}.",
+            fix=f'set the profile\'s [source] repo_id to "{declared["repo_id"]}", or pass the folder of '
+            f"{repo_id}",
         )
     return server
 
