@@ -123,13 +123,16 @@ def step(
     inputs: dict[str, str] | None = None,
     samples: list[SampleSpec] | None = None,
     pairs: list[PairSpec] | None = None,
+    profile: dict[str, Any] | None = None,
 ) -> Build:
     """What stage2_data/steps/store.py does: the store named by its inputs, written or extended from
     the published one, decoded and validated, then published as ``current``."""
     inputs = inputs or inputs_of(dirs)
     samples = samples if samples is not None else [s for d in dirs for s in d.samples]
     pairs = pairs if pairs is not None else [p for d in dirs for p in d.pairs]
-    name = "v1-" + sha(json.dumps([inputs, rows_per_shard], sort_keys=True))[:16]
+    profile = profile or PROFILE
+    named = [inputs, rows_per_shard] if profile == PROFILE else [inputs, rows_per_shard, profile]
+    name = "v1-" + sha(json.dumps(named, sort_keys=True))[:16]
     root = StoreLocation.parse(stores)
     out = root.child(name)
     update = write_or_extend(
@@ -137,7 +140,7 @@ def step(
         root.current(),
         samples,
         pairs,
-        profile=PROFILE,
+        profile=profile,
         inputs=inputs,
         rows_per_shard=rows_per_shard,
         actions_input=SIDECARS,
@@ -335,6 +338,7 @@ def _retask(s: SampleSpec) -> SampleSpec:
         ("old_actions", "the actions of 1 trajectories of the published store changed ({k})"),
         ("rows_per_shard", "the writer options changed"),
         ("same_samples", "no new trajectories, but inputs changed (kit/sidecars.tar)"),
+        ("revision", "no new trajectories and the same kit and pins, but the source revision changed"),
     ],
 )
 def test_anything_but_an_addition_rebuilds_saying_why(
@@ -370,6 +374,11 @@ def test_anything_but_an_addition_rebuilds_saying_why(
         samples = [s for d in dirs[:3] for s in d.samples]
         pairs = [p for d in dirs[:3] for p in d.pairs]
         inputs = inputs_of(dirs[:3], sidecar_tag="v2")
+    elif change == "revision":  # only the profile's [source] revision (QA: the reason said content)
+        samples = [s for d in dirs[:3] for s in d.samples]
+        pairs = [p for d in dirs[:3] for p in d.pairs]
+        inputs = inputs_of(dirs[:3])
+        kw["profile"] = {**PROFILE, "revision": "d" * 40}
     second = step(stores, new_dirs, inputs=inputs, samples=samples, pairs=pairs, **kw)
     assert second.update.startswith("rebuilt: " + reason.format(k=k)), second.update
     new_files = shard_files(second.store)

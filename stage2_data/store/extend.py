@@ -158,7 +158,7 @@ def decide_extension(
         return _no(f"the published store {base.root.name} does not validate ({damaged[0]})")
     try:
         with VinOfflineStoreReader(base) as reader:  # its lease keeps retention off it meanwhile
-            return _decide(reader, m, by_key, split_of, kept, inputs, options, actions_input)
+            return _decide(reader, m, by_key, split_of, kept, inputs, options, actions_input, profile)
     except StoreChecksumError as e:  # a damaged published store is rebuilt, never extended
         return _no(f"the published store {base.root.name} is damaged ({e.message})")
 
@@ -172,6 +172,7 @@ def _decide(
     inputs: dict[str, str],
     options: dict[str, Any],
     actions_input: str | None,
+    profile: dict[str, Any],
 ) -> ExtendDecision:
     old_inputs: dict[str, str] = m.get("inputs", {})
     old_rows = reader.sample_index
@@ -185,6 +186,11 @@ def _decide(
         diff = sorted(k for k in set(old_inputs) | set(inputs) if old_inputs.get(k) != inputs.get(k))
         if diff:
             return _no(f"no new trajectories, but inputs changed ({_few(diff)})")
+        was, now = m.get("profile", {}).get("revision"), profile.get("revision")
+        if was != now:  # the store records the revision it was built from
+            return _no(
+                f"no new trajectories and the same kit and pins, but the source revision changed ({was} -> {now})"
+            )
         return _no(
             "no new trajectories and the same kit and pins, but the store's name differs: the content "
             "of the extracted data or the sidecars is not the published store's (or it was named by "
