@@ -158,11 +158,20 @@ def test_a_hub_folder_declares_the_commit_it_mirrors(demo_cache: DemoPaths, tmp_
     r = stage2("pin", str(demo_cache.profile), "--hub-folder", str(hub), "--check", env=_env())
     line = _one_line(r, "pin")
     assert "mirrors someone/else (its .stage2-hub.json), not the profile's [source] repo_id" in line, line
+    marker.write_text("[" * 100000 + "]" * 100000)  # nested too deeply to decode: named
+    r = stage2("pin", str(demo_cache.profile), "--hub-folder", str(hub), "--check", env=_env())
+    assert "does not declare the commit the folder mirrors" in _one_line(r, "pin")
+    marker.unlink()
+    os.mkfifo(marker)  # named, never waited on
+    r = stage2("pin", str(demo_cache.profile), "--hub-folder", str(hub), "--check", env=_env(), timeout=60)
+    line = _one_line(r, "pin")
+    assert "does not declare the commit the folder mirrors" in line and "is a FIFO" in line, line
     marker.unlink()
     os.close(os.open(os.path.join(os.fsencode(hub), b"bad\xffname.txt"), os.O_CREAT | os.O_WRONLY))
     r = stage2("pin", str(demo_cache.profile), "--hub-folder", str(hub), "--check", env=_env())
     line = _one_line(r, "pin")
     assert "is at commit " in line and "a digest of its files" in line, line
+    assert f"or declare the commit the folder mirrors in {marker}" in line, line
 
 
 @pytest.mark.parametrize("where", [(), ("build",)], ids=["stage2", "stage2-build"])

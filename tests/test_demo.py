@@ -245,6 +245,12 @@ def test_paths_and_idempotence(demo: DemoPaths, tmp_path: Path, monkeypatch: pyt
         m.setattr(generator, "_generate_into", lambda *a: pytest.fail("a complete demo was generated again"))
         assert generate_demo(demo.root) == demo
     assert marker.stat().st_mtime_ns == before
+    # a demo made before its upstream folder declared what it mirrors gets the declaration
+    (demo.upstream / HUB_MARKER).unlink()
+    with monkeypatch.context() as m:
+        m.setattr(generator, "_generate_into", lambda *a: pytest.fail("a complete demo was generated again"))
+        assert generate_demo(demo.root) == demo
+    assert json.loads((demo.upstream / HUB_MARKER).read_text())["revision"] == demo.revision
     assert not list(demo.root.parent.glob(".out.*")), "a staging folder was left behind"
     # a folder that is not a demo is never replaced
     other = tmp_path / "mine"

@@ -9,8 +9,10 @@ staging sibling and moves it into place, so a folder with a marker is always a w
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -69,6 +71,15 @@ class DemoPaths:
     profile: Path
     repo_id: str
     revision: str
+
+
+def _declare(upstream: Path, repo_id: str, revision: str) -> None:
+    """The upstream folder's declaration of what it mirrors, for `--hub-folder` (not a file of the
+    repository: it adds nothing to the revision, and files added to the folder later leave it the
+    commit the profile pins)."""
+    (upstream / HUB_MARKER).write_text(
+        json.dumps({"repo_id": repo_id, "revision": revision}) + "\n", encoding="utf-8"
+    )
 
 
 def _paths(root: Path, revision: str) -> DemoPaths:
@@ -142,7 +153,13 @@ def generate_demo(out: Path, *, full_cardinality: bool = False) -> DemoPaths:
     root = Path(out).resolve()
     revision = _complete(root, full_cardinality)
     if revision is not None:
-        return _paths(root, revision)
+        paths = _paths(root, revision)
+        if not os.path.lexists(paths.upstream / HUB_MARKER):  # a demo made before the folder declared it
+            with contextlib.suppress(
+                OSError
+            ):  # (a read-only demo stays at its files' digest: the same commit)
+                _declare(paths.upstream, paths.repo_id, revision)
+        return paths
     if root.exists() and (not root.is_dir() or (_read_marker(root) is None and any(root.iterdir()))):
         raise Stage2Error(
             f"demo output {root} exists and is not a demo folder (no {MARKER_NAME}); refusing to replace it.",
@@ -174,11 +191,7 @@ def _generate_into(root: Path, full: bool) -> str:
     unique_frame_files = _write_pairs(plan, kit, digests)
     sidecars_by_source = _write_action_manifests(plan, kit, digests)
     revision, prof = _make_profile(plan, upstream, archive_files, unique_frame_files, sidecars_by_source)
-    # what the folder mirrors, for `--hub-folder` (not a file of the repository: it adds nothing to
-    # the revision, and files added to the folder later leave it the commit the profile pins)
-    (upstream / HUB_MARKER).write_text(
-        json.dumps({"repo_id": prof.source.repo_id, "revision": revision}) + "\n", encoding="utf-8"
-    )
+    _declare(upstream, prof.source.repo_id, revision)
     _write_profile(kit / "profile.toml", prof)
     _write_marker(root, full, prof.name, revision)
     return revision

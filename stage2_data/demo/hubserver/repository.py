@@ -16,7 +16,8 @@ from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any, NamedTuple
 
-from ...errors import HubSetupError
+from ...errors import HubSetupError, Stage2Error
+from ...formats.sha256sums import read_regular_bytes
 from ...hashing import sha256_file
 from ...layout import HEX40_RE
 
@@ -26,6 +27,7 @@ SKIP_DIRS = {".git"}
 #: at a hub folder's top: the repo and commit it mirrors, declared by whoever filled it (``stage2
 #: demo`` writes one): ``{"repo_id": ..., "revision": <40 hex>}``; not a file of the repository
 HUB_MARKER = ".stage2-hub.json"
+MAX_MARKER_BYTES = 65536  # a declaration is a line; anything larger is refused unread
 TREE_PAGE_SIZE = 1000  # the real hub's page size (50 with expand=True)
 TREE_PAGE_SIZE_EXPAND = 50
 
@@ -146,21 +148,29 @@ def declared_source(folder: Path) -> dict[str, str] | None:
     40-hex commit); None when it has none. HubSetupError naming the file when it is not such a
     declaration."""
     path = Path(folder) / HUB_MARKER
-    if not path.is_file():
+    doc: Any
+    try:  # a regular file only, opened without blocking: a FIFO there is named, never waited on
+        if os.stat(path).st_size > MAX_MARKER_BYTES:
+            raise ValueError(f"larger than {MAX_MARKER_BYTES} bytes")
+        doc = json.loads(read_regular_bytes(path).decode("utf-8"))
+    except FileNotFoundError:
         return None
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError, Stage2Error) as e:
         doc = e
     if (
         not isinstance(doc, dict)
         or not isinstance(doc.get("revision"), str)
         or not HEX40_RE.match(doc["revision"])
-        or not isinstance(doc.get("repo_id", ""), str)
+        or not isinstance(doc.get("repo_id", "x/y"), str)
+        or "/" not in doc.get("repo_id", "x/y")
     ):
-        why = str(doc) if isinstance(doc, Exception) else "not an object with a 40-hex revision"
+        why = (
+            (getattr(doc, "message", None) or str(doc))
+            if isinstance(doc, Exception)
+            else "not an object with a 40-hex revision"
+        )
         raise HubSetupError(
-            f"{path} does not declare the commit the folder mirrors ({why}).",
+            f"{path} does not declare the commit the folder mirrors ({why.rstrip('.')}).",
             fix='write it as {"repo_id": "namespace/name", "revision": "<the 40-hex commit>"}, or remove '
             "it (the folder is then at its own commit, a digest of its files)",
         )

@@ -84,9 +84,15 @@ def serve_pinned(
             f"profile's [source] revision {revision}.",
             fix=f'set the profile\'s [source] revision to "{server.revision}" (or to "main" and run '
             "`stage2 pin PROFILE --hub-folder FOLDER --write`), or pass the folder the profile was "
-            "pinned from",
+            f"pinned from"
+            + (
+                ""
+                if declared
+                else f", or declare the commit the folder mirrors in {server.folder / HUB_MARKER}: "
+                f'{{"repo_id": "{repo_id}", "revision": "<the 40-hex commit>"}}'
+            ),
         )
-    if declared and declared.get("repo_id", repo_id) != repo_id:
+    if declared and declared.get("repo_id", repo_id).lower() != repo_id.lower():  # the hub's ids ignore case
         raise HubSetupError(
             f"the hub folder {server.folder} mirrors {declared['repo_id']} (its {HUB_MARKER}), not the "
             f"profile's [source] repo_id {repo_id}.",
