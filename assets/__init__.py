@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from stage2_data import steps
 from stage2_data.profile import Profile
 from stage2_data.stages import SUBSET_CHECKSUMS, TRAJECTORY_JOIN, VIN_STORE
 
@@ -18,8 +19,11 @@ from .store import build_store_assets, build_store_checks
 def build_assets(profile: Profile) -> list[Any]:
     """The whole graph for one profile (partitions come from the profile's archives and cache keys)."""
     pinned_profile, archive_file, cache_dir, extraction_report = build_acquisition_assets(profile)
-    action_sidecars, trajectory_join, subset_checksums = build_kit_assets(profile)
-    (vin_store,) = build_store_assets(profile)
+    # what the join, the byte check and the store read of the kit: in their code versions (hashed
+    # once per load of the definitions)
+    kit = steps.kit_digest(profile)
+    action_sidecars, trajectory_join, subset_checksums = build_kit_assets(kit)
+    (vin_store,) = build_store_assets(profile, kit)
     return [
         pinned_profile,
         archive_file,

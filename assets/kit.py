@@ -85,10 +85,10 @@ def _bytes_outcome(res: steps.StepResult) -> C.CheckOutcome:
     return C.CheckOutcome(C.SUBSET_BYTES_ON_DISK_MATCH, not failed, desc, dict(res.metadata))
 
 
-def build_kit_assets(profile: Profile) -> list[Any]:
-    # the join and the byte check read the kit's manifests and SHA256SUMS: their code versions
-    # follow them (an edit marks both stale in the UI until the next build)
-    kit = steps.kit_digest(profile)
+def build_kit_assets(kit: str) -> list[Any]:
+    """The kit's assets; ``kit``: :func:`steps.kit_digest`. The join and the byte check read the
+    kit's manifests and SHA256SUMS: their code versions follow them (an edit marks both stale in
+    the UI until the next build)."""
     action_sidecars = step_asset(
         ACTION_SIDECARS,
         group=GROUP,

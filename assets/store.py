@@ -109,7 +109,9 @@ def store_bytes_as_built(res: steps.StepResult) -> list[C.CheckOutcome]:
     ]
 
 
-def build_store_assets(profile: Profile) -> list[Any]:
+def build_store_assets(profile: Profile, kit: str) -> list[Any]:
+    """The store's asset; ``kit``: :func:`steps.kit_digest`, in its code version."""
+
     @stage_asset(
         VIN_STORE,
         group=GROUP,
@@ -122,7 +124,7 @@ def build_store_assets(profile: Profile) -> list[Any]:
         kind="zarr",
         code_version=code_version_with(
             VIN_STORE,
-            {**profile.identity(), "max_frames": profile.max_frames, "kit": steps.kit_digest(profile)},
+            {**profile.identity(), "max_frames": profile.max_frames, "kit": kit},
         ),
     )
     def vin_store(

@@ -390,13 +390,12 @@ def _lock_exclusive(fd: int) -> bool:
     return True
 
 
-def _not_the_stores(loc: StoreLocation) -> str | None:
+def _not_the_stores(loc: StoreLocation, manifest: dict[str, Any]) -> str | None:
     """Why a store folder is kept whole though the policy would remove it: it holds a file (an
-    object) its manifest does not list (a note put inside, a chunk added, whatever its name), or an
-    entry that is not a regular file, or its manifest does not say what its files are; None when
+    object) its ``manifest`` does not list (a note put inside, a chunk added, whatever its name), or
+    an entry that is not a regular file, or its manifest does not say what its files are; None when
     everything in it is the manifest's."""
-    m = load_manifest(loc).manifest
-    listed, why = manifest_listed_paths(m) if m is not None else (None, "unreadable")
+    listed, why = manifest_listed_paths(manifest)
     if listed is None:
         return f"its manifest.json does not say what its files are ({why}): kept whole"
     listed.add(MANIFEST_NAME)
@@ -586,6 +585,7 @@ def collect_stores(
     if current_path is not None:
         report.current = current_path.name
     stores: list[tuple[str, str, StoreLocation]] = []  # (created_at, name, loc)
+    manifests: dict[str, dict[str, Any]] = {}  # by name: each store's manifest, read once
     for name in names:
         child = loc.child(name)
         if current_path is not None and child.root == current_path:
@@ -609,6 +609,7 @@ def collect_stores(
             report.entries.append(StoreVerdict(name, "left alone", f"not a complete store of ours ({why})"))
             continue
         stores.append((str(m.get("created_at") or ""), name, child))
+        manifests[name] = m
     if current_path is None:
         report.notes.append("no store is published (no current): nothing removed")
         for created, name, _child in sorted(stores, reverse=True):
@@ -628,7 +629,7 @@ def collect_stores(
                 StoreVerdict(name, "kept", f"previous ({i + 1} of {keep} kept)", size, created)
             )
             continue
-        if (extra := _not_the_stores(child)) is not None:
+        if (extra := _not_the_stores(child, manifests[name])) is not None:
             action, reason = "kept", extra
         elif loc.is_local:
             action, reason = _remove_local(child.root, loc.root / layout.CURRENT_LINK, dry_run)
