@@ -447,14 +447,8 @@ def print_build_summary(
     passed = sum(c["passed"] for c in checks)
     print(f"profile:      {s['profile']}")
     print(f"data root:    {s['data_root']}")
-    ran = s["runs"] or not s.get("up_to_date")
-    if ran:
+    if s["runs"] or not s.get("up_to_date"):
         print(f"runs:         {len(s['runs'])} (Dagster instance at {s['dagster_home']})")
-    else:  # the instance of the runs that built what is up to date (the UI line below serves it)
-        print(
-            f"runs:         0 (every stage up to date; its runs are in the Dagster instance at {s['dagster_home']})"
-        )
-    if ran:
         # the verify checks a step records from its own work (assets/_common.py,
         # record_standalone_results): the UI lists them beside these; each finding is counted here once
         recorded = {
@@ -465,7 +459,11 @@ def print_build_summary(
         }
         also = f" (the UI lists {len(recorded)} more: verify checks recorded from the same steps' work)"
         print(f"checks:       {passed}/{len(checks)} passed" + (also if recorded else ""))
-    else:  # no run: the checks of the last build that made these outputs still stand
+    else:  # no run: the instance of the runs that built what is up to date (the UI line below
+        # serves it), and their checks, which still stand
+        print(
+            f"runs:         0 (every stage up to date; its runs are in the Dagster instance at {s['dagster_home']})"
+        )
         again = reverify or "stage2 build PROFILE --data-root DATA_ROOT --reverify"
         print(f"checks:       none run (every stage up to date; `{again}` runs them)")
     for m in s.get("moved_aside") or []:
@@ -542,14 +540,8 @@ def _print_store_counts(store: str | None, storage_options: dict[str, Any] | Non
         stats = json.loads(loc.read_bytes(loc.root / "manifest.json").decode("utf-8"))["stats"]
         per_split = {sp: int(stats["per_split"].get(sp, 0)) for sp in layout.SPLIT_NAMES}
         line = f"samples:      {stats['samples']}  pairs: {stats['pairs']}  per split: {per_split}"
-    except (
-        OSError,
-        ValueError,
-        KeyError,
-        TypeError,
-        AttributeError,
-        Stage2Error,
-    ):  # best effort: the checks passed
+    # best effort: the checks passed
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, Stage2Error):
         return
     print(line)
 

@@ -154,10 +154,10 @@ def generate_demo(out: Path, *, full_cardinality: bool = False) -> DemoPaths:
     revision = _complete(root, full_cardinality)
     if revision is not None:
         paths = _paths(root, revision)
-        if not os.path.lexists(paths.upstream / HUB_MARKER):  # a demo made before the folder declared it
-            with contextlib.suppress(
-                OSError
-            ):  # (a read-only demo stays at its files' digest: the same commit)
+        # a demo made before its folder declared what it mirrors gets the declaration (a read-only
+        # one stays at its files' digest: the same commit)
+        if not os.path.lexists(paths.upstream / HUB_MARKER):
+            with contextlib.suppress(OSError):
                 _declare(paths.upstream, paths.repo_id, revision)
         return paths
     if root.exists() and (not root.is_dir() or (_read_marker(root) is None and any(root.iterdir()))):

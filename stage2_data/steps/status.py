@@ -343,12 +343,15 @@ def kit_held(profile: Profile, reader: str) -> Iterator[None]:
     block the newest of those ctimes is let age by a second (:data:`KIT_SETTLE_NS`), so that an
     edit right after gives a newer one even where timestamps count whole seconds."""
     adir = profile.kit_file("action_manifest_dir")
-
     before = _kit_stats(profile)
+    # every ctime held: a file's own, and for a link the file it names (a :func:`_stat` list's 4th
+    # and 8th entries)
     ctimes = [
-        v[3]
+        c
         for v in (*before.values(), *(before["action_manifests"] or {}).values())
-        if isinstance(v, list) and len(v) > 3 and isinstance(v[3], int)
+        if isinstance(v, list)
+        for c in v[3::4]
+        if isinstance(c, int)
     ]
     wait = max(ctimes, default=0) + KIT_SETTLE_NS - time.time_ns()
     if wait > 0:  # a kit file changed within the last second: its next change must show

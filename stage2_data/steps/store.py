@@ -139,9 +139,10 @@ def record_checked(data_root: Path, asset: str, inputs: str, passed: bool) -> No
 
 
 def forget_checked(data_root: Path, asset: str) -> None:
-    """A check of ``asset`` (one of :data:`CHECKED_BY`) failed after its step recorded a pass (a check
-    the asset adds, the verify job's re-check): its record goes, so a store job run on its own
-    refuses until the step passes again. Nothing on a data root this process cannot write."""
+    """No record of ``asset`` (one of :data:`CHECKED_BY`) stands: its step is starting (one that stops
+    half-way leaves none), or a check of it failed after its step recorded a pass (a check the
+    asset adds, the verify job's re-check). A store job run on its own then refuses until the step
+    passes again. Nothing on a data root this process cannot write."""
     with contextlib.suppress(FileNotFoundError, PermissionError, OSError):
         layout.checked_record_path(data_root, asset).unlink()
 
@@ -380,8 +381,8 @@ def step_store(
     # the counts are a blocking check too: a store whose samples or pairs differ from the profile's
     # totals is never made current (store_checks reports them below)
     counted = store_counts(profile, out) if not problems else None
-    miscounted = bool(counted[1]) if counted is not None else False
-    if not problems and not miscounted:
+    published = not problems and not (counted is not None and counted[1])
+    if published:
         require_launching_build(data_root)  # a run of a killed build publishes nothing
         # the `current` symlink, or the CURRENT object after the manifest; a folder a user put at
         # `current` is moved aside first, and said
@@ -413,9 +414,7 @@ def step_store(
     result.metadata["update"] = update
     if moved_aside:  # the build's `moved aside:` lines and its --json `moved_aside`
         result.metadata["moved_aside"] = "\n".join(moved_aside)
-    if (
-        not problems and not miscounted
-    ):  # published: old stores go by the retention policy (``keep_stores``: None reads
+    if published:  # old stores go by the retention policy (``keep_stores``: None reads
         # STAGE2_KEEP_STORES, default 1; "all" keeps every one); never current, never a leased one
         kept = retention_after_publish(root_loc, keep_stores)
         result.metadata["retention"] = kept

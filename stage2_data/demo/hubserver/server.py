@@ -63,12 +63,13 @@ class HubServer(HubRepository):
 def serve_pinned(
     folder: str | os.PathLike[str], *, repo_id: str, revision: str | None, repo_type: str = "dataset"
 ) -> HubServer:
-    """``folder`` as the hub of a build or a pin (``--hub-folder``), not started: at the folder's own
-    commit (:func:`~.repository.folder_commit`, the one revision a folder has, which ``main`` also
-    names). A ``revision`` that is another commit is refused (HubSetupError naming both): the real
-    hub refuses a mistyped revision, and a folder served at any revision it is asked for would let
-    a typo in a profile be built and published under that revision. None: the folder's commit, for
-    a profile that names a branch (``stage2 pin`` resolves it)."""
+    """``folder`` as the hub of a build or a pin (``--hub-folder``), not started: at the one commit a
+    folder has, which ``main`` also names: the one its :data:`~.repository.HUB_MARKER` declares it
+    mirrors, else its own (:func:`~.repository.folder_commit`). A ``revision`` that is another
+    commit, or a ``repo_id`` other than the declared one, is refused (HubSetupError naming both):
+    the real hub refuses a mistyped revision, and a folder served at any revision it is asked for
+    would let a typo in a profile be built and published under that revision. None: the folder's
+    commit, for a profile that names a branch (``stage2 pin`` resolves it)."""
     from ...errors import HubSetupError
 
     server = HubServer(Path(folder), repo_id=repo_id, revision=None, repo_type=repo_type)
