@@ -418,9 +418,15 @@ def _build_or_no_op(
             sweep_data_root(data_root)
             status = stage_status(config, profile)  # once: the no-op, the stages beside, the runner
             # a no-op: every archive verified from this very source (repo and revision), as a
-            # real hub's pinned revision never changes, whatever the folder holds since
+            # real hub's pinned revision never changes; a folder that now declares another source
+            # is refused all the same, as every run over it (a `--reverify`, the UI's) would be
             summary = up_to_date_build(config, profile, status)
             if summary is not None:
+                if config.hub_folder:
+                    from stage2_data.demo.hubserver import check_declared_source
+
+                    src = profile.source
+                    check_declared_source(config.hub_folder, repo_id=src.repo_id, revision=src.revision)
                 for stage in STAGES:
                     on_run(up_to_date_summary(stage))
                 return summary

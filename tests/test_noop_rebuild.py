@@ -322,6 +322,33 @@ def test_a_noop_build_into_another_instance_names_the_one_holding_the_runs(
     assert re.search(r"^runs:\s+[1-9]", again.stdout, re.M) and f"Dagster instance at {home}" in again.stdout
 
 
+def test_a_noop_build_over_a_hub_folder_declaring_another_commit_is_refused(
+    noop_rebuilt: dict[str, Any], tmp_path: Path
+) -> None:
+    """A build with nothing to do, over a hub folder that now declares another commit than the
+    profile's (its `.stage2-hub.json`): it answered "up to date" with exit 0 and printed a
+    `--reverify` command and a UI whose runs that folder refuses (QA). It is refused as a build
+    that runs is, naming the folder's commit; over the folder the profile was pinned from it is the
+    no-op it was."""
+    root, demo = noop_rebuilt["root"], noop_rebuilt["demo"]
+    hub = tmp_path / "hub"
+    shutil.copytree(demo.upstream, hub, copy_function=os.link)  # the same files, linked
+    marker = hub / ".stage2-hub.json"
+    doc = json.loads(marker.read_text())
+    marker.unlink()  # a file of its own, not the upstream's marker
+    marker.write_text(json.dumps({**doc, "revision": "2" * 40}))
+    env = subprocess_env(drop=("DAGSTER_HOME", "CI"))
+    args = ["build", "--profile", str(demo.profile), "--data-root", str(root)]
+    r = stage2(*args, "--hub-folder", str(hub), env=env)
+    assert r.returncode == 2, r.tail()
+    assert f"the hub folder {hub} is at commit {'2' * 40}" in r.stderr, r.stderr
+    assert f'Fix: set the profile\'s [source] revision to "{"2" * 40}"' in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and "up to date" not in r.stdout
+    ok = stage2(*args, "--hub-folder", str(demo.upstream), env=env)
+    assert ok.returncode == 0, ok.tail()
+    assert re.search(r"^runs:\s+0 ", ok.stdout, re.M), ok.stdout
+
+
 def test_noop_rebuild_launches_no_run(noop_rebuilt: dict[str, Any]) -> None:
     """Every stage is up to date: the second build launches no Dagster run at all."""
     before, after = noop_rebuilt["runs"]

@@ -32,6 +32,16 @@ prints the URL on one line and serves until SIGTERM/SIGINT.
 from __future__ import annotations
 
 from .repository import INFO, TREE, HubFaults, Reject, folder_commit
-from .server import HubServer, main, serve_pinned
+from .server import HubServer, check_declared_source, main, serve_pinned
 
-__all__ = ["INFO", "TREE", "HubFaults", "HubServer", "Reject", "folder_commit", "main", "serve_pinned"]
+__all__ = [
+    "INFO",
+    "TREE",
+    "HubFaults",
+    "HubServer",
+    "Reject",
+    "check_declared_source",
+    "folder_commit",
+    "main",
+    "serve_pinned",
+]

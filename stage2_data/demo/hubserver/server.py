@@ -16,7 +16,7 @@ from types import TracebackType
 from typing import Any
 
 from .handler import HubHTTPServer
-from .repository import HUB_MARKER, REPO_TYPES, HubFaults, HubRepository
+from .repository import HUB_MARKER, REPO_TYPES, HubFaults, HubRepository, declared_source
 
 
 class HubServer(HubRepository):
@@ -70,37 +70,54 @@ def serve_pinned(
     the real hub refuses a mistyped revision, and a folder served at any revision it is asked for
     would let a typo in a profile be built and published under that revision. None: the folder's
     commit, for a profile that names a branch (``stage2 pin`` resolves it)."""
+    server = HubServer(Path(folder), repo_id=repo_id, revision=None, repo_type=repo_type)
+    _refuse_other_source(server.folder, server.declared, server.revision, repo_id=repo_id, revision=revision)
+    return server
+
+
+def check_declared_source(folder: str | os.PathLike[str], *, repo_id: str, revision: str) -> None:
+    """What :func:`serve_pinned` refuses, judged from the folder's :data:`~.repository.HUB_MARKER`
+    alone (one small file read, no file of the folder hashed): a folder declaring another commit or
+    repo is refused; a folder without a declaration passes (its commit is a digest of its files,
+    which only serving it computes)."""
+    declared = declared_source(Path(folder))
+    if declared is not None:
+        _refuse_other_source(Path(folder), declared, declared["revision"], repo_id=repo_id, revision=revision)
+
+
+def _refuse_other_source(
+    folder: Path, declared: dict[str, str] | None, commit: str, *, repo_id: str, revision: str | None
+) -> None:
+    """HubSetupError when the folder (at ``commit``; ``declared`` its declaration, if any) is not the
+    profile's ``repo_id`` at ``revision``."""
     from ...errors import HubSetupError
 
-    server = HubServer(Path(folder), repo_id=repo_id, revision=None, repo_type=repo_type)
-    declared = server.declared
     what = (
         f"the commit its {HUB_MARKER} declares it mirrors"
         if declared
         else f"a digest of its files (the one revision a folder without a {HUB_MARKER} has)"
     )
-    if revision is not None and revision != server.revision:
+    if revision is not None and revision != commit:
         raise HubSetupError(
-            f"the hub folder {server.folder} is at commit {server.revision} ({what}), not at the "
+            f"the hub folder {folder} is at commit {commit} ({what}), not at the "
             f"profile's [source] revision {revision}.",
-            fix=f'set the profile\'s [source] revision to "{server.revision}" (or to "main" and run '
+            fix=f'set the profile\'s [source] revision to "{commit}" (or to "main" and run '
             "`stage2 pin PROFILE --hub-folder FOLDER --write`), or pass the folder the profile was "
             f"pinned from"
             + (
                 ""
                 if declared
-                else f", or declare the commit the folder mirrors in {server.folder / HUB_MARKER}: "
+                else f", or declare the commit the folder mirrors in {folder / HUB_MARKER}: "
                 f'{{"repo_id": "{repo_id}", "revision": "<the 40-hex commit>"}}'
             ),
         )
     if declared and declared.get("repo_id", repo_id).lower() != repo_id.lower():  # the hub's ids ignore case
         raise HubSetupError(
-            f"the hub folder {server.folder} mirrors {declared['repo_id']} (its {HUB_MARKER}), not the "
+            f"the hub folder {folder} mirrors {declared['repo_id']} (its {HUB_MARKER}), not the "
             f"profile's [source] repo_id {repo_id}.",
             fix=f'set the profile\'s [source] repo_id to "{declared["repo_id"]}", or pass the folder of '
             f"{repo_id}",
         )
-    return server
 
 
 def _rate(text: str) -> float:
