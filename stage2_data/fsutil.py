@@ -155,30 +155,46 @@ def _what(mode: int) -> str:
     return next((what for test, what in _KINDS if test(mode)), "a special file")
 
 
-def open_regular(path: str | os.PathLike[str], flags: int, mode: int = 0o644, *, fix: str) -> int:
+def open_regular(
+    path: str | os.PathLike[str],
+    flags: int,
+    mode: int = 0o644,
+    *,
+    fix: str = "",
+    refuse: Callable[[int], Exception] | None = None,
+) -> int:
     """A descriptor of the regular file at ``path`` opened with ``flags`` (``O_CREAT`` among them
-    makes it if nothing is there), never blocking: it is opened with ``O_NONBLOCK`` (cleared once it
-    is known to be a regular file) and checked on the open descriptor (``fstat``). A FIFO, device or
-    socket there raises :class:`~stage2_data.errors.FileSystemError` naming the path and what it
-    is, with ``fix``; a folder, ``IsADirectoryError`` (as opening one for writing does: ``fs_error``
-    names it); any other ``OSError`` of the open is raised as it is."""
+    makes it if nothing is there), never blocking: what is there is stat'ed before it is opened (a
+    device is never opened), opened with ``O_NONBLOCK`` (cleared once it is known to be a regular
+    file) and checked again on the open descriptor (``fstat``: it may have been replaced). Anything
+    but a regular file raises ``refuse(st_mode)``; by default a FIFO, device or socket raises
+    :class:`~stage2_data.errors.FileSystemError` naming the path and what it is, with ``fix``, and
+    a folder ``IsADirectoryError`` (as opening one for writing does: ``fs_error`` names it). Any
+    other ``OSError`` of the open is raised as it is."""
+
+    def check(st_mode: int) -> None:
+        if stat.S_ISREG(st_mode):
+            return
+        if refuse is not None:
+            raise refuse(st_mode)
+        if stat.S_ISDIR(st_mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), os.fspath(path))
+        raise _not_regular(path, st_mode, fix)
+
+    with contextlib.suppress(FileNotFoundError):
+        check(os.stat(path).st_mode)
     try:
         fd = os.open(path, flags | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0), mode)
     except OSError:
-        # a FIFO opened for writing with no reader (ENXIO), a device that refuses: named by kind
+        # replaced since the stat (a FIFO opened for writing with no reader: ENXIO): named by kind
         try:
-            st = os.stat(path)
+            st_mode = os.stat(path).st_mode
         except OSError:
-            st = None
-        if st is not None and not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):
-            raise _not_regular(path, st.st_mode, fix) from None
+            st_mode = stat.S_IFREG
+        check(st_mode)
         raise
     try:
-        st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), os.fspath(path))
-        if not stat.S_ISREG(st.st_mode):
-            raise _not_regular(path, st.st_mode, fix)
+        check(os.fstat(fd).st_mode)
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)

@@ -151,20 +151,13 @@ def not_regular_error(path: str | os.PathLike[str], mode: int) -> FileSystemErro
 def read_regular_bytes(path: str | os.PathLike[str]) -> bytes:
     """The bytes of the regular file at ``path`` (a link to one is followed). A FIFO, device, socket
     or folder there raises :class:`~stage2_data.errors.FileSystemError` naming what it is, without
-    blocking: it is stat'ed before it is opened, and opened with ``O_NONBLOCK``. Raises
-    FileNotFoundError when nothing is there."""
-    st = os.stat(path)
-    if not stat.S_ISREG(st.st_mode):
-        raise not_regular_error(path, st.st_mode)
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    try:
-        st = os.fstat(fd)  # what was opened (it may have been replaced since the stat)
-        if not stat.S_ISREG(st.st_mode):
-            raise not_regular_error(path, st.st_mode)
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            return f.read()
-    finally:
-        os.close(fd)
+    blocking (:func:`~stage2_data.fsutil.open_regular`). Raises FileNotFoundError when nothing is
+    there."""
+    from ..fsutil import open_regular
+
+    fd = open_regular(path, os.O_RDONLY, refuse=lambda mode: not_regular_error(path, mode))
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
 
 
 def parse_sha256sums(path: str | os.PathLike[str]) -> list[ChecksumEntry]:

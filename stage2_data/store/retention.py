@@ -53,7 +53,7 @@ from typing import Any
 from .. import layout
 from ..errors import FileSystemError, Stage2Error, StoreError, StoreNotFoundError
 from ..formats.sha256sums import file_kind
-from ..fsutil import human_bytes, tree_usage
+from ..fsutil import human_bytes, open_regular, tree_usage
 from ..oserrors import fs_error
 from ..publish import remove_stale, stale_temps, temp_path
 from ..publish.quarantine import manifest_listed_paths
@@ -91,9 +91,6 @@ BUILT_NAME_RE = re.compile(r"\Av\d+-[0-9a-f]{16}\Z")
 #: the environment variable a build reads its ``keep`` from (an integer >= 0, or ``all``: never remove)
 KEEP_ENV = "STAGE2_KEEP_STORES"
 
-_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-#: a gate is opened without waiting: a FIFO put there never blocks a reader or gc (then refused)
-_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 #: what taking or checking a gate meets when something that is not a folder stands where the
 #: leases folder should be (or a folder where the gate file should be): never read past
 _IN_THE_WAY = (errno.ENOTDIR, errno.EEXIST, errno.EISDIR, errno.ELOOP)
@@ -134,22 +131,23 @@ def _check_leases_folder(store: Path, doing: str) -> None:
         return  # no permission and the like: taking the gate says what it says
     if not stat.S_ISDIR(st.st_mode):
         raise in_the_way(errno.EEXIST, "not a folder, where the readers' leases folder should be", leases)
-    if os.path.isdir(gate):
-        raise in_the_way(errno.EISDIR, "a folder, where a store's lease file should be", gate)
     try:
         mode = os.stat(gate).st_mode
     except OSError:  # absent (made when taken), or unreadable: said when taken
         return
-    _check_gate_mode(store, mode, doing)  # a FileSystemError: an OSError too, never suppressed
+    if not stat.S_ISREG(mode):
+        raise _gate_refusal(store, mode, doing)  # an OSError too, never suppressed
 
 
-def _check_gate_mode(store: Path, mode: int, doing: str) -> None:
-    """Raise the named error when the gate of ``store`` (``mode``: its ``st_mode``, a link
-    followed) is not a regular file: a FIFO, a device or a socket is never read as a lease."""
-    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):  # a folder: refused by the caller, as such
-        return
+def _gate_refusal(store: Path, mode: int, doing: str) -> Stage2Error:
+    """The named error of a gate of ``store`` that is not a regular file (``mode``: its
+    ``st_mode``, a link followed): a folder, a FIFO, a device or a socket is never read as a lease."""
     gate = lease_path(store)
-    raise FileSystemError(
+    if stat.S_ISDIR(mode):
+        return _gate_in_the_way(
+            store, OSError(errno.EISDIR, "a folder, where a store's lease file should be", str(gate)), doing
+        )
+    return FileSystemError(
         f"{doing} {store}: its readers' lease {gate} is {file_kind(mode)}, not a regular file "
         "(the lease file `stage2 gc` checks before it removes a store); nothing was read from it.",
         fix=f"remove it (rm {shlex.quote(str(gate))}): the next reader makes the lease file again",
@@ -160,20 +158,9 @@ def _open_gate(store: Path, flags: int, doing: str) -> int:
     """The gate of ``store`` opened with ``flags`` (without waiting: a FIFO there is refused, never
     read); raises the named error when it is not a regular file (checked before opening and on
     what was opened), OSError otherwise."""
-    gate = lease_path(store)
-    try:
-        mode: int | None = os.stat(gate).st_mode
-    except FileNotFoundError:  # made here (O_CREAT), or the open says it is missing
-        mode = None
-    if mode is not None:
-        _check_gate_mode(store, mode, doing)
-    fd = os.open(gate, flags | _NONBLOCK | _CLOEXEC, 0o666)
-    try:
-        _check_gate_mode(store, os.fstat(fd).st_mode, doing)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    return open_regular(
+        lease_path(store), flags, 0o666, refuse=lambda mode: _gate_refusal(store, mode, doing)
+    )
 
 
 def _same_file(fd: int, path: Path) -> bool:
@@ -469,13 +456,8 @@ def _orphan_gates(root: Path, dry_run: bool) -> None:
         if (root / gate.name[: -len(".lock")]).exists():
             continue
         try:  # not a regular file (a FIFO): not a gate gc made, left as it is
-            if not stat.S_ISREG(os.stat(gate).st_mode):
-                continue
-            fd = os.open(gate, os.O_RDONLY | _NONBLOCK | _CLOEXEC)
+            fd = open_regular(gate, os.O_RDONLY)
         except OSError:
-            continue
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
             continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
