@@ -24,7 +24,7 @@ from stage2_data.publish.quarantine import quarantine_files
 
 def _store_files(store: Path, listed: list[str], unlisted: tuple[str, ...] = ()) -> None:
     """A store's folder: each of ``listed`` (10 bytes) and its ``manifest.json`` listing them; each of
-    ``unlisted`` written too (files of the store layout its manifest does not list)."""
+    ``unlisted`` written too (files its manifest does not list)."""
     for rel in [*listed, *unlisted]:
         (store / rel).parent.mkdir(parents=True, exist_ok=True)
         (store / rel).write_bytes(b"x" * 10)
@@ -182,11 +182,14 @@ STORE_FILES = [
 def test_gc_quarantine_removes_a_stores_own_files_and_keeps_a_note_put_inside_it(tmp_path: Path) -> None:
     """A store moved aside whole (it failed the publication gate) is one unit of its moved.json,
     but a note the user put inside its folder is not the store's: gc --quarantine removes the
-    files its manifest lists (and those of the store layout it does not list), its manifest.json
-    and the folders left empty, and keeps and names everything else in it, dry run and real run."""
+    files its manifest lists, its manifest.json and the folders left empty, and keeps and names
+    everything else in it, dry run and real run. A file shaped like the store's own (a chunk, a
+    split) that its manifest does not list is kept too: it removed one a user had put there,
+    judging by the name (as retention once did), where retention now keeps such a store whole."""
     root = tmp_path / "root"
     store = root / layout.STORES_DIR / "p" / "v2-abc"
     _store_files(store, STORE_FILES, unlisted=("splits/train.npy", "shards/shard-000000/num_frames/c/0"))
+    assert (store / "splits" / "train.npy").is_file()
     (moved,) = quarantine_files(root, [store], "failed the publication gate")
     q = layout.quarantine_root(root)
     notes = moved / "MY_NOTES.txt"
@@ -198,13 +201,21 @@ def test_gc_quarantine_removes_a_stores_own_files_and_keeps_a_note_put_inside_it
     beside.write_text("mine")
     user = [notes, result, beside]
     rel = moved.relative_to(root).as_posix()
-    named = [f"{rel}/MY_NOTES.txt", f"{rel}/my_analysis/", f"{rel}/shards/shard-000000/notes.txt"]
+    # shaped as the store's files, not listed: a folder holding nothing listed is one entry
+    shaped = ["splits/train.npy", "shards/shard-000000/num_frames"]
+    named = [
+        f"{rel}/MY_NOTES.txt",
+        f"{rel}/my_analysis/",
+        f"{rel}/shards/shard-000000/notes.txt",
+        f"{rel}/splits/train.npy",
+        f"{rel}/shards/shard-000000/num_frames/",
+    ]
     stores = str(root / layout.STORES_DIR)
 
     dry = stage2("gc", stores, "--quarantine", "--dry-run")
     assert dry.returncode == 0, dry.tail()
     (would,) = _removal_lines(dry.stdout, "would remove")
-    assert "folder of 11 file(s)" in would, dry.stdout  # 8 listed, 2 of the layout, the manifest
+    assert "folder of 9 file(s)" in would, dry.stdout  # 8 listed, the manifest
     for line in named:
         assert any(
             ln.startswith("  kept (not the store's") and ln.endswith(line) for ln in dry.stdout.splitlines()
@@ -217,14 +228,15 @@ def test_gc_quarantine_removes_a_stores_own_files_and_keeps_a_note_put_inside_it
         f"{rel}/MY_NOTES.txt",
         f"{rel}/my_analysis",
         f"{rel}/shards/shard-000000/notes.txt",
+        *(f"{rel}/{s}" for s in shaped),
     }
-    assert len(js["files"]) == 11 and not any("notes" in f["path"].lower() for f in js["files"]), js
+    assert len(js["files"]) == 9 and not any("notes" in f["path"].lower() for f in js["files"]), js
     assert (moved / "manifest.json").is_file() and all(p.is_file() for p in user)
 
     gc = stage2("gc", stores, "--quarantine")
     assert gc.returncode == 0, gc.tail()
     (removed,) = _removal_lines(gc.stdout, "removed")
-    assert "folder of 11 file(s)" in removed, gc.stdout
+    assert "folder of 9 file(s)" in removed, gc.stdout
     for line in named:
         assert line in gc.stdout, gc.stdout
     assert notes.read_text() == "why this store failed" and result.read_text() == "a,b\n1,2\n"
@@ -237,6 +249,11 @@ def test_gc_quarantine_removes_a_stores_own_files_and_keeps_a_note_put_inside_it
         "shards",
         "shards/shard-000000",
         "shards/shard-000000/notes.txt",
+        "shards/shard-000000/num_frames",
+        "shards/shard-000000/num_frames/c",
+        "shards/shard-000000/num_frames/c/0",
+        "splits",
+        "splits/train.npy",
     ], left
     assert not list(q.glob("*/moved.json"))
 

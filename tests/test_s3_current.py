@@ -255,15 +255,27 @@ def test_a_store_failing_the_gate_on_object_storage_is_moved_aside_never_deleted
     assert main(["gc", root.url, "--keep", "0", "--json", *opt_args]) == 0
     (rep,) = json.loads(capsys.readouterr().out)["roots"]
     assert QUARANTINE_DIR not in {e["name"] for e in rep["stores"]}
+    # a note put in the store's copy, and a chunk-shaped object its manifest does not list, are
+    # not the store's: kept and named, as in a local quarantine (they went with the prefix)
+    user = ["NOTES.txt", "shards/shard-000000/frames/c/9/9/9/9/9"]
+    for rel in user:
+        dest.write_bytes(dest.root / rel, b"mine")
+    dest.invalidate()
     assert main(["gc", root.url, "--quarantine", "--dry-run", *opt_args]) == 0
     text = capsys.readouterr().out
     assert f"would remove  {dest_url}/  folder of {len(before)} file(s)" in text, text
+    for rel in user:
+        assert f"  kept (not the store's: its manifest.json does not list it): {dest_url}/{rel}\n" in text, text
     assert dest.tree_files(dest.root) != []
     assert main(["gc", root.url, "--quarantine", "--json", *opt_args]) == 0
     doc = json.loads(capsys.readouterr().out)["quarantine"]
     assert doc["removed_files"] == len(before) and [m["path"] for m in doc["moved"]] == [dest_url], doc
+    assert [k["path"] for k in doc["kept"]] == [f"{dest_url}/{rel}" for rel in user], doc
     dest.invalidate()
-    assert dest.tree_files(dest.root) == []
+    assert sorted(dest.tree_files(dest.root)) == sorted(user)
+    assert all(dest.read_bytes(dest.root / rel) == b"mine" for rel in user)
+    with pytest.raises(FileNotFoundError):  # its record went with the store
+        dest.read_bytes(dest.root.parent / "moved.json")
 
 
 def _aws_env(**values: str) -> dict[str, str]:

@@ -280,12 +280,14 @@ def _gc_data_root(target: Path) -> Path | None:
 
 @dataclass
 class _RemoteQuarantine:
-    """What ``stage2 gc URL --quarantine`` removed (or would): the stores a build moved aside into
-    ``<url>/<profile>/.quarantine/<UTC time>/<name>/`` (object storage has no data root)."""
+    """What ``stage2 gc URL --quarantine`` removed (or would): of the stores a build moved aside
+    into ``<url>/<profile>/.quarantine/<UTC time>/<name>/`` (object storage has no data root),
+    each one's own files, and what it kept (URL, why) as the local quarantine keeps it."""
 
     root: str
     dry_run: bool
     moved: list[dict[str, Any]]
+    kept: list[tuple[str, str]]
 
     @property
     def files(self) -> int:
@@ -297,31 +299,42 @@ class _RemoteQuarantine:
 
     def lines(self) -> list[str]:
         verb = "would remove" if self.dry_run else "removed"
-        if not self.moved:
+        if not self.moved and not self.kept:
             return [f"quarantine {self.root}: empty, nothing {'to remove' if self.dry_run else 'removed'}"]
         out = [f"quarantine {self.root}:"]
         out += [
             f"  {verb}  {m['path']}/  folder of {m['files']} file(s), {_human(m['size'])}  {m['reason']}".rstrip()
             for m in self.moved
         ]
-        return [*out, f"quarantine: {verb} {self.files} file(s), {_human(self.bytes)}"]
+        out += [f"  kept ({why}): {url}" for url, why in self.kept]
+        total = f"quarantine: {verb} {self.files} file(s), {_human(self.bytes)}"
+        if self.kept:
+            total += f"; kept {len(self.kept)} item(s) that are not what stage2 moved there (named above)"
+        return [*out, total]
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "root": self.root,
             "dry_run": self.dry_run,
             "moved": self.moved,
+            "kept": [{"path": url, "why": why} for url, why in self.kept],
             "removed_files": 0 if self.dry_run else self.files,
             "bytes": self.bytes,
         }
 
 
 def _remote_quarantine(target: str, opts: dict[str, Any] | None, roots: list[Any], *, dry_run: bool) -> Any:
-    """Empty ``.quarantine/`` of each profile stores folder ``target`` names on object storage (one
-    entry per quarantine folder, with what its ``moved.json`` says); a dry run removes nothing."""
+    """Empty ``.quarantine/`` of each profile stores folder ``target`` names on object storage as
+    the local quarantine is emptied: in each move's folder, each store its ``moved.json`` records
+    (its ``manifest.json`` and the files that lists, the manifest last), then that ``moved.json``.
+    Anything else is kept and named: an object the manifest does not list (a note put in the
+    store), what no ``moved.json`` records, a store whose manifest cannot be read (whole, with its
+    ``moved.json``). A dry run removes nothing."""
     import json
 
+    from ..publish.quarantine import NOT_MOVED, manifest_listed_paths
     from ..storage import MOVED_FILE, QUARANTINE_DIR, StoreLocation
+    from ..store.format import MANIFEST_NAME
 
     loc = StoreLocation.parse(target, opts)
     if not roots:  # a profile folder holding only what was moved aside, or a folder of such
@@ -332,6 +345,7 @@ def _remote_quarantine(target: str, opts: dict[str, Any] | None, roots: list[Any
             if not n.startswith(".") and loc.is_dir(loc.root / n / QUARANTINE_DIR)
         ]
     moved: list[dict[str, Any]] = []
+    kept: list[tuple[str, str]] = []
     for r in roots:
         q = r.child(QUARANTINE_DIR)
         for folder in sorted(q.listdir_names(q.root)):
@@ -342,20 +356,61 @@ def _remote_quarantine(target: str, opts: dict[str, Any] | None, roots: list[Any
             except (OSError, ValueError):
                 record = {}
             record = record if isinstance(record, dict) else {}
-            for name in sorted(n for n in f.listdir_names(f.root) if n != MOVED_FILE):
-                mine = {k: v for k, v in sizes.items() if k == name or k.startswith(name + "/")}
+            moves: Any = record.get("files")
+            moves = moves if isinstance(moves, list) else []
+            units = {
+                str(m.get("to", "")).rstrip("/").rsplit("/", 1)[-1] for m in moves if isinstance(m, dict)
+            }
+            remove: list[str] = []
+            whole = False
+            for name in sorted({k.split("/", 1)[0] for k in sizes} - {MOVED_FILE}):
+                mine = {k: v for k, v in sizes.items() if k.startswith(name + "/")}
+                if name not in units or not mine:
+                    kept.append(
+                        (f.display(f.root / name), f"{NOT_MOVED}: its {MOVED_FILE} does not record it")
+                    )
+                    continue
+                try:
+                    listed, why = manifest_listed_paths(
+                        json.loads(f.read_bytes(f.root / name / MANIFEST_NAME))
+                    )
+                except (OSError, ValueError) as e:
+                    listed, why = None, f"{type(e).__name__}: {e}"
+                if listed is None:
+                    whole = True
+                    kept.append(
+                        (
+                            f.display(f.root / name),
+                            f"a store moved aside whose manifest.json cannot be read ({why}): kept whole, "
+                            "nothing in it is guessed to be the store's; remove it yourself if you no "
+                            "longer need it",
+                        )
+                    )
+                    continue
+                ours = [k for k in sorted(mine) if k[len(name) + 1 :] in listed]
+                ours.append(f"{name}/{MANIFEST_NAME}")  # last: a store without it is never complete
+                kept += [
+                    (f.display(f.root / k), "not the store's: its manifest.json does not list it")
+                    for k in sorted(mine)
+                    if k not in ours
+                ]
                 moved.append(
                     {
                         "path": f.display(f.root / name),
                         "folder": folder,
                         "reason": str(record.get("reason") or ""),
-                        "files": len(mine),
-                        "size": sum(mine.values()),
+                        "files": len(ours),
+                        "size": sum(mine[k] for k in ours),
                     }
                 )
+                remove += ours
             if not dry_run:
-                f.delete_tree()
-    return _RemoteQuarantine(loc.url, dry_run, moved)
+                for k in remove:
+                    f.delete(f.root / k)
+                if not whole and MOVED_FILE in sizes:  # a store kept whole keeps why it was moved
+                    f.delete(f.root / MOVED_FILE)
+                f.invalidate()
+    return _RemoteQuarantine(loc.url, dry_run, moved, kept)
 
 
 def cmd_gc(args: argparse.Namespace) -> int:

@@ -12,10 +12,9 @@ takes what any step sets aside: a store that fails the publication gate, a ``cur
 a link, a user's files in a folder extracted again (``extract/aside.py``).
 
 A store's folder (``stores/<profile>/<name>``, moved as one unit) is removed file by file: its
-``manifest.json``, the files that manifest lists and those the store layout names
-(``docs/spec/vin-store.md``: ``sample_index.jsonl``, ``pairs.jsonl``, ``splits/<split>.npy``, each
-shard's ``zarr.json`` files and chunk files), then the folders left empty; anything else in it (a
-note the user put there) is kept and named. A store whose ``manifest.json`` cannot be read is kept
+``manifest.json`` and the files that manifest lists, then the folders left empty; anything else in
+it (a note the user put there, a file shaped like a chunk that the manifest does not list) is kept
+and named, as retention keeps such a store whole. A store whose ``manifest.json`` cannot be read is kept
 whole and named (with its ``moved.json``): nothing in it is guessed to be the store's.
 """
 
@@ -24,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import re
 import shutil
 import stat
 from collections.abc import Sequence
@@ -359,40 +357,6 @@ def _plan_folder(folder: Path, units: list[str]) -> tuple[list[str], list[tuple[
     return removable, kept
 
 
-#: the store layout's files (docs/spec/vin-store.md, Layout), by path under the store's folder
-_STORE_LAYOUT: re.Pattern[str] | None = None
-
-
-def _store_layout() -> re.Pattern[str]:
-    global _STORE_LAYOUT
-    if _STORE_LAYOUT is None:
-        from ..store.format import (
-            BLOCK_NAMES,
-            PAIRS_NAME,
-            SAMPLE_INDEX_NAME,
-            SHARDS_DIR,
-            SPLIT_FILES,
-            SPLITS_DIR,
-        )
-
-        groups = sorted({b.rsplit("/", 1)[0] for b in BLOCK_NAMES if "/" in b})
-        arrays = "|".join(re.escape(b) for b in BLOCK_NAMES)
-        nodes = "|".join(re.escape(b) for b in (*BLOCK_NAMES, *groups))
-        shard = rf"{re.escape(SHARDS_DIR)}/shard-\d{{6}}"
-        _STORE_LAYOUT = re.compile(
-            "|".join(
-                [
-                    re.escape(SAMPLE_INDEX_NAME),
-                    re.escape(PAIRS_NAME),
-                    rf"{re.escape(SPLITS_DIR)}/(?:{'|'.join(map(re.escape, SPLIT_FILES))})\.npy",
-                    rf"{shard}/(?:(?:{nodes})/)?zarr\.json",  # the shard's group, its groups and arrays
-                    rf"{shard}/(?:{arrays})/c(?:/\d+)+",  # chunk (shard) files
-                ]
-            )
-        )
-    return _STORE_LAYOUT
-
-
 def _is_store_unit(folder: Path, unit: str) -> bool:
     """``unit`` (a thing one move put into ``folder``) is a store's folder: ``stores/<profile>/<name>``,
     a real folder."""
@@ -455,8 +419,8 @@ def manifest_listed_paths(doc: Any) -> tuple[set[str] | None, str]:
 
 def _plan_store(store: Path) -> tuple[list[str], list[tuple[str, bool, str]]] | str:
     """What of a store's folder moved aside is the store's: its files (paths under ``store``,
-    ``manifest.json`` last: the files its manifest lists, and those of the store layout it does
-    not list), and what else is in it (kept: path under ``store``, is a folder, why; a folder
+    ``manifest.json`` last, and the files its manifest lists: nothing else, whatever its name), and
+    what else is in it (kept: path under ``store``, is a folder, why; a folder
     holding nothing of the store's is one entry). A reason (str) when its manifest cannot be read:
     then the whole folder is kept."""
     from ..formats.sha256sums import file_kind
@@ -464,7 +428,6 @@ def _plan_store(store: Path) -> tuple[list[str], list[tuple[str, bool, str]]] | 
     listed, why = _manifest_paths(store)
     if listed is None:
         return why
-    pattern = _store_layout()
     files: list[str] = []
     kept: list[tuple[str, bool, str]] = []
 
@@ -484,7 +447,7 @@ def _plan_store(store: Path) -> tuple[list[str], list[tuple[str, bool, str]]] | 
                     del kept[mark:]
                     kept.append((rel, True, "not the store's: no file of the store is in it"))
                 continue
-            ours = rel == "manifest.json" or rel in listed or pattern.fullmatch(rel) is not None
+            ours = rel == "manifest.json" or rel in listed
             if ours and stat.S_ISREG(st.st_mode):
                 if rel != "manifest.json":
                     files.append(rel)
