@@ -13,7 +13,7 @@ location, instead of executing its job in a process of its own (issue #27: one o
     origin and hands it to the run launcher, which starts a run worker (``dagster api
     execute_run``); the run then appears on the job's own page and the Overview timeline. Waited for
     until the CLI has exited and the run has ended (polling the instance).
-  - baseline: today's path, ``stage2 build``'s: ``runs.run_selection`` of ``FINAL_STAGE`` in a fresh
+  - baseline: today's path, ``stage2 build``'s: ``runs.run_selection`` of the kit and store stages' assets in a fresh
     ``python`` (``dagster.execute_job`` on a reconstructable job; the run has no remote origin).
   - ``running_server_*`` (informational, a third way in each round): the same launch against a code
     server started once beforehand (``dagster api grpc``, as a workspace's ``grpc_server`` location
@@ -70,8 +70,9 @@ COORDINATOR = {"module": "dagster.core.run_coordinator", "class": "DefaultRunCoo
 EXECUTE_JOB = """\
 import json
 from stage2_pipelines.config import BuildConfig
-from stage2_pipelines.runner import FINAL_STAGE, run_selection
-run = run_selection(BuildConfig.from_env().to_dict(), FINAL_STAGE)
+from stage2_data.stages import KIT, STORE
+from stage2_pipelines.runs import run_selection
+run = run_selection(BuildConfig.from_env().to_dict(), [*KIT.assets, *STORE.assets])
 print(json.dumps({"run_id": run["run_id"], "success": run["success"]}))
 """
 

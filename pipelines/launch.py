@@ -245,13 +245,6 @@ class CodeServer:
         # by the thread that launched it (runs.launch_selection)
         self.closed = threading.Event()
 
-    def __enter__(self) -> CodeServer:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
     def start(self) -> None:
         """Start the code server and the webserver; if either cannot start, neither is left running."""
         try:

@@ -101,11 +101,6 @@ class FinishedRuns:
         self._context.update_cursor(json.dumps({"ts": last, "runs": seen}, sort_keys=True))
 
 
-def job_of(stage: Stage) -> str:
-    """The job a rebuild launches for ``stage``."""
-    return stage.job
-
-
 def partition_tags(profile: Profile, keys: list[str]) -> dict[str, str]:
     """The tags of one run over the cache keys ``keys``: one partition, or the range holding them all
     (a single-run backfill; ``stage2/partitions`` names the keys when the range holds others too)."""
@@ -133,7 +128,7 @@ def stage_requests(
     keys = [p for p in stage_partitions(stage, profile) if p is not None]
     tags = {REBUILD_TAG: rebuild_id, STAGE_TAG: stage.name, **partition_tags(profile, keys)}
     subset = job_subset(list(stage.assets), stage.job)  # the store stage: its job without the sidecars
-    return [dg.RunRequest(run_key=f"{rebuild_id}-{stage.name}", job_name=job_of(stage), tags=tags, **subset)]
+    return [dg.RunRequest(run_key=f"{rebuild_id}-{stage.name}", job_name=stage.job, tags=tags, **subset)]
 
 
 def stream_requests(rebuild_id: str, profile: Profile) -> list[dg.RunRequest]:

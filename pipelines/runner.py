@@ -42,7 +42,6 @@ from stage2_data.stages import (
     ACQUIRE,
     DOWNLOADS_POOL,
     EXTRACT,
-    KIT,
     STAGES,
     STORE,
     STREAMED,
@@ -63,15 +62,7 @@ from stage2_data.steps.status import (
 from .config import BuildConfig, stream_run_bytes, write_instance_yaml
 from .executors import local_dask_cluster
 from .launch import RUNS_CONSOLE_LOG, CodeServer, free_port, logs_dir, queued_warn_seconds, terminate_runs
-from .runs import (  # re-exported: one run of a selection (tests and tools import them from here)
-    execute_selection,
-    job_for,
-    partition_entry,
-    partition_runs,
-    run_selection,
-    run_tags,
-    step_error_line,
-)
+from .runs import partition_runs, run_selection
 from .uptodate import (
     build_summary,
     instance_home,
@@ -80,32 +71,6 @@ from .uptodate import (
     store_stage_settings,
     up_to_date_summary,
 )
-
-__all__ = [
-    "FINAL_STAGE",
-    "build_all",
-    "ensure_instance",
-    "open_instance",
-    "execute_selection",
-    "job_for",
-    "partition_entry",
-    "partition_runs",
-    "run_selection",
-    "run_tags",
-    "step_error_line",
-    "walk_stages",
-    "write_instance_yaml",
-]
-
-# everything after the extraction (the kit and store stages) in one run: what tests and tools run
-# on their own (a run executed in process: no named job holds both stages, runs.job_for)
-FINAL_STAGE = [*KIT.assets, *STORE.assets]
-
-
-def ensure_instance(data_root: Path) -> Path:
-    """DAGSTER_HOME if set, else <data_root>/.dagster; created with a dagster.yaml (telemetry off)."""
-    return open_instance(data_root)[0]
-
 
 #: in an instance's folder: held while a build writes its dagster.yaml and creates its schema
 INSTANCE_LOCK = ".stage2-instance.lock"
@@ -176,34 +141,6 @@ def build_all(
         return _build_all(
             config, concurrency=concurrency, on_run=on_run, status=status, in_process=run_in_process
         )
-
-
-def _run_stage(
-    cfg: dict[str, Any],
-    stage: Stage,
-    partitions: list[str | None],
-    concurrency: int | None,
-    record: Callable[[dict[str, Any]], None],
-    report: Callable[[dict[str, Any]], None],
-    instance: dg.DagsterInstance | None = None,
-    server: CodeServer | None = None,
-) -> dict[str, Any]:
-    """The one run of a stage: all its partitions in one run (a single-run backfill), or its run.
-    ``report`` has each partition as it finishes; ``record`` the run when it is over."""
-    selection = list(stage.assets)
-    keys = [p for p in partitions if p is not None]
-    workers = stage_workers(stage, concurrency)
-    run = run_selection(
-        cfg,
-        selection,
-        partition_keys=keys,
-        workers=workers,
-        on_partition=report,
-        instance=instance,
-        server=server,
-    )
-    record(run)
-    return run
 
 
 def stage_workers(stage: Stage, concurrency: int | None) -> int | None:
@@ -530,9 +467,16 @@ def _walk(
                 record(up_to_date_summary(stage))
             return
         kit_before = kit_fingerprint(profile) if stage is STORE else None  # what its steps will read
-        run = _run_stage(
-            cfg, stage, partitions, concurrency, locked(record), locked(report), instance, server
+        run = run_selection(
+            cfg,
+            list(stage.assets),
+            partition_keys=[p for p in partitions if p is not None],
+            workers=stage_workers(stage, concurrency),
+            on_partition=locked(report),
+            instance=instance,
+            server=server,
         )
+        locked(record)(run)
         passed = run["success"] and not run["errors"] and all(c["passed"] for c in run["checks"])
         if stage is STORE and passed and not config.store_url:  # a failed check: not up to date next time
             record_store_stage(profile, data_root, settings, kit_before=kit_before, dagster_home=str(home))

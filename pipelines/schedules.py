@@ -7,7 +7,7 @@ import dagster as dg
 from stage2_data.profile import Profile
 from stage2_data.stages import REBUILD_FIRST_STAGE, VERIFY_JOB
 
-from .rebuild import job_of, stage_requests
+from .rebuild import stage_requests
 
 
 def build_schedules(profile: Profile, jobs: dict[str, Any]) -> list[dg.ScheduleDefinition]:
@@ -23,7 +23,7 @@ def build_schedules(profile: Profile, jobs: dict[str, Any]) -> list[dg.ScheduleD
 
     @dg.schedule(
         name="weekly_rebuild",
-        job=jobs[job_of(REBUILD_FIRST_STAGE)],
+        job=jobs[REBUILD_FIRST_STAGE.job],
         cron_schedule="0 3 * * 0",
         default_status=dg.DefaultScheduleStatus.STOPPED,
         description="Rebuild as `stage2 build` does: check the profile, then (advance_rebuilds) one "

@@ -10,7 +10,7 @@ from stage2_data.profile import Profile
 from stage2_data.stages import REBUILD_FIRST_STAGE, STAGES, STREAM_JOB
 from stage2_resources import AlertsResource
 
-from .rebuild import FinishedRuns, advance_rebuilds, job_of, stage_requests
+from .rebuild import FinishedRuns, advance_rebuilds, stage_requests
 
 
 def deliver_for_finished_runs(
@@ -115,7 +115,7 @@ def build_sensors(profile: Profile, jobs: dict[str, Any]) -> list[dg.SensorDefin
     # what advance_rebuilds requests: the jobs of a rebuild's stages after its first, and the one
     # job that runs the streamed stages together
     first = STAGES.index(REBUILD_FIRST_STAGE)
-    later_jobs = [jobs[job_of(s)] for s in STAGES[first + 1 :]] + [jobs[STREAM_JOB]]
+    later_jobs = [jobs[s.job] for s in STAGES[first + 1 :]] + [jobs[STREAM_JOB]]
 
     kit_files = [profile.profile_path] + [
         profile.kit_file(k)
@@ -124,7 +124,7 @@ def build_sensors(profile: Profile, jobs: dict[str, Any]) -> list[dg.SensorDefin
 
     @dg.sensor(
         name="rebuild_on_profile_change",
-        jobs=[jobs[job_of(REBUILD_FIRST_STAGE)]],
+        jobs=[jobs[REBUILD_FIRST_STAGE.job]],
         minimum_interval_seconds=60,
         default_status=dg.DefaultSensorStatus.STOPPED,
         description="Starts a rebuild (the profile, then every cache key's archives and extraction, and "

@@ -26,7 +26,8 @@ from stage2_data.demo import DemoPaths
 from stage2_data.demo.hubserver import HubServer
 from stage2_data.profile import load_profile
 from stage2_pipelines.config import BuildConfig
-from stage2_pipelines.runner import build_all, run_selection
+from stage2_pipelines.runner import build_all
+from stage2_pipelines.runs import run_selection
 
 PIN_LINE = re.compile(r"^(size|sha256) = .*\n", re.MULTILINE)
 

@@ -340,7 +340,7 @@ def test_a_sample_through_a_dagster_run_is_named(tmp_path: Path, dagster_home: P
     one above): the step fails with the family's message naming the archive, never an opaque
     Dagster error."""
     from stage2_pipelines.config import BuildConfig
-    from stage2_pipelines.runner import run_selection
+    from stage2_pipelines.runs import run_selection
 
     sample = [c for c in CASES if c.fmt == "tar" and c.region in ("whole", "header0.chksum", "data1")][:3]
     assert len(sample) >= 3
@@ -381,7 +381,7 @@ def test_an_exception_outside_the_family_is_one_named_line_in_a_build_summary() 
     family's message) is kept as it is."""
     from dagster._utils.error import SerializableErrorInfo
 
-    from stage2_pipelines.runner import step_error_line
+    from stage2_pipelines.runs import step_error_line
 
     inner = SerializableErrorInfo(
         "zlib.error: Error -3 while decompressing data: invalid block type\n", [], "error"

@@ -49,7 +49,7 @@ from stage2_data.demo import DemoPaths
 from stage2_data.demo.hubserver import INFO, TREE, HubFaults, Reject
 from stage2_data.hashing import sha256_file
 from stage2_data.profile import load_profile
-from stage2_pipelines.runner import run_selection
+from stage2_pipelines.runs import run_selection
 
 pytestmark = pytest.mark.usefixtures("fault_instance")
 

@@ -46,13 +46,14 @@ from helpers.faults import (
     save,
     write_members,
 )
+from helpers.final import FINAL_STAGE
 
 from stage2_data import checks as C
 from stage2_data import layout
 from stage2_data.demo import DemoPaths, repin_profile
 from stage2_data.hashing import sha256_file
 from stage2_data.profile import load_profile
-from stage2_pipelines.runner import FINAL_STAGE, run_selection
+from stage2_pipelines.runs import run_selection
 
 pytestmark = pytest.mark.usefixtures("fault_instance")
 

@@ -46,7 +46,8 @@ from stage2_data.hashing import sha256_file
 from stage2_data.profile import load_profile
 from stage2_data.publish import DataRootLockedError, data_root_lock, read_holder
 from stage2_data.store import validate_vin_offline_store
-from stage2_pipelines.runner import run_selection, write_instance_yaml
+from stage2_pipelines.runner import write_instance_yaml
+from stage2_pipelines.runs import run_selection
 
 pytestmark = pytest.mark.usefixtures("fault_instance")
 

@@ -36,7 +36,7 @@ from stage2_data import checks as C
 from stage2_data.demo import DemoPaths
 from stage2_data.errors import ProfileError
 from stage2_data.profile import CROSS_CHECK, Profile, load_profile, parse_profile
-from stage2_pipelines.runner import run_selection
+from stage2_pipelines.runs import run_selection
 
 # A broken profile: each (profile text, what the one-line refusal names besides the file and "Fix:").
 Broken = Callable[[DemoPaths], list[tuple[str, tuple[str, ...]]]]

@@ -25,6 +25,7 @@ from helpers.faults import (
     said,
     save,
 )
+from helpers.final import FINAL_STAGE
 
 from stage2_data import checks as C
 from stage2_data import layout
@@ -37,7 +38,7 @@ from stage2_data.store import (
     VinOfflineStoreReader,
     VinOfflineWriter,
 )
-from stage2_pipelines.runner import FINAL_STAGE, run_selection
+from stage2_pipelines.runs import run_selection
 
 # the rows that run the final stage use the matrix's instance; store_rare_long is a library test
 dagster_rows = pytest.mark.usefixtures("fault_instance")

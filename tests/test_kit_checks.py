@@ -117,7 +117,7 @@ def kit(demo: DemoPaths, data_root: Path) -> Kit:
 
 
 def run_kit_assets(kit: Kit) -> dict[str, Any]:
-    from stage2_pipelines.runner import run_selection
+    from stage2_pipelines.runs import run_selection
 
     config = {
         "profile_path": str(kit.demo.profile),

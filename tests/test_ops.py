@@ -36,7 +36,7 @@ from stage2_data.stages import (
 from stage2_pipelines.config import BuildConfig
 from stage2_pipelines.definitions import build_definitions
 from stage2_pipelines.rebuild import PART_TAG, REBUILD_TAG, STAGE_TAG
-from stage2_pipelines.runner import run_selection
+from stage2_pipelines.runs import run_selection
 from stage2_resources import AlertsResource
 
 

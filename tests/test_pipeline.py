@@ -14,6 +14,7 @@ import dagster as dg
 import pytest
 from helpers.cli import REPO, python, stage2
 from helpers.env import environ, read_only_mount
+from helpers.final import FINAL_STAGE
 
 from stage2_data import checks as C
 from stage2_data import layout
@@ -25,7 +26,8 @@ from stage2_data.stages import ACQUIRE_JOB, EXTRACT_JOB, JOB_ASSETS, KIT_JOB, PR
 from stage2_data.store import VinOfflineDataset, VinOfflineStoreReader, validate_vin_offline_store
 from stage2_pipelines.config import BuildConfig
 from stage2_pipelines.definitions import build_definitions
-from stage2_pipelines.runner import FINAL_STAGE, build_all, run_selection
+from stage2_pipelines.runner import build_all
+from stage2_pipelines.runs import run_selection
 
 
 def _config(demo: DemoPaths, data_root: Path, url: str) -> BuildConfig:

@@ -24,7 +24,7 @@ from stage2_data import fsutil, layout
 from stage2_data.demo import DemoPaths
 from stage2_data.profile import Profile, load_profile
 from stage2_data.stages import ACQUIRE, STAGES, Stage, stage_partitions
-from stage2_pipelines import progress, runner
+from stage2_pipelines import progress, runner, runs
 from stage2_pipelines.progress import BuildProgress
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -397,7 +397,7 @@ def test_a_range_runs_failed_check_is_said_once_under_its_partition(demo_cache: 
     }  # fmt: skip
     stream = io.StringIO()
     bar = BuildProgress(prof, stream, live=False)
-    bar.on_run(runner.partition_entry("abcdef0123", "acquire_archives", selection, early, selection))
+    bar.on_run(runs.partition_entry("abcdef0123", "acquire_archives", selection, early, selection))
     for entry in runner.entries_at_end(run):
         bar.on_run(entry)
     bar.close()

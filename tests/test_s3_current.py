@@ -265,7 +265,9 @@ def test_a_store_failing_the_gate_on_object_storage_is_moved_aside_never_deleted
     text = capsys.readouterr().out
     assert f"would remove  {dest_url}/  folder of {len(before)} file(s)" in text, text
     for rel in user:
-        assert f"  kept (not the store's: its manifest.json does not list it): {dest_url}/{rel}\n" in text, text
+        assert f"  kept (not the store's: its manifest.json does not list it): {dest_url}/{rel}\n" in text, (
+            text
+        )
     assert dest.tree_files(dest.root) != []
     assert main(["gc", root.url, "--quarantine", "--json", *opt_args]) == 0
     doc = json.loads(capsys.readouterr().out)["quarantine"]

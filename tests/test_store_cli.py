@@ -591,7 +591,7 @@ def test_store_metadata_and_unchanged_inputs_do_not_rebuild(
     import dagster as dg
 
     from stage2_pipelines.config import BuildConfig
-    from stage2_pipelines.runner import run_selection
+    from stage2_pipelines.runs import run_selection
 
     r = refused_then_rebuilt
     assert r["rebuild"].returncode == 0

@@ -13,7 +13,8 @@ from stage2_data.demo import DemoPaths
 from stage2_data.demo.hubserver import HubServer
 from stage2_data.profile import load_profile
 from stage2_pipelines.config import BuildConfig
-from stage2_pipelines.runner import ensure_instance, partition_runs, run_selection
+from stage2_pipelines.runner import open_instance
+from stage2_pipelines.runs import partition_runs, run_selection
 
 
 def test_partitions_are_reported_while_their_run_goes_on(
@@ -23,7 +24,7 @@ def test_partitions_are_reported_while_their_run_goes_on(
     keys = prof.cache_keys()  # archive_file's partitions
     seen: list[tuple[float, dict[str, Any]]] = []
     root = tmp_path / "root"
-    ensure_instance(root)
+    open_instance(root)[0]
     with HubServer(demo_cache.upstream, repo_id=demo_cache.repo_id, revision=demo_cache.revision) as hub:
         hub.faults.rate = 4 * 1024 * 1024  # bytes/s per download: the run lasts seconds, not one poll
         cfg = BuildConfig(profile_path=str(demo_cache.profile), data_root=str(root), endpoint=hub.url)

@@ -93,7 +93,7 @@ def cache_key_of(demo: DemoPaths, path: str) -> str:
 def download(demo: DemoPaths, root: Path, paths: list[str]) -> list[str]:
     """Download ``paths`` from a fresh hub over the demo's upstream (the ``archive_file`` partitions
     of their cache keys); returns the archives it served."""
-    from stage2_pipelines.runner import run_selection
+    from stage2_pipelines.runs import run_selection
 
     with demo_hub(demo) as hub:
         cfg = run_cfg(demo, root, hub.url)
@@ -156,7 +156,8 @@ def final_refused(
 ) -> tuple[dict[str, Any], Path]:
     """The final stage on a copy of the prepared root is refused, naming ``names``: nothing published,
     nothing changed outside the data root."""
-    from stage2_pipelines.runner import FINAL_STAGE, run_selection
+    from helpers.final import FINAL_STAGE
+    from stage2_pipelines.runs import run_selection
 
     root = copy_root(prepared, tmp_path / "root")
     before = outside(tmp_path, root)
@@ -175,7 +176,8 @@ def resolve_gets(hub: HubServer) -> list[str]:
 def converge(prepared: Prepared, cfg: dict[str, Any], root: Path, runs: list[tuple[str, str | None]]) -> None:
     """(d) rerun the given stages (asset, partition), then the final stage; the store's fingerprint
     must be the clean build's."""
-    from stage2_pipelines.runner import FINAL_STAGE, run_selection
+    from helpers.final import FINAL_STAGE
+    from stage2_pipelines.runs import run_selection
 
     for asset, part in runs:
         r = run_selection(cfg, [asset], part)
