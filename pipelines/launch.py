@@ -1,9 +1,8 @@
 """Runs launched through the instance, as the UI, a schedule or a sensor launches them.
 
-`stage2 build` starts one code server for the build (``dagster api grpc`` over the project's
-definitions, with the build's settings in its environment: :meth:`BuildConfig.to_env`) and, beside
-it, Dagster's webserver over that server, and launches each stage's run as the UI's Launch button
-does: Dagster's GraphQL client (``dagster_graphql.DagsterGraphQLClient``) asks the webserver, which
+`stage2 build` starts Dagster's webserver over the project's definitions (``dagster-webserver -m``,
+with the build's settings in its environment: :meth:`BuildConfig.to_env`), which runs its own code
+server as ``make ui``'s does, and launches each stage's run as the UI's Launch button does: Dagster's GraphQL client (``dagster_graphql.DagsterGraphQLClient``) asks the webserver, which
 keeps the location's snapshot loaded, so a launch costs one request instead of a process that
 imports Dagster and loads the location again. The instance's run launcher starts the run's worker
 process from the code server, so every run carries the code location's origin (``LOCATION_NAME``,
@@ -13,19 +12,12 @@ instance (``runs.RecordedRun``), whichever way it was started.
 
 A stop cancels the build's runs through the instance (:func:`terminate_runs`): a run ends as
 canceled, its step interrupted, whatever signal the build's own process received.
-
-The code server's ``workspace.yaml`` lives in a folder of the system's temp folder named after the
-build's process (``stage2-launch-<pid>-<start>-<host>-<rand>``: :func:`make_launch_dir`), removed when
-the server stops. A build killed outright (SIGKILL) cannot remove it: the next launch set-up removes
-the folders whose owner is dead, judged as the data root's temps are
-(:func:`stage2_data.publish.names.owner_alive`), never a live build's (:func:`sweep_launch_dirs`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import os
 import re
 import shutil
@@ -33,7 +25,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
@@ -48,7 +39,6 @@ import dagster as dg
 from stage2_data.cli import install_line
 from stage2_data.errors import Stage2Error, env_number
 from stage2_data.publish.lock import LAUNCHING_BUILD_ENV, held_build_id
-from stage2_data.publish.names import host_tag, owner_alive, proc_start_time
 from stage2_data.stages import BUILD_TAG
 
 from .config import BuildConfig
@@ -74,8 +64,8 @@ class LaunchError(Stage2Error):
 # `.logs_queue` and posts each file in it to Dagster's telemetry server, whatever the instance's
 # telemetry setting (the telemetry upload `dagster-webserver` starts with, Dagster 1.13).
 LOGS_DIR = "stage2-logs"
-CODE_SERVER_LOG = "code-server.log"
-WEBSERVER_LOG = "webserver.log"
+CODE_SERVER_LOG = "code-server.log"  # an older stage2's: moved out of Dagster's folders like the rest
+WEBSERVER_LOG = "webserver.log"  # the webserver's, its code server's and the launched runs' console
 RUNS_CONSOLE_LOG = "runs-console.log"  # a quiet build's runs executed in process (runner.runs_console)
 
 
@@ -94,51 +84,8 @@ def logs_dir(home: Path) -> Path:
     return out
 
 
-# The launch folder's name: ``stage2-launch-<pid>-<start>-<host>-<mkdtemp's random suffix>``, the
-# owner's identity as a temp name of the data root records it (stage2_data/publish/names.py).
-LAUNCH_DIR_PREFIX = "stage2-launch-"
-_LAUNCH_DIR_RE = re.compile(
-    rf"^{re.escape(LAUNCH_DIR_PREFIX)}(?P<pid>\d+)-(?P<start>\d+)-(?P<host>[0-9a-f]{{8}})-[A-Za-z0-9_]+$"
-)
-
-
-def sweep_launch_dirs(tmp: str | os.PathLike[str] | None = None) -> list[Path]:
-    """Remove the launch folders (:func:`make_launch_dir`) in ``tmp`` (the system's temp folder by
-    default) whose owner build is dead: no such process on this host, or its pid now names a later
-    process. A live owner's folder is never touched, nor another host's, nor another user's, nor a
-    folder whose name records no owner (an older stage2's ``stage2-launch-<rand>``: it cannot be
-    judged). Returns what was removed."""
-    base = Path(tempfile.gettempdir() if tmp is None else tmp)
-    try:
-        entries = sorted(os.scandir(base), key=lambda e: e.name)
-    except OSError:
-        return []
-    removed: list[Path] = []
-    for e in entries:
-        m = _LAUNCH_DIR_RE.match(e.name)
-        if m is None:
-            continue
-        try:
-            if not e.is_dir(follow_symlinks=False) or e.stat(follow_symlinks=False).st_uid != os.getuid():
-                continue
-        except OSError:
-            continue
-        if owner_alive(int(m["pid"]), int(m["start"]), m["host"]):
-            continue
-        shutil.rmtree(e.path, ignore_errors=True)
-        if not os.path.lexists(e.path):
-            removed.append(Path(e.path))
-    return removed
-
-
-def make_launch_dir(tmp: str | os.PathLike[str] | None = None) -> Path:
-    """A fresh launch folder in ``tmp`` (the system's temp folder by default) named after this
-    process (pid, start time, host), once the folders dead builds left there are removed
-    (:func:`sweep_launch_dirs`)."""
-    sweep_launch_dirs(tmp)
-    pid = os.getpid()
-    prefix = f"{LAUNCH_DIR_PREFIX}{pid}-{proc_start_time(pid)}-{host_tag()}-"
-    return Path(tempfile.mkdtemp(prefix=prefix, dir=None if tmp is None else os.fspath(tmp)))
+#: the last line of a Python traceback (``SystemExit: ...``, ``ModuleNotFoundError: ...``)
+_ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)(: |$)")
 
 
 def _dagster_cli(name: str = "dagster") -> str:
@@ -207,7 +154,6 @@ class CodeServer:
 
     def __init__(self, config: BuildConfig, dagster_home: Path, *, verbose: bool = False) -> None:
         self.home = Path(dagster_home)
-        self.port = free_port()
         self.ui_port = free_port()
         # the id the build wrote into the data root's lock: its runs' steps are covered by that lock
         self.build_id = held_build_id(Path(config.data_root)) or uuid.uuid4().hex
@@ -218,23 +164,9 @@ class CodeServer:
             "PYTHONUNBUFFERED": "1",
             LAUNCHING_BUILD_ENV: str(os.getpid()),  # its runs publish only while this build holds the lock
         }
-        logs = logs_dir(self.home)
-        self.log_path = logs / CODE_SERVER_LOG
-        self.ui_log_path = logs / WEBSERVER_LOG
+        self.log_path = logs_dir(self.home) / WEBSERVER_LOG
         self._log: IO[bytes] | None = None
-        self._ui_log: IO[bytes] | None = None
         self._verbose = verbose
-        self._workdir = str(make_launch_dir())  # removed at stop; after a SIGKILL, by a later build
-        self.workspace = Path(self._workdir) / "workspace.yaml"
-        self.workspace.write_text(
-            "load_from:\n"
-            "  - grpc_server:\n"
-            "      host: 127.0.0.1\n"
-            f"      port: {self.port}\n"
-            f"      location_name: {json.dumps(LOCATION_NAME)}\n",
-            encoding="utf-8",
-        )
-        self._proc: subprocess.Popen[bytes] | None = None
         self._ui: subprocess.Popen[bytes] | None = None
         self._connected = False  # the webserver answers and serves the code location
         self._clients = threading.local()  # a GraphQL client per thread: gql's sends one request at a time
@@ -254,78 +186,51 @@ class CodeServer:
             raise
 
     def _start(self) -> None:
-        out: Any = None
-        if not self._verbose:
-            # this build's server and runs only: the file holds the last build's log, not every one
-            self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed by stop)
-            out = self._log
-        self._proc = _spawn(
-            [
-                _dagster_cli(), "api", "grpc",
-                "--module-name", DEFINITIONS_MODULE,
-                "--attribute", "defs",
-                "--host", "127.0.0.1",
-                "--port", str(self.port),
-                "--location-name", LOCATION_NAME,
-                "--working-directory", os.getcwd(),
-            ],
-            env=self.env,
-            stdout=out,
-            stderr=out,
-            start_new_session=False,
-        )  # fmt: skip
-        # its requests are not the build's output: always to its own file
-        self._ui_log = open(self.ui_log_path, "wb")  # noqa: SIM115 (closed by stop)
+        # the webserver's own code server loads the definitions (the location `make ui` serves)
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed by stop)
         self._ui = _spawn(
             [
                 _dagster_cli("dagster-webserver"),
-                "-w", str(self.workspace),
+                "-m", DEFINITIONS_MODULE, "-a", "defs", "-d", os.getcwd(),
                 "-h", "127.0.0.1",
                 "-p", str(self.ui_port),
                 "--log-level", "warning",
             ],
             env=self.env,
-            stdout=self._ui_log,
-            stderr=self._ui_log,
+            stdout=None if self._verbose else self._log,
+            stderr=None if self._verbose else self._log,
         )  # fmt: skip
 
-    def _await(
-        self, proc: subprocess.Popen[bytes] | None, who: str, log: Path, answers: Callable[[], bool]
-    ) -> None:
-        """Return once ``answers()`` (``proc``, the server called ``who``, serves); a named error
-        pointing at its ``log`` if it exited or never answered, :meth:`_stopping`'s if the build
-        stops meanwhile."""
-        assert proc is not None
+    def _await(self, answers: Callable[[], bool]) -> None:
+        """Return once ``answers()`` (the webserver serves); a named error pointing at its log if it
+        exited or never answered, :meth:`_stopping`'s if the build stops meanwhile."""
+        assert self._ui is not None
         deadline = time.monotonic() + SERVER_START_TIMEOUT
         while time.monotonic() < deadline:
             self._stopping()
-            if proc.poll() is not None:
-                raise LaunchError(self._failure(f"{who} exited (code {proc.returncode})", log))
+            if self._ui.poll() is not None:
+                raise LaunchError(self._failure(f"Dagster's webserver exited (code {self._ui.returncode})"))
             with contextlib.suppress(OSError):
                 if answers():
                     return
             time.sleep(0.05)
-        raise LaunchError(self._failure(f"{who} did not answer within {SERVER_START_TIMEOUT:.0f} s", log))
+        raise LaunchError(
+            self._failure(f"Dagster's webserver did not answer within {SERVER_START_TIMEOUT:.0f} s")
+        )
 
-    def wait_ready(self) -> None:
-        """Return once the code server answers (it serves after the definitions loaded)."""
-
-        def answers() -> bool:
-            with socket.create_connection(("127.0.0.1", self.port), 0.5):
-                return True
-
-        self._await(self._proc, "the code server", self.log_path, answers)
-
-    def _failure(self, what: str, log: Path | None = None) -> str:
-        log = log or self.log_path
+    def _failure(self, what: str) -> str:
+        """``what`` went wrong, with the last error the log names (a traceback's last line: the
+        code server's, whose start-up the webserver logs at length), else its last line."""
         tail = ""
         with contextlib.suppress(OSError):
-            lines = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()
-            tail = next((ln.strip() for ln in reversed(lines) if ln.strip()), "")
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+            lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+            errors = [ln for ln in lines if _ERROR_LINE.match(ln)]
+            tail = (errors or lines or [""])[-1]
         return (
             f"{what} while loading {DEFINITIONS_MODULE}"
             + (f": {tail[:400]}" if tail else "")
-            + f". Its log: {log}. Fix what it names, then re-run (or `--run-in-process` to "
+            + f". Its log: {self.log_path}. Fix what it names, then re-run (or `--run-in-process` to "
             "run the steps in this process)"
         )
 
@@ -356,17 +261,16 @@ class CodeServer:
             raise LaunchError(f"not launching a run{f' of {job}' if job else ''}: the build is stopping")
 
     def _connect(self) -> None:
-        self.wait_ready()
         _quiet_gql_deprecations()
 
         def answers() -> bool:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/server_info", timeout=1):
                 return True
 
-        self._await(self._ui, "Dagster's webserver", self.ui_log_path, answers)
+        self._await(answers)
         info = self._new_client().reload_repository_location(LOCATION_NAME)
         if getattr(info.status, "value", info.status) != "SUCCESS":
-            raise LaunchError(self._failure(f"the code location did not load: {info.message}"))
+            raise LaunchError(self._failure("the code location did not load"))
 
     def launch(self, job: str, tags: dict[str, str], run_config: dict[str, Any]) -> str:
         """Launch one run of ``job`` through the instance, as the UI's Launch button does (the
@@ -408,22 +312,17 @@ class CodeServer:
     def stop(self) -> None:
         """Stop the server: it waits for nothing, its runs are over (or terminated) by now."""
         self.closed.set()
-        for proc in (self._ui, self._proc):
-            if proc is not None and proc.poll() is None:
-                proc.terminate()
-        for proc in (self._ui, self._proc):
-            if proc is not None:
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-        self._ui = self._proc = None
-        for log in (self._log, self._ui_log):
-            if log is not None:
-                log.close()
-        self._log = self._ui_log = None
-        shutil.rmtree(self._workdir, ignore_errors=True)
+        if self._ui is not None:
+            self._ui.terminate()
+            try:
+                self._ui.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self._ui.kill()
+                self._ui.wait()
+        self._ui = None
+        if self._log is not None:
+            self._log.close()
+        self._log = None
 
 
 def queued_warn_seconds() -> float:

@@ -329,7 +329,7 @@ def runs_console(home: Path, *, quiet: bool) -> Iterator[None]:
     """While runs execute in this process quietly (`stage2 build` without ``--verbose``), this
     process's standard output and error (file descriptors 1 and 2, which its step workers and their
     helper processes inherit) go to ``<home>/stage2-logs/runs-console.log``, as a launched build's code
-    server and runs write to ``code-server.log``. Each step's own output is still captured by
+    server and runs write to ``webserver.log``. Each step's own output is still captured by
     Dagster's compute-log manager for the UI; what it mirrors to the console, Dagster's own debug
     lines, and the tracebacks its ``watch_orphans.py`` helpers print when a terminal's Ctrl-C
     reaches them, land in that file, not under the build's progress (which writes to a copy of the
