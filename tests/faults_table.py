@@ -689,6 +689,14 @@ FAULTS: tuple[Fault, ...] = (
         "(not needed: the build publishes the clean store; fingerprint = clean build's)",
     ),
     Fault(
+        "gate_store_url_outside_the_data_root",
+        "store",
+        "the stores in a local folder outside the data root (--store-url file://...): a same-length edit of the published store's sample_index.jsonl, its mtime kept",
+        "nothing fails: the next build sees the entry's new ctime, the publication gate hashes the file against the manifest, moves the store aside and builds it again; the step's update says where it went (was: an internal error, `current` left naming the damaged store)",
+        "the damaged store, byte for byte, under <data_root>/quarantine/<UTC time>/stores/<profile>/",
+        "(not needed: the build publishes the clean store; fingerprint = clean build's)",
+    ),
+    Fault(
         "gate_kept_store_decode_fails",
         "store",
         "a store of the same inputs that is not current: a kept one the profile returns to, or the folder a build stopped by SIGTERM right after it appeared left behind; here with a changed frames chunk, size and mtime kept",

@@ -125,6 +125,34 @@ def test_fault_gate_current_index_edited(gated: dict[str, Any], tmp_path: Path) 
     _valid_clean(root, gated["profile"])
 
 
+def test_fault_gate_store_url_outside_the_data_root(gated: dict[str, Any], tmp_path: Path) -> None:
+    """The stores in a local folder outside the data root (`--store-url file://...`), the published
+    store's sample_index.jsonl edited (same length, mtime kept): the gate failed it, then moving it
+    into the data root's quarantine raised an internal error, so `current` kept naming the damaged
+    store and every rerun failed the same way (QA). It is moved aside like a store of the data
+    root (`quarantine/<UTC time>/stores/<profile>/<name>`, its moved.json saying where it was), and
+    a clean one built and published where the stores are."""
+    root = tmp_path / "root"
+    shutil.copytree(gated["root"], root, symlinks=True, ignore=shutil.ignore_patterns(".dagster", "stores"))
+    url = f"file://{tmp_path / 'elsewhere'}"
+    first = _build(gated["demo"], root, gated["hub"], "--store-url", url)
+    assert first.returncode == 0 and _fingerprint(first) == FINGERPRINT, first.tail()
+    current = tmp_path / "elsewhere" / gated["profile"] / layout.CURRENT_LINK
+    store = current.resolve()
+    _same_size_edit(store / "sample_index.jsonl")
+    damaged = (store / "sample_index.jsonl").read_bytes()
+    out = _build(gated["demo"], root, gated["hub"], "--store-url", url)
+    assert out.returncode == 0, out.tail()
+    assert _fingerprint(out) == FINGERPRINT and "internal error" not in out.stdout + out.stderr
+    (aside,) = _aside(root, store.name)
+    assert (aside / "sample_index.jsonl").read_bytes() == damaged
+    moved = json.loads((aside.parents[2] / "moved.json").read_text())
+    assert moved["files"] == [{"from": str(store), "to": str(aside)}], moved
+    v = stage2("validate", str(current), "--deep", "--decode")
+    assert v.returncode == 0, v.tail()
+    assert json.loads((current / "manifest.json").read_text())["fingerprint"] == FINGERPRINT
+
+
 def test_fault_gate_kept_store_decode_fails(gated: dict[str, Any], tmp_path: Path) -> None:
     """A store of this input set that is not current (a kept store the profile returns to, or one a
     stopped build left behind) with one byte of a compressed frames chunk changed, size and mtime

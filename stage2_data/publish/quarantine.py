@@ -111,6 +111,17 @@ def quarantine_files(data_root: Path, files: list[Path], reason: str, **details:
     return [b for _, b in quarantine_moves(data_root, present, reason, **details)]
 
 
+def _quarantine_rel(data_root: Path, known_as: Path) -> Path:
+    """Where ``known_as`` goes under a quarantine folder: its path under the data root; a store
+    folder of a stores folder elsewhere (``--store-url file://...``: ``<url>/<profile>/<name>``) as
+    the data root's own stores are, ``stores/<profile>/<name>`` (its ``moved.json`` says where it
+    was)."""
+    try:
+        return known_as.relative_to(data_root)
+    except ValueError:
+        return Path(layout.STORES_DIR, known_as.parent.name, known_as.name)
+
+
 def quarantine_moves(
     data_root: Path, moves: Sequence[tuple[Path, Path]], reason: str, *, doing: str = "", **details: Any
 ) -> list[tuple[Path, Path]]:
@@ -127,7 +138,7 @@ def quarantine_moves(
         folder = new_quarantine_folder(layout.quarantine_root(data_root))
         try:
             for src, known_as in moves:
-                dst = folder / Path(known_as).relative_to(data_root)
+                dst = folder / _quarantine_rel(data_root, Path(known_as))
                 _move(Path(src), dst)
                 moved.append((Path(known_as), dst))
         finally:
