@@ -101,10 +101,15 @@ def open_instance(data_root: Path) -> tuple[Path, dg.DagsterInstance]:
         instance = dg.DagsterInstance.get()
         instance.get_runs(limit=1)  # create the schema once, before worker processes start
         # Create the `downloads` pool's row once, here: concurrent first runs would race to insert
-        # it (a unique-key violation that aborts a run on PostgreSQL).
-        init_pool = getattr(instance.event_log_storage, "initialize_concurrency_limit_to_default", None)
-        if callable(init_pool):
-            init_pool(DOWNLOADS_POOL)
+        # it (a unique-key violation that aborts a run on PostgreSQL). Only when it is missing:
+        # over an existing row Dagster's initializer catches the violation, then updates inside
+        # the transaction PostgreSQL has aborted (every later build failed there).
+        storage = instance.event_log_storage
+        if (
+            storage.supports_global_concurrency_limits
+            and DOWNLOADS_POOL not in storage.get_concurrency_keys()
+        ):
+            storage.initialize_concurrency_limit_to_default(DOWNLOADS_POOL)
     return home, instance
 
 

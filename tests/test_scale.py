@@ -284,6 +284,21 @@ def _daemon(env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]
             daemon.wait()
 
 
+def test_a_second_build_with_work_to_do_on_the_same_postgres_instance_succeeds(
+    pg_build: dict, postgres: Postgres, demo_cache: DemoPaths, tmp_path: Path
+) -> None:
+    """After the first build the `downloads` pool's row exists in PostgreSQL: creating it again made
+    Dagster's initializer update inside the transaction the duplicate key had aborted, so every
+    later build with work to do (another data root, an edited kit) ended in an internal error
+    (QA). A build into a new data root on the same database succeeds."""
+    home = tmp_path / "home"
+    home.mkdir()
+    shutil.copy(DEPLOY / "dagster.yaml", home / "dagster.yaml")
+    with environ(**_instance_env(postgres, pg_build["db"], home)):
+        s = _build(demo_cache, tmp_path / "root")
+    assert s["ok"], s["errors"]
+
+
 def test_daemon_runs_schedules_and_sensors_on_postgres(
     pg_build: dict, postgres: Postgres, demo_cache: DemoPaths, tmp_path: Path
 ) -> None:
