@@ -19,6 +19,7 @@ from typing import Any
 
 import dagster as dg
 
+from stage2_data.acquire import cancel_downloads
 from stage2_data.checks import CHECK_DESCRIPTIONS, CHECKS_BY_ASSET, NON_BLOCKING, CheckOutcome
 from stage2_data.errors import DiskSpaceError, FileSystemError, Stage2Error
 from stage2_data.extract import cancel_extractions
@@ -540,12 +541,14 @@ def run_partitions(
                     yield materialization(key, res)
         except BaseException as exc:
             # An interrupt (a stop: Dagster's interrupt or KeyboardInterrupt in this thread) does not
-            # reach the partitions' threads: queued partitions are dropped, running extractions are told
-            # to stop (they raise at their next cancellation point; their staging folders are removed),
-            # and the step ends now instead of waiting for them.
+            # reach the partitions' threads: queued partitions are dropped, running downloads and
+            # extractions are told to stop (a download keeps its partial file; an extraction raises at
+            # its next cancellation point, its staging folder removed), and the step ends now instead
+            # of waiting for them (a run canceled through the instance ends as soon as they do).
             # (GeneratorExit: Dagster abandoned the step between two events, as an interrupt raised
             # in its own code does; in a step worker that is the step's end too)
             if not isinstance(exc, Exception) and (not isinstance(exc, GeneratorExit) or _in_step_worker()):
+                cancel_downloads()
                 cancel_extractions()
                 _ignore_further_stops()
             pool.shutdown(wait=False, cancel_futures=True)

@@ -42,6 +42,7 @@ from stage2_data.publish.lock import LAUNCHING_BUILD_ENV, held_build_id
 from stage2_data.stages import BUILD_TAG
 
 from .config import BuildConfig
+from .stops import spare, unspare
 
 # The code location's name: what `workspace.yaml` (module ``stage2_pipelines.definitions``, attribute
 # ``defs``) calls it, so a build's runs and the UI's are runs of one location.
@@ -188,6 +189,8 @@ class CodeServer:
     def _start(self) -> None:
         # the webserver's own code server loads the definitions (the location `make ui` serves)
         self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed by stop)
+        # a session of its own: a terminal's Ctrl-C reaches the build alone, which cancels the runs
+        # through the instance (spared by the stop guard meanwhile), so that they end as canceled
         self._ui = _spawn(
             [
                 _dagster_cli("dagster-webserver"),
@@ -199,7 +202,9 @@ class CodeServer:
             env=self.env,
             stdout=None if self._verbose else self._log,
             stderr=None if self._verbose else self._log,
+            start_new_session=True,
         )  # fmt: skip
+        spare(self._ui.pid)
 
     def _await(self, answers: Callable[[], bool]) -> None:
         """Return once ``answers()`` (the webserver serves); a named error pointing at its log if it
@@ -313,12 +318,18 @@ class CodeServer:
         """Stop the server: it waits for nothing, its runs are over (or terminated) by now."""
         self.closed.set()
         if self._ui is not None:
-            self._ui.terminate()
-            try:
-                self._ui.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self._ui.kill()
-                self._ui.wait()
+            # its session: the webserver, its code server and the run workers that one started (a
+            # worker whose step left a thread that does not stop never exits of itself)
+            group = self._ui.pid
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGTERM)
+            deadline = time.monotonic() + STOP_WAIT_S
+            while (self._ui.poll() is None or _group_alive(group)) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)
+            self._ui.wait()
+            unspare(group)
         self._ui = None
         if self._log is not None:
             self._log.close()
@@ -375,13 +386,52 @@ def wait_for_run(
         time.sleep(interval)
 
 
-def terminate_runs(instance: dg.DagsterInstance, run_ids: list[str]) -> None:
-    """Cancel every run of ``run_ids`` that has not finished, as the UI's Terminate does: through the
-    instance's run coordinator (a queued run is dequeued as canceled, a started one terminated by the
-    run launcher)."""
-    for run_id in run_ids:
-        record = instance.get_run_record_by_id(run_id)
-        if record is None or record.dagster_run.status in FINISHED:
-            continue
-        with contextlib.suppress(Exception):  # already gone: nothing to terminate
-            instance.run_coordinator.cancel_run(run_id)
+#: how long a stop waits for the runs it cancels to end: within the stop guard's spared time
+#: (``stops.SPARE_S``), after which it ends them itself
+CANCEL_WAIT_S = 5.0
+#: how long the webserver's session is given to exit once asked to, before it is killed
+STOP_WAIT_S = 2.0
+
+
+def _group_alive(group: int) -> bool:
+    """Some process of the process group ``group`` is still there (a leader not yet reaped too)."""
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def terminate_runs(
+    instance: dg.DagsterInstance, run_ids: list[str], *, wait_s: float = CANCEL_WAIT_S
+) -> None:
+    """Cancel every run of ``run_ids`` that has not finished, as the UI's Terminate does (through the
+    instance's run coordinator: a queued run is dequeued as canceled, a started one terminated by
+    the run launcher), and wait, at most ``wait_s``, until each has ended, so that the code server
+    that runs it is still there when its worker reports the end. A run whose worker is still
+    starting is let start first. Otherwise Dagster marks the run failed, not canceled, and the
+    failed-run alert fires: a worker that starts after the cancel ("started a new run worker
+    while the run was already in state CANCELING"), a worker whose code server went first ("Could
+    not reach user code server")."""
+    deadline = time.monotonic() + wait_s
+    asked: set[str] = set()
+    pending = list(dict.fromkeys(run_ids))
+    while True:
+        late = time.monotonic() >= deadline
+        still = []
+        for run_id in pending:
+            record = instance.get_run_record_by_id(run_id)
+            if record is None or record.dagster_run.status in FINISHED:
+                continue
+            still.append(run_id)
+            starting = record.dagster_run.status == dg.DagsterRunStatus.STARTING
+            if run_id not in asked and (late or not starting):
+                asked.add(run_id)
+                with contextlib.suppress(Exception):  # already gone: nothing to terminate
+                    instance.run_coordinator.cancel_run(run_id)
+        pending = still
+        if not pending or late:
+            return
+        time.sleep(0.1)

@@ -27,7 +27,9 @@ would go on with the next stage.
   a worker process's own extractions are cancelled there when its step is interrupted);
 - terminates the worker processes (every descendant: Dagster's multiprocess children, a local Dask
   cluster, a process pool) with SIGTERM at once and SIGKILL after ``grace`` seconds; a second signal
-  kills at once;
+  kills at once. The build's Dagster webserver, its code server and the runs it launched are
+  spared for ``SPARE_S`` seconds (:func:`spare`): the build cancels those runs through the instance
+  (``launch.terminate_runs``), which needs their code server, so that they end as canceled;
 - after ``hard_deadline`` seconds the process exits whatever its main thread is doing, also after
   the guard, while the interpreter waits for its threads at exit (the last resort: a thread that
   does not stop); it prints a line starting with ``HARD_EXIT_MARK``.
@@ -62,6 +64,22 @@ HARD_DEADLINE = 10.0  # seconds after the first signal: the process exits whatev
 HARD_EXIT_MARK = "stage2: hard exit:"  # starts the line the last resort prints (tests look for it)
 
 _RESOURCE_TRACKER = "multiprocessing.resource_tracker"  # exits on its own when its parent does
+
+#: how long a stop leaves a spared process (:func:`spare`) and its descendants to the build
+SPARE_S = 8.0
+_SPARED: set[int] = set()
+
+
+def spare(pid: int) -> None:
+    """Leave ``pid`` and its descendants alone for the first ``SPARE_S`` seconds of a stop (a
+    second signal, or the last resort, ends them at once): the build's Dagster webserver, through
+    whose code server the build cancels its launched runs, so that they end as canceled instead of
+    failed for want of their server."""
+    _SPARED.add(pid)
+
+
+def unspare(pid: int) -> None:
+    _SPARED.discard(pid)
 
 
 def _signame(signum: int) -> str:
@@ -216,7 +234,14 @@ class Stop:
         table = _proc_table()
         # a worker's own children stay ours to end when the worker dies first (then init adopts them)
         seen = [p for p in self._signalled if p in table and table[p][1] != "Z"]
+        left: set[int] = set()
+        if not kill and self.at is not None and now - self.at < SPARE_S:
+            for pid in _SPARED:
+                left |= {pid, *descendants(pid, table=table)}
         for pid in dict.fromkeys([*descendants(table=table), *seen]):
+            if pid in left:
+                alive.append(pid)
+                continue
             sent = self._signalled.get(pid)
             try:
                 if kill or (sent is not None and now - sent >= self.grace):

@@ -74,16 +74,24 @@ class Stopped:
     partials: list[str]  # archives/.partial files (with bytes) after the stop
 
 
-def _session_processes(sid: int) -> list[str]:
-    """Live (not zombie) processes whose session is ``sid``: what the build left running."""
+def _session_processes(sid: int, home: str | None = None) -> list[str]:
+    """Live (not zombie) processes whose session is ``sid``, or that run with ``DAGSTER_HOME=home``
+    (the build's webserver, in a session of its own, its code server and the runs it launched):
+    what the build left running."""
     out = []
+    mark = f"DAGSTER_HOME={home}".encode() if home else None
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         with contextlib.suppress(OSError):
             stat = Path(f"/proc/{name}/stat").read_text()
             fields = stat[stat.rindex(")") + 2 :].split()  # state, ppid, pgrp, session, ...
-            if int(fields[3]) == sid and fields[0] != "Z":
+            if fields[0] == "Z":
+                continue
+            ours = int(fields[3]) == sid
+            if not ours and mark is not None:
+                ours = mark in Path(f"/proc/{name}/environ").read_bytes().split(bytes(1))
+            if ours:
                 out.append(
                     f"{name}: {Path(f'/proc/{name}/cmdline').read_bytes().replace(bytes(1), b' ')[:200]!r}"
                 )
@@ -169,7 +177,9 @@ def _stop_build(
                 p.wait()
         leftover: list[str] = []
         deadline = time.monotonic() + 10  # the resource tracker ends once its parent is gone
-        while (leftover := _session_processes(p.pid)) and time.monotonic() < deadline:
+        while (
+            leftover := _session_processes(p.pid, env.get("DAGSTER_HOME"))
+        ) and time.monotonic() < deadline:
             time.sleep(0.1)
         out.seek(0)
         err.seek(0)
@@ -223,7 +233,8 @@ def test_stop(case: str, demo: DemoPaths, tmp_path: Path) -> None:
     stage, sig, background, extra = CASES[case]
     root = tmp_path / "root"
     env = _build_env(tmp_path, _SITECUSTOMIZE)
-    if LAUNCHED in extra or STREAMED_RUNS in extra:
+    launched = LAUNCHED in extra or STREAMED_RUNS in extra
+    if launched:
         if STREAMED_RUNS in extra:
             env["STAGE2_STREAM_RUN_MB"] = "0"
         extra = [a for a in extra if a not in (LAUNCHED, STREAMED_RUNS)]
@@ -256,6 +267,9 @@ def test_stop(case: str, demo: DemoPaths, tmp_path: Path) -> None:
     assert published == [], published
     if stage == "download":
         assert s.partials, "the partial downloads were not kept"
+    if launched:  # the UI and the alerts see a stop as such: every run it ended is canceled, none failed
+        ended = _run_statuses(tmp_path / "home")
+        assert ended and "FAILURE" not in ended.values(), (ended, _failed_messages(tmp_path / "home"))
 
     # the rerun resumes and completes: the demo's fingerprint, no temp folder left anywhere
     with HubServer(demo.upstream, repo_id=demo.repo_id, revision=demo.revision) as hub:
@@ -270,6 +284,30 @@ def test_stop(case: str, demo: DemoPaths, tmp_path: Path) -> None:
         (root / "archives" / ".partial").iterdir()
     )
     shutil.rmtree(root, ignore_errors=True)
+
+
+def _run_statuses(home: Path) -> dict[str, str]:
+    """``<job> <partition or run id>`` -> the status of every run in the instance at ``home``."""
+    import dagster as dg
+
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        return {
+            f"{r.job_name} {r.tags.get('dagster/partition') or r.run_id[:8]}": r.status.value
+            for r in instance.get_runs()
+        }
+
+
+def _failed_messages(home: Path) -> list[str]:
+    """The engine and failure messages of every failed run in the instance at ``home``."""
+    import dagster as dg
+
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        return [
+            f"{r.job_name}: {e.message}"[:300]
+            for r in instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE]))
+            for e in instance.all_logs(r.run_id)
+            if e.dagster_event is None or e.dagster_event.event_type_value in ("ENGINE_EVENT", "PIPELINE_FAILURE", "STEP_FAILURE", "PIPELINE_CANCELING")
+        ]
 
 
 def _run_messages(home: Path) -> list[str]:
@@ -321,7 +359,7 @@ def test_a_killed_launched_build_leaves_nothing_that_publishes(demo: DemoPaths, 
     s = _stop_build(demo, root, env, stage="store", sig=signal.SIGKILL, background=True, extra=[])
     assert s.ran.returncode == -signal.SIGKILL, s.ran.tail()
     deadline = time.monotonic() + 120
-    while (left := _session_processes(s.pid)) and time.monotonic() < deadline:
+    while (left := _session_processes(s.pid, str(home))) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert left == [], left
     assert not layout.current_store_path(root, name).exists()  # nothing published
