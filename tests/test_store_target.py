@@ -187,8 +187,24 @@ def test_a_first_build_on_s3_says_no_store_is_published(
         ("gs://bucket/stores", "gs://bucket/stores: cannot open the storage (Please install gcsfs"),
         ("gs://bucket/stores", "Fix: `pip install gcsfs`"),  # the package for this scheme, not s3fs
         ("memory://bucket", "fsspec's memory:// file system lives in one process"),  # gone with its run
+        # not object storage: an internal error and a traceback (QA)
+        ("ftp://x/y", "'ftp://x/y': a store cannot be on ftp:// (stores are kept in a local folder"),
+        # a folder under the working folder, named as a host (QA: the store landed in ./relative/x)
+        (
+            "file://relative/x",
+            "'file://relative/x' is not a file:// URL of a folder: its path must be absolute",
+        ),
     ],
-    ids=["one-slash", "no-slash", "no-bucket", "backend-not-installed", "backend-fix", "memory"],
+    ids=[
+        "one-slash",
+        "no-slash",
+        "no-bucket",
+        "backend-not-installed",
+        "backend-fix",
+        "memory",
+        "ftp",
+        "file-relative",
+    ],
 )
 def test_a_store_url_that_cannot_be_one_is_refused_before_any_download(
     url: str, says: str, demo_cache: DemoPaths, tmp_path: Path
@@ -206,7 +222,35 @@ def test_a_store_url_that_cannot_be_one_is_refused_before_any_download(
     assert r.returncode == 2, r.tail()
     assert r.stderr.startswith("stage2 build: error: ") and says in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Fix:" in r.stderr, r.stderr
-    assert not root.exists() and not (tmp_path / "s3:").exists()
+    assert not root.exists() and not (tmp_path / "s3:").exists() and not (tmp_path / "relative").exists()
+
+
+@pytest.mark.parametrize("command", ["validate", "summary", "gc"])
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("ftp://x/y", "'ftp://x/y': a store cannot be on ftp://"),
+        ("zip://x", "'zip://x': a store cannot be on zip://"),  # its fix named the working folder
+        ("file://relative/x", "'file://relative/x' is not a file:// URL of a folder"),
+    ],
+    ids=["ftp", "zip", "file-relative"],
+)
+def test_a_store_url_no_store_can_be_at_is_named_by_every_command(
+    command: str, url: str, says: str, tmp_path: Path
+) -> None:
+    """A URL of a scheme that is not object storage was an internal error with a traceback (ftp://),
+    or a fix that said to delete the working folder (zip://); a file:// URL with a relative path
+    read a folder under the working folder (QA). Each is one line naming it, with the fix."""
+    from helpers.cli import stage2
+
+    r = stage2(command, url, cwd=tmp_path)
+    assert r.returncode == 2, r.tail()
+    assert r.stderr.startswith(f"stage2 {command}: error: ") and says in r.stderr, r.stderr
+    assert (
+        len(r.stderr.strip().splitlines()) == 1
+        and "Fix: write a local folder" in r.stderr
+        or ("Fix: write file:///relative/x if you meant /relative/x" in r.stderr)
+    ), r.stderr
 
 
 @pytest.mark.parametrize("command", ["validate", "summary"])

@@ -42,8 +42,10 @@ def _target(value: str) -> Path | str:
     """A store argument: a local folder, or an fsspec URL (``s3://bucket/prefix``) kept as text. A
     ``file://`` URL names a local folder, as ``stage2 build --store-url`` takes it (``file:///x``
     is ``/x``); made a Path whole, its ``//`` would be folded into ``file:/x``."""
-    from ..storage import is_url
+    from ..storage import is_url, unusable_store_url
 
+    if (unusable := unusable_store_url(value)) is not None:
+        raise unusable
     if value.startswith("file://"):
         return Path(value[len("file://") :])
     return value if is_url(value) else Path(value)

@@ -28,6 +28,7 @@ from ._base import (
     check_stores_url,
     is_url,
     join_url,
+    unusable_store_url,
 )
 from ._fsspec import (
     FsspecLocation,
@@ -51,6 +52,7 @@ __all__ = [
     "access_error",
     "check_stores_target",
     "check_stores_url",
+    "unusable_store_url",
     "current_candidates",
     "current_error",
     "is_url",

@@ -44,6 +44,36 @@ _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")
 _BACKEND_PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs", "abfss": "adlfs"}  # fmt: skip
 
 
+#: the URL schemes a store can be on: object storage (and fsspec's one-process memory, for tests)
+STORE_SCHEMES = frozenset({*_BACKEND_PACKAGES, "memory"})
+
+
+def unusable_store_url(s: str) -> StoreError | None:
+    """The error for a URL no store can be at, else None: a scheme that is not object storage
+    (``ftp://``, ``http://``, ``zip://``: stores are listed, read and written as whole objects), a
+    ``file://`` URL whose path is not absolute (``file://relative/x`` would name a folder under the
+    working folder)."""
+    if s.startswith("file://"):
+        path = s[len("file://") :]
+        if path.startswith("/"):
+            return None
+        return StoreError(
+            f"{s!r} is not a file:// URL of a folder: its path must be absolute (file:// then /...).",
+            fix=f"write file:///{path} if you meant /{path}, or the path alone ({path}) for a folder "
+            "under the working folder",
+        )
+    if not is_url(s):
+        return None
+    scheme = s.split("://", 1)[0].lower()
+    if scheme in STORE_SCHEMES:
+        return None
+    return StoreError(
+        f"{s!r}: a store cannot be on {scheme}:// (stores are kept in a local folder or on object "
+        "storage: s3://, gs://, az://).",
+        fix="write a local folder (or file:///absolute/path), or s3://BUCKET/PREFIX (gs://, az:// likewise)",
+    )
+
+
 def backend_error(target: str, e: Exception) -> StoreError:
     """The error for an fsspec scheme whose backend cannot be loaded (fsspec names the package)."""
     package = _BACKEND_PACKAGES.get(target.split("://", 1)[0].lower())
@@ -82,6 +112,8 @@ def check_stores_url(target: str | os.PathLike[str]) -> None:
     name would be written), a URL without a bucket (``s3://``), or a scheme whose fsspec backend is
     not installed. A local folder (or ``file://``) passes."""
     s = os.fspath(target)
+    if (unusable := unusable_store_url(s)) is not None:
+        raise unusable
     if s.startswith("file://"):
         return
     if not is_url(s):
@@ -175,6 +207,8 @@ class StoreLocation:
         if isinstance(target, StoreLocation):
             return target
         s = os.fspath(target)
+        if (unusable := unusable_store_url(s)) is not None:
+            raise unusable
         if s.startswith("file://"):
             s = s[len("file://") :]
         if not is_url(s):
