@@ -25,6 +25,7 @@ import os
 import re
 import select
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -32,7 +33,7 @@ from typing import Any, NoReturn
 
 from .commands import command_modules, common
 from .commands.common import EXIT_ERROR, eprint, resolve_profile
-from .errors import Stage2Error
+from .errors import SettingError, Stage2Error
 from .oserrors import fs_error
 
 PLUGIN_GROUP = "stage2.commands"
@@ -285,9 +286,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra and not getattr(args, "any_arguments", False):
         command = commands.get(args.command, parser)
         command.error(unrecognized_text(extra, command))
+    if (empty := _empty_argument(argv[1:])) is not None:
+        return _run_command(_refuse_empty(empty), args)
     resolve_profile(args, commands.get(args.command, parser))
     func: Callable[[argparse.Namespace], int] = args.func
     return _run_command(func, args)
+
+
+def _empty_argument(given: Sequence[str]) -> str | None:
+    """The name of an argument given as an empty string (``--data-root ""``, ``--data-root=``, an
+    empty positional), else None: an unset shell variable, taken as the working folder it would
+    otherwise build into or read."""
+    for i, a in enumerate(given):
+        if a == "":
+            return given[i - 1] if i and given[i - 1].startswith("--") else "an argument"
+        if a.startswith("--") and a.endswith("=") and len(a) > 3:
+            return a[:-1]
+    return None
+
+
+def _refuse_empty(name: str) -> Callable[[argparse.Namespace], int]:
+    what = name if name.startswith("--") else "an argument"
+
+    def refuse(args: argparse.Namespace) -> int:
+        raise SettingError(
+            f'{what} is empty ("": an unset shell variable?); as a path it would be the working folder.',
+            fix=f"give {name if name.startswith('--') else 'it'} a value (`.` for the working folder)",
+        )
+
+    return refuse
 
 
 def stdout_reader_gone() -> bool:
@@ -351,14 +378,14 @@ def _run_command(func: Callable[[argparse.Namespace], int], args: argparse.Names
         if isinstance(err, BrokenPipeError) and stdout_reader_gone():
             return _end_on_closed_stdout()
         if os.environ.get(TRACEBACK_ENV):
-            raise
+            traceback.print_exc()  # then the line and the exit code, as without it
         named = fs_error(err, "")
         eprint(f"stage2 {args.command}: error: {named}")  # the line names the command
         _json_error(args, named)
         return EXIT_ERROR
     except Exception as err:  # noqa: BLE001 - the last guard: one line, never a traceback
         if os.environ.get(TRACEBACK_ENV):
-            raise
+            traceback.print_exc()  # then the line and the exit code, as without it
         what = " ".join(f"{type(err).__name__}: {err}".split())[:500]
         fix = f"re-run with {TRACEBACK_ENV}=1 to see the traceback, and report it"
         eprint(f"stage2 {args.command}: internal error: {what}. This is a bug. Fix: {fix}")

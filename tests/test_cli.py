@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from helpers.cli import REPO, STAGE2, Ran, python, run, stage2, subprocess_env
 
+from stage2_data.demo import DemoPaths
 from stage2_data.profile import load_profile
 
 SCRIPT = """
@@ -421,3 +422,49 @@ def test_a_file_url_with_one_slash_is_named_with_the_url_meant(tmp_path: Path) -
     p = stage2("validate", f"file:{tmp_path}/s/p/current", timeout=120)
     assert p.returncode == 2, p.tail()
     assert f"Fix: write file://{tmp_path}/s/p/current, or the path alone" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["build", "--profile", "{profile}", "--data-root", ""], "--data-root is empty"),
+        (["build", "--profile", "{profile}", "--data-root="], "--data-root is empty"),
+        (["validate", ""], "an argument is empty"),
+        (["gc", "", "--dry-run"], "an argument is empty"),
+    ],
+    ids=["build-data-root", "build-data-root-equals", "validate", "gc"],
+)
+def test_an_empty_argument_is_refused_not_taken_as_the_working_folder(
+    args: list[str], says: str, demo_cache: DemoPaths, tmp_path: Path
+) -> None:
+    """`--data-root ""` (an unset shell variable) built the store into the working folder, exit 0
+    (QA: into the git checkout). An empty argument is refused in one line, nothing written."""
+    argv = [a.replace("{profile}", str(demo_cache.profile)) for a in args]
+    r = stage2(*argv, cwd=tmp_path)
+    assert r.returncode == 2, r.tail()
+    line = r.stderr.strip()
+    assert line.startswith(f"stage2 {argv[0]}: error: {says}") and "Fix: give " in line, line
+    assert len(line.splitlines()) == 1 and list(tmp_path.iterdir()) == [], (line, list(tmp_path.iterdir()))
+
+
+@pytest.mark.parametrize("traceback_env", ["", "1"])
+def test_an_internal_error_exits_3_with_or_without_its_traceback(
+    traceback_env: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The last guard: a bug is one line and exit 3; with STAGE2_TRACEBACK=1 the traceback comes
+    first, then the same line and the same exit (it was a raw traceback and exit 1: QA)."""
+    import argparse
+
+    from stage2_data.cli import TRACEBACK_ENV, _run_command
+
+    monkeypatch.setenv(TRACEBACK_ENV, traceback_env)
+
+    def buggy(args: argparse.Namespace) -> int:
+        raise RuntimeError("a bug for the test")
+
+    assert _run_command(buggy, argparse.Namespace(command="list", json=False)) == 3
+    err = capsys.readouterr().err
+    assert err.rstrip().endswith(
+        "This is a bug. Fix: re-run with STAGE2_TRACEBACK=1 to see the traceback, and report it"
+    )
+    assert ("Traceback (most recent call last)" in err) == bool(traceback_env), err
