@@ -180,6 +180,14 @@ def test_gc_refused_by_a_run_says_to_run_gc_again(tmp_path: Path, holders: list[
     assert "a run of the Dagster UI, a schedule or a sensor" in got.stderr, got.stderr
     assert "then run `stage2 gc` again" in got.stderr and "--data-root" not in got.stderr, got.stderr
     assert store.is_dir()
+    # through a link to the stores folder under a name of its own, and to a profile's folder: the
+    # same data root, the same refusal (the link took no lock, and gc went on: QA)
+    (tmp_path / "my-stores").symlink_to(root / layout.STORES_DIR)
+    (tmp_path / "my-profile").symlink_to(root / layout.STORES_DIR / "p")
+    for link in ("my-stores", "my-profile"):
+        got = stage2("gc", str(tmp_path / link), "--keep", "0")
+        assert got.returncode == 2 and "then run `stage2 gc` again" in got.stderr, (link, got.tail())
+    assert store.is_dir()
 
 
 def test_two_shared_holders_at_once(tmp_path: Path, holders: list[Holder]) -> None:

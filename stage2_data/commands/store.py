@@ -269,14 +269,16 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 # ----- gc ------------------------------------------------------------------------------------------
 def _gc_data_root(target: Path) -> Path | None:
-    """The data root ``target`` (``<root>/stores`` or ``<root>/stores/<profile>``) lies in, if any."""
+    """The data root ``target`` (``<root>/stores`` or ``<root>/stores/<profile>``) lies in, if any:
+    judged on the folder it is, links followed (a link to a data root's ``stores`` under a name of
+    its own took no lock: gc then removed stores while a build held the data root), else as named."""
     from .. import layout
 
-    p = target.absolute()
-    if p.name == layout.STORES_DIR:
-        return p.parent
-    if p.parent.name == layout.STORES_DIR:
-        return p.parent.parent
+    for p in (target.resolve(), target.absolute()):
+        if p.name == layout.STORES_DIR:
+            return p.parent
+        if p.parent.name == layout.STORES_DIR:
+            return p.parent.parent
     return None
 
 
