@@ -307,7 +307,24 @@ def hold_instance(home: Path, url: str) -> tuple[IO[str] | None, str | None]:
     return f, None
 
 
-def main() -> int:
+USAGE = """usage: make ui  (or: python -m stage2_pipelines.ui)
+
+Serves the Dagster web UI on http://127.0.0.1:$STAGE2_UI_PORT (3000) over the instance in
+$DAGSTER_HOME (./.dagster_home): the demo's settings, or a build's when STAGE2_PROFILE is set (the
+line `stage2 build` prints after `UI:`). Settings: STAGE2_UI_PORT, STAGE2_UI_LOG_LEVEL (warning),
+STAGE2_PROFILE, STAGE2_DATA_ROOT, STAGE2_HUB_FOLDER, STAGE2_DEMO_ROOT (./.demo), STAGE2_WORKSPACE.
+Ctrl-C stops it and everything it started. It takes no arguments."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args:  # settings come from the environment: `--help` prints them, anything else is refused
+        if args[0] in ("-h", "--help"):
+            print(USAGE)
+            return 0
+        print(f"make ui: takes no arguments (got {' '.join(args)}). Fix: set its STAGE2_* settings in the "
+              "environment (`python -m stage2_pipelines.ui --help` lists them)", file=sys.stderr)  # fmt: skip
+        return 2
     if find_spec("dagster") is None:  # a core install, without the pipeline extra
         from stage2_data.cli import missing_extra_text
 

@@ -236,3 +236,27 @@ def test_the_ui_without_the_pipeline_extra_says_what_to_install(
         and f"Fix: install it with {install_line()}" in said
     )
     assert not (tmp_path / "home").exists()
+
+
+def test_the_ui_says_its_settings_on_help_and_refuses_arguments(tmp_path: Path) -> None:
+    """`python -m stage2_pipelines.ui --help` started the whole UI on port 3000 (QA): it prints its
+    usage, the settings it reads; any other argument is refused in one line; nothing is served."""
+    env = subprocess_env(DAGSTER_HOME=str(tmp_path / "home"))
+    helped = subprocess.run(
+        [sys.executable, "-m", "stage2_pipelines.ui", "--help"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert helped.returncode == 0 and helped.stdout.startswith("usage: make ui"), helped.stderr
+    assert "STAGE2_UI_PORT" in helped.stdout and "STAGE2_PROFILE" in helped.stdout
+    wrong = subprocess.run(
+        [sys.executable, "-m", "stage2_pipelines.ui", "--port", "3001"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert wrong.returncode == 2 and wrong.stderr.startswith("make ui: takes no arguments (got --port 3001)")
+    assert "Fix:" in wrong.stderr and not (tmp_path / "home").exists()
