@@ -6,6 +6,7 @@ from typing import Any
 
 import dagster as dg
 
+from stage2_data import layout
 from stage2_data.profile import Profile
 from stage2_data.stages import REBUILD_FIRST_STAGE, STAGES, STREAM_JOB
 from stage2_resources import AlertsResource
@@ -136,7 +137,7 @@ def build_sensors(profile: Profile, jobs: dict[str, Any]) -> list[dg.SensorDefin
             h.update(str(f).encode())
             h.update(f.read_bytes() if f is not None and f.is_file() else b"<missing>")
         adir = profile.kit_file("action_manifest_dir")
-        for f in sorted(adir.glob("*.jsonl")) if adir.is_dir() else []:
+        for f in layout.action_manifest_paths(adir) if adir.is_dir() else []:
             h.update(f.name.encode() + f.read_bytes())
         digest = h.hexdigest()
         previous = context.cursor

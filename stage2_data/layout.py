@@ -147,3 +147,10 @@ def split_base(path: str) -> str:
     """``x.tar.part-ab`` (or ``x.tar.partab``) -> ``x.tar``; a whole tar is its own base."""
     m = SPLIT_PART_RE.match(path)
     return m.group("base") if m else path
+
+
+def action_manifest_paths(folder: Path) -> list[Path]:
+    """The kit's action manifests in ``folder``: its ``*.jsonl`` entries in name order, whatever
+    they are (their readers name one that is not a regular file), hidden ones aside (``.name``: an
+    editor's lock file or backup, as Emacs's ``.#racer.jsonl`` link, is never the kit's)."""
+    return sorted(p for p in Path(folder).glob("*.jsonl") if not p.name.startswith("."))

@@ -22,7 +22,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from .errors import ProfileError, UnknownArchivesError
 from .formats.sha256sums import file_kind, read_regular_bytes
 from .hashing import SHA256_RE
-from .layout import HEX40_RE, split_base
+from .layout import HEX40_RE, action_manifest_paths, split_base
 
 #: the default frame bound (upstream's current preprocessing keeps at most 32 frames; older sets 64)
 DEFAULT_MAX_FRAMES = 32
@@ -253,8 +253,11 @@ class Profile(_Strict):
             folder = key == "action_manifest_dir"
             path = self.kit_file(key)
             if check(f"[kit] {key}", path, folder) and folder:
-                for f in sorted(path.glob("*.jsonl")):
-                    check(f"[kit] {key}", f, False)
+                for f in action_manifest_paths(path):
+                    if check(f"[kit] {key}", f, False) or not os.path.islink(f):
+                        continue
+                    if not os.path.exists(f):  # a link to nothing: the hashing steps would stop on it
+                        problems.append(f"[kit] {key}: {f} is a symbolic link to nothing, not a regular file")
         return problems
 
     def require_kit_paths(self) -> None:

@@ -303,3 +303,24 @@ def test_the_demos_profile_against_an_unreachable_hub_names_its_hub_folder(
     if command == "pin":  # the fix, followed: the demo's profile is pinned already (nothing to write)
         again = stage2("pin", str(demo_cache.profile), "--hub-folder", str(upstream), env=env)
         assert again.returncode == 0, again.tail()
+
+
+def test_an_editors_lock_link_beside_the_action_manifests_is_not_the_kits(
+    demo_cache: DemoPaths, tmp_path: Path
+) -> None:
+    """Emacs leaves a link to nothing, `.#racer.jsonl`, beside a manifest it edits: it was read as
+    an action manifest (verify listed every sidecar as unnamed; a build stopped late on a raw
+    FileNotFoundError: QA). A hidden file is not the kit's; a link to nothing under a kit name is
+    refused at once, by name."""
+    from helpers.faults import copy_kit
+
+    profile = copy_kit(demo_cache, tmp_path / "kit")
+    actions = profile.parent / "derived" / "action_manifests"
+    (actions / ".#racer.jsonl").symlink_to("root@vm.12345:1733490000")
+    (tmp_path / "root").mkdir()
+    r = stage2("verify", str(profile), "--data-root", str(tmp_path / "root"))
+    assert r.returncode == 1 and ".#racer.jsonl" not in r.stdout + r.stderr, r.tail()  # unbuilt: a report
+    (actions / "zz.jsonl").symlink_to("nothing-there")
+    r = stage2("verify", str(profile), "--data-root", str(tmp_path / "root"))
+    line = _one_line(r, "verify")
+    assert f"{actions / 'zz.jsonl'} is a symbolic link to nothing, not a regular file" in line, line

@@ -306,7 +306,9 @@ def _failed_messages(home: Path) -> list[str]:
             f"{r.job_name}: {e.message}"[:300]
             for r in instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE]))
             for e in instance.all_logs(r.run_id)
-            if e.dagster_event is None or e.dagster_event.event_type_value in ("ENGINE_EVENT", "PIPELINE_FAILURE", "STEP_FAILURE", "PIPELINE_CANCELING")
+            if e.dagster_event is None
+            or e.dagster_event.event_type_value
+            in ("ENGINE_EVENT", "PIPELINE_FAILURE", "STEP_FAILURE", "PIPELINE_CANCELING")
         ]
 
 

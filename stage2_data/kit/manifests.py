@@ -197,7 +197,7 @@ def _pairs_fast(path: Path) -> ManifestFile[PairLine] | None:
 
 
 def _action_files(d: Path) -> list[Path]:
-    return sorted(p for p in d.iterdir() if p.name.endswith(".jsonl") and p.is_file())
+    return [p for p in layout.action_manifest_paths(d) if p.is_file()]
 
 
 def _actions_fast(d: Path) -> list[ManifestFile[ActionLine]] | None:
@@ -244,7 +244,7 @@ def read_action_manifests(d: Path) -> tuple[list[ManifestFile[ActionLine]], list
     if not d.is_dir():
         what = "does not exist" if not d.exists() else "is not a folder"
         return [], [f"{d}: action manifest folder {what}"]
-    odd = [p for p in sorted(d.glob("*.jsonl")) if not p.is_file()]
+    odd = [p for p in layout.action_manifest_paths(d) if not p.is_file()]
     if odd:  # never opened: a FIFO would block
         return [], [f"{p}: action manifest {_not_a_file(p)}" for p in odd]
     files = _actions_fast(d)

@@ -321,7 +321,7 @@ def _kit_stats(profile: Profile) -> dict[str, Any]:
         kit[key] = _stat(profile.kit_file(key))
     adir = profile.kit_file("action_manifest_dir")
     kit["action_manifests"] = (
-        {f.name: _stat(f) for f in sorted(adir.glob("*.jsonl"))} if adir.is_dir() else None
+        {f.name: _stat(f) for f in layout.action_manifest_paths(adir)} if adir.is_dir() else None
     )
     return kit
 

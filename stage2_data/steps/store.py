@@ -62,7 +62,7 @@ def kit_inputs(profile: Profile, *, sidecar_archive: bool = True) -> dict[str, s
     for key in keys:
         inputs[f"kit/{getattr(profile.kit, key)}"] = sha256_file(profile.kit_file(key))
     adir = profile.kit_file("action_manifest_dir")
-    for f in sorted(adir.glob("*.jsonl")):
+    for f in layout.action_manifest_paths(adir):
         inputs[f"kit/{profile.kit.action_manifest_dir}/{f.name}"] = sha256_file(f)
     for a in profile.archives:
         inputs[f"archive/{a.path}"] = a.sha256 or ""
