@@ -77,13 +77,28 @@ def free_bytes(path: Path) -> int:
     return shutil.disk_usage(p).free
 
 
-def require_free_space(path: Path, needed: int, what: str) -> None:
+def require_free_space(path: Path, needed: int, what: str, *, largest: tuple[str, int] | None = None) -> None:
+    """DiskSpaceError when the free disk at ``path`` is below ``needed`` bytes. ``largest``: the
+    biggest single item of ``needed`` (its name, its bytes), named when it alone exceeds the whole
+    disk: then it is more likely a typo than a disk to free."""
     free = free_bytes(path)
     if free < needed:
+        fix = f"free {human_bytes(needed - free)} there or choose another --data-root"
+        if largest is not None:
+            p = path
+            while not p.exists():
+                p = p.parent
+            total = shutil.disk_usage(p).total
+            if largest[1] > total:
+                fix = (
+                    f"{largest[0]} alone is pinned at {human_bytes(largest[1])}, more than the whole disk "
+                    f"({human_bytes(total)}): correct its size in the profile if that is a typo "
+                    "(`stage2 pin PROFILE --check` compares every pin with the hub); else " + fix
+                )
         raise DiskSpaceError(
             f"not enough free disk at {path} for {what}: need {human_bytes(needed)}, "
             f"have {human_bytes(free)}.",
-            fix=f"free {human_bytes(needed - free)} there or choose another --data-root",
+            fix=fix,
         )
 
 

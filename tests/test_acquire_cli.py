@@ -276,6 +276,10 @@ def test_build_refuses_before_any_download_when_the_disk_is_too_small(
     assert not summary["ok"] and summary["stopped_after"] == "pinned_profile"
     msg = " ".join(e["message"] for e in summary["errors"])
     assert "not enough free disk" in msg and str(needed) in msg and str(data_root) in msg
+    # an archive pinned larger than the whole disk is named as the likely typo (QA: the fix said
+    # only to free hundreds of TiB)
+    assert "alone is pinned at" in msg and "more than the whole disk" in msg, msg
+    assert "`stage2 pin PROFILE --check` compares every pin with the hub" in msg, msg
     # The archive_file asset refuses too, on its own (e.g. one partition materialized from the UI).
     part = load_profile(huge).archives[0].cache_key
     run = run_selection(config.to_dict(), ["archive_file"], part)

@@ -193,11 +193,13 @@ def require_build_space(profile: Profile, data_root: Path) -> int:
     download, extraction = required_free_parts(profile, data_root)
     needed = download + extraction
     if needed:
+        big = max(profile.archives, key=lambda a: a.size or 0)
         require_free_space(
             data_root,
             needed,
             f"the rest of the build of profile {profile.name} ({needed} bytes: {human_bytes(download)} of "
             f"archives to download + {human_bytes(extraction)} to extract)",
+            largest=(f"archive {big.path}", big.size or 0),
         )
     return needed
 
