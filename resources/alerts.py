@@ -62,5 +62,9 @@ class AlertsResource(dg.ConfigurableResource):
             with urllib.request.urlopen(req, timeout=self.timeout_seconds) as resp:
                 resp.read()
         except OSError as e:  # URLError, HTTPError, timeouts
-            return f"webhook {self.webhook_url} failed: {type(e).__name__}: {e}"
+            return (
+                f"webhook {self.webhook_url} failed: {type(e).__name__}: {e}; the alert is kept in "
+                f"{path}. Fix: check that the webhook answers a JSON POST there (STAGE2_ALERT_WEBHOOK), "
+                "or unset it to keep alerts in the file only"
+            )
         return None

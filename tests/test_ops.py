@@ -184,6 +184,7 @@ def test_dead_webhook_keeps_the_alert_in_the_file(tmp_path: Path) -> None:
     alerts = AlertsResource(jsonl_path=str(tmp_path / "a.jsonl"), webhook_url=f"http://127.0.0.1:{port}/x")
     problem = alerts.deliver({"kind": "test", "reason": "r"})
     assert problem and f"127.0.0.1:{port}" in problem
+    assert f"the alert is kept in {tmp_path / 'a.jsonl'}. Fix: check that the webhook answers" in problem
     assert _lines(tmp_path / "a.jsonl")[0]["reason"] == "r"
 
 
