@@ -314,7 +314,7 @@ def _endpoint_option(endpoint: str) -> str:
 FAULTS = {
     "no-credentials": "no credentials for the object storage were found (NoCredentialsError",
     "unreachable": "cannot reach the storage endpoint http://127.0.0.1:",
-    "no-such-bucket": "does not exist at http://127.0.0.1:",
+    "no-such-bucket": "does not exist at the storage endpoint http://127.0.0.1:",
     "access-denied": "access denied (PermissionError",
 }
 

@@ -283,7 +283,7 @@ def _closed_port() -> int:
     [
         ("no-credentials", "no credentials for the object storage were found (NoCredentialsError"),
         ("unreachable", "cannot reach the storage endpoint http://127.0.0.1:"),
-        ("no-such-bucket", "does not exist at http://127.0.0.1:"),
+        ("no-such-bucket", "does not exist at the storage endpoint http://127.0.0.1:"),
     ],
     ids=["no-credentials", "unreachable", "no-such-bucket"],
 )

@@ -105,7 +105,7 @@ def _endpoint(protocol: str, storage_options: dict[str, Any] | None) -> str:
     given = opts.get("endpoint_url") or client.get("endpoint_url")
     if not given and protocol in ("s3", "s3a"):
         given = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    return str(given) if given else f"the default {protocol}:// endpoint"
+    return f"the storage endpoint {given}" if given else f"the default {protocol}:// endpoint (none is set)"
 
 
 def _no_bucket(url: str, bucket: str, endpoint: str, said: str | None = None) -> StorageAccessError:
@@ -142,7 +142,7 @@ def access_error(
         )
     if codes & _REFUSED_CODES:
         return StorageAccessError(
-            f"{url}: the storage at {endpoint} refused the credentials ({said}).",
+            f"{url}: {endpoint} refused the credentials ({said}).",
             fix="check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or the key= and secret= storage "
             "options): they must be a valid key pair of that storage, and endpoint_url the storage "
             "they belong to",
@@ -166,13 +166,13 @@ def access_error(
         isinstance(x, ConnectionError | socket.gaierror | TimeoutError) for x in chain
     ):
         return StorageAccessError(
-            f"{url}: cannot reach the storage endpoint {endpoint} ({said}).",
+            f"{url}: cannot reach {endpoint} ({said}).",
             fix="check endpoint_url (--storage-option endpoint_url=http://HOST:PORT), that the "
             "storage server runs there, and the network",
         )
     if isinstance(e, ValueError) and str(e).startswith("Invalid endpoint"):
         return StorageAccessError(
-            f"{url}: the storage endpoint {endpoint} is not a URL ({said}).",
+            f"{url}: {endpoint} is not a URL ({said}).",
             fix="give it as a URL: --storage-option endpoint_url=http://HOST:PORT",
         )
     return None
