@@ -173,6 +173,8 @@ class CodeServer:
         self._clients = threading.local()  # a GraphQL client per thread: gql's sends one request at a time
         self.launched: list[str] = []  # every run id launched, in order
         self._lock = threading.Lock()
+        self._in_flight = 0  # launch requests sent and not yet answered
+        self._answered = threading.Condition(self._lock)
         self._ready = threading.Lock()
         # set when the build stops: no run is launched after it, and one in flight is canceled
         # by the thread that launched it (runs.launch_selection)
@@ -283,7 +285,9 @@ class CodeServer:
         from dagster_graphql import DagsterGraphQLClientError
 
         client = self.client()
-        self._stopping(job)
+        with self._lock:
+            self._stopping(job)
+            self._in_flight += 1
         try:
             run_id = str(
                 client.submit_job_execution(
@@ -300,16 +304,22 @@ class CodeServer:
             raise LaunchError(
                 f"Dagster did not launch a run of {job}: {said[:500]}. Fix what it names, then re-run"
             ) from None
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+                self._answered.notify_all()
         with self._lock:
             self.launched.append(run_id)
         return run_id
 
     def close(self, instance: dg.DagsterInstance) -> list[str]:
-        """Launch no run from now on; every run of this build so far: those launched, and any the
-        webserver made from a request the stop interrupted (the build's tag). A launch still in
-        flight then cancels its own run: ``runs.launch_selection``."""
+        """Launch no run from now on; every run of this build so far: those launched (a launch
+        request still unanswered is waited for, at most ``LAUNCH_WAIT_S``: its run is created and
+        started by then), and any the webserver made from a request the stop interrupted (the
+        build's tag)."""
         with self._lock:
             self.closed.set()
+            self._answered.wait_for(lambda: self._in_flight == 0, timeout=LAUNCH_WAIT_S)
             launched = list(self.launched)
         tagged = [r.run_id for r in instance.get_runs(filters=dg.RunsFilter(tags={BUILD_TAG: self.build_id}))]
         return list(dict.fromkeys([*launched, *tagged]))
@@ -391,6 +401,8 @@ def wait_for_run(
 CANCEL_WAIT_S = 5.0
 #: how long the webserver's session is given to exit once asked to, before it is killed
 STOP_WAIT_S = 2.0
+#: how long a stop waits for a launch request in flight to be answered (its run then started)
+LAUNCH_WAIT_S = 3.0
 
 
 def _group_alive(group: int) -> bool:
@@ -405,21 +417,30 @@ def _group_alive(group: int) -> bool:
 
 
 def terminate_runs(
-    instance: dg.DagsterInstance, run_ids: list[str], *, wait_s: float = CANCEL_WAIT_S
+    instance: dg.DagsterInstance,
+    run_ids: list[str],
+    *,
+    wait_s: float = CANCEL_WAIT_S,
+    more: Callable[[], list[str]] | None = None,
 ) -> None:
-    """Cancel every run of ``run_ids`` that has not finished, as the UI's Terminate does (through the
-    instance's run coordinator: a queued run is dequeued as canceled, a started one terminated by
-    the run launcher), and wait, at most ``wait_s``, until each has ended, so that the code server
-    that runs it is still there when its worker reports the end. A run whose worker is still
-    starting is let start first. Otherwise Dagster marks the run failed, not canceled, and the
-    failed-run alert fires: a worker that starts after the cancel ("started a new run worker
-    while the run was already in state CANCELING"), a worker whose code server went first ("Could
-    not reach user code server")."""
+    """Cancel every run of ``run_ids`` (and of ``more()``, asked again while it waits: a run the
+    webserver makes from a launch request the stop interrupted appears late) that has not
+    finished, as the UI's Terminate does (through the instance's run coordinator: a queued run is
+    dequeued as canceled, a started one terminated by the run launcher), and wait, at most
+    ``wait_s``, until each has ended, so that the code server that runs it is still there when its
+    worker reports the end. A run whose worker is still starting is let start first. Otherwise
+    Dagster marks the run failed, not canceled, and the failed-run alert fires: a worker that
+    starts after the cancel ("started a new run worker while the run was already in state
+    CANCELING"), a worker whose code server went first ("Could not reach user code server"). A run
+    still not ended then (never launched: the webserver skips a run already canceling; or its
+    worker is about to be ended with the build's webserver) is recorded as canceled."""
     deadline = time.monotonic() + wait_s
     asked: set[str] = set()
     pending = list(dict.fromkeys(run_ids))
     while True:
         late = time.monotonic() >= deadline
+        if more is not None:
+            pending = list(dict.fromkeys([*pending, *more()]))
         still = []
         for run_id in pending:
             record = instance.get_run_record_by_id(run_id)
@@ -432,6 +453,14 @@ def terminate_runs(
                 with contextlib.suppress(Exception):  # already gone: nothing to terminate
                     instance.run_coordinator.cancel_run(run_id)
         pending = still
-        if not pending or late:
+        if not pending:
             return
+        if late:
+            break
         time.sleep(0.1)
+    for run_id in pending:
+        record = instance.get_run_record_by_id(run_id)
+        if record is not None and record.dagster_run.status not in FINISHED:
+            instance.report_run_canceled(
+                record.dagster_run, message="Canceled: the build that launched this run was stopped."
+            )

@@ -325,7 +325,8 @@ def _build_all(
             return _walk(config, profile, data_root, home, instance, cfg, server, concurrency, on_run, status)
     finally:
         if server is not None:
-            terminate_runs(instance, server.close(instance))  # a stop or an error: none goes on alone
+            # a stop or an error: none goes on alone (a run made from an interrupted request, late too)
+            terminate_runs(instance, server.close(instance), more=lambda: server.close(instance))
             server.stop()
 
 

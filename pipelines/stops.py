@@ -60,13 +60,13 @@ from stage2_data.extract import cancel_extractions
 
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
 GRACE = 3.0  # seconds between SIGTERM and SIGKILL for worker processes
-HARD_DEADLINE = 10.0  # seconds after the first signal: the process exits whatever it is doing
+HARD_DEADLINE = 15.0  # seconds after the first signal: the process exits whatever it is doing
 HARD_EXIT_MARK = "stage2: hard exit:"  # starts the line the last resort prints (tests look for it)
 
 _RESOURCE_TRACKER = "multiprocessing.resource_tracker"  # exits on its own when its parent does
 
 #: how long a stop leaves a spared process (:func:`spare`) and its descendants to the build
-SPARE_S = 8.0
+SPARE_S = 10.0
 _SPARED: set[int] = set()
 
 
