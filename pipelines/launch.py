@@ -228,17 +228,22 @@ class CodeServer:
     def _failure(self, what: str) -> str:
         """``what`` went wrong, with the last error the log names (a traceback's last line: the
         code server's, whose start-up the webserver logs at length), else its last line."""
-        tail = ""
-        with contextlib.suppress(OSError):
-            text = self.log_path.read_text(encoding="utf-8", errors="replace")
-            lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-            errors = [ln for ln in lines if _ERROR_LINE.match(ln)]
-            tail = (errors or lines or [""])[-1]
+        if self._verbose:  # -v: its output went to the terminal, not to the log
+            where = "Its output is above (-v)"
+            tail = ""
+        else:
+            where = f"Its log: {self.log_path}"
+            tail = ""
+            with contextlib.suppress(OSError):
+                text = self.log_path.read_text(encoding="utf-8", errors="replace")
+                lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+                errors = [ln for ln in lines if _ERROR_LINE.match(ln)]
+                tail = (errors or lines or [""])[-1]
         return (
             f"{what} while loading {DEFINITIONS_MODULE}"
             + (f": {tail[:400]}" if tail else "")
-            + f". Its log: {self.log_path}. Fix what it names, then re-run (or `--run-in-process` to "
-            "run the steps in this process)"
+            + f". {where}. Fix what it names, then re-run (or `--run-in-process` to run the steps in "
+            "this process)"
         )
 
     def client(self) -> Any:

@@ -307,20 +307,34 @@ def hold_instance(home: Path, url: str) -> tuple[IO[str] | None, str | None]:
     return f, None
 
 
-USAGE = """usage: make ui  (or: python -m stage2_pipelines.ui)
+def usage() -> str:
+    """`make ui`'s help: what it serves and every setting it reads (the build's settings are those
+    ``BuildConfig.to_env`` writes and the code location reads)."""
+    import textwrap
+
+    build = textwrap.fill(
+        ", ".join(sorted(BuildConfig(profile_path="", data_root="").to_env())),
+        width=96,
+        initial_indent="    ",
+        subsequent_indent="    ",
+    )
+    return f"""usage: make ui  (or: python -m stage2_pipelines.ui)
 
 Serves the Dagster web UI on http://127.0.0.1:$STAGE2_UI_PORT (3000) over the instance in
 $DAGSTER_HOME (./.dagster_home): the demo's settings, or a build's when STAGE2_PROFILE is set (the
-line `stage2 build` prints after `UI:`). Settings: STAGE2_UI_PORT, STAGE2_UI_LOG_LEVEL (warning),
-STAGE2_PROFILE, STAGE2_DATA_ROOT, STAGE2_HUB_FOLDER, STAGE2_DEMO_ROOT (./.demo), STAGE2_WORKSPACE.
-Ctrl-C stops it and everything it started. It takes no arguments."""
+line `stage2 build` prints after `UI:`). Ctrl-C stops it and everything it started. It takes no
+arguments; its settings come from the environment:
+  the UI's own: STAGE2_UI_PORT, STAGE2_UI_LOG_LEVEL (warning), STAGE2_DEMO_ROOT (./.demo),
+    STAGE2_WORKSPACE
+  the build's (as `stage2 build` prints them on its `UI:` line):
+{build}"""
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args:  # settings come from the environment: `--help` prints them, anything else is refused
         if args[0] in ("-h", "--help"):
-            print(USAGE)
+            print(usage())
             return 0
         print(f"make ui: takes no arguments (got {' '.join(args)}). Fix: set its STAGE2_* settings in the "
               "environment (`python -m stage2_pipelines.ui --help` lists them)", file=sys.stderr)  # fmt: skip

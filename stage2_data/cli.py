@@ -306,12 +306,16 @@ def _empty_argument(given: Sequence[str]) -> str | None:
 
 
 def _refuse_empty(name: str) -> Callable[[argparse.Namespace], int]:
-    what = name if name.startswith("--") else "an argument"
+    option = name.startswith("--")
 
     def refuse(args: argparse.Namespace) -> int:
         raise SettingError(
-            f'{what} is empty ("": an unset shell variable?); as a path it would be the working folder.',
-            fix=f"give {name if name.startswith('--') else 'it'} a value (`.` for the working folder)",
+            f'{name} is empty ("": an unset shell variable?).'
+            if option
+            else 'an argument is empty ("": an unset shell variable?); as a path it would be the working folder.',
+            fix=f"give {name} a value, or leave the option out"
+            if option
+            else "give it a value (`.` for the working folder)",
         )
 
     return refuse
@@ -404,6 +408,9 @@ def run(argv: Sequence[str] | None = None) -> NoReturn:
         code: Any = main(argv)
         if sys.stdout is not None:  # None: started with standard output closed
             sys.stdout.flush()
+    except KeyboardInterrupt:  # Ctrl-C before a command's own handling (while it imports): no traceback
+        eprint("stage2: interrupted")
+        code = 130
     except SystemExit as exiting:  # argparse's --help and usage errors
         code = exiting.code
         if stdout_reader_gone():

@@ -431,8 +431,9 @@ def test_a_file_url_with_one_slash_is_named_with_the_url_meant(tmp_path: Path) -
         (["build", "--profile", "{profile}", "--data-root="], "--data-root is empty"),
         (["validate", ""], "an argument is empty"),
         (["gc", "", "--dry-run"], "an argument is empty"),
+        (["build", "--profile", "{profile}", "--data-root", "r", "--endpoint", ""], "--endpoint is empty"),
     ],
-    ids=["build-data-root", "build-data-root-equals", "validate", "gc"],
+    ids=["build-data-root", "build-data-root-equals", "validate", "gc", "build-endpoint"],
 )
 def test_an_empty_argument_is_refused_not_taken_as_the_working_folder(
     args: list[str], says: str, demo_cache: DemoPaths, tmp_path: Path

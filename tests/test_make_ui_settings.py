@@ -251,6 +251,7 @@ def test_the_ui_says_its_settings_on_help_and_refuses_arguments(tmp_path: Path) 
     )
     assert helped.returncode == 0 and helped.stdout.startswith("usage: make ui"), helped.stderr
     assert "STAGE2_UI_PORT" in helped.stdout and "STAGE2_PROFILE" in helped.stdout
+    assert "STAGE2_STORE_URL" in helped.stdout and "STAGE2_EXECUTOR" in helped.stdout  # every build setting
     wrong = subprocess.run(
         [sys.executable, "-m", "stage2_pipelines.ui", "--port", "3001"],
         env=env,

@@ -253,6 +253,15 @@ def test_a_store_url_no_store_can_be_at_is_named_by_every_command(
     ), r.stderr
 
 
+def test_a_url_scheme_is_read_whatever_its_case(tmp_path: Path) -> None:
+    """`FILE:///x` is `file:///x` (URL schemes ignore case): it was refused as a scheme no store
+    can be on, with a fix recommending file:// (QA)."""
+    from helpers.cli import stage2
+
+    r = stage2("validate", f"FILE://{tmp_path}/none", cwd=tmp_path)
+    assert r.returncode == 2 and f"no complete VIN offline store at {tmp_path}/none" in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("command", ["validate", "summary"])
 def test_a_store_url_mistyped_into_a_path_is_named_by_the_readers(command: str, tmp_path: Path) -> None:
     """`stage2 validate s3:/bucket/x` reads a local path that does not exist: it is named as the

@@ -42,8 +42,9 @@ def _target(value: str) -> Path | str:
     """A store argument: a local folder, or an fsspec URL (``s3://bucket/prefix``) kept as text. A
     ``file://`` URL names a local folder, as ``stage2 build --store-url`` takes it (``file:///x``
     is ``/x``); made a Path whole, its ``//`` would be folded into ``file:/x``."""
-    from ..storage import is_url, unusable_store_url
+    from ..storage import is_url, normal_url, unusable_store_url
 
+    value = normal_url(value)
     if (unusable := unusable_store_url(value)) is not None:
         raise unusable
     if value.startswith("file://"):

@@ -28,6 +28,7 @@ from ._base import (
     check_stores_url,
     is_url,
     join_url,
+    normal_url,
     unusable_store_url,
 )
 from ._fsspec import (
@@ -52,6 +53,7 @@ __all__ = [
     "access_error",
     "check_stores_target",
     "check_stores_url",
+    "normal_url",
     "unusable_store_url",
     "current_candidates",
     "current_error",

@@ -33,7 +33,16 @@ MOVED_FILE = "moved.json"
 def is_url(target: str | os.PathLike[str]) -> bool:
     """Whether ``target`` is an fsspec URL (``scheme://...``) rather than a local path."""
     s = os.fspath(target)
-    return "://" in s and not s.startswith("file://")
+    return "://" in s and s[:7].lower() != "file://"
+
+
+def normal_url(target: str) -> str:
+    """``target`` with its URL scheme in lower case (``S3://b/x`` is ``s3://b/x``; ``FILE:///x`` is
+    ``file:///x``), as URL schemes are compared; a path as it is."""
+    if "://" not in target:
+        return target
+    scheme, rest = target.split("://", 1)
+    return f"{scheme.lower()}://{rest}" if _SCHEME.match(scheme + ":") else target
 
 
 #: a URL scheme at the start of a target (two letters at least: ``s3:``, ``gs:``, ``memory:``)
@@ -53,7 +62,7 @@ def unusable_store_url(s: str) -> StoreError | None:
     (``ftp://``, ``http://``, ``zip://``: stores are listed, read and written as whole objects), a
     ``file://`` URL whose path is not absolute (``file://relative/x`` would name a folder under the
     working folder)."""
-    if s.startswith("file://"):
+    if s[:7].lower() == "file://":
         path = s[len("file://") :]
         if path.startswith("/"):
             return None
@@ -111,7 +120,7 @@ def check_stores_url(target: str | os.PathLike[str]) -> None:
     be one: a URL mistyped into a local path (``s3:/bucket``, ``s3:bucket``: a local folder of that
     name would be written), a URL without a bucket (``s3://``), or a scheme whose fsspec backend is
     not installed. A local folder (or ``file://``) passes."""
-    s = os.fspath(target)
+    s = normal_url(os.fspath(target))
     if (unusable := unusable_store_url(s)) is not None:
         raise unusable
     if s.startswith("file://"):
@@ -206,7 +215,7 @@ class StoreLocation:
         does not exist and reads as a mistyped URL (``s3:/bucket``)."""
         if isinstance(target, StoreLocation):
             return target
-        s = os.fspath(target)
+        s = normal_url(os.fspath(target))
         if (unusable := unusable_store_url(s)) is not None:
             raise unusable
         if s.startswith("file://"):
