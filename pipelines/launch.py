@@ -2,7 +2,8 @@
 
 `stage2 build` starts Dagster's webserver over the project's definitions (``dagster-webserver -m``,
 with the build's settings in its environment: :meth:`BuildConfig.to_env`), which runs its own code
-server as ``make ui``'s does, and launches each stage's run as the UI's Launch button does: Dagster's GraphQL client (``dagster_graphql.DagsterGraphQLClient``) asks the webserver, which
+server as ``make ui``'s does, and launches each stage's run as the UI's Launch button does:
+Dagster's GraphQL client (``dagster_graphql.DagsterGraphQLClient``) asks the webserver, which
 keeps the location's snapshot loaded, so a launch costs one request instead of a process that
 imports Dagster and loads the location again. The instance's run launcher starts the run's worker
 process from the code server, so every run carries the code location's origin (``LOCATION_NAME``,
@@ -42,7 +43,7 @@ from stage2_data.publish.lock import LAUNCHING_BUILD_ENV, held_build_id
 from stage2_data.stages import BUILD_TAG
 
 from .config import BuildConfig
-from .stops import spare, unspare
+from .stops import spare, stop_groups, unspare
 
 # The code location's name: what `workspace.yaml` (module ``stage2_pipelines.definitions``, attribute
 # ``defs``) calls it, so a build's runs and the UI's are runs of one location.
@@ -181,7 +182,8 @@ class CodeServer:
         self.closed = threading.Event()
 
     def start(self) -> None:
-        """Start the code server and the webserver; if either cannot start, neither is left running."""
+        """Start the webserver (it starts its code server); if it cannot start, nothing is left
+        running."""
         try:
             self._start()
         except BaseException:
@@ -228,12 +230,11 @@ class CodeServer:
     def _failure(self, what: str) -> str:
         """``what`` went wrong, with the last error the log names (a traceback's last line: the
         code server's, whose start-up the webserver logs at length), else its last line."""
+        tail = ""
         if self._verbose:  # -v: its output went to the terminal, not to the log
             where = "Its output is above (-v)"
-            tail = ""
         else:
             where = f"Its log: {self.log_path}"
-            tail = ""
             with contextlib.suppress(OSError):
                 text = self.log_path.read_text(encoding="utf-8", errors="replace")
                 lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
@@ -330,21 +331,14 @@ class CodeServer:
         return list(dict.fromkeys([*launched, *tagged]))
 
     def stop(self) -> None:
-        """Stop the server: it waits for nothing, its runs are over (or terminated) by now."""
+        """Stop the webserver's session (SIGTERM, then SIGKILL after ``STOP_WAIT_S``): its runs are
+        over (or canceled) by now."""
         self.closed.set()
         if self._ui is not None:
             # its session: the webserver, its code server and the run workers that one started (a
             # worker whose step left a thread that does not stop never exits of itself)
-            group = self._ui.pid
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(group, signal.SIGTERM)
-            deadline = time.monotonic() + STOP_WAIT_S
-            while (self._ui.poll() is None or _group_alive(group)) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(group, signal.SIGKILL)
-            self._ui.wait()
-            unspare(group)
+            stop_groups([self._ui], STOP_WAIT_S)
+            unspare(self._ui.pid)
         self._ui = None
         if self._log is not None:
             self._log.close()
@@ -408,17 +402,6 @@ CANCEL_WAIT_S = 5.0
 STOP_WAIT_S = 2.0
 #: how long a stop waits for a launch request in flight to be answered (its run then started)
 LAUNCH_WAIT_S = 3.0
-
-
-def _group_alive(group: int) -> bool:
-    """Some process of the process group ``group`` is still there (a leader not yet reaped too)."""
-    try:
-        os.killpg(group, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def terminate_runs(

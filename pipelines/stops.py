@@ -47,9 +47,10 @@ import os
 import select
 import signal
 import socket
+import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -305,6 +306,49 @@ def descendants(pid: int | None = None, *, table: dict[int, tuple[int, str, str]
         if state != "Z" and _RESOURCE_TRACKER not in cmd:
             out.append(p)
     return out
+
+
+def _signal_group(p: subprocess.Popen[str] | subprocess.Popen[bytes], sig: int) -> None:
+    """Signal the process group led by ``p`` (started with start_new_session=True)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(p.pid, sig)
+
+
+def _group_alive(pgid: int) -> bool:
+    """A process of group ``pgid`` is still running (a zombie, ended but not yet reaped by its
+    parent, is not: it holds no port, file or lock)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return True
+    for stat in proc.glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            # "pid (comm) state ppid pgrp ...": comm may hold spaces, so split after its ")"
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                return True
+    return False
+
+
+def stop_groups(procs: Sequence[subprocess.Popen[str] | subprocess.Popen[bytes]], grace: float) -> None:
+    """End the process groups led by ``procs``, all at once: SIGTERM to every process of each group,
+    SIGKILL to what is left after ``grace`` seconds; returns once every leader is reaped."""
+    for p in procs:
+        _signal_group(p, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if all(p.poll() is not None and not _group_alive(p.pid) for p in procs):
+            return
+        time.sleep(0.1)
+    for p in procs:
+        _signal_group(p, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=5)
 
 
 def _link_target(p: Path) -> str | None:

@@ -31,7 +31,6 @@ there, what to install, in one line (exit 2); Dagster is imported only once it i
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shlex
 import signal
@@ -40,7 +39,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from importlib.util import find_spec
 from pathlib import Path
 from typing import IO
@@ -57,6 +56,7 @@ from .config import (
     demo_settings,
     write_instance_yaml,
 )
+from .stops import stop_groups
 
 STOP_GRACE = 5.0  # seconds a process group has to end after SIGTERM before it is killed
 START_TIMEOUT = 180.0  # seconds the webserver has to answer before `make ui` gives up
@@ -64,51 +64,6 @@ START_TIMEOUT = 180.0  # seconds the webserver has to answer before `make ui` gi
 
 class _Stop(Exception):
     """Raised by the SIGINT/SIGTERM handler: stop everything and exit 0."""
-
-
-def _signal_group(p: subprocess.Popen[str] | subprocess.Popen[bytes], sig: int) -> None:
-    """Signal the process group led by ``p`` (started with start_new_session=True)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(p.pid, sig)
-
-
-def _group_alive(pgid: int) -> bool:
-    """A process of group ``pgid`` is still running (a zombie, ended but not yet reaped by its
-    parent, is not: it holds no port, file or lock)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    proc = Path("/proc")
-    if not proc.is_dir():
-        return True
-    for stat in proc.glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            # "pid (comm) state ppid pgrp ...": comm may hold spaces, so split after its ")"
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                return True
-    return False
-
-
-def stop_groups(
-    procs: Sequence[subprocess.Popen[str] | subprocess.Popen[bytes]], grace: float = STOP_GRACE
-) -> None:
-    """End the process groups led by ``procs``, all at once: SIGTERM to every process of each group,
-    SIGKILL to what is left after ``grace`` seconds; returns once every leader is reaped."""
-    for p in procs:
-        _signal_group(p, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        if all(p.poll() is not None and not _group_alive(p.pid) for p in procs):
-            return
-        time.sleep(0.1)
-    for p in procs:
-        _signal_group(p, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            p.wait(timeout=5)
 
 
 def answers(url: str) -> bool:
@@ -463,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         # a second Ctrl-C while stopping must not leave the groups running
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        stop_groups(procs)
+        stop_groups(procs, STOP_GRACE)
 
 
 if __name__ == "__main__":

@@ -70,11 +70,16 @@ def canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def free_bytes(path: Path) -> int:
+def _disk_usage(path: Path) -> Any:
+    """``shutil.disk_usage`` of the disk ``path`` is (or will be) on: its nearest existing folder."""
     p = path
     while not p.exists():
         p = p.parent
-    return shutil.disk_usage(p).free
+    return shutil.disk_usage(p)
+
+
+def free_bytes(path: Path) -> int:
+    return int(_disk_usage(path).free)
 
 
 def require_free_space(path: Path, needed: int, what: str, *, largest: tuple[str, int] | None = None) -> None:
@@ -85,10 +90,7 @@ def require_free_space(path: Path, needed: int, what: str, *, largest: tuple[str
     if free < needed:
         fix = f"free {human_bytes(needed - free)} there or choose another --data-root"
         if largest is not None:
-            p = path
-            while not p.exists():
-                p = p.parent
-            total = shutil.disk_usage(p).total
+            total = _disk_usage(path).total
             if largest[1] > total:
                 fix = (
                     f"{largest[0]} alone is pinned at {human_bytes(largest[1])}, more than the whole disk "
