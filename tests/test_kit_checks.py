@@ -501,3 +501,32 @@ def test_link_check_fast_path_reports_exactly_what_the_exact_parsers_do(
     exact = report()
     assert fast == exact
     assert (fast["missing_frames"], fast["missing_sidecars"], len(fast["problems"])) == (1, 1, 3)
+
+
+def test_stage2_verify_names_a_field_given_twice_on_a_line(kit: Kit) -> None:
+    """A pair line giving ``split`` twice (the second value another split) and an action line giving
+    ``status`` twice: `stage2 verify` fails naming each file, line and field with its fix, rather
+    than reading the last value as Python's and msgspec's decoders would (a reader keeping the first
+    would build another table)."""
+    from helpers.cli import stage2, subprocess_env
+
+    from stage2_data.kit import unpack_sidecars
+
+    unpack_sidecars(kit.profile, kit.data_root)
+    lines = Kit.lines(kit.pairs)
+    other = "test" if '"split": "train"' in lines[2] else "train"
+    lines[2] = lines[2][:-1] + f', "split": "{other}"}}'
+    Kit.write_lines(kit.pairs, lines)
+    path = kit.action_file("autoeval")
+    aline, _ = kit.first_row("autoeval", recovered=True)
+    lines = Kit.lines(path)
+    lines[aline - 1] = lines[aline - 1][:-1] + ', "status": "source_has_no_actions"}'
+    Kit.write_lines(path, lines)
+    argv = ["verify", str(kit.demo.profile), "--data-root", str(kit.data_root)]
+    r = stage2(*argv, env=subprocess_env(drop=("DAGSTER_HOME", "CI")), timeout=120)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, r.tail()
+    for where, field, n in ((kit.pairs, "split", 3), (path, "status", aline)):
+        said = f"{where}:{n}: field(s) {field} given more than once on one line"
+        assert said in out and f"fix: keep one {field!r} on line {n}" in out, out
+    assert "internal error" not in out and "Traceback" not in out, out

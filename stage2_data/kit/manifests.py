@@ -150,9 +150,10 @@ class _Schema(Generic[S]):
         self.wrong_type = wrong_type
 
     def fast(self, path: Path) -> ManifestFile[S] | None:
-        rows = decode_lines_fast(path, self.known, may_nest=False)
+        once = {"fields": self.fields, "required": self.required}
+        rows = decode_lines_fast(path, self.known, may_nest=False, **once)
         if rows is None and self.lenient is not None:
-            rows = decode_lines_fast(path, self.lenient, may_nest=True)
+            rows = decode_lines_fast(path, self.lenient, may_nest=True, **once)
         return None if rows is None else ManifestFile(str(path), rows, range(1, len(rows) + 1), [])
 
     def exact(self, path: Path) -> ManifestFile[S]:
@@ -160,7 +161,7 @@ class _Schema(Generic[S]):
         rows: list[S] = []
         lines: list[int] = []
         fields = set(self.fields)
-        for lineno, obj in iter_json_lines(path, notes):
+        for lineno, obj in iter_json_lines(path, notes, self.fields):
             where = f"{path}:{lineno}"
             missing = [k for k in self.required if k not in obj]
             if missing:
