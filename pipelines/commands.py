@@ -286,6 +286,7 @@ def _run_build(
 
     # SIGTERM/SIGINT stop the build from any stage, workers included, and publish nothing (stops.py)
     current = None if config.store_url else layout.current_store_path(Path(config.data_root), profile.name)
+    started = time.time()
     with _quiet_runs(args.verbose), stop_guard(watch=current) as stop, contextlib.ExitStack() as held:
         show = progress and not args.json
         bar = (
@@ -320,7 +321,7 @@ def _run_build(
                 print_build_summary(summary, config.store_options, reverify=again)
     if stop.stopped:
         if args.json:  # one object whatever happened: the stop is its one error
-            print_json(stopped_summary(config, profile, stop))
+            print_json(stopped_summary(config, profile, stop, since=started))
         eprint(stop.message())
         return stop.exit_code
     return build_exit_code(summary)
@@ -343,13 +344,21 @@ def instance_refused(err: BaseException, home: Path) -> Stage2Error | None:
     )
 
 
-def stopped_summary(config: BuildConfig, profile: Profile, stop: Any) -> dict[str, Any]:
+def stopped_summary(config: BuildConfig, profile: Profile, stop: Any, *, since: float) -> dict[str, Any]:
     """``--json``'s object for a build stopped by a signal: a build's summary (every key), the stop
-    as its one error (``"error": "Stopped"``, the message says whether the store was published)."""
+    as its one error (``"error": "Stopped"``, the message says whether the store was published),
+    and the runs it started since ``since`` with their status (canceled, most)."""
     store, fingerprint = (None, None)
     if stop.published() and not config.store_url:
         store, fingerprint = published_store(Path(config.data_root), profile)
+    runs: list[dict[str, Any]] = []
+    if "dagster" in sys.modules:  # else it stopped before its first run
+        from .runner import started_runs
+
+        with contextlib.suppress(Exception):  # the instance unreadable: the stop is still said
+            runs = started_runs(Path(config.data_root), since)
     return build_summary(
+        runs=runs,
         profile=profile.name,
         data_root=config.data_root,
         dagster_home=str(instance_home(Path(config.data_root))),

@@ -31,6 +31,7 @@ import sys
 import threading
 from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from stage2_data.profile import load_profile
 from stage2_data.publish import data_root_lock, sweep_data_root
 from stage2_data.stages import (
     ACQUIRE,
+    DATA_ROOT_TAG,
     DOWNLOADS_POOL,
     EXTRACT,
     STAGES,
@@ -111,6 +113,32 @@ def open_instance(data_root: Path) -> tuple[Path, dg.DagsterInstance]:
         ):
             storage.initialize_concurrency_limit_to_default(DOWNLOADS_POOL)
     return home, instance
+
+
+def started_runs(data_root: Path, since: float) -> list[dict[str, Any]]:
+    """The runs over ``data_root`` (its ``stage2/data_root`` tag) that the instance at DAGSTER_HOME
+    created since ``since`` (a ``time.time()``), oldest first, each as a summary's run entry with
+    its status: what a stopped build started, canceled or not."""
+    instance = dg.DagsterInstance.get()
+    after = datetime.fromtimestamp(since, tz=UTC)
+    tag = {DATA_ROOT_TAG: str(Path(data_root).resolve())}
+    records = instance.get_run_records(filters=dg.RunsFilter(tags=tag, created_after=after))
+    return [
+        {
+            "store_metadata": {},
+            "run_id": r.dagster_run.run_id,
+            "job": r.dagster_run.job_name,
+            "success": r.dagster_run.status == dg.DagsterRunStatus.SUCCESS,
+            "status": r.dagster_run.status.value,
+            "partition": r.dagster_run.tags.get("dagster/partition"),
+            "partitions": {},
+            "selection": [],
+            "checks": [],
+            "errors": [],
+            "materialized": [],
+        }
+        for r in sorted(records, key=lambda r: r.create_timestamp)
+    ]
 
 
 def build_all(

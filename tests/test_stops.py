@@ -213,7 +213,7 @@ CASES = {
     # runs launched through the instance (`stage2 build`'s default): a code server and its run workers
     "download-sigterm-bg-launched": ("download", signal.SIGTERM, True, [LAUNCHED]),
     "extract-sigint-fg-launched": ("extract", signal.SIGINT, False, [LAUNCHED]),
-    "store-sigterm-bg-launched": ("store", signal.SIGTERM, True, [LAUNCHED]),
+    "store-sigterm-bg-launched-json": ("store", signal.SIGTERM, True, [LAUNCHED, "--json"]),
     "download-sigterm-bg-streamed": ("download", signal.SIGTERM, True, [STREAMED_RUNS, "--concurrency", "2"]),
     "extract-sigint-fg-streamed": ("extract", signal.SIGINT, False, [STREAMED_RUNS, "--concurrency", "2"]),
     # a second Ctrl-C: the workers are killed at once, and the runs are still recorded as canceled
@@ -265,6 +265,9 @@ def test_stop(case: str, demo: DemoPaths, tmp_path: Path) -> None:
         assert got["ok"] is False and got["store"] is None and got["profile"] == name, got
         assert [e["error"] for e in got["errors"]] == ["Stopped"], got
         assert got["errors"][0]["message"].startswith(f"stopped by {name_}: nothing was published"), got
+        # the runs it started, with the status the instance holds (they were listed as none)
+        listed = {r["run_id"]: r["status"] for r in got["runs"]}
+        assert listed and listed == _statuses_by_id(tmp_path / "home"), got["runs"]
     # the stop path: every thread stopped (downloads and extractions cancelled), not the last resort
     assert HARD_EXIT_MARK not in said, s.ran.tail()
     assert s.leftover == [], s.leftover
@@ -308,6 +311,14 @@ def _run_statuses(home: Path) -> dict[str, str]:
             f"{r.job_name} {r.tags.get('dagster/partition') or r.run_id[:8]}": r.status.value
             for r in instance.get_runs()
         }
+
+
+def _statuses_by_id(home: Path) -> dict[str, str]:
+    """Run id -> status of every run in the instance at ``home``."""
+    import dagster as dg
+
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        return {r.run_id: r.status.value for r in instance.get_runs()}
 
 
 def _failed_messages(home: Path) -> list[str]:
