@@ -25,6 +25,7 @@ from stage2_data.errors import DiskSpaceError, FileSystemError, Stage2Error
 from stage2_data.extract import cancel_extractions
 from stage2_data.fsutil import canonical_json, human_bytes
 from stage2_data.publish.lock import BuildGoneError, require_launching_build, run_step_lock
+from stage2_data.publish.store_lock import StoresInUseError
 from stage2_data.stages import BUILD_TAG, PARTITIONS_TAG, READS, stage_of
 from stage2_data.steps import StepResult
 from stage2_data.steps.status import clear_store_records, record_failed_checks
@@ -216,8 +217,9 @@ def fails_a_check(err: Stage2Error) -> bool:
     """Whether ``err`` says the asset's data is wrong (its first check fails with it), not the
     machine: a full disk or a file system that refuses fails the step with its named error and
     leaves every check unevaluated (a badge saying ``profile_is_pinned`` failed for want of disk
-    space would point at the wrong thing); nor does a run whose build is gone."""
-    return not isinstance(err, DiskSpaceError | FileSystemError | BuildGoneError)
+    space would point at the wrong thing); nor does a run whose build is gone, nor a store step
+    refused because another build writes the same stores folder."""
+    return not isinstance(err, DiskSpaceError | FileSystemError | BuildGoneError | StoresInUseError)
 
 
 def forget_on_failure(

@@ -377,6 +377,7 @@ COULD_NOT_RUN = frozenset(
         "PermissionError",
         "IsADirectoryError",
         "NotADirectoryError",
+        "StoresInUseError",  # another build writes the same --store-url folder
         "PinDisagreesError",  # bad input: a pin the hub's listing contradicts (on disk or downloading)
         "HubOfflineError",  # offline, and what the build needs is not on disk
         "StorageAccessError",  # object storage: no credentials, access denied, endpoint unreachable

@@ -697,6 +697,14 @@ FAULTS: tuple[Fault, ...] = (
         "(not needed: the build publishes the clean store; fingerprint = clean build's)",
     ),
     Fault(
+        "gate_store_url_shared_by_two_builds",
+        "store",
+        "two data roots' builds writing one local stores folder (--store-url file://...) at once",
+        "the second is refused at its store step (exit 2), naming the build that writes there and the fix, and touches nothing (was: the build whose gate failed removed the store the other had just published, `current` then naming nothing)",
+        "every store in the folder, untouched; what the refused build built before its store step (archives, extraction, kit)",
+        "wait for the other build to end, then run it again: it resumes at the store step (or give each build a --store-url of its own)",
+    ),
+    Fault(
         "gate_kept_store_decode_fails",
         "store",
         "a store of the same inputs that is not current: a kept one the profile returns to, or the folder a build stopped by SIGTERM right after it appeared left behind; here with a changed frames chunk, size and mtime kept",

@@ -398,13 +398,10 @@ def test_new_actions_for_old_trajectories_unchanged_still_extend(
 
 
 # ----- the store step itself, on the demo ----------------------------------------------------------------
-def test_store_step_extends_the_demo_store_when_its_profile_gains_a_cache_dir(
-    demo_cache: Any, tmp_path: Path
-) -> None:
-    """The demo downloaded and extracted with the library; its profile without one cache directory
-    (and a kit whose pair manifest lacks the pairs that use it) is built first, then the whole profile:
-    the store step extends, the published store passes the deep check, and it equals in content the
-    store the step builds from scratch."""
+def _demo_without_a_cache_dir(demo_cache: Any, tmp_path: Path) -> tuple[Any, Any, Path]:
+    """The demo downloaded and extracted with the library into ``tmp_path/root``, its sidecars
+    unpacked; its profile, and the profile without one cache directory (with a kit whose pair
+    manifest lacks the pairs that use it, and the totals to match), joined and byte-checked."""
     import shutil
 
     from stage2_data import layout
@@ -413,7 +410,6 @@ def test_store_step_extends_the_demo_store_when_its_profile_gains_a_cache_dir(
     from stage2_data.extract import extract_cache_dir
     from stage2_data.profile import load_profile
     from stage2_data.steps.kit import step_join, step_sidecars, step_verify_bytes
-    from stage2_data.steps.store import step_store, verify_current_store
 
     prof = load_profile(demo_cache.profile)
     root = tmp_path / "root"
@@ -444,6 +440,21 @@ def test_store_step_extends_the_demo_store_when_its_profile_gains_a_cache_dir(
     small = small.model_copy(update={"expected": expected})
     step_join(small, root)
     step_verify_bytes(small, root)
+    return prof, small, root
+
+
+def test_store_step_extends_the_demo_store_when_its_profile_gains_a_cache_dir(
+    demo_cache: Any, tmp_path: Path
+) -> None:
+    """The demo downloaded and extracted with the library; its profile without one cache directory
+    (and a kit whose pair manifest lacks the pairs that use it) is built first, then the whole profile:
+    the store step extends, the published store passes the deep check, and it equals in content the
+    store the step builds from scratch."""
+    from stage2_data import layout
+    from stage2_data.steps.kit import step_join, step_verify_bytes
+    from stage2_data.steps.store import step_store, verify_current_store
+
+    prof, small, root = _demo_without_a_cache_dir(demo_cache, tmp_path)
     first = step_store(small, root)
     assert first.metadata["update"] == "rebuilt: no store is published for this profile"
     old = Path(first.metadata["store"])
@@ -474,6 +485,50 @@ def test_store_step_extends_the_demo_store_when_its_profile_gains_a_cache_dir(
     assert Path(fresh.metadata["store"]).name == new.name
     assert content(aside) == content(Path(fresh.metadata["store"]))
     assert fingerprint(aside) == fingerprint(Path(fresh.metadata["store"]))
+
+
+def test_a_damaged_published_store_is_moved_aside_once_its_rebuild_is_published(
+    demo_cache: Any, tmp_path: Path
+) -> None:
+    """The store step about to extend the published store finds it damaged (a frames chunk's byte
+    changed, size and mtime kept): it builds the store whole, and once that one is published moves
+    the damaged one to the data root's quarantine, saying where. It stayed in the stores folder, and
+    retention kept it as the previous store a user could return to (QA)."""
+    import os
+
+    from stage2_data import layout
+    from stage2_data.steps.kit import step_join, step_verify_bytes
+    from stage2_data.steps.store import step_store
+
+    prof, small, root = _demo_without_a_cache_dir(demo_cache, tmp_path)
+    old = Path(step_store(small, root).metadata["store"])
+    m = json.loads((old / "manifest.json").read_text())
+    sh = m["shards"][0]
+    chunk = old / next(f["path"] for f in sh["files"] if f["path"].startswith(f"{sh['dir']}/frames/c/"))
+    st = chunk.stat()
+    os.chmod(chunk, 0o644)
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    chunk.write_bytes(bytes(data))
+    os.utime(chunk, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.chmod(chunk, st.st_mode)
+
+    step_join(prof, root)
+    step_verify_bytes(prof, root)
+    res = step_store(prof, root)
+    assert res.ok, [c for c in res.checks if not c.passed]
+    update = res.metadata["update"]
+    assert update.startswith(f"rebuilt: the published store {old.name} does not validate"), update
+    assert f"the store already at {old} was published but does not validate" in update, update
+    assert "(a damaged store is never kept as a previous one)" in update, update
+    stores = layout.stores_root(root, prof.name)
+    assert sorted(p.name for p in stores.iterdir() if not p.name.startswith(".")) == [
+        layout.CURRENT_LINK,
+        Path(res.metadata["store"]).name,
+    ]
+    (aside,) = layout.quarantine_root(root).glob(f"*/{layout.STORES_DIR}/*/{old.name}")
+    assert (aside / chunk.relative_to(old)).read_bytes() == bytes(data)
+    assert f"{old} -> {aside}" in res.metadata["moved_aside"]
 
 
 def test_retention_after_an_extension_leaves_the_extended_store_whole(

@@ -153,6 +153,47 @@ def test_fault_gate_store_url_outside_the_data_root(gated: dict[str, Any], tmp_p
     assert json.loads((current / "manifest.json").read_text())["fingerprint"] == FINGERPRINT
 
 
+def test_fault_gate_store_url_shared_by_two_builds(gated: dict[str, Any], tmp_path: Path) -> None:
+    """Two data roots' builds writing one stores folder (`--store-url file://...`) at once: the one
+    whose gate failed removed the store the other had just published there, and `current` then named
+    nothing (QA). The store step holds the folder's writer lock: with it held by another build, a
+    build is refused (exit 2) naming that build and the fix, and touches nothing there; once it is
+    released, the same build runs and reuses the published store."""
+    import fcntl
+
+    url = f"file://{tmp_path / 'shared'}"
+    roots = []
+    for n in (1, 2):
+        root = tmp_path / f"root{n}"
+        shutil.copytree(
+            gated["root"], root, symlinks=True, ignore=shutil.ignore_patterns(".dagster", "stores")
+        )
+        roots.append(root)
+    first = _build(gated["demo"], roots[0], gated["hub"], "--store-url", url)
+    assert first.returncode == 0 and _fingerprint(first) == FINGERPRINT, first.tail()
+    folder = tmp_path / "shared" / gated["profile"]
+    store = (folder / layout.CURRENT_LINK).resolve()
+    before = sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+    lock = folder / ".stage2-writer.lock"
+    fd = os.open(lock, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another build, in its store step
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"pid": 4242, "host": "node7", "data_root": "/data/other"}).encode(), 0)
+        out = _build(gated["demo"], roots[1], gated["hub"], "--store-url", url)
+        said = out.stdout + out.stderr
+        assert out.returncode == 2, out.tail()
+        assert f"the stores folder {folder} is being written by another build (pid 4242 on node7, " in said
+        assert "data root /data/other" in said and "Fix: wait for that build to end" in said, said
+        assert "internal error" not in said and "Traceback" not in said, said
+        assert sorted(str(p.relative_to(folder)) for p in folder.rglob("*")) == before
+    finally:
+        os.close(fd)
+    again = _build(gated["demo"], roots[1], gated["hub"], "--store-url", url)
+    assert again.returncode == 0 and _fingerprint(again) == FINGERPRINT, again.tail()
+    assert (folder / layout.CURRENT_LINK).resolve() == store
+
+
 def test_fault_gate_kept_store_decode_fails(gated: dict[str, Any], tmp_path: Path) -> None:
     """A store of this input set that is not current (a kept store the profile returns to, or one a
     stopped build left behind) with one byte of a compressed frames chunk changed, size and mtime

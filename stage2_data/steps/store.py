@@ -28,6 +28,7 @@ from ..publish import atomic_write_json
 from ..publish.lock import require_launching_build
 from ..publish.quarantine import quarantine_files
 from ..publish.readonly import make_writable
+from ..publish.store_lock import stores_folder_lock
 from ..stages import SUBSET_CHECKSUMS, TRAJECTORY_JOIN
 from ..storage import CURRENT_OBJECT, StoreLocation, check_stores_url, join_url, option_args
 from ..store import (
@@ -226,6 +227,38 @@ def step_store(
     keep_stores: int | str | None = None,
     alongside: Callable[[str], dict[str, Any]] | None = None,
 ) -> StepResult:
+    """:func:`_step_store`, holding the writer lock of a local stores folder outside the data root
+    (``--store-url file:///...``, which two data roots' builds may share: ``publish.store_lock``); a
+    data root's own stores are written under its lock alone."""
+    held: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+    if store_url:
+        root_loc = stores_location(profile, data_root, store_url=store_url, storage_options=storage_options)
+        if root_loc.is_local:
+            held = stores_folder_lock(root_loc.root, data_root)
+    with held:
+        return _step_store(
+            profile,
+            data_root,
+            rows_per_shard=rows_per_shard,
+            progress=progress,
+            store_url=store_url,
+            storage_options=storage_options,
+            keep_stores=keep_stores,
+            alongside=alongside,
+        )
+
+
+def _step_store(
+    profile: Profile,
+    data_root: Path,
+    *,
+    rows_per_shard: int = 64,
+    progress: Any = None,
+    store_url: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+    keep_stores: int | str | None = None,
+    alongside: Callable[[str], dict[str, Any]] | None = None,
+) -> StepResult:
     """Build (or reuse, for an unchanged input set) the store ``v<VERSION>-<inputs16>`` under
     ``<data_root>/stores/<profile>/`` or, with ``store_url`` (``s3://bucket/prefix``), under
     ``<store_url>/<profile>/``; then point ``current`` at it (a symlink locally, a ``CURRENT`` object
@@ -254,6 +287,8 @@ def step_store(
     gate: GateResult | None = None
     set_aside = ""
     moved_aside: list[str] = []  # "<from> -> <to>": a store set aside, never deleted
+    base: StoreLocation | None = None  # the published store a new one replaces
+    damaged_base: list[str] = []  # its problems, when the writer found it damaged
     # what the manifest of this build's store records: a store under this name that records
     # anything else is not this build's, however well it validates
     expect = {"profile": profile.identity(), "inputs": inputs, "options": settings}
@@ -364,6 +399,7 @@ def step_store(
             kit_root=profile.kit_root,
             actions_input=f"kit/{profile.kit.sidecar_archive}",
             processes=store_processes(len(samples)),
+            damaged_base=damaged_base,
         )
         if set_aside:  # with no store left to extend, what was set aside is why it was rebuilt
             update = f"rebuilt: {set_aside}" if base is None else f"{update}; {set_aside}"
@@ -388,6 +424,18 @@ def step_store(
         # `current` is moved aside first, and said
         if (moved := root_loc.publish_current(name)) is not None:
             moved_aside.append(moved)
+        if rebuilt and damaged_base and base is not None and base.is_local and base.root.is_dir():
+            # the store it replaced was found damaged: never kept as a previous store to return to
+            moved, said = move_store_aside(
+                base,
+                data_root,
+                profile.name,
+                damaged_base,
+                reason="was published but does not validate",
+                then="(a damaged store is never kept as a previous one)",
+            )
+            moved_aside.append(moved)
+            update = f"{update}; {said}"
         if out.is_local:
             write_gate_record(data_root, profile.name, name, gate.stats)
     else:
@@ -448,29 +496,34 @@ def gate_new_store(
         return gate, drawn.result()
 
 
-def move_store_aside(out: Any, data_root: Path, profile_name: str, problems: list[str]) -> tuple[str, str]:
-    """A store already there that failed the publication gate is moved, never deleted: a local one
-    into the data root's quarantine folder (``quarantine/<UTC time>/stores/<profile>/<name>``, with
-    its ``moved.json``: ``stage2 list`` shows it); one on object storage, which has no rename, is
+def move_store_aside(
+    out: Any,
+    data_root: Path,
+    profile_name: str,
+    problems: list[str],
+    *,
+    reason: str = "failed the publication gate",
+    then: str = "and built again from the verified inputs",
+) -> tuple[str, str]:
+    """A store already there that failed the publication gate (``reason``) is moved, never deleted:
+    a local one into the data root's quarantine folder (``quarantine/<UTC time>/stores/<profile>/<name>``,
+    with its ``moved.json``: ``stage2 list`` shows it); one on object storage, which has no rename, is
     copied to ``<url>/<profile>/.quarantine/<UTC time>/<name>/`` (with its ``moved.json``), the copy
     checked, and only then withdrawn (its manifest first): :meth:`FsspecLocation.move_aside`. Only
     ``stage2 gc --quarantine`` removes either. Returns ``"<from> -> <to>"`` (the step's
-    ``moved_aside``) and the line that says what happened and where."""
+    ``moved_aside``) and the line that says what happened and where (``then``: what the build did)."""
     first = problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
     if not out.is_local:
-        moved = out.move_aside("failed the publication gate", store=out.root.name, problems=problems[:20])
+        moved = out.move_aside(reason, store=out.root.name, problems=problems[:20])
         return f"{out.url} -> {moved.url}", (
-            f"the store already at {out.url} failed the publication gate ({first}): moved to {moved.url} "
-            "and built again from the verified inputs"
+            f"the store already at {out.url} {reason} ({first}): moved to {moved.url} {then}"
         )
     make_writable(out.root)  # a folder moved to another parent needs its own write bit
-    (dest,) = quarantine_files(
-        data_root, [out.root], "failed the publication gate", store=out.root.name, problems=problems[:20]
-    )
+    (dest,) = quarantine_files(data_root, [out.root], reason, store=out.root.name, problems=problems[:20])
     make_writable(dest)  # no longer a published store: `stage2 gc --quarantine` may remove its files
-    return f"{out.root} -> {dest}", (
-        f"the store already at {out.root} failed the publication gate ({first}): moved to {dest} "
-        "and built again from the verified inputs"
+    return (
+        f"{out.root} -> {dest}",
+        f"the store already at {out.root} {reason} ({first}): moved to {dest} {then}",
     )
 
 

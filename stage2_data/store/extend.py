@@ -28,7 +28,7 @@ import shutil
 import zipfile
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,7 @@ class ExtendDecision:
 
     extension: Extension | None = None
     reason: str = ""
+    damaged: list[str] = field(default_factory=list)  # the published store's problems, if damaged
 
 
 @dataclass
@@ -129,7 +130,7 @@ def decide_extension(
     try:
         m = load_manifest_strict(base)
     except StoreError as e:
-        return _no(f"the published store {base.root.name} does not open ({e})")
+        return ExtendDecision(None, f"the published store {base.root.name} does not open ({e})", [str(e)])
     if m.get("profile", {}).get("repo_id") != profile.get("repo_id"):
         return _no(
             f"the source repo changed ({m.get('profile', {}).get('repo_id')} -> {profile.get('repo_id')})"
@@ -155,12 +156,16 @@ def decide_extension(
     # hashed (deep), as the publication gate does; a damaged store is rebuilt instead, never extended
     damaged = validate_vin_offline_store(base, deep=True)
     if damaged:
-        return _no(f"the published store {base.root.name} does not validate ({damaged[0]})")
+        return ExtendDecision(
+            None, f"the published store {base.root.name} does not validate ({damaged[0]})", damaged
+        )
     try:
         with VinOfflineStoreReader(base) as reader:  # its lease keeps retention off it meanwhile
             return _decide(reader, m, by_key, split_of, kept, inputs, options, actions_input, profile)
     except StoreChecksumError as e:  # a damaged published store is rebuilt, never extended
-        return _no(f"the published store {base.root.name} is damaged ({e.message})")
+        return ExtendDecision(
+            None, f"the published store {base.root.name} is damaged ({e.message})", [e.message]
+        )
 
 
 def _decide(
@@ -312,10 +317,13 @@ def write_or_extend(
     kit_root: Path | None = None,
     actions_input: str | None = None,
     processes: int = 1,
+    damaged_base: list[str] | None = None,
 ) -> str:
     """Write the store of ``samples`` and ``pairs`` at ``out``: by extending the published store
     ``base`` when :func:`decide_extension` allows it, else with the writer. Returns one line for the
-    step's metadata: ``extended <old> by N samples ...`` or ``rebuilt: <reason>``."""
+    step's metadata: ``extended <old> by N samples ...`` or ``rebuilt: <reason>``. ``damaged_base``
+    (a list) is given the published store's problems when it was found damaged (the caller moves it
+    aside once the new store is published)."""
     writer_kw: dict[str, Any] = {
         "profile": profile,
         "inputs": inputs,
@@ -355,5 +363,7 @@ def write_or_extend(
             decision = _no(f"extending {decision.extension.base_name} failed ({e})")
         else:
             return report.summary
+    if damaged_base is not None:
+        damaged_base.extend(decision.damaged)
     VinOfflineWriter(out, **writer_kw).write(samples, pairs)
     return f"rebuilt: {decision.reason}"
