@@ -355,7 +355,16 @@ def main(argv: list[str] | None = None) -> int:
     write_instance_yaml(Path(env["DAGSTER_HOME"]))
     log_level = env.get("STAGE2_UI_LOG_LEVEL", "warning")
 
+    stopping = [False]
+
     def on_signal(*_: object) -> None:
+        # the first signal stops the UI; any more (a group's SIGTERM beside a Ctrl-C, a second
+        # Ctrl-C) do nothing from then on, so none interrupts the stop itself. The handler stays:
+        # one swapped for SIG_IGN while a signal is pending makes CPython print "Signal 15 ignored
+        # due to race condition"
+        if stopping[0]:
+            return
+        stopping[0] = True
         raise _Stop
 
     signal.signal(signal.SIGTERM, on_signal)
@@ -415,9 +424,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\nmake ui: stopping the UI ...", file=sys.stderr, flush=True)
         return 0
     finally:
-        # a second Ctrl-C while stopping must not leave the groups running
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        stopping[0] = True  # a signal while the groups stop must not leave them running
         stop_groups(procs, STOP_GRACE)
 
 

@@ -849,16 +849,22 @@ def test_the_open_it_lines_run_whatever_the_paths_characters(
 
 
 @pytest.mark.system
+@pytest.mark.parametrize(
+    "signals", [[signal.SIGINT], [signal.SIGTERM, signal.SIGINT] * 3], ids=["ctrl-c", "signal-burst"]
+)
 def test_make_ui_says_its_url_when_it_answers_is_quiet_and_stops_on_ctrl_c(
-    ui_instance: dict[str, Any], tmp_path: Path
+    ui_instance: dict[str, Any], tmp_path: Path, signals: list[int]
 ) -> None:
     """The UI command a build prints (its ``UI:`` line, run outside a checkout: `make ui`'s
     python -m stage2_pipelines.ui) over that build's instance: it serves the build's own settings,
     not the demo's (no demo is generated; the code location's data root is the build's); the URL
     line comes only once the webserver answers; nothing more is printed while nothing happens (no
     daemon tick lines); Ctrl-C (SIGINT to its process group, as a terminal sends it) stops the UI,
-    the daemon and the code server within seconds, and it exits 0 (make reports no error). (No
-    loopback hub of its own: the runs serve the hub folder themselves, STAGE2_HUB_FOLDER.)"""
+    the daemon and the code server within seconds, and it exits 0 (make reports no error). So does
+    a burst of SIGTERMs and SIGINTs to its group at once (a supervisor's `kill -TERM -- -PGID` beside
+    a Ctrl-C, or make's own: a later one interrupted the stop, printed a traceback and once left the
+    servers running).
+    (No loopback hub of its own: the runs serve the hub folder themselves, STAGE2_HUB_FOLDER.)"""
     port = free_port()
     words = shlex.split(ui_command(ui_instance["config"], ui_instance["home"], cwd=tmp_path))
     settings = dict(
@@ -912,7 +918,9 @@ def test_make_ui_says_its_url_when_it_answers_is_quiet_and_stops_on_ctrl_c(
         time.sleep(8)
         assert (tmp_path / "ui.out").read_text() == before, (tmp_path / "ui.out").read_text()
         t0 = time.monotonic()
-        os.killpg(proc.pid, signal.SIGINT)
+        for sig in signals:  # at once: two signals pending when the first is handled
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
         rc = proc.wait(timeout=30)
         took = time.monotonic() - t0
         left = [m for pgid in children for m in _group_members(pgid)]
