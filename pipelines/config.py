@@ -432,7 +432,13 @@ def ui_command(config: BuildConfig, home: Path, cwd: Path | None = None) -> str:
     if config.hub_folder or env.get("STAGE2_HUB_ENDPOINT") == DEFAULT_ENDPOINT:
         # a hub folder is served on loopback by the runs; the default hub needs no setting
         env.pop("STAGE2_HUB_ENDPOINT", None)
-    said = {"DAGSTER_HOME": str(home)} if env == demo_settings() else {**env, "DAGSTER_HOME": str(home)}
+    if env == demo_settings():  # the demo `make ui` serves, of the folder it was built in: said
+        # when it is not `.demo` where the command runs (STAGE2_DEMO_ROOT moved it)
+        moved = demo_root() != (cwd / ".demo").absolute()
+        said = {"STAGE2_DEMO_ROOT": str(demo_root())} if moved else {}
+        said["DAGSTER_HOME"] = str(home)
+    else:
+        said = {**env, "DAGSTER_HOME": str(home)}
     checkout = (cwd / "Makefile").is_file() and (cwd / "workspace.yaml").is_file()
     run = "make ui" if checkout else f"{shlex.quote(sys.executable)} -m stage2_pipelines.ui"
     line = " ".join(f"{k}={shlex.quote(v)}" for k, v in said.items()) + f" {run}"

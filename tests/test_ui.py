@@ -642,7 +642,21 @@ def test_the_ui_line_of_a_build_names_its_own_settings(
         data_root=str(demo / "data"),
         hub_folder=str(demo / "demo" / "upstream"),
     )
-    assert ui_command(as_make_demo, home, cwd=REPO) == f"DAGSTER_HOME={home} make ui"
+    checkout = demo.parent / "checkout"  # where `make ui` runs: its `.demo` is the demo built
+    (checkout / ".demo").mkdir(parents=True)
+    (checkout / "Makefile").touch()
+    (checkout / "workspace.yaml").touch()
+    monkeypatch.setenv("STAGE2_DEMO_ROOT", str(checkout / ".demo"))
+    in_place = BuildConfig(
+        profile_path=str(checkout / ".demo" / "demo" / "kit" / "profile.toml"),
+        data_root=str(checkout / ".demo" / "data"),
+        hub_folder=str(checkout / ".demo" / "demo" / "upstream"),
+    )
+    assert ui_command(in_place, home, cwd=checkout) == f"DAGSTER_HOME={home} make ui"
+    monkeypatch.setenv("STAGE2_DEMO_ROOT", str(demo))
+    # built with STAGE2_DEMO_ROOT elsewhere: the line says which demo (else `make ui` served
+    # the checkout's own .demo over this build's runs, and Re-execute built into it: QA)
+    assert ui_command(as_make_demo, home, cwd=REPO) == f"STAGE2_DEMO_ROOT={demo} DAGSTER_HOME={home} make ui"
 
     own = BuildConfig(
         profile_path="/data/kit/stage2_core_v1.toml",
