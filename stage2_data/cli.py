@@ -256,6 +256,14 @@ class _Parser(argparse.ArgumentParser):
             unknown = _not_taken(self.given, self)
             if unknown:
                 message = f"{message}; {unrecognized_text(unknown, self)}"
+            elif self.prog == "stage2":
+                message = (
+                    f"{message}. Fix: `stage2 --help` lists them (`stage2 demo --out DIR` builds the demo)"
+                )
+            else:
+                message = (
+                    f"{message}. Fix: give it (`{self.prog} --help` says what it takes, with an example)"
+                )
         elif (
             typo := re.match(r"argument COMMAND: invalid choice: '(.*?)' \(choose from (.*)\)$", message)
         ) and (close := difflib.get_close_matches(typo[1], re.findall(r"'([^']+)'", typo[2]), n=1)):

@@ -95,6 +95,18 @@ def test_the_stage2_executable_keeps_openblas_to_one_thread_unless_told(given: s
             "the following arguments are required: --data-root; unrecognized arguments: --data-rot. "
             "Fix: --data-root, not --data-rot",
         ),
+        # --profile, taken, with the required --data-root missing: only that is said (it said
+        # --profile was not an option: QA)
+        (
+            ["build", "--profile", "p.toml"],
+            "stage2 build: error: the following arguments are required: --data-root. Fix: give it "
+            "(`stage2 build --help` says what it takes, with an example)",
+        ),
+        # no command at all
+        (
+            [],
+            "stage2: error: the following arguments are required: COMMAND. Fix: `stage2 --help` lists them",
+        ),
         # nothing close: the command's own --help
         (
             ["validate", "--bogus", "store"],
@@ -112,6 +124,8 @@ def test_the_stage2_executable_keeps_openblas_to_one_thread_unless_told(given: s
         "positional-as-option",
         "misspelt-option",
         "misspelt-required-option",
+        "profile-option-without-data-root",
+        "no-command",
         "unknown-option",
         "misspelt-command",
         "version-after-a-command",
@@ -123,7 +137,9 @@ def test_a_usage_error_names_the_command_and_what_was_meant(argv: list[str], say
     assert p.returncode == 2, p.tail()
     assert says in p.stderr, p.stderr
     assert "Traceback" not in p.stderr
-    if argv[0] == "bild":
+    if not argv:
+        assert p.stderr.startswith("usage: stage2 "), p.stderr
+    elif argv[0] == "bild":
         assert p.stderr.rstrip().endswith("Fix: stage2 build, not bild"), p.stderr
     else:
         assert p.stderr.startswith(f"usage: stage2 {argv[0]} "), p.stderr
@@ -469,3 +485,19 @@ def test_an_internal_error_exits_3_with_or_without_its_traceback(
         "This is a bug. Fix: re-run with STAGE2_TRACEBACK=1 to see the traceback, and report it"
     )
     assert ("Traceback (most recent call last)" in err) == bool(traceback_env), err
+
+
+def test_python_dash_m_stage2_data_is_the_stage2_command() -> None:
+    """`python -m stage2_data` runs `stage2` (a habit, and the way in without the script on PATH):
+    the same usage errors with their fix, the same exit codes."""
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-m", "stage2_data", "bild"], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 2 and r.stderr.rstrip().endswith("Fix: stage2 build, not bild"), r.stderr
+    r = subprocess.run(
+        [sys.executable, "-m", "stage2_data", "--version"], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0 and r.stdout.startswith("stage2-data "), r.stdout

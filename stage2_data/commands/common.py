@@ -100,7 +100,9 @@ def add_profile(p: Any) -> None:
     """The profile .toml: the command's first argument, or ``--profile PROFILE`` as `stage2 build`
     takes it (:func:`resolve_profile` makes them one ``args.profile``)."""
     p.add_argument("profile", nargs="?", help="profile .toml (or --profile PROFILE)")
-    p.add_argument("--profile", dest="profile_option", metavar="PROFILE", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--profile", dest="profile_option", metavar="PROFILE", help="the profile .toml, as PROFILE"
+    )
 
 
 def add_token_env(p: Any) -> None:
