@@ -294,12 +294,12 @@ def test_fingerprint_identical_across_folders(tmp_path: Path, up: Upstream, stor
 def test_version_refused_with_rebuild_command(tmp_path: Path, store: Path) -> None:
     s = copy_store(store, tmp_path / "s")
     m = json.loads((s / "manifest.json").read_text())
-    m["version"] = 999
+    m["version"] = 1
     (s / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(StoreVersionError) as ei:
         VinOfflineStoreReader(s)
     msg = str(ei.value)
-    assert f"Unsupported VIN offline store version: 999. Expected {OFFLINE_DATASET_VERSION}." in msg
+    assert f"Unsupported VIN offline store version: 1. Expected {OFFLINE_DATASET_VERSION}." in msg
     cmd = rebuild_command(s, m)
     assert cmd in msg and ei.value.fix is not None and cmd in ei.value.fix
     assert cmd.split()[:2] == ["stage2", "build"]
@@ -307,7 +307,7 @@ def test_version_refused_with_rebuild_command(tmp_path: Path, store: Path) -> No
     assert f"--data-root {store.parent / 'data_root'}" in cmd
     with pytest.raises(StoreVersionError):
         VinOfflineDataset(s)
-    assert any("Unsupported VIN offline store version: 999" in p for p in validate_vin_offline_store(s))
+    assert any("Unsupported VIN offline store version: 1" in p for p in validate_vin_offline_store(s))
 
 
 def test_rebuild_command_infers_data_root_from_layout(tmp_path: Path) -> None:

@@ -217,9 +217,9 @@ def test_strict_version_and_missing_manifest(backend: Backend, up: Upstream) -> 
     loc = backend.loc("s")
     mpath = loc.root / MANIFEST_NAME
     manifest = json.loads(loc.read_bytes(mpath))
-    loc.write_bytes(mpath, json.dumps({**manifest, "version": 999}).encode())
+    loc.write_bytes(mpath, json.dumps({**manifest, "version": 1}).encode())
     loc.invalidate()
-    with pytest.raises(StoreVersionError, match="Unsupported VIN offline store version: 999. Expected 2"):
+    with pytest.raises(StoreVersionError, match="Unsupported VIN offline store version: 1. Expected 2"):
         VinOfflineStoreReader(loc)
     loc.delete(mpath)
     loc.invalidate()

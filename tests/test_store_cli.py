@@ -296,18 +296,27 @@ def test_version_refusal_small_store_json(small_store: Path, tmp_path: Path) -> 
     s = tmp_path / "s"
     shutil.copytree(small_store, s)
     m = json.loads((s / "manifest.json").read_text())
-    m["version"] = 999
+    m["version"] = 1
     (s / "manifest.json").write_text(json.dumps(m))
     r = stage2("validate", str(s), "--json")
     assert r.returncode == 2
     doc = r.json()
-    assert (
-        doc["message"] == f"Unsupported VIN offline store version: 999. Expected {OFFLINE_DATASET_VERSION}."
-    )
+    assert doc["message"] == f"Unsupported VIN offline store version: 1. Expected {OFFLINE_DATASET_VERSION}."
     assert doc["fix"].endswith(rebuild_command(s, m))
     r = stage2("summary", str(s))
     assert r.returncode == 2 and r.stdout == ""
-    assert f"Unsupported VIN offline store version: 999. Expected {OFFLINE_DATASET_VERSION}." in r.stderr
+    assert f"Unsupported VIN offline store version: 1. Expected {OFFLINE_DATASET_VERSION}." in r.stderr
+
+    # a store of a newer version: the fix is to upgrade, never to rebuild it a version back (QA)
+    m["version"] = OFFLINE_DATASET_VERSION + 1
+    (s / "manifest.json").write_text(json.dumps(m))
+    doc = stage2("validate", str(s), "--json").json()
+    writer = f"{m['writer']['package']} {m['writer']['version']}"
+    assert doc["message"] == (
+        f"VIN offline store version {OFFLINE_DATASET_VERSION + 1} at {s} (written by {writer}) is newer "
+        f"than this stage2-data reads (version {OFFLINE_DATASET_VERSION})."
+    ), doc
+    assert doc["fix"].startswith("upgrade stage2-data where you read it") and "stage2 build" not in doc["fix"]
 
 
 # ----- merge -----------------------------------------------------------------------------------------
@@ -532,7 +541,7 @@ def refused_then_rebuilt(built: dict, demo_cache: Any, tmp_path_factory: pytest.
     store = current.resolve()
     mpath = store / "manifest.json"
     m = json.loads(mpath.read_text())
-    m["version"] = 999
+    m["version"] = 1
     mpath.write_text(json.dumps(m))
     env = _offline_env(tmp)
     refusal = stage2("validate", str(current), env=env)
@@ -560,7 +569,7 @@ def test_version_refusal_prints_the_command_that_rebuilds(
     assert ref.returncode == 2 and ref.stdout == ""
     lines = ref.stderr.strip().splitlines()
     assert len(lines) == 1, ref.stderr
-    assert f"Unsupported VIN offline store version: 999. Expected {OFFLINE_DATASET_VERSION}." in lines[0]
+    assert f"Unsupported VIN offline store version: 1. Expected {OFFLINE_DATASET_VERSION}." in lines[0]
     assert lines[0].endswith(r["cmd"])
     # the command names this data root (where the store lives) and the profile it was built from
     assert shlex.split(r["cmd"]) == [

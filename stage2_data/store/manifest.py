@@ -166,6 +166,22 @@ def check_format_version(loc: StoreLocation, manifest: dict[str, Any]) -> None:
             fix=f"rebuild the store with the current writer: {rebuild_command(path, manifest)}",
         )
     version = manifest.get("version")
+    if type(version) is int and version > OFFLINE_DATASET_VERSION:
+        # a newer stage2-data wrote it: rebuilding it with this one would go back a version
+        writer = manifest.get("writer")
+        by = (
+            f" (written by {writer.get('package', 'stage2-data')} {writer.get('version', '')})".replace(
+                " )", ")"
+            )
+            if isinstance(writer, dict)
+            else ""
+        )
+        raise StoreVersionError(
+            f"VIN offline store version {version} at {path}{by} is newer than this stage2-data reads "
+            f"(version {OFFLINE_DATASET_VERSION}).",
+            fix="upgrade stage2-data where you read it (`pip install -U stage2-data`, or the version "
+            "that wrote the store), then open it again",
+        )
     if type(version) is not int or version != OFFLINE_DATASET_VERSION:
         raise StoreVersionError(
             f"Unsupported VIN offline store version: {version_words(version)}. Expected {OFFLINE_DATASET_VERSION}.",
