@@ -413,3 +413,21 @@ def test_commit_publish_current_withdraw(tmp_path: Path, backend: str) -> None:
     assert not (tmp_path / "copy" / "b.bin").exists()
     store.withdraw("manifest.json")
     assert not store.exists(store.root / "manifest.json") and store.tree_files(store.root) == []
+
+
+def test_an_atomic_write_on_a_full_disk_names_the_file_and_the_fix(tmp_path: Path) -> None:
+    """A record written on a full disk (the publication gate's `reports/store_gate.json` once a store
+    is published, say) raised a bare "[Errno 28] No space left on device", no path named (QA): it
+    is a DiskSpaceError naming the folder, the file and the fix, and leaves no temp file."""
+    from helpers.env import small_tmpfs
+
+    from stage2_data.errors import DiskSpaceError
+    from stage2_data.publish import atomic_write_bytes
+
+    with small_tmpfs(tmp_path / "disk", "1m") as disk:
+        with pytest.raises(DiskSpaceError) as ei:
+            atomic_write_bytes(disk / "reports" / "store_gate.json", b"x" * (2 << 20))
+        said = str(ei.value)
+        assert f"the disk is full at {disk / 'reports'}: could not write store_gate.json" in said, said
+        assert ei.value.fix is not None and f"df -h {disk / 'reports'}" in ei.value.fix
+        assert [p.name for p in (disk / "reports").iterdir()] == []

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ..fsutil import disk_full_as
 from .names import temp_path
 from .readonly import remove_tree
 from .sweep import remove_stale
@@ -199,20 +200,27 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, mode: int =
     ``mode`` is the new file's permission bits before the umask: 0o600 by default (what
     ``mkstemp`` gave), :data:`UMASK_MODE` for ordinary permissions (0o666 minus the umask)."""
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_path(p, "tmp")
-    perm = 0o666 if mode == UMASK_MODE else mode
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), perm)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    # a full disk is named with the file and the fix wherever it is met (a build's records, a
+    # report), not as a bare "[Errno 28] No space left on device"
+    with disk_full_as(
+        f"the disk is full at {p.parent}: could not write {p.name} ({len(data)} bytes)",
+        fix=f"free space on the disk that holds {p.parent} (`df -h {p.parent}`), then run again "
+        "(what was built is kept)",
+    ):
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temp_path(p, "tmp")
+        perm = 0o666 if mode == UMASK_MODE else mode
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), perm)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, p)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str, *, mode: int = 0o600) -> None:
