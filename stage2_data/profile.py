@@ -22,7 +22,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from .errors import ProfileError, UnknownArchivesError
 from .formats.sha256sums import file_kind, read_regular_bytes
 from .hashing import SHA256_RE
-from .layout import HEX40_RE, action_manifest_paths, split_base
+from .layout import HEX40_RE, PARTIAL_DIR, VERIFIED_SUFFIX, action_manifest_paths, split_base
 
 #: the default frame bound (upstream's current preprocessing keeps at most 32 frames; older sets 64)
 DEFAULT_MAX_FRAMES = 32
@@ -87,6 +87,21 @@ class KitSpec(_Strict):
     _paths = field_validator(*KIT_KEYS)(lambda cls, v: check_relpath(v))
 
 
+def check_archive_path(value: str) -> str:
+    """An archive's path: a plain relative path that is none of the build's own files beside the
+    archives (``archives/<path>.verified.json``, ``archives/.partial/``): a pin naming one would have
+    the build judge, and move aside, its own record of a verified archive."""
+    check_relpath(value)
+    if value.endswith(VERIFIED_SUFFIX) or PurePosixPath(value).parts[0] == PARTIAL_DIR:
+        raise ValueError(
+            f"{value!r} names a file stage2 keeps beside the archives (a verified archive's record "
+            f"ends in {VERIFIED_SUFFIX}; {PARTIAL_DIR}/ holds downloads in progress), not an "
+            "archive of the repository: use the archive's own path (`stage2 pin PROFILE` lists the "
+            "repository's files)"
+        )
+    return value
+
+
 class ArchiveSpec(_Strict):
     path: str
     cache_key: Annotated[str, Field(pattern=r"^[A-Za-z0-9][\w.\-]*$")]
@@ -96,7 +111,7 @@ class ArchiveSpec(_Strict):
     # by `stage2 pin` to name the closest existing files; never requested, downloaded or extracted.
     unknown: bool = False
 
-    _p = field_validator("path")(lambda cls, v: check_relpath(v))
+    _p = field_validator("path")(lambda cls, v: check_archive_path(v))
 
     @field_validator("sha256")
     @classmethod

@@ -504,6 +504,14 @@ FAULTS: tuple[Fault, ...] = (
         "the build starts",
     ),
     Fault(
+        "prof_own_file_as_archive",
+        "profile",
+        "an archive's path naming a file stage2 keeps beside the archives (`X.tar.verified.json`, `.partial/…`)",
+        "key 'archives[0].path' names a file stage2 keeps beside the archives … not an archive of the repository (was: the build judged its own record of a verified archive against the pin and moved it aside)",
+        "nothing",
+        "the build starts",
+    ),
+    Fault(
         "prof_totals",
         "profile",
         "expected totals that the data does not reach",

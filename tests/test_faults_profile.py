@@ -89,6 +89,21 @@ def _dotdot(demo: DemoPaths) -> list[tuple[str, tuple[str, ...]]]:
     ]
 
 
+def _own_file_as_archive(demo: DemoPaths) -> list[tuple[str, tuple[str, ...]]]:
+    """An archive's path naming the build's own record of a verified archive (a typo, or a listing
+    pasted whole): the build judged that record against the pin and moved it aside (QA)."""
+    good = demo.profile.read_text()
+    victim = f"{SMALL}.tar"
+    said = "names a file stage2 keeps beside the archives"
+    return [
+        (
+            good.replace(f'path = "{victim}"', f'path = "{victim}.verified.json"'),
+            (f"{victim}.verified.json", said),
+        ),
+        (good.replace(f'path = "{victim}"', f'path = ".partial/{victim}"'), (f".partial/{victim}", said)),
+    ]
+
+
 def _wrong_type(demo: DemoPaths) -> list[tuple[str, tuple[str, ...]]]:
     """A count written as a bool, text or a float was taken as a number (`size = true` as 1 B: a
     verified archive then disagreed with its pin)."""
@@ -118,6 +133,7 @@ def _wrong_type(demo: DemoPaths) -> list[tuple[str, tuple[str, ...]]]:
     prof_quarantined_active=_quarantined_active,
     prof_archive_twice=_archive_twice,
     prof_dotdot=_dotdot,
+    prof_own_file_as_archive=_own_file_as_archive,
 )
 def test_fault_profile_refused(demo: DemoPaths, tmp_path: Path, dagster_home: Path, case: Broken) -> None:
     """`stage2 build` on a broken profile: exit 2, one line naming the key and file, nothing written."""
