@@ -187,8 +187,12 @@ def test_read_frames_into_a_batch_slot_decodes_only_the_sample_and_zeros_the_res
         np.zeros((max(t - 1, 0), h, w, 3), dtype=np.uint8),  # too short
         np.zeros((t, h, w, 3, 2), dtype=np.uint8)[..., 0],  # not contiguous
     ):
-        with pytest.raises(LoaderError, match=r"read_frames_into\(0, out\)"):
+        with pytest.raises(LoaderError, match=r"read_frames_into\(0, out\)") as ei:
             reader.read_frames_into(i, bad)
+        # the fix is an array that is taken, in words and as code (no Python star syntax)
+        assert ei.value.fix is not None and f"of shape (N, {h}, {w}, 3) with N >= {t}" in ei.value.fix
+        fixed = eval(ei.value.fix.rsplit("e.g. ", 1)[1], {"np": np})  # noqa: S307
+        assert reader.read_frames_into(i, fixed) == t
     reader.close()
 
 

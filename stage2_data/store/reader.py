@@ -720,7 +720,9 @@ class VinOfflineStoreReader:
             )
             raise LoaderError(
                 f"read_frames_into({i}, out): sample {i} is {t} frames of {frame}; out is {got}{flags}.",
-                fix=f"give a writable C-contiguous uint8 array of shape (N, *{frame}) with N >= {t}",
+                fix="give a writable C-contiguous uint8 array of shape "
+                f"({', '.join(['N', *map(str, frame)])}) with N >= {t}, e.g. "
+                f"np.zeros(({', '.join(map(str, (t, *frame)))}), np.uint8)",
             )
         if d is None:
             out[:t] = self._zarr_read(shard_id, BLOCK_FRAMES, (row, slice(0, t)))
