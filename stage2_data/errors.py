@@ -128,6 +128,11 @@ class LoaderError(Stage2Error, ValueError):
     """The training loader (``stage2_data.loader``) was given something it cannot batch or select."""
 
 
+class SplitNameError(LoaderError, StoreError):
+    """A split name that is none of a store's (a typo: ``"trian"``, ``"validation"``): the same error
+    from the reader, the dataset and the loader's selection, a LoaderError and a StoreError both."""
+
+
 class MixedResolutionError(LoaderError):
     """A batch holds frames of more than one (H, W): group batches by resolution instead."""
 

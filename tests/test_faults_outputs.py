@@ -474,6 +474,21 @@ def test_fault_store_merge_out(data_root: Path, tmp_path: Path) -> None:
         assert f"--out {out}" in r.stderr and why in r.stderr and "Fix:" in r.stderr, r.stderr
         assert "Traceback" not in r.stderr
     assert _tree(tmp_path) == before
+    # the reader, the dataset and the selection name a split typo alike, one error class that is
+    # a StoreError and a LoaderError (the reader raised one, the dataset and selection the other: QA)
+    from stage2_data.errors import LoaderError, SplitNameError
+    from stage2_data.loader import Selection
+    from stage2_data.store import VinOfflineDataset
+
     with VinOfflineStoreReader(store) as reader, pytest.raises(StoreError) as err:
-        reader.split("validation")  # the reader names a missing split too (not a bare KeyError)
-    assert "no split 'validation'" in str(err.value) and "Fix: use one of" in str(err.value)
+        reader.split("validation")  # not a bare KeyError
+    for call in (
+        lambda: VinOfflineDataset(store, split="validation"),
+        lambda: Selection(store, "validation"),
+    ):
+        with pytest.raises(LoaderError) as other:
+            call()
+        assert type(other.value) is type(err.value) is SplitNameError
+        assert str(other.value) == str(err.value)
+    assert "split 'validation' is not a split of a store; the splits are: train, val, test" in str(err.value)
+    assert "Fix: pass split= one of 'train', 'val', 'test', or None" in str(err.value)

@@ -24,11 +24,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import LoaderError
-from ..layout import SPLIT_NAMES
 from ..storage import StoreLocation
 from ..store import VinOfflineDataset, VinOfflineStoreReader
 from ..store.dataset import checked_index
-from ..store.format import SPLIT_FILES
+from ..store.format import check_split
 
 Transform = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -63,18 +62,6 @@ class DeferredFrames:
 
     def __repr__(self) -> str:
         return f"DeferredFrames(sample {self.index}, shape={self.shape})"
-
-
-def check_split(split: object) -> None:
-    """``split`` as a selection takes it: one of ``train``, ``val``, ``test``, or ``all`` / None
-    (every split); LoaderError listing them otherwise, before the store is opened."""
-    if split is None or (isinstance(split, str) and split in SPLIT_FILES):
-        return
-    raise LoaderError(
-        f"split {split!r} is not a split of a store; the splits are: {', '.join(SPLIT_NAMES)} "
-        "(or 'all' / None: every split).",
-        fix=f"pass split= one of {', '.join(map(repr, SPLIT_NAMES))}, or None",
-    )
 
 
 _HXW = re.compile(r"\s*(\d+)\s*[xX]\s*(\d+)\s*")

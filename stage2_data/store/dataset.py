@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..storage import StoreLocation
-from .format import SAMPLE_INDEX_FIELDS
+from .format import SAMPLE_INDEX_FIELDS, check_split
 from .reader import VinOfflineStoreReader
 
 
@@ -57,6 +57,7 @@ class VinOfflineDataset:
         storage_options: dict[str, Any] | None = None,
     ) -> None:
         self.reader = VinOfflineStoreReader(path, storage_options)
+        check_split(split)  # a typo is named before the store is opened
         self.split = split
         self.indices = self.reader.split(split if split is not None else "all")
 

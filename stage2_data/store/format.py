@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import ProblemsError, StoreError
+from ..errors import ProblemsError, SplitNameError, StoreError
 from ..hashing import sha256_bytes
 from ..layout import SPLIT_NAMES
 from ..profile import DEFAULT_MAX_FRAMES as PROFILE_DEFAULT_MAX_FRAMES
@@ -31,6 +31,19 @@ PAIRS_NAME = "pairs.jsonl"
 SPLITS_DIR = "splits"
 SHARDS_DIR = "shards"
 SPLIT_FILES = ("all", *SPLIT_NAMES)
+
+
+def check_split(split: object) -> None:
+    """``split`` as a reader, a dataset and a selection take it: one of ``train``, ``val``,
+    ``test``, or ``all`` / None (every split); :class:`SplitNameError` listing them otherwise."""
+    if split is None or (isinstance(split, str) and split in SPLIT_FILES):
+        return
+    raise SplitNameError(
+        f"split {split!r} is not a split of a store; the splits are: {', '.join(SPLIT_NAMES)} "
+        "(or 'all' / None: every split).",
+        fix=f"pass split= one of {', '.join(map(repr, SPLIT_NAMES))}, or None",
+    )
+
 
 BLOCK_FRAMES = "frames"
 BLOCK_NUM_FRAMES = "num_frames"

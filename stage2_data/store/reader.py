@@ -34,9 +34,9 @@ from .format import (
     MANIFEST_NAME,
     PAIRS_NAME,
     SAMPLE_INDEX_NAME,
-    SPLIT_FILES,
     SPLITS_DIR,
     StoreChecksumError,
+    check_split,
 )
 from .manifest import load_manifest_strict, rebuild_command
 from .retention import StoreLease, acquire_lease
@@ -382,11 +382,7 @@ class VinOfflineStoreReader:
 
     def split(self, name: str) -> np.ndarray[Any, Any]:
         self._check_open()
-        if name not in SPLIT_FILES:
-            raise StoreError(
-                f"{self.path}: no split {name!r} in a VIN offline store.",
-                fix=f"use one of {', '.join(SPLIT_FILES)}",
-            )
+        check_split(name)
         if name not in self._splits:
             arr = read_npy(self.location, self.manifest, f"{SPLITS_DIR}/{name}.npy")
             self._splits[name] = np.asarray(arr, dtype=np.int64)
