@@ -4,6 +4,7 @@ and the published store's own check (re-read every byte, decode every sample).""
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -11,7 +12,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, cast
 
 from .. import checks as C
 from .. import layout
@@ -52,6 +53,8 @@ from .status import (
     require_inputs_as_recorded,
     write_gate_record,
 )
+
+P = ParamSpec("P")
 
 
 def kit_inputs(profile: Profile, *, sidecar_archive: bool = True) -> dict[str, str]:
@@ -216,39 +219,30 @@ def store_processes(samples: int) -> int:
     return max(1, min(4, os.cpu_count() or 1, samples // SAMPLES_PER_PROCESS))
 
 
+def _holding_stores_lock(step: Callable[P, StepResult]) -> Callable[P, StepResult]:
+    """``step`` (``step(profile, data_root, ..., store_url=, storage_options=)``) run holding the
+    writer lock of a local stores folder outside the data root (``store_url="file:///..."``, which
+    two data roots' builds may share: ``publish.store_lock``); a data root's own stores are written
+    under its lock alone."""
+
+    @functools.wraps(step)
+    def holding(*args: P.args, **kw: P.kwargs) -> StepResult:
+        profile, data_root = cast(Profile, args[0]), Path(cast(Path, args[1]))
+        held: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+        url = cast("str | None", kw.get("store_url"))
+        if url:
+            options = cast("dict[str, Any] | None", kw.get("storage_options"))
+            root = stores_location(profile, data_root, store_url=url, storage_options=options)
+            if root.is_local:
+                held = stores_folder_lock(root.root, data_root)
+        with held:
+            return step(*args, **kw)
+
+    return holding
+
+
+@_holding_stores_lock
 def step_store(
-    profile: Profile,
-    data_root: Path,
-    *,
-    rows_per_shard: int = 64,
-    progress: Any = None,
-    store_url: str | None = None,
-    storage_options: dict[str, Any] | None = None,
-    keep_stores: int | str | None = None,
-    alongside: Callable[[str], dict[str, Any]] | None = None,
-) -> StepResult:
-    """:func:`_step_store`, holding the writer lock of a local stores folder outside the data root
-    (``--store-url file:///...``, which two data roots' builds may share: ``publish.store_lock``); a
-    data root's own stores are written under its lock alone."""
-    held: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
-    if store_url:
-        root_loc = stores_location(profile, data_root, store_url=store_url, storage_options=storage_options)
-        if root_loc.is_local:
-            held = stores_folder_lock(root_loc.root, data_root)
-    with held:
-        return _step_store(
-            profile,
-            data_root,
-            rows_per_shard=rows_per_shard,
-            progress=progress,
-            store_url=store_url,
-            storage_options=storage_options,
-            keep_stores=keep_stores,
-            alongside=alongside,
-        )
-
-
-def _step_store(
     profile: Profile,
     data_root: Path,
     *,
