@@ -539,8 +539,12 @@ class Bench:
         not deleted (moved aside at most: it had been verified)."""
         root = self.work
         where: set[str] = set()
-        for top in (root / layout.ARCHIVES_DIR, root / layout.QUARANTINE_DIR):
-            for dirpath, _, filenames in os.walk(top):
+        quarantine = root / layout.QUARANTINE_DIR
+        for top in (root / layout.ARCHIVES_DIR, quarantine):
+            for dirpath, dirnames, filenames in os.walk(top):
+                if Path(dirpath).parent == quarantine:  # quarantine/<UTC time>/: stores moved aside
+                    # hold no archive; hashing them all at every step grew with each one moved
+                    dirnames[:] = [d for d in dirnames if d != layout.STORES_DIR]
                 for n in filenames:
                     p = Path(dirpath, n)
                     if p.is_file() and not p.is_symlink() and not n.endswith(layout.VERIFIED_SUFFIX):
