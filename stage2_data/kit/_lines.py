@@ -119,12 +119,8 @@ def _may_repeat(data: bytes, lines: list[bytes], fields: Collection[str], requir
     escaped = b"\\u" in data
     if not twice and not escaped:
         return False
-    names = [b'"%s"' % f.encode() for f in fields]
-    return any(
-        repeated_fields(line, fields)
-        for line in lines
-        if (escaped and b"\\u" in line) or (twice and any(line.count(p) > 1 for p in names))
-    )
+    # repeated_fields decodes again only a line with a name spelled twice or a \u escape
+    return any(repeated_fields(line, fields) for line in lines)
 
 
 def decode_lines_fast(
