@@ -58,6 +58,7 @@ __all__ = [
     "DataRootInUseError",
     "DataRootLockedError",
     "data_root_lock",
+    "holder_words",
     "holds_data_root_lock",
     "lock_path",
     "read_holder",
@@ -159,6 +160,24 @@ def _held_shared(data_root: Path) -> bool:
         os.close(fd)
 
 
+def holder_words(holder: dict[str, Any], *, unknown: str, prefix: str = "pid") -> str:
+    """A lock holder's record in words: ``pid N on HOST, data root R, started T (LABEL or COMMAND)``, each
+    part only when the record has it; ``unknown`` stands for the pid when none is recorded (the
+    holder has not written its record yet). Used by every lock's refusal (:mod:`.store_lock` too)."""
+    pid = holder.get("pid")
+    who = f"{prefix} {pid}" if isinstance(pid, int) else unknown
+    if holder.get("host"):
+        who += f" on {holder['host']}"
+    if holder.get("data_root"):
+        who += f", data root {holder['data_root']}"
+    if holder.get("started_at"):
+        who += f", started {holder['started_at']}"
+    what = holder.get("label") or holder.get("command")
+    if what:
+        who += f" ({what})"
+    return who
+
+
 def _in_parallel(command: str) -> str:
     """The refusal's way to go on meanwhile: another data root is one only for a build."""
     again = f"run `stage2 {command}` again"
@@ -167,13 +186,7 @@ def _in_parallel(command: str) -> str:
 
 def _shared_locked_error(data_root: Path, waited: float, command: str) -> DataRootLockedError:
     holders = read_shared_holders(data_root)
-    named = [
-        f"pid {h['pid']}"
-        + (f" on {h['host']}" if h.get("host") else "")
-        + (f", started {h['started_at']}" if h.get("started_at") else "")
-        + (f" ({h['label']})" if h.get("label") else "")
-        for h in holders
-    ]
+    named = [holder_words(h, unknown="a process whose pid is not recorded") for h in holders]
     who = "; ".join(named) if named else "its process is not recorded"
     waited_txt = f" after waiting {waited:g}s" if waited > 0 else ""
     return DataRootLockedError(
@@ -190,13 +203,7 @@ def _locked_error(data_root: Path, waited: float, command: str) -> DataRootLocke
         return _shared_locked_error(data_root, waited, command)
     holder = read_holder(data_root)
     pid = holder.get("pid")
-    who = f"pid {pid}" if isinstance(pid, int) else "a process whose pid is not recorded yet"
-    if holder.get("host"):
-        who += f" on {holder['host']}"
-    if holder.get("started_at"):
-        who += f", started {holder['started_at']}"
-    if holder.get("command"):
-        who += f" ({holder['command']})"
+    who = holder_words(holder, unknown="a process whose pid is not recorded yet")
     waited_txt = f" after waiting {waited:g}s" if waited > 0 else ""
     stop = f" (or stop it: `kill {pid}`)" if isinstance(pid, int) else ""
     return DataRootLockedError(
@@ -213,13 +220,7 @@ class DataRootInUseError(DataRootLockedError):
 
 
 def _in_use_error(data_root: Path, holder: dict[str, Any]) -> DataRootInUseError:
-    pid = holder.get("pid")
-    who = f"build pid {pid}" if isinstance(pid, int) else "a build whose pid is not recorded yet"
-    details = [str(holder[k]) for k in ("host", "started_at") if holder.get(k)]
-    if holder.get("command"):
-        details.append(str(holder["command"]))
-    if details:
-        who += f" ({', '.join(details)})"
+    who = holder_words(holder, unknown="a build whose pid is not recorded yet", prefix="build pid")
     return DataRootInUseError(
         f"data root {data_root} is in use by {who}; this run wrote nothing (a run of the Dagster UI, "
         f"a schedule or a sensor never writes a data root while a build does: lock {lock_path(data_root)}).",

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from ..errors import Stage2Error
 from ..fsutil import open_regular
+from .lock import holder_words
 
 __all__ = ["STORE_LOCK_FILE", "StoresInUseError", "stores_folder_lock"]
 
@@ -38,17 +39,12 @@ class StoresInUseError(Stage2Error):
 
 def _holder(fd: int) -> str:
     """Who holds the lock, in words, from what it wrote into the file."""
+    record: object = {}
     with contextlib.suppress(OSError, ValueError):
-        raw = os.pread(fd, 4096, 0)
-        h = json.loads(raw.decode("utf-8") or "{}")
-        if isinstance(h, dict) and h.get("pid"):
-            who = f"pid {h['pid']}" + (f" on {h['host']}" if h.get("host") else "")
-            if h.get("data_root"):
-                who += f", data root {h['data_root']}"
-            if h.get("started_at"):
-                who += f", since {h['started_at']}"
-            return who
-    return "a process that has not said who it is yet"
+        record = json.loads(os.pread(fd, 4096, 0).decode("utf-8") or "{}")
+    return holder_words(
+        record if isinstance(record, dict) else {}, unknown="a process that has not said who it is yet"
+    )
 
 
 @contextlib.contextmanager
