@@ -138,7 +138,8 @@ def build_acquisition_assets(profile: Profile) -> list[Any]:
             context,
             CACHE_DIR,
             keys,
-            lambda key: steps.step_extract(prof, root, key),
+            # --reverify: extracted again from the archives, whatever the extraction record says
+            lambda key: steps.step_extract(prof, root, key, force=data_root.reverify),
             version,
             partition_workers(context, min(default_workers("extract"), EXTRACT.max_parallel or 1)),
             lambda key: {ARCHIVE_FILE: [key]},

@@ -95,6 +95,7 @@ def build_kit_assets(kit: str) -> list[Any]:
         description="derived/action_sidecars/: the sidecar tar unpacked after its sha256 check.",
         kind="npz",
         step=steps.step_sidecars,
+        reverifies=True,
     )
     trajectory_join = step_asset(
         TRAJECTORY_JOIN,

@@ -22,14 +22,16 @@ def step_asset(
     group: str,
     description: str,
     kind: str,
-    step: Callable[[Profile, Path], StepResult],
+    step: Callable[..., StepResult],
     standalone: Callable[[Profile, Path, StepResult], list[CheckOutcome]] | None = None,
     code_version: str | None = None,
+    reverifies: bool = False,
 ) -> dg.AssetsDefinition:
     """An asset named ``name`` whose checks are ``CHECKS_BY_ASSET[name]`` and whose body is ``step``;
     ``standalone(profile, root, result)``: the results of the asset's standalone checks that the
     step's work gives (recorded with the materialization: ``run_step``); ``code_version``: its own
-    (default ``CODE_VERSIONS[name]``)."""
+    (default ``CODE_VERSIONS[name]``); ``reverifies``: ``step`` takes ``reverify`` (the data root's
+    ``--reverify``: it trusts none of its own records)."""
     more = {"code_version": code_version} if code_version else {}
 
     @stage_asset(name, group=group, description=description, kind=kind, **more)
@@ -38,7 +40,7 @@ def step_asset(
         root = data_root.root()
         yield from run_step(
             name,
-            lambda: step(prof, root),
+            lambda: step(prof, root, reverify=data_root.reverify) if reverifies else step(prof, root),
             context=context,
             standalone=(lambda res: standalone(prof, root, res)) if standalone else None,
             data_root=root,

@@ -144,6 +144,7 @@ def build_store_assets(profile: Profile, kit: str) -> list[Any]:
                     storage_options=store_target.storage_options,
                     # drawn while the new store is validated (the step keeps it if it publishes)
                     alongside=lambda url: preview_of(url, store_target.storage_options),
+                    reverify=data_root.reverify,
                 ),
                 published_path(prof, data_root.root(), store_target.url),
                 store_target.storage_options,

@@ -611,7 +611,12 @@ def _add_build_args(p: argparse.ArgumentParser) -> None:
         "partitions with --run-in-process (default: sized for the machine); 1: one run per stage, "
         "one partition at a time",
     )
-    p.add_argument("--reverify", action="store_true", help="re-hash archives already verified")
+    p.add_argument(
+        "--reverify",
+        action="store_true",
+        help="trust none of the build's own records: re-hash every archive, extract and unpack again, "
+        "and reuse a store only when one written anew from the inputs gives its fingerprint",
+    )
     p.add_argument(
         "--executor",
         choices=["in_process", "multiprocess", "dask"],

@@ -260,10 +260,10 @@ FAULTS: tuple[Fault, ...] = (
     Fault(
         "arc_extracted_flip_reverify",
         "archive",
-        "a flipped byte of an extracted frame file that stats cannot show (its record's stats made to match), then `build --reverify`",
-        "check subset_bytes_match_sha256sums fails: <sums>:<line>: <frames file> has sha256 <actual>, expected <digest>; it is not the file its archive gave (fix: re-run the build: it extracts <key> again); the cache directory's extraction record is marked, so a plain build never calls it up to date",
-        "the verified archive; the failed check cleared the extraction's record",
-        "plain `stage2 build`: the cache key is extracted again; " + FP,
+        "a flipped byte of an extracted frame file with its extraction record forged to match (its stats, its sha256, the record's digests), then `build --reverify`",
+        "nothing fails: --reverify trusts no record of the build's own and extracts every cache directory again from its verified archives (the extract line says so); the flipped file, not what its extraction wrote, is moved aside",
+        "the verified archive; the flipped file, under quarantine/",
+        FP,
     ),
     Fault(
         "arc_dup_trajectory_ids",
@@ -711,6 +711,14 @@ FAULTS: tuple[Fault, ...] = (
         "the second is refused at its store step (exit 2), naming the build that writes there and the fix, and touches nothing (was: the build whose gate failed removed the store the other had just published, `current` then naming nothing)",
         "every store in the folder, untouched; what the refused build built before its store step (archives, extraction, kit)",
         "wait for the other build to end, then run it again: it resumes at the store step (or give each build a --store-url of its own)",
+    ),
+    Fault(
+        "gate_store_forged_consistently_reverify",
+        "store",
+        "the published store edited with its manifest made to match (a task's text, the file's sha256, the fingerprint; mtimes kept), then `build --reverify`",
+        "nothing fails: --reverify writes a store anew from the inputs (a witness, removed after); its fingerprint differs, so the edited store is moved aside (`store update: rebuilt: the store already at <store> is not what its re-verified inputs give (its content gives fingerprint <forged>, its inputs give <clean> …): moved to <quarantine>`) and the clean store published; a plain build checks a store only against its own manifest, so only --reverify sees this",
+        "the edited store, byte for byte, under quarantine/",
+        FP,
     ),
     Fault(
         "gate_kept_store_decode_fails",

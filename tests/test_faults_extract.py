@@ -445,11 +445,13 @@ def test_fault_arc_extracted_edit(prepared: Prepared, built: Path, tmp_path: Pat
 
 
 def test_fault_arc_extracted_flip_reverify(prepared: Prepared, built: Path, tmp_path: Path) -> None:
-    """A flipped byte of an extracted frame file that the stats cannot show (its record's stats
-    made to match, as a restored ctime would) passes the stat check; `stage2 build --reverify`
-    fails on it (the subset byte check, exit 1) and clears the cache directory's extraction record:
-    the next plain build extracts it again (it is not "up to date") and gives the clean store."""
-    from stage2_data.extract import load_extraction_record, stats_digest
+    """A flipped byte of an extracted frame file with its extraction record forged to match (the
+    entry's stats and sha256, the record's digests): neither the stats nor a hash against the record
+    can see it. `stage2 build --reverify` trusts no record of the build's own: it extracts every
+    cache directory again from its verified archives, so the clean content is published, and the
+    flipped file (not what its extraction wrote) is moved aside, never deleted."""
+    from stage2_data.extract import content_digest_of, load_extraction_record, stats_digest
+    from stage2_data.hashing import sha256_file
 
     demo = prepared.demo
     root = _settled_copy(prepared, built, tmp_path / "root")
@@ -465,29 +467,28 @@ def test_fault_arc_extracted_flip_reverify(prepared: Prepared, built: Path, tmp_
         data[len(data) // 2] ^= 0xFF
 
     old = _edit_in_place(frame, flip)
-    # the record made to hold the file's stats now (its sha256 left as extracted)
+    flipped = frame.read_bytes()
+    # the record forged to hold the file as it is now: its stats, its sha256, both digests
     record_path = layout.extraction_record_path(root, SMALL)
     doc = json.loads(record_path.read_text())
     inner = rel.split(f"{SMALL}/", 1)[1]
     st = frame.stat()
-    doc["entries"][inner][1:] = [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    doc["entries"][inner] = [sha256_file(frame), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
     doc["tree_digest"] = stats_digest({k: v[1:] for k, v in doc["entries"].items()})
+    doc["content_digest"] = content_digest_of({k: v[0] for k, v in doc["entries"].items()})
     record_path.write_text(json.dumps(doc))
-    assert _extract_reason(demo, root, SMALL) is None  # the stats cannot see it
+    assert _extract_reason(demo, root, SMALL) is None  # the record cannot see it
 
     r = build_cli(demo.profile, root, "--reverify")
     out = r.stdout + r.stderr
-    assert r.returncode == 1, r.tail()
-    assert str(frame) in out and C.SUBSET_BYTES_MATCH_SHA256SUMS in out, out
-    assert "internal error" not in out, out
-    rec = load_extraction_record(root, SMALL)
-    assert rec is not None and str(frame) in rec.invalidated
-    assert str(frame) in (_extract_reason(demo, root, SMALL) or "")
-
-    r = build_cli(demo.profile, root)
     assert r.returncode == 0 and fingerprint(r) == prepared.fingerprint, r.tail()
+    assert "internal error" not in out and "Traceback" not in out, out
     assert "up to date" not in _stage_line(r, "extract"), r.stderr
-    assert frame.read_bytes() == old
+    assert frame.read_bytes() == old  # extracted again from its verified archive
+    rec = load_extraction_record(root, SMALL)
+    assert rec is not None and rec.sha256_of(inner) == sha256_file(frame)
+    kept = [p for p in layout.quarantine_root(root).rglob(frame.name) if p.is_file()]
+    assert [p.read_bytes() for p in kept] == [flipped], kept
     assert _extract_reason(demo, root, SMALL) is None
 
 

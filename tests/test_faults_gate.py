@@ -392,3 +392,52 @@ def test_fault_gate_store_without_manifest(gated: dict[str, Any], tmp_path: Path
     aside = _aside(root, store.name)
     assert len(aside) == 1 and sorted(p.relative_to(aside[0]) for p in aside[0].rglob("*")) == left
     assert "manifest.json: missing" in out.stdout, out.stdout
+
+
+def test_fault_gate_store_forged_consistently_reverify(gated: dict[str, Any], tmp_path: Path) -> None:
+    """A published store edited together with its manifest (a task's text, the file's sha256 and
+    the fingerprint made to match, mtimes kept): every byte agrees with the manifest, so the gate
+    passes it. `stage2 build --reverify` writes a store anew from the inputs, finds another
+    fingerprint, moves the edited store aside (never deleted) and publishes the clean content."""
+    from stage2_data.store.manifest import store_fingerprint
+
+    root, store = _copy(gated, tmp_path / "root")
+    manifest_path, index = store / "manifest.json", store / "sample_index.jsonl"
+    for p in (store, manifest_path, index):
+        os.chmod(p, 0o755 if p.is_dir() else 0o644)
+    text = index.read_bytes()
+    task = re.search(rb'"task":"([a-z ]{8,})"', text)
+    assert task is not None
+    forged = text.replace(task.group(1), task.group(1).upper(), 1)
+    st = index.stat()
+    index.write_bytes(forged)
+    os.utime(index, ns=(st.st_atime_ns, st.st_mtime_ns))
+    doc = json.loads(manifest_path.read_text())
+    (entry,) = [f for f in doc["files"] if f["path"] == "sample_index.jsonl"]
+    entry["sha256"] = __import__("hashlib").sha256(forged).hexdigest()
+    manifest_path.write_text(json.dumps(doc))
+    doc["fingerprint"] = store_fingerprint(store)
+    manifest_path.write_text(json.dumps(doc))
+    assert doc["fingerprint"] != FINGERPRINT
+    v = stage2("validate", str(store), "--deep", "--json")
+    assert v.returncode == 0, v.tail()  # consistent: only the inputs can tell it is not theirs
+
+    out = _build(gated["demo"], root, gated["hub"], "--reverify")
+    said = out.stdout + out.stderr
+    assert out.returncode == 0, out.tail()
+    assert _fingerprint(out) == FINGERPRINT, out.tail()
+    assert "internal error" not in said and "Traceback" not in said
+    _valid_clean(root, gated["profile"])
+    aside = _aside(root, store.name)
+    assert len(aside) == 1 and (aside[0] / "sample_index.jsonl").read_bytes() == forged
+    line = re.search(r"^store update: (.*)$", out.stdout, re.M)
+    assert line and "is not what its re-verified inputs give" in line.group(1), out.stdout
+    assert doc["fingerprint"] in line.group(1) and str(aside[0]) in line.group(1), line.group(1)
+    assert not list(store.parent.glob(".reverify-*"))  # the witness is gone
+
+    # a clean store is reused by --reverify only after the same witness gives its fingerprint
+    again = _build(gated["demo"], root, gated["hub"], "--reverify")
+    assert again.returncode == 0 and _fingerprint(again) == FINGERPRINT, again.tail()
+    line = re.search(r"^store update: (.*)$", again.stdout, re.M)
+    assert line and "--reverify wrote it anew from its inputs: the same fingerprint" in line.group(1)
+    assert len(_aside(root, store.name)) == 1

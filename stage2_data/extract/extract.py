@@ -352,6 +352,7 @@ def extract_cache_dir(
     *,
     progress: Callable[[int], None] | None = None,
     archive_sha256: Mapping[str, str | None] | None = None,
+    trust_record: bool = True,
 ) -> ExtractionRecord:
     """Extract one cache directory's archive (a whole tar or all its split parts) into
     ``<data_root>/processed_datasets/<cache_key>/``, replacing an existing one atomically.
@@ -360,6 +361,9 @@ def extract_cache_dir(
     ``archive_sha256`` (archive path -> its verified sha256, None if not verified) goes into the
     record, for :func:`check_extraction`, and chooses the fixes: an archive whose every part is
     verified is never "downloaded again" (its bytes would be the same).
+    ``trust_record`` False (``--reverify``): the previous extraction's record does not say which
+    files of the old folder were the extraction's; only a file equal to what this extraction wrote
+    at its path is, and anything else is moved aside.
     Raises ArchiveError (missing part, truncated/corrupt stream, an archive that holds another cache
     directory than the profile says), FileTypeError (not a tar: gzip, zstd, ...), UnsafeArchiveError
     (a refused member; nothing is written), DiskSpaceError or FileSystemError (read-only, permission
@@ -370,7 +374,7 @@ def extract_cache_dir(
     shas = list((archive_sha256 or {}).values())
     verified = all(shas) if shas else None
     with fs_guard(f"extracting {cache_key}", where=str(data_root)):
-        return _extract(cache_key, archive_files, data_root, progress, archive_sha256, verified)
+        return _extract(cache_key, archive_files, data_root, progress, archive_sha256, verified, trust_record)
 
 
 def _extract(
@@ -380,13 +384,15 @@ def _extract(
     progress: Callable[[int], None] | None,
     archive_sha256: Mapping[str, str | None] | None,
     verified: bool | None,
+    trust_record: bool = True,
 ) -> ExtractionRecord:
     t0 = time.monotonic()
     proc_root = layout.processed_root(data_root)
     final = layout.cache_dir(data_root, cache_key)
     record_path = layout.extraction_record_path(data_root, cache_key)
     remove_stale(proc_root, final=cache_key)  # a rerun after a failure or kill starts clean
-    previous = _recorded_files(record_path, cache_key)  # read before the record is removed
+    # read before the record is removed
+    previous = _recorded_files(record_path, cache_key) if trust_record else {}
     tar = open_archive_parts(archive_files, verified=verified)
     assert isinstance(tar, _PartsTarFile)
     with tar:

@@ -167,13 +167,19 @@ def step_extract(
     specs = profile.archives_by_cache_key()[cache_key]
     files = [layout.archive_path(data_root, a.path) for a in specs]
     shas = verified_sha256s(profile, data_root, cache_key)
-    found, reason = (None, "forced") if force else check_extraction(data_root, cache_key, shas)
+    found, reason = (
+        (None, "--reverify: extracted again from its verified archives")
+        if force
+        else check_extraction(data_root, cache_key, shas)
+    )
     if found is not None and reason is None:
         rec = found
         log.info("cache_dir[%s]: up to date (%d files, %d bytes)", cache_key, rec.files, rec.bytes)
     else:
         log.info("cache_dir[%s]: extracting: %s", cache_key, reason)
-        rec = extract_cache_dir(cache_key, files, data_root, progress=progress, archive_sha256=shas)
+        rec = extract_cache_dir(
+            cache_key, files, data_root, progress=progress, archive_sha256=shas, trust_record=not force
+        )
     problems = list(getattr(rec, "problems", []) or [])
     if not (rec.frame_files == rec.rows == rec.total_trajectories):
         problems.insert(

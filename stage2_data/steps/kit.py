@@ -19,8 +19,11 @@ from .status import kit_held, require_inputs_as_recorded
 from .store import checked_inputs, forget_checked, record_checked
 
 
-def step_sidecars(profile: Profile, data_root: Path) -> StepResult:
-    res = unpack_sidecars(profile, data_root)  # raises ChecksumMismatchError before unpacking anything
+def step_sidecars(profile: Profile, data_root: Path, *, reverify: bool = False) -> StepResult:
+    """The kit's sidecar tar verified and unpacked (``reverify``: unpacked again whatever the
+    unpack's record says, as a first build does)."""
+    # raises ChecksumMismatchError before unpacking anything
+    res = unpack_sidecars(profile, data_root, force=reverify)
     exp = profile.expected.sidecars_by_source
     problems = (
         compare_totals(

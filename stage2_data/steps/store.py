@@ -9,7 +9,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, ParamSpec, cast
@@ -44,6 +44,7 @@ from ..store import (
 from ..store.extend import write_or_extend
 from ..store.format import SHARD_LAYOUT
 from ..store.gate import GateResult, publication_gate
+from ..store.manifest import read_manifest
 from ..store.retention import retention_after_publish
 from .result import StepResult, kv_table, rate
 from .status import (
@@ -252,6 +253,7 @@ def step_store(
     storage_options: dict[str, Any] | None = None,
     keep_stores: int | str | None = None,
     alongside: Callable[[str], dict[str, Any]] | None = None,
+    reverify: bool = False,
 ) -> StepResult:
     """Build (or reuse, for an unchanged input set) the store ``v<VERSION>-<inputs16>`` under
     ``<data_root>/stores/<profile>/`` or, with ``store_url`` (``s3://bucket/prefix``), under
@@ -260,7 +262,12 @@ def step_store(
 
     ``alongside(url)``: more metadata drawn from a new store while it is validated (the UI's
     preview: both only read it), on a thread of its own; added to the result once the store is
-    published, thrown away otherwise. Not called for a reused store."""
+    published, thrown away otherwise. Not called for a reused store.
+
+    ``reverify`` (``stage2 build --reverify``): a store of these inputs already there is reused only
+    when a store written anew from the inputs (a witness, removed after) gives its fingerprint; one
+    that gives another is moved aside and the store built again. Its manifest and the build's
+    records are then trusted no more than a first build trusts them."""
     with kit_held(profile, "the store writer"):
         inputs = kit_inputs(profile)
         extracted = extracted_content(profile, data_root)
@@ -300,8 +307,19 @@ def step_store(
         # a store of these inputs is already there (kept, current, or left by a stopped build):
         # it is reused only after the same full check a new store passes
         gate = publication_gate(out, expect)
-        if gate.passed:
+        differs = None
+        if gate.passed and reverify:
+            differs = _differs_from_inputs(profile, data_root, root_loc, out, expect, settings, pairs_rows)
+        if gate.passed and differs is None:
             rebuilt = False
+            if reverify:
+                update = f"reused {name} (--reverify wrote it anew from its inputs: the same fingerprint)"
+        elif differs is not None:
+            moved, set_aside = move_store_aside(
+                out, data_root, profile.name, [differs], reason="is not what its re-verified inputs give"
+            )
+            moved_aside.append(moved)
+            gate = None
         else:
             moved, set_aside = move_store_aside(out, data_root, profile.name, gate.problems)
             moved_aside.append(moved)
@@ -313,63 +331,7 @@ def step_store(
         )
         moved_aside.append(moved)
     if rebuilt:
-        # what the writer reads is what the records its name digests say, checked right before
-        records = require_inputs_as_recorded(profile, data_root, "the store writer")
-        table = read_join_rows(data_root)  # the bytes the join wrote, checked as read
-        derived = layout.derived_root(data_root)
-        recorded = recorded_sha256(records)
-        sidecar_sha256 = {rel: e.get("sha256") for rel, e in recorded_sidecars(derived).items()}
-        samples = []
-        unheld = []  # samples whose frames (or sidecar) no record of this build holds
-        listed = set(profile.cache_keys())
-        for r in table:
-            if not r.get("in_pairs"):
-                continue
-            sample = f"sample {r['stage2_trajectory_id']}"
-            if r["frames_path"] not in recorded:
-                ck = r.get("cache_key")
-                why = "not one the profile lists" if ck not in listed else "its record does not list the file"
-                unheld.append(
-                    f"{data_root / r['frames_path']} ({sample}): no extraction record of profile "
-                    f"{profile.name} holds its sha256 (cache directory {ck!r}: {why})"
-                )
-                continue
-            sidecar = None
-            if r.get("sidecar_path") and r.get("sidecar_present"):
-                sidecar = derived / r["sidecar_path"]
-                if not sidecar_sha256.get(r["sidecar_path"]):
-                    unheld.append(f"{sidecar} ({sample}): the unpack's index holds no sha256 of it")
-                    continue
-            samples.append(
-                SampleSpec(
-                    sample_key=r["stage2_trajectory_id"],
-                    cache_key=r["cache_key"],
-                    source=r.get("source") or "",
-                    task=r.get("task") or "",
-                    quality_label=r.get("quality_label") or "",
-                    partial_success=r.get("partial_success"),
-                    is_robot=bool(r.get("is_robot")),
-                    split=r["split"],
-                    frames_path=data_root / r["frames_path"],
-                    sidecar_path=sidecar,
-                    action_status=r.get("action_status"),
-                    num_frames=r.get("num_frames"),  # the processed_dataset row's: must equal the file's
-                    frames_file_sha256=recorded[r["frames_path"]],
-                    sidecar_file_sha256=sidecar_sha256[r["sidecar_path"]] if sidecar else None,
-                )
-            )
-        if unheld:
-            raise StoreInputError(
-                "the store writer: files no record of this build holds",
-                unheld,
-                fix="run `stage2 build`: its extract stage and the unpack record their files again, and "
-                "its join names pair rows whose cache directory the profile does not list (add that "
-                "archive to the profile, or remove the rows from the kit)",
-            )
-        pairs = [
-            PairSpec(p.pair_id, p.split, p.task, p.chosen_trajectory_id, p.rejected_trajectory_id)
-            for p in pairs_rows
-        ]
+        samples, pairs = writer_input(profile, data_root, pairs_rows)
         # a sidecar store of the new trajectories merged into the published store when the new
         # inputs only add trajectories (stage2_data/store/extend.py), else a full build; one line says which
         withdrawn = root_loc.withdraw_current(name)
@@ -470,6 +432,121 @@ def step_store(
     if problems and rebuilt:  # never published: a new store that failed is ours alone, never verified
         out.delete_tree()
     return result
+
+
+def writer_input(
+    profile: Profile, data_root: Path, pairs_rows: Sequence[Any]
+) -> tuple[list[SampleSpec], list[PairSpec]]:
+    """The samples and pairs the writer reads: the join's rows of paired trajectories, each with
+    the sha256 the build's records hold of its frames file (and sidecar); the records are checked
+    against the files right before. Raises StoreInputError naming every file no record holds."""
+    # what the writer reads is what the records its name digests say, checked right before
+    records = require_inputs_as_recorded(profile, data_root, "the store writer")
+    table = read_join_rows(data_root)  # the bytes the join wrote, checked as read
+    derived = layout.derived_root(data_root)
+    recorded = recorded_sha256(records)
+    sidecar_sha256 = {rel: e.get("sha256") for rel, e in recorded_sidecars(derived).items()}
+    samples = []
+    unheld = []  # samples whose frames (or sidecar) no record of this build holds
+    listed = set(profile.cache_keys())
+    for r in table:
+        if not r.get("in_pairs"):
+            continue
+        sample = f"sample {r['stage2_trajectory_id']}"
+        if r["frames_path"] not in recorded:
+            ck = r.get("cache_key")
+            why = "not one the profile lists" if ck not in listed else "its record does not list the file"
+            unheld.append(
+                f"{data_root / r['frames_path']} ({sample}): no extraction record of profile "
+                f"{profile.name} holds its sha256 (cache directory {ck!r}: {why})"
+            )
+            continue
+        sidecar = None
+        if r.get("sidecar_path") and r.get("sidecar_present"):
+            sidecar = derived / r["sidecar_path"]
+            if not sidecar_sha256.get(r["sidecar_path"]):
+                unheld.append(f"{sidecar} ({sample}): the unpack's index holds no sha256 of it")
+                continue
+        samples.append(
+            SampleSpec(
+                sample_key=r["stage2_trajectory_id"],
+                cache_key=r["cache_key"],
+                source=r.get("source") or "",
+                task=r.get("task") or "",
+                quality_label=r.get("quality_label") or "",
+                partial_success=r.get("partial_success"),
+                is_robot=bool(r.get("is_robot")),
+                split=r["split"],
+                frames_path=data_root / r["frames_path"],
+                sidecar_path=sidecar,
+                action_status=r.get("action_status"),
+                num_frames=r.get("num_frames"),  # the processed_dataset row's: must equal the file's
+                frames_file_sha256=recorded[r["frames_path"]],
+                sidecar_file_sha256=sidecar_sha256[r["sidecar_path"]] if sidecar else None,
+            )
+        )
+    if unheld:
+        raise StoreInputError(
+            "the store writer: files no record of this build holds",
+            unheld,
+            fix="run `stage2 build`: its extract stage and the unpack record their files again, and "
+            "its join names pair rows whose cache directory the profile does not list (add that "
+            "archive to the profile, or remove the rows from the kit)",
+        )
+    pairs = [
+        PairSpec(p.pair_id, p.split, p.task, p.chosen_trajectory_id, p.rejected_trajectory_id)
+        for p in pairs_rows
+    ]
+    return samples, pairs
+
+
+def _differs_from_inputs(
+    profile: Profile,
+    data_root: Path,
+    root_loc: Any,
+    out: Any,
+    expect: dict[str, Any],
+    settings: dict[str, Any],
+    pairs_rows: Sequence[Any],
+) -> str | None:
+    """How the store at ``out`` (which passed the gate) differs from a store written anew from the
+    build's inputs, or None when both give one fingerprint. The new store (a witness under a
+    dot-name that no listing counts) passes the same gate and is removed either way: it only says
+    what the inputs give. A witness left by a stopped build is removed first (derived, never
+    published)."""
+    witness = root_loc.child(f".reverify-{out.root.name}")
+    witness.delete_tree()
+    samples, pairs = writer_input(profile, data_root, pairs_rows)
+    try:
+        write_or_extend(
+            witness,
+            None,
+            samples,
+            pairs,
+            profile=profile.identity(),
+            inputs=expect["inputs"],
+            rows_per_shard=int(settings["rows_per_shard"]),
+            max_frames=profile.max_frames,
+            profile_path=profile.profile_path,
+            data_root=data_root,
+            kit_root=profile.kit_root,
+            actions_input=f"kit/{profile.kit.sidecar_archive}",
+            processes=store_processes(len(samples)),
+        )
+        gate = publication_gate(witness, expect)
+        if not gate.passed:
+            raise StoreError(
+                f"--reverify: the store written anew from the inputs fails the publication gate: "
+                f"{gate.problems[0]}",
+                fix="run `stage2 build --reverify` again; if it fails the same way, report it as a bug",
+            )
+        want = str(read_manifest(witness).get("fingerprint"))
+    finally:
+        witness.delete_tree()
+    have = str(read_manifest(out).get("fingerprint"))
+    if want == have:
+        return None
+    return f"its content gives fingerprint {have}, its inputs give {want} (checked by --reverify)"
 
 
 def gate_new_store(
