@@ -26,6 +26,8 @@ from .layout import HEX40_RE, PARTIAL_DIR, VERIFIED_SUFFIX, action_manifest_path
 
 #: the default frame bound (upstream's current preprocessing keeps at most 32 frames; older sets 64)
 DEFAULT_MAX_FRAMES = 32
+#: the longest profile name: it names folders (stores/<name>/, quarantine/.../<name>/)
+NAME_MAX = 100
 
 KIT_KEYS = (
     "pair_manifest",
@@ -167,7 +169,8 @@ class ExpectedTotals(_Strict):
 
 
 class Profile(_Strict):
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][\w.\-]*$")]
+    # a folder name under stores/, quarantine/ and the lease table: well within a file name's 255 bytes
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][\w.\-]*$", max_length=NAME_MAX)]
     description: str = ""
     # the frame bound: a trajectory of more frames is refused (docs/spec/profile.md; 32 upstream)
     max_frames: Annotated[int, Field(gt=0, strict=True)] = DEFAULT_MAX_FRAMES

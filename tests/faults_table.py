@@ -504,6 +504,14 @@ FAULTS: tuple[Fault, ...] = (
         "the build starts",
     ),
     Fault(
+        "prof_name_too_long",
+        "profile",
+        "a profile name of 300 characters",
+        "key 'name' (line N): String should have at most 100 characters; fix: correct the named key (was: accepted, and the build failed at the store, after every download, with a raw [Errno 36] File name too long)",
+        "nothing",
+        "the build starts",
+    ),
+    Fault(
         "prof_own_file_as_archive",
         "profile",
         "an archive's path naming a file stage2 keeps beside the archives (`X.tar.verified.json`, `.partial/…`)",

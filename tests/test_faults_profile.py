@@ -104,6 +104,15 @@ def _own_file_as_archive(demo: DemoPaths) -> list[tuple[str, tuple[str, ...]]]:
     ]
 
 
+def _name_too_long(demo: DemoPaths) -> list[tuple[str, tuple[str, ...]]]:
+    """A profile name longer than a folder name may be: it loaded, and the build failed only at the
+    store, after every download, with a raw "File name too long" (QA)."""
+    good = demo.profile.read_text()
+    name = load_profile(demo.profile).name
+    long = "x" * 300
+    return [(good.replace(f'name = "{name}"', f'name = "{long}"', 1), ("key 'name'", "(line ", "at most 100"))]
+
+
 def _wrong_type(demo: DemoPaths) -> list[tuple[str, tuple[str, ...]]]:
     """A count written as a bool, text or a float was taken as a number (`size = true` as 1 B: a
     verified archive then disagreed with its pin)."""
@@ -134,6 +143,7 @@ def _wrong_type(demo: DemoPaths) -> list[tuple[str, tuple[str, ...]]]:
     prof_archive_twice=_archive_twice,
     prof_dotdot=_dotdot,
     prof_own_file_as_archive=_own_file_as_archive,
+    prof_name_too_long=_name_too_long,
 )
 def test_fault_profile_refused(demo: DemoPaths, tmp_path: Path, dagster_home: Path, case: Broken) -> None:
     """`stage2 build` on a broken profile: exit 2, one line naming the key and file, nothing written."""
