@@ -297,3 +297,9 @@ def check_output_path(
             fix=f"pass {option} a path outside {where}",
         )
     return p
+
+
+def shown(path: str | os.PathLike[str]) -> str:
+    """``path`` as text that any terminal, log or JSON writer takes: a name that is not UTF-8 (held
+    by Python as surrogate escapes) shows its odd bytes as ``\\xNN``; any other path is unchanged."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")

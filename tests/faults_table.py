@@ -250,6 +250,14 @@ FAULTS: tuple[Fault, ...] = (
         "the profile corrected: the cache key extracts, nothing is downloaded again",
     ),
     Fault(
+        "arc_non_utf8_name_in_cache_dir",
+        "archive",
+        "a user's file whose name is not UTF-8 (`x\\xfe.npz`) in a cache directory",
+        "nothing fails: the file is moved aside as one the extraction did not write; `moved aside:` shows the name with \\xfe, moved.json records it (was: `internal error: UnicodeEncodeError`, exit 1, the move unrecorded)",
+        "the user's file, under quarantine/",
+        FP,
+    ),
+    Fault(
         "arc_extracted_edit",
         "archive",
         "a same-size edit of an extracted file (an arrow file's task text), its mtime restored",

@@ -422,6 +422,30 @@ def _stage_line(r: Ran, word: str) -> str:
     return next((ln for ln in r.stderr.splitlines() if ln.startswith("[") and word in ln), "")
 
 
+def test_fault_arc_non_utf8_name_in_cache_dir(prepared: Prepared, built: Path, tmp_path: Path) -> None:
+    """A user's file whose name is not UTF-8 in a cache directory: the build said "internal error:
+    UnicodeEncodeError", exited 1, and its record of the move was never written (QA). It is moved
+    aside like any file the extraction did not write, its move recorded and said with the odd byte
+    shown as \\xfe, and the store is the clean one."""
+    demo = prepared.demo
+    root = _settled_copy(prepared, built, tmp_path / "root")
+    frames = layout.cache_dir(root, TOTO) / layout.FRAMES_SUBDIR
+    odd = os.fsdecode(bytes(frames) + b"/x\xfe.npz")
+    Path(odd).write_bytes(b"m3\n")
+    r = build_cli(demo.profile, root)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0 and fingerprint(r) == prepared.fingerprint, r.tail()
+    assert "internal error" not in out and "Traceback" not in out, out
+    line = next((ln for ln in r.stdout.splitlines() if ln.startswith("moved aside:")), "")
+    assert f"{frames}/x\\xfe.npz -> " in line, r.stdout
+    (moved,) = [p for p in layout.quarantine_root(root).rglob("*.npz") if p.read_bytes() == b"m3\n"]
+    assert os.fsencode(moved).endswith(b"/x\xfe.npz")
+    record = json.loads((moved.parents[3] / "moved.json").read_text(encoding="ascii"))
+    assert [f["from"] for f in record["files"]] == [odd]
+    listed = stage2("list", str(demo.profile), "--data-root", str(root), "--json")
+    assert listed.returncode == 0 and listed.json()["quarantine"]["moved"], listed.tail()
+
+
 def test_fault_arc_extracted_edit(prepared: Prepared, built: Path, tmp_path: Path) -> None:
     """A same-size edit of an extracted arrow file (a task text, mtime restored) is found by its
     changed ctime and sha256, named, and extracted again: the store stays the clean one."""

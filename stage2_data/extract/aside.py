@@ -25,6 +25,7 @@ import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from ..fsutil import shown
 from ..publish.quarantine import quarantine_moves
 from .extract import FileStat, hash_regular_file
 
@@ -110,4 +111,4 @@ def set_aside_foreign(
     form)."""
     under = new.relative_to(data_root).as_posix()
     moved = move_aside(data_root, old, under, foreign_entries(old, new, recorded, written), reason)
-    return [f"{a} -> {b}" for a, b in moved]
+    return [f"{shown(a)} -> {shown(b)}" for a, b in moved]

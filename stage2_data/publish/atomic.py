@@ -230,7 +230,12 @@ def atomic_write_text(path: str | os.PathLike[str], text: str, *, mode: int = 0o
 def atomic_write_json(
     path: str | os.PathLike[str], obj: Any, *, indent: int | None = 2, mode: int = 0o600
 ) -> None:
-    """``obj`` as sorted, indented JSON (UTF-8 kept) plus a final newline, written atomically."""
-    atomic_write_text(
-        path, json.dumps(obj, indent=indent, sort_keys=True, ensure_ascii=False) + "\n", mode=mode
-    )
+    """``obj`` as sorted, indented JSON (UTF-8 kept) plus a final newline, written atomically. A
+    file name that is not UTF-8 (held as surrogate escapes) is written as ``\\udcXX`` escapes, which
+    read back to the same name."""
+    text = json.dumps(obj, indent=indent, sort_keys=True, ensure_ascii=False) + "\n"
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError:
+        data = (json.dumps(obj, indent=indent, sort_keys=True) + "\n").encode("ascii")
+    atomic_write_bytes(path, data, mode=mode)
