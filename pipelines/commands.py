@@ -31,6 +31,7 @@ from stage2_data.acquire import archive_state, hub_offline, offline_error, resol
 from stage2_data.acquire.hub import DEFAULT_TOKEN_ENV, require_hub_folder, require_token_env
 from stage2_data.checks import STANDALONE_CHECKS
 from stage2_data.commands.common import (
+    EXIT_BUG,
     EXIT_ERROR,
     EXIT_FAILED,
     add_profile,
@@ -60,6 +61,7 @@ from stage2_data.storage import StoreLocation, check_stores_target, check_stores
 
 from .config import (
     INSTANCE_DISK_FULL,
+    INTERNAL_ERROR,
     BuildConfig,
     build_command,
     check_dask_address,
@@ -386,10 +388,13 @@ COULD_NOT_RUN = frozenset(
 
 
 def build_exit_code(summary: dict[str, Any]) -> int:
-    """0 when the build published its store; 2 when a step could not run (a full or read-only disk,
-    a file system refusal); else 1 (a check or a step found problems in the data)."""
+    """0 when the build published its store; 3 when a step raised what no guard named (a bug, as
+    every command's internal error); 2 when a step could not run (a full or read-only disk, a file
+    system refusal); else 1 (a check or a step found problems in the data)."""
     if summary["ok"]:
         return 0
+    if any(str(e.get("message") or "").startswith(INTERNAL_ERROR) for e in summary["errors"]):
+        return EXIT_BUG
     if any(e.get("error") in COULD_NOT_RUN for e in summary["errors"]):
         return EXIT_ERROR
     return EXIT_FAILED

@@ -38,6 +38,10 @@ from stage2_data.stages import STREAM_RUN_BYTES
 DEFAULT_PROFILE = Path("manifests") / "stage2_core_v1.toml"  # the real profile, in a checkout
 
 
+#: how a step's failure that no guard named begins (runs.py); the build then exits 3, as any
+#: command's bug does
+INTERNAL_ERROR = "internal error: "
+
 # What SQLite says (through SQLAlchemy or sqlite3) when the disk holding a Dagster instance's
 # database cannot take a write: the instance's own files, not the data's (the build's summary and a
 # step's failure name it as a full disk, not as a bug)

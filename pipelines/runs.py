@@ -25,7 +25,7 @@ from stage2_data.profile import Profile, load_profile
 from stage2_data.publish.lock import held_build_id
 from stage2_data.stages import BUILD_TAG, DATA_ROOT_TAG, JOB_ASSETS, VIN_STORE, stage_of
 
-from .config import INSTANCE_DISK_FULL, BuildConfig
+from .config import INSTANCE_DISK_FULL, INTERNAL_ERROR, BuildConfig
 from .definitions import ALL_ASSETS_JOB, build_job
 from .executors import executor_run_config
 from .launch import CodeServer, terminate_runs, wait_for_run
@@ -420,7 +420,7 @@ def step_error_line(err: Any) -> str:
             "(what was built is kept: the build resumes)"
         )
     return (
-        f"internal error: {text} (a bug: this step should have named it; the traceback is in the "
+        f"{INTERNAL_ERROR}{text} (a bug: this step should have named it; the traceback is in the "
         "run's event log, `make ui`)"
     )
 

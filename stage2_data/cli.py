@@ -32,14 +32,13 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from .commands import command_modules, common
-from .commands.common import EXIT_ERROR, eprint, resolve_profile
+from .commands.common import EXIT_BUG, EXIT_ERROR, eprint, resolve_profile
 from .errors import SettingError, Stage2Error
 from .oserrors import fs_error
 
 PLUGIN_GROUP = "stage2.commands"
 PLUGIN_EXTRA = "pipeline"  # the extra that provides the plugins
 DIST = "stage2-data"
-EXIT_BUG = 3  # an exception outside the family escaped: a bug (one line; STAGE2_TRACEBACK=1 shows it)
 EXIT_PIPE = 141  # stdout's reader went away: what a shell reports for a command SIGPIPE ended
 TRACEBACK_ENV = "STAGE2_TRACEBACK"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers.cli import REPO, Ran, stage2, subprocess_env
+from helpers.cli import REPO, Ran, python_argv, run, stage2, subprocess_env
 
 from stage2_data.demo import DemoPaths
 
@@ -324,3 +324,26 @@ def test_an_editors_lock_link_beside_the_action_manifests_is_not_the_kits(
     r = stage2("verify", str(profile), "--data-root", str(tmp_path / "root"))
     line = _one_line(r, "verify")
     assert f"{actions / 'zz.jsonl'} is a symbolic link to nothing, not a regular file" in line, line
+
+
+def test_a_build_whose_step_raises_an_unnamed_error_exits_3(demo_cache: DemoPaths, tmp_path: Path) -> None:
+    """A step that raises what no guard names (here: the sidecar step replaced by one that divides
+    by zero, before the command builds its definitions) is a bug: the build says `internal error:`
+    in one line, prints no traceback, and exits 3 as every command's bug does (it exited 1, as if a
+    check had found a problem in the data: QA)."""
+    code = (
+        "import stage2_data.steps as s\n"
+        "def broken(*a, **k):\n"
+        "    return 1 // 0\n"
+        "s.step_sidecars = broken\n"
+        "import sys\n"
+        "from stage2_data.cli import run\n"
+        "sys.argv = ['stage2', *sys.argv[1:]]\n"
+        "run()\n"
+    )
+    argv = ["build", "--profile", str(demo_cache.profile), "--data-root", str(tmp_path / "root"),
+            "--hub-folder", str(demo_cache.upstream), "--run-in-process", "--no-progress"]  # fmt: skip
+    r = run(python_argv(code, *argv), env=subprocess_env(drop=("CI",), DAGSTER_HOME=str(tmp_path / "home")))
+    out = r.stdout + r.stderr
+    assert r.returncode == 3, r.tail()
+    assert "internal error: ZeroDivisionError" in out and "Traceback" not in out, out

@@ -14,6 +14,7 @@ from ..errors import HubError, StoreError
 
 EXIT_FAILED = 1  # the command ran and found problems (a failed check, an invalid store)
 EXIT_ERROR = 2  # the command could not run (bad input, bad arguments)
+EXIT_BUG = 3  # an exception no guard named escaped: a bug
 
 
 def count_of(what: str, minimum: int = 1, maximum: int | None = None) -> Callable[[str], int]:
