@@ -110,7 +110,9 @@ def _name_too_long(demo: DemoPaths) -> list[tuple[str, tuple[str, ...]]]:
     good = demo.profile.read_text()
     name = load_profile(demo.profile).name
     long = "x" * 300
-    return [(good.replace(f'name = "{name}"', f'name = "{long}"', 1), ("key 'name'", "(line ", "at most 100"))]
+    return [
+        (good.replace(f'name = "{name}"', f'name = "{long}"', 1), ("key 'name'", "(line ", "at most 100"))
+    ]
 
 
 def _wrong_type(demo: DemoPaths) -> list[tuple[str, tuple[str, ...]]]:
