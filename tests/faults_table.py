@@ -307,6 +307,14 @@ FAULTS: tuple[Fault, ...] = (
         "the pin corrected and the file moved back: the offline build converges; fingerprint = clean build's",
     ),
     Fault(
+        "arc_not_a_file",
+        "archive",
+        "a folder holding a user's note, or a FIFO, where a verified archive goes",
+        "nothing fails: it is moved aside whole (the folder with what it holds), said in `moved aside:`, and the archive downloaded (was: a raw IsADirectoryError after the download; a FIFO replaced silently)",
+        "the folder or FIFO, in the quarantine folder",
+        FP + " but the one that was not a file",
+    ),
+    Fault(
         "arc_ctime_edit",
         "archive",
         "a verified archive's bytes edited in place with its size and mtime restored",

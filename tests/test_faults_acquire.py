@@ -12,6 +12,7 @@ import os
 import re
 import shlex
 import shutil
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -571,6 +572,35 @@ def test_fault_arc_ctime_edit(prepared: Prepared, demo: DemoPaths, tmp_path: Pat
     aside = [p for p in _quarantine(root) if p.name == victim]
     assert [p.read_bytes() for p in aside] == [bytes(bad)]
     assert doc["moved_aside"] == [f"{final} -> {aside[0]}"]  # the build says where it went
+    assert _fingerprint(root, prepared) == prepared.fingerprint
+
+
+@pytest.mark.parametrize("kind", ["folder", "fifo"])
+def test_fault_arc_not_a_file(prepared: Prepared, demo: DemoPaths, tmp_path: Path, kind: str) -> None:
+    # A folder holding a user's note, or a FIFO, where a verified archive goes (the archive moved
+    # elsewhere by its user): the build failed after downloading it again with a raw
+    # IsADirectoryError, or replaced the FIFO silently (QA). It is moved aside whole, said, and
+    # the archive downloaded; the build converges to the clean store.
+    root = copy_root(prepared, tmp_path / "root")
+    victim = f"{SMALL}.tar"
+    final = layout.archive_path(root, victim)
+    final.rename(tmp_path / "elsewhere.tar")
+    if kind == "folder":
+        final.mkdir()
+        (final / "note.txt").write_text("notes\n")
+    else:
+        os.mkfifo(final)
+    with demo_hub(demo) as hub:
+        out, doc, told = _build(demo, root, hub.url)
+        assert out.returncode == 0, told
+        assert resolve_gets(hub) == [victim]
+    assert final.is_file() and final.read_bytes() == (tmp_path / "elsewhere.tar").read_bytes()
+    (aside,) = layout.quarantine_root(root).glob(f"*/{layout.ARCHIVES_DIR}/{victim}")
+    assert doc["moved_aside"] == [f"{final} -> {aside}"]  # the build says where it went
+    if kind == "folder":
+        assert (aside / "note.txt").read_text() == "notes\n"
+    else:
+        assert stat.S_ISFIFO(os.lstat(aside).st_mode)
     assert _fingerprint(root, prepared) == prepared.fingerprint
 
 

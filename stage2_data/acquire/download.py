@@ -301,6 +301,17 @@ def download_archive(
                 spec.path, final, spec.size, found, time.monotonic() - t0, 0, 0, skipped=True, attempts=0
             )
         moved = _settle(source, spec, data_root, found, profile)
+    elif os.path.lexists(final):
+        # a folder, FIFO, socket, device or dangling link where the archive goes: the download's
+        # rename would replace some of them and fail on the rest; it is moved aside whole (what a
+        # folder holds included) and said, never read, replaced or deleted
+        (moved,) = quarantine_files(
+            data_root,
+            [final],
+            "not an archive file: it stood where the archive goes (a folder, FIFO, device or link)",
+            archive=spec.path,
+        )
+        log.warning("%s is not a file: moved to %s; the archive is downloaded", final, moved)
     if hub_offline():
         raise offline_error(data_root, [spec.path])
     backoff = default_backoff() if backoff is None else backoff  # read only when a request is made
@@ -309,7 +320,12 @@ def download_archive(
     except Stage2Error as e:
         err = _wrong_pin(source, spec, e, profile) if isinstance(e, PinDisagreesError) else e
         if moved is not None:  # the message says where the file that was there went
-            err.message += f" (The file that was at {final} disagreed with its pin and was moved to {moved}.)"
+            what = (
+                "disagreed with its pin"
+                if moved.is_file() and not moved.is_symlink()
+                else "was not an archive file"
+            )
+            err.message += f" (What was at {final} {what} and was moved to {moved}.)"
         if err is e:
             raise
         raise err from None
