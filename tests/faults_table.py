@@ -745,6 +745,14 @@ FAULTS: tuple[Fault, ...] = (
         FP,
     ),
     Fault(
+        "gate_failed_store_immutable",
+        "store",
+        "a published store that fails the gate (a frames chunk edited) and cannot be moved aside (`chattr +i`)",
+        "the build exits 2: the store at <store> failed the publication gate (<what>), and it cannot be moved aside: <why>; nothing was built or published, and what `current` names is unchanged; fix: make it writable (`chattr -R -i` …), then build again (was: a bare `PermissionError: [Errno 1]`)",
+        "the store, as it is; what the build verified before the store step",
+        "`chattr -i`, then build: the store is moved aside and rebuilt; " + FP,
+    ),
+    Fault(
         "gate_kept_store_decode_fails",
         "store",
         "a store of the same inputs that is not current: a kept one the profile returns to, or the folder a build stopped by SIGTERM right after it appeared left behind; here with a changed frames chunk, size and mtime kept",

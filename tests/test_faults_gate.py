@@ -441,3 +441,30 @@ def test_fault_gate_store_forged_consistently_reverify(gated: dict[str, Any], tm
     line = re.search(r"^store update: (.*)$", again.stdout, re.M)
     assert line and "--reverify wrote it anew from its inputs: the same fingerprint" in line.group(1)
     assert len(_aside(root, store.name)) == 1
+
+
+def test_fault_gate_failed_store_immutable(gated: dict[str, Any], tmp_path: Path) -> None:
+    """A published store that fails the gate and cannot be moved aside (made immutable with
+    `chattr +i`): the build said only "PermissionError: [Errno 1] Operation not permitted" (QA). It
+    names the store, what the gate found, that it could not be moved, that `current` is unchanged,
+    and the fix (exit 2). Made writable again, the next build moves it aside and rebuilds."""
+    root, store = _copy(gated, tmp_path / "root")
+    chunk = next(p for p in sorted((store / "shards").rglob("*")) if p.is_file() and "/frames/c/" in str(p))
+    _same_size_edit(chunk)
+    if subprocess.run(["chattr", "+i", str(store)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not allowed here (needs CAP_LINUX_IMMUTABLE and a file system that has it)")
+    try:
+        out = _build(gated["demo"], root, gated["hub"])
+    finally:
+        subprocess.run(["chattr", "-i", str(store)], check=True)
+    said = out.stdout + out.stderr
+    assert out.returncode == 2, out.tail()
+    assert "Traceback" not in said and "internal error" not in said
+    for part in (f"the store at {store} failed the publication gate", "cannot be moved aside",
+                 "what `current` names is unchanged", "chattr -R -i"):  # fmt: skip
+        assert part in said, (part, said)
+    assert store.is_dir() and not _aside(root, store.name)
+    again = _build(gated["demo"], root, gated["hub"])
+    assert again.returncode == 0 and _fingerprint(again) == FINGERPRINT, again.tail()
+    assert len(_aside(root, store.name)) == 1
+    _valid_clean(root, gated["profile"])

@@ -17,13 +17,14 @@ from typing import Any, ParamSpec, cast
 from .. import checks as C
 from .. import layout
 from ..checks import CheckOutcome, compare_totals, outcome
-from ..errors import Stage2Error, StoreError, StoreNotFoundError
+from ..errors import FileSystemError, Stage2Error, StoreError, StoreNotFoundError
 from ..extract import load_extraction_record
 from ..formats.sha256sums import read_regular_bytes
 from ..fsutil import canonical_json
 from ..hashing import sha256_file
 from ..kit import load_pairs, read_join_rows
 from ..kit.sidecar_facts import SIDECAR_MARKER, recorded_sidecars
+from ..oserrors import fs_error
 from ..profile import Profile
 from ..publish import atomic_write_json
 from ..publish.lock import require_launching_build
@@ -589,8 +590,19 @@ def move_store_aside(
         return f"{out.url} -> {moved.url}", (
             f"the store already at {out.url} {reason} ({first}): moved to {moved.url} {then}"
         )
-    make_writable(out.root)  # a folder moved to another parent needs its own write bit
-    (dest,) = quarantine_files(data_root, [out.root], reason, store=out.root.name, problems=problems[:20])
+    try:
+        make_writable(out.root)  # a folder moved to another parent needs its own write bit
+        (dest,) = quarantine_files(data_root, [out.root], reason, store=out.root.name, problems=problems[:20])
+    except OSError as e:  # FileSystemError too: an immutable store (chattr +i), another owner
+        said = fs_error(e, "")
+        raise FileSystemError(
+            f"the store at {out.root} {reason} ({first}), and it cannot be moved aside: "
+            f"{said.message}; nothing was built or published, and what `current` names is unchanged "
+            "(a reader of this store fails on what the gate found)",
+            fix="make the store writable by this user (`chattr -R -i` if it was made immutable; its "
+            "owner or mode), then run the build again: it moves the store to quarantine and builds "
+            "it anew",
+        ) from None
     make_writable(dest)  # no longer a published store: `stage2 gc --quarantine` may remove its files
     return (
         f"{out.root} -> {dest}",
