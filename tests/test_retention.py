@@ -364,6 +364,10 @@ def test_gc_leaves_what_is_not_ours_and_sweeps_dead_temps(tmp_path: Path, built:
         and "holds what is not the store's (NOTES.txt)" in got["v1-0000000000000002"][1]
     )
     assert (noted / "NOTES.txt").read_text() == "mine" and (noted / "manifest.json").is_file()
+    # a kept store frees nothing: its --json entry said "freed" what its removal would have (QA)
+    by_name = {e.name: e for e in rep.entries}
+    assert by_name["v1-0000000000000002"].freed is None and by_name["v1-0000000000000003"].freed is None
+    assert by_name["v1-0000000000000001"].freed
     assert got[gone.name] == ("removed", "a temp its dead writer left") and not gone.exists()
     assert dead.exists() and mine.exists()
     assert {n for n, (act, _) in got.items() if act == "removed"} == {"v1-0000000000000001", gone.name}

@@ -272,7 +272,8 @@ class StoreVerdict:
     reason: str
     bytes: int | None = None
     created_at: str | None = None
-    #: bytes removing it frees (its files not hard-linked into another store, as merged stores are)
+    #: bytes its removal frees (its files not hard-linked into another store, as merged stores are);
+    #: None for a store that is kept
     freed: int | None = None
 
     def line(self) -> str:
@@ -620,7 +621,9 @@ def collect_stores(
         else:
             child.withdraw(MANIFEST_NAME)
             action, reason = "removed", ""
-        report.entries.append(StoreVerdict(name, action, reason, size, created, freed))
+        # what its removal frees, only for a store removed (or that would be): a kept one frees nothing
+        gone = action in ("removed", "would remove")
+        report.entries.append(StoreVerdict(name, action, reason, size, created, freed if gone else None))
     if loc.is_local:
         temps = stale_temps(loc.root) if dry_run else remove_stale(loc.root)
         for t in temps:
