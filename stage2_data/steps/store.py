@@ -341,22 +341,8 @@ def step_store(
             said = f"`{layout.CURRENT_LINK}` named {name}: withdrawn until it passes the gate"
             set_aside = f"{set_aside}; {said}" if set_aside else said
         base = root_loc.current()
-        update = write_or_extend(
-            out,
-            base,
-            samples,
-            pairs,
-            profile=profile.identity(),
-            inputs=inputs,
-            rows_per_shard=rows_per_shard,
-            max_frames=profile.max_frames,
-            progress=progress,
-            profile_path=profile.profile_path,
-            data_root=data_root,
-            kit_root=profile.kit_root,
-            actions_input=f"kit/{profile.kit.sidecar_archive}",
-            processes=store_processes(len(samples)),
-            damaged_base=damaged_base,
+        update = _write_store(
+            profile, data_root, out, base, samples, pairs, inputs, rows_per_shard, progress, damaged_base
         )
         if set_aside:  # with no store left to extend, what was set aside is why it was rebuilt
             update = f"rebuilt: {set_aside}" if base is None else f"{update}; {set_aside}"
@@ -501,6 +487,40 @@ def writer_input(
     return samples, pairs
 
 
+def _write_store(
+    profile: Profile,
+    data_root: Path,
+    out: Any,
+    base: Any,
+    samples: Sequence[SampleSpec],
+    pairs: Sequence[PairSpec],
+    inputs: dict[str, str],
+    rows_per_shard: int,
+    progress: Any = None,
+    damaged_base: list[str] | None = None,
+) -> str:
+    """:func:`write_or_extend` of the store at ``out`` with the settings every store of ``profile``
+    is written with: the build's store and ``--reverify``'s witness are written alike, so that their
+    fingerprints differ only where their inputs do."""
+    return write_or_extend(
+        out,
+        base,
+        samples,
+        pairs,
+        profile=profile.identity(),
+        inputs=inputs,
+        rows_per_shard=rows_per_shard,
+        max_frames=profile.max_frames,
+        progress=progress,
+        profile_path=profile.profile_path,
+        data_root=data_root,
+        kit_root=profile.kit_root,
+        actions_input=f"kit/{profile.kit.sidecar_archive}",
+        processes=store_processes(len(samples)),
+        damaged_base=damaged_base,
+    )
+
+
 def _differs_from_inputs(
     profile: Profile,
     data_root: Path,
@@ -519,20 +539,15 @@ def _differs_from_inputs(
     witness.delete_tree()
     samples, pairs = writer_input(profile, data_root, pairs_rows)
     try:
-        write_or_extend(
+        _write_store(
+            profile,
+            data_root,
             witness,
             None,
             samples,
             pairs,
-            profile=profile.identity(),
-            inputs=expect["inputs"],
-            rows_per_shard=int(settings["rows_per_shard"]),
-            max_frames=profile.max_frames,
-            profile_path=profile.profile_path,
-            data_root=data_root,
-            kit_root=profile.kit_root,
-            actions_input=f"kit/{profile.kit.sidecar_archive}",
-            processes=store_processes(len(samples)),
+            expect["inputs"],
+            int(settings["rows_per_shard"]),
         )
         gate = publication_gate(witness, expect)
         if not gate.passed:
