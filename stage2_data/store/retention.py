@@ -606,24 +606,27 @@ def collect_stores(
             _check_leases_folder(child.root, "removing")
     for i, (created, name, child) in enumerate(stores):
         size = _store_bytes(child)
-        freed = tree_usage(child.root, unique=True)[1] if loc.is_local else None
         if i < keep:
             report.entries.append(
                 StoreVerdict(name, "kept", f"previous ({i + 1} of {keep} kept)", size, created)
             )
             continue
         if (extra := _not_the_stores(child, manifests[name])) is not None:
-            action, reason = "kept", extra
-        elif loc.is_local:
+            report.entries.append(StoreVerdict(name, "kept", extra, size, created))  # frees nothing
+            continue
+        # what its removal frees, measured before it goes (a kept store has no such value)
+        freed = tree_usage(child.root, unique=True)[1] if loc.is_local else None
+        if loc.is_local:
             action, reason = _remove_local(child.root, loc.root / layout.CURRENT_LINK, dry_run)
         elif dry_run:
             action, reason = "would remove", ""
         else:
             child.withdraw(MANIFEST_NAME)
             action, reason = "removed", ""
-        # what its removal frees, only for a store removed (or that would be): a kept one frees nothing
-        gone = action in ("removed", "would remove")
-        report.entries.append(StoreVerdict(name, action, reason, size, created, freed if gone else None))
+        # a store a lease keeps (``_remove_local``) frees nothing either
+        report.entries.append(
+            StoreVerdict(name, action, reason, size, created, None if action == "kept" else freed)
+        )
     if loc.is_local:
         temps = stale_temps(loc.root) if dry_run else remove_stale(loc.root)
         for t in temps:
