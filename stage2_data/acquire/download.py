@@ -286,6 +286,7 @@ def download_archive(
     t0 = time.monotonic()
     final = layout.archive_path(data_root, spec.path)
     moved: Path | None = None
+    was = "disagreed with its pin"  # why what was at ``final`` was moved, for a failure's message
     origin = source_origin(source)
     if final.is_file():
         prior = record_origin(data_root, spec)
@@ -311,6 +312,7 @@ def download_archive(
             "not an archive file: it stood where the archive goes (a folder, FIFO, device or link)",
             archive=spec.path,
         )
+        was = "was not an archive file"
         log.warning("%s is not a file: moved to %s; the archive is downloaded", final, moved)
     if hub_offline():
         raise offline_error(data_root, [spec.path])
@@ -320,12 +322,7 @@ def download_archive(
     except Stage2Error as e:
         err = _wrong_pin(source, spec, e, profile) if isinstance(e, PinDisagreesError) else e
         if moved is not None:  # the message says where the file that was there went
-            what = (
-                "disagreed with its pin"
-                if moved.is_file() and not moved.is_symlink()
-                else "was not an archive file"
-            )
-            err.message += f" (What was at {final} {what} and was moved to {moved}.)"
+            err.message += f" (What was at {final} {was} and was moved to {moved}.)"
         if err is e:
             raise
         raise err from None
