@@ -394,14 +394,12 @@ def test_fault_gate_store_without_manifest(gated: dict[str, Any], tmp_path: Path
     assert "manifest.json: missing" in out.stdout, out.stdout
 
 
-def test_fault_gate_store_forged_consistently_reverify(gated: dict[str, Any], tmp_path: Path) -> None:
+def _forge_consistently(store: Path) -> tuple[bytes, str]:
     """A published store edited together with its manifest (a task's text, the file's sha256 and
     the fingerprint made to match, mtimes kept): every byte agrees with the manifest, so the gate
-    passes it. `stage2 build --reverify` writes a store anew from the inputs, finds another
-    fingerprint, moves the edited store aside (never deleted) and publishes the clean content."""
+    and `stage2 validate --deep` pass it. The forged index's bytes and the forged fingerprint."""
     from stage2_data.store.manifest import store_fingerprint
 
-    root, store = _copy(gated, tmp_path / "root")
     manifest_path, index = store / "manifest.json", store / "sample_index.jsonl"
     for p in (store, manifest_path, index):
         os.chmod(p, 0o755 if p.is_dir() else 0o644)
@@ -421,19 +419,79 @@ def test_fault_gate_store_forged_consistently_reverify(gated: dict[str, Any], tm
     assert doc["fingerprint"] != FINGERPRINT
     v = stage2("validate", str(store), "--deep", "--json")
     assert v.returncode == 0, v.tail()  # consistent: only the inputs can tell it is not theirs
+    return forged, doc["fingerprint"]
 
-    out = _build(gated["demo"], root, gated["hub"], "--reverify")
+
+def _forged_moved_aside(
+    out: Ran, root: Path, store: Path, forged: bytes, fingerprint: str, reason: str
+) -> None:
+    """The build published the clean content and moved the forged store aside, named."""
     said = out.stdout + out.stderr
     assert out.returncode == 0, out.tail()
     assert _fingerprint(out) == FINGERPRINT, out.tail()
     assert "internal error" not in said and "Traceback" not in said
-    _valid_clean(root, gated["profile"])
     aside = _aside(root, store.name)
     assert len(aside) == 1 and (aside[0] / "sample_index.jsonl").read_bytes() == forged
     line = re.search(r"^store update: (.*)$", out.stdout, re.M)
-    assert line and "is not what its re-verified inputs give" in line.group(1), out.stdout
-    assert doc["fingerprint"] in line.group(1) and str(aside[0]) in line.group(1), line.group(1)
+    assert line and reason in line.group(1), out.stdout
+    assert fingerprint in line.group(1) and str(aside[0]) in line.group(1), line.group(1)
     assert not list(store.parent.glob(".reverify-*"))  # the witness is gone
+
+
+def test_fault_gate_store_forged_consistently(gated: dict[str, Any], tmp_path: Path) -> None:
+    """A store forged consistently with its manifest (:func:`_forge_consistently`), then a plain
+    `stage2 build`: the data root's ledger (reports/published_stores.json) holds the fingerprint the
+    store was published with, so the forged one is moved aside and the clean content published."""
+    root, store = _copy(gated, tmp_path / "root")
+    forged, fingerprint = _forge_consistently(store)
+    out = _build(gated["demo"], root, gated["hub"])
+    _forged_moved_aside(out, root, store, forged, fingerprint, "is not the store this data root published")
+    assert FINGERPRINT in out.stdout  # the fingerprint the ledger holds, named
+    _valid_clean(root, gated["profile"])
+
+
+def test_fault_gate_store_forged_consistently_no_ledger(gated: dict[str, Any], tmp_path: Path) -> None:
+    """The same forgery, and the ledger removed too: a store this data root has no record of
+    publishing is reused only when a store written anew from the inputs gives its fingerprint. Here
+    it does not: moved aside, the clean content published. The next build reuses the clean store on
+    the ledger's word, with no witness."""
+    root, store = _copy(gated, tmp_path / "root")
+    forged, fingerprint = _forge_consistently(store)
+    (root / "reports" / "published_stores.json").unlink()
+    out = _build(gated["demo"], root, gated["hub"])
+    _forged_moved_aside(out, root, store, forged, fingerprint, "is not what its inputs give")
+    assert "never published from this data root" in out.stdout, out.stdout
+    _valid_clean(root, gated["profile"])
+    ledger = json.loads((root / "reports" / "published_stores.json").read_text())
+    assert ledger[store.parent.name][store.name]["fingerprint"] == FINGERPRINT, ledger
+
+    # a clean store with no entry: checked by a witness, then reused and recorded
+    (root / "reports" / "published_stores.json").unlink()
+    (root / "reports" / "store_gate.json").unlink()  # the gate runs: this is not a no-op
+    again = _build(gated["demo"], root, gated["hub"])
+    assert again.returncode == 0 and _fingerprint(again) == FINGERPRINT, again.tail()
+    line = re.search(r"^store update: (.*)$", again.stdout, re.M)
+    assert (
+        line
+        and "no record of publishing it: written anew from its inputs, the same fingerprint" in line.group(1)
+    )
+    assert len(_aside(root, store.name)) == 1
+    assert (root / "reports" / "published_stores.json").is_file()
+
+
+def test_fault_gate_store_forged_consistently_reverify(gated: dict[str, Any], tmp_path: Path) -> None:
+    """The same forgery, and `stage2 build --reverify`, which trusts none of the build's records
+    (the ledger neither): it writes a store anew from the inputs, finds another fingerprint, moves
+    the edited store aside (never deleted) and publishes the clean content."""
+    root, store = _copy(gated, tmp_path / "root")
+    forged, fingerprint = _forge_consistently(store)
+    (root / "reports" / "published_stores.json").write_text(
+        json.dumps({store.parent.name: {store.name: {"fingerprint": fingerprint}}})
+    )  # a ledger forged to match: --reverify does not read it
+    out = _build(gated["demo"], root, gated["hub"], "--reverify")
+    _forged_moved_aside(out, root, store, forged, fingerprint, "is not what its inputs give")
+    assert "checked by --reverify" in out.stdout
+    _valid_clean(root, gated["profile"])
 
     # a clean store is reused by --reverify only after the same witness gives its fingerprint
     again = _build(gated["demo"], root, gated["hub"], "--reverify")

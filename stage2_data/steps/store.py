@@ -27,6 +27,7 @@ from ..kit.sidecar_facts import SIDECAR_MARKER, recorded_sidecars
 from ..oserrors import fs_error
 from ..profile import Profile
 from ..publish import atomic_write_json
+from ..publish.ledger import ledger_path, published_fingerprint, record_published
 from ..publish.lock import require_launching_build
 from ..publish.quarantine import quarantine_files
 from ..publish.readonly import make_writable
@@ -308,17 +309,18 @@ def step_store(
         # a store of these inputs is already there (kept, current, or left by a stopped build):
         # it is reused only after the same full check a new store passes
         gate = publication_gate(out, expect)
-        differs = None
-        if gate.passed and reverify:
-            differs = _differs_from_inputs(profile, data_root, root_loc, out, expect, settings, pairs_rows)
+        differs: tuple[str, str] | None = None
+        checked = ""
+        if gate.passed:
+            differs, checked = _provenance(
+                profile, data_root, root_loc, out, expect, settings, pairs_rows, reverify
+            )
         if gate.passed and differs is None:
             rebuilt = False
-            if reverify:
-                update = f"reused {name} (--reverify wrote it anew from its inputs: the same fingerprint)"
+            if checked:
+                update = f"reused {name} ({checked})"
         elif differs is not None:
-            moved, set_aside = move_store_aside(
-                out, data_root, profile.name, [differs], reason="is not what its re-verified inputs give"
-            )
+            moved, set_aside = move_store_aside(out, data_root, profile.name, [differs[0]], reason=differs[1])
             moved_aside.append(moved)
             gate = None
         else:
@@ -379,6 +381,8 @@ def step_store(
             )
             moved_aside.append(moved)
             update = f"{update}; {said}"
+        # the ledger: what a later build's reuse of this folder must find in it
+        record_published(data_root, profile.name, name, str(read_manifest(out).get("fingerprint")))
         if out.is_local:
             write_gate_record(data_root, profile.name, name, gate.stats)
     else:
@@ -521,6 +525,52 @@ def _write_store(
     )
 
 
+def _provenance(
+    profile: Profile,
+    data_root: Path,
+    root_loc: Any,
+    out: Any,
+    expect: dict[str, Any],
+    settings: dict[str, Any],
+    pairs_rows: Sequence[Any],
+    reverify: bool,
+) -> tuple[tuple[str, str] | None, str]:
+    """Whether the store at ``out`` (which passed the gate) is the one these inputs give: None, or
+    (the difference, the reason to move it aside); and how that was checked, for the build's line
+    ("" for the usual case: the ledger holds its fingerprint). The gate proves the store agrees with
+    its own manifest; this ties the manifest to what was published, or to the inputs.
+
+    * ``--reverify``: a store written anew from the inputs (:func:`_differs_from_inputs`) must give
+      its fingerprint; the build's own records, the ledger among them, are not trusted.
+    * the ledger holds a fingerprint for this folder (it was published from this data root): the
+      store's must be that one.
+    * no entry (left by a stopped build, copied in, published before the ledger was kept): checked
+      as ``--reverify`` checks it."""
+    have = str(read_manifest(out).get("fingerprint"))
+    published = None if reverify else published_fingerprint(data_root, profile.name, out.root.name)
+    if published is not None:
+        if published == have:
+            return None, ""
+        return (
+            (
+                f"its content gives fingerprint {have}; this data root published {published} under "
+                f"the name {out.root.name} ({ledger_path(data_root)})",
+                "is not the store this data root published under its name",
+            ),
+            "",
+        )
+    differs = _differs_from_inputs(profile, data_root, root_loc, out, expect, settings, pairs_rows)
+    how = (
+        "--reverify wrote it anew from its inputs: the same fingerprint"
+        if reverify
+        else "this data root has no record of publishing it: written anew from its inputs, the same fingerprint"
+    )
+    if differs is None:
+        return None, how
+    why = "checked by --reverify" if reverify else "it was never published from this data root"
+    return (f"{differs} ({why})", "is not what its inputs give"), ""
+
+
 def _differs_from_inputs(
     profile: Profile,
     data_root: Path,
@@ -562,7 +612,7 @@ def _differs_from_inputs(
     have = str(read_manifest(out).get("fingerprint"))
     if want == have:
         return None
-    return f"its content gives fingerprint {have}, its inputs give {want} (checked by --reverify)"
+    return f"its content gives fingerprint {have}, its inputs give {want}"
 
 
 def gate_new_store(
