@@ -274,6 +274,14 @@ FAULTS: tuple[Fault, ...] = (
         FP,
     ),
     Fault(
+        "arc_verified_record_forged",
+        "archive",
+        "a verified archive with a byte flipped and its `.verified.json` forged to match (its new stats, the pin's sha256), its cache directory's extraction record removed",
+        "`sha256 mismatch for <archive>: expected <pin>, got <sha>, though its record <.verified.json> said it was verified (hashed again before extraction: no step of this build had hashed it)`: an extraction hashes again every archive no step of its build hashed; nothing is extracted from it",
+        "the flipped archive and its record, under quarantine/; the cache directory as it was",
+        "exit 1; the next build downloads the archive again: fingerprint = clean build's",
+    ),
+    Fault(
         "arc_dup_trajectory_ids",
         "archive",
         "a new cache directory repeating the trajectory ids of another",

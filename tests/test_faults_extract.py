@@ -692,3 +692,45 @@ def test_a_reextraction_moves_the_users_files_aside_never_deletes_them(
     assert all(key in why and "never deleted" in why for why in listed.values()), listed
     said = [ln for ln in r.stdout.splitlines() if ln.startswith("moved aside:")]  # the build says where
     assert len(said) == 2 and all(str(under) in ln for ln in said), r.stdout
+
+
+def test_fault_arc_verified_record_forged(prepared: Prepared, built: Path, tmp_path: Path) -> None:
+    """A verified archive with a byte flipped and its ``.verified.json`` forged to match (the new
+    inode, size, mtime and ctime, the pin's sha256), and its cache directory's extraction record
+    removed: the record says the bytes are the pin's, and no stat can tell. The extraction, which
+    no step of this build had hashed the archive for, hashes it again first: refused by name, the
+    archive and its record moved to quarantine (never deleted), nothing extracted from it; the next
+    build downloads it again and publishes the clean store."""
+    demo = prepared.demo
+    root = _settled_copy(prepared, built, tmp_path / "root")
+    (spec, *_) = load_profile(demo.profile).archives_by_cache_key()[SMALL]
+    archive = layout.archive_path(root, spec.path)
+
+    def flip(data: bytearray) -> None:
+        data[len(data) // 2] ^= 0x01
+
+    _edit_in_place(archive, flip)
+    flipped = archive.read_bytes()
+    record_path = layout.verified_record_path(root, spec.path)
+    doc = json.loads(record_path.read_text())
+    st = archive.stat()
+    doc.update(inode=st.st_ino, size=st.st_size, mtime_ns=st.st_mtime_ns, ctime_ns=st.st_ctime_ns)
+    record_path.write_text(json.dumps(doc))
+    layout.extraction_record_path(root, SMALL).unlink()
+    cache_dir_before = sorted(p.name for p in layout.cache_dir(root, SMALL).iterdir())
+
+    r = build_cli(demo.profile, root)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, r.tail()
+    assert "internal error" not in out and "Traceback" not in out, out
+    assert f"sha256 mismatch for {spec.path}" in out and "though its record" in out, out
+    (kept,) = [p for p in layout.quarantine_root(root).rglob(archive.name) if p.is_file()]
+    assert kept.read_bytes() == flipped and (kept.parent / record_path.name).is_file()
+    assert str(kept) in out, out
+    assert not archive.exists()
+    assert sorted(p.name for p in layout.cache_dir(root, SMALL).iterdir()) == cache_dir_before
+
+    with demo_hub(demo) as hub:
+        again = build_cli(demo.profile, root, endpoint=hub.url)
+    assert again.returncode == 0 and fingerprint(again) == prepared.fingerprint, again.tail()
+    assert sha256_file(archive) == spec.sha256

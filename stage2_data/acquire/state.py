@@ -29,6 +29,7 @@ from ..hashing import sha256_file
 from ..oserrors import fs_error
 from ..profile import ArchiveSpec, Profile
 from ..publish import atomic_write_json
+from ..publish.lock import current_build_id
 
 log = logging.getLogger(__name__)
 
@@ -126,8 +127,21 @@ def _write_record(data_root: Path, spec: ArchiveSpec, final: Path, sha256: str, 
             "repo_id": repo_id,
             "revision": revision,
             "verified_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            # the build that hashed these bytes (None outside a build): an extraction in another
+            # build hashes them again (:func:`hashed_by_this_build`)
+            "build_id": current_build_id(data_root),
         },
     )
+
+
+def hashed_by_this_build(data_root: Path, spec: ArchiveSpec) -> bool:
+    """Whether the archive's ``.verified.json`` was written by the build that holds the data root
+    now: its bytes were hashed against the pin by this build. A record of an earlier build (or of
+    a run outside a build) says only what stats the bytes had when some build hashed them; a record
+    edited together with the archive would say the same."""
+    build = current_build_id(data_root)
+    rec = _read_record(layout.verified_record_path(data_root, spec.path))
+    return build is not None and rec is not None and rec.get("build_id") == build
 
 
 def archive_state(data_root: Path, spec: ArchiveSpec) -> ArchiveState:

@@ -234,16 +234,10 @@ class BuildGoneError(Stage2Error):
     root's lock (it was killed): nothing is published."""
 
 
-def require_launching_build(data_root: Path) -> None:
-    """In a run launched by `stage2 build` (:data:`LAUNCHING_BUILD_ENV` set), raise BuildGoneError
-    unless that build still holds the data root's lock. The build holds the lock for its runs; a
-    build killed by SIGKILL (or the OOM killer) releases it at once while a run it launched may go
-    on, and such a run must not publish into a data root another build may now hold. Elsewhere (a
-    run launched from the UI, a build's own process) nothing is checked."""
-    pid = os.environ.get(LAUNCHING_BUILD_ENV)
-    if not pid:
-        return
-    path = lock_path(Path(data_root))
+def _held_exclusively(path: Path) -> bool:
+    """Whether some process holds the lock file at ``path`` exclusively now: a non-blocking shared
+    probe fails exactly then (the kernel's answer; this process's own exclusive lock counts, as it
+    is taken on another open file description)."""
     held = False
     with contextlib.suppress(OSError):
         fd = _open_lock(path, os.O_RDONLY)
@@ -255,7 +249,30 @@ def require_launching_build(data_root: Path) -> None:
             fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
-    if held and str(read_holder(Path(data_root)).get("pid")) == pid:
+    return held
+
+
+def current_build_id(data_root: Path) -> str | None:
+    """The id of the build that holds ``data_root``'s lock exclusively now (what it wrote into the
+    lock file), from any process: the build's own, or a run it launched. None when no build holds
+    it (a run of the UI, a schedule) or its record names none."""
+    if not _held_exclusively(lock_path(Path(data_root))):
+        return None
+    build_id = read_holder(Path(data_root)).get("build_id")
+    return build_id if isinstance(build_id, str) and build_id else None
+
+
+def require_launching_build(data_root: Path) -> None:
+    """In a run launched by `stage2 build` (:data:`LAUNCHING_BUILD_ENV` set), raise BuildGoneError
+    unless that build still holds the data root's lock. The build holds the lock for its runs; a
+    build killed by SIGKILL (or the OOM killer) releases it at once while a run it launched may go
+    on, and such a run must not publish into a data root another build may now hold. Elsewhere (a
+    run launched from the UI, a build's own process) nothing is checked."""
+    pid = os.environ.get(LAUNCHING_BUILD_ENV)
+    if not pid:
+        return
+    path = lock_path(Path(data_root))
+    if _held_exclusively(path) and str(read_holder(Path(data_root)).get("pid")) == pid:
         return
     raise BuildGoneError(
         f"the build that launched this run (pid {pid}) no longer holds the data root's lock "

@@ -6,15 +6,22 @@ from __future__ import annotations
 import hashlib
 import logging
 import shlex
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from .. import checks as C
 from .. import layout
-from ..acquire import archive_state, download_archive, require_build_space, verified_sha256s
+from ..acquire import (
+    archive_state,
+    download_archive,
+    hashed_by_this_build,
+    require_build_space,
+    verified_sha256s,
+)
 from ..acquire.cancel import cancelled
 from ..checks import compare_totals, outcome
-from ..errors import Stage2Error
+from ..errors import ChecksumMismatchError, Stage2Error
 from ..extract import (
     check_extraction,
     extract_cache_dir,
@@ -24,7 +31,9 @@ from ..extract import (
     stray_entries,
     write_extraction_report,
 )
-from ..profile import Profile
+from ..hashing import sha256_file
+from ..profile import ArchiveSpec, Profile
+from ..publish.quarantine import quarantine_files
 from .result import StepResult, rate
 
 log = logging.getLogger(__name__)
@@ -177,6 +186,8 @@ def step_extract(
         log.info("cache_dir[%s]: up to date (%d files, %d bytes)", cache_key, rec.files, rec.bytes)
     else:
         log.info("cache_dir[%s]: extracting: %s", cache_key, reason)
+        if not force:  # --reverify's download step hashed every archive in this build
+            _require_pinned_bytes(data_root, [a for a in specs if shas.get(a.path)])
         rec = extract_cache_dir(
             cache_key, files, data_root, progress=progress, archive_sha256=shas, trust_record=not force
         )
@@ -213,6 +224,45 @@ def step_extract(
     if getattr(rec, "moved_aside", None):  # a user's files in the old folder: kept, never deleted
         md["moved_aside"] = "\n".join(rec.moved_aside)
     return StepResult(md, [outcome(C.CACHE_DIR_COUNTS_CONSISTENT, problems)], rec)
+
+
+def _require_pinned_bytes(data_root: Path, specs: list[ArchiveSpec]) -> None:
+    """Hash again, before they are extracted, the verified archives that no step of this build
+    hashed: their ``.verified.json`` says only what stats the bytes had when an earlier build
+    hashed them, and a record edited together with the archive says the same. An archive this build
+    downloaded or re-hashed is not read twice. One whose bytes are not its pin's is moved to
+    quarantine with its record (never deleted) and the step fails: the next build downloads it."""
+    todo = [a for a in specs if not hashed_by_this_build(data_root, a)]
+    if not todo:
+        return
+    paths = [layout.archive_path(data_root, a.path) for a in todo]
+    with ThreadPoolExecutor(max_workers=min(4, len(todo)), thread_name_prefix="archive-hash") as pool:
+        digests = list(pool.map(sha256_file, paths))
+    for spec, path, digest in zip(todo, paths, digests, strict=True):
+        if digest == spec.sha256:
+            continue
+        assert spec.sha256 is not None
+        moved = quarantine_files(
+            data_root,
+            [path, layout.verified_record_path(data_root, spec.path)],
+            "its bytes are not its pin's, though its .verified.json record said they were",
+            archive=spec.path,
+            expected_sha256=spec.sha256,
+            sha256=digest,
+        )
+        err = ChecksumMismatchError(
+            spec.path,
+            spec.sha256,
+            digest,
+            fix="build again: the archive is downloaded again (nothing was extracted from it)",
+        )
+        err.message = (
+            f"{err.message.rstrip('.')}, though its record {layout.verified_record_path(data_root, spec.path)} "
+            f"said it was verified (hashed again before extraction: no step of this build had hashed "
+            f"it). The archive was moved to {moved[0]}, its record beside it."
+        )
+        err.args = (str(err),)
+        raise err
 
 
 def step_extraction_report(profile: Profile, data_root: Path) -> StepResult:
