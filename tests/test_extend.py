@@ -561,3 +561,48 @@ def test_retention_after_an_extension_leaves_the_extended_store_whole(
     assert validate_vin_offline_store(second.store, deep=True, decode=True) == []
     assert content(second.store) == extended
     assert report.current == second.name
+
+
+def test_a_published_store_unlike_the_ledger_is_not_extended(demo_cache: Any, tmp_path: Path) -> None:
+    """The published store edited together with its manifest (consistently: it validates), then its
+    profile gains a cache directory: its shards would go into the new store as they are, so the step
+    extends only a store whose fingerprint is the one the data root's ledger recorded. This one's is
+    not: the store is built whole, and once it is published the forged one is moved to quarantine.
+    A published store the ledger does not name is not extended either, and is kept."""
+    from helpers.forge import forge_store_consistently
+
+    from stage2_data import layout
+    from stage2_data.steps.kit import step_join, step_verify_bytes
+    from stage2_data.steps.store import step_store
+
+    prof, small, root = _demo_without_a_cache_dir(demo_cache, tmp_path)
+    old = Path(step_store(small, root).metadata["store"])
+    forged, forged_fp = forge_store_consistently(old)
+
+    step_join(prof, root)
+    step_verify_bytes(prof, root)
+    res = step_store(prof, root)
+    assert res.ok, [c for c in res.checks if not c.passed]
+    update = res.metadata["update"]
+    assert update.startswith(
+        f"rebuilt: the published store {old.name} is not the one this data root published"
+    ), update
+    assert f"the store already at {old} is not the store this data root published under its name" in update, (
+        update
+    )
+    assert forged_fp in update, update
+    (aside,) = layout.quarantine_root(root).glob(f"*/{layout.STORES_DIR}/*/{old.name}")
+    assert (aside / "sample_index.jsonl").read_bytes() == forged
+
+    # no entry for the published store: built whole, the published store kept as the previous one
+    prof2, small2, root2 = _demo_without_a_cache_dir(demo_cache, tmp_path / "second")
+    old2 = Path(step_store(small2, root2).metadata["store"])
+    (root2 / layout.REPORTS_DIR / "published_stores.json").unlink()
+    step_join(prof2, root2)
+    step_verify_bytes(prof2, root2)
+    res2 = step_store(prof2, root2)
+    assert res2.ok, [c for c in res2.checks if not c.passed]
+    assert res2.metadata["update"] == (
+        f"rebuilt: the published store {old2.name} is not in this data root's ledger of published stores"
+    ), res2.metadata["update"]
+    assert old2.is_dir() and Path(res2.metadata["store"]).name != old2.name

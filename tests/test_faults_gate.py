@@ -26,6 +26,7 @@ from helpers.built import DEMO_FINGERPRINT as FINGERPRINT
 from helpers.built import build
 from helpers.built import fingerprint as _fingerprint
 from helpers.cli import Ran, stage2, subprocess_env
+from helpers.forge import forge_store_consistently
 
 from stage2_data import layout
 from stage2_data.demo import DemoPaths
@@ -395,31 +396,12 @@ def test_fault_gate_store_without_manifest(gated: dict[str, Any], tmp_path: Path
 
 
 def _forge_consistently(store: Path) -> tuple[bytes, str]:
-    """A published store edited together with its manifest (a task's text, the file's sha256 and
-    the fingerprint made to match, mtimes kept): every byte agrees with the manifest, so the gate
-    and `stage2 validate --deep` pass it. The forged index's bytes and the forged fingerprint."""
-    from stage2_data.store.manifest import store_fingerprint
-
-    manifest_path, index = store / "manifest.json", store / "sample_index.jsonl"
-    for p in (store, manifest_path, index):
-        os.chmod(p, 0o755 if p.is_dir() else 0o644)
-    text = index.read_bytes()
-    task = re.search(rb'"task":"([a-z ]{8,})"', text)
-    assert task is not None
-    forged = text.replace(task.group(1), task.group(1).upper(), 1)
-    st = index.stat()
-    index.write_bytes(forged)
-    os.utime(index, ns=(st.st_atime_ns, st.st_mtime_ns))
-    doc = json.loads(manifest_path.read_text())
-    (entry,) = [f for f in doc["files"] if f["path"] == "sample_index.jsonl"]
-    entry["sha256"] = __import__("hashlib").sha256(forged).hexdigest()
-    manifest_path.write_text(json.dumps(doc))
-    doc["fingerprint"] = store_fingerprint(store)
-    manifest_path.write_text(json.dumps(doc))
-    assert doc["fingerprint"] != FINGERPRINT
+    """:func:`forge_store_consistently`, and the forged store validates."""
+    forged, fp = forge_store_consistently(store)
+    assert fp != FINGERPRINT
     v = stage2("validate", str(store), "--deep", "--json")
     assert v.returncode == 0, v.tail()  # consistent: only the inputs can tell it is not theirs
-    return forged, doc["fingerprint"]
+    return forged, fp
 
 
 def _forged_moved_aside(

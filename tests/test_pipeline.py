@@ -685,6 +685,31 @@ def test_nightly_verify_rechecks_the_published_store(
     assert "DAGSTER_HOME" not in (mine.description or ""), mine.description
 
 
+def test_nightly_verify_finds_a_store_forged_with_its_manifest(
+    built: dict, demo_cache: DemoPaths, tmp_path: Path, dagster_home: Path
+) -> None:
+    """The published store edited together with its manifest (it validates deep: every byte agrees
+    with the manifest): the verify job fails store_bytes_match_manifest, naming the fingerprint the
+    data root's ledger recorded at publication and the one the store now gives."""
+    import dagster as dg
+    from helpers.forge import forge_store_consistently
+
+    from stage2_data.stages import VERIFY_JOB
+
+    root = tmp_path / "root"
+    shutil.copytree(built["root"], root, symlinks=True, ignore=shutil.ignore_patterns(".dagster"))
+    defs = build_definitions(BuildConfig(profile_path=str(demo_cache.profile), data_root=str(root)))
+    job = defs.resolve_job_def(VERIFY_JOB)
+    current = layout.current_store_path(root, load_profile(demo_cache.profile).name).resolve()
+    clean = json.loads((current / "manifest.json").read_text())["fingerprint"]
+    _, forged = forge_store_consistently(current)
+    assert validate_vin_offline_store(current, deep=True) == []
+    r = job.execute_in_process(instance=dg.DagsterInstance.get(), raise_on_error=False)
+    bad = {e.check_name: e for e in r.get_asset_check_evaluations()}[C.STORE_BYTES_MATCH_MANIFEST]
+    said = bad.description or ""
+    assert not bad.passed and f"gives fingerprint {forged}" in said and f"published {clean}" in said, said
+
+
 def test_the_verify_job_checks_a_read_only_data_root(
     built: dict, demo_cache: DemoPaths, tmp_path: Path, dagster_home: Path
 ) -> None:

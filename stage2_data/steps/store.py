@@ -292,6 +292,7 @@ def step_store(
     moved_aside: list[str] = []  # "<from> -> <to>": a store set aside, never deleted
     base: StoreLocation | None = None  # the published store a new one replaces
     damaged_base: list[str] = []  # its problems, when the writer found it damaged
+    unlike = ""  # how it differs from the store this data root published under its name
     # what the manifest of this build's store records: a store under this name that records
     # anything else is not this build's, however well it validates
     expect = {"profile": profile.identity(), "inputs": inputs, "options": settings}
@@ -343,8 +344,23 @@ def step_store(
             said = f"`{layout.CURRENT_LINK}` named {name}: withdrawn until it passes the gate"
             set_aside = f"{set_aside}; {said}" if set_aside else said
         base = root_loc.current()
+        # a store is extended only while it is the one this data root published: its shards go
+        # into the new store as they are
+        unlike, not_extendable = _unlike_published(data_root, profile.name, base)
+        if unlike:
+            damaged_base.append(unlike)
         update = _write_store(
-            profile, data_root, out, base, samples, pairs, inputs, rows_per_shard, progress, damaged_base
+            profile,
+            data_root,
+            out,
+            base,
+            samples,
+            pairs,
+            inputs,
+            rows_per_shard,
+            progress,
+            damaged_base,
+            not_extendable,
         )
         if set_aside:  # with no store left to extend, what was set aside is why it was rebuilt
             update = f"rebuilt: {set_aside}" if base is None else f"{update}; {set_aside}"
@@ -376,7 +392,11 @@ def step_store(
                 data_root,
                 profile.name,
                 damaged_base,
-                reason="was published but does not validate",
+                reason=(
+                    "is not the store this data root published under its name"
+                    if unlike
+                    else "was published but does not validate"
+                ),
                 then="(a damaged store is never kept as a previous one)",
             )
             moved_aside.append(moved)
@@ -502,6 +522,7 @@ def _write_store(
     rows_per_shard: int,
     progress: Any = None,
     damaged_base: list[str] | None = None,
+    not_extendable: str | None = None,
 ) -> str:
     """:func:`write_or_extend` of the store at ``out`` with the settings every store of ``profile``
     is written with: the build's store and ``--reverify``'s witness are written alike, so that their
@@ -522,7 +543,35 @@ def _write_store(
         actions_input=f"kit/{profile.kit.sidecar_archive}",
         processes=store_processes(len(samples)),
         damaged_base=damaged_base,
+        not_extendable=not_extendable,
     )
+
+
+def _unlike_published(data_root: Path, profile_name: str, base: Any) -> tuple[str, str | None]:
+    """Whether the published store ``base`` may be extended: ("", None) when the ledger holds its
+    fingerprint; else why not, as (a problem that has it moved aside once a new store is published,
+    or "" to keep it; the reason the new store is written whole). A store the ledger names with
+    another fingerprint is not the one published; one it does not name (published before the
+    ledger was kept) is kept, and not extended."""
+    if base is None or not base.is_local:
+        return "", None
+    try:
+        have = str(read_manifest(base).get("fingerprint"))
+    except Stage2Error:
+        return "", None  # unreadable: the extension's own validation finds it damaged
+    published = published_fingerprint(data_root, profile_name, base.root.name)
+    if published is None:
+        return (
+            "",
+            f"the published store {base.root.name} is not in this data root's ledger of published stores",
+        )
+    if published == have:
+        return "", None
+    unlike = (
+        f"its manifest gives fingerprint {have}; this data root published {published} under the name "
+        f"{base.root.name} ({ledger_path(data_root)})"
+    )
+    return unlike, f"the published store {base.root.name} is not the one this data root published"
 
 
 def _provenance(
@@ -729,14 +778,24 @@ def verify_current_store(
     store_url: str | None = None,
     storage_options: dict[str, Any] | None = None,
 ) -> CheckOutcome:
-    """Re-read the published store: deep validation (every file's sha256, the fingerprint) and every
-    sample decoded against its frames_sha256. Nothing is written."""
+    """Re-read the published store: deep validation (every file's sha256, the fingerprint), every
+    sample decoded against its frames_sha256, and its fingerprint the one the data root's ledger
+    recorded when it published that store (when the ledger names it). Nothing is written."""
     t0 = time.perf_counter()
     try:
         loc = current_store(profile, data_root, store_url=store_url, storage_options=storage_options)
     except StoreError as e:
         return outcome(C.STORE_BYTES_MATCH_MANIFEST, [str(e)])
     problems = validate_vin_offline_store(loc, deep=True, decode=True)
+    published = published_fingerprint(data_root, profile.name, loc.root.name)
+    if not problems and published is not None:
+        have = str(read_manifest(loc).get("fingerprint"))
+        if have != published:
+            problems.append(
+                f"{loc.url}: its content gives fingerprint {have}; this data root published {published} "
+                f"under the name {loc.root.name} ({ledger_path(data_root)}): the store was changed "
+                "together with its manifest; `stage2 build` moves it aside and builds it again"
+            )
     if problems:  # a failed check clears the success records of what it checked
         clear_store_records(data_root)
     return outcome(

@@ -318,12 +318,14 @@ def write_or_extend(
     actions_input: str | None = None,
     processes: int = 1,
     damaged_base: list[str] | None = None,
+    not_extendable: str | None = None,
 ) -> str:
     """Write the store of ``samples`` and ``pairs`` at ``out``: by extending the published store
     ``base`` when :func:`decide_extension` allows it, else with the writer. Returns one line for the
     step's metadata: ``extended <old> by N samples ...`` or ``rebuilt: <reason>``. ``damaged_base``
     (a list) is given the published store's problems when it was found damaged (the caller moves it
-    aside once the new store is published)."""
+    aside once the new store is published). ``not_extendable``: why ``base`` must not be extended,
+    as the caller found it (the store is then written whole, and the line says why)."""
     writer_kw: dict[str, Any] = {
         "profile": profile,
         "inputs": inputs,
@@ -338,6 +340,8 @@ def write_or_extend(
     }
     if base is None:  # nothing to extend, on any backend (object storage included)
         decision = _no(NO_PUBLISHED_STORE)
+    elif not_extendable is not None:
+        decision = _no(not_extendable)
     elif not out.is_local or not base.is_local:
         decision = _no("the stores are on object storage (extension is local only)")
     elif base.root.resolve() == out.root.resolve():
