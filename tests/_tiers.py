@@ -39,6 +39,7 @@ SYSTEM_FIXTURES = {
 }
 SLOW_FIXTURES = {
     "built",  # one whole `stage2 build` of the demo through Dagster
+    "gated",  # tests/test_faults_gate.py: the demo built once, then a whole `stage2 build` per row
     "prepared",  # tests/fixtures/faults.py: the demo downloaded, extracted and built once through Dagster
     "chain",  # tests/test_faults_process.py: three whole `stage2 build` processes, two of them killed
     "refused_then_rebuilt",  # a whole rebuild through the printed command
