@@ -64,3 +64,11 @@ def record_published(data_root: Path, profile_name: str, store_name: str, finger
     }
     ledger_path(data_root).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(ledger_path(data_root), doc, mode=0o644)
+
+
+def unlike_published(data_root: Path, store_name: str, fingerprint: str, published: str) -> str:
+    """The words for a store whose fingerprint is not the one the ledger recorded for it."""
+    return (
+        f"its content gives fingerprint {fingerprint}; this data root published {published} under "
+        f"the name {store_name} ({ledger_path(data_root)})"
+    )

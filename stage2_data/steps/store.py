@@ -27,7 +27,7 @@ from ..kit.sidecar_facts import SIDECAR_MARKER, recorded_sidecars
 from ..oserrors import fs_error
 from ..profile import Profile
 from ..publish import atomic_write_json
-from ..publish.ledger import ledger_path, published_fingerprint, record_published
+from ..publish.ledger import published_fingerprint, record_published, unlike_published
 from ..publish.lock import require_launching_build
 from ..publish.quarantine import quarantine_files
 from ..publish.readonly import make_writable
@@ -314,7 +314,13 @@ def step_store(
         checked = ""
         if gate.passed:
             differs, checked = _provenance(
-                profile, data_root, root_loc, out, expect, settings, pairs_rows, reverify
+                profile.name,
+                data_root,
+                out,
+                reverify,
+                functools.partial(
+                    _differs_from_inputs, profile, data_root, root_loc, out, expect, settings, pairs_rows
+                ),
             )
         if gate.passed and differs is None:
             rebuilt = False
@@ -567,48 +573,32 @@ def _unlike_published(data_root: Path, profile_name: str, base: Any) -> tuple[st
         )
     if published == have:
         return "", None
-    unlike = (
-        f"its manifest gives fingerprint {have}; this data root published {published} under the name "
-        f"{base.root.name} ({ledger_path(data_root)})"
-    )
+    unlike = unlike_published(data_root, base.root.name, have, published)
     return unlike, f"the published store {base.root.name} is not the one this data root published"
 
 
 def _provenance(
-    profile: Profile,
-    data_root: Path,
-    root_loc: Any,
-    out: Any,
-    expect: dict[str, Any],
-    settings: dict[str, Any],
-    pairs_rows: Sequence[Any],
-    reverify: bool,
+    profile_name: str, data_root: Path, out: Any, reverify: bool, witness: Callable[[], str | None]
 ) -> tuple[tuple[str, str] | None, str]:
     """Whether the store at ``out`` (which passed the gate) is the one these inputs give: None, or
     (the difference, the reason to move it aside); and how that was checked, for the build's line
     ("" for the usual case: the ledger holds its fingerprint). The gate proves the store agrees with
     its own manifest; this ties the manifest to what was published, or to the inputs.
 
-    * ``--reverify``: a store written anew from the inputs (:func:`_differs_from_inputs`) must give
-      its fingerprint; the build's own records, the ledger among them, are not trusted.
+    * ``--reverify``: a store written anew from the inputs (``witness``: :func:`_differs_from_inputs`)
+      must give its fingerprint; the build's own records, the ledger among them, are not trusted.
     * the ledger holds a fingerprint for this folder (it was published from this data root): the
       store's must be that one.
     * no entry (left by a stopped build, copied in, published before the ledger was kept): checked
       as ``--reverify`` checks it."""
     have = str(read_manifest(out).get("fingerprint"))
-    published = None if reverify else published_fingerprint(data_root, profile.name, out.root.name)
+    published = None if reverify else published_fingerprint(data_root, profile_name, out.root.name)
     if published is not None:
         if published == have:
             return None, ""
-        return (
-            (
-                f"its content gives fingerprint {have}; this data root published {published} under "
-                f"the name {out.root.name} ({ledger_path(data_root)})",
-                "is not the store this data root published under its name",
-            ),
-            "",
-        )
-    differs = _differs_from_inputs(profile, data_root, root_loc, out, expect, settings, pairs_rows)
+        why = unlike_published(data_root, out.root.name, have, published)
+        return (why, "is not the store this data root published under its name"), ""
+    differs = witness()
     how = (
         "--reverify wrote it anew from its inputs: the same fingerprint"
         if reverify
@@ -792,9 +782,8 @@ def verify_current_store(
         have = str(read_manifest(loc).get("fingerprint"))
         if have != published:
             problems.append(
-                f"{loc.url}: its content gives fingerprint {have}; this data root published {published} "
-                f"under the name {loc.root.name} ({ledger_path(data_root)}): the store was changed "
-                "together with its manifest; `stage2 build` moves it aside and builds it again"
+                f"{loc.url}: {unlike_published(data_root, loc.root.name, have, published)}: the store "
+                "was changed together with its manifest; `stage2 build` moves it aside and builds it again"
             )
     if problems:  # a failed check clears the success records of what it checked
         clear_store_records(data_root)
