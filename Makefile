@@ -69,8 +69,8 @@ XDIST = -n $(PYTEST_WORKERS) --maxprocesses 4 --dist loadgroup
 test: lint system-deps
 	$(BIN)/python -m pytest -q $(XDIST)
 
-# The fast tier (tests/_tiers.py): no browser, database, cluster, S3 server or whole build; about 3
-# minutes on 2 cores.
+# The fast tier (tests/_tiers.py): no browser, database, cluster, S3 server or whole build; about 8
+# minutes on 2 cores (docs/benchmarks.md).
 test-fast: $(DEV_STAMP)
 	$(BIN)/python -m pytest -q $(XDIST) -m "not slow and not system"
 

@@ -7,7 +7,7 @@ installed into a fresh venv.
 generates the full-cardinality demo. Tests that run a few assets through Dagster stay fast.
 
 ``make test-fast`` runs ``-m "not slow and not system"`` (the fast tier: the library, the CLI and the
-Dagster definitions, about 5 minutes); ``make test`` (and CI) runs everything. Tests are put in a
+Dagster definitions, about 8 minutes on 2 cores); ``make test`` (and CI) runs everything. Tests are put in a
 tier by their file, by the fixtures they use (a fixture that builds or starts a service puts every
 test that uses it, directly or through another fixture, in its tier), or by name; a test marked
 ``@pytest.mark.slow`` in its file stays slow.
