@@ -282,6 +282,14 @@ FAULTS: tuple[Fault, ...] = (
         "exit 1; the next build downloads the archive again: fingerprint = clean build's",
     ),
     Fault(
+        "kit_sidecar_flip_reverify",
+        "kit",
+        "a flipped byte of an unpacked action sidecar with the unpack's index and record forged to match (its stats, its sha256, the content digest), then `build --reverify`",
+        "nothing fails: --reverify unpacks the sidecars again from the kit's verified tar, and no record says which old files were the unpack's: the flipped file, not what the unpack writes, is moved aside",
+        "the kit's tar; the flipped file, moved aside",
+        FP,
+    ),
+    Fault(
         "arc_dup_trajectory_ids",
         "archive",
         "a new cache directory repeating the trajectory ids of another",

@@ -734,3 +734,46 @@ def test_fault_arc_verified_record_forged(prepared: Prepared, built: Path, tmp_p
         again = build_cli(demo.profile, root, endpoint=hub.url)
     assert again.returncode == 0 and fingerprint(again) == prepared.fingerprint, again.tail()
     assert sha256_file(archive) == spec.sha256
+
+
+def test_fault_kit_sidecar_flip_reverify(prepared: Prepared, built: Path, tmp_path: Path) -> None:
+    """A flipped byte of an unpacked action sidecar with the unpack's index and record forged to
+    match (the entry's stats and sha256, the record's content digest): `stage2 build --reverify`
+    unpacks the sidecars again from the kit's verified tar, and the flipped file, which the
+    unpack's index no longer says was its own, is moved aside, never deleted."""
+    from stage2_data.extract import content_digest_of
+    from stage2_data.kit.sidecar_facts import SIDECAR_INDEX, SIDECAR_MARKER
+
+    demo = prepared.demo
+    root = _settled_copy(prepared, built, tmp_path / "root")
+    derived = layout.derived_root(root)
+    sidecar = sorted((derived / layout.SIDECARS_DIR).rglob("*.npz"))[0]
+    rel = sidecar.relative_to(derived).as_posix()
+
+    def flip(data: bytearray) -> None:
+        data[len(data) // 2] ^= 0xFF
+
+    old = _edit_in_place(sidecar, flip)
+    flipped = sidecar.read_bytes()
+    index_path, marker_path = derived / SIDECAR_INDEX, derived / SIDECAR_MARKER
+    index = json.loads(index_path.read_text())
+    st = sidecar.stat()
+    index["files"][rel].update(
+        sha256=sha256_file(sidecar),
+        ino=st.st_ino,
+        size=st.st_size,
+        mtime_ns=st.st_mtime_ns,
+        ctime_ns=st.st_ctime_ns,
+    )
+    index_path.write_text(json.dumps(index, sort_keys=True))
+    marker = json.loads(marker_path.read_text())
+    marker["content_digest"] = content_digest_of({r: str(e["sha256"]) for r, e in index["files"].items()})
+    marker_path.write_text(json.dumps(marker))
+
+    r = build_cli(demo.profile, root, "--reverify")
+    out = r.stdout + r.stderr
+    assert r.returncode == 0 and fingerprint(r) == prepared.fingerprint, r.tail()
+    assert "internal error" not in out and "Traceback" not in out, out
+    assert sidecar.read_bytes() == old  # unpacked again from the kit's tar
+    kept = [p for p in layout.quarantine_root(root).rglob(rel) if p.is_file()]
+    assert [p.read_bytes() for p in kept] == [flipped], kept

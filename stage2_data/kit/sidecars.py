@@ -460,7 +460,9 @@ def _unpack_sidecars(profile: Profile, data_root: Path, *, force: bool) -> Sidec
             total = sum(m.size for _, _, m in files)
             require_free_space(derived, total + 16 * 1024 * 1024, f"unpacking {tar_path.name}")
             by_source: Counter[str] = Counter()
-            previous = _recorded_files(derived)  # read before the record is removed
+            # read before the record is removed; under ``force`` (--reverify) no record says which
+            # old files were the unpack's: only bytes equal to what this unpack writes are
+            previous = {} if force else _recorded_files(derived)
             moved: list[str] = []
             for stale in (marker, derived / SIDECAR_INDEX):
                 stale.unlink(missing_ok=True)
