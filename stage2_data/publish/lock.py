@@ -141,23 +141,30 @@ def read_holder(data_root: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _held_shared(data_root: Path) -> bool:
-    """Whether the lock (which this process could not take exclusively) is held by shared holders
-    only: a non-blocking shared probe succeeds exactly then (the kernel's answer, whatever the
-    records say)."""
+def _shared_probe(path: Path) -> bool | None:
+    """A non-blocking shared ``flock`` probe of the lock file at ``path`` (the kernel's answer,
+    whatever the records say): True when it would be granted, False when some process holds the
+    lock exclusively (this one too, from another open file description), None when the file cannot
+    be opened or the probe fails otherwise."""
     try:
-        fd = _open_lock(lock_path(data_root), os.O_RDONLY)
+        fd = _open_lock(path, os.O_RDONLY)
     except OSError:
-        return False
+        return None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError:
-        return False
+    except OSError as e:
+        return False if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES) else None
     else:
         fcntl.flock(fd, fcntl.LOCK_UN)
         return True
     finally:
         os.close(fd)
+
+
+def _held_shared(data_root: Path) -> bool:
+    """Whether the lock (which this process could not take exclusively) is held by shared holders
+    only: a shared probe is granted exactly then."""
+    return _shared_probe(lock_path(data_root)) is True
 
 
 def holder_words(holder: dict[str, Any], *, unknown: str, prefix: str = "pid") -> str:
@@ -235,21 +242,9 @@ class BuildGoneError(Stage2Error):
 
 
 def _held_exclusively(path: Path) -> bool:
-    """Whether some process holds the lock file at ``path`` exclusively now: a non-blocking shared
-    probe fails exactly then (the kernel's answer; this process's own exclusive lock counts, as it
-    is taken on another open file description)."""
-    held = False
-    with contextlib.suppress(OSError):
-        fd = _open_lock(path, os.O_RDONLY)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError as e:
-            held = e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
-        else:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
-            os.close(fd)
-    return held
+    """Whether some process holds the lock file at ``path`` exclusively now: a shared probe would
+    block exactly then."""
+    return _shared_probe(path) is False
 
 
 def current_build_id(data_root: Path) -> str | None:
