@@ -29,7 +29,7 @@ from stage2_data.publish.store_lock import StoresInUseError
 from stage2_data.stages import BUILD_TAG, PARTITIONS_TAG, READS, stage_of
 from stage2_data.steps import StepResult
 from stage2_data.steps.status import clear_store_records, record_failed_checks
-from stage2_data.steps.store import CHECKED_BY, forget_checked
+from stage2_data.steps.store_inputs import CHECKED_BY, forget_checked
 
 
 def check_specs(asset: str) -> list[dg.AssetCheckSpec]:

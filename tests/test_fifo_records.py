@@ -159,7 +159,7 @@ def test_a_fifo_sidecars_index_or_marker_is_no_record_to_the_readers_of_it(tmp_p
     """What the join and the store read of the unpack's record (``recorded_sidecars``, the store's
     ``extracted_content``): a FIFO there is no record, never a read that blocks."""
     from stage2_data.kit.sidecar_facts import SIDECAR_INDEX, SIDECAR_MARKER, recorded_sidecars
-    from stage2_data.steps.store import extracted_content
+    from stage2_data.steps.store_inputs import extracted_content
 
     b = build(tmp_path)
     derived = layout.derived_root(b.data_root)

@@ -15,7 +15,7 @@ from stage2_data import layout
 from stage2_data.demo import DemoPaths
 from stage2_data.profile import load_profile
 from stage2_data.steps import CURRENT_OBJECT
-from stage2_data.steps.store import kit_inputs
+from stage2_data.steps.store_inputs import kit_inputs
 from stage2_data.storage import StoreLocation
 from stage2_data.store import VinOfflineStoreReader, store_fingerprint, validate_vin_offline_store
 from stage2_data.store.manifest import manifest_data_files

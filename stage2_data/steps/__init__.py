@@ -15,14 +15,12 @@ from .result import StepResult
 from .store import (
     CURRENT_OBJECT,
     current_store,
-    kit_digest,
-    kit_inputs,
     step_store,
     store_checks,
-    store_input_key,
     stores_location,
     verify_current_store,
 )
+from .store_inputs import kit_digest, kit_inputs, store_input_key
 
 __all__ = [
     "CURRENT_OBJECT",

@@ -16,7 +16,7 @@ from ..profile import Profile
 from ..stages import SUBSET_CHECKSUMS, TRAJECTORY_JOIN
 from .result import StepResult, rate
 from .status import kit_held, require_inputs_as_recorded
-from .store import checked_inputs, forget_checked, record_checked
+from .store_inputs import checked_inputs, forget_checked, record_checked
 
 
 def step_sidecars(profile: Profile, data_root: Path, *, reverify: bool = False) -> StepResult:
@@ -126,7 +126,7 @@ def step_verify_bytes(
     pinned archive gave (re-extracting changes nothing: the kit's SHA256SUMS and the profile's
     pins disagree, and the message says so, naming both). With ``record`` (the subset_checksums
     asset's step; not the verify job's check, which writes nothing) what it judged and whether it
-    passed is recorded for the store step (``steps.store.require_checked``)."""
+    passed is recorded for the store step (``steps.store_inputs.require_checked``)."""
     if record:
         forget_checked(data_root, SUBSET_CHECKSUMS)
     with kit_held(profile, "the subset byte check"):
