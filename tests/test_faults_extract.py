@@ -426,7 +426,7 @@ def test_fault_arc_non_utf8_name_in_cache_dir(prepared: Prepared, built: Path, t
     """A user's file whose name is not UTF-8 in a cache directory: the build said "internal error:
     UnicodeEncodeError", exited 1, and its record of the move was never written (QA). It is moved
     aside like any file the extraction did not write, its move recorded and said with the odd byte
-    shown as \\xfe, and the store is the clean one."""
+    shown as \\xfe (by `stage2 list` too), and the store is the clean one."""
     demo = prepared.demo
     root = _settled_copy(prepared, built, tmp_path / "root")
     frames = layout.cache_dir(root, TOTO) / layout.FRAMES_SUBDIR
@@ -444,6 +444,9 @@ def test_fault_arc_non_utf8_name_in_cache_dir(prepared: Prepared, built: Path, t
     assert [f["from"] for f in record["files"]] == [odd]
     listed = stage2("list", str(demo.profile), "--data-root", str(root), "--json")
     assert listed.returncode == 0 and listed.json()["quarantine"]["moved"], listed.tail()
+    # the text listing shows the odd byte as the build did, never the raw byte to the terminal
+    text = stage2("list", str(demo.profile), "--data-root", str(root))
+    assert text.returncode == 0 and "frames/x\\xfe.npz  3 B" in text.stdout, text.tail()
 
 
 def test_fault_arc_extracted_edit(prepared: Prepared, built: Path, tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ..acquire import DEFAULT_ENDPOINT, archive_state, required_free_parts, resolve_endpoint
 from ..errors import HubError, ProfileError, Stage2Error
 from ..formats.sha256sums import read_regular_bytes
-from ..fsutil import free_bytes, human_bytes
+from ..fsutil import free_bytes, human_bytes, shown
 from ..layout import HEX40_RE, quarantine_root, unused_root
 from ..profile import Profile, load_profile, parse_profile
 from ..publish import atomic_write_bytes
@@ -508,7 +508,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             f"{len(unused_dirs)} folder(s), {human_bytes(unused_bytes)}"
         )
         for d in unused_dirs:
-            print(f"  {d.path.name}/  {d.files} file(s), {human_bytes(d.size)}")
+            print(f"  {shown(d.path.name)}/  {d.files} file(s), {human_bytes(d.size)}")
     t = totals
     print()
     print(

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import layout
+from ..fsutil import human_bytes, shown
 from ..oserrors import fs_error
 from .atomic import atomic_write_json, fsync_dir
 
@@ -232,10 +233,8 @@ class MovedItem:
     size: int
 
     def line(self) -> str:
-        from ..fsutil import human_bytes
-
         what = f"folder of {self.files} file(s), " if self.is_dir else ""
-        return f"{self.folder}/{self.original}{'/' if self.is_dir else ''}  {what}{human_bytes(self.size)}"
+        return f"{self.folder}/{shown(self.original)}{'/' if self.is_dir else ''}  {what}{human_bytes(self.size)}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -281,7 +280,7 @@ class KeptEntry:
     why: str
 
     def line(self) -> str:
-        return f"kept ({self.why}): {self.rel}{'/' if self.is_dir else ''}"
+        return f"kept ({self.why}): {shown(self.rel)}{'/' if self.is_dir else ''}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": str(self.path), "rel": self.rel, "is_dir": self.is_dir, "why": self.why}
@@ -307,8 +306,6 @@ class QuarantineRemoval:
     def lines(self) -> list[str]:
         """One line per thing moved aside (a store's folder is one line), one per thing kept (and
         why), then the totals."""
-        from ..fsutil import human_bytes
-
         verb = "would remove" if self.dry_run else "removed"
         if not self.items and not self.kept:
             return [f"quarantine {self.root}: empty, nothing {'to remove' if self.dry_run else 'removed'}"]
