@@ -373,6 +373,30 @@ def test_gc_leaves_what_is_not_ours_and_sweeps_dead_temps(tmp_path: Path, built:
     assert {n for n, (act, _) in got.items() if act == "removed"} == {"v1-0000000000000001", gone.name}
 
 
+def test_gc_names_a_link_or_a_file_among_the_stores_and_leaves_it(
+    tmp_path: Path, built: tuple[Path, Path]
+) -> None:
+    """A symlink or a plain file in a profile's stores folder (a link to a store elsewhere, a note)
+    was passed over without a word: `stage2 gc` now names each as left alone, says why, and neither
+    it nor what a link points to is touched."""
+    profile_root = four_stores(tmp_path, built[0])
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(profile_root / "v1-0000000000000001", elsewhere)
+    (profile_root / "v1-00000000000000aa").symlink_to(elsewhere)
+    (profile_root / "notes.txt").write_text("mine")
+    r = stage2("gc", str(profile_root), "--keep", "0")
+    assert r.returncode == 0, r.tail()
+    lines = r.stdout.splitlines()
+    link = next(ln for ln in lines if "v1-00000000000000aa" in ln)
+    assert link.split()[:2] == ["left", "alone"] and f"a symlink (to {elsewhere})" in link, r.stdout
+    note = next(ln for ln in lines if "notes.txt" in ln)
+    assert note.split()[:2] == ["left", "alone"] and "a file, not a store folder" in note, r.stdout
+    assert (profile_root / "v1-00000000000000aa").is_symlink() and (elsewhere / "manifest.json").is_file()
+    assert (profile_root / "notes.txt").read_text() == "mine"
+    # the links the build keeps are not listed: `current` is the current store's line
+    assert not any(ln.split()[2:3] == ["current"] for ln in lines), r.stdout
+
+
 def test_without_current_nothing_is_removed(tmp_path: Path, built: tuple[Path, Path]) -> None:
     profile_root = four_stores(tmp_path, built[0])
     (profile_root / "current").unlink()

@@ -53,7 +53,7 @@ from typing import Any
 from .. import layout
 from ..errors import FileSystemError, Stage2Error, StoreError, StoreNotFoundError
 from ..formats.sha256sums import file_kind
-from ..fsutil import human_bytes, open_regular, tree_usage
+from ..fsutil import human_bytes, open_regular, shown, tree_usage
 from ..oserrors import fs_error
 from ..publish import remove_stale, stale_temps, temp_path
 from ..publish.quarantine import manifest_listed_paths
@@ -410,6 +410,16 @@ def _local_extra(root: Path, listed: set[str]) -> set[str]:
     return extra
 
 
+def _not_a_folder(entry: os.DirEntry[str]) -> str:
+    """Why gc leaves ``entry`` (in a profile's stores folder, not a folder there) alone."""
+    if entry.is_symlink():
+        return (
+            f"a symlink (to {shown(os.readlink(entry.path))}), not a store folder: gc never follows or "
+            "removes links; remove it yourself if you no longer need it"
+        )
+    return "a file, not a store folder: never removed by gc; remove it yourself if you no longer need it"
+
+
 def _remove_local(store: Path, current: Path | None, dry_run: bool) -> tuple[str, str]:
     """Remove one local store unless a reader holds its gate; (action, reason)."""
     gate = lease_path(store)
@@ -550,9 +560,11 @@ def collect_stores(
     if loc.is_local:
         root = loc.root
         current_path = _local_current(root)
-        names = sorted(
-            e.name for e in os.scandir(root) if e.is_dir(follow_symlinks=False) and not e.name.startswith(".")
-        )
+        entries = [e for e in os.scandir(root) if not e.name.startswith(".")]
+        names = sorted(e.name for e in entries if e.is_dir(follow_symlinks=False))
+        for e in sorted(entries, key=lambda e: e.name):
+            if e.name != layout.CURRENT_LINK and not e.is_dir(follow_symlinks=False):
+                report.entries.append(StoreVerdict(shown(e.name), "left alone", _not_a_folder(e)))
     else:
         report.notes.append(
             "object storage: readers hold no lease there; a reader still reading a removed store fails "
