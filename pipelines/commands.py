@@ -77,6 +77,7 @@ from .uptodate import (
     instance_home,
     published_store,
     stage_status,
+    store_stage_settings,
     up_to_date_build,
     up_to_date_summary,
 )
@@ -272,7 +273,31 @@ def _cmd_build(args: argparse.Namespace) -> int:
         store_url=args.store_url,
         store_options=options,
     )
+    if args.dry_run:
+        return _print_plan(args, config, profile)
     return _run_build(args, config, profile, concurrency=args.concurrency, progress=not args.no_progress)
+
+
+def _print_plan(args: argparse.Namespace, config: BuildConfig, profile: Profile) -> int:
+    """``--dry-run``: what the build would do now and why (``steps.plan``), after every refusal a
+    build makes before it runs; nothing is run, swept or created (an absent data root stays absent).
+    Holds the data root's lock while it reads, so a build running there is named, not raced."""
+    from stage2_data.steps.plan import build_plan
+
+    data_root = Path(config.data_root)
+    with data_root_lock(data_root) if data_root.is_dir() else contextlib.nullcontext():
+        plan = build_plan(
+            profile,
+            data_root,
+            store_stage_settings(config),
+            reverify=config.reverify,
+            store_url=config.store_url,
+        )
+    if args.json:
+        print_json(plan.to_dict())
+    else:
+        print("\n".join(plan.lines()))
+    return 0
 
 
 def _run_build(
@@ -639,6 +664,12 @@ def _add_build_args(p: argparse.ArgumentParser) -> None:
         help="write the store under this fsspec URL (e.g. s3://bucket/stores) instead of <data-root>/stores",
     )
     add_storage_option(p)
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="say what a build would do now and why (each stage up to date or why it would run; what "
+        "is left to download and extract), after the same refusals as a build; run and change nothing",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")
     p.add_argument(
         "--no-progress", action="store_true", help="no progress display (automatic when not a terminal or CI)"

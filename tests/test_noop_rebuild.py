@@ -446,6 +446,65 @@ def test_a_changed_cache_dir_alone_is_reextracted(noop_rebuilt: dict[str, Any]) 
     assert f"cache_dir[{victim}]: ok" in out.stderr
 
 
+def _dry_run(demo: DemoPaths, root: Path, hub: HubServer, *extra: str) -> Any:
+    out = stage2(
+        "build",
+        "--profile",
+        str(demo.profile),
+        "--data-root",
+        str(root),
+        "--endpoint",
+        hub.url,
+        "--dry-run",
+        *extra,
+        env=subprocess_env(drop=("DAGSTER_HOME", "CI")),
+    )
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.tail()
+    return out
+
+
+def test_a_dry_run_changes_nothing_and_names_what_the_build_then_runs(
+    noop_rebuilt: dict[str, Any], tmp_path: Path
+) -> None:
+    """`stage2 build --dry-run` says each stage's state and why it would run, touching nothing (no
+    file under the data root, no Dagster run, no request to the hub); the build after it runs
+    exactly the stages it named. A data root that does not exist is not created."""
+    root: Path = noop_rebuilt["root"]
+    hub: HubServer = noop_rebuilt["hub"]
+    demo: DemoPaths = noop_rebuilt["demo"]
+    runs = _dagster_runs(root)
+    hub.clear_log()
+    plan = _dry_run(demo, root, hub, "--json").json()
+    assert plan["dry_run"] and plan["up_to_date"], plan
+    assert [(s["stage"], s["runs"]) for s in plan["stages"]] == [(s.name, False) for s in STAGES]
+    assert plan["download_bytes"] == plan["extract_bytes"] == 0
+
+    victim = sorted(p.name for p in layout.processed_root(root).iterdir())[1]
+    gone = _a_file(layout.cache_dir(root, victim))
+    gone.unlink()
+    before = _stats(root, skip=INSTANCE)
+    out = _dry_run(demo, root, hub)
+    assert _stats(root, skip=INSTANCE) == before and not gone.exists()  # nothing re-extracted
+    assert _dagster_runs(root) == runs and hub.log_snapshot() == []
+    lines = out.stdout.splitlines()
+    n = len(STAGES)
+    would = [s.name for i, s in enumerate(STAGES, 1) if f"[{i}/{n}] {s.label}: would run: " in out.stdout]
+    assert f"[{STAGES.index(ACQUIRE) + 1}/{n}] {ACQUIRE.label}: up to date" in lines, out.stdout
+    extract_line = next(ln for ln in lines if ln.startswith(f"[{STAGES.index(EXTRACT) + 1}/{n}]"))
+    assert f"cache_dir[{victim}]" in extract_line, out.stdout
+    assert f"a build now would run: {', '.join(would)}" in lines, out.stdout
+
+    built, fp = _build(demo, root, hub)
+    assert fp == FINGERPRINT and gone.is_file()
+    assert sorted(set(s.name for s in STAGES) - set(_up_to_date(built))) == sorted(would), built.stderr
+
+    fresh = tmp_path / "not-yet"
+    plan = _dry_run(demo, fresh, hub, "--json").json()
+    assert not fresh.exists(), "a dry run created the data root"
+    assert all(s["runs"] and "does not exist yet" in s["why"] for s in plan["stages"]), plan
+    assert plan["download_bytes"] == sum(a.size or 0 for a in load_profile(demo.profile).archives) > 0
+
+
 def _up_to_date(out: Any) -> list[str]:
     """The names of the stages the build says are up to date."""
     return [
