@@ -18,7 +18,7 @@ from typing import NamedTuple
 from urllib.parse import urlsplit
 
 import pytest
-from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_url
+from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_download, hf_hub_url
 from huggingface_hub.errors import (
     HfHubHTTPError,
     RemoteEntryNotFoundError,
@@ -341,6 +341,31 @@ def test_changed_file_is_rehashed(tmp_path: Path) -> None:
         url = hf_hub_url(REPO, "x.bin", revision=REV, endpoint=server.url)
         assert f"{server.url}/{REPO}/resolve/" in url
         assert get_session().get(url).content == b"two!"
+
+
+def test_a_symlinked_file_is_served_as_listed(tmp_path: Path) -> None:
+    """A hub folder whose archives are symlinks (to a disk elsewhere, or a hub cache's snapshot,
+    whose files link to ``../../blobs``): the listing showed the file and a download of it answered
+    "does not exist", so a build failed on an archive whose pin was right. It is served as listed,
+    through the real client; a dangling link is neither listed nor served."""
+    folder, blobs = tmp_path / "snapshot", tmp_path / "blobs"
+    folder.mkdir()
+    blobs.mkdir()
+    data = random.Random(3).randbytes(200_000)
+    (blobs / "x").write_bytes(data)
+    (folder / "a.tar").symlink_to(blobs / "x")
+    (folder / "gone.tar").symlink_to(blobs / "missing")
+    with HubServer(folder, repo_id=REPO, revision=REV) as server:
+        listed = {e.path: e for e in _api(server).list_repo_tree(REPO, repo_type="dataset", revision=REV)}
+        assert set(listed) == {"a.tar"}
+        lfs = listed["a.tar"].lfs  # type: ignore[union-attr]
+        assert lfs is not None and lfs.sha256 == hashlib.sha256(data).hexdigest()
+        got = hf_hub_download(
+            REPO, "a.tar", repo_type="dataset", revision=REV, endpoint=server.url, local_dir=tmp_path / "dl"
+        )
+        assert Path(got).read_bytes() == data
+        with pytest.raises(RemoteEntryNotFoundError):
+            get_hf_file_metadata(_url(server, "gone.tar"), token=False)
 
 
 def test_bad_construction(tmp_path: Path) -> None:

@@ -383,6 +383,10 @@ class HubRepository:
         return dict(sorted(out.items()))
 
     def file(self, rel: str) -> FileEntry | None:
+        """The repository file at ``rel``, as :meth:`files` lists it: a regular file, or a symlink to
+        one wherever it points (a folder of links, such as a hub cache's snapshot, serves what its
+        listing shows); None for a path that leaves the folder by its own parts (``..``) or is
+        not a file."""
         p = PurePosixPath(rel)
         if not rel or rel.startswith("/") or any(part in ("..", ".", "") for part in rel.split("/")):
             return None
@@ -393,7 +397,7 @@ class HubRepository:
             st = ap.stat()
         except OSError:
             return None
-        if not ap.is_file() or not ap.resolve().is_relative_to(self.folder):
+        if not ap.is_file():
             return None
         return self._entry(rel, ap, st)
 
