@@ -285,7 +285,8 @@ def _print_plan(args: argparse.Namespace, config: BuildConfig, profile: Profile)
     from stage2_data.steps.plan import build_plan
 
     data_root = Path(config.data_root)
-    with data_root_lock(data_root) if data_root.is_dir() else contextlib.nullcontext():
+    exists = data_root.is_dir()
+    with data_root_lock(data_root, command="build --dry-run") if exists else contextlib.nullcontext():
         plan = build_plan(
             profile,
             data_root,
