@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import re
 import shutil
@@ -54,6 +55,37 @@ SERVER_START_TIMEOUT = 180.0  # seconds for the code server to load the definiti
 # every run a build launches carries this tag with the build's id: a stop cancels them all, also
 # one whose launch request was still going when the stop came
 FINISHED = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
+
+
+_LOCATION_QUERY = """
+query { workspaceOrError { __typename
+  ... on Workspace { locationEntries { name loadStatus
+    locationOrLoadError { __typename ... on PythonError { message } } } }
+  ... on PythonError { message } } }
+"""
+
+
+def location_problem(port: int) -> str | None:
+    """What is wrong with the code location ``LOCATION_NAME`` of the webserver on ``port``, as its
+    GraphQL API (the one the UI reads) says: None when it is loaded, else the error it names."""
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/graphql",
+        data=json.dumps({"query": _LOCATION_QUERY}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        workspace = json.load(answer)["data"]["workspaceOrError"]
+    if workspace["__typename"] != "Workspace":
+        return workspace.get("message") or workspace["__typename"]
+    entry = next((e for e in workspace["locationEntries"] if e["name"] == LOCATION_NAME), None)
+    if entry is None:
+        return f"the webserver serves no location named {LOCATION_NAME}"
+    loaded = entry.get("locationOrLoadError") or {}
+    if loaded.get("__typename") == "PythonError":
+        return (loaded.get("message") or "an error").strip().splitlines()[-1]
+    if entry.get("loadStatus") != "LOADED" or loaded.get("__typename") != "RepositoryLocation":
+        return f"its state is {entry.get('loadStatus')}"
+    return None
 
 
 class LaunchError(Stage2Error):
@@ -249,8 +281,8 @@ class CodeServer:
 
     def client(self) -> Any:
         """This thread's GraphQL client of the build's webserver, once the webserver answers and
-        serves the code location (loaded again now that the code server answers: the webserver may
-        have started first); a named error pointing at its log if it exited or never answered.
+        serves the code location loaded (:func:`location_problem`); a named error pointing at its
+        log if it exited, never answered, or serves the location with the error its load raised.
         Each thread has its own, so that runs launched from two threads (the kit's, the stream's)
         start their workers side by side."""
         with self._ready:  # one connection however many threads ask at once
@@ -281,8 +313,10 @@ class CodeServer:
                 return True
 
         self._await(answers)
-        info = self._new_client().reload_repository_location(LOCATION_NAME)
-        if getattr(info.status, "value", info.status) != "SUCCESS":
+        # The webserver loads its code location before it serves (Dagster's workspace context loads
+        # every location when it is made): asking for the location's state is enough, where a
+        # reload would start a second code server on the path to the first run.
+        if location_problem(self.ui_port) is not None:  # the log names the load's error best
             raise LaunchError(self._failure("the code location did not load"))
 
     def launch(self, job: str, tags: dict[str, str], run_config: dict[str, Any]) -> str:

@@ -125,6 +125,41 @@ def test_a_missing_dagster_command_is_named_and_leaves_no_server_running(
     assert server._ui is None
 
 
+def test_a_code_location_that_does_not_load_is_named_before_any_run(
+    demo_cache: DemoPaths, tmp_path: Path
+) -> None:
+    """The build's webserver serves its code location once loaded, or with the load's error: the
+    build asks which (the webserver's GraphQL, as the UI reads it) before it launches a run, and
+    names the error with the webserver's log. A location that loads is served by one code server:
+    the webserver's own, never started twice."""
+    from stage2_pipelines import launch
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "x"\n[source]\nrepo_id = 1\n')
+    server = launch.CodeServer(
+        BuildConfig(profile_path=str(bad), data_root=str(tmp_path / "root"), endpoint="http://127.0.0.1:9"),
+        tmp_path / "home",
+    )
+    server.start()
+    try:
+        with pytest.raises(launch.LaunchError) as err:
+            server.client()
+        text = str(err.value)
+        assert "the code location did not load" in text and str(bad) in text, text
+        assert f"Its log: {server.log_path}" in text, text
+    finally:
+        server.stop()
+    good = launch.CodeServer(_config(demo_cache, tmp_path / "root", "http://127.0.0.1:9"), tmp_path / "home2")
+    good.start()
+    try:
+        good.client()
+        assert launch.location_problem(good.ui_port) is None
+    finally:
+        good.stop()
+    log = good.log_path.read_text(encoding="utf-8", errors="replace")
+    assert log.count("Starting Dagster code server") == 1, log
+
+
 def test_the_builds_logs_leave_dagsters_telemetry_folders(tmp_path: Path) -> None:
     """Logs an earlier stage2 wrote to ``<DAGSTER_HOME>/logs`` (Dagster's telemetry folder, which a
     webserver moves to ``.logs_queue`` and posts away) are moved to ``stage2-logs``; Dagster's own
