@@ -198,9 +198,9 @@ def _stats(root: Path, *, skip: tuple[str, ...] = ()) -> Stats:
     return out
 
 
-def _build(demo: DemoPaths, root: Path, hub: HubServer, *extra: str) -> Any:
-    # not --json: the progress display (plain lines, stderr is a pipe) is part of what is checked
-    env = subprocess_env(drop=("DAGSTER_HOME", "CI"))
+def _stage2_build(demo: DemoPaths, root: Path, hub: HubServer, *extra: str) -> Any:
+    """`stage2 build` of the demo into ``root`` from ``hub``, its own DAGSTER_HOME (under the root);
+    asserts exit 0."""
     out = stage2(
         "build",
         "--profile",
@@ -210,9 +210,15 @@ def _build(demo: DemoPaths, root: Path, hub: HubServer, *extra: str) -> Any:
         "--endpoint",
         hub.url,
         *extra,
-        env=env,
+        env=subprocess_env(drop=("DAGSTER_HOME", "CI")),
     )
-    assert out.returncode == 0, out.tail()
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.tail()
+    return out
+
+
+def _build(demo: DemoPaths, root: Path, hub: HubServer, *extra: str) -> Any:
+    # not --json: the progress display (plain lines, stderr is a pipe) is part of what is checked
+    out = _stage2_build(demo, root, hub, *extra)
     m = re.search(r"^fingerprint:\s+([0-9a-f]{64})$", out.stdout, re.M)
     assert m, out.stdout
     return out, m.group(1)
@@ -447,20 +453,7 @@ def test_a_changed_cache_dir_alone_is_reextracted(noop_rebuilt: dict[str, Any]) 
 
 
 def _dry_run(demo: DemoPaths, root: Path, hub: HubServer, *extra: str) -> Any:
-    out = stage2(
-        "build",
-        "--profile",
-        str(demo.profile),
-        "--data-root",
-        str(root),
-        "--endpoint",
-        hub.url,
-        "--dry-run",
-        *extra,
-        env=subprocess_env(drop=("DAGSTER_HOME", "CI")),
-    )
-    assert out.returncode == 0 and "Traceback" not in out.stderr, out.tail()
-    return out
+    return _stage2_build(demo, root, hub, "--dry-run", *extra)
 
 
 def test_a_dry_run_changes_nothing_and_names_what_the_build_then_runs(
