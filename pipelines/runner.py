@@ -496,7 +496,7 @@ def _walk(
             groups = stream_groups(profile, keys, stream_run_bytes())
             stream_cache_keys(cfg, groups, concurrency or STREAM_SLOTS, streamed, instance, server)
             return
-        if nothing_to_do(stage) and not (stage is STORE and config.store_url):
+        if nothing_to_do(stage):  # a store on object storage always has work (stage_status)
             with lock:
                 record(up_to_date_summary(stage))
             return

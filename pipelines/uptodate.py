@@ -20,7 +20,8 @@ from typing import Any
 from stage2_data import layout
 from stage2_data.profile import Profile
 from stage2_data.stages import STAGES, Stage
-from stage2_data.steps.status import build_status, store_stage_home
+from stage2_data.steps.plan import stage_reasons
+from stage2_data.steps.status import store_stage_home
 
 from .config import BuildConfig
 
@@ -101,14 +102,18 @@ def published_store(data_root: Path, profile: Profile) -> tuple[str | None, str 
 
 
 def stage_status(config: BuildConfig, profile: Profile) -> dict[str, str | None]:
-    """What each stage of this build has to do (``steps.status.build_status``: None, up to date, or
-    why it must run); ``{}`` (every stage runs) under ``--reverify`` or without a data root yet.
-    Computed once per build, holding the data root's lock: the no-op answer, the stages beside the
-    main line and the runner all read it."""
-    data_root = Path(config.data_root).resolve()
-    if config.reverify or not data_root.is_dir():
-        return {}
-    return build_status(profile, data_root, store_stage_settings(config))
+    """What each stage of this build has to do (``steps.plan.stage_reasons``: None, up to date, or
+    why it runs; every stage runs under ``--reverify`` or without a data root yet, the store stage
+    always on object storage): what ``stage2 build --dry-run`` prints. Computed once per build,
+    holding the data root's lock: the no-op answer, the stages beside the main line and the runner
+    all read it."""
+    return stage_reasons(
+        profile,
+        Path(config.data_root).resolve(),
+        store_stage_settings(config),
+        reverify=config.reverify,
+        store_url=config.store_url,
+    )
 
 
 def up_to_date_build(

@@ -85,6 +85,31 @@ class BuildPlan:
         }
 
 
+def stage_reasons(
+    profile: Profile,
+    data_root: Path,
+    settings: dict[str, Any] | None = None,
+    *,
+    reverify: bool = False,
+    store_url: str | None = None,
+) -> dict[str, str | None]:
+    """``{stage name: None (up to date) | why it runs}`` for every stage of a build: what a build
+    decides from (``pipelines.uptodate.stage_status``) and what its dry run says. Call it holding
+    the data root's lock when the data root exists (a build running beside it would change the
+    answer); ``settings``: the store stage's (``pipelines.uptodate.store_stage_settings``), which
+    a changed setting makes run."""
+    data_root = Path(data_root)
+    if reverify:
+        why: dict[str, str | None] = dict.fromkeys((s.name for s in STAGES), REVERIFY)
+    elif not data_root.is_dir():
+        why = dict.fromkeys((s.name for s in STAGES), FIRST_BUILD)
+    else:
+        why = build_status(profile, data_root, settings)
+    if store_url and why.get(STORE.name) is None:
+        why[STORE.name] = OBJECT_STORE
+    return why
+
+
 def build_plan(
     profile: Profile,
     data_root: Path,
@@ -93,19 +118,10 @@ def build_plan(
     reverify: bool = False,
     store_url: str | None = None,
 ) -> BuildPlan:
-    """What a build would do now. Call it holding the data root's lock when the data root exists
-    (a build running beside it would change the answer); ``settings``: the store stage's
-    (``pipelines.uptodate.store_stage_settings``), which a changed setting makes run."""
+    """What a build would do now (:func:`stage_reasons`, and the disk it needs), under the same
+    conditions."""
     data_root = Path(data_root)
-    exists = data_root.is_dir()
-    if reverify:
-        why: dict[str, str | None] = dict.fromkeys((s.name for s in STAGES), REVERIFY)
-    elif not exists:
-        why = dict.fromkeys((s.name for s in STAGES), FIRST_BUILD)
-    else:
-        why = build_status(profile, data_root, settings)
-    if store_url and why.get(STORE.name) is None:
-        why[STORE.name] = OBJECT_STORE
+    why = stage_reasons(profile, data_root, settings, reverify=reverify, store_url=store_url)
     download, extract = required_free_parts(profile, data_root)  # no data root: every archive
     return BuildPlan(
         profile=profile.name,
