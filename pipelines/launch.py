@@ -60,14 +60,13 @@ FINISHED = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.Dagster
 _LOCATION_QUERY = """
 query { workspaceOrError { __typename
   ... on Workspace { locationEntries { name loadStatus
-    locationOrLoadError { __typename ... on PythonError { message } } } }
-  ... on PythonError { message } } }
+    locationOrLoadError { __typename } } } } }
 """
 
 
-def location_problem(port: int) -> str | None:
-    """What is wrong with the code location ``LOCATION_NAME`` of the webserver on ``port``, as its
-    GraphQL API (the one the UI reads) says: None when it is loaded, else the error it names."""
+def location_loaded(port: int) -> bool:
+    """Whether the webserver on ``port`` serves the code location ``LOCATION_NAME`` loaded, as its
+    GraphQL API (the one the UI reads) says; the load's error, when there is one, is in its log."""
     request = urllib.request.Request(
         f"http://127.0.0.1:{port}/graphql",
         data=json.dumps({"query": _LOCATION_QUERY}).encode(),
@@ -75,17 +74,10 @@ def location_problem(port: int) -> str | None:
     )
     with urllib.request.urlopen(request, timeout=30) as answer:
         workspace = json.load(answer)["data"]["workspaceOrError"]
-    if workspace["__typename"] != "Workspace":
-        return workspace.get("message") or workspace["__typename"]
-    entry = next((e for e in workspace["locationEntries"] if e["name"] == LOCATION_NAME), None)
-    if entry is None:
-        return f"the webserver serves no location named {LOCATION_NAME}"
+    entries = workspace.get("locationEntries") or []  # none: the workspace itself did not load
+    entry = next((e for e in entries if e["name"] == LOCATION_NAME), {})
     loaded = entry.get("locationOrLoadError") or {}
-    if loaded.get("__typename") == "PythonError":
-        return (loaded.get("message") or "an error").strip().splitlines()[-1]
-    if entry.get("loadStatus") != "LOADED" or loaded.get("__typename") != "RepositoryLocation":
-        return f"its state is {entry.get('loadStatus')}"
-    return None
+    return entry.get("loadStatus") == "LOADED" and loaded.get("__typename") == "RepositoryLocation"
 
 
 class LaunchError(Stage2Error):
@@ -281,7 +273,7 @@ class CodeServer:
 
     def client(self) -> Any:
         """This thread's GraphQL client of the build's webserver, once the webserver answers and
-        serves the code location loaded (:func:`location_problem`); a named error pointing at its
+        serves the code location loaded (:func:`location_loaded`); a named error pointing at its
         log if it exited, never answered, or serves the location with the error its load raised.
         Each thread has its own, so that runs launched from two threads (the kit's, the stream's)
         start their workers side by side."""
@@ -316,7 +308,7 @@ class CodeServer:
         # The webserver loads its code location before it serves (Dagster's workspace context loads
         # every location when it is made): asking for the location's state is enough, where a
         # reload would start a second code server on the path to the first run.
-        if location_problem(self.ui_port) is not None:  # the log names the load's error best
+        if not location_loaded(self.ui_port):  # the log names the load's error
             raise LaunchError(self._failure("the code location did not load"))
 
     def launch(self, job: str, tags: dict[str, str], run_config: dict[str, Any]) -> str:

@@ -153,7 +153,7 @@ def test_a_code_location_that_does_not_load_is_named_before_any_run(
     good.start()
     try:
         good.client()
-        assert launch.location_problem(good.ui_port) is None
+        assert launch.location_loaded(good.ui_port)
     finally:
         good.stop()
     log = good.log_path.read_text(encoding="utf-8", errors="replace")
