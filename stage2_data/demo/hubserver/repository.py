@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import threading
 import time
 from dataclasses import dataclass, field
@@ -373,7 +374,7 @@ class HubRepository:
                     st = ap.stat()
                 except OSError:
                     continue
-                if not ap.is_file():
+                if not stat.S_ISREG(st.st_mode):  # a link counts as what it points to
                     continue
                 rel = ap.relative_to(self.folder).as_posix()
                 out[rel] = self._entry(rel, ap, st)
@@ -397,7 +398,7 @@ class HubRepository:
             st = ap.stat()
         except OSError:
             return None
-        if not ap.is_file():
+        if not stat.S_ISREG(st.st_mode):
             return None
         return self._entry(rel, ap, st)
 
