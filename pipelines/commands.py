@@ -69,6 +69,7 @@ from .config import (
     demo_root,
     env_flag,
     require_executor,
+    shared_instance_note,
     ui_command,
 )
 from .stops import stop_guard
@@ -513,6 +514,10 @@ def print_build_summary(
         )
         again = reverify or "stage2 build PROFILE --data-root DATA_ROOT --reverify"
         print(f"checks:       none run (every stage up to date; `{again}` runs them)")
+    if s.get("instance_shared_with"):
+        print(
+            f"instance:     {shared_instance_note(s['dagster_home'], s['data_root'], s['instance_shared_with'])}"
+        )
     for m in s.get("moved_aside") or []:
         print(f"moved aside:  {m} (kept, never deleted; `stage2 list` shows it)")
     if s.get("store_update"):

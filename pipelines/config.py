@@ -258,6 +258,22 @@ INSTANCE_YAML_HEAD = f"""\
 """
 
 
+def shared_instance_note(home: Path | str, data_root: Path | str, others: list[str]) -> str:
+    """What a build of ``data_root`` and the UI over it say when the instance at ``home`` also
+    records the runs of the data roots ``others``: Dagster keeps one state per asset in an instance,
+    so its UI shows each asset, its checks and its stale marks as whichever data root materialized
+    it last; the fix gives each data root an instance of its own."""
+    shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+    own = Path(data_root) / ".dagster"
+    return (
+        f"the Dagster instance {home} also records the runs of {len(others)} other data "
+        f"root{'s' if len(others) > 1 else ''} ({shown}): its UI shows each asset, its checks and stale "
+        "marks as whichever data root materialized it last (the store path in its metadata says "
+        f"which). Fix: one instance per data root: unset DAGSTER_HOME (a build then records into "
+        f"{own}), or set DAGSTER_HOME={shlex.quote(str(own))}"
+    )
+
+
 def instance_config(home: Path) -> dict[str, Any]:
     """The configuration of a local instance at ``home`` (its ``dagster.yaml``, as data)."""
     return {

@@ -64,7 +64,7 @@ from stage2_data.steps.status import (
 from .config import BuildConfig, stream_run_bytes, write_instance_yaml
 from .executors import local_dask_cluster
 from .launch import RUNS_CONSOLE_LOG, CodeServer, free_port, logs_dir, queued_warn_seconds, terminate_runs
-from .runs import partition_runs, run_selection
+from .runs import other_data_roots, partition_runs, run_selection
 from .uptodate import (
     build_summary,
     instance_home,
@@ -548,6 +548,7 @@ def _walk(
         profile=profile.name,
         data_root=str(data_root),
         dagster_home=str(home),
+        instance_shared_with=other_data_roots(instance, data_root),
         launched=server is not None,
         store=store,
         fingerprint=fingerprint,

@@ -147,6 +147,17 @@ def job_for(selection: list[str]) -> str:
     return ALL_ASSETS_JOB  # a selection across stages (tests, tools): part of every asset's job
 
 
+def other_data_roots(instance: dg.DagsterInstance, data_root: Path) -> list[str]:
+    """The data roots other than ``data_root`` whose builds' runs the instance records (their
+    ``stage2/data_root`` tag), sorted. Dagster keeps one state per asset in an instance, so the UI
+    over an instance shared by builds of several data roots shows each asset as whichever of them
+    materialized it last: :func:`.config.shared_instance_note` says so."""
+    here = str(Path(data_root).resolve())
+    return sorted(
+        {v for _key, values in instance.get_run_tags(tag_keys=[DATA_ROOT_TAG]) for v in values} - {here}
+    )
+
+
 def run_tags(
     profile: Profile, selection: list[str], keys: list[str], workers: int | None = None
 ) -> dict[str, str]:

@@ -54,6 +54,7 @@ from .config import (
     dagster_home,
     demo_root,
     demo_settings,
+    shared_instance_note,
     write_instance_yaml,
 )
 from .stops import stop_groups
@@ -173,6 +174,21 @@ def nothing_built_hint(
             f"names why): fix that, then {ways}"
         )
     return f"{nothing}; {recorded} recorded, the last {last} (see Runs): {ways}"
+
+
+def shared_instance_hint(home: Path, data_root: Path) -> str | None:
+    """A line for a UI over ``data_root`` whose instance also records other data roots' builds
+    (:func:`.config.shared_instance_note`); None when it records no other, or cannot be read."""
+    import dagster as dg
+
+    from .runs import other_data_roots
+
+    try:
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            others = other_data_roots(instance, data_root)
+    except Exception:  # a hint only: `dagster dev` reports an instance it cannot open
+        return None
+    return shared_instance_note(home, data_root.absolute(), others) if others else None
 
 
 # how a run that ended, or has not, is said: "the last (<job>) failed"
@@ -388,6 +404,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         if hint:
             print(hint, flush=True)
+        shared = shared_instance_hint(Path(env["DAGSTER_HOME"]), Path(env["STAGE2_DATA_ROOT"]))
+        if shared:
+            print(f"note: {shared}", flush=True)
         ui = subprocess.Popen(
             [
                 sys.executable,

@@ -44,6 +44,7 @@ SUMMARY_DEFAULTS: dict[str, Any] = {
     "profile": None,
     "data_root": None,
     "dagster_home": None,  # the instance the runs are recorded in (None: refused before it was opened)
+    "instance_shared_with": [],  # other data roots whose runs that instance records (config.shared_instance_note)
     "launched": False,  # the runs were launched through the instance (else executed in this process)
     "store": None,  # the published store (resolved), None when nothing was published
     "fingerprint": None,

@@ -111,8 +111,8 @@ def test_the_busy_ports_fix_under_make_is_make_ui(tmp_path: Path) -> None:
     assert words[1:] == ["STAGE2_DATA_ROOT=/d", "STAGE2_KIT_ROOT=", "DAGSTER_HOME=/h", "make", "ui"], said
 
 
-def _instance_with_runs(home: Path, jobs: tuple[str, ...]) -> None:
-    """Runs of ``jobs``, one after another, recorded in the instance at ``home``:
+def _instance_with_runs(home: Path, jobs: tuple[str, ...], tags: dict[str, str] | None = None) -> None:
+    """Runs of ``jobs``, one after another, recorded in the instance at ``home`` with ``tags``:
     download_and_extract fails, any other succeeds."""
     import dagster as dg
 
@@ -129,7 +129,7 @@ def _instance_with_runs(home: Path, jobs: tuple[str, ...]) -> None:
         for name in jobs:
             op = boom if name == "download_and_extract" else ok
             job = dg.GraphDefinition(name=name, node_defs=[op]).to_job()
-            job.execute_in_process(instance=instance, raise_on_error=False)
+            job.execute_in_process(instance=instance, raise_on_error=False, tags=tags)
 
 
 def test_nothing_built_over_an_instance_with_runs_does_not_say_no_runs(
@@ -158,6 +158,29 @@ def test_nothing_built_over_an_instance_with_runs_does_not_say_no_runs(
         "download_and_extract; its page on Runs names why): fix that, then `make demo` builds it (its "
         "runs then show on their jobs' pages), or use Materialize all on the asset graph"
     )
+
+
+def test_the_ui_says_when_its_instance_records_other_data_roots(tmp_path: Path) -> None:
+    """One DAGSTER_HOME for builds of two data roots (Dagster's usual setting): the UI over one of
+    them showed the other's store, checks and stale marks as the latest of each asset, without a
+    word (QA, stop 56). `make ui` now says so at start, with the fix; not for its own runs alone."""
+    from stage2_data.stages import DATA_ROOT_TAG
+    from stage2_pipelines.ui import shared_instance_hint
+
+    home, mine, other = tmp_path / "home", tmp_path / "mine", tmp_path / "other"
+    write_instance_yaml(home)
+    assert shared_instance_hint(home, mine) is None  # no runs at all
+    _instance_with_runs(home, ("check_profile",), {DATA_ROOT_TAG: str(mine.resolve())})
+    assert shared_instance_hint(home, mine) is None  # its own runs only
+    _instance_with_runs(home, ("check_profile",), {DATA_ROOT_TAG: str(other.resolve())})
+    said = shared_instance_hint(home, mine)
+    assert said is not None and said.startswith(
+        f"the Dagster instance {home} also records the runs of 1 other data root ({other.resolve()}): "
+        "its UI shows each asset, its checks and stale marks as whichever data root materialized it last"
+    ), said
+    assert said.endswith(
+        f"unset DAGSTER_HOME (a build then records into {mine}/.dagster), or set DAGSTER_HOME={mine}/.dagster"
+    ), said
 
 
 def test_the_build_the_hint_suggests_has_the_uis_settings(demo_cache: DemoPaths, tmp_path: Path) -> None:

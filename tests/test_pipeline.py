@@ -888,7 +888,9 @@ def test_builds_of_two_data_roots_share_one_new_instance(demo_cache: DemoPaths, 
     """Two builds of two data roots with one DAGSTER_HOME (a Dagster user's usual setting) on a new
     instance: the second waits while the first sets the instance up (creating a SQLite instance's
     tables in two processes at once failed, or stamped its schedule storage twice so that no build
-    could open it again), then both build the same store, and a third build opens the instance."""
+    could open it again), then both build the same store, and a third build opens the instance and
+    says that it also records the other two data roots' runs (the UI over it shows each asset as
+    whichever data root built it last)."""
     import fcntl
     import subprocess
     import time
@@ -922,5 +924,16 @@ def test_builds_of_two_data_roots_share_one_new_instance(demo_cache: DemoPaths, 
     done = [p.communicate(timeout=600) for p in (first, second)]
     assert [p.returncode for p in (first, second)] == [0, 0], done
     assert len({json.loads(out)["fingerprint"] for out, _ in done}) == 1
-    third = stage2(*argv("c")[len(STAGE2) :], env=env, timeout=600)
+    # the third build's summary says the instance also holds the other two data roots' runs: its UI
+    # shows each asset as whichever of them built it last (the first two ran side by side)
+    third = stage2(*[a for a in argv("c")[len(STAGE2) :] if a != "--json"], env=env, timeout=600)
     assert third.returncode == 0, third.tail()
+    said = [line for line in third.stdout.splitlines() if line.startswith("instance:")]
+    others = ", ".join(str((tmp_path / r).resolve()) for r in ("a", "b"))
+    assert said == [
+        f"instance:     the Dagster instance {home.resolve()} also records the runs of 2 other data roots "
+        f"({others}): its UI shows each asset, its checks and stale marks as whichever data root "
+        "materialized it last (the store path in its metadata says which). Fix: one instance per data "
+        f"root: unset DAGSTER_HOME (a build then records into {(tmp_path / 'c').resolve()}/.dagster), or "
+        f"set DAGSTER_HOME={(tmp_path / 'c').resolve()}/.dagster"
+    ], third.stdout
