@@ -363,22 +363,24 @@ def _left_at(tmp_path: Path, name: str) -> list[str]:
     return sorted(p.name for p in tmp_path.iterdir() if p.name == name or p.name.startswith(f".{name}."))
 
 
-def test_merge_hashes_every_file_it_links_and_leaves_nothing_when_one_changed(tmp_path: Path) -> None:
+def test_merge_refuses_a_base_whose_metadata_changed_and_leaves_nothing(tmp_path: Path) -> None:
     """A same-length edit of a base shard's ``zarr.json`` (``"endian": "little"`` -> ``"big"``):
-    plain validation of the base passes it, and a merge hard-linked it into its output, exited 0
-    with a fingerprint, and the merged store failed `validate --deep`. Now every file the merge
-    links or copies is hashed against its input manifest's sha256: `stage2 merge` refuses (one
-    line, exit 2) naming the file, and nothing is left at --out."""
+    a merge hard-linked it into its output, exited 0 with a fingerprint, and the merged store
+    failed `validate --deep`. The merge validates both inputs first, and validation at every level
+    hashes the metadata files (stop 56; before, the merge's hash of every file it links or copies
+    against its input manifest found it): `stage2 merge` refuses (exit 2) naming the file, its
+    sha256 and the manifest's, with the fix, and nothing is left at --out."""
     base, side = _merge_inputs(tmp_path)
     meta = base / "shards" / "shard-000000" / "actions" / "aligned" / "zarr.json"
     _same_length_edit(meta, '"endian": "little"', '"endian":    "big"')
-    assert stage2("validate", str(base)).returncode == 0  # plain: sizes and crc32c only
-    assert stage2("validate", str(base), "--deep").returncode != 0
+    for level in ((), ("--deep",)):
+        assert stage2("validate", str(base), *level).returncode == 1
     out = tmp_path / "merged"
     r = stage2("merge", str(base), str(side), "--out", str(out))
     assert r.returncode == 2, r.tail()
-    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
-    for part in (str(meta), "sha256", "differs from its manifest", f"stage2 validate {base} --deep"):
+    assert r.stderr.startswith(f"stage2 merge: error: VIN offline store {base} is invalid"), r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    for part in (f"{meta}: sha256 ", "the manifest says", "Fix: rebuild it: stage2 build "):
         assert part in r.stderr, (part, r.stderr)
     assert r.stdout == "" and _left_at(tmp_path, "merged") == []
 

@@ -518,6 +518,42 @@ def test_a_same_length_edit_of_a_table_is_refused_by_the_reader_and_the_dataset(
         assert any(p["pair_id"] == pair_id for p in clean.reader.pairs())
 
 
+def test_a_same_size_edit_of_zarr_metadata_is_named_by_plain_validate(tmp_path: Path, store: Path) -> None:
+    """An array's zarr.json with another fill value, a shard group's with a key misspelt, sizes
+    kept: the reader hashes each against the manifest before it trusts a shard's layout and refuses
+    the shard, but `stage2 validate` (no --deep) read them without hashing and said "valid" (QA,
+    stop 56). It names each file, its sha256 and the manifest's, then a fix, and exits 1."""
+    from helpers.cli import stage2
+
+    s = copy_store(store, tmp_path / "s")
+    array_meta = s / "shards" / "shard-000001" / "frames" / "zarr.json"
+    group_meta = s / "shards" / "shard-000000" / "zarr.json"
+    _same_length_edit(array_meta, '"fill_value": 0,', '"fill_value": 7,')
+    _same_length_edit(group_meta, '"zarr_format"', '"zarr_forMat"')
+    m = json.loads((s / "manifest.json").read_text())
+    first = int(m["shards"][1]["row_start"])
+    with (
+        VinOfflineStoreReader(s) as reader,
+        pytest.raises(StoreChecksumError, match=r"frames/zarr\.json: sha256"),
+    ):
+        reader.read_frames(first)
+    ran = stage2("validate", str(s))
+    assert ran.returncode == 1, ran.tail()
+    lines = ran.stdout.splitlines()
+    assert lines[0] == f"store {s} is INVALID: 2 problem(s)", ran.stdout
+    for meta in (array_meta, group_meta):
+        assert any(
+            line.startswith(f"  - {meta}: sha256 ") and "the manifest says" in line for line in lines
+        ), (
+            meta,
+            ran.stdout,
+        )
+    assert lines[-1].startswith("Fix: a store is never repaired in place: rebuild it (`stage2 build "), (
+        ran.stdout
+    )
+    assert stage2("validate", str(store)).returncode == 0  # the store as written
+
+
 def test_validation_names_what_a_store_may_not_hold_and_reads_nothing_through_it(
     tmp_path: Path, store: Path
 ) -> None:

@@ -124,6 +124,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     with reader:
         resolved = reader.location
         problems = validate_vin_offline_store(resolved, deep=args.deep, decode=args.decode)
+        fix = _invalid_fix(resolved, reader.manifest) if problems else None
     named = f"{store}{_resolved_note(store, resolved.url, opts)}"
     if args.json:
         print_json(
@@ -135,12 +136,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
                 "ok": not problems,
                 "opened": True,
                 "problems": problems,
+                "fix": fix,
             }
         )
     elif problems:
         print(f"store {named} is INVALID: {len(problems)} problem(s)")
         for p in problems:
             print(f"  - {p}")
+        print(f"Fix: {fix}")
     else:
         done = [
             *(["deep: every file re-hashed, fingerprint recomputed"] if args.deep else []),
@@ -148,6 +151,19 @@ def cmd_validate(args: argparse.Namespace) -> int:
         ]
         print(f"store {named} is valid" + (f" ({'; '.join(done)})" if done else ""))
     return 0 if not problems else EXIT_FAILED
+
+
+def _invalid_fix(loc: Any, manifest: dict[str, Any]) -> str:
+    """What to do about a store that does not validate: stores are immutable, never repaired in
+    place; a build over its data root moves a damaged published store aside and writes it anew."""
+    from ..store.manifest import rebuild_command
+
+    return (
+        "a store is never repaired in place: rebuild it (`"
+        + rebuild_command(loc, manifest)
+        + "`: a build moves a damaged published store aside, keeping it, and writes it anew), or "
+        "restore a copy that `stage2 validate --deep` calls valid"
+    )
 
 
 # ----- summary -------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ STORE_FORMAT = "stage2-vin-offline-store"
 WRITER_PACKAGE = "stage2-data"
 
 MANIFEST_NAME = "manifest.json"
+ZARR_JSON = "zarr.json"  # a Zarr v3 group's or array's metadata file
 SAMPLE_INDEX_NAME = "sample_index.jsonl"
 PAIRS_NAME = "pairs.jsonl"
 SPLITS_DIR = "splits"

@@ -35,6 +35,7 @@ from .format import (
     PAIRS_NAME,
     SAMPLE_INDEX_NAME,
     SPLITS_DIR,
+    ZARR_JSON,
     StoreChecksumError,
     check_split,
 )
@@ -54,10 +55,6 @@ from .tables import check_sha256, listed_sha256, read_jsonl, read_npy, read_stor
 
 #: shard files a local reader keeps open (least recently used closed first)
 _MAX_OPEN_FILES = 64
-
-
-#: the metadata document of a zarr group or array (every one a shard folder holds is in the manifest)
-_ZARR_JSON = "zarr.json"
 
 
 class _Unreadable(StoreChecksumError):
@@ -126,7 +123,7 @@ class _CheckedMetadata(WrapperStore[Any]):
             _check_regular(self._local / key)
 
     async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
-        if key.rsplit("/", 1)[-1] != _ZARR_JSON:
+        if key.rsplit("/", 1)[-1] != ZARR_JSON:
             self._regular(key)
             got = await self._store.get(key, prototype, byte_range)
             if got is None:
@@ -144,7 +141,7 @@ class _CheckedMetadata(WrapperStore[Any]):
 
     async def get_partial_values(self, prototype: Any, key_ranges: Any) -> list[Any]:
         key_ranges = list(key_ranges)
-        if any(k.rsplit("/", 1)[-1] == _ZARR_JSON for k, _ in key_ranges):
+        if any(k.rsplit("/", 1)[-1] == ZARR_JSON for k, _ in key_ranges):
             return [await self.get(k, prototype, r) for k, r in key_ranges]
         for k, _ in key_ranges:
             self._regular(k)

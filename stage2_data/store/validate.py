@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -27,11 +28,12 @@ from .format import (
     SPLIT_FILES,
     SPLIT_NAMES,
     SPLITS_DIR,
+    ZARR_JSON,
     pad_slack,
 )
 from .gate import non_regular_entries
 from .manifest import fingerprint_of, load_manifest, rebuild_command
-from .manifest_shape import blocks_by_name, is_int, manifest_shape_problems
+from .manifest_shape import blocks_by_name, is_file_entry, is_int, manifest_shape_problems
 from .tables import npy_from_bytes
 from .validate_shards import validate_arrays, validate_files
 
@@ -101,6 +103,8 @@ def validate_store(
     _validate_splits(loc, m, rows, problems, tables)
     _validate_pairs(loc, m, rows, problems, tables)
     validate_arrays(loc, shards, rows, problems, decode=decode, checksums=checksums and not decode)
+    if not deep:  # (deep hashes every file below)
+        tables.update(_metadata_hashes(loc, m, shards))
     hashes: dict[str, str] | None = None
     if deep:  # every file of the store hashed once: for the manifest's sha256s and the fingerprint
         try:
@@ -115,6 +119,32 @@ def validate_store(
         if fp != m["fingerprint"]:
             problems.append(f"{mpath}: fingerprint {m['fingerprint']} but the content gives {fp}")
     return problems
+
+
+def _metadata_hashes(loc: StoreLocation, m: dict[str, Any], shards: list[dict[str, Any]]) -> dict[str, str]:
+    """The sha256 of every Zarr metadata file the manifest lists (``zarr.json``: the store's, each
+    shard group's and each array's), by relative path. They are read whole, tiny, and the reader
+    hashes each against the manifest before it trusts a shard's layout, so validation at every
+    level does too: a same-size edit of one (a fill value, a key) is a store the reader refuses.
+    A listed file that is missing or unreadable is left to the size check, which names it."""
+    top = m.get("files")
+    listed = [f for f in top if is_file_entry(f)] if isinstance(top, list) else []
+    rels = [
+        f["path"]
+        for f in [*listed, *(f for sh in shards for f in sh["files"])]
+        if str(f["path"]).rsplit("/", 1)[-1] == ZARR_JSON
+    ]
+    root = loc.root
+
+    def one(rel: str) -> tuple[str, str | None]:
+        try:
+            return rel, sha256_bytes(loc.read_bytes(root / rel))
+        except (OSError, StoreError):
+            return rel, None
+
+    # a few at once: on object storage each is a request
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        return {rel: sha for rel, sha in pool.map(one, rels) if sha is not None}
 
 
 def raise_if_invalid(
