@@ -518,6 +518,41 @@ def test_a_same_length_edit_of_a_table_is_refused_by_the_reader_and_the_dataset(
         assert any(p["pair_id"] == pair_id for p in clean.reader.pairs())
 
 
+def test_a_dataset_that_cannot_open_holds_no_lease(tmp_path: Path, store: Path) -> None:
+    """A mistyped split, or a split file that fails its checksum: VinOfflineDataset raised after it
+    had leased the store, and the lease lived as long as the exception (a REPL's or a notebook's
+    last error), so `stage2 gc` kept the store "in use" by a dataset that never opened (QA, stop
+    56). The split's name is checked before the store is leased, and a failure after releases it."""
+    import fcntl
+
+    from stage2_data.errors import SplitNameError
+    from stage2_data.store.retention import lease_path
+
+    def leased(store: Path) -> bool:  # as gc asks: can the store's gate be taken exclusively?
+        if not lease_path(store).exists():
+            return False
+        with open(lease_path(store), "rb") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(f, fcntl.LOCK_UN)
+            return False
+
+    s = copy_store(store, tmp_path / "s")
+    (tmp_path / "current").symlink_to("s")  # a profile's stores folder: its stores are leased
+    with pytest.raises(SplitNameError) as typo:
+        VinOfflineDataset(s, split="valid")
+    assert not leased(s), typo.value
+    _flip(s / "splits" / "val.npy", -1)
+    with pytest.raises(StoreChecksumError) as damaged:
+        VinOfflineDataset(s, split="val")
+    assert not leased(s), damaged.value
+    with VinOfflineDataset(s, split="train"):  # a dataset that opens holds it until closed
+        assert leased(s)
+    assert not leased(s)
+
+
 def test_a_same_size_edit_of_zarr_metadata_is_named_by_plain_validate(tmp_path: Path, store: Path) -> None:
     """An array's zarr.json with another fill value, a shard group's with a key misspelt, sizes
     kept: the reader hashes each against the manifest before it trusts a shard's layout and refuses

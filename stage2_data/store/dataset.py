@@ -56,10 +56,14 @@ class VinOfflineDataset:
         split: str | None = None,
         storage_options: dict[str, Any] | None = None,
     ) -> None:
+        check_split(split)  # a typo is named before the store is opened (and leased)
         self.reader = VinOfflineStoreReader(path, storage_options)
-        check_split(split)  # a typo is named before the store is opened
         self.split = split
-        self.indices = self.reader.split(split if split is not None else "all")
+        try:
+            self.indices = self.reader.split(split if split is not None else "all")
+        except BaseException:  # (a damaged split file): no lease outlives a dataset never returned
+            self.reader.close()
+            raise
 
     @property
     def path(self) -> Any:
