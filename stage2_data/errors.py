@@ -10,6 +10,11 @@ import math
 import os
 from collections.abc import Sequence
 
+#: What only a bug in the code raises, whatever the bytes it reads: where reading a store treats
+#: any other failure as damage (zarr parsing a metadata file may raise almost anything), these are
+#: raised as they are, so a bug is an internal error, never a good store called damaged and set aside.
+CODE_ERRORS: tuple[type[BaseException], ...] = (NameError, ImportError, SyntaxError)
+
 
 class Stage2Error(Exception):
     """Base of every error raised by stage2-data."""

@@ -518,6 +518,34 @@ def test_a_same_length_edit_of_a_table_is_refused_by_the_reader_and_the_dataset(
         assert any(p["pair_id"] == pair_id for p in clean.reader.pairs())
 
 
+def test_a_bug_while_opening_a_shard_is_raised_not_called_damage(
+    tmp_path: Path, store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A NameError in the code that opens a shard's metadata (an edit in progress, seen by QA at
+    stop 56): the reader reported "zarr cannot open it", validation listed it as a problem, so the
+    publication gate failed a good store and a build set it aside and wrote it again. Whatever
+    zarr raises on damaged metadata is still a finding; a bug is raised as it is (the CLI's
+    internal error), and nothing calls the store damaged."""
+    from stage2_data.storage import StoreLocation
+    from stage2_data.store.gate import publication_gate
+
+    s = copy_store(store, tmp_path / "s")
+
+    def bug(*_: Any, **__: Any) -> Any:
+        raise NameError("name 'ZARR_JSON' is not defined")
+
+    monkeypatch.setattr(zarr, "open_group", bug)
+    monkeypatch.setattr(zarr, "open_array", bug)
+    with VinOfflineStoreReader(s) as reader, pytest.raises(NameError):
+        reader.read_frames(0)
+    with pytest.raises(NameError):
+        validate_vin_offline_store(s)
+    with pytest.raises(NameError):
+        publication_gate(StoreLocation.parse(s))
+    monkeypatch.undo()
+    assert validate_vin_offline_store(s, deep=True, decode=True) == []  # the store was good
+
+
 def test_a_dataset_that_cannot_open_holds_no_lease(tmp_path: Path, store: Path) -> None:
     """A mistyped split, or a split file that fails its checksum: VinOfflineDataset raised after it
     had leased the store, and the lease lived as long as the exception (a REPL's or a notebook's

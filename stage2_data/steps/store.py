@@ -16,7 +16,7 @@ from typing import Any, ParamSpec, cast
 from .. import checks as C
 from .. import layout
 from ..checks import CheckOutcome, compare_totals, outcome
-from ..errors import FileSystemError, Stage2Error, StoreError, StoreNotFoundError
+from ..errors import CODE_ERRORS, FileSystemError, Stage2Error, StoreError, StoreNotFoundError
 from ..kit import load_pairs, read_join_rows
 from ..kit.sidecar_facts import recorded_sidecars
 from ..oserrors import fs_error
@@ -671,6 +671,8 @@ def store_checks(
     try:
         reader = reader_cls(path)
         manifest = reader.manifest
+    except CODE_ERRORS:
+        raise
     except Exception as exc:  # the strict reader's refusal is the check's finding
         open_problems.append(str(exc))
     if open_problems:

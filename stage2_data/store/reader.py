@@ -24,7 +24,7 @@ import zarr
 from zarr.storage import WrapperStore
 
 from .. import layout
-from ..errors import LoaderError, StoreError, StoreNotFoundError, StoreValidationError
+from ..errors import CODE_ERRORS, LoaderError, StoreError, StoreNotFoundError, StoreValidationError
 from ..formats.sha256sums import file_kind
 from ..publish import is_temp_name
 from ..storage import LocalLocation, StoreLocation, current_candidates, current_error
@@ -427,6 +427,8 @@ class VinOfflineStoreReader:
                 )
             except StoreError:  # a zarr.json that is not the manifest's (or is not listed in it)
                 raise
+            except CODE_ERRORS:
+                raise
             except Exception as e:  # zarr parsing the group's zarr.json: any failure is a damaged store
                 raise self._damaged_metadata(shard_id, "", e) from e
             self._groups[shard_id] = g
@@ -439,6 +441,8 @@ class VinOfflineStoreReader:
             try:
                 a = g[name]
             except StoreError:  # a zarr.json that is not the manifest's (or is not listed in it)
+                raise
+            except CODE_ERRORS:
                 raise
             except Exception as e:  # zarr parsing the array's zarr.json: any failure is a damaged store
                 raise self._damaged_metadata(shard_id, name, e) from e

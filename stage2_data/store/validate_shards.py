@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import zarr
 
-from ..errors import StoreError
+from ..errors import CODE_ERRORS, StoreError
 from ..storage import StoreLocation
 from .format import (
     BLOCK_ACTIONS,
@@ -74,6 +74,8 @@ def validate_arrays(
         for name, shape in expected.items():
             try:
                 arr = zarr.open_array(store=store, path=name, mode="r", zarr_format=3)
+            except CODE_ERRORS:
+                raise
             except Exception as e:  # noqa: BLE001 - any failure to open is a problem to report
                 problems.append(f"{sdir}/{name}: cannot open the array ({type(e).__name__}: {e})")
                 continue
@@ -93,6 +95,8 @@ def validate_arrays(
                 continue
             try:
                 got = np.asarray(arrays[name][...])
+            except CODE_ERRORS:
+                raise
             except Exception as e:  # noqa: BLE001
                 problems.append(f"{sdir}/{name}: cannot read ({type(e).__name__}: {e})")
                 continue
@@ -126,6 +130,8 @@ def _validate_decoded(
     try:
         for name in names:
             reader._direct(sid, name)  # the shard index, read once before the threads share it
+    except CODE_ERRORS:
+        raise
     except Exception as e:  # noqa: BLE001 - a shard that cannot be opened is a problem to report
         problems.append(f"{sdir}: cannot decode ({type(e).__name__}: {e})")
         return
@@ -144,6 +150,8 @@ def _validate_decoded(
                 bad.append("actions")
             if actions is not None and not np.isfinite(actions[:n, :w]).all():
                 bad.append("nonfinite")
+        except CODE_ERRORS:
+            raise
         except Exception as e:  # noqa: BLE001 - whatever the bytes, a row that does not decode is a finding
             return [*bad, f"cannot decode ({type(e).__name__}: {e})"]
         return bad
