@@ -411,6 +411,12 @@ def test_reverify_and_unrecorded_files(
     assert res.moved_aside is not None and res.moved_aside.read_bytes() == bytes(data)
     assert res.moved_aside.is_relative_to(layout.quarantine_root(tmp_path))
     assert [q.original for q in quarantined_files(tmp_path)] == [f"archives/{path}"]
+    # why, as moved.json and `stage2 list` say it: the file's bytes, not the pin, which the hub's
+    # listing agrees with (QA, stop 56: "it disagreed with its pin" read as a typo in the pin)
+    (why,) = {q.reason for q in quarantined_files(tmp_path)}
+    got = hashlib.sha256(bytes(data)).hexdigest()
+    assert why.startswith(f"its bytes ({spec.size} bytes, sha256 {got}) disagreed with its pin "), why
+    assert why.endswith(", as the pin does: the local file's bytes are what changed"), why
 
     # A final file without a record is re-hashed, not downloaded again.
     record.unlink()

@@ -138,8 +138,8 @@ def _settle(
     found = f"{local.path} holds {local.size} bytes with sha256 {local.sha256}"
     offline = hub_offline()
     hub_says = "HF_HUB_OFFLINE is set: the hub was not asked which side is wrong"
+    remote: RemoteFile | None = None
     if not offline:
-        remote: RemoteFile | None = None
         try:
             remote = list_remote_files(source).get(spec.path)
         except HubError as e:
@@ -161,7 +161,11 @@ def _settle(
                 if remote is None
                 else f"the hub's listing at {source.revision} says {remote.size} bytes, sha256 {remote.sha256}"
             )
-    reason = f"it disagreed with its pin {pinned}; {hub_says}"
+    if remote is not None and (remote.size, remote.sha256) == (spec.size, spec.sha256):
+        hub_says += ", as the pin does: the local file's bytes are what changed"
+    reason = (
+        f"its bytes ({local.size} bytes, sha256 {local.sha256}) disagreed with its pin {pinned}; {hub_says}"
+    )
     record = layout.verified_record_path(data_root, spec.path)
     moved = quarantine_files(
         data_root,
