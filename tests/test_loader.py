@@ -194,6 +194,13 @@ def test_resolution_batches_one_resolution_each_and_resumable() -> None:
     assert epoch0 == list(ResolutionBatches(res, 4, seed=3)) != list(order)  # seeded; epochs differ
     dropped = list(ResolutionBatches(res, 4, seed=3, drop_last=True))
     assert all(len(b) == 4 for b in dropped) and len(dropped) == 7 // 4 + 16 // 4
+    # a batch_size no resolution fills: drop_last would drop every batch (an empty epoch, silently;
+    # QA, stop 56); refused, naming the largest group
+    assert len(list(ResolutionBatches(res, 15, drop_last=True))) == 1  # 8x10 has 15 positions
+    with pytest.raises(LoaderError, match=r"largest resolution group \(8x10\) has 15 positions") as ei:
+        ResolutionBatches(res, 16, drop_last=True)
+    assert ei.value.fix is not None and "batch_size <= 15" in ei.value.fix
+    assert len(list(ResolutionBatches(res, 16))) == 2  # without drop_last: one batch a resolution
     assert list(ResolutionBatches(res, 4, shuffle=False))[0] == [0, 3, 6, 9]
     # resume after 2 batches of epoch 0
     again = ResolutionBatches(res, 4, seed=3)

@@ -412,6 +412,15 @@ class ResolutionBatches(_EpochOrder[list[int]]):
             groups.setdefault(res, []).append(pos)
         self.groups = {res: np.asarray(pos, dtype=np.int64) for res, pos in sorted(groups.items())}
         self.size = sum(len(p) for p in groups.values())
+        largest = max((len(p) for p in groups.values()), default=0)
+        if self.drop_last and 0 < largest < self.batch_size:
+            # every batch would be dropped: an epoch of nothing, which a training loop takes for done
+            h, w = max(groups, key=lambda r: len(groups[r]))
+            raise LoaderError(
+                f"batch_size {self.batch_size} with drop_last gives no batch: a batch holds one "
+                f"resolution, and the largest resolution group ({h}x{w}) has {largest} positions.",
+                fix=f"give batch_size <= {largest}, or drop_last=False (the last batch of each resolution smaller)",
+            )
         super().__init__(
             seed=seed,
             shuffle=shuffle,
