@@ -6,9 +6,13 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from helpers.cli import stage2, subprocess_env
+from helpers.faults import Prepared, copy_root
 from helpers.kit import CK_A, CK_B, SUMS_REL, A, B, build, frames_rel
 
 from stage2_data import kit
+from stage2_data.demo import DemoPaths
+from stage2_data.profile import load_profile
 
 
 def test_byte_check_finds_flipped_byte_missing_and_unlisted(tmp_path: Path) -> None:
@@ -61,3 +65,53 @@ def test_byte_check_never_opens_a_fifo_where_a_listed_file_should_be(tmp_path: P
     assert not rep.ok and (rep.files, rep.matched) == (9, 7)
     assert any(f"{fifo} is a FIFO, not a regular file" in p for p in rep.problems), rep.problems
     assert any(f"{folder} is a folder, not a regular file" in p for p in rep.problems), rep.problems
+
+
+def test_byte_check_a_malformed_sums_line_is_one_problem(tmp_path: Path) -> None:
+    """A malformed line of SHA256SUMS (not a sha256sum line, a short digest, bytes that are not
+    UTF-8) is one problem naming its line; the well-formed lines are checked as usual, and a frames
+    file only a malformed line names is not also reported "not listed" (a second line for it would
+    list it twice). The check fails all the same."""
+    b = build(tmp_path, unpack=False)
+    sums = b.kit(SUMS_REL)
+    lines = sums.read_bytes().splitlines()
+    n = len(lines)
+    short = lines[2][:10] + lines[2][11:]  # a digest one hex digit short, its path kept
+    lines[2] = short
+    sums.write_bytes(b"".join(x + b"\n" for x in lines) + b"extra\n" + b"caf\xe9  x.npz\n")
+    rep = kit.verify_subset_bytes(b.profile, b.data_root, workers=2)
+    assert rep.problems == [
+        f"{sums}:3: not '<64 hex>  <path>': {short.decode()[:80]!r}",
+        f"{sums}:{n + 1}: not '<64 hex>  <path>': 'extra'",
+        f"{sums}:{n + 2}: not UTF-8 text",
+    ]
+    assert rep.details == rep.problems
+    assert (rep.files, rep.matched) == (n - 1, n - 1)
+    assert rep.mismatched == rep.missing == rep.unlisted == []
+    assert not rep.ok
+
+
+def test_verify_bytes_reports_a_malformed_sums_line_once(
+    prepared: Prepared, demo: DemoPaths, tmp_path: Path
+) -> None:
+    """`stage2 verify --bytes` on the demo with one line appended to its SHA256SUMS: that line is
+    the one problem (exit 1); every listed file is still found listed and checked."""
+    root = copy_root(prepared, tmp_path / "root")
+    sums = load_profile(demo.profile).kit_file("subset_checksums")
+    n = len(sums.read_text().splitlines())
+    with sums.open("a") as f:
+        f.write("extra\n")
+    r = stage2(
+        "verify",
+        str(demo.profile),
+        "--data-root",
+        str(root),
+        "--bytes",
+        env=subprocess_env(drop=("DAGSTER_HOME", "CI")),
+        timeout=120,
+    )
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, r.tail()
+    assert f"{sums}:{n + 1}: not '<64 hex>  <path>': 'extra'" in out, out
+    assert "problems (1):" in out and "not listed" not in out, out
+    assert f"{n} matched, 0 mismatched, 0 missing, 0 unlisted" in out, out

@@ -13,8 +13,11 @@ The digest may be upper or lower case (entries hold it in lower case). Lines end
 records end at NUL and names are not escaped. Blank lines and ``#`` comment lines are skipped.
 Names are kept as written (a ``./`` prefix included): what a name may be, and which file it names,
 is the caller's rule. A line repeated with the same digest (as ``cat a.sums b.sums`` gives) is
-kept once; every malformed line and every name listed again with another digest is gathered and
-reported at once, with its line number (a :class:`~stage2_data.errors.ProblemsError`).
+kept once; every malformed line (a line that is not UTF-8 included) and every name listed again
+with another digest is gathered and reported at once, with its line number: :func:`read_sha256sums`
+returns them beside the entries of the well-formed lines (one bad line is one problem, the other
+lines still count, as the pair manifest's reader does), :func:`parse_sha256sums` raises them (a
+:class:`~stage2_data.errors.ProblemsError`).
 """
 
 from __future__ import annotations
@@ -30,17 +33,21 @@ from ..errors import FileSystemError, ProblemsError
 
 __all__ = [
     "ChecksumEntry",
+    "ChecksumFile",
     "file_kind",
     "format_sha256sums",
     "parse_sha256sums",
     "parse_sha256sums_text",
     "read_regular_bytes",
+    "read_sha256sums",
+    "read_sha256sums_text",
     "read_single_sha256_file",
 ]
 
 _GNU_RE = re.compile(r"^(?P<hex>[0-9a-fA-F]{64})[ \t](?P<mode>[ *]?)(?P<name>.+)$", re.DOTALL)
 _TAG_RE = re.compile(r"^SHA256 ?\((?P<name>.*)\)[ \t]*=[ \t]*(?P<hex>[0-9a-fA-F]{64})$", re.DOTALL)
 _UNESCAPE = {"\\": "\\", "n": "\n", "r": "\r"}
+_UNDECODED_RE = re.compile("[\udc80-\udcff]")  # a byte that is not UTF-8, as surrogateescape keeps it
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,16 @@ class ChecksumEntry:
     digest: str  # 64 lowercase hex
     path: str  # the name as the file gives it (unescaped)
     line: int  # 1-based
+
+
+@dataclass(frozen=True)
+class ChecksumFile:
+    """What a checksum file holds: the entries of its well-formed lines, every problem
+    (``<file>:<line>: ...``), and each malformed line as (line number, its text)."""
+
+    entries: list[ChecksumEntry]
+    problems: list[str]
+    malformed: list[tuple[int, str]]
 
 
 def _unescape(name: str) -> str | None:
@@ -88,22 +105,31 @@ def _parse_line(line: str, *, zero: bool = False) -> tuple[str, str] | None:
     return m.group("hex").lower(), name
 
 
-def parse_sha256sums_text(text: str, where: str) -> list[ChecksumEntry]:
-    """Parse the text of a checksum file; ``where`` names it in problems (``<where>:<line>: ...``)."""
+def read_sha256sums_text(text: str, where: str) -> ChecksumFile:
+    """The entries of every well-formed line of a checksum file's text and every problem, each
+    located (``<where>:<line>: ...``): a malformed line is one problem and is skipped; a name listed
+    again with another digest is one problem and keeps its first line's digest."""
     entries: list[ChecksumEntry] = []
     problems: list[str] = []
+    malformed: list[tuple[int, str]] = []
     seen: dict[str, ChecksumEntry] = {}
     zero = "\0" in text
+    undecoded = _UNDECODED_RE.search(text) is not None  # text decoded with errors="surrogateescape"
     lines = text.split("\0" if zero else "\n")
     if lines and lines[-1] in ("", "\n"):
         lines.pop()
     for lineno, raw in enumerate(lines, start=1):
         line = raw[:-1] if raw.endswith("\r") and not zero else raw
+        if undecoded and _UNDECODED_RE.search(line):
+            problems.append(f"{where}:{lineno}: not UTF-8 text")
+            malformed.append((lineno, line))
+            continue
         if not line.strip() or line.startswith("#"):
             continue
         parsed = _parse_line(line, zero=zero)
         if parsed is None:
             problems.append(f"{where}:{lineno}: not '<64 hex>  <path>': {line[:80]!r}")
+            malformed.append((lineno, line))
             continue
         digest, rel = parsed
         first = seen.get(rel)
@@ -116,13 +142,24 @@ def parse_sha256sums_text(text: str, where: str) -> list[ChecksumEntry]:
             continue  # the same line again: sha256sum -c checks it twice; once is enough
         seen[rel] = entry = ChecksumEntry(digest, rel, lineno)
         entries.append(entry)
-    if problems:
-        raise ProblemsError(
-            f"malformed checksum file {where}",
-            problems,
-            fix=f"regenerate {Path(where).name} with `sha256sum`",
-        )
-    return entries
+    return ChecksumFile(entries, problems, malformed)
+
+
+def _malformed_error(where: str, problems: list[str]) -> ProblemsError:
+    return ProblemsError(
+        f"malformed checksum file {where}",
+        problems,
+        fix=f"regenerate {Path(where).name} with `sha256sum`",
+    )
+
+
+def parse_sha256sums_text(text: str, where: str) -> list[ChecksumEntry]:
+    """Parse the text of a checksum file; ``where`` names it in problems (``<where>:<line>: ...``).
+    Raises ProblemsError listing every problem (see :func:`read_sha256sums_text`)."""
+    got = read_sha256sums_text(text, where)
+    if got.problems:
+        raise _malformed_error(where, got.problems)
+    return got.entries
 
 
 def file_kind(mode: int) -> str:
@@ -160,23 +197,33 @@ def read_regular_bytes(path: str | os.PathLike[str]) -> bytes:
         return f.read()
 
 
-def parse_sha256sums(path: str | os.PathLike[str]) -> list[ChecksumEntry]:
-    """Parse a ``sha256sum`` file (any spelling above). Raises FileNotFoundError, FileSystemError
-    (not a regular file: a FIFO is never opened for reading, nothing blocks), or ProblemsError
-    listing every malformed line (file:line) and duplicate path; a file that is not UTF-8 is one
-    problem."""
+def read_sha256sums(path: str | os.PathLike[str]) -> ChecksumFile:
+    """Read a ``sha256sum`` file (any spelling above): the entries of its well-formed lines and every
+    problem (see :func:`read_sha256sums_text`); a line that is not UTF-8 is one problem, a file that
+    is not UTF-8 text at all (NUL bytes too: UTF-16, say) one problem and no entries. Raises
+    FileNotFoundError, or FileSystemError (not a regular file: a FIFO is never opened for reading,
+    nothing blocks)."""
     p = Path(path)
     data = read_regular_bytes(p)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        lineno = data[: e.start].count(b"\n") + 1
-        raise ProblemsError(
-            f"malformed checksum file {p}",
-            [f"{p}:{lineno}: not UTF-8 text"],
-            fix=f"regenerate {p.name} with `sha256sum`",
-        ) from None
-    return parse_sha256sums_text(text, str(p))
+        if b"\0" in data:
+            lineno = data[: e.start].count(b"\n") + 1
+            return ChecksumFile([], [f"{p}:{lineno}: not UTF-8 text"], [])
+        text = data.decode("utf-8", errors="surrogateescape")
+    return read_sha256sums_text(text, str(p))
+
+
+def parse_sha256sums(path: str | os.PathLike[str]) -> list[ChecksumEntry]:
+    """Parse a ``sha256sum`` file (any spelling above). Raises FileNotFoundError, FileSystemError
+    (not a regular file: a FIFO is never opened for reading, nothing blocks), or ProblemsError
+    listing every malformed line (file:line) and duplicate path; a line that is not UTF-8 is one
+    problem (see :func:`read_sha256sums`, which returns them instead)."""
+    got = read_sha256sums(path)
+    if got.problems:
+        raise _malformed_error(str(Path(path)), got.problems)
+    return got.entries
 
 
 def read_single_sha256_file(path: str | os.PathLike[str]) -> tuple[str, str]:

@@ -24,9 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import layout
-from ..errors import ProblemsError
 from ..extract import NotRegularFile, hash_regular_file
-from ..formats.sha256sums import ChecksumEntry, parse_sha256sums
+from ..formats.sha256sums import ChecksumEntry, read_sha256sums
 from ..profile import Profile
 from .manifests import load_pairs
 
@@ -117,6 +116,24 @@ def _matched_entries(
     return list(out.values())
 
 
+_FRAMES_NAME_RE = re.compile(r"trajectory_[^/]*?\.npz")
+
+
+def _frames_named_by(lines: list[tuple[int, str]]) -> Callable[[str], bool]:
+    """Whether a line of ``lines`` names a frames file (a data-root path), as written from the data
+    root or from inside ``processed_datasets/``: its lines by file name, so each test is cheap."""
+    by_name: dict[str, list[str]] = {}
+    for _, text in lines:
+        for name in set(_FRAMES_NAME_RE.findall(text)):
+            by_name.setdefault(name, []).append(text)
+
+    def named(rel: str) -> bool:
+        tail = rel.split("/", 1)[-1]  # <cache_key>/frames/trajectory_<ID>.npz
+        return any(tail in text for text in by_name.get(rel.rsplit("/", 1)[-1], ()))
+
+    return named
+
+
 def verify_subset_bytes(
     profile: Profile,
     data_root: Path,
@@ -131,14 +148,16 @@ def verify_subset_bytes(
     data_root = Path(data_root)
     sums_path = profile.kit_file("subset_checksums")
     problems: list[str] = []
+    entries: list[ChecksumEntry] = []
+    malformed: list[tuple[int, str]] = []
     try:
-        entries = parse_sha256sums(sums_path)
+        # a malformed line is one problem; the well-formed lines are checked all the same
+        sums = read_sha256sums(sums_path)
     except FileNotFoundError:
-        entries = []
         problems.append(f"{sums_path}: subset checksum file does not exist")
-    except ProblemsError as err:
-        entries = []
-        problems.extend(err.problems)
+    else:
+        entries, malformed = sums.entries, sums.malformed
+        problems.extend(sums.problems)
     todo = _matched_entries(entries, set(profile.cache_keys()), sums_path, problems)
 
     root = os.fspath(data_root) + os.sep
@@ -206,7 +225,10 @@ def verify_subset_bytes(
     for r in pairs:
         for _, fp in r.trajectories():
             first_line.setdefault(fp, r.line)
-    unlisted = sorted(fp for fp in first_line if fp not in listed)
+    # a frames file that a malformed line names is reported by that line's problem alone (adding a
+    # line for it would list it twice)
+    named = _frames_named_by(malformed)
+    unlisted = sorted(fp for fp in first_line if fp not in listed and not named(fp))
     details += [
         f"{pairs_path}:{first_line[fp]}: frames file {fp} is used by a pair but not listed in {sums_path}"
         for fp in unlisted
