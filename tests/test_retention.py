@@ -180,14 +180,22 @@ def test_pickled_reader_takes_its_own_lease(tmp_path: Path, built: tuple[Path, P
     state = pickle.dumps(reader)
     assert reader.lease is not None and reader.lease.held
     reader.close()
+    with VinOfflineStoreReader(a) as on_its_folder:  # opened on the store's own folder, not `current`
+        state_of_folder = pickle.dumps(on_its_folder)
     clone = pickle.loads(state)
     assert clone.lease is not None and clone.lease.held and clone.path == a.resolve()
     publish(profile_root, built[1], "v1-0000000000000002")
     assert actions_of(collect_stores(profile_root, keep=0))["v1-0000000000000001"][0] == "kept"
     clone.close()
     assert actions_of(collect_stores(profile_root, keep=0))["v1-0000000000000001"][0] == "removed"
-    with pytest.raises(StoreNotFoundError, match="gone"):
+    with pytest.raises(StoreNotFoundError, match="gone") as ei:
         pickle.loads(state)  # the store it was opened on is gone: one clear error, never another store
+    assert ei.value.fix == f"open the published store again (e.g. {profile_root / 'current'})"
+    # opened on the folder that is gone: the fix named that very folder (QA, stop 56); it names
+    # the `current` beside it
+    with pytest.raises(StoreNotFoundError, match="gone") as ei:
+        pickle.loads(state_of_folder)
+    assert ei.value.fix == f"open the published store again (e.g. {profile_root / 'current'})"
 
 
 _WORKER_DS: VinOfflineDataset | None = None

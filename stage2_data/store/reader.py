@@ -351,9 +351,15 @@ class VinOfflineStoreReader:
         self.lease = self._take_lease()
         if self.location.is_local and not (self.location.root / MANIFEST_NAME).is_file():
             self.close()
+            # opened through `current`: that again; opened on a store's own folder (now gone): the
+            # `current` beside it, which names the store published now
+            current = self.location.root.parent / layout.CURRENT_LINK
+            again = self.opened_as
+            if Path(again).name != layout.CURRENT_LINK:
+                again = str(current) if os.path.lexists(current) else "its stores folder's `current`"
             raise StoreNotFoundError(
                 f"{self.location.url}: the store this reader was opened on is gone (removed since).",
-                fix=f"open the published store again (e.g. {self.opened_as})",
+                fix=f"open the published store again (e.g. {again})",
             )
 
     @property
