@@ -178,3 +178,23 @@ def test_the_fixes_of_an_unpicklable_transform_work(store: Path) -> None:
     with Selection(store, "train", transform=keep_all) as sel:
         got = list(PoolLoader(sel, _batches(sel), workers=2, context="spawn", collate_fn=numpy_collate))
         assert _keys(got) == want
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"workers": "2"}, "workers='2', prefetch=2"),
+        ({"workers": -1}, "workers=-1, prefetch=2"),
+        ({"prefetch": 0}, "workers=2, prefetch=0"),
+        ({"workers": True}, "workers=True, prefetch=2"),
+        ({"context": "threads"}, "context='threads' is not a start method of this platform"),
+    ],
+)
+def test_a_loader_setting_of_the_wrong_kind_is_named(store: Path, kwargs: dict[str, Any], named: str) -> None:
+    """A worker count given as text, or a start method the platform lacks, raised Python's own
+    TypeError or multiprocessing's ValueError at the first batch (QA, stop 56): a LoaderError
+    (a Stage2Error) when the loader is made, naming the setting and what it may be."""
+    with Selection(store, "train") as sel:
+        with pytest.raises(LoaderError, match=re.escape(named)) as ei:
+            PoolLoader(sel, _batches(sel), **kwargs)
+        assert ei.value.fix

@@ -10,8 +10,9 @@ lives until :meth:`PoolLoader.close`, serving every epoch.
 
 A worker loading a :class:`~stage2_data.loader.Selection` with the default collate decodes each
 sample's frames straight into its slot of the padded batch (``Selection.item(i,
-defer_frames=True)``): the frames go from the page cache (the store's mapped shard file, its
-crc32c checked there) to the shared batch in one copy.
+defer_frames=True)``): the frames are read from the store's shard file (one ``preadv`` of the
+chunk, never a mapping: :mod:`stage2_data.store.shard_files`), their crc32c checked, and decoded
+into the shared batch.
 
 A batch's big arrays do not travel through the pool's pipe (pickling a batch of frames costs more
 than reading it from the store): the worker's :func:`~stage2_data.loader.collate` pads them straight
@@ -419,9 +420,19 @@ class PoolLoader:
         shared_memory: bool = True,
         persistent_workers: bool = False,
     ) -> None:
-        if workers < 0 or prefetch < 1:
+        def whole(v: object) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        if not (whole(workers) and whole(prefetch)) or workers < 0 or prefetch < 1:
             raise LoaderError(
-                f"workers={workers}, prefetch={prefetch}.", fix="give workers >= 0 and prefetch >= 1"
+                f"workers={workers!r}, prefetch={prefetch!r}.",
+                fix="give workers >= 0 and prefetch >= 1, as integers",
+            )
+        starts = multiprocessing.get_all_start_methods()
+        if context is not None and context not in starts:
+            raise LoaderError(
+                f"context={context!r} is not a start method of this platform ({', '.join(starts)}).",
+                fix=f"give context= one of {', '.join(map(repr, starts))}, or None (the platform's default)",
             )
         self.dataset = dataset
         self.batch_sampler = batch_sampler
