@@ -507,6 +507,9 @@ def test_gc_command_errors(
     (line,) = r.stderr.strip().splitlines()
     assert line.startswith("stage2 gc: error: ") and "no such folder" in line and "Fix:" in line
     capsys.readouterr()
+    (tmp_path / "a file").write_text("x")  # there, but not a folder: said as such, not "no such folder"
+    assert main(["gc", str(tmp_path / "a file")]) == 2
+    assert f"{tmp_path / 'a file'}: it is a regular file, not a folder. Fix: " in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
     assert main(["gc", str(tmp_path / "empty")]) == 2
     err = capsys.readouterr().err

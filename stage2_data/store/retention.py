@@ -669,8 +669,11 @@ def profile_roots(
         return False
 
     if not loc.is_dir(loc.root):
+        what = "no such folder"
+        if loc.is_local and os.path.lexists(loc.root):  # there, but not a folder: say what it is
+            what = f"it is {file_kind(os.lstat(loc.root).st_mode)}, not a folder"
         raise StoreError(
-            f"{loc.url}: no such folder.",
+            f"{loc.url}: {what}.",
             fix="name a stores folder (<data_root>/stores) or one profile's (<data_root>/stores/<profile>)",
         )
     if is_profile_root(loc):
