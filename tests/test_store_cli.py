@@ -717,3 +717,22 @@ def test_a_manifest_nested_too_deeply_is_named_not_an_internal_error(
         line
     )
     assert "internal error" not in line and "Traceback" not in line, line
+
+
+def test_storage_options_for_a_local_store_are_refused(tmp_path: Path) -> None:
+    """`--storage-option` with a local store was taken and ignored by validate, summary, preview,
+    merge and gc (QA, stop 56), while `stage2 build` refuses it without --store-url: a misplaced
+    flag, or a store meant to be named by its URL. Each command refuses it (exit 2), naming it."""
+    base, side = _merge_inputs(tmp_path)
+    for argv in (
+        ("validate", str(base)),
+        ("summary", str(base)),
+        ("merge", str(base), str(side), "--out", str(tmp_path / "merged")),
+        ("gc", str(tmp_path)),
+    ):
+        r = stage2(*argv, "--storage-option", "anon=true")
+        assert r.returncode == 2, (argv, r.tail())
+        assert "--storage-option (anon) is given for a local store" in r.stderr and "Fix: " in r.stderr, (
+            r.stderr
+        )
+    assert not (tmp_path / "merged").exists()

@@ -69,9 +69,12 @@ def eprint(*a: Any) -> None:
     print(*a, file=sys.stderr, flush=True)
 
 
-def storage_options(args: argparse.Namespace) -> dict[str, Any] | None:
+def storage_options(args: argparse.Namespace, *targets: object) -> dict[str, Any] | None:
     """``--storage-option KEY=VALUE`` (repeatable) -> fsspec storage options; VALUE is parsed as JSON
-    when it is JSON (numbers, booleans, objects such as ``client_kwargs={...}``), else kept as text."""
+    when it is JSON (numbers, booleans, objects such as ``client_kwargs={...}``), else kept as text.
+    Refused when every one of ``targets`` (the command's stores, as ``_target`` gives them: a local
+    one a Path) is local, as `stage2 build` refuses them without --store-url: options a command
+    does not use are a mistake the user should hear of (a misplaced flag, a store named wrongly)."""
     out: dict[str, Any] = {}
     for item in getattr(args, "storage_option", None) or []:
         key, sep, value = item.partition("=")
@@ -84,6 +87,12 @@ def storage_options(args: argparse.Namespace) -> dict[str, Any] | None:
             out[key] = json.loads(value)
         except ValueError:
             out[key] = value
+    if out and targets and all(isinstance(t, Path) for t in targets):
+        raise StoreError(
+            f"--storage-option ({', '.join(sorted(out))}) is given for a local store ({targets[0]}): "
+            "storage options are for a store on object storage (s3://, gs://, ...).",
+            fix="leave out --storage-option, or name the store by its URL (e.g. s3://bucket/stores/<profile>/current)",
+        )
     return out or None
 
 

@@ -61,7 +61,7 @@ def cmd_preview(args: argparse.Namespace) -> int:
     from ..store import VinOfflineStoreReader
 
     store = _target(args.store)
-    reader = VinOfflineStoreReader(store, storage_options(args))
+    reader = VinOfflineStoreReader(store, storage_options(args, store))
     with reader:
         # every argument is checked before a frame is read or a byte written
         check_n(args.n)
@@ -90,7 +90,7 @@ def cmd_export_rrd(args: argparse.Namespace) -> int:
     from ..store import VinOfflineStoreReader
 
     store = _target(args.store)
-    reader = VinOfflineStoreReader(store, storage_options(args))
+    reader = VinOfflineStoreReader(store, storage_options(args, store))
     with reader:
         e = export_rrd(reader, args.sample, args.out)
         store = reader.resolved

@@ -95,7 +95,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from ..store import VinOfflineStoreReader, validate_vin_offline_store
 
     store = _target(args.store)
-    opts = storage_options(args)
+    opts = storage_options(args, store)
     try:
         with _bucket_named(store, opts):
             _check_current(store, opts, "stage2 validate")
@@ -238,8 +238,8 @@ def print_summary(doc: dict[str, Any]) -> None:
 def cmd_summary(args: argparse.Namespace) -> int:
     from ..store import VinOfflineStoreReader
 
-    opts = storage_options(args)
     store = _target(args.store)
+    opts = storage_options(args, store)
     with _bucket_named(store, opts):
         _check_current(store, opts, "stage2 summary")
         VinOfflineStoreReader(store, opts)  # strict open
@@ -261,7 +261,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     if isinstance(out, Path):  # never replace a link's target, a special file, or a store already there
         check_output_path(out, option="--out", kind="folder", error=StoreError)
     base, sidecar = _target(args.base), _target(args.sidecar)
-    m = merge_vin_offline_stores(base, sidecar, out, storage_options(args))
+    m = merge_vin_offline_stores(base, sidecar, out, storage_options(args, base, sidecar, out))
     st = m["stats"]
     doc = {
         "ok": True,
@@ -443,7 +443,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
     from ..store.retention import KEEP_ENV, check_current, collect_stores, default_keep, profile_roots
 
     target = _target(args.stores)
-    opts = storage_options(args)
+    opts = storage_options(args, target)
     data_root = _gc_data_root(target) if isinstance(target, Path) else None
     aside = [flag for flag, on in (("--quarantine", args.quarantine), ("--unused", args.unused)) if on]
     remote = isinstance(target, str)  # object storage: --quarantine empties each <profile>/.quarantine/
