@@ -106,7 +106,11 @@ class Served:
         converges=True,
     ),
     net_404=Served(
-        "missing", lambda demo: ("does not exist", demo.revision, "Fix:", "stage2 pin"), None, converges=False
+        "missing",
+        # the fix is a command to paste (it was a bare `stage2 pin`: QA, stop 56)
+        lambda demo: ("does not exist", demo.revision, "Fix:", "`stage2 pin <profile> ", " --check`"),
+        None,
+        converges=False,
     ),
 )
 def test_fault_download_refused(prepared: Prepared, demo: DemoPaths, tmp_path: Path, case: Served) -> None:

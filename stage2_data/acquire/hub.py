@@ -32,7 +32,7 @@ from huggingface_hub.errors import (
 
 from ..errors import HubError, HubSetupError, ProfileError, SettingError
 from ..profile import Profile
-from .endpoint import hub_offline, resolve_endpoint
+from .endpoint import hub_offline, pin_check_command, resolve_endpoint
 
 try:  # huggingface_hub >= 2 uses httpx2; 1.x uses httpx
     import httpx2 as _httpx
@@ -251,7 +251,11 @@ def _hub_error(
         )
     elif isinstance(e, RemoteEntryNotFoundError):
         msg = f"{what}: {path!r} does not exist in {source.label} at revision {rev} ({ep})."
-        fix = "check the archive path in the profile; `stage2 pin` lists every archive missing upstream"
+        fix = (
+            "check the archive path in the profile; "
+            f"{pin_check_command('<profile>', ep, source.hub_folder)} "
+            "lists every archive missing upstream"
+        )
     elif isinstance(e, HfHubHTTPError):
         status = getattr(getattr(e, "response", None), "status_code", None)
         if status == 401:
