@@ -107,7 +107,8 @@ def check_archive_path(value: str) -> str:
 class ArchiveSpec(_Strict):
     path: str
     cache_key: Annotated[str, Field(pattern=r"^[A-Za-z0-9][\w.\-]*$")]
-    size: Annotated[int, Field(gt=0, strict=True)] | None = None
+    # a file larger than the largest file offset (2^63 - 1 bytes) cannot exist: a size beyond is a typo
+    size: Annotated[int, Field(gt=0, lt=2**63, strict=True)] | None = None
     sha256: str | None = None
     # The upstream name of this entry is not known: ``path`` and ``cache_key`` are a guess, used only
     # by `stage2 pin` to name the closest existing files; never requested, downloaded or extracted.

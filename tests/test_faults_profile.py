@@ -117,7 +117,7 @@ def _name_too_long(demo: DemoPaths) -> list[tuple[str, tuple[str, ...]]]:
 
 def _wrong_type(demo: DemoPaths) -> list[tuple[str, tuple[str, ...]]]:
     """A count written as a bool, text or a float was taken as a number (`size = true` as 1 B: a
-    verified archive then disagreed with its pin)."""
+    verified archive then disagreed with its pin); a size no file can have was taken too."""
     good = demo.profile.read_text()
     size = re.search(r"^size = (\d+)$", good, re.M)
     cache_dirs = re.search(r"^cache_dirs = (\d+)$", good, re.M)
@@ -125,6 +125,8 @@ def _wrong_type(demo: DemoPaths) -> list[tuple[str, tuple[str, ...]]]:
     one = good.replace(size.group(0), "size = true", 1)
     text = good.replace(cache_dirs.group(0), f'cache_dirs = "{cache_dirs.group(1)}"', 1)
     floats = good.replace(size.group(0), f"size = {size.group(1)}.0", 1)
+    # beyond any file's size: loaded, then listed as 90949470177.3 TiB to fetch (QA, stop 56)
+    huge = good.replace(size.group(0), "size = 99999999999999999999999", 1)
 
     def line(m: re.Match[str]) -> str:  # each message names the line of the value, and the value
         return f"(line {good.count(chr(10), 0, m.start()) + 1})"
@@ -134,6 +136,10 @@ def _wrong_type(demo: DemoPaths) -> list[tuple[str, tuple[str, ...]]]:
         (one, ("key 'archives[0].size' = True", line(size), whole)),
         (text, (f"key 'expected.cache_dirs' = '{cache_dirs.group(1)}'", line(cache_dirs), whole)),
         (floats, (f"key 'archives[0].size' = {size.group(1)}.0", line(size), whole)),
+        (
+            huge,
+            ("key 'archives[0].size' = 99999999999999999999999", line(size), "less than 9223372036854775808"),
+        ),
     ]
 
 
