@@ -198,3 +198,21 @@ def test_a_loader_setting_of_the_wrong_kind_is_named(store: Path, kwargs: dict[s
         with pytest.raises(LoaderError, match=re.escape(named)) as ei:
             PoolLoader(sel, _batches(sel), **kwargs)
         assert ei.value.fix
+
+
+@pytest.mark.parametrize(
+    ("transform", "named"),
+    [
+        (lambda item: (item["frames"], item["actions"]), "item 0 of the batch is a tuple, not a sample"),
+        (lambda item: {"x": item["frames"]}, "item 0 of the batch is a dict without 'frames' (keys: x)"),
+    ],
+)
+def test_a_transform_that_returns_no_sample_is_named_by_collate(
+    store: Path, transform: Any, named: str
+) -> None:
+    """A transform returning a tuple, or a dict without 'frames', failed inside collate with a
+    TypeError or KeyError of its own (QA, stop 56): a LoaderError naming the item and the fix."""
+    with Selection(store, "train", transform=transform) as sel:
+        with pytest.raises(LoaderError, match=re.escape(named)) as ei:
+            collate([sel[i] for i in range(2)])
+        assert ei.value.fix is not None and "transform must return the item dict" in ei.value.fix

@@ -46,7 +46,7 @@ sample in between; the batch is the same.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -66,6 +66,18 @@ def collate(items: Sequence[dict[str, Any]], *, to_torch: bool | None = None) ->
     and ``actions`` (T, A) (None or ``(T, 0)`` for a sample without actions)."""
     if len(items) == 0:
         raise LoaderError("collate was given an empty batch.", fix="give it at least one sample")
+    for i, it in enumerate(items):  # (a transform's result, most often): named, not a KeyError
+        if not isinstance(it, Mapping) or "frames" not in it:
+            what = (
+                f"a dict without 'frames' (keys: {', '.join(map(str, it))})"
+                if isinstance(it, Mapping)
+                else f"a {type(it).__name__}"
+            )
+            raise LoaderError(
+                f"item {i} of the batch is {what}, not a sample: a dict holding at least 'frames'.",
+                fix="a Selection's transform must return the item dict it is given, its 'frames' kept "
+                "(change or add keys in it)",
+            )
     torch = _torch_module(to_torch)
     frames = [_frames_of(it) for it in items]
     _check_one_resolution(items, frames)
