@@ -7,8 +7,11 @@ The matrix: tests/faults_table.py (rows), tests/helpers/faults.py (what every ro
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -522,3 +525,72 @@ def test_a_file_that_is_not_the_kits_added_beside_the_manifests_is_not_an_edit(
     monkeypatch.setattr(steps.kit, "build_join_table", join_while_a_readme_appears)
     assert all(c.passed for c in steps.step_join(prof, root).checks)
     assert readme.exists() and layout.checked_record_path(root, TRAJECTORY_JOIN).is_file()
+
+
+@contextlib.contextmanager
+def _read_only_in_place(folder: Path) -> Iterator[None]:
+    """``folder`` made read-only where it is (a read-only bind mount over itself, which stops root
+    too), the rest of its file system writable; skips the test where mounting is not permitted."""
+    bind = subprocess.run(["mount", "--bind", str(folder), str(folder)], capture_output=True, text=True)
+    if bind.returncode != 0:
+        pytest.skip(f"a bind mount is not permitted here: {bind.stderr.strip()}")
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(folder)], check=True, capture_output=True)
+        yield
+    finally:
+        subprocess.run(["umount", str(folder)], check=True, capture_output=True)
+
+
+def _listing(folder: Path) -> dict[str, str]:
+    """Every path under ``folder``: a link's target, else its size (a folder's: empty)."""
+    return {
+        str(p.relative_to(folder)): os.readlink(p)
+        if p.is_symlink()
+        else ("" if p.is_dir() else str(p.stat().st_size))
+        for p in sorted(folder.rglob("*"))
+    }
+
+
+def test_a_read_only_stores_folder_is_refused_before_the_store_step_moves_or_writes_anything(
+    built: dict, demo_cache: DemoPaths, tmp_path: Path
+) -> None:
+    """The data root's ``stores/`` on a read-only mount, the rest writable (QA): the store step
+    (here as `--reverify` runs it, which writes a witness store there) failed with the writer's
+    StoreInputError "... is not writable", fixed by "a writer argument's value", and the build
+    reported it as the failed check store_opens_with_strict_reader (exit 1). It is a FileSystemError
+    now (the build exits 2, no check failed), raised before anything there is moved aside or
+    written, naming the stores folder, the read-only file system, and a fix a build takes (remount
+    it, or --store-url). The writer's own problem line says why too."""
+    import shutil
+
+    from stage2_data import steps
+    from stage2_data.errors import FileSystemError
+    from stage2_data.profile import load_profile
+    from stage2_data.store import StoreInputError
+
+    root = tmp_path / "root"
+    shutil.copytree(built["root"], root, symlinks=True, ignore=shutil.ignore_patterns(".dagster"))
+    prof = load_profile(demo_cache.profile)
+    stores = root / layout.STORES_DIR
+    before = _listing(stores)
+    quarantine = (
+        sorted((root / layout.QUARANTINE_DIR).rglob("*")) if (root / layout.QUARANTINE_DIR).exists() else []
+    )
+    with _read_only_in_place(stores):
+        with pytest.raises(FileSystemError) as ei:
+            steps.step_store(prof, root, reverify=True)
+        with pytest.raises(StoreInputError) as wi:
+            VinOfflineWriter(
+                stores / prof.name / "new",
+                profile={"name": "p", "repo_id": "o/r", "revision": "a" * 40},
+                inputs={"k": "1" * 64},
+            )
+    said = str(ei.value)
+    assert str(stores / prof.name) in said and "read-only file system" in said, said
+    assert "Fix: remount it read-write, or pass --store-url " in said, said
+    assert "writer argument" not in said and "nothing in it was moved or written" in said, said
+    writer = str(wi.value)
+    assert f"{stores / prof.name} is not writable (a read-only file system: remount it read-write)" in writer
+    assert _listing(stores) == before  # nothing moved aside, withdrawn or left half-written
+    now = sorted((root / layout.QUARANTINE_DIR).rglob("*")) if (root / layout.QUARANTINE_DIR).exists() else []
+    assert now == quarantine

@@ -5,6 +5,7 @@ built from, and the key naming it, are in :mod:`.store_inputs`."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import os
 import time
@@ -40,6 +41,7 @@ from ..store.extend import write_or_extend
 from ..store.gate import GateResult, publication_gate
 from ..store.manifest import read_manifest
 from ..store.retention import retention_after_publish
+from ..store.target import nearest_existing, not_writable
 from .result import StepResult, kv_table, rate
 from .status import (
     clear_store_records,
@@ -79,15 +81,40 @@ def _holding_stores_lock(step: Callable[P, StepResult]) -> Callable[P, StepResul
         profile, data_root = cast(Profile, args[0]), Path(cast(Path, args[1]))
         held: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
         url = cast("str | None", kw.get("store_url"))
-        if url:
-            options = cast("dict[str, Any] | None", kw.get("storage_options"))
-            root = stores_location(profile, data_root, store_url=url, storage_options=options)
-            if root.is_local:
+        options = cast("dict[str, Any] | None", kw.get("storage_options"))
+        root = stores_location(profile, data_root, store_url=url, storage_options=options)
+        if root.is_local:
+            require_writable_stores(root.root, url)  # before its lock or anything moved or written
+            if url:
                 held = stores_folder_lock(root.root, data_root)
         with held:
             return step(*args, **kw)
 
     return holding
+
+
+def require_writable_stores(folder: Path, store_url: str | None = None) -> None:
+    """Refuse the store step when the local stores folder ``folder`` (or the nearest folder above it,
+    where it would be made) cannot be written: a read-only file system or mount, no write
+    permission. A FileSystemError (the build exits 2) naming the folder, what is wrong and the fix,
+    raised before anything there is moved aside, withdrawn or written: every store step writes
+    there (its store, or the ``current`` link of the store it reuses)."""
+    where = nearest_existing(folder)
+    why = not_writable(where) if where.is_dir() else None
+    if why is None:  # writable, or not a folder (the writer names what stands in the way)
+        return
+    what = "is on a read-only file system" if why.errno == errno.EROFS else "is not writable by this user"
+    make = "remount it read-write" if why.errno == errno.EROFS else "give this user write access to it"
+    other = (
+        "choose another --store-url"
+        if store_url
+        else "pass --store-url file:///<a writable folder> to write the stores there instead"
+    )
+    said = f"{where} {what}" if where == folder else f"{where} (where {folder} is made) {what}"
+    raise FileSystemError(
+        f"cannot write a store in the stores folder {folder}: {said}; nothing in it was moved or written",
+        fix=f"{make}, or {other}, then build again",
+    )
 
 
 @_holding_stores_lock

@@ -12,6 +12,7 @@ folders of writers that are gone (killed builds).
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 from typing import Any
@@ -40,15 +41,42 @@ def check_out_dir(out_dir: Path, problems: list[str]) -> None:
                 f"out_dir {out_dir} is a non-empty folder that is not a VIN offline store; "
                 "refusing to replace it (choose another folder or remove it)"
             )
-    anc = out_dir.parent
-    while not anc.exists():
-        if anc.parent == anc:
-            break
-        anc = anc.parent
+    anc = nearest_existing(out_dir.parent)
     if not anc.is_dir():
         problems.append(f"cannot create {out_dir.parent}: {anc} is not a folder")
-    elif not os.access(anc, os.W_OK | os.X_OK):
-        problems.append(f"cannot create {out_dir} : {anc} is not writable")
+    elif (why := not_writable(anc)) is not None:
+        problems.append(f"cannot create {out_dir}: {anc} is not writable ({unwritable_reason(why)})")
+
+
+def nearest_existing(path: Path) -> Path:
+    """``path`` when it exists, else the nearest path above it that does: the folder that creating
+    ``path`` (and the folders missing above it) writes into."""
+    anc = Path(path)
+    while not anc.exists() and anc.parent != anc:
+        anc = anc.parent
+    return anc
+
+
+def not_writable(folder: Path) -> OSError | None:
+    """Why this process cannot create anything in the folder ``folder``, as the ``OSError`` a write
+    there raises, naming the folder: ``EROFS`` for a read-only file system or a read-only (bind)
+    mount, which stops root too; ``EACCES`` for want of write (or search) permission. None when it
+    can."""
+    if os.access(folder, os.W_OK | os.X_OK):
+        return None
+    try:
+        read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    code = errno.EROFS if read_only else errno.EACCES
+    return OSError(code, os.strerror(code), str(folder))
+
+
+def unwritable_reason(err: OSError) -> str:
+    """What :func:`not_writable`'s error says, in words, with what makes the folder writable."""
+    if err.errno == errno.EROFS:
+        return "a read-only file system: remount it read-write"
+    return "this user has no write permission there: give it write access"
 
 
 #: what a store prefix may hold; anything else under an object-storage target is not ours to delete

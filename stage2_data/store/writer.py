@@ -116,8 +116,8 @@ class VinOfflineWriter:
             raise StoreInputError(
                 f"cannot write a VIN offline store at {self.location.url}",
                 problems,
-                fix="each problem says what to change: a writer argument's value, or the output "
-                "folder or prefix (choose another, or move what is in it aside)",
+                fix="each problem says what to change: an argument of the writer, or the output folder "
+                "or prefix (make it writable, choose another, or move what is in it aside)",
             )
         self.out_dir = out
         self.profile = {k: profile[k] for k in ("name", "repo_id", "revision")}
