@@ -24,6 +24,7 @@ import importlib.util
 import json
 import os
 import shlex
+import stat
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
@@ -142,6 +143,7 @@ def check_settings() -> None:
 
     default_keep()
     stream_run_bytes()
+    check_dagster_home()
     if url := os.environ.get("STAGE2_STORE_URL"):
         try:
             check_stores_url(url)
@@ -244,6 +246,51 @@ def env_executor() -> tuple[str, str | None]:
 def dagster_home() -> Path:
     """``DAGSTER_HOME`` for ``make ui`` (``stage2 build`` defaults to ``<data root>/.dagster``)."""
     return _path("DAGSTER_HOME", ".dagster_home")
+
+
+#: what unsetting DAGSTER_HOME gives, where the data root is not known (``check_settings``)
+_UNSET_HOME = "`stage2 build` then uses <data root>/.dagster, `make ui` ./.dagster_home"
+
+# What a path that exists but is no folder is, by its mode (anything else is a "file")
+_NOT_FOLDERS = (
+    (stat.S_ISCHR, "character device"),
+    (stat.S_ISBLK, "block device"),
+    (stat.S_ISFIFO, "named pipe (FIFO)"),
+    (stat.S_ISSOCK, "socket"),
+)
+
+
+def check_dagster_home(data_root: Path | None = None) -> None:
+    """Refuse a ``DAGSTER_HOME`` that cannot be the Dagster instance's folder: it names a file (or a
+    device, a pipe, a socket, a broken link), or a path through one. A ``SettingError`` saying so,
+    whose fix changes the setting, never the file (a user's, which nothing here moves or deletes):
+    set it to a folder, or unset it (the build then uses ``<data_root>/.dagster``). Unset, empty,
+    a folder, or a path still to be made under a folder: nothing to say."""
+    raw = os.environ.get("DAGSTER_HOME")
+    if not raw:
+        return
+    home = Path(raw).expanduser().absolute()
+    unset = f"the build then uses {Path(data_root) / '.dagster'}" if data_root is not None else _UNSET_HOME
+    fix = f"set DAGSTER_HOME to a folder (or unset it: {unset})"
+    for part in (*reversed(home.parents), home):
+        try:
+            mode = os.stat(part).st_mode
+        except FileNotFoundError:
+            if not part.is_symlink():
+                return  # made by the build, under the folders above it
+            kind = "broken symbolic link"
+        except OSError:  # unreadable: the instance's own set-up names what the system says
+            return
+        else:
+            if stat.S_ISDIR(mode):
+                continue
+            kind = next((k for test, k in _NOT_FOLDERS if test(mode)), "file")
+        what = "names a" if part == home else f"goes through {part}, a"
+        raise SettingError(
+            f"DAGSTER_HOME={raw!r} {what} {kind}, not a folder: the Dagster instance a build records "
+            f"its runs into is a folder (that {kind} is left as it is).",
+            fix=fix,
+        )
 
 
 # The first line of every dagster.yaml stage2 writes: a file starting with it is stage2's, rewritten

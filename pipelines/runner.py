@@ -37,6 +37,7 @@ from typing import Any
 
 import dagster as dg
 
+from stage2_data.oserrors import fs_guard
 from stage2_data.profile import load_profile
 from stage2_data.publish import data_root_lock, sweep_data_root
 from stage2_data.stages import (
@@ -61,7 +62,7 @@ from stage2_data.steps.status import (
     record_store_stage,
 )
 
-from .config import BuildConfig, stream_run_bytes, write_instance_yaml
+from .config import BuildConfig, check_dagster_home, stream_run_bytes, write_instance_yaml
 from .executors import local_dask_cluster
 from .launch import RUNS_CONSOLE_LOG, CodeServer, free_port, logs_dir, queued_warn_seconds, terminate_runs
 from .runs import other_data_roots, partition_runs, run_selection
@@ -96,6 +97,13 @@ def open_instance(data_root: Path) -> tuple[Path, dg.DagsterInstance]:
     """:func:`ensure_instance`, and the instance, which a build's runs in this process share (opening
     one reads its config and checks its three storages' schemas: once a build, not once a run)."""
     home = instance_home(data_root)
+    check_dagster_home(data_root)  # a file there: named, its fix changes the setting, not the file
+    with fs_guard("setting up the Dagster instance"):  # a read-only or full disk: named, exit 2
+        return home, _set_up_instance(home)
+
+
+def _set_up_instance(home: Path) -> dg.DagsterInstance:
+    """The instance at ``home``, its folder, ``dagster.yaml`` and schema made once (under its lock)."""
     home.mkdir(parents=True, exist_ok=True)
     with _instance_lock(home):
         write_instance_yaml(home)
@@ -112,7 +120,7 @@ def open_instance(data_root: Path) -> tuple[Path, dg.DagsterInstance]:
             and DOWNLOADS_POOL not in storage.get_concurrency_keys()
         ):
             storage.initialize_concurrency_limit_to_default(DOWNLOADS_POOL)
-    return home, instance
+    return instance
 
 
 def started_runs(data_root: Path, since: float) -> list[dict[str, Any]]:

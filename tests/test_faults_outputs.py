@@ -279,6 +279,45 @@ def test_every_build_json_has_the_same_keys(world: dict[str, Any], tmp_path: Pat
 
 
 @pytest.mark.slow
+def test_a_dagster_home_that_is_a_file_is_refused_with_the_builds_summary(
+    world: dict[str, Any], tmp_path: Path
+) -> None:
+    """DAGSTER_HOME naming a regular file (QA): a build that runs printed, with --json, the generic
+    error object (not the build's summary keys), did not name DAGSTER_HOME, and its fix said to move
+    or delete the file (a user's); a no-op build ignored it. Both are refused now, exit 2, before
+    anything is written: DAGSTER_HOME names a file, not a folder; the fix sets it to a folder or
+    unsets it; --json prints the build's summary, the refusal its one error. The file is untouched."""
+    built = world["build"]
+    assert built.returncode == 0, built.tail()
+    noop = _build(world["demo"], world["root"], "--json")  # the no-op path: nothing to do there
+    assert noop.returncode == 0 and noop.json()["up_to_date"] and noop.json()["runs"] == [], noop.tail()
+    mine = tmp_path / "my-notes.txt"
+    mine.write_text("a user's file\n")
+    fresh = tmp_path / "fresh" / "data"  # the path that runs: nothing built there yet
+    for root in (world["root"], fresh):
+        before = (outside(tmp_path), outside(world["root"]))
+        for args in ((), ("--json",)):
+            r = _build(world["demo"], root, *args, DAGSTER_HOME=str(mine))
+            assert r.returncode == 2, r.tail()
+            err = r.stderr.strip()
+            assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+            assert f"DAGSTER_HOME={str(mine)!r} names a file, not a folder" in err, err
+            assert (
+                "Fix: set DAGSTER_HOME to a folder (or unset it: " in err and "<data root>/.dagster" in err
+            ), err
+            assert "move or delete" not in err, err
+            if args:
+                doc = r.json()
+                assert sorted(doc) == sorted(built.json()), doc  # the build's summary, every key
+                assert not doc["ok"] and doc["runs"] == [] and doc["dagster_home"] is None, doc
+                assert [e["error"] for e in doc["errors"]] == ["SettingError"], doc["errors"]
+                assert "DAGSTER_HOME" in doc["errors"][0]["message"], doc["errors"]
+        assert mine.read_text() == "a user's file\n"
+        assert (outside(tmp_path), outside(world["root"])) == before  # nothing written, the file kept
+    assert not fresh.exists()
+
+
+@pytest.mark.slow
 def test_fault_proc_moved_root(world: dict[str, Any], tmp_path: Path) -> None:
     """A data root copied, then moved: each build records into the instance of the data root it
     builds (its dagster.yaml rewritten for its place); the original's instance is untouched."""

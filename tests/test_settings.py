@@ -3,10 +3,21 @@ takes, and every other one refused with a ``SettingError`` naming the variable a
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from stage2_data.errors import SettingError
-from stage2_pipelines.config import EXECUTOR_NAMES, BuildConfig, env_executor, env_flag, env_store_options
+from stage2_pipelines.config import (
+    EXECUTOR_NAMES,
+    BuildConfig,
+    check_dagster_home,
+    check_settings,
+    env_executor,
+    env_flag,
+    env_store_options,
+)
 from stage2_pipelines.executors import EXECUTORS
 
 
@@ -130,3 +141,51 @@ def test_the_config_of_the_environment_refuses_each_one(
     monkeypatch.setenv(name, value)
     with pytest.raises(SettingError, match=f"^{name}"):
         BuildConfig.from_env()
+
+
+@pytest.mark.parametrize("where", ["file", "under-a-file", "fifo", "broken-link"])
+def test_a_dagster_home_that_cannot_be_a_folder_is_refused(
+    where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DAGSTER_HOME naming a file (or a FIFO, a broken link, a path through a file): a SettingError
+    naming the variable and what stands there; the fix changes the setting, never the file (a
+    user's); with the data root known, it names the instance the build then uses."""
+    mine = tmp_path / "mine"
+    if where == "fifo":
+        os.mkfifo(mine)
+    elif where == "broken-link":
+        mine.symlink_to(tmp_path / "gone")
+    else:
+        mine.write_text("a user's file\n")
+    home = mine / "home" if where == "under-a-file" else mine
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    with pytest.raises(SettingError) as got:
+        check_settings()
+    said = str(got.value)
+    assert said.startswith(f"DAGSTER_HOME={str(home)!r} "), said
+    kind = {"fifo": "named pipe (FIFO)", "broken-link": "broken symbolic link"}.get(where, "file")
+    assert f"{kind}, not a folder" in said, said
+    if where == "under-a-file":
+        assert f"goes through {mine}, a file" in said, said
+    assert (
+        "Fix: set DAGSTER_HOME to a folder (or unset it: `stage2 build` then uses <data root>/.dagster"
+        in said
+    )
+    assert "move or delete" not in said, said
+    with pytest.raises(SettingError) as got:
+        check_dagster_home(tmp_path / "data")
+    assert str(got.value).endswith(f"(or unset it: the build then uses {tmp_path / 'data' / '.dagster'})")
+    assert mine.is_symlink() or mine.exists()
+
+
+@pytest.mark.parametrize("where", ["folder", "to-make", "unset", "empty"])
+def test_a_dagster_home_that_is_or_can_be_a_folder_is_taken(
+    where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if where == "unset":
+        monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    else:
+        value = {"folder": str(tmp_path), "to-make": str(tmp_path / "a" / "b"), "empty": ""}[where]
+        monkeypatch.setenv("DAGSTER_HOME", value)
+    check_dagster_home(tmp_path / "data")
+    check_settings()
