@@ -498,6 +498,59 @@ def test_a_dry_run_changes_nothing_and_names_what_the_build_then_runs(
     assert plan["download_bytes"] == sum(a.size or 0 for a in load_profile(demo.profile).archives) > 0
 
 
+def _contents(root: Path, *, skip: tuple[str, ...] = ()) -> dict[str, tuple[tuple[int, int, int], str]]:
+    """:func:`_stats` of every entry under ``root``, with every regular file's sha256 (byte for byte)."""
+    import hashlib
+
+    out = {}
+    for rel, st in _stats(root, skip=skip).items():
+        p = root / rel
+        digest = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() and not p.is_symlink() else ""
+        out[rel] = (st, digest)
+    return out
+
+
+def test_a_dry_run_writes_no_refresh_and_says_what_the_build_refreshes(noop_rebuilt: dict[str, Any]) -> None:
+    """A sidecar and an extracted file whose stats changed and whose bytes did not (a chmod, an mtime
+    set back): the build's checks hash them again and refresh their records (the sidecars' index and
+    record, the extraction record). The dry run rewrote those records too (QA): it writes nothing,
+    every file under the data root keeps its bytes and its mtime, it names the records a build
+    refreshes, and the build after it runs exactly the stages it named (a refreshed sidecar index is
+    an input of the store stage; an extraction record's stats are not)."""
+    root: Path = noop_rebuilt["root"]
+    hub: HubServer = noop_rebuilt["hub"]
+    demo: DemoPaths = noop_rebuilt["demo"]
+    _build(demo, root, hub)  # whatever an earlier test left: a no-op after it
+    sidecar = sorted((root / layout.DERIVED_DIR / layout.SIDECARS_DIR).rglob("*.npz"))[0]
+    sidecar.chmod(sidecar.stat().st_mode ^ 0o040)  # its ctime moves, its bytes stay
+    key = sorted(p.name for p in layout.processed_root(root).iterdir())[0]
+    info = layout.cache_dir(root, key) / "dataset_info.json"
+    st = info.stat()
+    os.utime(info, ns=(st.st_atime_ns, st.st_mtime_ns))  # the same mtime set again: only its ctime moves
+    before = _contents(root, skip=INSTANCE)
+    runs = _dagster_runs(root)
+    plan = _dry_run(demo, root, hub, "--json").json()
+    after = _contents(root, skip=INSTANCE)
+    assert sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p)) == []
+    assert _dagster_runs(root) == runs
+    derived = root / layout.DERIVED_DIR
+    record = layout.extraction_record_path(root, key)
+    assert {str(derived / SIDECAR_INDEX), str(record)} <= set(plan["refreshes"]), plan
+    would = [s["stage"] for s in plan["stages"] if s["runs"]]
+    assert would == [STORE.name], plan
+    out = _dry_run(demo, root, hub)
+    assert f"{record}" in out.stdout and "a build now would run: store" in out.stdout, out.stdout
+    assert _contents(root, skip=INSTANCE) == before
+
+    built, fp = _build(demo, root, hub)
+    assert fp == FINGERPRINT
+    assert sorted(set(s.name for s in STAGES) - set(_up_to_date(built))) == sorted(would), built.stderr
+    rel = os.path.relpath(record, root)
+    assert _contents(root, skip=INSTANCE)[rel] != before[rel]  # the build refreshed it
+    again = _dry_run(demo, root, hub, "--json").json()
+    assert again["up_to_date"] and again["refreshes"] == [], again
+
+
 def _up_to_date(out: Any) -> list[str]:
     """The names of the stages the build says are up to date."""
     return [

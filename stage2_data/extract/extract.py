@@ -512,7 +512,11 @@ def settle_ctimes(newest_ctime_ns: int) -> None:
 
 
 def check_extraction(
-    data_root: Path, cache_key: str, archive_sha256: Mapping[str, str | None]
+    data_root: Path,
+    cache_key: str,
+    archive_sha256: Mapping[str, str | None],
+    *,
+    held: list[Path] | None = None,
 ) -> tuple[ExtractionRecord | None, str | None]:
     """(the record, None) when ``processed_datasets/<cache_key>/`` holds what its record says and the
     record was made by this extractor from the archives ``archive_sha256`` names (archive path ->
@@ -522,7 +526,8 @@ def check_extraction(
     Costs a read of the record and one ``os.scandir`` walk of the cache directory when every file's
     (inode, size, mtime_ns, ctime_ns) equals the record's. A file whose stats differ is hashed again:
     when its sha256 is still the recorded one, the record's stats are refreshed (written) and the
-    cache directory is up to date; else it must be re-extracted."""
+    cache directory is up to date; else it must be re-extracted. With ``held`` (a dry run), that
+    refresh is not written: the record's path is appended to ``held``."""
     path = layout.extraction_record_path(data_root, cache_key)
     record, record_stat = _load_record(path)
     if record is None:
@@ -561,7 +566,10 @@ def check_extraction(
     reason, refreshed = _compare_files(final, record, stats)
     if reason is not None:
         return record, reason
-    _refresh(path, record_stat, record, refreshed)
+    if held is not None:
+        held.append(path)
+    else:
+        _refresh(path, record_stat, record, refreshed)
     return record, None
 
 

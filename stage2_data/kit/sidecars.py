@@ -207,7 +207,11 @@ def _read_marker(marker: Path) -> dict[str, Any] | None:
 
 
 def _unpacked_record(
-    derived: Path, tar_path: Path, tar_sha256: str, tar_stat: os.stat_result
+    derived: Path,
+    tar_path: Path,
+    tar_sha256: str,
+    tar_stat: os.stat_result,
+    held: list[Path] | None = None,
 ) -> tuple[dict[str, Any] | None, str]:
     """(the sidecars' record, "") when ``derived/.sidecars.json`` records this tar (sha256 from its
     ``.sha256`` file, size, mtime; its inode and ctime, else its bytes hashed again: size and mtime
@@ -216,7 +220,8 @@ def _unpacked_record(
     equal to the record's (nothing read), or, for a file whose stats differ, its sha256 (the
     record's stats are then refreshed), and the record agrees with its index (its file count, byte
     count and ``content_digest`` are its sidecars', as an extraction record's must be). Else (None,
-    why they must be unpacked again, naming the file)."""
+    why they must be unpacked again, naming the file). With ``held`` (a dry run), a refresh is not
+    written: the paths it would write are appended to ``held``."""
     marker = derived / SIDECAR_MARKER
     rec = _read_marker(marker)
     if rec is None:
@@ -232,7 +237,7 @@ def _unpacked_record(
     ):
         return None, "the kit's sidecar tar is not the one unpacked"
     if (rec.get("tar_ino"), rec.get("tar_ctime_ns")) != (tar_stat.st_ino, tar_stat.st_ctime_ns):
-        why = _tar_changed(derived, rec, tar_path, tar_sha256, tar_stat)
+        why = _tar_changed(derived, rec, tar_path, tar_sha256, tar_stat, held)
         if why:
             return None, why
     base = derived / layout.SIDECARS_DIR
@@ -276,7 +281,10 @@ def _unpacked_record(
             )
     if inconsistent:
         return None, f"{marker} is inconsistent ({inconsistent})"
-    _refresh(derived, rec, index, now)
+    if held is not None:
+        held += [derived / SIDECAR_INDEX, marker]
+    else:
+        _refresh(derived, rec, index, now)
     return rec, ""
 
 
@@ -317,7 +325,12 @@ def _recorded_files(derived: Path) -> dict[str, tuple[str, tuple[int, int, int, 
 
 
 def _tar_changed(
-    derived: Path, rec: dict[str, Any], tar_path: Path, tar_sha256: str, tar_stat: os.stat_result
+    derived: Path,
+    rec: dict[str, Any],
+    tar_path: Path,
+    tar_sha256: str,
+    tar_stat: os.stat_result,
+    held: list[Path] | None = None,
 ) -> str:
     """Why the sidecar tar, whose inode or ctime is not the recorded one, is not the tar unpacked:
     its bytes hashed again differ from its ``.sha256`` file; "" when they match (the record then
@@ -331,6 +344,9 @@ def _tar_changed(
             f"{tar_path} changed since it was unpacked: sha256 {actual}, its .sha256 file says {tar_sha256}"
         )
     rec.update(tar_ino=tar_stat.st_ino, tar_ctime_ns=tar_stat.st_ctime_ns)
+    if held is not None:  # a dry run: named, not written
+        held.append(derived / SIDECAR_MARKER)
+        return ""
     settle_ctimes(tar_stat.st_ctime_ns)
     with contextlib.suppress(OSError):  # a read-only data root: the check holds, unrecorded
         atomic_write_json(derived / SIDECAR_MARKER, rec)
@@ -366,17 +382,18 @@ def invalidate_sidecars(data_root: Path, why: str) -> bool:
     return True
 
 
-def sidecars_status(profile: Profile, data_root: Path) -> str | None:
+def sidecars_status(profile: Profile, data_root: Path, *, held: list[Path] | None = None) -> str | None:
     """None when :func:`unpack_sidecars` would skip (the sidecars unpacked from the kit's tar as it
     is now, by stats and the tar's ``.sha256`` file, and every sidecar as the unpack wrote it: by
-    stats, or by sha256 for a file whose stats changed), else why it would unpack."""
+    stats, or by sha256 for a file whose stats changed), else why it would unpack. With ``held``
+    (a dry run), the record's refresh is not written: its paths are appended to ``held``."""
     tar_path = profile.kit_file("sidecar_archive")
     try:
         expected, _ = read_single_sha256_file(profile.kit_file("sidecar_archive_sha256"))
         st = tar_path.stat()
     except (OSError, Stage2Error) as e:
         return f"the kit's sidecar archive cannot be checked ({e})"
-    rec, why = _unpacked_record(layout.derived_root(Path(data_root)), tar_path, expected, st)
+    rec, why = _unpacked_record(layout.derived_root(Path(data_root)), tar_path, expected, st, held)
     if rec is None:
         return f"the sidecars of {tar_path.name} must be unpacked again: {why}"
     return None

@@ -3,8 +3,10 @@
 The answer is the one a build computes before it runs its first stage (:func:`.status.build_status`:
 each stage up to date, or why it must run), with the rules a build adds to it: ``--reverify`` runs
 every stage, a store on object storage always runs its stage, and a data root that does not exist
-yet is a first build. Nothing is read but records and file stats, nothing is written, and the hub
-is not asked.
+yet is a first build. Nothing is read but records and file stats (and the bytes of a file whose
+stats changed since its record, hashed again as a build's check hashes them), nothing is written,
+and the hub is not asked: a record a build's check would refresh (the file's bytes are the recorded
+ones, its stats are not) is named, not written (``held``).
 """
 
 from __future__ import annotations
@@ -46,8 +48,10 @@ class BuildPlan:
     data_root: str
     stages: tuple[StagePlan, ...]
     download_bytes: int  # archive bytes still to download
-    extract_bytes: int  # what the extraction of every cache key not yet extracted writes (estimated)
+    extract_bytes: int  # what the extraction of every cache key a build extracts (again) writes (estimated)
     free_bytes: int  # free disk where the data root is (or will be)
+    # the records a build's checks would refresh first (files hashed again, bytes as recorded)
+    refreshes: tuple[str, ...] = ()
 
     @property
     def up_to_date(self) -> bool:
@@ -61,6 +65,11 @@ class BuildPlan:
         ]
         for i, s in enumerate(self.stages, 1):
             out.append(f"[{i}/{n}] {s.label}: " + (f"would run: {s.why}" if s.runs else "up to date"))
+        if self.refreshes:
+            out.append(
+                "a build would first refresh the stats these records hold (files whose stats changed, "
+                "hashed now: their bytes are the recorded ones): " + ", ".join(self.refreshes)
+            )
         out.append(
             f"disk: {human_bytes(self.download_bytes)} to download + {human_bytes(self.extract_bytes)} "
             f"to extract; {human_bytes(self.free_bytes)} free"
@@ -82,6 +91,7 @@ class BuildPlan:
             "download_bytes": self.download_bytes,
             "extract_bytes": self.extract_bytes,
             "free_bytes": self.free_bytes,
+            "refreshes": list(self.refreshes),
         }
 
 
@@ -92,19 +102,21 @@ def stage_reasons(
     *,
     reverify: bool = False,
     store_url: str | None = None,
+    held: list[Path] | None = None,
 ) -> dict[str, str | None]:
     """``{stage name: None (up to date) | why it runs}`` for every stage of a build: what a build
     decides from (``pipelines.uptodate.stage_status``) and what its dry run says. Call it holding
     the data root's lock when the data root exists (a build running beside it would change the
     answer); ``settings``: the store stage's (``pipelines.uptodate.store_stage_settings``), which
-    a changed setting makes run."""
+    a changed setting makes run; ``held``: a list for a dry run, which writes nothing (the records
+    a build's checks would refresh are appended to it: :func:`.status.build_status`)."""
     data_root = Path(data_root)
     if reverify:
         why: dict[str, str | None] = dict.fromkeys((s.name for s in STAGES), REVERIFY)
     elif not data_root.is_dir():
         why = dict.fromkeys((s.name for s in STAGES), FIRST_BUILD)
     else:
-        why = build_status(profile, data_root, settings)
+        why = build_status(profile, data_root, settings, held=held)
     if store_url and why.get(STORE.name) is None:
         why[STORE.name] = OBJECT_STORE
     return why
@@ -121,7 +133,8 @@ def build_plan(
     """What a build would do now (:func:`stage_reasons`, and the disk it needs), under the same
     conditions."""
     data_root = Path(data_root)
-    why = stage_reasons(profile, data_root, settings, reverify=reverify, store_url=store_url)
+    held: list[Path] = []  # a dry run writes nothing: what a build's checks would refresh is named
+    why = stage_reasons(profile, data_root, settings, reverify=reverify, store_url=store_url, held=held)
     download, extract = required_free_parts(profile, data_root)  # no data root: every archive
     return BuildPlan(
         profile=profile.name,
@@ -130,4 +143,5 @@ def build_plan(
         download_bytes=download,
         extract_bytes=extract,
         free_bytes=free_bytes(data_root),
+        refreshes=tuple(sorted({str(p) for p in held})),
     )

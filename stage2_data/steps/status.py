@@ -27,7 +27,12 @@ Whatever the stats say, a stage whose check failed in any run since the last suc
 that a cause since gone leaves no failed check in the UI behind a build that did nothing.
 
 :func:`build_status` returns ``{stage: None | why it must run}``. Nothing here writes, except
-:func:`record_store_stage` (and only when what it records changed).
+:func:`record_store_stage` (and only when what it records changed), and the checks' refreshes: an
+extracted file or a sidecar whose stats changed and whose bytes did not (hashed again) has its
+record rewritten with its stats now (``extract.check_extraction``, ``kit.sidecars_status``).
+Given ``held`` (a list: ``stage2 build --dry-run``), those refreshes are not written: their paths
+are appended to it, and the answer is the one a build that writes them would give (a refreshed
+sidecar index changes the store stage's inputs' stats: that stage would run).
 """
 
 from __future__ import annotations
@@ -191,13 +196,13 @@ def _changed_since_seen(rec: ExtractionRecord, seen: dict[str, Any] | None, data
     return None
 
 
-def extract_status(profile: Profile, data_root: Path) -> str | None:
+def extract_status(profile: Profile, data_root: Path, *, held: list[Path] | None = None) -> str | None:
     """None when every cache key passes :func:`~stage2_data.extract.check_extraction` and its
     record says what the last successful store stage saw of it (:func:`reported_extraction`), else
     why the extract stage must run (it checks the record's counts and problems again)."""
     seen = _records_seen(data_root)
     for key in profile.cache_keys():
-        rec, reason = check_extraction(data_root, key, verified_sha256s(profile, data_root, key))
+        rec, reason = check_extraction(data_root, key, verified_sha256s(profile, data_root, key), held=held)
         if reason is None and rec is not None:
             reason = _changed_since_seen(rec, seen, data_root)
         if reason is not None:
@@ -518,8 +523,29 @@ def profile_status(profile: Profile, data_root: Path) -> str | None:
     return None
 
 
+def _refreshed_inputs(data_root: Path, held: list[Path] | None) -> str | None:
+    """Why the store stage runs when a check held (did not write) the refresh of a file whose stats
+    its fingerprint covers (the sidecars' record or index: a build writes them before it compares
+    the fingerprint, which then differs), else None. Without ``held``: None (written already)."""
+    if not held:
+        return None
+    derived = layout.derived_root(data_root)
+    covered = {derived / SIDECAR_MARKER, derived / SIDECAR_INDEX}
+    refreshed = sorted({str(p) for p in held if p in covered})
+    if not refreshed:
+        return None
+    return (
+        f"the sidecars' check refreshes {', '.join(refreshed)} (a sidecar's stats changed, its bytes "
+        "hashed again did not): the stage's inputs' stats change"
+    )
+
+
 def build_status(
-    profile: Profile, data_root: Path, settings: dict[str, Any] | None = None
+    profile: Profile,
+    data_root: Path,
+    settings: dict[str, Any] | None = None,
+    *,
+    held: list[Path] | None = None,
 ) -> dict[str, str | None]:
     """``{stage name: None (up to date) | why it must run}`` for the five stages, in order. A stage
     after one that must run must run too (what it reads will change); the profile stage runs when
@@ -530,9 +556,9 @@ def build_status(
         return failed_checks_status(data_root, stage.name)
 
     out: dict[str, str | None] = {ACQUIRE.name: acquire_status(profile, data_root) or failed(ACQUIRE)}
-    out[KIT.name] = sidecars_status(profile, data_root) or failed(KIT)
+    out[KIT.name] = sidecars_status(profile, data_root, held=held) or failed(KIT)
     if out[ACQUIRE.name] is None:
-        out[EXTRACT.name] = extract_status(profile, data_root) or failed(EXTRACT)
+        out[EXTRACT.name] = extract_status(profile, data_root, held=held) or failed(EXTRACT)
     else:
         out[EXTRACT.name] = "archives change"
     if out[EXTRACT.name] is not None:
@@ -540,7 +566,9 @@ def build_status(
     elif out[KIT.name] is not None:
         out[STORE.name] = "the action sidecars change"
     else:
-        out[STORE.name] = store_status(profile, data_root, settings) or failed(STORE)
+        out[STORE.name] = (
+            store_status(profile, data_root, settings) or _refreshed_inputs(data_root, held) or failed(STORE)
+        )
     later = [v for v in (out[ACQUIRE.name], out[KIT.name], out[EXTRACT.name]) if v is not None]
     first = later[0] if later else (profile_status(profile, data_root) or failed(PROFILE))
     return {PROFILE.name: first, **{s.name: out[s.name] for s in STAGES if s.name in out}}
