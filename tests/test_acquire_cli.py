@@ -242,6 +242,62 @@ def test_list_shows_missing_partial_verified(
     assert all(q["upstream"] for q in doc["quarantined"])
 
 
+def test_list_counts_what_a_build_downloads_and_extracts_again(
+    demo: DemoPaths, hub: HubServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An archive present but not verified (truncated, a folder in its place, bytes changed at its
+    pinned size) is moved aside by a build and downloaded in full (or, at its pinned size, hashed
+    first: counted in full all the same, as a free-disk check must); `list` and the free-disk check
+    counted it 0 ("its bytes are on disk", QA). A cache key whose record a build does not keep (an
+    invalidated record, its folder and record still there) is extracted again: counted too."""
+    from stage2_data.acquire.state import EXTRACTION_FACTOR
+    from stage2_data.extract import extract_cache_dir, invalidate_extraction
+
+    data_root = tmp_path / "data"
+    prof = load_profile(demo.profile)
+    download_profile(prof, HubSource.from_profile(prof, endpoint=hub.url), data_root, backoff=0.01)
+    by_key = prof.archives_by_cache_key()
+    keys = sorted(k for k, specs in by_key.items() if len(specs) == 1)
+    for k in keys[:2]:
+        specs = by_key[k]
+        paths = [layout.archive_path(data_root, a.path) for a in specs]
+        extract_cache_dir(k, paths, data_root, archive_sha256={a.path: a.sha256 for a in specs})
+
+    def totals() -> dict[str, int]:
+        rc, out, _ = stage2(capsys, "list", str(demo.profile), "--data-root", str(data_root), "--json")
+        assert rc == 0
+        return json.loads(out)["totals"]
+
+    def extraction(*ks: str) -> int:
+        return sum(int(sum(a.size or 0 for a in by_key[k]) * EXTRACTION_FACTOR) for k in ks)
+
+    others = [k for k in by_key if k not in keys[:2]]
+    t = totals()
+    assert (t["to_download_bytes"], t["to_extract_bytes"]) == (0, extraction(*others)), t
+
+    truncated, folder, changed = (by_key[k][0] for k in (keys[2], keys[3], keys[0]))
+    p = layout.archive_path(data_root, truncated.path)
+    p.write_bytes(p.read_bytes()[: (truncated.size or 0) // 2])
+    p = layout.archive_path(data_root, folder.path)
+    p.unlink()
+    p.mkdir()
+    p = layout.archive_path(data_root, changed.path)
+    data = p.read_bytes()
+    p.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # the pinned size, other bytes
+    assert invalidate_extraction(data_root, keys[1], "a test marked it damaged")
+    t = totals()
+    gone = [truncated, folder, changed]
+    assert t["unverified"] == 3 and t["to_download_bytes"] == sum(a.size or 0 for a in gone) > 0, t
+    assert t["to_extract_bytes"] == extraction(keys[1], *others), t
+    assert (
+        t["required_free_bytes"]
+        == required_free_bytes(prof, data_root)
+        == sum(a.size or 0 for a in gone) + extraction(keys[1], *others)
+    )
+    rc, out, _ = stage2(capsys, "list", str(demo.profile), "--data-root", str(data_root))
+    assert "3 archive(s) present, not verified, count in full above" in out, out
+
+
 def test_list_of_an_unpinned_profile_does_not_claim_to_know_the_disk_needed(
     demo: DemoPaths, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

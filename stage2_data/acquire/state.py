@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -165,38 +166,82 @@ def archive_state(data_root: Path, spec: ArchiveSpec) -> ArchiveState:
         return ArchiveState(spec.path, "missing", 0, spec.size, None)
 
 
-def remaining_download_bytes(data_root: Path, spec: ArchiveSpec) -> int:
+def remaining_download_bytes(data_root: Path, spec: ArchiveSpec, *, unhashed_in_full: bool = False) -> int:
+    """The archive bytes a build downloads for ``spec`` (of its pinned size; an unpinned archive
+    counts 0): none when verified, the rest of a partial download, the whole archive when it is
+    missing, and when what stands where it goes is not verified (no record matching its stats) and
+    is not a regular file of the pinned size (truncated or longer, a folder, a FIFO): a build moves
+    it aside (kept under the data root: its bytes stay on this disk) and downloads the archive in
+    full. A regular file of the pinned size is hashed first and downloaded again only when it does
+    not match its pin: only hashing tells, so it counts 0 (what a progress display expects), or in
+    full with ``unhashed_in_full`` (what a free-disk check must count: counted 0, a download of it
+    could fill the disk)."""
     st = archive_state(data_root, spec)
     size = spec.size or 0
-    if st.state == "missing":
-        return size
+    if st.state == "verified":
+        return 0
     if st.state == "partial":
         return max(0, size - st.bytes_local)
-    return 0  # verified, or unverified (its bytes are already on disk)
+    if st.state == "unverified" and not unhashed_in_full and _regular_size(data_root, spec) == spec.size:
+        return 0  # hashed first: downloaded again only if it does not match its pin
+    return size
 
 
-def _is_extracted(data_root: Path, cache_key: str) -> bool:
+def _regular_size(data_root: Path, spec: ArchiveSpec) -> int | None:
+    """The size of the regular file at the archive's path (a link followed, as a download opens
+    it), or None (none there, or not a regular file)."""
+    try:
+        st = layout.archive_path(data_root, spec.path).stat()
+    except OSError:
+        return None
+    return st.st_size if stat.S_ISREG(st.st_mode) else None
+
+
+def unverified_archives(profile: Profile, data_root: Path) -> list[ArchiveSpec]:
+    """The archives whose final file (or whatever stands there) is not verified: a build hashes
+    them, and downloads again those that do not match their pin."""
+    return [a for a in profile.archives if archive_state(data_root, a).state == "unverified"]
+
+
+def _extraction_kept(data_root: Path, cache_key: str, specs: list[ArchiveSpec]) -> bool:
+    """Whether a build keeps the extraction of ``cache_key`` once every archive of it is verified
+    at its pin (what the acquire stage leaves): its folder is there and its record (read, not
+    hashed) was made by this extractor, is not invalidated and names exactly these archives with
+    their pinned sha256. Else the build extracts it (again). A file of the folder changed since its
+    record is found by the extract stage's check, not here (no walk, no hashing)."""
+    from ..extract import EXTRACTOR_VERSION, load_extraction_record
+
+    if not layout.cache_dir(data_root, cache_key).is_dir():
+        return False
+    rec = load_extraction_record(data_root, cache_key)
     return (
-        layout.extraction_record_path(data_root, cache_key).is_file()
-        and layout.cache_dir(data_root, cache_key).is_dir()
+        rec is not None
+        and rec.cache_key == cache_key
+        and rec.extractor_version == EXTRACTOR_VERSION
+        and not rec.invalidated
+        and dict(rec.archive_sha256) == {a.path: a.sha256 for a in specs}
     )
 
 
 def required_free_parts(profile: Profile, data_root: Path) -> tuple[int, int]:
-    """(archive bytes still to download, bytes the extraction of every cache key not yet extracted
-    will write: ``EXTRACTION_FACTOR`` x its archive bytes). An unpinned archive counts 0: pin first."""
-    remaining = sum(remaining_download_bytes(data_root, a) for a in profile.archives)
+    """(archive bytes a build may still download: :func:`remaining_download_bytes`, an archive on
+    disk not verified counted in full; bytes the extraction of every cache key the build extracts
+    (again) will write: ``EXTRACTION_FACTOR`` x its archive bytes, for every key whose extraction
+    it does not keep (:func:`_extraction_kept`: no record or no folder, another extractor's, an
+    invalidated one, or one of other archives or sha256 than the pins). What a free-disk check,
+    ``stage2 list`` and ``stage2 build --dry-run`` count. An unpinned archive counts 0: pin first."""
+    remaining = sum(remaining_download_bytes(data_root, a, unhashed_in_full=True) for a in profile.archives)
     extraction = 0
     for key, specs in profile.archives_by_cache_key().items():
-        if not _is_extracted(data_root, key):
+        if not _extraction_kept(data_root, key, specs):
             extraction += int(sum(a.size or 0 for a in specs) * EXTRACTION_FACTOR)
     return remaining, extraction
 
 
 def required_free_bytes(profile: Profile, data_root: Path) -> int:
-    """Free disk the rest of the build needs: the archive bytes still to download, plus
-    ``EXTRACTION_FACTOR`` x the archive bytes of every cache key not yet extracted.
-    (An unpinned archive counts 0: pin first.)"""
+    """Free disk the rest of the build needs (:func:`required_free_parts`): the archive bytes it may
+    still download, plus ``EXTRACTION_FACTOR`` x the archive bytes of every cache key it extracts
+    (again). (An unpinned archive counts 0: pin first.)"""
     return sum(required_free_parts(profile, data_root))
 
 
@@ -208,11 +253,18 @@ def require_build_space(profile: Profile, data_root: Path) -> int:
     needed = download + extraction
     if needed:
         big = max(profile.archives, key=lambda a: a.size or 0)
+        unverified = unverified_archives(profile, data_root)
+        hashed = (
+            f", counting in full {len(unverified)} archive(s) on disk not verified: they are hashed "
+            "first and downloaded again unless they match their pin"
+            if unverified
+            else ""
+        )
         require_free_space(
             data_root,
             needed,
             f"the rest of the build of profile {profile.name} ({needed} bytes: {human_bytes(download)} of "
-            f"archives to download + {human_bytes(extraction)} to extract)",
+            f"archives to download + {human_bytes(extraction)} to extract{hashed})",
             largest=(f"archive {big.path}", big.size or 0),
         )
     return needed

@@ -530,6 +530,11 @@ def cmd_list(args: argparse.Namespace) -> int:
             f"           {unsized} archive(s) have no pinned size, so they count 0 above. "
             f"Fix: {_pin_again(args, '--write')}"
         )
+    if t["unverified"]:
+        print(
+            f"           {t['unverified']} archive(s) present, not verified, count in full above: a build "
+            "hashes them first and downloads again those that do not match their pin"
+        )
     return 0
 
 
