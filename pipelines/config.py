@@ -133,7 +133,8 @@ def check_settings() -> None:
     """Refuse, before any work, the environment's settings that are read late:
     ``STAGE2_KEEP_STORES`` (the store stage applies it after publishing) and
     ``STAGE2_STREAM_RUN_MB`` (read when a build or a rebuild requests its streamed runs) and
-    ``STAGE2_STORE_URL`` (opened by the store stage, after every download). `stage2 build` checks
+    ``STAGE2_STORE_URL`` (opened by the store stage, after every download), and
+    ``STAGE2_EXECUTOR``'s name. `stage2 build` checks
     them at its start, and the code location when its definitions load, so a daemon started with a
     bad value fails to load its code location with the named error, at once, instead of failing a
     rebuild's sensor tick or store step days later."""
@@ -144,6 +145,10 @@ def check_settings() -> None:
     default_keep()
     stream_run_bytes()
     check_dagster_home()
+    # the executor of runs the UI and the daemon launch: a name no executor has is refused here
+    # too (a build's own runs take --executor; the rest of env_executor's checks need its extras)
+    if executor := os.environ.get("STAGE2_EXECUTOR", "").strip():
+        _check_executor_name(executor)
     if url := os.environ.get("STAGE2_STORE_URL"):
         try:
             check_stores_url(url)
@@ -211,6 +216,15 @@ def _json_kind(value: object) -> str:
 EXECUTOR_NAMES = ("in_process", "multiprocess", *EXECUTOR_EXTRAS)
 
 
+def _check_executor_name(executor: str) -> None:
+    """Refuse a ``STAGE2_EXECUTOR`` that names no executor."""
+    if executor not in EXECUTOR_NAMES:
+        raise SettingError(
+            f"STAGE2_EXECUTOR={executor!r} is not an executor ({', '.join(EXECUTOR_NAMES)}).",
+            fix="set it to one of them, or unset it for in_process (`stage2 build` takes --executor)",
+        )
+
+
 def env_executor() -> tuple[str, str | None]:
     """``STAGE2_EXECUTOR`` (default ``in_process``) and ``STAGE2_DASK_ADDRESS``, refused unless the
     code location can build that executor: a known name, a scheduler address for ``dask``, its extra
@@ -219,11 +233,7 @@ def env_executor() -> tuple[str, str | None]:
     error that names no variable."""
     executor = os.environ.get("STAGE2_EXECUTOR", "").strip() or "in_process"
     dask_address = os.environ.get("STAGE2_DASK_ADDRESS", "").strip() or None
-    if executor not in EXECUTOR_NAMES:
-        raise SettingError(
-            f"STAGE2_EXECUTOR={executor!r} is not an executor ({', '.join(EXECUTOR_NAMES)}).",
-            fix="set it to one of them, or unset it for in_process",
-        )
+    _check_executor_name(executor)
     if executor == "dask" and not dask_address:
         raise SettingError(
             "STAGE2_EXECUTOR=dask needs STAGE2_DASK_ADDRESS (the scheduler the steps run on).",

@@ -189,3 +189,18 @@ def test_a_dagster_home_that_is_or_can_be_a_folder_is_taken(
         monkeypatch.setenv("DAGSTER_HOME", value)
     check_dagster_home(tmp_path / "data")
     check_settings()
+
+
+def test_stage2_build_refuses_an_executor_name_that_is_none(tmp_path: Path) -> None:
+    """STAGE2_EXECUTOR=foo was taken without a word by `stage2 build` (its own runs take
+    --executor), a no-op and --reverify included, and then broke `make ui` and the daemon (QA,
+    stop 56): refused before any work, as the other settings read late are."""
+    from helpers.cli import stage2, subprocess_env
+
+    r = stage2(
+        "build", "--profile", str(tmp_path / "p.toml"), "--data-root", str(tmp_path / "root"),
+        env=subprocess_env(STAGE2_EXECUTOR="foo"),
+    )  # fmt: skip
+    assert r.returncode == 2, r.tail()
+    assert r.stderr.startswith("stage2 build: error: STAGE2_EXECUTOR='foo' is not an executor"), r.stderr
+    assert "Fix: " in r.stderr and not (tmp_path / "root").exists()
