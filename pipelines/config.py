@@ -33,6 +33,7 @@ from typing import Any
 
 import stage2_deploy
 from stage2_data.errors import SettingError, env_number
+from stage2_data.formats.sha256sums import file_kind
 from stage2_data.publish.atomic import current_umask
 from stage2_data.stages import STREAM_RUN_BYTES
 
@@ -261,14 +262,6 @@ def dagster_home() -> Path:
 #: what unsetting DAGSTER_HOME gives, where the data root is not known (``check_settings``)
 _UNSET_HOME = "`stage2 build` then uses <data root>/.dagster, `make ui` ./.dagster_home"
 
-# What a path that exists but is no folder is, by its mode (anything else is a "file")
-_NOT_FOLDERS = (
-    (stat.S_ISCHR, "character device"),
-    (stat.S_ISBLK, "block device"),
-    (stat.S_ISFIFO, "named pipe (FIFO)"),
-    (stat.S_ISSOCK, "socket"),
-)
-
 
 def check_dagster_home(data_root: Path | None = None) -> None:
     """Refuse a ``DAGSTER_HOME`` that cannot be the Dagster instance's folder: it names a file (or a
@@ -288,17 +281,17 @@ def check_dagster_home(data_root: Path | None = None) -> None:
         except FileNotFoundError:
             if not part.is_symlink():
                 return  # made by the build, under the folders above it
-            kind = "broken symbolic link"
+            kind = "a broken symbolic link"
         except OSError:  # unreadable: the instance's own set-up names what the system says
             return
         else:
             if stat.S_ISDIR(mode):
                 continue
-            kind = next((k for test, k in _NOT_FOLDERS if test(mode)), "file")
-        what = "names a" if part == home else f"goes through {part}, a"
+            kind = file_kind(mode)
+        what = "names" if part == home else f"goes through {part},"
         raise SettingError(
             f"DAGSTER_HOME={raw!r} {what} {kind}, not a folder: the Dagster instance a build records "
-            f"its runs into is a folder (that {kind} is left as it is).",
+            f"its runs into is a folder (what stands there is left as it is).",
             fix=fix,
         )
 

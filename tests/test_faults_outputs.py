@@ -301,7 +301,7 @@ def test_a_dagster_home_that_is_a_file_is_refused_with_the_builds_summary(
             assert r.returncode == 2, r.tail()
             err = r.stderr.strip()
             assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-            assert f"DAGSTER_HOME={str(mine)!r} names a file, not a folder" in err, err
+            assert f"DAGSTER_HOME={str(mine)!r} names a regular file, not a folder" in err, err
             assert (
                 "Fix: set DAGSTER_HOME to a folder (or unset it: " in err and "<data root>/.dagster" in err
             ), err

@@ -163,10 +163,10 @@ def test_a_dagster_home_that_cannot_be_a_folder_is_refused(
         check_settings()
     said = str(got.value)
     assert said.startswith(f"DAGSTER_HOME={str(home)!r} "), said
-    kind = {"fifo": "named pipe (FIFO)", "broken-link": "broken symbolic link"}.get(where, "file")
+    kind = {"fifo": "a FIFO", "broken-link": "a broken symbolic link"}.get(where, "a regular file")
     assert f"{kind}, not a folder" in said, said
     if where == "under-a-file":
-        assert f"goes through {mine}, a file" in said, said
+        assert f"goes through {mine}, a regular file" in said, said
     assert (
         "Fix: set DAGSTER_HOME to a folder (or unset it: `stage2 build` then uses <data root>/.dagster"
         in said
