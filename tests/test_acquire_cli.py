@@ -245,11 +245,12 @@ def test_list_shows_missing_partial_verified(
 def test_list_counts_what_a_build_downloads_and_extracts_again(
     demo: DemoPaths, hub: HubServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """An archive present but not verified (truncated, a folder in its place, bytes changed at its
-    pinned size) is moved aside by a build and downloaded in full (or, at its pinned size, hashed
-    first: counted in full all the same, as a free-disk check must); `list` and the free-disk check
-    counted it 0 ("its bytes are on disk", QA). A cache key whose record a build does not keep (an
-    invalidated record, its folder and record still there) is extracted again: counted too."""
+    """An archive present but not verified and not a regular file of its pinned size (truncated,
+    a folder in its place) is moved aside by a build and downloaded in full; `list` and the
+    free-disk check counted it 0 ("its bytes are on disk", QA). One of its pinned size is hashed
+    first (a copied data root's archives: the same bytes, another inode) and counts 0. A cache key
+    whose record a build does not keep (an invalidated record, its folder and record still there)
+    is extracted again: counted too."""
     from stage2_data.acquire.state import EXTRACTION_FACTOR
     from stage2_data.extract import extract_cache_dir, invalidate_extraction
 
@@ -286,7 +287,7 @@ def test_list_counts_what_a_build_downloads_and_extracts_again(
     p.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # the pinned size, other bytes
     assert invalidate_extraction(data_root, keys[1], "a test marked it damaged")
     t = totals()
-    gone = [truncated, folder, changed]
+    gone = [truncated, folder]  # (changed: the pinned size, hashed first)
     assert t["unverified"] == 3 and t["to_download_bytes"] == sum(a.size or 0 for a in gone) > 0, t
     assert t["to_extract_bytes"] == extraction(keys[1], *others), t
     assert (
@@ -295,7 +296,7 @@ def test_list_counts_what_a_build_downloads_and_extracts_again(
         == sum(a.size or 0 for a in gone) + extraction(keys[1], *others)
     )
     rc, out, _ = stage2(capsys, "list", str(demo.profile), "--data-root", str(data_root))
-    assert "3 archive(s) present, not verified, count in full above" in out, out
+    assert "3 archive(s) present, not verified: a build hashes each first" in out, out
 
 
 def test_list_of_an_unpinned_profile_does_not_claim_to_know_the_disk_needed(

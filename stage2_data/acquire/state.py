@@ -166,23 +166,23 @@ def archive_state(data_root: Path, spec: ArchiveSpec) -> ArchiveState:
         return ArchiveState(spec.path, "missing", 0, spec.size, None)
 
 
-def remaining_download_bytes(data_root: Path, spec: ArchiveSpec, *, unhashed_in_full: bool = False) -> int:
+def remaining_download_bytes(data_root: Path, spec: ArchiveSpec) -> int:
     """The archive bytes a build downloads for ``spec`` (of its pinned size; an unpinned archive
     counts 0): none when verified, the rest of a partial download, the whole archive when it is
     missing, and when what stands where it goes is not verified (no record matching its stats) and
     is not a regular file of the pinned size (truncated or longer, a folder, a FIFO): a build moves
     it aside (kept under the data root: its bytes stay on this disk) and downloads the archive in
     full. A regular file of the pinned size is hashed first and downloaded again only when it does
-    not match its pin: only hashing tells, so it counts 0 (what a progress display expects), or in
-    full with ``unhashed_in_full`` (what a free-disk check must count: counted 0, a download of it
-    could fill the disk)."""
+    not match its pin, which only hashing tells: it counts 0, as a copied data root's archives
+    (another inode, the same bytes) must (should its bytes differ, a download that fills the disk
+    is a named error that keeps what it wrote)."""
     st = archive_state(data_root, spec)
     size = spec.size or 0
     if st.state == "verified":
         return 0
     if st.state == "partial":
         return max(0, size - st.bytes_local)
-    if st.state == "unverified" and not unhashed_in_full and _regular_size(data_root, spec) == spec.size:
+    if st.state == "unverified" and _regular_size(data_root, spec) == spec.size:
         return 0  # hashed first: downloaded again only if it does not match its pin
     return size
 
@@ -195,12 +195,6 @@ def _regular_size(data_root: Path, spec: ArchiveSpec) -> int | None:
     except OSError:
         return None
     return st.st_size if stat.S_ISREG(st.st_mode) else None
-
-
-def unverified_archives(profile: Profile, data_root: Path) -> list[ArchiveSpec]:
-    """The archives whose final file (or whatever stands there) is not verified: a build hashes
-    them, and downloads again those that do not match their pin."""
-    return [a for a in profile.archives if archive_state(data_root, a).state == "unverified"]
 
 
 def _extraction_kept(data_root: Path, cache_key: str, specs: list[ArchiveSpec]) -> bool:
@@ -224,13 +218,15 @@ def _extraction_kept(data_root: Path, cache_key: str, specs: list[ArchiveSpec]) 
 
 
 def required_free_parts(profile: Profile, data_root: Path) -> tuple[int, int]:
-    """(archive bytes a build may still download: :func:`remaining_download_bytes`, an archive on
-    disk not verified counted in full; bytes the extraction of every cache key the build extracts
+    """(archive bytes a build will still download: :func:`remaining_download_bytes`, a regular
+    file of the pinned size not verified counted 0: a build hashes it and downloads nothing when
+    it matches, which a copied or moved data root's archives (another inode) and archives placed
+    for an offline build do; bytes the extraction of every cache key the build extracts
     (again) will write: ``EXTRACTION_FACTOR`` x its archive bytes, for every key whose extraction
     it does not keep (:func:`_extraction_kept`: no record or no folder, another extractor's, an
     invalidated one, or one of other archives or sha256 than the pins). What a free-disk check,
     ``stage2 list`` and ``stage2 build --dry-run`` count. An unpinned archive counts 0: pin first."""
-    remaining = sum(remaining_download_bytes(data_root, a, unhashed_in_full=True) for a in profile.archives)
+    remaining = sum(remaining_download_bytes(data_root, a) for a in profile.archives)
     extraction = 0
     for key, specs in profile.archives_by_cache_key().items():
         if not _extraction_kept(data_root, key, specs):
@@ -253,18 +249,11 @@ def require_build_space(profile: Profile, data_root: Path) -> int:
     needed = download + extraction
     if needed:
         big = max(profile.archives, key=lambda a: a.size or 0)
-        unverified = unverified_archives(profile, data_root)
-        hashed = (
-            f", counting in full {len(unverified)} archive(s) on disk not verified: they are hashed "
-            "first and downloaded again unless they match their pin"
-            if unverified
-            else ""
-        )
         require_free_space(
             data_root,
             needed,
             f"the rest of the build of profile {profile.name} ({needed} bytes: {human_bytes(download)} of "
-            f"archives to download + {human_bytes(extraction)} to extract{hashed})",
+            f"archives to download + {human_bytes(extraction)} to extract)",
             largest=(f"archive {big.path}", big.size or 0),
         )
     return needed

@@ -532,8 +532,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         )
     if t["unverified"]:
         print(
-            f"           {t['unverified']} archive(s) present, not verified, count in full above: a build "
-            "hashes them first and downloads again those that do not match their pin"
+            f"           {t['unverified']} archive(s) present, not verified: a build hashes each first and "
+            "downloads it again if it does not match its pin (one of the pinned size counts 0 above)"
         )
     return 0
 
