@@ -308,6 +308,13 @@ INSTANCE_YAML_HEAD = f"""\
 """
 
 
+def own_instance(home: Path | str, data_root: Path | str) -> bool:
+    """Whether ``home`` is ``data_root``'s own instance (``<data root>/.dagster``, what a build uses
+    when DAGSTER_HOME is unset): the runs of another data root in it were copied or moved with the
+    data root (their tag names the folder it was built in), not a shared instance."""
+    return Path(home).resolve() == (Path(data_root) / ".dagster").resolve()
+
+
 def shared_instance_note(home: Path | str, data_root: Path | str, others: list[str]) -> str:
     """What a build of ``data_root`` and the UI over it say when the instance at ``home`` also
     records the runs of the data roots ``others``: Dagster keeps one state per asset in an instance,
@@ -319,8 +326,8 @@ def shared_instance_note(home: Path | str, data_root: Path | str, others: list[s
         f"the Dagster instance {home} also records the runs of {len(others)} other data "
         f"root{'s' if len(others) > 1 else ''} ({shown}): its UI shows each asset, its checks and stale "
         "marks as whichever data root materialized it last (the store path in its metadata says "
-        f"which). Fix: one instance per data root: unset DAGSTER_HOME (a build then records into "
-        f"{own}), or set DAGSTER_HOME={shlex.quote(str(own))}"
+        f"which). Fix: one instance per data root: DAGSTER_HOME={shlex.quote(str(own))} for this "
+        "data root's builds and its UI (what `stage2 build` uses when DAGSTER_HOME is unset)"
     )
 
 

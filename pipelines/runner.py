@@ -37,6 +37,7 @@ from typing import Any
 
 import dagster as dg
 
+from stage2_data.errors import CODE_ERRORS
 from stage2_data.oserrors import fs_guard
 from stage2_data.profile import load_profile
 from stage2_data.publish import data_root_lock, sweep_data_root
@@ -62,7 +63,7 @@ from stage2_data.steps.status import (
     record_store_stage,
 )
 
-from .config import BuildConfig, check_dagster_home, stream_run_bytes, write_instance_yaml
+from .config import BuildConfig, check_dagster_home, own_instance, stream_run_bytes, write_instance_yaml
 from .executors import local_dask_cluster
 from .launch import RUNS_CONSOLE_LOG, CodeServer, free_port, logs_dir, queued_warn_seconds, terminate_runs
 from .runs import other_data_roots, partition_runs, run_selection
@@ -121,6 +122,20 @@ def _set_up_instance(home: Path) -> dg.DagsterInstance:
         ):
             storage.initialize_concurrency_limit_to_default(DOWNLOADS_POOL)
     return instance
+
+
+def _shared_with(instance: dg.DagsterInstance, home: Path, data_root: Path) -> list[str]:
+    """The other data roots whose runs the build's instance records (``runs.other_data_roots``),
+    none for the data root's own instance (``config.own_instance``). A hint: when the run storage
+    cannot be read for it, none (the build's own runs were read already)."""
+    if own_instance(home, data_root):
+        return []
+    try:
+        return other_data_roots(instance, data_root)
+    except CODE_ERRORS:
+        raise
+    except Exception:  # noqa: BLE001 - a database gone for a moment fails no build that succeeded
+        return []
 
 
 def started_runs(data_root: Path, since: float) -> list[dict[str, Any]]:
@@ -556,7 +571,7 @@ def _walk(
         profile=profile.name,
         data_root=str(data_root),
         dagster_home=str(home),
-        instance_shared_with=other_data_roots(instance, data_root),
+        instance_shared_with=_shared_with(instance, home, data_root),
         launched=server is not None,
         store=store,
         fingerprint=fingerprint,

@@ -54,6 +54,7 @@ from .config import (
     dagster_home,
     demo_root,
     demo_settings,
+    own_instance,
     shared_instance_note,
     write_instance_yaml,
 )
@@ -178,10 +179,14 @@ def nothing_built_hint(
 
 def shared_instance_hint(home: Path, data_root: Path) -> str | None:
     """A line for a UI over ``data_root`` whose instance also records other data roots' builds
-    (:func:`.config.shared_instance_note`); None when it records no other, or cannot be read."""
+    (:func:`.config.shared_instance_note`); None when it records no other, when it is the data
+    root's own instance (runs copied with it), or when it cannot be read."""
     import dagster as dg
 
     from .runs import other_data_roots
+
+    if own_instance(home, data_root):
+        return None
 
     try:
         with dg.DagsterInstance.from_config(str(home)) as instance:

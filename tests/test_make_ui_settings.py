@@ -179,8 +179,15 @@ def test_the_ui_says_when_its_instance_records_other_data_roots(tmp_path: Path) 
         "its UI shows each asset, its checks and stale marks as whichever data root materialized it last"
     ), said
     assert said.endswith(
-        f"unset DAGSTER_HOME (a build then records into {mine}/.dagster), or set DAGSTER_HOME={mine}/.dagster"
+        f"Fix: one instance per data root: DAGSTER_HOME={mine}/.dagster for this data root's builds and "
+        "its UI (what `stage2 build` uses when DAGSTER_HOME is unset)"
     ), said
+    # the data root's own instance holding runs of the folder it was copied from: not a shared
+    # instance, nothing said (its fix would be what is already the case)
+    own = mine / ".dagster"
+    write_instance_yaml(own)
+    _instance_with_runs(own, ("check_profile",), {DATA_ROOT_TAG: str(other.resolve())})
+    assert shared_instance_hint(own, mine) is None
 
 
 def test_the_build_the_hint_suggests_has_the_uis_settings(demo_cache: DemoPaths, tmp_path: Path) -> None:

@@ -934,6 +934,6 @@ def test_builds_of_two_data_roots_share_one_new_instance(demo_cache: DemoPaths, 
         f"instance:     the Dagster instance {home.resolve()} also records the runs of 2 other data roots "
         f"({others}): its UI shows each asset, its checks and stale marks as whichever data root "
         "materialized it last (the store path in its metadata says which). Fix: one instance per data "
-        f"root: unset DAGSTER_HOME (a build then records into {(tmp_path / 'c').resolve()}/.dagster), or "
-        f"set DAGSTER_HOME={(tmp_path / 'c').resolve()}/.dagster"
+        f"root: DAGSTER_HOME={(tmp_path / 'c').resolve()}/.dagster for this data root's builds and its "
+        "UI (what `stage2 build` uses when DAGSTER_HOME is unset)"
     ], third.stdout
