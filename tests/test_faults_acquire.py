@@ -108,7 +108,7 @@ class Served:
     net_404=Served(
         "missing",
         # the fix is a command to paste (it was a bare `stage2 pin`: QA, stop 56)
-        lambda demo: ("does not exist", demo.revision, "Fix:", "`stage2 pin <profile> ", " --check`"),
+        lambda demo: ("does not exist", demo.revision, "Fix:", f"`stage2 pin {demo.profile} ", " --check`"),
         None,
         converges=False,
     ),

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .. import layout
@@ -286,6 +286,9 @@ def download_archive(
     """
     _raise_precheck(_precheck(source, [spec], quarantined, listed))
     assert spec.size is not None and spec.sha256 is not None
+    if profile is not None and profile.profile_path and source.profile_path is None:
+        # a hub error's fix names the pin check of this very profile
+        source = replace(source, profile_path=str(profile.profile_path))
     data_root = Path(data_root)
     t0 = time.monotonic()
     final = layout.archive_path(data_root, spec.path)

@@ -145,6 +145,8 @@ class HubSource:
     token: str | None = field(default=None, repr=False)
     # the local folder a loopback endpoint serves (`stage2 pin --hub-folder` takes it), when known
     hub_folder: str | None = None
+    # the profile file the source was read from, when known: the fixes' commands name it
+    profile_path: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.repo_type not in ("dataset", "model", "space"):
@@ -159,7 +161,12 @@ class HubSource:
     ) -> HubSource:
         s = profile.source
         return cls(
-            repo_id=s.repo_id, repo_type=s.repo_type, revision=s.revision, endpoint=endpoint, token=token
+            repo_id=s.repo_id,
+            repo_type=s.repo_type,
+            revision=s.revision,
+            endpoint=endpoint,
+            token=token,
+            profile_path=str(profile.profile_path) if profile.profile_path else None,
         )
 
     @property
@@ -253,7 +260,7 @@ def _hub_error(
         msg = f"{what}: {path!r} does not exist in {source.label} at revision {rev} ({ep})."
         fix = (
             "check the archive path in the profile; "
-            f"{pin_check_command('<profile>', ep, source.hub_folder)} "
+            f"{pin_check_command(source.profile_path or '<profile>', ep, source.hub_folder)} "
             "lists every archive missing upstream"
         )
     elif isinstance(e, HfHubHTTPError):
