@@ -198,6 +198,7 @@ def test_a_loader_setting_of_the_wrong_kind_is_named(store: Path, kwargs: dict[s
         with pytest.raises(LoaderError, match=re.escape(named)) as ei:
             PoolLoader(sel, _batches(sel), **kwargs)
         assert ei.value.fix
+        assert PoolLoader(sel, _batches(sel), workers=np.int64(2)).workers == 2  # a numpy integer is one
 
 
 @pytest.mark.parametrize(

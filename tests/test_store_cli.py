@@ -732,7 +732,7 @@ def test_storage_options_for_a_local_store_are_refused(tmp_path: Path) -> None:
     ):
         r = stage2(*argv, "--storage-option", "anon=true")
         assert r.returncode == 2, (argv, r.tail())
-        assert "--storage-option (anon) is given for a local store" in r.stderr and "Fix: " in r.stderr, (
+        assert "--storage-option (anon) is given with local paths only" in r.stderr and "Fix: " in r.stderr, (
             r.stderr
         )
     assert not (tmp_path / "merged").exists()

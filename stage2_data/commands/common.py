@@ -89,9 +89,9 @@ def storage_options(args: argparse.Namespace, *targets: object) -> dict[str, Any
             out[key] = value
     if out and targets and all(isinstance(t, Path) for t in targets):
         raise StoreError(
-            f"--storage-option ({', '.join(sorted(out))}) is given for a local store ({targets[0]}): "
-            "storage options are for a store on object storage (s3://, gs://, ...).",
-            fix="leave out --storage-option, or name the store by its URL (e.g. s3://bucket/stores/<profile>/current)",
+            f"--storage-option ({', '.join(sorted(out))}) is given with local paths only ({targets[0]}): "
+            "storage options are for object storage (s3://, gs://, ...).",
+            fix="leave out --storage-option, or name what is on object storage by its URL (s3://bucket/...)",
         )
     return out or None
 

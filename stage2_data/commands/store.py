@@ -159,10 +159,10 @@ def _invalid_fix(loc: Any, manifest: dict[str, Any]) -> str:
     from ..store.manifest import rebuild_command
 
     return (
-        "a store is never repaired in place: rebuild it (`"
+        "a store is never repaired in place: if it is a data root's published store, `"
         + rebuild_command(loc, manifest)
-        + "`: a build moves a damaged published store aside, keeping it, and writes it anew), or "
-        "restore a copy that `stage2 validate --deep` calls valid"
+        + "` moves it aside (kept) and writes it anew; a copy or a merge's output: make it again from "
+        "a store that `stage2 validate --deep` calls valid"
     )
 
 

@@ -59,6 +59,7 @@ import contextlib
 import fcntl
 import mmap
 import multiprocessing
+import operator
 import os
 import pickle
 import shutil
@@ -420,14 +421,19 @@ class PoolLoader:
         shared_memory: bool = True,
         persistent_workers: bool = False,
     ) -> None:
-        def whole(v: object) -> bool:
-            return isinstance(v, int) and not isinstance(v, bool)
+        def whole(v: object) -> bool:  # an int or a numpy integer, not a bool
+            try:
+                operator.index(v)  # type: ignore[arg-type]
+            except TypeError:
+                return False
+            return not isinstance(v, bool)
 
         if not (whole(workers) and whole(prefetch)) or workers < 0 or prefetch < 1:
             raise LoaderError(
                 f"workers={workers!r}, prefetch={prefetch!r}.",
                 fix="give workers >= 0 and prefetch >= 1, as integers",
             )
+        workers, prefetch = operator.index(workers), operator.index(prefetch)
         starts = multiprocessing.get_all_start_methods()
         if context is not None and context not in starts:
             raise LoaderError(

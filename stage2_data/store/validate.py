@@ -54,8 +54,8 @@ def validate_vin_offline_store(
     blocks and per-shard array shapes/dtypes (array metadata), every sample's ``num_frames`` within
     the store's ``max_frames`` and every shard's padding within its bound, the small per-row arrays
     against the sample index, every listed file's size, the sha256 of the files read whole
-    (``sample_index.jsonl``, ``pairs.jsonl``, ``splits/*.npy``, hashed from the bytes checked) and
-    the crc32c of every stored chunk (read, never decompressed). ``deep`` also hashes every file
+    (``sample_index.jsonl``, ``pairs.jsonl``, ``splits/*.npy``, hashed from the bytes checked, and
+    every ``zarr.json``) and the crc32c of every stored chunk (read, never decompressed). ``deep`` also hashes every file
     against the manifest and recomputes the fingerprint. ``decode`` also decodes every sample as
     the reader does (a row at a time on a few threads: memory stays bounded by a few rows; every
     chunk's crc32c is checked on the way) and checks its frames against its ``frames_sha256``, the
