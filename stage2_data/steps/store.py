@@ -5,7 +5,6 @@ built from, and the key naming it, are in :mod:`.store_inputs`."""
 from __future__ import annotations
 
 import contextlib
-import errno
 import functools
 import os
 import time
@@ -41,7 +40,7 @@ from ..store.extend import write_or_extend
 from ..store.gate import GateResult, publication_gate
 from ..store.manifest import read_manifest
 from ..store.retention import retention_after_publish
-from ..store.target import nearest_existing, not_writable
+from ..store.target import nearest_existing, not_writable, unwritable_reason
 from .result import StepResult, kv_table, rate
 from .status import (
     clear_store_records,
@@ -103,14 +102,14 @@ def require_writable_stores(folder: Path, store_url: str | None = None) -> None:
     why = not_writable(where) if where.is_dir() else None
     if why is None:  # writable, or not a folder (the writer names what stands in the way)
         return
-    what = "is on a read-only file system" if why.errno == errno.EROFS else "is not writable by this user"
-    make = "remount it read-write" if why.errno == errno.EROFS else "give this user write access to it"
+    what, make = unwritable_reason(why)
     other = (
         "choose another --store-url"
         if store_url
         else "pass --store-url file:///<a writable folder> to write the stores there instead"
     )
-    said = f"{where} {what}" if where == folder else f"{where} (where {folder} is made) {what}"
+    at = str(where) if where == folder else f"{where} (where {folder} is made)"
+    said = f"{at} is not writable ({what})"
     raise FileSystemError(
         f"cannot write a store in the stores folder {folder}: {said}; nothing in it was moved or written",
         fix=f"{make}, or {other}, then build again",

@@ -45,7 +45,8 @@ def check_out_dir(out_dir: Path, problems: list[str]) -> None:
     if not anc.is_dir():
         problems.append(f"cannot create {out_dir.parent}: {anc} is not a folder")
     elif (why := not_writable(anc)) is not None:
-        problems.append(f"cannot create {out_dir}: {anc} is not writable ({unwritable_reason(why)})")
+        what, make = unwritable_reason(why)
+        problems.append(f"cannot create {out_dir}: {anc} is not writable ({what}: {make})")
 
 
 def nearest_existing(path: Path) -> Path:
@@ -72,11 +73,11 @@ def not_writable(folder: Path) -> OSError | None:
     return OSError(code, os.strerror(code), str(folder))
 
 
-def unwritable_reason(err: OSError) -> str:
-    """What :func:`not_writable`'s error says, in words, with what makes the folder writable."""
+def unwritable_reason(err: OSError) -> tuple[str, str]:
+    """What :func:`not_writable`'s error says, in words, and what makes the folder writable."""
     if err.errno == errno.EROFS:
-        return "a read-only file system: remount it read-write"
-    return "this user has no write permission there: give it write access"
+        return "a read-only file system", "remount it read-write"
+    return "no write permission for this user", "give this user write access to it"
 
 
 #: what a store prefix may hold; anything else under an object-storage target is not ours to delete
