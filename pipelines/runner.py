@@ -63,7 +63,7 @@ from stage2_data.steps.status import (
     record_store_stage,
 )
 
-from .config import BuildConfig, check_dagster_home, own_instance, stream_run_bytes, write_instance_yaml
+from .config import BuildConfig, check_dagster_home, stream_run_bytes, write_instance_yaml
 from .executors import local_dask_cluster
 from .launch import RUNS_CONSOLE_LOG, CodeServer, free_port, logs_dir, queued_warn_seconds, terminate_runs
 from .runs import other_data_roots, partition_runs, run_selection
@@ -125,13 +125,11 @@ def _set_up_instance(home: Path) -> dg.DagsterInstance:
 
 
 def _shared_with(instance: dg.DagsterInstance, home: Path, data_root: Path) -> list[str]:
-    """The other data roots whose runs the build's instance records (``runs.other_data_roots``),
-    none for the data root's own instance (``config.own_instance``). A hint: when the run storage
-    cannot be read for it, none (the build's own runs were read already)."""
-    if own_instance(home, data_root):
-        return []
+    """The other data roots whose runs the build's instance records (``runs.other_data_roots``).
+    A hint: when the run storage cannot be read for it, none (the build's own runs were read
+    already)."""
     try:
-        return other_data_roots(instance, data_root)
+        return other_data_roots(instance, home, data_root)
     except CODE_ERRORS:
         raise
     except Exception:  # noqa: BLE001 - a database gone for a moment fails no build that succeeded

@@ -25,7 +25,7 @@ from stage2_data.profile import Profile, load_profile
 from stage2_data.publish.lock import held_build_id
 from stage2_data.stages import BUILD_TAG, DATA_ROOT_TAG, JOB_ASSETS, VIN_STORE, stage_of
 
-from .config import INSTANCE_DISK_FULL, INTERNAL_ERROR, BuildConfig
+from .config import INSTANCE_DISK_FULL, INTERNAL_ERROR, BuildConfig, own_instance
 from .definitions import ALL_ASSETS_JOB, build_job
 from .executors import executor_run_config
 from .launch import CodeServer, terminate_runs, wait_for_run
@@ -147,11 +147,14 @@ def job_for(selection: list[str]) -> str:
     return ALL_ASSETS_JOB  # a selection across stages (tests, tools): part of every asset's job
 
 
-def other_data_roots(instance: dg.DagsterInstance, data_root: Path) -> list[str]:
-    """The data roots other than ``data_root`` whose builds' runs the instance records (their
-    ``stage2/data_root`` tag), sorted. Dagster keeps one state per asset in an instance, so the UI
-    over an instance shared by builds of several data roots shows each asset as whichever of them
-    materialized it last: :func:`.config.shared_instance_note` says so."""
+def other_data_roots(instance: dg.DagsterInstance, home: Path, data_root: Path) -> list[str]:
+    """The data roots other than ``data_root`` whose builds' runs the instance at ``home`` records
+    (their ``stage2/data_root`` tag), sorted; none when ``home`` is the data root's own instance
+    (:func:`.config.own_instance`: runs copied with it). Dagster keeps one state per asset in an
+    instance, so the UI over an instance shared by builds of several data roots shows each asset as
+    whichever of them materialized it last: :func:`.config.shared_instance_note` says so."""
+    if own_instance(home, data_root):
+        return []
     here = str(Path(data_root).resolve())
     return sorted(
         {v for _key, values in instance.get_run_tags(tag_keys=[DATA_ROOT_TAG]) for v in values} - {here}

@@ -54,7 +54,6 @@ from .config import (
     dagster_home,
     demo_root,
     demo_settings,
-    own_instance,
     shared_instance_note,
     write_instance_yaml,
 )
@@ -185,12 +184,9 @@ def shared_instance_hint(home: Path, data_root: Path) -> str | None:
 
     from .runs import other_data_roots
 
-    if own_instance(home, data_root):
-        return None
-
     try:
         with dg.DagsterInstance.from_config(str(home)) as instance:
-            others = other_data_roots(instance, data_root)
+            others = other_data_roots(instance, home, data_root)
     except Exception:  # a hint only: `dagster dev` reports an instance it cannot open
         return None
     return shared_instance_note(home, data_root.absolute(), others) if others else None
