@@ -76,6 +76,20 @@ def answers(url: str) -> bool:
         return False
 
 
+def _wait_in_slices(proc: subprocess.Popen[bytes], slice_s: float = 0.25) -> int:
+    """``proc``'s exit code, waiting in short slices rather than in one blocking ``waitpid``. The
+    kernel hands a signal sent to this process to any of its threads that does not block it (native
+    ones included: an allocator's or a thread pool's from an imported library), and only the thread
+    that takes it has its system call interrupted; CPython runs the Python handler in the main
+    thread when that thread next runs bytecode. A main thread blocked in one ``waitpid`` would then
+    not see a Ctrl-C until `dagster dev` ended on its own."""
+    while True:
+        try:
+            return proc.wait(timeout=slice_s)
+        except subprocess.TimeoutExpired:
+            continue
+
+
 def wait_until_answering(url: str, proc: subprocess.Popen[bytes], timeout: float = START_TIMEOUT) -> bool:
     """Poll ``url`` until it answers (True), ``proc`` exits or ``timeout`` passes (False)."""
     deadline = time.monotonic() + timeout
@@ -438,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
             f"Dagster UI:   {ui_url}  (answering after {time.monotonic() - t0:.0f} s; Ctrl-C stops it)",
             flush=True,
         )
-        rc = ui.wait()
+        rc = _wait_in_slices(ui)
         return rc if rc >= 0 else 128 - rc  # killed by a signal: the shell's 128 + N
     except _Stop:
         print("\nmake ui: stopping the UI ...", file=sys.stderr, flush=True)

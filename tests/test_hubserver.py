@@ -389,13 +389,26 @@ def test_stop_closes_connections(upstream: Upstream) -> None:
         socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=2).close()
 
 
-def test_main_serves_until_sigterm(upstream: Upstream) -> None:
+@pytest.mark.parametrize(
+    "module, signals",
+    [
+        ("stage2_data.demo.hubserver", [signal.SIGTERM]),
+        ("stage2_data.demo.hubserver", [signal.SIGTERM, signal.SIGINT] * 3),
+        ("stage2_data serve-hub", [signal.SIGTERM]),
+        ("stage2_data serve-hub", [signal.SIGTERM, signal.SIGINT] * 3),
+    ],
+    ids=["module-sigterm", "module-burst", "serve-hub-sigterm", "serve-hub-burst"],
+)
+def test_main_serves_until_sigterm(upstream: Upstream, module: str, signals: list[int]) -> None:
+    """The hub server's own entry point and `stage2 serve-hub` serve until a signal, then exit 0
+    within seconds; a burst of them too (a second one, while the first is pending, is handed by the
+    kernel to any thread of the process, here the server's: the main thread must still see it)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
         [
             sys.executable,
             "-m",
-            "stage2_data.demo.hubserver",
+            *module.split(),
             str(upstream.folder),
             "--repo-id",
             REPO,
@@ -414,7 +427,8 @@ def test_main_serves_until_sigterm(upstream: Upstream) -> None:
         assert line.startswith("http://127.0.0.1:")
         info = json.loads(get_session().get(f"{line}/api/datasets/{REPO}/revision/main").content)
         assert info["sha"] == REV
-        proc.send_signal(signal.SIGTERM)
+        for sig in signals:
+            proc.send_signal(sig)
         assert proc.wait(timeout=10) == 0
     finally:
         if proc.poll() is None:

@@ -19,7 +19,10 @@ def cmd_serve_hub(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     with HubServer(Path(args.folder), repo_id=args.repo_id, revision=args.revision, port=args.port) as server:
         print(server.url, flush=True)
-        stop.wait()
+        # in slices: a signal the kernel hands to the server's thread interrupts no wait of this
+        # one, and the handler (run by this thread between bytecodes) must get its turn
+        while not stop.wait(0.25):
+            pass
     return 0
 
 
