@@ -408,6 +408,12 @@ COULD_NOT_RUN = frozenset(
         "NotADirectoryError",
         "StoresInUseError",  # another build writes the same --store-url folder
         "PinDisagreesError",  # bad input: a pin the hub's listing contradicts (on disk or downloading)
+        # the hub cannot serve what the profile pins: a file, revision or repository it does not
+        # have, a refused token, no answer after the retries, an answer that is not the file; exit 2
+        # whether the build's set-up met it or a download did (a download's bytes that do not match
+        # their pin are a failed check: exit 1)
+        "HubError",
+        "RetryAfterTooLongError",  # the hub asked to wait longer than the build waits
         "HubOfflineError",  # offline, and what the build needs is not on disk
         "StorageAccessError",  # object storage: no credentials, access denied, endpoint unreachable
     }
@@ -417,7 +423,8 @@ COULD_NOT_RUN = frozenset(
 def build_exit_code(summary: dict[str, Any]) -> int:
     """0 when the build published its store; 3 when a step raised what no guard named (a bug, as
     every command's internal error); 2 when a step could not run (a full or read-only disk, a file
-    system refusal); else 1 (a check or a step found problems in the data)."""
+    system refusal, a bad pin, a hub that cannot serve it); else 1 (a check or a step found problems
+    in the data)."""
     if summary["ok"]:
         return 0
     if any(str(e.get("message") or "").startswith(INTERNAL_ERROR) for e in summary["errors"]):
