@@ -282,7 +282,13 @@ def test_stop(case: str, demo: DemoPaths, tmp_path: Path) -> None:
     if launched:  # the UI and the alerts see a stop as such: every run it ended is canceled (none
         # failed, none left canceling)
         ended = _run_statuses(tmp_path / "home")
-        assert ended and set(ended.values()) <= {"SUCCESS", "CANCELED"}, (
+        # but one: a run that succeeded while the stop's cancel was on its way. Dagster's run
+        # launcher reads the run, then records it canceling; a success recorded in between (seen once
+        # in a loaded CI run: success, then canceling 60 ms later) is then failed by its code server
+        # ("unexpectedly exited with code 0"). That race is Dagster's (a check, then an act, in
+        # its launcher's terminate); any other failed run fails this test.
+        raced = _succeeded_then_canceling(tmp_path / "home")
+        assert ended and {v for k, v in ended.items() if k not in raced} <= {"SUCCESS", "CANCELED"}, (
             ended,
             _failed_messages(tmp_path / "home"),
         )
@@ -324,6 +330,23 @@ def _statuses_by_id(home: Path) -> dict[str, str]:
 
     with dg.DagsterInstance.from_config(str(home)) as instance:
         return {r.run_id: r.status.value for r in instance.get_runs()}
+
+
+def _succeeded_then_canceling(home: Path) -> set[str]:
+    """``<job> <partition or run id>`` of every failed run in the instance at ``home`` whose event log
+    records its success and, after it, its cancel (``PIPELINE_SUCCESS`` then ``PIPELINE_CANCELING``)."""
+    import dagster as dg
+
+    out = set()
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        for r in instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE])):
+            kinds = [e.dagster_event.event_type_value for e in instance.all_logs(r.run_id) if e.dagster_event]
+            if (
+                "PIPELINE_SUCCESS" in kinds
+                and "PIPELINE_CANCELING" in kinds[kinds.index("PIPELINE_SUCCESS") :]
+            ):
+                out.add(f"{r.job_name} {r.tags.get('dagster/partition') or r.run_id[:8]}")
+    return out
 
 
 def _failed_messages(home: Path) -> list[str]:
