@@ -430,6 +430,20 @@ STOP_WAIT_S = 2.0
 LAUNCH_WAIT_S = 3.0
 
 
+def _steps_all_ended(instance: dg.DagsterInstance, run: dg.DagsterRun) -> bool:
+    """Whether every step the started run ``run`` planned has ended (succeeded, failed or been
+    skipped): the run then only writes its own end. False while a step runs, and for a run whose
+    plan is not known."""
+    if run.status != dg.DagsterRunStatus.STARTED or run.execution_plan_snapshot_id is None:
+        return False
+    plan = instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id)
+    planned = set(run.step_keys_to_execute or plan.step_keys_to_execute)
+    if not planned:
+        return False
+    ended = {s.step_key for s in instance.get_run_step_stats(run.run_id) if s.end_time is not None}
+    return planned <= ended
+
+
 def terminate_runs(
     instance: dg.DagsterInstance,
     run_ids: list[str],
@@ -447,7 +461,12 @@ def terminate_runs(
     starts after the cancel ("started a new run worker while the run was already in state
     CANCELING"), a worker whose code server went first ("Could not reach user code server"). A run
     still not ended then (never launched: the webserver skips a run already canceling; or its
-    worker is about to be ended with the build's webserver) is recorded as canceled."""
+    worker is about to be ended with the build's webserver) is recorded as canceled.
+
+    A started run whose planned steps have all ended is let end by itself too: Dagster's Terminate
+    reads a run and then marks it canceling, and a success recorded between the two is lost (the
+    run is failed as "unexpectedly exited"). Waiting for such a run leaves that window only for the
+    last moments of a run's own ending, where it cannot be told from outside."""
     deadline = time.monotonic() + wait_s
     asked: set[str] = set()
     pending = list(dict.fromkeys(run_ids))
@@ -461,8 +480,9 @@ def terminate_runs(
             if record is None or record.dagster_run.status in FINISHED:
                 continue
             still.append(run_id)
-            starting = record.dagster_run.status == dg.DagsterRunStatus.STARTING
-            if run_id not in asked and (late or not starting):
+            run = record.dagster_run
+            ending = run.status == dg.DagsterRunStatus.STARTING or _steps_all_ended(instance, run)
+            if run_id not in asked and (late or not ending):
                 asked.add(run_id)
                 with contextlib.suppress(Exception):  # already gone: nothing to terminate
                     instance.run_coordinator.cancel_run(run_id)
