@@ -260,6 +260,13 @@ def _build_id(context: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+def error_metadata(err: Stage2Error) -> dict[str, Any]:
+    """A failed step's metadata for the library's error ``err``: its class, and whether the
+    environment stopped the step rather than the data (``Stage2Error.could_not_run``: the build's
+    exit code reads it)."""
+    return {"error": type(err).__name__, "could_not_run": err.could_not_run}
+
+
 @contextlib.contextmanager
 def data_root_step_lock(data_root: Path | None, context: Any = None, *, what: str = "") -> Iterator[None]:
     """Hold the data root's lock for the block as a step of this run must (``publish.lock``,
@@ -282,7 +289,7 @@ def data_root_step_lock(data_root: Path | None, context: Any = None, *, what: st
                 run_step_lock(Path(data_root), label=_run_label(context, what), build_id=_build_id(context))
             )
         except Stage2Error as err:
-            raise dg.Failure(description=str(err), metadata={"error": type(err).__name__}) from None
+            raise dg.Failure(description=str(err), metadata=error_metadata(err)) from None
         yield
 
 
@@ -312,7 +319,7 @@ def run_step(
                 first = CHECKS_BY_ASSET[asset][0]
                 forget_on_failure(data_root, [(first, False)], asset, context)
                 yield check_result(False, str(err), check_name=first)
-            raise dg.Failure(description=str(err), metadata={"error": type(err).__name__}) from None
+            raise dg.Failure(description=str(err), metadata=error_metadata(err)) from None
         forget_on_failure(data_root, [(c.name, c.passed) for c in res.checks], asset, context)
     version = data_version(res) if data_version else None
     yield dg.MaterializeResult(
@@ -480,7 +487,8 @@ def run_partitions(
         pending: dict[str, StepResult] = {}  # partitions done, materialized by the step's output
         names = CHECKS_BY_ASSET[asset]
         raised: dict[str, str] = {}
-        raised_types: dict[str, str] = {}  # the error's class by partition (the build's exit code reads it)
+        raised_types: dict[str, str] = {}  # the error's class by partition
+        could_not_run: list[str] = []  # the partitions the environment stopped (the exit code reads it)
         results: dict[str, list[tuple[str, bool, str, dict[str, Any]]]] = {}
         single = len(keys) == 1 and context.has_partition_key
 
@@ -516,6 +524,8 @@ def run_partitions(
                 if isinstance(res, Stage2Error):
                     raised[key] = str(res)
                     raised_types[key] = type(res).__name__
+                    if res.could_not_run:
+                        could_not_run.append(key)
                     outcomes = (
                         [(names[0], False, str(res)[:MAX_DESCRIPTION], {})] if fails_a_check(res) else []
                     )
@@ -594,5 +604,6 @@ def run_partitions(
                 metadata={
                     "failed_partitions": dg.MetadataValue.json(raised),
                     "errors_by_partition": dg.MetadataValue.json(raised_types),
+                    "could_not_run_partitions": dg.MetadataValue.json(sorted(could_not_run)),
                 },
             )

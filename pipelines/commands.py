@@ -211,7 +211,15 @@ def refused_summary(data_root: Path, err: Stage2Error, profile: str | None = Non
     return build_summary(
         data_root=str(data_root),
         profile=profile,
-        errors=[{"step": None, "partition": None, "message": str(err), "error": type(err).__name__}],
+        errors=[
+            {
+                "step": None,
+                "partition": None,
+                "message": str(err),
+                "error": type(err).__name__,
+                "could_not_run": True,  # refused before it ran: exit 2
+            }
+        ],
     )
 
 
@@ -397,29 +405,6 @@ def stopped_summary(config: BuildConfig, profile: Profile, stop: Any, *, since: 
     )
 
 
-#: errors of the environment, not of the data: the build could not run (README: exit 2)
-COULD_NOT_RUN = frozenset(
-    {
-        "DiskSpaceError",
-        "FileSystemError",
-        "OSError",
-        "PermissionError",
-        "IsADirectoryError",
-        "NotADirectoryError",
-        "StoresInUseError",  # another build writes the same --store-url folder
-        "PinDisagreesError",  # bad input: a pin the hub's listing contradicts (on disk or downloading)
-        # the hub cannot serve what the profile pins: a file, revision or repository it does not
-        # have, a refused token, no answer after the retries, an answer that is not the file; exit 2
-        # whether the build's set-up met it or a download did (a download's bytes that do not match
-        # their pin are a failed check: exit 1)
-        "HubError",
-        "RetryAfterTooLongError",  # the hub asked to wait longer than the build waits
-        "HubOfflineError",  # offline, and what the build needs is not on disk
-        "StorageAccessError",  # object storage: no credentials, access denied, endpoint unreachable
-    }
-)
-
-
 def build_exit_code(summary: dict[str, Any]) -> int:
     """0 when the build published its store; 3 when a step raised what no guard named (a bug, as
     every command's internal error); 2 when a step could not run (a full or read-only disk, a file
@@ -429,7 +414,7 @@ def build_exit_code(summary: dict[str, Any]) -> int:
         return 0
     if any(str(e.get("message") or "").startswith(INTERNAL_ERROR) for e in summary["errors"]):
         return EXIT_BUG
-    if any(e.get("error") in COULD_NOT_RUN for e in summary["errors"]):
+    if any(e.get("could_not_run") for e in summary["errors"]):
         return EXIT_ERROR
     return EXIT_FAILED
 

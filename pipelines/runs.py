@@ -249,8 +249,15 @@ def run_selection(
         by_partition = getattr(umd.get("failed_partitions"), "value", None)
         if isinstance(by_partition, dict) and by_partition:
             types = getattr(umd.get("errors_by_partition"), "value", None) or {}
+            env = set(getattr(umd.get("could_not_run_partitions"), "value", None) or ())
             errors += [
-                {"step": fev.step_key, "partition": k, "message": m, "error": types.get(k)}
+                {
+                    "step": fev.step_key,
+                    "partition": k,
+                    "message": m,
+                    "error": types.get(k),
+                    "could_not_run": k in env,
+                }
                 for k, m in sorted(by_partition.items())
             ]
             continue
@@ -260,12 +267,15 @@ def run_selection(
             continue
         msg = step_error_line(err)
         kind = getattr(umd.get("error"), "value", None) or (_innermost(err).cls_name if err else None)
+        flagged = getattr(umd.get("could_not_run"), "value", None)
         errors.append(
             {
                 "step": fev.step_key,
                 "partition": keys[0] if len(keys) == 1 else None,
                 "message": msg,
                 "error": kind,
+                # the library's error says; a file system's refusal that reached Dagster unnamed too
+                "could_not_run": bool(flagged) if flagged is not None else kind in _OS_REFUSALS,
             }
         )
     if not result.success and not errors:  # the run failed before or around its steps
@@ -335,6 +345,9 @@ _OS_ERRORS = {  # the file system's refusals (builtins): named as such, not as a
     "OSError", "PermissionError", "FileNotFoundError", "FileExistsError", "IsADirectoryError",
     "NotADirectoryError",
 }  # fmt: skip
+#: of those, what the environment refuses whatever the data (the build could not run: exit 2); a
+#: file or folder missing or in the way is the data root's state (exit 1)
+_OS_REFUSALS = {"OSError", "PermissionError", "IsADirectoryError", "NotADirectoryError"}
 
 
 CHECK_FAILED_ERROR = "DagsterAssetCheckFailedError"  # a step's blocking checks failed (Dagster's name)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
+from typing import ClassVar
 
 #: What only a bug in the code raises, whatever the bytes it reads: where reading a store treats
 #: any other failure as damage (zarr parsing a metadata file may raise almost anything), these are
@@ -18,6 +19,12 @@ CODE_ERRORS: tuple[type[BaseException], ...] = (NameError, ImportError, SyntaxEr
 
 class Stage2Error(Exception):
     """Base of every error raised by stage2-data."""
+
+    #: True when what stopped the work is the environment, not the data: a full or read-only disk,
+    #: a file system's refusal, a pin the hub contradicts or cannot serve, object storage that
+    #: refuses (``stage2 build`` exits 2 for it, 1 for a problem found in the data). Subclasses
+    #: inherit it, so a new kind of hub error is one without a list to extend.
+    could_not_run: ClassVar[bool] = False
 
     def __init__(self, message: str, *, fix: str | None = None) -> None:
         self.message = message
@@ -61,6 +68,8 @@ class UnknownArchivesError(ProfileError):
 class HubError(Stage2Error):
     """The hub (or the loopback hub) refused or failed a request."""
 
+    could_not_run = True
+
 
 class HubSetupError(Stage2Error, ValueError):
     """A loopback hub cannot serve what it was given: a folder that is not one, a revision that is
@@ -88,10 +97,14 @@ class ArchiveError(Stage2Error):
 class DiskSpaceError(Stage2Error, OSError):
     """Not enough free disk for what is about to be written."""
 
+    could_not_run = True
+
 
 class FileSystemError(Stage2Error, OSError):
     """The file system refused an operation: a read-only file system, permission denied, a file
     where a folder should be (``stage2_data/oserrors.py`` names the path and the fix)."""
+
+    could_not_run = True
 
 
 class ProblemsError(Stage2Error):

@@ -76,6 +76,8 @@ class DownloadResult:
 class DownloadsFailedError(ProblemsError, HubError):
     """Several downloads failed; ``errors`` maps each failed path to its exception."""
 
+    could_not_run = False  # each failed path's own error says what it was
+
     def __init__(
         self,
         title: str,

@@ -59,6 +59,8 @@ class PinDisagreesError(ProfileError):
     ``upstream``: the listing's (size, sha256), when a download found it; ``said``: what the
     download's answer said."""
 
+    could_not_run = True
+
     def __init__(
         self,
         message: str,

@@ -53,6 +53,8 @@ class RetryAfterTooLongError(HubError):
 class RetryCancelled(HubError):
     """The process is stopping: a retry was not made."""
 
+    could_not_run = False  # a stop, said as such
+
 
 class RetrySettingError(SettingError):
     """``STAGE2_RETRY_BACKOFF`` is not a number of seconds >= 0."""

@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 class DownloadCancelled(HubError):
     """The download was cancelled (``cancel`` event set, e.g. on Ctrl-C); the partial file is kept."""
 
+    could_not_run = False  # a stop, said as such
+
 
 class _Cancelled(Exception):
     """Raised from inside the writer when a batch is being interrupted."""

@@ -36,6 +36,8 @@ STORE_LOCK_FILE = ".stage2-writer.lock"
 class StoresInUseError(Stage2Error):
     """Another build writes stores into the same stores folder."""
 
+    could_not_run = True
+
 
 def _holder(fd: int) -> str:
     """Who holds the lock, in words, from what it wrote into the file."""

@@ -44,6 +44,8 @@ class StorageAccessError(StoreError):
     access denied, no such bucket, or an endpoint that does not answer. A fault of the setup, not
     of a store: the message names the URL and what failed, the fix what to set."""
 
+    could_not_run = True
+
 
 #: exceptions (botocore's, by name: no import of an optional package) saying no credentials were found
 _NO_CREDENTIALS = frozenset(
