@@ -354,8 +354,10 @@ def _run_build(
             if args.json:
                 print_json(summary)
             else:
-                again = build_command(config, Path(summary["dagster_home"])) + " --reverify"
-                print_build_summary(summary, config.store_options, reverify=again)
+                again = build_command(config, Path(summary["dagster_home"]))
+                if config.store_options:  # never printed (credentials)
+                    again += " --storage-option ...  # this build's --storage-option values"
+                print_build_summary(summary, config.store_options, rebuild=again)
     if stop.stopped:
         if args.json:  # one object whatever happened: the stop is its one error
             print_json(stopped_summary(config, profile, stop, since=started))
@@ -479,10 +481,11 @@ def _build_or_no_op(
 
 
 def print_build_summary(
-    s: dict[str, Any], storage_options: dict[str, Any] | None = None, *, reverify: str | None = None
+    s: dict[str, Any], storage_options: dict[str, Any] | None = None, *, rebuild: str | None = None
 ) -> None:
-    """The summary's lines; ``reverify``: the command that runs this build's checks again (said when
-    nothing ran)."""
+    """The summary's lines; ``rebuild``: the command that runs this build again, as pasted (a no-op
+    while nothing changed; with ``--reverify`` it runs every check again, said when nothing ran)."""
+    reverify = _with_option(rebuild, "--reverify") if rebuild else None
     checks = s["checks"]
     passed = sum(c["passed"] for c in checks)
     print(f"profile:      {s['profile']}")
@@ -551,8 +554,20 @@ def print_build_summary(
                 continue  # the step failed because of that check: said above
             part = f"[{e['partition']}]" if e.get("partition") else ""
             print(f"  error {e['step']}{part}: {e['message']}")
+    if rebuild:
+        print(f"rebuild:      {rebuild}")
+        if s["ok"]:
+            print("              (redoes only what changed; with --reverify it checks everything again)")
+        else:
+            print("              (after the fix; it resumes from what was built and checked)")
     print(f"UI:           {s['ui']}")
     print("              then open http://127.0.0.1:3000 (the build's runs are on their jobs' pages)")
+
+
+def _with_option(command: str, option: str) -> str:
+    """``command`` with ``option`` added before a trailing shell comment, if any."""
+    head, sep, comment = command.partition("  # ")
+    return f"{head} {option}" + (f"  # {comment}" if sep else "")
 
 
 def _current_link(s: dict[str, Any]) -> str | None:

@@ -328,6 +328,28 @@ def test_a_noop_build_into_another_instance_names_the_one_holding_the_runs(
     assert re.search(r"^runs:\s+[1-9]", again.stdout, re.M) and f"Dagster instance at {home}" in again.stdout
 
 
+def test_the_summarys_rebuild_line_runs_as_pasted(noop_rebuilt: dict[str, Any]) -> None:
+    """A build's summary ends with the command that builds it again (its instance, profile, data
+    root and hub), which runs as pasted in a shell with `stage2` on its PATH: after a build, a no-op
+    into the same instance; its `--reverify` hint is that command plus the option."""
+    first = noop_rebuilt["first"].stdout
+    m = re.search(r"^rebuild:      (.+)$", first, re.M)
+    assert m, first
+    assert "with --reverify it checks everything again" in first, first
+    home = (noop_rebuilt["root"] / ".dagster").resolve()
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"  # `stage2` as pasted
+    again = run(
+        ["bash", "-c", m.group(1)], env=subprocess_env(drop=("CI", "DAGSTER_HOME"), PATH=path), timeout=600
+    )
+    assert again.returncode == 0, again.tail()
+    assert (
+        f"runs:         0 (every stage up to date; its runs are in the Dagster instance at {home})"
+        in again.stdout
+    ), again.stdout
+    assert f"`{m.group(1)} --reverify` runs them" in again.stdout, again.stdout
+    assert f"rebuild:      {m.group(1)}\n" in again.stdout, again.stdout
+
+
 def test_a_noop_build_over_a_hub_folder_declaring_another_commit_is_refused(
     noop_rebuilt: dict[str, Any], tmp_path: Path
 ) -> None:
