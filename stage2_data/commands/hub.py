@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import signal
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -14,15 +12,9 @@ from .common import count_of
 def cmd_serve_hub(args: argparse.Namespace) -> int:
     from ..demo.hubserver import HubServer
 
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    with HubServer(Path(args.folder), repo_id=args.repo_id, revision=args.revision, port=args.port) as server:
-        print(server.url, flush=True)
-        # in slices: a signal the kernel hands to the server's thread interrupts no wait of this
-        # one, and the handler (run by this thread between bytecodes) must get its turn
-        while not stop.wait(0.25):
-            pass
+    HubServer(
+        Path(args.folder), repo_id=args.repo_id, revision=args.revision, port=args.port
+    ).serve_until_signal()
     return 0
 
 

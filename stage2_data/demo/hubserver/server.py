@@ -13,7 +13,6 @@ import sys
 import threading
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 from .handler import HubHTTPServer
 from .repository import HUB_MARKER, REPO_TYPES, HubFaults, HubRepository, declared_source
@@ -50,6 +49,18 @@ class HubServer(HubRepository):
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
+
+    def serve_until_signal(self) -> None:
+        """Start, print the URL on one line, and serve until SIGTERM or SIGINT; then stop. The wait
+        is in slices: a signal the kernel hands to another thread interrupts no wait of this one,
+        and the Python handler (run by this thread between bytecodes) must get its turn."""
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        with self:
+            print(self.url, flush=True)
+            while not stop.wait(0.25):
+                pass
 
     def __enter__(self) -> HubServer:
         return self.start()
@@ -178,18 +189,5 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    stop = threading.Event()
-
-    def _on_signal(signum: int, frame: Any) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
-    server.start()
-    print(server.url, flush=True)
-    try:
-        while not stop.wait(0.5):
-            pass
-    finally:
-        server.stop()
+    server.serve_until_signal()
     return 0
