@@ -153,7 +153,8 @@ _STORES_DIR = "stores"
 _KINDS = (
     (stat.S_ISREG, "a regular file"),
     (stat.S_ISDIR, "a folder"),
-    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISLNK, "a symbolic link"),
+    (stat.S_ISFIFO, "a FIFO"),
     (stat.S_ISCHR, "a character device"),
     (stat.S_ISBLK, "a block device"),
     (stat.S_ISSOCK, "a socket"),
@@ -168,7 +169,9 @@ def python_str(text: str) -> str:
     return f'"{quoted[1:-1]}"' if quoted[0] == "'" and '"' not in text else quoted
 
 
-def _what(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a file of ``mode`` (``st_mode``) is, in words, as every message names it: "a regular
+    file", "a folder", "a symbolic link", "a FIFO", "a character device", ..."""
     return next((what for test, what in _KINDS if test(mode)), "a special file")
 
 
@@ -221,7 +224,7 @@ def open_regular(
 
 def _not_regular(path: str | os.PathLike[str], mode: int, fix: str) -> FileSystemError:
     return FileSystemError(
-        f"{os.fspath(path)} is {_what(mode)}, not a regular file: it was left as it is, nothing read or "
+        f"{os.fspath(path)} is {file_kind(mode)}, not a regular file: it was left as it is, nothing read or "
         "written.",
         fix=fix,
     )
@@ -282,7 +285,7 @@ def check_output_path(
             fix=f"pass {option} a new {kind} name (or, to replace what the link points at, that path)",
         )
     if st is not None and not want(st.st_mode):
-        raise error(f"{option} {p} is {_what(st.st_mode)}, not a {kind} to replace.", fix=fix)
+        raise error(f"{option} {p} is {file_kind(st.st_mode)}, not a {kind} to replace.", fix=fix)
     parent = p.parent if str(p.parent) else Path(".")
     inside = _store_holding(Path(os.path.realpath(parent)), stores_dir=kind == "file")
     if inside is None and kind == "folder" and st is not None:

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .errors import DiskSpaceError, FileSystemError, Stage2Error
+from .fsutil import file_kind
 
 __all__ = ["fs_error", "fs_guard"]
 
@@ -32,17 +33,9 @@ def _paths(e: OSError) -> str:
 
 
 # What a path that exists but is no folder is, by its mode (anything else is a "file")
-_KINDS = (
-    (stat.S_ISCHR, "character device"),
-    (stat.S_ISBLK, "block device"),
-    (stat.S_ISFIFO, "named pipe (FIFO)"),
-    (stat.S_ISSOCK, "socket"),
-)
-
-
 def _in_the_way(e: OSError) -> tuple[str, str] | None:
     """The component of ``e``'s path that exists but is not a folder (links followed), the one a
-    "Not a directory" or "File exists" is about, and what it is ("file", "character device", ...);
+    "Not a directory" or "File exists" is about, and what it is (``fsutil.file_kind``);
     None when every component that exists is a folder. The error names the deepest path it was
     given (``<data root>/archives/x.tar``), but the component in the way may lie far above it. A
     "File exists" of a link or a rename is about its destination (the second path) alone."""
@@ -59,8 +52,7 @@ def _in_the_way(e: OSError) -> tuple[str, str] | None:
             except OSError:  # missing (nothing below it exists) or unreadable: nothing to name
                 break
             if not stat.S_ISDIR(mode):
-                kind = next((k for test, k in _KINDS if test(mode)), "file")
-                return str(part), kind
+                return str(part), file_kind(mode)
     return None
 
 
@@ -88,14 +80,14 @@ def fs_error(e: OSError, doing: str, *, where: str | None = None) -> Stage2Error
         found, kind = blocker
         # ``doing`` may be the option that gave the path (``--data-root``): the one to change
         instead = f"another {doing}" if doing.startswith("--") else where and f"another folder than {where}"
-        if kind == "file":
+        if kind == file_kind(stat.S_IFREG):
             fix = (
                 f"a file stands where a folder is needed: {found}; move or delete that file"
                 f"{f' (or choose {instead})' if instead else ''}, then re-run"
             )
         else:  # a device, a pipe, a socket: never to be deleted, so the path is what must change
             fix = (
-                f"{found} is a {kind}, not a folder: leave it as it is and choose "
+                f"{found} is {kind}, not a folder: leave it as it is and choose "
                 f"{instead or 'a path that does not go through it'}, then re-run"
             )
     elif code in (errno.ENOTDIR, errno.EEXIST):

@@ -170,6 +170,6 @@ def test_a_pipe_in_the_way_is_named_as_one_and_left_alone(tmp_path: Path) -> Non
     os.mkfifo(pipe)
     e = NotADirectoryError(errno.ENOTDIR, "Not a directory", str(pipe / "sub" / "x.tar"))
     said = str(fs_error(e, ""))
-    assert said.startswith(f"{pipe}/sub/x.tar: Not a directory. Fix: {pipe} is a named pipe (FIFO)"), said
+    assert said.startswith(f"{pipe}/sub/x.tar: Not a directory. Fix: {pipe} is a FIFO"), said
     assert "a path that does not go through it" in said and "delete" not in said, said
     assert f"another folder than {tmp_path}" in str(fs_error(e, "extracting", where=str(tmp_path)))

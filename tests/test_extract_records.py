@@ -164,7 +164,7 @@ def test_kit_files_that_are_not_regular_are_refused_by_stat(demo: DemoPaths, kin
         sums.mkdir()
     else:
         os.symlink("/dev/null", sums)
-    said = "a FIFO" if kind == "FIFO" else f"a {kind}"
+    said = {"FIFO": "a FIFO", "folder": "a folder", "device": "a character device"}[kind]
     with pytest.raises(ProfileError, match=rf"\[kit\] subset_checksums: .* is {said}, not a regular file"):
         load_profile(demo.profile)
     with pytest.raises(FileSystemError, match=f"is {said}, not a regular file"):

@@ -518,7 +518,7 @@ def test_fault_kit_not_regular(
         path = prof.kit_file(key)
         saved = save(path)
         _not_regular(path, kind)
-        said_kind = "a FIFO" if kind == "FIFO" else f"a {kind}"
+        said_kind = {"FIFO": "a FIFO", "folder": "a folder", "device": "a character device"}[kind]
         for argv in (
             ("build", "--profile", str(demo.profile), "--data-root", str(root), "--endpoint", NOWHERE),
             ("verify", str(demo.profile), "--data-root", str(root), "--bytes"),

@@ -204,7 +204,7 @@ def test_a_fifo_partial_download_is_named_and_left_in_place(
 
     with pytest.raises(FileSystemError) as e:
         bounded(part, lambda: download_archive(source, spec, data_root, attempts=1))
-    assert f"{part} is a FIFO (named pipe), not a regular file" in str(e.value)
+    assert f"{part} is a FIFO, not a regular file" in str(e.value)
     assert e.value.fix is not None and f"rm {part}" in e.value.fix
     assert is_fifo(part) and not layout.archive_path(data_root, spec.path).exists()
     # a whole profile's download names it among its problems, the other archives downloaded
@@ -228,7 +228,7 @@ def test_a_fifo_lock_file_is_named_with_its_path_and_fix(
 
     with pytest.raises(FileSystemError) as e:
         bounded(lock, take)
-    assert f"{lock} is a FIFO (named pipe), not a regular file" in str(e.value)
+    assert f"{lock} is a FIFO, not a regular file" in str(e.value)
     assert e.value.fix is not None and f"rm {lock}" in e.value.fix
 
     def shared() -> None:
@@ -253,7 +253,7 @@ def test_stage2_gc_names_a_fifo_lock_file(tmp_path: Path) -> None:
     r = bounded(lock, lambda: cli.stage2("gc", str(data_root / "stores"), "--quarantine", timeout=BOUND))
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 2 and len(lines) == 1, r.tail()
-    assert f"{lock} is a FIFO (named pipe), not a regular file" in lines[0], r.tail()
+    assert f"{lock} is a FIFO, not a regular file" in lines[0], r.tail()
     assert f"Fix: remove it (rm {lock})" in lines[0], r.tail()
     assert is_fifo(lock)
 

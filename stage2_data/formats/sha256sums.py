@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import FileSystemError, ProblemsError
+from ..fsutil import file_kind
 
 __all__ = [
     "ChecksumEntry",
@@ -160,21 +160,6 @@ def parse_sha256sums_text(text: str, where: str) -> list[ChecksumEntry]:
     if got.problems:
         raise _malformed_error(where, got.problems)
     return got.entries
-
-
-def file_kind(mode: int) -> str:
-    """What a file of ``mode`` (``st_mode``) is, in words: "a FIFO", "a folder", "a device", ..."""
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISDIR(mode):
-        return "a folder"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISLNK(mode):
-        return "a symbolic link"
-    return "a regular file" if stat.S_ISREG(mode) else "a special file"
 
 
 def not_regular_error(path: str | os.PathLike[str], mode: int) -> FileSystemError:
