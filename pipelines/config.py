@@ -24,7 +24,6 @@ import importlib.util
 import json
 import os
 import shlex
-import stat
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
@@ -33,7 +32,7 @@ from typing import Any
 
 import stage2_deploy
 from stage2_data.errors import SettingError, env_number
-from stage2_data.formats.sha256sums import file_kind
+from stage2_data.fsutil import not_a_folder_on
 from stage2_data.publish.atomic import current_umask
 from stage2_data.stages import STREAM_RUN_BYTES
 
@@ -275,25 +274,18 @@ def check_dagster_home(data_root: Path | None = None) -> None:
     home = Path(raw).expanduser().absolute()
     unset = f"the build then uses {Path(data_root) / '.dagster'}" if data_root is not None else _UNSET_HOME
     fix = f"set DAGSTER_HOME to a folder (or unset it: {unset})"
-    for part in (*reversed(home.parents), home):
-        try:
-            mode = os.stat(part).st_mode
-        except FileNotFoundError:
-            if not part.is_symlink():
-                return  # made by the build, under the folders above it
-            kind = "a broken symbolic link"
-        except OSError:  # unreadable: the instance's own set-up names what the system says
-            return
-        else:
-            if stat.S_ISDIR(mode):
-                continue
-            kind = file_kind(mode)
-        what = "names" if part == home else f"goes through {part},"
-        raise SettingError(
-            f"DAGSTER_HOME={raw!r} {what} {kind}, not a folder: the Dagster instance a build records "
-            f"its runs into is a folder (what stands there is left as it is).",
-            fix=fix,
-        )
+    # a path still to be made under folders is made by the build; an unreadable one is named by
+    # the instance's own set-up
+    found = not_a_folder_on(home)
+    if found is None:
+        return
+    part, kind = found
+    what = "names" if part == home else f"goes through {part},"
+    raise SettingError(
+        f"DAGSTER_HOME={raw!r} {what} {kind}, not a folder: the Dagster instance a build records "
+        f"its runs into is a folder (what stands there is left as it is).",
+        fix=fix,
+    )
 
 
 # The first line of every dagster.yaml stage2 writes: a file starting with it is stage2's, rewritten

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .errors import DiskSpaceError, FileSystemError, Stage2Error
-from .fsutil import file_kind
+from .fsutil import file_kind, not_a_folder_on
 
 __all__ = ["fs_error", "fs_guard"]
 
@@ -45,14 +45,9 @@ def _in_the_way(e: OSError) -> tuple[str, str] | None:
     for name in names:
         if not isinstance(name, (str, bytes, os.PathLike)) or not os.fspath(name):
             continue  # none, or a file descriptor: no path to walk
-        full = Path(os.fsdecode(name))
-        for part in (*reversed(full.parents), full):
-            try:
-                mode = os.stat(part).st_mode
-            except OSError:  # missing (nothing below it exists) or unreadable: nothing to name
-                break
-            if not stat.S_ISDIR(mode):
-                return str(part), file_kind(mode)
+        found = not_a_folder_on(Path(os.fsdecode(name)))
+        if found is not None:
+            return str(found[0]), found[1]
     return None
 
 
