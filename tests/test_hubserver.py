@@ -436,6 +436,45 @@ def test_main_serves_until_sigterm(upstream: Upstream, module: str, signals: lis
             proc.wait()
 
 
+@pytest.mark.parametrize("module", ["stage2_data.demo.hubserver", "stage2_data serve-hub"])
+def test_a_port_in_use_is_named_with_a_fix_that_works(upstream: Upstream, module: str) -> None:
+    """A port another program listens on: exit 2, one line naming the port and another `--port`
+    (it named the file system before, and the module's entry point printed a traceback); the fix,
+    `--port 0`, serves."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [
+        sys.executable,
+        "-m",
+        *module.split(),
+        str(upstream.folder),
+        "--repo-id",
+        REPO,
+        "--revision",
+        REV,
+    ]
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        r = subprocess.run(
+            [*command, "--port", str(port)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60
+        )
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert f"127.0.0.1:{port}: another program listens on that port" in r.stderr, r.stderr
+    assert "0 takes a free one" in r.stderr, r.stderr
+    proc = subprocess.Popen([*command, "--port", "0"], stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith("http://127.0.0.1:")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_serves_large_body(tmp_path: Path) -> None:
     """How fast is measured in bench/ (bench_hub.hub_get_64mib_vs_http_server)."""
     data = os.urandom(64 * 1024 * 1024)

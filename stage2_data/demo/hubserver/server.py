@@ -7,13 +7,16 @@ prints the URL on one line and serves until SIGTERM/SIGINT.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from types import TracebackType
 
+from ...errors import HubSetupError
 from .handler import HubHTTPServer
 from .repository import HUB_MARKER, REPO_TYPES, HubFaults, HubRepository, declared_source
 
@@ -31,7 +34,15 @@ class HubServer(HubRepository):
         if self._server is not None:
             return self
         self.scan()
-        self._server = HubHTTPServer((self.host, self.port), self)
+        try:
+            self._server = HubHTTPServer((self.host, self.port), self)
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE:
+                raise
+            raise HubSetupError(
+                f"cannot serve the hub on {self.host}:{self.port}: another program listens on that port",
+                fix="serve it on another port (`--port`; 0 takes a free one), or stop that program",
+            ) from None
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.1}, name="hubserver", daemon=True
@@ -51,16 +62,23 @@ class HubServer(HubRepository):
             self._thread = None
 
     def serve_until_signal(self) -> None:
-        """Start, print the URL on one line, and serve until SIGTERM or SIGINT; then stop. The wait
-        is in slices: a signal the kernel hands to another thread interrupts no wait of this one,
-        and the Python handler (run by this thread between bytecodes) must get its turn."""
-        stop = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        """Start, print the URL on one line, and serve until SIGTERM or SIGINT; then stop. The
+        handler only sets a flag: one that took a lock (``threading.Event.set``) could deadlock,
+        run in this thread while this thread holds that lock in ``Event.wait``, as a burst of
+        signals showed. The wait is in slices: a signal the kernel hands to another thread
+        interrupts no sleep of this one, and the handler (run by this thread between bytecodes)
+        must get its turn."""
+        stopped = [False]
+
+        def on_signal(*_: object) -> None:
+            stopped[0] = True
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
         with self:
             print(self.url, flush=True)
-            while not stop.wait(0.25):
-                pass
+            while not stopped[0]:
+                time.sleep(0.25)
 
     def __enter__(self) -> HubServer:
         return self.start()
@@ -186,8 +204,8 @@ def main(argv: list[str] | None = None) -> int:
             token=token,
             faults=HubFaults(rate=args.rate_mb_s, link_rate=args.link_rate_mb_s),
         )
-    except ValueError as e:
+        server.serve_until_signal()
+    except ValueError as e:  # a setting it cannot serve (HubSetupError among them): one line
         print(f"error: {e}", file=sys.stderr)
         return 2
-    server.serve_until_signal()
     return 0
