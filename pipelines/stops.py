@@ -100,8 +100,9 @@ class Stop:
     _raised: bool = False
     _cancelled: bool = False
     _stderr_fd: int = 2
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-    _asked: threading.Event = field(default_factory=threading.Event)
+    # re-entrant: the signal handler takes it in the main thread, and a second signal can run the
+    # handler again inside the first (a plain lock would then wait for itself)
+    _lock: threading.RLock = field(default_factory=threading.RLock)
     _done: threading.Event = field(default_factory=threading.Event)
     _signalled: dict[int, float] = field(default_factory=dict)  # pid -> when it was sent SIGTERM
     _watch_before: str | None = None
@@ -170,7 +171,6 @@ class Stop:
             if self.signum is None:
                 self.signum = signum
                 self.at = time.monotonic()
-                self._asked.set()
 
     def _watch(self, rfd: int) -> None:
         while not self._done.is_set():
