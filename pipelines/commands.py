@@ -403,7 +403,15 @@ def stopped_summary(config: BuildConfig, profile: Profile, stop: Any, *, since: 
         dagster_home=str(instance_home(Path(config.data_root))),
         store=store,
         fingerprint=fingerprint,
-        errors=[{"step": None, "partition": None, "message": stop.message(), "error": "Stopped"}],
+        errors=[
+            {
+                "step": None,
+                "partition": None,
+                "message": stop.message(),
+                "error": "Stopped",
+                "could_not_run": False,
+            }
+        ],
     )
 
 

@@ -285,6 +285,7 @@ def run_selection(
                 "partition": keys[0] if len(keys) == 1 else None,
                 "message": result.failure_line(),
                 "error": None,
+                "could_not_run": False,
             }
         )
     mevs = [e for e in result.materializations() if e.asset_key]
@@ -407,11 +408,19 @@ def check_failure_errors(step: str, err: Any, checks: list[dict[str, Any]]) -> l
             "asset": c["asset"],
             "check": c["check"],
             "message": f"check {c['asset']}:{c['check']} failed: {c['description']}",
+            "could_not_run": False,  # a check found a problem in the data
         }
         for c in failed
     ]
     out += [  # a failure whose result did not reach the run's summary: its name at least
-        {"step": step, "partition": None, "asset": a, "check": n, "message": f"check {a}:{n} failed"}
+        {
+            "step": step,
+            "partition": None,
+            "asset": a,
+            "check": n,
+            "message": f"check {a}:{n} failed",
+            "could_not_run": False,
+        }
         for a, n in keys
         if (a, n) not in seen
     ]

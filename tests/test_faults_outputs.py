@@ -273,6 +273,7 @@ def test_every_build_json_has_the_same_keys(world: dict[str, Any], tmp_path: Pat
     refused = _build(world["demo"], tmp_path / "a-file", "--json")
     assert refused.returncode == 2, refused.tail()
     assert refused.json()["errors"][0]["error"] == "FileSystemError", refused.stdout
+    assert refused.json()["errors"][0]["could_not_run"] is True, refused.stdout  # exit 2
     keys = {name: sorted(r.json()) for name, r in (("ran", built), ("no-op", noop), ("refused", refused))}
     assert keys["ran"] == keys["no-op"] == keys["refused"], keys
     assert {"ok", "store", "fingerprint", "runs", "checks", "errors", "up_to_date", "ui"} <= set(keys["ran"])
@@ -425,6 +426,7 @@ def test_fault_proc_check_failed(world: dict[str, Any], tmp_path: Path) -> None:
     assert not doc["ok"] and doc["store"] is None
     errors = [e for e in doc["errors"] if e.get("check") == check]
     assert len(errors) == 1 and errors == doc["errors"], doc["errors"]
+    assert errors[0]["could_not_run"] is False, errors  # every error says it: here the data's (exit 1)
     message = errors[0]["message"]
     assert message.startswith(f"check subset_checksums:{check} failed: "), message
     assert name in message and wrong in message and "fix" in message.lower(), message
