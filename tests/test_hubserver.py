@@ -389,37 +389,19 @@ def test_stop_closes_connections(upstream: Upstream) -> None:
         socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=2).close()
 
 
-@pytest.mark.parametrize(
-    "module, signals",
-    [
-        ("stage2_data.demo.hubserver", [signal.SIGTERM]),
-        ("stage2_data.demo.hubserver", [signal.SIGTERM, signal.SIGINT] * 3),
-        ("stage2_data serve-hub", [signal.SIGTERM]),
-        ("stage2_data serve-hub", [signal.SIGTERM, signal.SIGINT] * 3),
-    ],
-    ids=["module-sigterm", "module-burst", "serve-hub-sigterm", "serve-hub-burst"],
-)
-def test_main_serves_until_sigterm(upstream: Upstream, module: str, signals: list[int]) -> None:
-    """The hub server's own entry point and `stage2 serve-hub` serve until a signal, then exit 0
-    within seconds; a burst of them too (a second one, while the first is pending, is handed by the
-    kernel to any thread of the process, here the server's: the main thread must still see it)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+_HUB_ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def _hub_command(module: str, folder: Path, *extra: str) -> list[str]:
+    """The hub server's own entry point or `stage2 serve-hub` (``module``) serving ``folder``."""
+    return [sys.executable, "-m", *module.split(), str(folder), "--repo-id", REPO, "--revision", REV, *extra]
+
+
+def _serve_then_stop(command: list[str], signals: list[int]) -> None:
+    """Start ``command``, check it serves the repository at its printed URL, send ``signals``: it
+    exits 0 within seconds."""
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            *module.split(),
-            str(upstream.folder),
-            "--repo-id",
-            REPO,
-            "--revision",
-            REV,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=ROOT,
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_HUB_ENV, cwd=ROOT
     )
     try:
         assert proc.stdout is not None
@@ -436,43 +418,41 @@ def test_main_serves_until_sigterm(upstream: Upstream, module: str, signals: lis
             proc.wait()
 
 
+@pytest.mark.parametrize(
+    "module, signals",
+    [
+        ("stage2_data.demo.hubserver", [signal.SIGTERM]),
+        ("stage2_data.demo.hubserver", [signal.SIGTERM, signal.SIGINT] * 3),
+        ("stage2_data serve-hub", [signal.SIGTERM]),
+        ("stage2_data serve-hub", [signal.SIGTERM, signal.SIGINT] * 3),
+    ],
+    ids=["module-sigterm", "module-burst", "serve-hub-sigterm", "serve-hub-burst"],
+)
+def test_main_serves_until_sigterm(upstream: Upstream, module: str, signals: list[int]) -> None:
+    """The hub server's own entry point and `stage2 serve-hub` serve until a signal, then exit 0
+    within seconds; a burst of them too (a second one, while the first is pending, is handed by the
+    kernel to any thread of the process, here the server's: the main thread must still see it)."""
+    _serve_then_stop(_hub_command(module, upstream.folder), signals)
+
+
 @pytest.mark.parametrize("module", ["stage2_data.demo.hubserver", "stage2_data serve-hub"])
 def test_a_port_in_use_is_named_with_a_fix_that_works(upstream: Upstream, module: str) -> None:
     """A port another program listens on: exit 2, one line naming the port and another `--port`
     (it named the file system before, and the module's entry point printed a traceback); the fix,
     `--port 0`, serves."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    command = [
-        sys.executable,
-        "-m",
-        *module.split(),
-        str(upstream.folder),
-        "--repo-id",
-        REPO,
-        "--revision",
-        REV,
-    ]
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
         r = subprocess.run(
-            [*command, "--port", str(port)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60
-        )
+            _hub_command(module, upstream.folder, "--port", str(port)),
+            capture_output=True, text=True, env=_HUB_ENV, cwd=ROOT, timeout=60,
+        )  # fmt: skip
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
     assert f"127.0.0.1:{port}: another program listens on that port" in r.stderr, r.stderr
     assert "0 takes a free one" in r.stderr, r.stderr
-    proc = subprocess.Popen([*command, "--port", "0"], stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-    try:
-        assert proc.stdout is not None
-        assert proc.stdout.readline().startswith("http://127.0.0.1:")
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=10) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    _serve_then_stop(_hub_command(module, upstream.folder, "--port", "0"), [signal.SIGTERM])
 
 
 def test_serves_large_body(tmp_path: Path) -> None:
