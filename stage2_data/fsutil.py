@@ -175,16 +175,17 @@ def file_kind(mode: int) -> str:
     return next((what for test, what in _KINDS if test(mode)), "a special file")
 
 
-def not_a_folder_on(path: Path) -> tuple[Path, str] | None:
+def not_a_folder_on(path: Path, *, broken_links: bool = True) -> tuple[Path, str] | None:
     """The first component of ``path``, from the root down (links followed), that exists and is
     not a folder, and what it is (:func:`file_kind`; "a broken symbolic link" for a link to
-    nothing): what stands where a folder is needed. None when every component that exists is a
-    folder (the rest can still be made under them), or one cannot be read."""
+    nothing, unless ``broken_links`` is False: the walk then ends there as at a missing one): what
+    stands where a folder is needed. None when every component that exists is a folder (the rest
+    can still be made under them), or one cannot be read."""
     for part in (*reversed(path.parents), path):
         try:
             mode = os.stat(part).st_mode
         except FileNotFoundError:
-            return (part, "a broken symbolic link") if part.is_symlink() else None
+            return (part, "a broken symbolic link") if broken_links and part.is_symlink() else None
         except OSError:  # unreadable: nothing to name here; the caller's own error says what
             return None
         if not stat.S_ISDIR(mode):

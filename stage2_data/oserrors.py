@@ -45,7 +45,9 @@ def _in_the_way(e: OSError) -> tuple[str, str] | None:
     for name in names:
         if not isinstance(name, (str, bytes, os.PathLike)) or not os.fspath(name):
             continue  # none, or a file descriptor: no path to walk
-        found = not_a_folder_on(Path(os.fsdecode(name)))
+        # a link to nothing is not what "Not a directory" or "File exists" is about: the caller's
+        # own message names it, with its own fix
+        found = not_a_folder_on(Path(os.fsdecode(name)), broken_links=False)
         if found is not None:
             return str(found[0]), found[1]
     return None
