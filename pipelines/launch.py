@@ -481,8 +481,10 @@ def terminate_runs(
                 continue
             still.append(run_id)
             run = record.dagster_run
-            ending = run.status == dg.DagsterRunStatus.STARTING or _steps_all_ended(instance, run)
-            if run_id not in asked and (late or not ending):
+            # read the run's plan and step stats only for a run still to be asked, not every poll
+            if run_id not in asked and (
+                late or not (run.status == dg.DagsterRunStatus.STARTING or _steps_all_ended(instance, run))
+            ):
                 asked.add(run_id)
                 with contextlib.suppress(Exception):  # already gone: nothing to terminate
                     instance.run_coordinator.cancel_run(run_id)
