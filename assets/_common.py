@@ -20,12 +20,12 @@ from typing import Any
 import dagster as dg
 
 from stage2_data.acquire import cancel_downloads
+from stage2_data.acquire.hub import PinDisagreesError
 from stage2_data.checks import CHECK_DESCRIPTIONS, CHECKS_BY_ASSET, NON_BLOCKING, CheckOutcome
-from stage2_data.errors import DiskSpaceError, FileSystemError, Stage2Error
+from stage2_data.errors import Stage2Error
 from stage2_data.extract import cancel_extractions
 from stage2_data.fsutil import canonical_json, human_bytes
 from stage2_data.publish.lock import BuildGoneError, require_launching_build, run_step_lock
-from stage2_data.publish.store_lock import StoresInUseError
 from stage2_data.stages import BUILD_TAG, PARTITIONS_TAG, READS, stage_of
 from stage2_data.steps import StepResult
 from stage2_data.steps.status import clear_store_records, record_failed_checks
@@ -215,11 +215,15 @@ def record_standalone_results(
 
 def fails_a_check(err: Stage2Error) -> bool:
     """Whether ``err`` says the asset's data is wrong (its first check fails with it), not the
-    machine: a full disk or a file system that refuses fails the step with its named error and
-    leaves every check unevaluated (a badge saying ``profile_is_pinned`` failed for want of disk
-    space would point at the wrong thing); nor does a run whose build is gone, nor a store step
-    refused because another build writes the same stores folder."""
-    return not isinstance(err, DiskSpaceError | FileSystemError | BuildGoneError | StoresInUseError)
+    environment: an error that kept the step from running (``could_not_run``: a full disk, a file
+    system that refuses, the hub unreachable or without the file, another build writing the same
+    stores folder) fails the step with its named error and leaves every check unjudged (a badge
+    saying ``archive_sha256_matches_pin`` failed for a file the hub does not have would blame bytes
+    nobody saw); nor does a run whose build is gone. A pin the hub contradicts is the profile's
+    data being wrong, and fails the check that compares with it."""
+    if isinstance(err, PinDisagreesError):
+        return True
+    return not (err.could_not_run or isinstance(err, BuildGoneError))
 
 
 def forget_on_failure(

@@ -60,7 +60,7 @@ FAULTS: tuple[Fault, ...] = (
         "net_404",
         "network",
         "404 for an archive",
-        "'<archive>' does not exist in <repo> at revision <commit>; fix: check the archive path; `stage2 pin <profile> --check` lists every archive missing upstream",
+        "'<archive>' does not exist in <repo> at revision <commit>; fix: check the archive path; `stage2 pin <profile> --check` lists every archive missing upstream; exit 2; no check is failed (the hub's answer, not the archive's bytes)",
         "nothing (no partial file)",
         "the archive downloads; the cache key extracts",
     ),

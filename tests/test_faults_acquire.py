@@ -123,6 +123,9 @@ def test_fault_download_refused(prepared: Prepared, demo: DemoPaths, tmp_path: P
         r = run_selection(cfg, ["archive_file"], SMALL)
         refused(r, victim, *case.names(demo), check=case.check)
         assert not layout.archive_path(root, victim).exists()
+        if case.check is None:  # the hub's answer, not the archive's bytes: no check is judged (QA)
+            assert not [c for c in r["checks"] if not c["passed"]], r["checks"]
+            assert r["errors"] and all(e["could_not_run"] for e in r["errors"]), r["errors"]
         assert not layout.partial_path(root, victim).exists()
         assert outside(tmp_path, root) == before
         getattr(hub.faults, case.fault).clear()
