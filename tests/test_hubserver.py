@@ -455,6 +455,42 @@ def test_a_port_in_use_is_named_with_a_fix_that_works(upstream: Upstream, module
     _serve_then_stop(_hub_command(module, upstream.folder, "--port", "0"), [signal.SIGTERM])
 
 
+@pytest.mark.parametrize("module", ["stage2_data.demo.hubserver", "stage2_data serve-hub"])
+def test_a_folder_is_served_as_what_its_marker_declares(tmp_path: Path, module: str) -> None:
+    """A folder whose .stage2-hub.json declares what it mirrors is served as that without
+    `--repo-id` and `--revision`; one given that differs from the declaration is refused, one line
+    naming the file, what it declares and the option, exit 2 (it served the folder's files as
+    another repository or commit without a word: QA). A folder declaring nothing needs a
+    `--repo-id`, and says so."""
+    folder = tmp_path / "mirror"
+    folder.mkdir()
+    (folder / "a.bin").write_bytes(b"a" * 100)
+    (folder / ".stage2-hub.json").write_text(json.dumps({"repo_id": REPO, "revision": REV}))
+    base = [sys.executable, "-m", *module.split(), str(folder)]
+    _serve_then_stop(base, [signal.SIGTERM])  # as declared
+    _serve_then_stop([*base, "--repo-id", REPO.upper(), "--revision", REV], [signal.SIGTERM])  # the same
+
+    def refused(*extra: str, where: Path = folder) -> str:
+        cmd = [sys.executable, "-m", *module.split(), str(where), *extra]
+        r = subprocess.run(cmd, capture_output=True, text=True, env=_HUB_ENV, cwd=ROOT, timeout=60)
+        assert r.returncode == 2 and not r.stdout, (r.stdout, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+        return r.stderr
+
+    said = refused("--revision", OTHER_REV)
+    assert f"{folder / '.stage2-hub.json'}" not in said  # the folder and the file's name, once each
+    assert f"{folder} declares in its .stage2-hub.json that it mirrors {REPO} at commit {REV}" in said, said
+    assert f"--revision {OTHER_REV} would serve" in said and "leave out --repo-id and --revision" in said, (
+        said
+    )
+    said = refused("--repo-id", "other/repo")
+    assert "--repo-id other/repo would serve" in said, said
+    (folder / ".stage2-hub.json").unlink()
+    said = refused()
+    assert f"no --repo-id given, and the hub folder {folder} declares none" in said, said
+    assert "Fix: pass --repo-id namespace/name" in said, said
+
+
 def test_serves_large_body(tmp_path: Path) -> None:
     """How fast is measured in bench/ (bench_hub.hub_get_64mib_vs_http_server)."""
     data = os.urandom(64 * 1024 * 1024)

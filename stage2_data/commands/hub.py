@@ -10,11 +10,10 @@ from .common import count_of
 
 
 def cmd_serve_hub(args: argparse.Namespace) -> int:
-    from ..demo.hubserver import HubServer
+    from ..demo.hubserver import HubServer, served_as
 
-    HubServer(
-        Path(args.folder), repo_id=args.repo_id, revision=args.revision, port=args.port
-    ).serve_until_signal()
+    repo_id, revision = served_as(args.folder, repo_id=args.repo_id, revision=args.revision)
+    HubServer(Path(args.folder), repo_id=repo_id, revision=revision, port=args.port).serve_until_signal()
     return 0
 
 
@@ -25,16 +24,20 @@ def register(sub: Any) -> None:
         description="Serve FOLDER as one Hugging Face dataset repository at one commit, over the hub's HTTP "
         "protocol on 127.0.0.1, until interrupted (Ctrl-C or SIGTERM); the URL to pass as --endpoint (to "
         "`stage2 build`, `pin`, `list`) is printed on one line.",
-        epilog="Example: stage2 serve-hub .demo/demo/upstream --repo-id robometer/processed_datasets --revision <40-hex>",
+        epilog="Example: stage2 serve-hub .demo/demo/upstream (the demo's repository and commit, as its .stage2-hub.json declares; --repo-id and --revision serve a folder that declares none)",
     )
     p.add_argument("folder", help="the folder whose files are served as the repository's files")
     p.add_argument(
-        "--repo-id", required=True, help="the repository it is served as (e.g. robometer/processed_datasets)"
+        "--repo-id",
+        default=None,
+        help="the repository it is served as (e.g. robometer/processed_datasets); default: the one the "
+        "folder's .stage2-hub.json declares",
     )
     p.add_argument(
         "--revision",
-        required=True,
-        help="the full 40-hex commit it is served at (the profile's [source] revision)",
+        default=None,
+        help="the full 40-hex commit it is served at (the profile's [source] revision); default: the one "
+        "the folder's .stage2-hub.json declares, else a digest of its files",
     )
     p.add_argument(
         "--port",

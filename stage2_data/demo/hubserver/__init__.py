@@ -25,14 +25,14 @@ are prefixed by ``datasets/`` and ``spaces/``, models have no prefix)::
 Modules: ``repository`` (the folder as a repository: files, faults, request log), ``handler`` (HTTP),
 ``server`` (``HubServer``: start/stop, and the command line).
 
-Command line: ``python -m stage2_data.demo.hubserver FOLDER --repo-id R --revision REV [--port P]``
+Command line: ``python -m stage2_data.demo.hubserver FOLDER [--repo-id R] [--revision REV] [--port P]``
 prints the URL on one line and serves until SIGTERM/SIGINT.
 """
 
 from __future__ import annotations
 
 from .repository import INFO, TREE, HubFaults, Reject, folder_commit
-from .server import HubServer, check_declared_source, main, serve_pinned
+from .server import HubServer, check_declared_source, main, serve_pinned, served_as
 
 __all__ = [
     "INFO",
@@ -44,4 +44,5 @@ __all__ = [
     "folder_commit",
     "main",
     "serve_pinned",
+    "served_as",
 ]

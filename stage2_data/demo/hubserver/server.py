@@ -1,6 +1,6 @@
 """``HubServer``: a ``HubRepository`` served over HTTP on the loopback interface, and its command line.
 
-Command line: ``python -m stage2_data.demo.hubserver FOLDER --repo-id R --revision REV [--port P]``
+Command line: ``python -m stage2_data.demo.hubserver FOLDER [--repo-id R] [--revision REV] [--port P]``
 prints the URL on one line and serves until SIGTERM/SIGINT.
 """
 
@@ -114,6 +114,43 @@ def check_declared_source(folder: str | os.PathLike[str], *, repo_id: str, revis
         _refuse_other_source(Path(folder), declared, declared["revision"], repo_id=repo_id, revision=revision)
 
 
+def served_as(
+    folder: str | os.PathLike[str], *, repo_id: str | None, revision: str | None
+) -> tuple[str, str | None]:
+    """The repository and commit a command line serves ``folder`` as: for each one not given, what
+    the folder's :data:`~.repository.HUB_MARKER` declares. A given one that differs from the
+    declaration is refused (HubSetupError naming both): the folder's files would be handed out as a
+    repository or commit they are not from, and a profile pinned from that hub would name a commit
+    no hub has. Without a declaration ``repo_id`` is needed; ``revision`` None is then the folder's
+    own commit (:func:`~.repository.folder_commit`)."""
+    path = Path(folder)
+    declared = declared_source(path) if path.is_dir() else None
+    if declared:
+        other = []
+        if revision is not None and revision != declared["revision"]:
+            other.append(f"--revision {revision}")
+        if repo_id is not None and repo_id.lower() != declared.get("repo_id", repo_id).lower():
+            other.append(f"--repo-id {repo_id}")
+        if other:
+            what = f"{declared['repo_id']} at commit" if "repo_id" in declared else "commit"
+            raise HubSetupError(
+                f"the hub folder {path} declares in its {HUB_MARKER} that it mirrors {what} "
+                f"{declared['revision']}; {' and '.join(other)} would serve its files as what they "
+                "are not.",
+                fix="leave out --repo-id and --revision (they default to what the folder declares), or "
+                "serve the folder of that repository and commit",
+            )
+        repo_id = declared.get("repo_id") or repo_id  # as declared (the hub's ids ignore case)
+        revision = declared["revision"]
+    if repo_id is None:
+        raise HubSetupError(
+            f"no --repo-id given, and the hub folder {path} declares none (no repo_id in a {HUB_MARKER} there).",
+            fix="pass --repo-id namespace/name, as the profile's [source] repo_id holds it (e.g. "
+            "robometer/processed_datasets)",
+        )
+    return repo_id, revision
+
+
 def _refuse_other_source(
     folder: Path, declared: dict[str, str] | None, commit: str, *, repo_id: str, revision: str | None
 ) -> None:
@@ -162,8 +199,13 @@ def main(argv: list[str] | None = None) -> int:
         description="Serve FOLDER as one Hugging Face Hub repository at one revision, on the loopback interface.",
     )
     ap.add_argument("folder", type=Path)
-    ap.add_argument("--repo-id", required=True)
-    ap.add_argument("--revision", required=True, help="the full 40-hex commit the repo is served at")
+    ap.add_argument("--repo-id", default=None, help="default: the one the folder's .stage2-hub.json declares")
+    ap.add_argument(
+        "--revision",
+        default=None,
+        help="the full 40-hex commit the repo is served at; default: the one the folder's .stage2-hub.json "
+        "declares, else a digest of its files",
+    )
     ap.add_argument("--repo-type", default="dataset", choices=REPO_TYPES)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0)
@@ -194,10 +236,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: environment variable {args.token_env} is empty or unset", file=sys.stderr)
             return 2
     try:
+        repo_id, revision = served_as(args.folder, repo_id=args.repo_id, revision=args.revision)
         server = HubServer(
             args.folder,
-            repo_id=args.repo_id,
-            revision=args.revision,
+            repo_id=repo_id,
+            revision=revision,
             repo_type=args.repo_type,
             host=args.host,
             port=args.port,
