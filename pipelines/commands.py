@@ -52,7 +52,7 @@ from stage2_data.errors import (
     Stage2Error,
     StoreError,
 )
-from stage2_data.fsutil import python_str
+from stage2_data.fsutil import not_a_folder_on, python_str
 from stage2_data.oserrors import fs_error
 from stage2_data.profile import Profile, load_profile
 from stage2_data.publish import data_root_lock, sweep_data_root
@@ -263,7 +263,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
     if args.hub_folder:  # the wrong folder (the kit's, say): named now, not as 14 missing archives
         require_hub_folder(profile, args.hub_folder)
     data_root = Path(args.data_root).resolve()
-    if data_root.exists() and not data_root.is_dir():  # named as given, not as the first path below it
+    if not_a_folder_on(data_root) is not None:  # named as given, not as the first path made under it
         raise fs_error(NotADirectoryError(errno.ENOTDIR, "Not a directory", str(data_root)), "--data-root")
     if args.store_url:  # credentials, endpoint, bucket: probed now, not after every download
         check_stores_target(args.store_url, profile.name, options)

@@ -301,14 +301,18 @@ def test_a_file_where_a_folder_should_be_is_one_named_error(tmp_path: Path) -> N
     prof = tmp_path / "profile.toml"
     prof.write_bytes(base_toml())
     _kit_file(tmp_path)
-    out = stage2("build", "--profile", str(prof), "--data-root", str(root), "--hub-folder", str(tmp_path))
-    assert out.returncode == 2 and "Traceback" not in out.stderr, out.tail()
-    assert (
-        len(out.stderr.strip().splitlines()) == 1 and "a file stands where a folder is needed" in out.stderr
-    )
-    # the data root itself is named, not the first path the build would have made below it
-    assert out.stderr.startswith(f"stage2 build: error: --data-root: {root}: Not a directory."), out.stderr
-    assert "archives" not in out.stderr, out.stderr
+    for where in (root, root / "below"):  # the file, and a path under it (QA: that named an archive)
+        out = stage2(
+            "build", "--profile", str(prof), "--data-root", str(where), "--hub-folder", str(tmp_path)
+        )
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.tail()
+        assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+        assert f"a file stands where a folder is needed: {root}; " in out.stderr, out.stderr
+        # the data root itself is named, not the first path the build would have made below it
+        assert out.stderr.startswith(f"stage2 build: error: --data-root: {where}: Not a directory."), (
+            out.stderr
+        )
+        assert "archives" not in out.stderr, out.stderr
 
 
 # ----- the user-facing paths ----------------------------------------------------------------------------
