@@ -180,11 +180,11 @@ def _takes(command: argparse.ArgumentParser) -> tuple[list[str], list[str]]:
 
 
 def _not_taken(args: Sequence[str], command: argparse.ArgumentParser) -> list[str]:
-    """The options among ``args`` that ``command`` does not take (an unambiguous prefix of one it
-    takes is taken, as argparse takes it)."""
+    """The options among ``args`` that ``command`` does not take (by their whole name: the parser
+    takes no prefix of one)."""
     options, _ = _takes(command)
     names = [a.split("=", 1)[0] for a in args if re.match(r"--?[A-Za-z]", a)]
-    return [n for n in names if not any(o.startswith(n) for o in options if n.startswith("--") or o == n)]
+    return [n for n in names if n not in options]
 
 
 def unrecognized_text(extra: Sequence[str], command: argparse.ArgumentParser) -> str:
@@ -202,6 +202,8 @@ def unrecognized_text(extra: Sequence[str], command: argparse.ArgumentParser) ->
             fixes.append(f"give {bare} without {name} ({command.prog} ... {bare.upper()} ...)")
         elif name == "--version":  # an option of `stage2` itself, not of its commands
             fixes.append("stage2 --version, before any command")
+        elif len(whole := [o for o in options if o.startswith(name)]) == 1:  # a prefix of one option
+            fixes.append(f"{whole[0]}, not {name}")
         elif close := difflib.get_close_matches(name, options, n=1, cutoff=0.75):
             fixes.append(f"{close[0]}, not {name}")
     fix = "; ".join(fixes) or f"`{command.prog} --help` lists what it takes"
@@ -249,6 +251,13 @@ class _Parser(argparse.ArgumentParser):
 
     given: Sequence[str] = ()  # the command's own arguments (set by :func:`main`)
     argv: Sequence[str] = ()  # the whole command line: `stage2 --json` with no command asks for JSON too
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # An option is taken by its whole name only: argparse's default takes a prefix of one, so
+        # `build --store DIR` was `--store-url DIR` (the store written outside the data root: QA),
+        # and a prefix taken today could stand for another option added later.
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         if message.startswith("the following arguments are required"):

@@ -119,6 +119,13 @@ def test_the_stage2_executable_keeps_openblas_to_one_thread_unless_told(given: s
             ["summary", "--version", "store"],
             "stage2 summary: error: unrecognized arguments: --version. Fix: stage2 --version, before any command",
         ),
+        # a prefix of an option is not that option (argparse took `--store DIR` as `--store-url DIR`
+        # and the build wrote its store outside the data root: QA)
+        (
+            ["build", "p.toml", "--data-root", "root", "--store", "/tmp/elsewhere", "--dry"],
+            "stage2 build: error: unrecognized arguments: --store /tmp/elsewhere --dry. "
+            "Fix: --store-url, not --store; --dry-run, not --dry",
+        ),
     ],
     ids=[
         "positional-as-option",
@@ -129,6 +136,7 @@ def test_the_stage2_executable_keeps_openblas_to_one_thread_unless_told(given: s
         "unknown-option",
         "misspelt-command",
         "version-after-a-command",
+        "prefix-of-an-option",
     ],
 )
 def test_a_usage_error_names_the_command_and_what_was_meant(argv: list[str], says: str) -> None:
