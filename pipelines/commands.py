@@ -579,9 +579,10 @@ def _with_option(command: str, option: str) -> str:
 
 
 def _current_link(s: dict[str, Any]) -> str | None:
-    """The published store's ``current`` link under the data root (relative to the working folder
-    when it lies under it, as a user pastes it); on object storage ``<url>/<profile>/current``,
-    which readers follow through the profile's ``CURRENT`` object. None when nothing is published."""
+    """The published store's ``current`` link (relative to the working folder when it lies under
+    it, as a user pastes it): the data root's, or the one beside the store in a local stores folder
+    (``--store-url file://``); on object storage ``<url>/<profile>/current``, which readers follow
+    through the profile's ``CURRENT`` object. None when nothing is published."""
     store = s.get("store")
     if not store:
         return None
@@ -589,7 +590,9 @@ def _current_link(s: dict[str, Any]) -> str | None:
         return f"{str(store).rstrip('/').rsplit('/', 1)[0]}/{layout.CURRENT_LINK}"
     link = layout.current_store_path(Path(s["data_root"]), s["profile"])
     if Path(store).resolve() != link.resolve():
-        return None
+        link = Path(store).parent / layout.CURRENT_LINK
+        if not link.is_symlink() or Path(store).resolve() != link.resolve():
+            return None
     try:
         return str(link.relative_to(Path.cwd()))
     except ValueError:

@@ -140,6 +140,8 @@ def test_fault_gate_store_url_outside_the_data_root(gated: dict[str, Any], tmp_p
     assert first.returncode == 0 and _fingerprint(first) == FINGERPRINT, first.tail()
     current = tmp_path / "elsewhere" / gated["profile"] / layout.CURRENT_LINK
     store = current.resolve()
+    # the path to keep is printed, as for a store of the data root (it printed none: QA)
+    assert f"current:      {current}\nopen it:      " in first.stdout, first.stdout
     _same_size_edit(store / "sample_index.jsonl")
     damaged = (store / "sample_index.jsonl").read_bytes()
     out = _build(gated["demo"], root, gated["hub"], "--store-url", url)
