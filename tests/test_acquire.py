@@ -433,6 +433,34 @@ def test_reverify_and_unrecorded_files(
     assert len(quarantined_files(tmp_path)) == 2
 
 
+def test_a_verified_file_a_new_revision_changed_is_said_so(tmp_path: Path) -> None:
+    """A verified archive whose profile moved to another revision, where the hub has other bytes
+    under the same path: moved aside and downloaded again, and its reason says the pin changed,
+    not the file (it said "the local file's bytes are what changed" of a file nobody touched: QA)."""
+    old, new = tmp_path / "at-old", tmp_path / "at-new"
+    for folder, data in ((old, b"a" * 5000), (new, b"b" * 6000)):
+        folder.mkdir()
+        (folder / "k.tar").write_bytes(data)
+    root = tmp_path / "root"
+    specs = {}
+    for folder, rev in ((old, REV), (new, OTHER_REV)):
+        data = (folder / "k.tar").read_bytes()
+        specs[rev] = ArchiveSpec(
+            path="k.tar", cache_key="k", size=len(data), sha256=hashlib.sha256(data).hexdigest()
+        )
+        with HubServer(folder, repo_id=REPO, revision=rev) as server:
+            res = download_archive(
+                HubSource(REPO, "dataset", rev, endpoint=server.url), specs[rev], root, **FAST
+            )
+        assert layout.archive_path(root, "k.tar").read_bytes() == data
+    assert res.moved_aside is not None and res.moved_aside.read_bytes() == b"a" * 5000
+    (why,) = {q.reason for q in quarantined_files(root)}
+    assert why.endswith(
+        ", as the pin does: the file was verified against another pin (its record says the same sha256), "
+        "so the pin changed (another profile or revision), not the file"
+    ), why
+
+
 def test_a_pin_typo_is_refused_by_name_and_the_verified_file_kept(
     source: HubSource,
     hub: HubServer,

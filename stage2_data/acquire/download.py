@@ -164,7 +164,13 @@ def _settle(
                 else f"the hub's listing at {source.revision} says {remote.size} bytes, sha256 {remote.sha256}"
             )
     if remote is not None and (remote.size, remote.sha256) == (spec.size, spec.sha256):
-        hub_says += ", as the pin does: the local file's bytes are what changed"
+        verified = local.record.get("sha256") if isinstance(local.record, dict) else None
+        hub_says += (
+            ", as the pin does: the file was verified against another pin (its record says the same "
+            "sha256), so the pin changed (another profile or revision), not the file"
+            if verified == local.sha256
+            else ", as the pin does: the local file's bytes are what changed"
+        )
     reason = (
         f"its bytes ({local.size} bytes, sha256 {local.sha256}) disagreed with its pin {pinned}; {hub_says}"
     )
