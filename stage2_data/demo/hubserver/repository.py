@@ -178,6 +178,21 @@ def declared_source(folder: Path) -> dict[str, str] | None:
     return {k: str(doc[k]) for k in ("repo_id", "revision") if k in doc}
 
 
+def check_repo_names(repo_id: str | None, revision: str | None) -> None:
+    """HubSetupError for a ``repo_id`` that is not ``namespace/name`` or a ``revision`` that is not
+    a full 40-hex commit (None: not given, nothing to say)."""
+    if revision is not None and not HEX40_RE.match(revision):
+        raise HubSetupError(
+            f"revision {revision!r} is not a full 40-hex commit.",
+            fix="pass the whole commit id (40 hex digits), as the profile's [source] revision holds it",
+        )
+    if repo_id is not None and "/" not in repo_id:
+        raise HubSetupError(
+            f"repo_id {repo_id!r} is not 'namespace/name'.",
+            fix="pass it as the profile's [source] repo_id holds it, e.g. robometer/processed_datasets",
+        )
+
+
 class HubRepository:
     """One folder as one repository at one revision: what every request is answered from.
 
@@ -197,19 +212,10 @@ class HubRepository:
         faults: HubFaults | None = None,
         token: str | None = None,
     ) -> None:
-        if revision is not None and not HEX40_RE.match(revision):
-            raise HubSetupError(
-                f"revision {revision!r} is not a full 40-hex commit.",
-                fix="pass the whole commit id (40 hex digits), as the profile's [source] revision holds it",
-            )
+        check_repo_names(repo_id, revision)
         if repo_type not in REPO_TYPES:
             raise HubSetupError(
                 f"repo_type {repo_type!r} is not one of {', '.join(REPO_TYPES)}.", fix="pass one of them"
-            )
-        if "/" not in repo_id:
-            raise HubSetupError(
-                f"repo_id {repo_id!r} is not 'namespace/name'.",
-                fix="pass it as the profile's [source] repo_id holds it, e.g. robometer/processed_datasets",
             )
         self.folder = Path(folder).resolve()
         if not self.folder.is_dir():

@@ -18,7 +18,7 @@ from types import TracebackType
 
 from ...errors import HubSetupError
 from .handler import HubHTTPServer
-from .repository import HUB_MARKER, REPO_TYPES, HubFaults, HubRepository, declared_source
+from .repository import HUB_MARKER, REPO_TYPES, HubFaults, HubRepository, check_repo_names, declared_source
 
 
 class HubServer(HubRepository):
@@ -123,6 +123,7 @@ def served_as(
     repository or commit they are not from, and a profile pinned from that hub would name a commit
     no hub has. Without a declaration ``repo_id`` is needed; ``revision`` None is then the folder's
     own commit (:func:`~.repository.folder_commit`)."""
+    check_repo_names(repo_id, revision)  # what is given is named first, as HubRepository names it
     path = Path(folder)
     declared = declared_source(path) if path.is_dir() else None
     if declared:
