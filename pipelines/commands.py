@@ -34,12 +34,15 @@ from stage2_data.commands.common import (
     EXIT_BUG,
     EXIT_ERROR,
     EXIT_FAILED,
+    HUB_FOLDER_LEFT_OUT,
+    KIT_ROOT_LEFT_OUT,
     add_profile,
     add_storage_option,
     add_token_env,
     count_of,
     eprint,
     print_json,
+    require_folder_option,
     storage_options,
     with_demo_hub_folder,
 )
@@ -247,15 +250,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
             "or leave out --storage-option",
         )
     # folders the build reads, refused before any download (a step would find them missing late)
-    for option, folder, error in (
-        ("--kit-root", args.kit_root, ProfileError),
-        ("--hub-folder", args.hub_folder, HubSetupError),
-    ):
-        if folder and not Path(folder).is_dir():
-            what = "is not a folder" if Path(folder).exists() else "does not exist"
-            raise error(
-                f"{option} {folder} {what}.", fix=f"pass an existing folder to {option}, or leave it out"
-            )
+    require_folder_option("--kit-root", args.kit_root, ProfileError, KIT_ROOT_LEFT_OUT)
+    require_folder_option("--hub-folder", args.hub_folder, HubSetupError, HUB_FOLDER_LEFT_OUT)
     profile = load_profile(args.profile, kit_root=args.kit_root)  # fail fast on a bad profile
     profile.require_known()  # nothing is ever requested under a guessed name
     profile.require_kit_found()  # a wrong --kit-root: refused now, not after the downloads

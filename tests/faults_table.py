@@ -571,7 +571,7 @@ FAULTS: tuple[Fault, ...] = (
         "prof_kit_root_missing",
         "profile",
         "`--kit-root` a folder that does not exist, or a file",
-        "`stage2 build` exits 2 before any work: --kit-root <path> does not exist (or is not a folder); fix: pass an existing folder to --kit-root, or leave it out",
+        "`stage2 build` exits 2 before any work: --kit-root <path> does not exist (or is not a folder); fix: pass an existing folder to --kit-root, or leave it out (the kit is then the profile's own folder); a relative path says the working folder it was taken from",
         "nothing; the data root is not created",
         "an existing kit root (or none: the profile's folder): the build starts",
     ),

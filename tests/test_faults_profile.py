@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers.cli import stage2
+from helpers.cli import REPO, stage2
 from helpers.faults import (
     NOWHERE,
     SMALL,
@@ -33,6 +33,7 @@ from helpers.faults import (
 from pydantic import ValidationError
 
 from stage2_data import checks as C
+from stage2_data.commands.common import HUB_FOLDER_LEFT_OUT, KIT_ROOT_LEFT_OUT
 from stage2_data.demo import DemoPaths
 from stage2_data.errors import ProfileError
 from stage2_data.profile import CROSS_CHECK, Profile, load_profile, parse_profile
@@ -309,13 +310,23 @@ def test_fault_folder_option_missing(tmp_path: Path, demo_cache: DemoPaths, case
     argv = ["build", "--profile", str(demo_cache.profile), "--data-root", str(root)]
     if case == "--kit-root":
         argv += ["--hub-folder", str(demo_cache.upstream)]
-    for given, what in ((tmp_path / "missing", "does not exist"), (tmp_path / "a-file", "is not a folder")):
-        r = stage2(*argv, case, str(given))
+    without = KIT_ROOT_LEFT_OUT if case == "--kit-root" else HUB_FOLDER_LEFT_OUT
+    for given, what, cwd in (
+        (tmp_path / "missing", "does not exist", REPO),
+        (tmp_path / "a-file", "is not a folder", REPO),
+        # a relative path, from another folder than the one it was meant from: said where it looked
+        (
+            Path("missing"),
+            f"does not exist (a relative path is taken from the working folder {tmp_path})",
+            tmp_path,
+        ),
+    ):
+        r = stage2(*argv, case, str(given), cwd=cwd)
         assert r.returncode == 2, r.tail()
         line = r.stderr.strip()
-        assert (
-            line
-            == f"stage2 build: error: {case} {given} {what}. Fix: pass an existing folder to {case}, or leave it out"
+        assert line == (
+            f"stage2 build: error: {case} {given} {what}. Fix: pass an existing folder to {case}, or leave "
+            f"it out ({without})"
         ), line
     assert not root.exists() and outside(tmp_path) == before
     if case == "--hub-folder":

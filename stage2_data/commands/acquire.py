@@ -27,11 +27,13 @@ from ..profile import Profile, load_profile, parse_profile
 from ..publish import atomic_write_bytes
 from .common import (
     EXIT_FAILED,
+    HUB_FOLDER_LEFT_OUT,
     add_profile,
     add_token_env,
     eprint,
     finish_command,
     print_json,
+    require_folder_option,
     with_demo_hub_folder,
 )
 
@@ -176,11 +178,12 @@ def rewrite_pins(text: str, pinned: Profile) -> str:
 
 def cmd_pin(args: argparse.Namespace) -> int:
     from ..acquire.hub import require_hub_folder, require_token_env
+    from ..errors import HubSetupError
 
     path = Path(args.profile).resolve()
     token = require_token_env(args.token_env)
     if args.hub_folder:  # served on loopback for this command, as `stage2 build --hub-folder` does
-        _require_folder(args.hub_folder)
+        require_folder_option("--hub-folder", args.hub_folder, HubSetupError, HUB_FOLDER_LEFT_OUT)
         profile, floating = _load_for_pin(path)
         require_hub_folder(profile, args.hub_folder)  # the wrong folder: refused, not "closest" names
         with _served(profile, args.hub_folder, floating=floating is not None) as endpoint:
@@ -191,18 +194,6 @@ def cmd_pin(args: argparse.Namespace) -> int:
         return _pin(args, path, profile, floating, endpoint, token)
     except HubError as e:
         raise with_demo_hub_folder(e, path) from None
-
-
-def _require_folder(folder: str) -> None:
-    """HubSetupError when ``folder`` (``--hub-folder``) is not a folder."""
-    from ..errors import HubSetupError
-
-    if not Path(folder).is_dir():
-        what = "is not a folder" if Path(folder).exists() else "does not exist"
-        raise HubSetupError(
-            f"--hub-folder {folder} {what}.",
-            fix="pass --hub-folder the folder `stage2 build --hub-folder` served (the repository's files)",
-        )
 
 
 @contextlib.contextmanager

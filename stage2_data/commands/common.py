@@ -5,16 +5,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..errors import HubError, StoreError
+from ..errors import HubError, Stage2Error, StoreError
 
 EXIT_FAILED = 1  # the command ran and found problems (a failed check, an invalid store)
 EXIT_ERROR = 2  # the command could not run (bad input, bad arguments)
 EXIT_BUG = 3  # an exception no guard named escaped: a bug
+
+# what leaving out a folder option means, said in the fix of one that names no folder
+KIT_ROOT_LEFT_OUT = "the kit is then the profile's own folder"
+HUB_FOLDER_LEFT_OUT = "the archives then come from the hub at --endpoint, $HF_ENDPOINT or huggingface.co"
 
 
 def count_of(what: str, minimum: int = 1, maximum: int | None = None) -> Callable[[str], int]:
@@ -154,6 +159,23 @@ def finish_command(
     if storage_option:
         add_storage_option(p)
     p.set_defaults(func=func)
+
+
+def require_folder_option(
+    option: str, folder: str | os.PathLike[str] | None, error: type[Stage2Error], without: str
+) -> None:
+    """Refuse (``error``, exit 2) a folder option given as a path that is no folder, before any work
+    (a step would find it missing late): what is there, where a relative path was looked for, and
+    what leaving the option out means (``without``)."""
+    if not folder or Path(folder).is_dir():
+        return
+    what = "is not a folder" if Path(folder).exists() else "does not exist"
+    if not Path(folder).exists() and not Path(folder).is_absolute():
+        what += f" (a relative path is taken from the working folder {Path.cwd()})"
+    raise error(
+        f"{option} {folder} {what}.",
+        fix=f"pass an existing folder to {option}, or leave it out ({without})",
+    )
 
 
 def with_demo_hub_folder(err: HubError, profile_path: Path | str) -> HubError:

@@ -8,7 +8,15 @@ from typing import Any
 
 from ..errors import ProfileError, Stage2Error
 from ..fsutil import human_bytes
-from .common import EXIT_FAILED, add_profile, count_of, finish_command, print_json
+from .common import (
+    EXIT_FAILED,
+    KIT_ROOT_LEFT_OUT,
+    add_profile,
+    count_of,
+    finish_command,
+    print_json,
+    require_folder_option,
+)
 
 
 def verify(
@@ -26,11 +34,7 @@ def verify(
     from ..profile import load_profile
     from ..steps.kit import byte_problems
 
-    if kit_root is not None and not Path(kit_root).is_dir():  # as `stage2 build` refuses it
-        what = "is not a folder" if Path(kit_root).exists() else "does not exist"
-        raise ProfileError(
-            f"--kit-root {kit_root} {what}.", fix="pass an existing folder to --kit-root, or leave it out"
-        )
+    require_folder_option("--kit-root", kit_root, ProfileError, KIT_ROOT_LEFT_OUT)  # as `stage2 build` does
     profile = load_profile(profile_path, kit_root=kit_root)
     # a kit root holding none of the kit's files (a wrong --kit-root, or a profile away from its kit:
     # by default the kit root is the profile's own folder), or a kit file missing: refused as
