@@ -272,6 +272,8 @@ class _Parser(argparse.ArgumentParser):
                 message = (
                     f"{message}. Fix: give it (`{self.prog} --help` says what it takes, with an example)"
                 )
+        elif both := re.match(r"argument (\S+): not allowed with argument (\S+)$", message):
+            message = f"{message}. Fix: give {both[2]} or {both[1]}, not both (`{self.prog} --help` says what each does)"
         elif (
             typo := re.match(r"argument COMMAND: invalid choice: '(.*?)' \(choose from (.*)\)$", message)
         ) and (close := difflib.get_close_matches(typo[1], re.findall(r"'([^']+)'", typo[2]), n=1)):

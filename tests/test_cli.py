@@ -126,6 +126,12 @@ def test_the_stage2_executable_keeps_openblas_to_one_thread_unless_told(given: s
             "stage2 build: error: unrecognized arguments: --store /tmp/elsewhere --dry. "
             "Fix: --store-url, not --store; --dry-run, not --dry",
         ),
+        # two options that exclude each other: which (it said no fix: QA)
+        (
+            ["pin", "p.toml", "--write", "--check"],
+            "stage2 pin: error: argument --check: not allowed with argument --write. Fix: give --write or "
+            "--check, not both (`stage2 pin --help` says what each does)",
+        ),
     ],
     ids=[
         "positional-as-option",
@@ -137,6 +143,7 @@ def test_the_stage2_executable_keeps_openblas_to_one_thread_unless_told(given: s
         "misspelt-command",
         "version-after-a-command",
         "prefix-of-an-option",
+        "options-that-exclude-each-other",
     ],
 )
 def test_a_usage_error_names_the_command_and_what_was_meant(argv: list[str], says: str) -> None:
