@@ -34,6 +34,7 @@ from stage2_data.kit import SIDECAR_INDEX
 from stage2_data.profile import Profile, load_profile
 from stage2_data.stages import ACQUIRE, EXTRACT, PROFILE, STAGES, STORE
 from stage2_data.steps import step_extract
+from stage2_data.steps.plan import OBJECT_STORE
 from stage2_data.steps.status import (
     build_status,
     record_store_stage,
@@ -493,6 +494,11 @@ def test_a_dry_run_changes_nothing_and_names_what_the_build_then_runs(
     assert plan["dry_run"] and plan["up_to_date"], plan
     assert [(s["stage"], s["runs"]) for s in plan["stages"]] == [(s.name, False) for s in STAGES]
     assert plan["download_bytes"] == plan["extract_bytes"] == 0
+    # with --store-url only the store stage runs, and that is the reason said (it said the kit or the
+    # extracted data had changed: QA)
+    plan = _dry_run(demo, root, hub, "--json", "--store-url", f"file://{tmp_path / 'stores'}").json()
+    assert [(s["stage"], s["runs"]) for s in plan["stages"]] == [(s.name, s is STORE) for s in STAGES]
+    assert [s["why"] for s in plan["stages"] if s["runs"]] == [OBJECT_STORE], plan
 
     victim = sorted(p.name for p in layout.processed_root(root).iterdir())[1]
     gone = _a_file(layout.cache_dir(root, victim))

@@ -23,7 +23,7 @@ from .status import build_status
 
 REVERIFY = "--reverify: every stage runs and trusts none of the build's own records"
 FIRST_BUILD = "the data root does not exist yet (a first build)"
-OBJECT_STORE = "the store is on object storage (--store-url): its stage always runs"
+OBJECT_STORE = "the store goes to --store-url (object storage, or a stores folder outside the data root): its stage always runs"
 
 
 @dataclass(frozen=True)
@@ -117,8 +117,8 @@ def stage_reasons(
         why = dict.fromkeys((s.name for s in STAGES), FIRST_BUILD)
     else:
         why = build_status(profile, data_root, settings, held=held)
-    if store_url and why.get(STORE.name) is None:
-        why[STORE.name] = OBJECT_STORE
+    if store_url and not reverify and data_root.is_dir():  # whatever its records say (the URL is one
+        why[STORE.name] = OBJECT_STORE  # of the settings they cover): it is why the stage runs
     return why
 
 
