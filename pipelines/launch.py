@@ -430,14 +430,17 @@ STOP_WAIT_S = 2.0
 LAUNCH_WAIT_S = 3.0
 
 
-def _steps_all_ended(instance: dg.DagsterInstance, run: dg.DagsterRun) -> bool:
+def _steps_all_ended(instance: dg.DagsterInstance, run: dg.DagsterRun, plans: dict[str, set[str]]) -> bool:
     """Whether every step the started run ``run`` planned has ended (succeeded, failed or been
     skipped): the run then only writes its own end. False while a step runs, and for a run whose
-    plan is not known."""
+    plan is not known. ``plans``: each run's planned step keys, read once and kept there (a stop
+    asks again every poll)."""
     if run.status != dg.DagsterRunStatus.STARTED or run.execution_plan_snapshot_id is None:
         return False
-    plan = instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id)
-    planned = set(run.step_keys_to_execute or plan.step_keys_to_execute)
+    planned = plans.get(run.run_id)
+    if planned is None:
+        plan = instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id)
+        planned = plans[run.run_id] = set(run.step_keys_to_execute or plan.step_keys_to_execute)
     if not planned:
         return False
     ended = {s.step_key for s in instance.get_run_step_stats(run.run_id) if s.end_time is not None}
@@ -469,6 +472,7 @@ def terminate_runs(
     last moments of a run's own ending, where it cannot be told from outside."""
     deadline = time.monotonic() + wait_s
     asked: set[str] = set()
+    plans: dict[str, set[str]] = {}
     pending = list(dict.fromkeys(run_ids))
     while True:
         late = time.monotonic() >= deadline
@@ -481,9 +485,10 @@ def terminate_runs(
                 continue
             still.append(run_id)
             run = record.dagster_run
-            # read the run's plan and step stats only for a run still to be asked, not every poll
+            # a run's plan and step stats are read only while it is still to be asked
             if run_id not in asked and (
-                late or not (run.status == dg.DagsterRunStatus.STARTING or _steps_all_ended(instance, run))
+                late
+                or not (run.status == dg.DagsterRunStatus.STARTING or _steps_all_ended(instance, run, plans))
             ):
                 asked.add(run_id)
                 with contextlib.suppress(Exception):  # already gone: nothing to terminate
