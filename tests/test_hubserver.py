@@ -489,6 +489,8 @@ def test_a_folder_is_served_as_what_its_marker_declares(tmp_path: Path, module: 
     said = refused()
     assert f"no --repo-id given, and the hub folder {folder} declares none" in said, said
     assert "Fix: pass --repo-id namespace/name" in said, said
+    said = refused(where=tmp_path / "missing")  # a folder that is not there: that is said first
+    assert f"the hub folder {tmp_path / 'missing'} does not exist." in said, said
 
 
 def test_serves_large_body(tmp_path: Path) -> None:

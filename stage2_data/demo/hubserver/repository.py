@@ -178,6 +178,18 @@ def declared_source(folder: Path) -> dict[str, str] | None:
     return {k: str(doc[k]) for k in ("repo_id", "revision") if k in doc}
 
 
+def hub_folder(folder: str | os.PathLike[str]) -> Path:
+    """``folder`` resolved, or HubSetupError when it is not a folder (what is there, if anything)."""
+    path = Path(folder).resolve()
+    if not path.is_dir():
+        what = "is not a folder" if path.exists() else "does not exist"
+        raise HubSetupError(
+            f"the hub folder {path} {what}.",
+            fix="pass the folder to serve as the hub's repository (the demo's: .demo/demo/upstream)",
+        )
+    return path
+
+
 def check_repo_names(repo_id: str | None, revision: str | None) -> None:
     """HubSetupError for a ``repo_id`` that is not ``namespace/name`` or a ``revision`` that is not
     a full 40-hex commit (None: not given, nothing to say)."""
@@ -217,13 +229,7 @@ class HubRepository:
             raise HubSetupError(
                 f"repo_type {repo_type!r} is not one of {', '.join(REPO_TYPES)}.", fix="pass one of them"
             )
-        self.folder = Path(folder).resolve()
-        if not self.folder.is_dir():
-            what = "is not a folder" if self.folder.exists() else "does not exist"
-            raise HubSetupError(
-                f"the hub folder {self.folder} {what}.",
-                fix="pass the folder to serve as the hub's repository (the demo's: .demo/demo/upstream)",
-            )
+        self.folder = hub_folder(folder)
         self.repo_id = repo_id
         self.repo_type = repo_type
         self.host = host

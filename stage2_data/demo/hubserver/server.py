@@ -18,7 +18,15 @@ from types import TracebackType
 
 from ...errors import HubSetupError
 from .handler import HubHTTPServer
-from .repository import HUB_MARKER, REPO_TYPES, HubFaults, HubRepository, check_repo_names, declared_source
+from .repository import (
+    HUB_MARKER,
+    REPO_TYPES,
+    HubFaults,
+    HubRepository,
+    check_repo_names,
+    declared_source,
+    hub_folder,
+)
 
 
 class HubServer(HubRepository):
@@ -124,8 +132,8 @@ def served_as(
     no hub has. Without a declaration ``repo_id`` is needed; ``revision`` None is then the folder's
     own commit (:func:`~.repository.folder_commit`)."""
     check_repo_names(repo_id, revision)  # what is given is named first, as HubRepository names it
-    path = Path(folder)
-    declared = declared_source(path) if path.is_dir() else None
+    path = hub_folder(folder)
+    declared = declared_source(path)
     if declared:
         other = []
         if revision is not None and revision != declared["revision"]:
