@@ -702,13 +702,14 @@ def test_a_typo_in_the_pinned_source_never_stands_for_the_verified_archives(
     for a in prof.archives:  # every verified archive and its record as they were
         assert layout.archive_path(root, a.path).is_file()
         assert layout.verified_record_path(root, a.path).read_text() == records[a.path]
-    # the failed build left no record to skip a check by: every stage but the kit's checks again
-    # (the acquire stage's check failed: its archives are checked against their pins again, nothing
-    # downloaded; the extraction records are checked, nothing is extracted), the sidecars stay as
-    # verified; then a no-op
+    # the failed build left no record to skip the stages after the archives by: they check again
+    # (the extraction records are checked, nothing is extracted; the store goes through the gate).
+    # The acquire step failed because the hub could not serve the mistyped source, not a check (no
+    # archive was judged): the verified archives stay up to date by their records, nothing is
+    # downloaded or hashed; the sidecars stay as verified; then a no-op
     hub.clear_log()
     again, fp = _build(demo, root, hub)
-    assert fp == FINGERPRINT and _up_to_date(again) == ["kit"], again.stderr
+    assert fp == FINGERPRINT and _up_to_date(again) == ["acquire", "kit"], again.stderr
     assert not [r for r in hub.log_snapshot() if r[0] == "GET"]
     assert f"{EXTRACT.label}: checked, nothing changed" in again.stderr, again.stderr
     again, fp = _build(demo, root, hub)
