@@ -169,9 +169,12 @@ def require_folder_option(
     what leaving the option out means (``without``)."""
     if not folder or Path(folder).is_dir():
         return
-    what = "is not a folder" if Path(folder).exists() else "does not exist"
-    if not Path(folder).exists() and not Path(folder).is_absolute():
-        what += f" (a relative path is taken from the working folder {Path.cwd()})"
+    if Path(folder).exists():
+        what = "is not a folder"
+    elif Path(folder).is_absolute():
+        what = "does not exist"
+    else:
+        what = f"does not exist (a relative path is taken from the working folder {Path.cwd()})"
     raise error(
         f"{option} {folder} {what}.",
         fix=f"pass an existing folder to {option}, or leave it out ({without})",
